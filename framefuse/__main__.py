@@ -1,0 +1,3 @@
+from framefuse.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,28 @@
+import importlib.util
+
+import pytest
+
+
+def _has_cuda_gpu() -> bool:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+    except Exception:
+        return False
+    return importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.bindings") is not None
+
+
+HAS_GPU = _has_cuda_gpu()
+HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU with cuda-python (not present here)")
+    skip_trt = pytest.mark.skip(reason="needs TensorRT (not importable here)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+        if "tensorrt" in item.keywords and not HAS_TENSORRT:
+            item.add_marker(skip_trt)
