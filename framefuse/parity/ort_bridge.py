@@ -1,0 +1,231 @@
+"""Run framefuse graphs in ONNX Runtime (CPU): every ``framefuse`` node executes its op's
+reference implementation (``framefuse.plugins.<op>.reference``) as an onnxruntime-extensions
+Python custom op.
+
+onnxruntime-extensions conventions this module deals with:
+- Python ops live in the domain ``ai.onnx.contrib`` (``default_opset_domain()``), so the
+  ``framefuse`` nodes are moved to it in a *copy* of the model used only for running.
+- A Python op has a fixed list of inputs, outputs and attributes, each node must carry every
+  declared attribute, and optional inputs are not supported. So each distinct *signature* of a
+  node (op, which optional inputs are present, storage dtype, attribute names, output count) is
+  registered as its own Python op (``FF_<op>_<hash>``) whose function re-inserts ``None`` for
+  the absent optionals before calling ``reference``; attribute defaults from the op's schema are
+  written into the node.
+- Registration is process-wide and may happen after the library is loaded; each signature is
+  registered once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from framefuse.errors import FrameFuseError
+from framefuse.plugins.registry import DOMAIN, get_op
+
+CONTRIB_DOMAIN = "ai.onnx.contrib"
+_HALF = ("float16", "bfloat16")
+_REGISTERED: dict[str, object] = {}
+
+
+class ParitySetupError(FrameFuseError):
+    """A model cannot be prepared for the ONNX Runtime reference run."""
+
+
+def _ortx():
+    try:
+        import onnxruntime_extensions as ortx
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise ParitySetupError("onnxruntime-extensions is required to run framefuse nodes in ONNX Runtime") from exc
+    return ortx
+
+
+def _pyop_type(dtype_name: str):
+    defs = _ortx().PyCustomOpDef
+    table = {"float32": defs.dt_float, "float16": defs.dt_float16, "float64": defs.dt_double,
+             "bfloat16": defs.dt_bfloat16, "int64": defs.dt_int64, "int32": defs.dt_int32, "bool": defs.dt_bool}
+    if dtype_name not in table:
+        raise ParitySetupError(f"dtype {dtype_name} cannot cross the onnxruntime-extensions Python-op boundary")
+    return table[dtype_name]
+
+
+def _attr_type(value):
+    defs = _ortx().PyCustomOpDef
+    if isinstance(value, bool) or isinstance(value, (int, np.integer)):
+        return defs.dt_int64
+    if isinstance(value, (float, np.floating)):
+        return defs.dt_float
+    if isinstance(value, str):
+        return defs.dt_string
+    raise ParitySetupError(f"attribute value {value!r} of type {type(value).__name__} cannot be passed to a Python op")
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name → ONNX element type, for every tensor whose type the model records."""
+    types: dict[str, int] = {}
+    for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for init in model.graph.initializer:
+        types[init.name] = init.data_type
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].type == onnx.AttributeProto.TENSOR:
+            types[node.output[0]] = node.attribute[0].t.data_type
+    return types
+
+
+def _dtype_name(elem: int) -> str:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
+
+
+def _make_function(op_type: str, present: tuple[bool, ...], out_dtypes: list[str], n_outputs: int):
+    module = get_op(op_type)
+
+    def run_reference(*arrays, **attrs):
+        import torch
+
+        it = iter(arrays)
+        inputs = [torch.from_numpy(np.ascontiguousarray(next(it))) if p else None for p in present]
+        outputs = module.reference(*inputs, **attrs)
+        if not isinstance(outputs, (tuple, list)):
+            outputs = (outputs,)
+        result = []
+        for o, dt in zip(list(outputs)[:n_outputs], out_dtypes):
+            arr = o.detach().cpu()
+            if arr.dtype == torch.bfloat16:
+                arr = arr.float()
+            result.append(np.ascontiguousarray(arr.numpy()).astype(dt, copy=False))
+        return tuple(result) if len(result) > 1 else result[0]
+
+    return run_reference
+
+
+def _register(op_type: str, present: tuple[bool, ...], in_dtypes: list[str], out_dtypes: list[str],
+              attrs: dict) -> str:
+    key = repr((op_type, present, in_dtypes, out_dtypes, sorted((k, type(v).__name__) for k, v in attrs.items())))
+    name = f"FF_{op_type}_{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+    if name not in _REGISTERED:
+        ortx = _ortx()
+        fn = _make_function(op_type, present, out_dtypes, len(out_dtypes))
+        _REGISTERED[name] = ortx.onnx_op(
+            op_type=name,
+            inputs=[_pyop_type(d) for d in in_dtypes],
+            outputs=[_pyop_type(d) for d in out_dtypes],
+            attrs={k: _attr_type(v) for k, v in attrs.items()},
+        )(fn)
+    return name
+
+
+def prepare_for_ort(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose framefuse nodes are onnxruntime-extensions Python ops."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    if not any(n.domain == DOMAIN for n in model.graph.node):
+        return model
+    if not model.graph.value_info:
+        try:
+            model = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - types below fall back to the op's storage dtype
+            pass
+    types = _elem_types(model)
+    new_nodes = []
+    for node in model.graph.node:
+        if node.domain != DOMAIN:
+            new_nodes.append(node)
+            continue
+        module = get_op(node.op_type)
+        schema = module.SCHEMA
+        if len(node.input) > len(schema.inputs):
+            raise ParitySetupError(f"node {node.name!r} ({node.op_type}) has {len(node.input)} inputs, the op takes "
+                                   f"at most {len(schema.inputs)}")
+        present = tuple(i < len(node.input) and node.input[i] != "" for i in range(len(schema.inputs)))
+        for spec, p in zip(schema.inputs, present):
+            if not p and not spec.optional:
+                raise ParitySetupError(f"node {node.name!r} ({node.op_type}): required input {spec.name} is missing")
+        # Storage dtype: the dtype of the first present "T" input.
+        storage = None
+        for i, spec in enumerate(schema.inputs):
+            if present[i] and spec.dtype == "T" and node.input[i] in types:
+                storage = _dtype_name(types[node.input[i]])
+                break
+        storage = storage or "float32"
+        # Half-precision tensors cross the Python-op boundary as float32 (onnxruntime-extensions
+        # aborts the process on float16 Python-op tensors): Cast in, reference, Cast out. The
+        # references compute in float32 anyway, and Cast rounds like the reference's own output
+        # conversion, so the numbers are the same.
+        in_dtypes, kept_inputs = [], []
+        for i, spec in enumerate(schema.inputs):
+            if not present[i]:
+                continue
+            known = types.get(node.input[i])
+            dt = _dtype_name(known) if known else (storage if spec.dtype == "T" else spec.dtype)
+            name = node.input[i]
+            if dt in _HALF:
+                name = f"{node.input[i]}__{node.name or node.op_type}_{i}_f32"
+                new_nodes.append(onnx.helper.make_node("Cast", [node.input[i]], [name], to=onnx.TensorProto.FLOAT))
+                dt = "float32"
+            in_dtypes.append(dt)
+            kept_inputs.append(name)
+        out_dtypes = [d if isinstance(d, str) else str(d) for d in schema.output_dtypes(storage)][: len(node.output)]
+        casts_after = []
+        for j, dt in enumerate(out_dtypes):
+            if dt in _HALF and node.output[j]:
+                wide = f"{node.output[j]}__f32"
+                to = onnx.TensorProto.FLOAT16 if dt == "float16" else onnx.TensorProto.BFLOAT16
+                casts_after.append(onnx.helper.make_node("Cast", [wide], [node.output[j]], to=to))
+                node.output[j] = wide
+                out_dtypes[j] = "float32"
+        given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        given = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in given.items()}
+        attrs = {k: v for k, v in schema.attrs_with_defaults(given).items() if v is not None}
+        name = _register(node.op_type, present, in_dtypes, out_dtypes, attrs)
+        del node.input[:]
+        node.input.extend(kept_inputs)
+        del node.attribute[:]
+        for k, v in attrs.items():
+            node.attribute.append(onnx.helper.make_attribute(k, v))
+        node.op_type = name
+        node.domain = CONTRIB_DOMAIN
+        new_nodes.append(node)
+        new_nodes.extend(casts_after)
+    nodes_copy = [onnx.NodeProto.FromString(n.SerializeToString()) for n in new_nodes]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes_copy)
+    imports = [imp for imp in model.opset_import if imp.domain not in (DOMAIN, CONTRIB_DOMAIN)]
+    del model.opset_import[:]
+    model.opset_import.extend(imports)
+    model.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return model
+
+
+def load_any(model_or_path) -> tuple[onnx.ModelProto, str]:
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path, model_or_path.graph.name or "<model>"
+    path = Path(os.fspath(model_or_path))
+    if not path.is_file():
+        raise ParitySetupError(f"ONNX model file not found: {path}")
+    try:
+        return onnx.load(str(path)), str(path)
+    except Exception as exc:  # noqa: BLE001
+        raise ParitySetupError(f"cannot read ONNX model {path}: {exc}") from exc
+
+
+def ort_session(model, *, fused: bool = True):
+    """An ONNX Runtime CPU InferenceSession for `model` (ModelProto or path). With ``fused``,
+    framefuse nodes run through their reference implementations."""
+    import onnxruntime as ort
+
+    proto, label = load_any(model)
+    ort.set_default_logger_severity(3)  # ORT's optimiser warnings are noise here
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if fused and any(n.domain == DOMAIN for n in proto.graph.node):
+        proto = prepare_for_ort(proto)
+        options.register_custom_ops_library(_ortx().get_library_path())
+    try:
+        return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        raise ParitySetupError(f"ONNX Runtime cannot load {label}: {exc}") from exc

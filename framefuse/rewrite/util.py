@@ -1,0 +1,246 @@
+"""Small onnx-graphsurgeon helpers shared by the rewrite passes.
+
+The passes read an exported graph after constant folding and shape inference, so most tensors
+have a static shape and a dtype; these helpers answer the questions a pass keeps asking
+("what produced this tensor?", "is it a constant, and what is its value?", "who else reads it?")
+and build the few glue nodes (Squeeze, Unsqueeze, Transpose, Cast, ...) a rewrite needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from framefuse.rewrite.base import RewriteContext
+
+FLOAT_DTYPES = (np.float32, np.float16, np.float64)
+
+
+def producer(t: gs.Tensor) -> gs.Node | None:
+    """The node that writes `t`, or None for graph inputs and constants."""
+    return t.inputs[0] if len(t.inputs) == 1 else None
+
+
+def producer_op(t: gs.Tensor, *op_types: str) -> gs.Node | None:
+    """`producer(t)` if it is a default-domain node of one of `op_types`, else None."""
+    node = producer(t)
+    if node is not None and node.op in op_types and node.domain in ("", "ai.onnx", None):
+        return node
+    return None
+
+
+def const_value(t: gs.Tensor | None) -> np.ndarray | None:
+    """The value of `t` if it is a constant (an initializer or the output of a Constant node)."""
+    if t is None:
+        return None
+    if isinstance(t, gs.Constant):
+        return np.asarray(t.values)
+    node = producer(t)
+    if node is not None and node.op == "Constant" and "value" in node.attrs:
+        value = node.attrs["value"]
+        return np.asarray(value.values if isinstance(value, gs.Constant) else value)
+    return None
+
+
+def scalar_value(t: gs.Tensor | None) -> float | None:
+    """The float value of a constant with exactly one element (any rank), else None."""
+    value = const_value(t)
+    if value is None or value.size != 1:
+        return None
+    return float(value.reshape(()))
+
+
+def static_shape(t: gs.Tensor | None) -> tuple[int, ...] | None:
+    """The shape of `t` if every dimension is a known int, else None."""
+    if t is None:
+        return None
+    if isinstance(t, gs.Constant):
+        return tuple(int(d) for d in t.values.shape)
+    shape = t.shape
+    if shape is None or any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+def np_dtype(t: gs.Tensor | None):
+    """numpy dtype of `t` (None when unknown)."""
+    if t is None:
+        return None
+    if isinstance(t, gs.Constant):
+        return t.values.dtype
+    if t.dtype is None:
+        return None
+    try:
+        return np.dtype(t.dtype)
+    except TypeError:
+        return None
+
+
+def consumers(t: gs.Tensor) -> list[gs.Node]:
+    return list(t.outputs)
+
+
+def is_graph_output(graph: gs.Graph, t: gs.Tensor) -> bool:
+    return any(o is t for o in graph.outputs)
+
+
+def only_consumer(graph: gs.Graph, t: gs.Tensor, node: gs.Node) -> bool:
+    """True when `node` is the one reader of `t` and `t` is not a graph output, i.e. the tensor
+    disappears once `node` is replaced."""
+    return len(t.outputs) == 1 and t.outputs[0] is node and not is_graph_output(graph, t)
+
+
+def is_empty(t: gs.Tensor | None) -> bool:
+    """An absent optional input (empty name)."""
+    return t is None or (isinstance(t, gs.Variable) and t.name == "")
+
+
+def node_label(node: gs.Node) -> str:
+    return node.name or f"<unnamed {node.op}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders. Each adds one default-domain node and returns its output Variable with a shape and
+# dtype, so later passes and the engines see static shapes without re-running inference.
+
+
+def new_var(ctx: RewriteContext, prefix: str, dtype, shape) -> gs.Variable:
+    return gs.Variable(ctx.unique_name(prefix), dtype=dtype, shape=list(shape) if shape is not None else None)
+
+
+def new_const(ctx: RewriteContext, prefix: str, value) -> gs.Constant:
+    # np.array, not np.ascontiguousarray: the latter turns a 0-d scalar into shape [1].
+    return gs.Constant(ctx.unique_name(prefix), np.array(value, order="C"))
+
+
+def add_op(graph: gs.Graph, ctx: RewriteContext, op: str, inputs: list, *, dtype, shape, attrs=None,
+           prefix: str | None = None) -> gs.Variable:
+    out = new_var(ctx, prefix or op, dtype, shape)
+    graph.nodes.append(gs.Node(op=op, name=ctx.unique_name(op), attrs=dict(attrs or {}), inputs=inputs,
+                               outputs=[out]))
+    return out
+
+
+def _i64(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def squeeze(graph, ctx, t: gs.Tensor, axis: int) -> gs.Tensor:
+    """`t` without dimension `axis` (which must be 1); folded for constants."""
+    value = const_value(t)
+    if value is not None:
+        return new_const(ctx, "squeezed", np.squeeze(value, axis=axis))
+    shape = static_shape(t)
+    out_shape = None if shape is None else shape[:axis] + shape[axis + 1:]
+    return add_op(graph, ctx, "Squeeze", [t, new_const(ctx, "axes", _i64([axis]))], dtype=t.dtype, shape=out_shape)
+
+
+def unsqueeze(graph, ctx, t: gs.Tensor, axis: int) -> gs.Tensor:
+    shape = static_shape(t)
+    out_shape = None if shape is None else shape[:axis] + (1,) + shape[axis:]
+    return add_op(graph, ctx, "Unsqueeze", [t, new_const(ctx, "axes", _i64([axis]))], dtype=t.dtype, shape=out_shape)
+
+
+def transpose(graph, ctx, t: gs.Tensor, perm: list[int]) -> gs.Tensor:
+    value = const_value(t)
+    if value is not None:
+        return new_const(ctx, "transposed", np.transpose(value, perm))
+    shape = static_shape(t)
+    out_shape = None if shape is None else tuple(shape[p] for p in perm)
+    return add_op(graph, ctx, "Transpose", [t], dtype=t.dtype, shape=out_shape, attrs={"perm": list(perm)})
+
+
+def reshape(graph, ctx, t: gs.Tensor, shape) -> gs.Tensor:
+    if static_shape(t) == tuple(shape):
+        return t
+    value = const_value(t)
+    if value is not None:
+        return new_const(ctx, "reshaped", value.reshape(shape))
+    return add_op(graph, ctx, "Reshape", [t, new_const(ctx, "shape", _i64(shape))], dtype=t.dtype, shape=tuple(shape))
+
+
+def take(graph, ctx, t: gs.Tensor, index: int, axis: int = 0) -> gs.Tensor:
+    """t[index] along `axis` (the axis disappears); folded for constants."""
+    value = const_value(t)
+    if value is not None:
+        return new_const(ctx, "taken", np.take(value, index, axis=axis))
+    shape = static_shape(t)
+    out_shape = None if shape is None else shape[:axis] + shape[axis + 1:]
+    return add_op(graph, ctx, "Gather", [t, new_const(ctx, "index", np.asarray(index, dtype=np.int64))],
+                  dtype=t.dtype, shape=out_shape, attrs={"axis": axis})
+
+
+def reverse(graph, ctx, t: gs.Tensor, axis: int, length: int) -> gs.Tensor:
+    """`t` reversed along `axis` (of static size `length`), via Slice with step -1."""
+    shape = static_shape(t)
+    return add_op(graph, ctx, "Slice", [t, new_const(ctx, "starts", _i64([length - 1])),
+                                        new_const(ctx, "ends", _i64([-length - 1])),
+                                        new_const(ctx, "axes", _i64([axis])), new_const(ctx, "steps", _i64([-1]))],
+                  dtype=t.dtype, shape=shape)
+
+
+def concat(graph, ctx, tensors: list[gs.Tensor], axis: int) -> gs.Tensor:
+    shapes = [static_shape(t) for t in tensors]
+    out_shape = None
+    if all(s is not None for s in shapes):
+        out_shape = list(shapes[0])
+        out_shape[axis] = sum(s[axis] for s in shapes)
+    return add_op(graph, ctx, "Concat", list(tensors), dtype=tensors[0].dtype, shape=out_shape, attrs={"axis": axis})
+
+
+def cast(graph, ctx, t: gs.Tensor, dtype) -> gs.Tensor:
+    """`t` as `dtype` (numpy dtype); no node when it already is."""
+    dtype = np.dtype(dtype)
+    if np_dtype(t) == dtype:
+        return t
+    value = const_value(t)
+    if value is not None:
+        return new_const(ctx, "cast", value.astype(dtype))
+    to = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    return add_op(graph, ctx, "Cast", [t], dtype=dtype, shape=static_shape(t), attrs={"to": int(to)})
+
+
+def where(graph, ctx, cond: gs.Tensor, x: gs.Tensor, y: gs.Tensor, *, dtype, shape) -> gs.Tensor:
+    return add_op(graph, ctx, "Where", [cond, x, y], dtype=dtype, shape=shape)
+
+
+def replace_tensor(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
+    """Make every reader of `old` read `new` instead (graph outputs keep their name: when `old`
+    is a graph output, an Identity writes it from `new`)."""
+    for node in list(old.outputs):
+        for i, t in enumerate(node.inputs):
+            if t is old:
+                node.inputs[i] = new
+    for i, t in enumerate(graph.outputs):
+        if t is old:
+            # Keep the graph output's name: the producer of `old` is about to die, so `old` gets
+            # an Identity from `new` as its new writer.
+            old.inputs.clear()
+            graph.nodes.append(gs.Node(op="Identity", name=f"{old.name}_identity", inputs=[new], outputs=[old]))
+
+
+def detach_outputs(node: gs.Node) -> None:
+    """Disconnect `node` from its outputs so that cleanup() removes it (and its now-dead inputs)."""
+    node.outputs.clear()
+
+
+def cancel_unsqueeze_squeeze(graph: gs.Graph) -> int:
+    """Remove Unsqueeze(axes=a) → Squeeze(axes=a) pairs that the rewrites leave behind (a fused
+    node's [T,B,H] output re-shaped to ONNX's [T,1,B,H] and squeezed back by the exporter's code).
+    Returns how many Squeeze nodes were bypassed."""
+    count = 0
+    for sq in list(graph.nodes):
+        if sq.op != "Squeeze" or not sq.inputs:
+            continue
+        unsq = producer_op(sq.inputs[0], "Unsqueeze")
+        if unsq is None or len(unsq.inputs) < 2 or len(sq.inputs) < 2:
+            continue
+        a1, a2 = const_value(unsq.inputs[1]), const_value(sq.inputs[1])
+        if a1 is None or a2 is None or a1.tolist() != a2.tolist() or len(a1) != 1 or a1[0] < 0:
+            continue
+        out = sq.outputs[0]
+        replace_tensor(graph, out, unsq.inputs[0])
+        sq.outputs.clear()
+        count += 1
+    return count
