@@ -1,0 +1,450 @@
+"""The cuda-graph engine: a (fused) ONNX graph executed by torch + framefuse kernels, captured
+whole into one CUDA graph per input shape and replayed.
+
+What one replay does (measured on the lab's H100 in the design notes: a launch from Python costs
+~21 µs of host time, inside a replayed graph it costs nothing; pinned copies captured in the
+graph add ~8 µs where separate copies add ~15 µs — so everything is captured, copies included):
+
+    pinned host inputs ──H2D──▶ device input buffers ──all ops──▶ outputs ──D2H──▶ pinned host outputs
+                                       ▲                             │
+                                       └──── state hand-off (D2D) ◀──┘   (step form: next_state → state)
+
+A :class:`Binding` is one captured variant: which inputs arrive through pinned host buffers (the
+others are device buffers the caller fills, e.g. from a CUDA tensor, or the recurrent state that
+never leaves the GPU), which outputs go back to pinned host buffers, and which outputs are copied
+onto which inputs at the end of the graph. The same object runs without capture on the CPU
+(``device="cpu"``: framefuse nodes through their references), so the session logic above it is
+tested in CI.
+
+The engine is also a Polygraphy runner (``activate`` / ``infer`` / ``deactivate``), so Polygraphy's
+comparators check it against ONNX Runtime on the original graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+import torch
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+
+from framefuse.engines.executor import (
+    EngineBuildError,
+    EngineRunError,
+    GraphExecutor,
+    IOSpec,
+    Plan,
+    fp32_math,
+)
+
+# Warm-up runs on the capture stream before capture: cuBLAS/cuDNN create their per-stream
+# handles and workspaces on first use, which must not happen inside the capture.
+WARMUP_RUNS = 2
+REPLAY_MODES = ("torch", "driver")
+
+
+def load_onnx(onnx_path_or_model) -> tuple[onnx.ModelProto, Path | None]:
+    if isinstance(onnx_path_or_model, onnx.ModelProto):
+        return onnx_path_or_model, None
+    path = Path(onnx_path_or_model)
+    if not path.is_file():
+        raise EngineBuildError(f"{path}: no such ONNX file")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # a truncated or non-ONNX file
+        raise EngineBuildError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
+    return model, path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _pinned_empty(spec: IOSpec, pin: bool) -> torch.Tensor:
+    return torch.zeros(spec.shape, dtype=spec.dtype, pin_memory=pin)
+
+
+class Binding:
+    """One runnable variant of a plan with fixed buffers (see the module docstring).
+
+    Attributes the session uses:
+      host_in[name]   numpy view of the pinned host buffer of a host-fed input (write the frame here)
+      host_in_t[name] the same memory as a torch CPU tensor
+      dev_in[name]    the device buffer every input is read from
+      host_out[name]  numpy view of the pinned host buffer of a host-returned output
+      host_out_t[name] the same as a torch CPU tensor
+      dev_out[name]   the device tensor holding each output after a run
+    ``launch()`` enqueues one run (a graph replay on the GPU) without waiting; ``sync()`` waits.
+    """
+
+    def __init__(
+        self,
+        engine: "CudaGraphEngine",
+        plan: Plan,
+        host_inputs: Sequence[str],
+        host_outputs: Sequence[str],
+        state_pairs: Mapping[str, str],
+        input_buffers: Mapping[str, torch.Tensor] | None = None,
+    ):
+        self.engine = engine
+        self.plan = plan
+        self.device = plan.device
+        self.host_input_names = tuple(host_inputs)
+        self.host_output_names = tuple(host_outputs)
+        self.state_pairs = dict(state_pairs)  # output name -> input name it is copied onto
+        for out_name, in_name in self.state_pairs.items():
+            out_spec, in_spec = plan.output_specs[out_name], plan.input_specs[in_name]
+            if out_spec.shape != in_spec.shape or out_spec.dtype != in_spec.dtype:
+                raise EngineBuildError(
+                    f"state hand-off {out_name} -> {in_name}: output is {list(out_spec.shape)} {out_spec.dtype}, "
+                    f"input is {list(in_spec.shape)} {in_spec.dtype}"
+                )
+        on_gpu = self.device.type == "cuda"
+        given = dict(input_buffers or {})
+        self.dev_in: dict[str, torch.Tensor] = {}
+        for name, spec in plan.input_specs.items():
+            buffer = given.get(name)
+            if buffer is None:
+                buffer = torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
+            elif tuple(buffer.shape) != spec.shape or buffer.dtype != spec.dtype or buffer.device != self.device:
+                raise EngineBuildError(f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on {self.device}")
+            self.dev_in[name] = buffer
+        self.host_in_t = {n: _pinned_empty(plan.input_specs[n], on_gpu) for n in self.host_input_names}
+        self.host_in = {n: t.numpy() for n, t in self.host_in_t.items()}
+        self.host_out_t = {n: _pinned_empty(plan.output_specs[n], on_gpu) for n in self.host_output_names}
+        self.host_out = {n: t.numpy() for n, t in self.host_out_t.items()}
+        self.dev_out: dict[str, torch.Tensor] = {}
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.replays = 0
+        self.replay_mode = "torch"
+        self._cu_exec = self._cu_stream = None
+        if on_gpu:
+            self._capture()
+
+    # -- the body that is captured (GPU) or run eagerly (CPU) -------------------------------------
+    def _body(self) -> dict[str, torch.Tensor]:
+        for name in self.host_input_names:
+            self.dev_in[name].copy_(self.host_in_t[name], non_blocking=True)
+        outputs = self.plan.execute(self.dev_in)
+        for name in self.host_output_names:
+            self.host_out_t[name].copy_(outputs[name], non_blocking=True)
+        # The hand-off comes last: every reader of the old state is before it on the stream.
+        for out_name, in_name in self.state_pairs.items():
+            self.dev_in[in_name].copy_(outputs[out_name])
+        return outputs
+
+    def _capture(self) -> None:
+        engine = self.engine
+        stream = engine.capture_stream
+        saved = {name: t.clone() for name, t in self.dev_in.items()}
+        with fp32_math(), torch.no_grad():
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(WARMUP_RUNS):
+                    self._body()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=engine.graph_pool, stream=stream):
+                    outputs = self._body()
+            except Exception as exc:
+                raise EngineBuildError(
+                    f"CUDA graph capture failed ({type(exc).__name__}: {exc}); an op in the graph synchronises "
+                    f"or allocates host memory during the run"
+                ) from exc
+            if engine.graph_pool is None:
+                engine.graph_pool = graph.pool()
+        # The warm-up ran the hand-off: put the inputs (the state) back as they were.
+        for name, t in self.dev_in.items():
+            t.copy_(saved[name])
+        torch.cuda.synchronize(self.device)
+        self.dev_out = outputs
+        self.graph = graph
+        engine.captures += 1
+
+    # -- running ----------------------------------------------------------------------------------
+    def set_replay_mode(self, mode: str) -> None:
+        """How a GPU binding replays.
+
+        "torch":  ``CUDAGraph.replay()`` on torch's current stream, then that stream is synchronised
+                  (works with whatever stream the caller has made current).
+        "driver": ``cuGraphLaunch`` of the instantiated graph on the engine's own stream and
+                  ``cuStreamSynchronize`` through cuda-python, skipping torch's Python layers
+                  (a few µs less host time per frame). Work the caller enqueues on other streams
+                  is ordered explicitly (see ``order_after_current``).
+        """
+        if mode not in REPLAY_MODES:
+            raise EngineRunError(f"replay mode must be one of {REPLAY_MODES}, got {mode!r}")
+        self.replay_mode = mode
+        self._cu_exec = self._cu_stream = None
+        if mode == "driver" and self.graph is not None:
+            from cuda.bindings import driver
+
+            raw = getattr(self.graph, "raw_cuda_graph_exec", None)
+            if raw is None:
+                raise EngineRunError(
+                    f"replay mode 'driver' needs torch.cuda.CUDAGraph.raw_cuda_graph_exec (torch >= 2.9); "
+                    f"this is torch {torch.__version__}"
+                )
+            self._driver = driver
+            self._cu_ok = driver.CUresult.CUDA_SUCCESS
+            self._cu_exec = driver.CUgraphExec(init_value=int(raw()))
+            self._cu_stream = driver.CUstream(init_value=int(self.engine.replay_stream.cuda_stream))
+
+    def order_after_current(self) -> None:
+        """Make this binding's next launch wait for work already enqueued on torch's current
+        stream (a device-to-device input copy, a reset). Only "driver" mode needs it."""
+        if self._cu_exec is not None:
+            self.engine.replay_stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def launch(self) -> None:
+        if self._cu_exec is not None:
+            (err,) = self._driver.cuGraphLaunch(self._cu_exec, self._cu_stream)
+            if err != self._cu_ok:
+                raise EngineRunError(f"cuGraphLaunch failed: {err!r}")
+            self.replays += 1
+            self.engine.replays += 1
+        elif self.graph is not None:
+            self.graph.replay()
+            self.replays += 1
+            self.engine.replays += 1
+        else:
+            with torch.no_grad():
+                self.dev_out = self._body()
+            self.engine.eager_runs += 1
+
+    def sync(self) -> None:
+        if self._cu_exec is not None:
+            (err,) = self._driver.cuStreamSynchronize(self._cu_stream)
+            if err != self._cu_ok:
+                raise EngineRunError(f"cuStreamSynchronize failed: {err!r}")
+        elif self.graph is not None:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def wait_idle(self) -> None:
+        """Wait for everything this binding may have enqueued (before touching its buffers
+        from another stream, e.g. a reset)."""
+        if self._cu_exec is not None:
+            self.engine.replay_stream.synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def run_host(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Copy host feeds in, run, wait; returns copies of the host outputs."""
+        for name in self.host_input_names:
+            value = feeds[name]
+            if isinstance(value, torch.Tensor):
+                self.host_in_t[name].copy_(value)
+            else:
+                np.copyto(self.host_in[name], np.asarray(value), casting="same_kind")
+        self.launch()
+        self.sync()
+        return {name: self.host_out[name].copy() for name in self.host_output_names}
+
+
+class CudaGraphEngine(BaseRunner):
+    """A (fused) ONNX graph as a captured-CUDA-graph engine; a Polygraphy runner.
+
+    ``device="cpu"`` runs the same plan eagerly (framefuse nodes through their references).
+    """
+
+    def __init__(
+        self,
+        onnx_path_or_model,
+        *,
+        device: str | torch.device = "cuda",
+        framefuse_impl: str | None = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        name: str | None = None,
+        metadata: dict | None = None,
+    ):
+        super().__init__(name=name, prefix="framefuse-cuda-graph")
+        model, path = load_onnx(onnx_path_or_model)
+        self.source_path = path
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise EngineBuildError("device='cuda' but torch sees no CUDA GPU (use device='cpu' to run on the CPU)")
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
+        elif self.device.type != "cpu":
+            raise EngineBuildError(f"device must be 'cuda' or 'cpu', got {device!r}")
+        self.executor = GraphExecutor(model, self.device, framefuse_impl)
+        self.framefuse_impl = self.executor.framefuse_impl
+        self.metadata = dict(metadata or {})
+        self.default_shapes = (
+            self.executor.check_shapes({k: tuple(v) for k, v in input_shapes.items()})
+            if input_shapes is not None
+            else self.executor.default_input_shapes()
+        )
+        start = time.perf_counter()
+        self.default_plan = self.executor.plan(self.default_shapes)  # build-time errors surface here
+        self.plan_seconds = time.perf_counter() - start
+        self.captures = 0
+        self.replays = 0
+        self.eager_runs = 0
+        self.graph_pool = None
+        self._capture_stream: torch.cuda.Stream | None = None
+        self._replay_stream: torch.cuda.Stream | None = None
+        self._bindings: dict[tuple, Binding] = {}
+
+    # -- description ------------------------------------------------------------------------------
+    @property
+    def input_specs(self) -> dict[str, IOSpec]:
+        return self.default_plan.input_specs
+
+    @property
+    def output_specs(self) -> dict[str, IOSpec]:
+        return self.default_plan.output_specs
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.input_specs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.output_specs)
+
+    @property
+    def capture_stream(self) -> torch.cuda.Stream:
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(self.device)
+        return self._capture_stream
+
+    @property
+    def replay_stream(self) -> torch.cuda.Stream:
+        """The engine's own stream for "driver" replays."""
+        if self._replay_stream is None:
+            self._replay_stream = torch.cuda.Stream(self.device)
+        return self._replay_stream
+
+    def summary(self) -> dict:
+        plan = self.default_plan
+        counts: dict[str, int] = {}
+        for step in plan.steps:
+            counts[step.op_type] = counts.get(step.op_type, 0) + 1
+        return {
+            "device": str(self.device),
+            "framefuse_impl": self.framefuse_impl,
+            "nodes": len(self.executor.nodes),
+            "folded": len(plan.folded),
+            "steps": len(plan.steps),
+            "ops": dict(sorted(counts.items())),
+            "inputs": [s.describe() for s in plan.input_specs.values()],
+            "outputs": [s.describe() for s in plan.output_specs.values()],
+            "captures": self.captures,
+            "replays": self.replays,
+        }
+
+    # -- bindings -----------------------------------------------------------------------------------
+    def plan(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Plan:
+        if input_shapes is None:
+            return self.default_plan
+        return self.executor.plan({k: tuple(v) for k, v in input_shapes.items()})
+
+    def create_binding(
+        self,
+        *,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        host_inputs: Sequence[str] | None = None,
+        host_outputs: Sequence[str] | None = None,
+        state_pairs: Mapping[str, str] | None = None,
+        input_buffers: Mapping[str, torch.Tensor] | None = None,
+    ) -> Binding:
+        """A new binding (captured now on the GPU). Defaults: every input from the host, every
+        output to the host, no hand-off."""
+        plan = self.plan(input_shapes)
+        host_inputs = list(plan.input_specs) if host_inputs is None else list(host_inputs)
+        host_outputs = list(plan.output_specs) if host_outputs is None else list(host_outputs)
+        for name in host_inputs:
+            if name not in plan.input_specs:
+                raise EngineRunError(f"no graph input '{name}' (inputs: {list(plan.input_specs)})")
+        for name in host_outputs:
+            if name not in plan.output_specs:
+                raise EngineRunError(f"no graph output '{name}' (outputs: {list(plan.output_specs)})")
+        for out_name, in_name in (state_pairs or {}).items():
+            if out_name not in plan.output_specs or in_name not in plan.input_specs:
+                raise EngineRunError(f"state hand-off {out_name} -> {in_name} names an unknown output or input")
+        return Binding(self, plan, host_inputs, host_outputs, state_pairs or {}, input_buffers)
+
+    def binding(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Binding:
+        """The cached all-host binding for these shapes (used by ``run`` / ``infer``)."""
+        shapes = self.default_shapes if input_shapes is None else {k: tuple(v) for k, v in input_shapes.items()}
+        key = tuple(sorted(shapes.items()))
+        bound = self._bindings.get(key)
+        if bound is None:
+            bound = self.create_binding(input_shapes=shapes)
+            self._bindings[key] = bound
+        return bound
+
+    # -- running ------------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Run the graph on host inputs (numpy arrays or CPU tensors); returns numpy copies."""
+        missing = [n for n in self.input_names if n not in feeds]
+        extra = [n for n in feeds if n not in self.input_specs]
+        if missing or extra:
+            raise EngineRunError(f"feeds do not match the graph inputs {self.input_names}: missing {missing}, unexpected {extra}")
+        shapes = {n: tuple(np.shape(feeds[n])) for n in self.input_names}
+        for name, shape in shapes.items():
+            if shape != self.input_specs[name].shape:
+                break
+        else:
+            shapes = None  # the default plan
+        return self.binding(shapes).run_host(feeds)
+
+    # Polygraphy runner interface
+    def activate_impl(self):
+        self.binding()  # capture now, not during the first timed inference
+
+    def get_input_metadata_impl(self):
+        meta = TensorMetadata()
+        for spec in self.input_specs.values():
+            meta.add(spec.name, spec.numpy_dtype, spec.shape)
+        return meta
+
+    def infer_impl(self, feed_dict):
+        start = time.perf_counter()
+        outputs = self.run(feed_dict)
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((name, outputs[name]) for name in self.output_names)
+
+    def deactivate_impl(self):
+        pass  # buffers and graphs stay: the engine remains usable after a Polygraphy comparison
+
+    # -- artifacts ----------------------------------------------------------------------------------
+    def save(self, path, *, source: Path | None = None) -> Path:
+        from framefuse.engines.artifact import save_engine
+
+        return save_engine(self, path, source=source or self.source_path)
+
+
+def build_engine(
+    onnx_path_or_model,
+    *,
+    device: str | torch.device = "cuda",
+    out: str | os.PathLike | None = None,
+    framefuse_impl: str | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> CudaGraphEngine:
+    """Build the cuda-graph engine of an ONNX graph (path or ModelProto); with ``out``, also write
+    the engine artifact (``engine.ffe``) there. Errors (unknown ops, dynamic shapes ...) are raised
+    here, not at the first run."""
+    engine = CudaGraphEngine(onnx_path_or_model, device=device, framefuse_impl=framefuse_impl, input_shapes=input_shapes)
+    if out is not None:
+        engine.save(out)
+    return engine
+
+
+__all__ = ["Binding", "CudaGraphEngine", "build_engine", "sha256_file"]

@@ -1,0 +1,485 @@
+"""Execute an ONNX graph (standard ops + framefuse nodes) with torch, on a CPU or a GPU.
+
+The executor is the body of the cuda-graph engine and, on the CPU, the thing CI compares with
+ONNX Runtime on every zoo graph. It works in two stages:
+
+1. **Build** (:class:`GraphExecutor`): read the graph, look up every node in the op table
+   (:mod:`framefuse.engines.ops`) or the framefuse registry, and refuse the whole graph up front
+   if any node is unknown or uses an attribute value the table cannot honour (the error lists
+   every such node and its op).
+2. **Plan** (:meth:`GraphExecutor.plan`, once per set of input shapes): one eager run over
+   zero-filled inputs on the target device. Shapes are static, so every shape computation
+   (``Shape``, ``Gather`` of a shape, ``ConstantOfShape``, masks built from them ...) and every
+   node whose inputs are all constants (weight transposes, ``Constant``) is *folded*: evaluated
+   here once, kept as a device constant, and dropped from the run list. What remains is
+   :class:`Plan`: a flat list of steps with their constant arguments already bound, host-side
+   values (a Reshape's shape ...) already resolved to numpy, and the points where each
+   intermediate dies. ``Plan.execute`` runs it with no host↔device traffic and no
+   synchronisation, so it can be captured in a CUDA graph as is.
+
+framefuse nodes run through ``get_op(op).launch`` on the GPU (into output buffers preallocated
+from the planning run) and through ``get_op(op).reference`` on the CPU, or on the GPU when the
+caller asks for ``framefuse_impl="reference"`` explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from framefuse.engines.ops import OPS, OpDef, UnsupportedOpError, torch_dtype
+from framefuse.errors import FrameFuseError
+
+FRAMEFUSE_DOMAIN = "framefuse"
+STANDARD_DOMAINS = ("", "ai.onnx")
+# Ops whose output depends only on input *shapes*, which are static: always folded.
+SHAPE_ONLY_OPS = ("Shape", "Size")
+FRAMEFUSE_IMPLS = ("kernel", "reference")
+
+
+class EngineBuildError(FrameFuseError):
+    """The graph cannot be built into an engine (bad input shapes, data-dependent shapes ...)."""
+
+
+class EngineRunError(FrameFuseError):
+    """Inputs given to an engine do not match its graph."""
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """A graph input or output: name, static shape, torch dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return torch.empty((), dtype=self.dtype).numpy().dtype
+
+    def describe(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch.")}
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def node_attrs(node: onnx.NodeProto) -> dict:
+    """Attributes as Python values (strings decoded; tensors stay TensorProtos)."""
+    return {a.name: _decode(helper.get_attribute_value(a)) for a in node.attribute}
+
+
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    domain = f"{node.domain}::" if node.domain not in STANDARD_DOMAINS else ""
+    return f"node '{node.name or f'#{index}'}' ({domain}{node.op_type})"
+
+
+def _value_info_spec(vi: onnx.ValueInfoProto, what: str) -> tuple[tuple[int | None, ...], torch.dtype]:
+    tensor_type = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise EngineBuildError(f"{what} '{vi.name}' is not a tensor")
+    dtype = torch_dtype(tensor_type.elem_type, f"{what} '{vi.name}'")
+    dims: list[int | None] = []
+    if tensor_type.HasField("shape"):
+        for d in tensor_type.shape.dim:
+            dims.append(d.dim_value if d.HasField("dim_value") else None)
+    else:
+        dims = None  # type: ignore[assignment]
+    return (tuple(dims) if dims is not None else None), dtype  # type: ignore[return-value]
+
+
+@dataclass
+class NodeInfo:
+    index: int
+    proto: onnx.NodeProto
+    label: str
+    attrs: dict
+    opdef: OpDef | None = None  # standard op
+    ff_module: Any = None  # framefuse op package
+    ff_attrs: dict | None = None
+
+
+@contextlib.contextmanager
+def fp32_math():
+    """Full fp32 matmuls and convolutions (no TF32): the engine's fp32 contract. cuDNN picks its
+    convolution algorithm when the op first runs (and at capture), so this wraps planning,
+    warm-up and capture; replays keep what was chosen."""
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    cudnn = torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+@dataclass
+class Step:
+    """One node of the run list, with its constant arguments bound."""
+
+    label: str
+    op_type: str
+    fn: Callable[[list], list]
+    template: list  # constant / host / None arguments in place; env arguments filled per run
+    env_args: list[tuple[int, str]]  # (position, env name)
+    outputs: list[str]  # '' for an output the graph does not use
+    frees: list[str] = field(default_factory=list)  # env names dead after this step
+
+
+@dataclass
+class Plan:
+    """The folded run list for one set of input shapes."""
+
+    input_specs: dict[str, IOSpec]
+    output_specs: dict[str, IOSpec]
+    steps: list[Step]
+    constants: dict[str, torch.Tensor]  # folded values and weights, on the device
+    output_sources: dict[str, tuple[str, str]]  # output name -> ("env" | "const", name)
+    folded: list[str]  # labels of the nodes folded at build time
+    device: torch.device
+
+    def execute(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run every step on the current stream; returns the graph outputs (device tensors).
+
+        No allocation outside torch's ops, no synchronisation, no host reads: safe to capture."""
+        env: dict[str, torch.Tensor] = dict(feeds)
+        for step in self.steps:
+            args = list(step.template)
+            for position, name in step.env_args:
+                args[position] = env[name]
+            results = step.fn(args)
+            for name, value in zip(step.outputs, results):
+                if name:
+                    env[name] = value
+            for name in step.frees:
+                env.pop(name, None)
+        outputs = {}
+        for name, (kind, source) in self.output_sources.items():
+            outputs[name] = env[source] if kind == "env" else self.constants[source]
+        return outputs
+
+
+class GraphExecutor:
+    """A checked ONNX graph, ready to be planned for input shapes on ``device``.
+
+    Every node must be a standard op of :data:`framefuse.engines.ops.OPS` or a framefuse op;
+    anything else is an :class:`UnsupportedOpError` here, naming each offending node.
+    """
+
+    def __init__(self, model: onnx.ModelProto, device: str | torch.device = "cpu", framefuse_impl: str | None = None):
+        self.model = model
+        self.device = torch.device(device)
+        if framefuse_impl is None:
+            framefuse_impl = "kernel" if self.device.type == "cuda" else "reference"
+        if framefuse_impl not in FRAMEFUSE_IMPLS:
+            raise EngineBuildError(f"framefuse_impl must be one of {FRAMEFUSE_IMPLS}, got {framefuse_impl!r}")
+        if self.device.type == "cpu" and framefuse_impl == "kernel":
+            raise EngineBuildError("framefuse kernels need a CUDA device; on the CPU use framefuse_impl='reference'")
+        self.framefuse_impl = framefuse_impl
+        graph = model.graph
+        self.initializers: dict[str, np.ndarray] = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        self.input_decl: dict[str, tuple[tuple[int | None, ...] | None, torch.dtype]] = {}
+        for vi in graph.input:
+            if vi.name in self.initializers:
+                continue  # old-style graphs list initializers as inputs too
+            self.input_decl[vi.name] = _value_info_spec(vi, "graph input")
+        self.output_names = [vi.name for vi in graph.output]
+        self.nodes = [self._resolve(i, node) for i, node in enumerate(graph.node)]
+        self._check_order()
+        self._weights: dict[str, torch.Tensor] | None = None
+        self._plans: dict[tuple, Plan] = {}
+
+    # -- build-time checks ---------------------------------------------------------------------
+    def _resolve(self, index: int, node: onnx.NodeProto) -> NodeInfo:
+        info = NodeInfo(index, node, node_label(node, index), node_attrs(node))
+        return info
+
+    def _check_order(self) -> None:
+        problems = []
+        for info in self.nodes:
+            node = info.proto
+            if node.domain in STANDARD_DOMAINS:
+                opdef = OPS.get(node.op_type)
+                if opdef is None:
+                    problems.append(f"{info.label}: op {node.op_type} is not in the engine's op table")
+                    continue
+                if opdef.check is not None:
+                    reason = opdef.check(info.attrs, len(node.input))
+                    if reason:
+                        problems.append(f"{info.label}: {reason}")
+                        continue
+                info.opdef = opdef
+            elif node.domain == FRAMEFUSE_DOMAIN:
+                from framefuse.plugins.registry import get_op
+
+                try:
+                    module = get_op(node.op_type)
+                except FrameFuseError as exc:
+                    problems.append(f"{info.label}: {exc}")
+                    continue
+                entry = "launch" if self.framefuse_impl == "kernel" else "reference"
+                if not callable(getattr(module, entry, None)):
+                    problems.append(f"{info.label}: framefuse op {node.op_type} has no `{entry}` entry")
+                    continue
+                try:
+                    info.ff_attrs = module.SCHEMA.attrs_with_defaults(info.attrs)
+                    module.SCHEMA.check_arity(len(node.input))
+                except FrameFuseError as exc:
+                    problems.append(f"{info.label}: {exc}")
+                    continue
+                info.ff_module = module
+            else:
+                problems.append(f"{info.label}: domain '{node.domain}' is not supported (only ONNX and framefuse)")
+        if problems:
+            listing = "\n  ".join(problems)
+            raise UnsupportedOpError(f"the engine cannot run {len(problems)} node(s) of this graph:\n  {listing}")
+        # ONNX requires topological order; check it so a broken graph fails here, not mid-run.
+        known = set(self.initializers) | set(self.input_decl) | {""}
+        for info in self.nodes:
+            for name in info.proto.input:
+                if name not in known:
+                    raise EngineBuildError(
+                        f"{info.label}: input '{name}' is not produced by an earlier node, an initializer "
+                        f"or a graph input (graph not in topological order, or a dangling name)"
+                    )
+            known.update(info.proto.output)
+        for name in self.output_names:
+            if name not in known:
+                raise EngineBuildError(f"graph output '{name}' is produced by no node")
+
+    # -- shapes ----------------------------------------------------------------------------------
+    def default_input_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = {}
+        for name, (shape, _) in self.input_decl.items():
+            if shape is None or any(d is None or d <= 0 for d in shape):
+                raise EngineBuildError(
+                    f"graph input '{name}' has a dynamic or unknown shape {shape}: framefuse engines need "
+                    f"static shapes (export with a fixed shape, or pass input_shapes=)"
+                )
+            shapes[name] = tuple(int(d) for d in shape)
+        return shapes
+
+    def input_dtype(self, name: str) -> torch.dtype:
+        return self.input_decl[name][1]
+
+    def check_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        missing = sorted(set(self.input_decl) - set(shapes))
+        extra = sorted(set(shapes) - set(self.input_decl))
+        if missing or extra:
+            raise EngineRunError(
+                f"inputs do not match the graph: missing {missing}, unexpected {extra} "
+                f"(graph inputs: {list(self.input_decl)})"
+            )
+        result = {}
+        for name, shape in shapes.items():
+            declared = self.input_decl[name][0]
+            shape = tuple(int(d) for d in shape)
+            if declared is not None and (
+                len(declared) != len(shape) or any(d is not None and d > 0 and d != s for d, s in zip(declared, shape))
+            ):
+                raise EngineRunError(f"input '{name}' has shape {list(shape)}, the graph declares {list(declared)}")
+            result[name] = shape
+        return result
+
+    # -- planning --------------------------------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Initializers on the device, uploaded once and shared by every plan."""
+        if self._weights is None:
+            self._weights = {
+                name: torch.from_numpy(np.array(value, copy=True)).to(self.device)
+                for name, value in self.initializers.items()
+            }
+        return self._weights
+
+    def plan(self, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Plan:
+        shapes = self.check_shapes(input_shapes) if input_shapes is not None else self.default_input_shapes()
+        key = tuple(sorted(shapes.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            with fp32_math(), torch.no_grad():
+                plan = self._make_plan(shapes)
+            self._plans[key] = plan
+        return plan
+
+    def _make_plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
+        device = self.device
+        constants: dict[str, torch.Tensor] = dict(self.weights())
+        host_cache: dict[str, np.ndarray] = {}
+        env: dict[str, torch.Tensor] = {
+            name: torch.zeros(shape, dtype=self.input_dtype(name), device=device) for name, shape in shapes.items()
+        }
+
+        def host_value(name: str) -> np.ndarray:
+            if name not in host_cache:
+                host_cache[name] = constants[name].detach().cpu().numpy()
+            return host_cache[name]
+
+        steps: list[Step] = []
+        folded: list[str] = []
+        for info in self.nodes:
+            node = info.proto
+            names = list(node.input)
+            foldable = node.op_type in SHAPE_ONLY_OPS and node.domain in STANDARD_DOMAINS
+            if not foldable:
+                foldable = all(n == "" or n in constants for n in names) and node.domain in STANDARD_DOMAINS
+            host_positions = set(info.opdef.host_inputs) if info.opdef is not None else set()
+            template: list = []
+            env_args: list[tuple[int, str]] = []
+            eager_args: list = []
+            for position, name in enumerate(names):
+                if name == "":
+                    template.append(None)
+                    eager_args.append(None)
+                elif position in host_positions:
+                    if name not in constants:
+                        raise EngineBuildError(
+                            f"{info.label}: input {position} ('{name}') must be known when the engine is built "
+                            f"(it sets a shape or an index), but it depends on the graph's input data; "
+                            f"framefuse engines need static shapes"
+                        )
+                    value = host_value(name)
+                    template.append(value)
+                    eager_args.append(value)
+                elif name in constants:
+                    template.append(constants[name])
+                    eager_args.append(constants[name])
+                else:
+                    template.append(None)
+                    env_args.append((position, name))
+                    eager_args.append(env[name])
+            fn = self._step_fn(info)
+            try:
+                results = list(fn(eager_args))
+            except FrameFuseError:
+                raise
+            except Exception as exc:  # an op failing on the graph's own shapes is a graph problem
+                shapes_seen = [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in eager_args]
+                raise EngineBuildError(
+                    f"{info.label} failed while planning: {type(exc).__name__}: {exc} (argument shapes {shapes_seen})"
+                ) from exc
+            outputs = list(node.output)
+            if len(results) < len([o for o in outputs if o]):
+                raise EngineBuildError(f"{info.label}: produced {len(results)} outputs, the node has {len(outputs)}")
+            if foldable:
+                folded.append(info.label)
+                for name, value in zip(outputs, results):
+                    if name:
+                        constants[name] = value.to(device)
+                continue
+            if info.ff_module is not None and self.framefuse_impl == "kernel":
+                # Preallocate the kernel's outputs (all of the schema's, used or not) once; every
+                # run and every captured graph writes into the same buffers.
+                prealloc = [torch.empty_like(r) for r in results]
+                fn = self._kernel_fn(info, prealloc)
+            for name, value in zip(outputs, results):
+                if name:
+                    env[name] = value
+            steps.append(Step(info.label, node.op_type, fn, template, env_args, outputs))
+
+        # Output sources and liveness: an env value dies after its last reader (not if an output).
+        output_sources: dict[str, tuple[str, str]] = {}
+        output_specs: dict[str, IOSpec] = {}
+        for name in self.output_names:
+            if name in constants:
+                output_sources[name] = ("const", name)
+                value = constants[name]
+            else:
+                output_sources[name] = ("env", name)
+                value = env[name]
+            output_specs[name] = IOSpec(name, tuple(value.shape), value.dtype)
+        last_use: dict[str, int] = {}
+        for i, step in enumerate(steps):
+            for _, name in step.env_args:
+                last_use[name] = i
+        keep = {src for kind, src in output_sources.values() if kind == "env"}
+        for name, i in last_use.items():
+            if name not in keep:
+                steps[i].frees.append(name)
+        input_specs = {name: IOSpec(name, shape, self.input_dtype(name)) for name, shape in shapes.items()}
+        return Plan(input_specs, output_specs, steps, constants, output_sources, folded, device)
+
+    def _step_fn(self, info: NodeInfo) -> Callable[[list], list]:
+        n_outputs = len(info.proto.output)
+        if info.opdef is not None:
+            fn, attrs = info.opdef.fn, info.attrs
+            return lambda args: fn(args, attrs, n_outputs)
+        module, attrs = info.ff_module, info.ff_attrs
+        n_inputs = len(module.SCHEMA.inputs)
+        if self.framefuse_impl == "reference":
+            reference = module.reference
+
+            def run_reference(args):
+                args = list(args) + [None] * (n_inputs - len(args))
+                return list(reference(*args, **attrs))
+
+            return run_reference
+        launch = module.launch
+
+        def run_kernel_planning(args):
+            args = [a.contiguous() if a is not None else None for a in args] + [None] * (n_inputs - len(args))
+            return list(launch(args, attrs, outputs=None, stream=None))
+
+        return run_kernel_planning
+
+    def _kernel_fn(self, info: NodeInfo, prealloc: list[torch.Tensor]) -> Callable[[list], list]:
+        module, attrs = info.ff_module, info.ff_attrs
+        n_inputs = len(module.SCHEMA.inputs)
+        launch = module.launch
+        pad = [None] * (n_inputs - len(info.proto.input))
+
+        def run_kernel(args):
+            # Kernels take contiguous tensors; .contiguous() is free when already so (the usual
+            # case) and a captured copy kernel otherwise. stream=None: torch's current stream,
+            # which during capture is the capture stream.
+            args = [a.contiguous() if a is not None else None for a in args] + pad
+            launch(args, attrs, outputs=prealloc, stream=None)
+            return prealloc
+
+        return run_kernel
+
+    # -- the folded graph ------------------------------------------------------------------------
+    def folded_model(self, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
+        """The graph as planned: folded nodes replaced by initializers, static input shapes.
+
+        This is what the engine artifact stores; building it again folds nothing new."""
+        plan = self.plan(input_shapes)
+        kept = {step.label for step in plan.steps}
+        nodes = [info.proto for info in self.nodes if info.label in kept]
+        used = {name for node in nodes for name in node.input if name}
+        used |= {src for kind, src in plan.output_sources.values() if kind == "const"}
+        initializers = []
+        for name in sorted(used):
+            if name in plan.constants and name not in plan.input_specs:
+                initializers.append(numpy_helper.from_array(plan.constants[name].detach().cpu().numpy(), name))
+        elem = {v: k for k, v in _ONNX_ELEM.items()}
+        inputs = [
+            helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape)) for spec in plan.input_specs.values()
+        ]
+        outputs = [
+            helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape)) for spec in plan.output_specs.values()
+        ]
+        graph = helper.make_graph(nodes, self.model.graph.name or "framefuse", inputs, outputs, initializers)
+        model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
+        model.ir_version = self.model.ir_version
+        for prop in self.model.metadata_props:
+            model.metadata_props.add(key=prop.key, value=prop.value)
+        return model
+
+
+_ONNX_ELEM = {
+    1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32, 7: torch.int64,
+    9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16,
+}

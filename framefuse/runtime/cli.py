@@ -1,0 +1,75 @@
+"""``framefuse run``: a 60 Hz game loop over a step-form artifact, reporting latency and overruns."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXAMPLES = """\
+examples:
+  framefuse run artifacts/mamba-step                       # 600 frames at 60 Hz
+  framefuse run artifacts/mamba-step --frames 10000 --hz 0 # as fast as it can
+  framefuse run artifacts/lstm-step --device cpu --budget-ms 5 --json loop.json"""
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a step-form artifact in a fixed-rate game loop and report latency",
+        description="Load a step-form artifact (engine.ffe when built, else its model.fused.onnx / "
+        "model.onnx), feed it one random observation per tick at --hz, keep the recurrent state on the "
+        "device between frames, and report step latency (p50/p99/max, host input to host output) and "
+        "frame-budget overruns.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("artifact", metavar="ARTIFACT", help="artifact folder (e.g. artifacts/<name>-step), engine.ffe or .onnx")
+    parser.add_argument("--frames", type=int, default=600, metavar="N", help="frames to run (default 600)")
+    parser.add_argument("--hz", type=float, default=60.0, help="ticks per second; 0 = as fast as possible (default 60)")
+    parser.add_argument("--budget-ms", type=float, default=None, help="frame budget (default 1000/hz, 16.67 ms at 60 Hz)")
+    parser.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed frames first (default 10)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is a GPU")
+    parser.add_argument("--replay", choices=["torch", "driver"], default="torch", help="how the captured graph is replayed")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the observations")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args) -> int:
+    from framefuse.runtime.game_loop import run_game_loop
+    from framefuse.runtime.session import Session, SessionError
+    from framefuse.runtime.stats import DEFAULT_BUDGET_MS
+
+    if args.frames <= 0:
+        raise SessionError(f"--frames must be positive, got {args.frames}")
+    budget = args.budget_ms
+    if budget is None:
+        budget = 1000.0 / args.hz if args.hz and args.hz > 0 else DEFAULT_BUDGET_MS
+    quiet = getattr(args, "quiet", False)
+    if not quiet:
+        print(f"loading {args.artifact} ...", file=sys.stderr)
+    session = Session.load(args.artifact, device=args.device, budget_ms=budget, replay=args.replay)
+    if not session.is_step_form:
+        raise SessionError(
+            f"{args.artifact} is a sequence-form graph (inputs {session.input_names}); the game loop needs the "
+            f"step form: export it (framefuse export --form step) and run artifacts/<name>-step"
+        )
+    report = run_game_loop(session, frames=args.frames, hz=args.hz, warmup=args.warmup, seed=args.seed)
+    data = report.as_dict()
+    data["artifact"] = str(args.artifact)
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2))
+    if not quiet:
+        lat = data["latency"]
+        where = data["gpu_name"] or "CPU"
+        print(f"{args.artifact} on {where}: {data['frames']} frames at {args.hz:g} Hz in {data['wall_s']:.2f} s")
+        print(
+            f"  step latency  p50 {lat['p50_us']:.1f} us   p99 {lat['p99_us']:.1f} us   max {lat['max_us']:.1f} us"
+        )
+        print(f"  budget {lat['budget_ms']:.2f} ms: {lat['overruns']} overruns; {data['late_ticks']} late ticks")
+        if not data["output_finite"]:
+            print("  WARNING: the last output is not finite", file=sys.stderr)
+    return 0 if data["output_finite"] else 1

@@ -1,0 +1,154 @@
+"""Session on a GPU: step() equals the torch model's own step loop for every architecture, the
+step path allocates nothing and replays the captured graph, device inputs (torch CUDA, cupy) skip
+host staging, both replay modes agree. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from framefuse.models import ARCHITECTURES
+from framefuse.runtime.pipeline import prepare_cached, torch_model
+from framefuse.runtime.session import Session
+
+pytestmark = pytest.mark.gpu
+
+CONFIG = {"seq": 32, "seed": 0}
+TOL = 1e-4
+FRAMES = 16
+
+
+@pytest.fixture(autouse=True)
+def _fp32_torch():
+    """The torch reference in full fp32 (no TF32 convolutions), as the engine computes."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _frames(session, count=FRAMES, seed=0):
+    shape = session.engine.input_specs["x"].shape
+    return np.random.default_rng(seed).standard_normal((count, *shape)).astype(np.float32)
+
+
+def _session(arch, **kwargs) -> Session:
+    prepared = prepare_cached(arch, CONFIG)["step"]
+    assert prepared.fused is not None, f"rewrite failed: {prepared.fused_error}"
+    return Session.load(prepared.fused, device="cuda", **kwargs)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_step_equals_torch_step_loop(arch):
+    prepared = prepare_cached(arch, CONFIG)["step"]
+    session = _session(arch)
+    model = torch_model(prepared, "cuda")
+    frames = _frames(session)
+    state = model.init_state(1, device="cuda")
+    with torch.no_grad():
+        for t, frame in enumerate(frames):
+            expected, state = model.step(torch.from_numpy(frame).cuda(), state)
+            got = session.step(frame)
+            np.testing.assert_allclose(got, expected.cpu().numpy(), rtol=TOL, atol=TOL, err_msg=f"{arch} frame {t}")
+    # the session's state is the model's state
+    ours = session.get_state()
+    for name, value in zip(prepared.state_names, state):
+        np.testing.assert_allclose(ours[f"state.{name}"], value.cpu().numpy(), rtol=TOL, atol=TOL, err_msg=name)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "attention", "lstm"])
+def test_step_allocates_nothing_and_replays(arch):
+    session = _session(arch)
+    frames = _frames(session, 100)
+    session.step(frames[0])  # first call: nothing lazy should remain, but be fair
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    replays = session.replays
+    eager = session.engine.eager_runs
+    for frame in frames:
+        session.step(frame)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == allocated, "step() allocated device memory"
+    assert session.replays == replays + 100, "step() did not replay the captured graph once per frame"
+    assert session.engine.eager_runs == eager
+    # torch CUDA frames (device-to-device copy into the graph's input buffer) allocate nothing either
+    cuda_frames = torch.from_numpy(frames).cuda()
+    session.step(cuda_frames[0])
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    for frame in cuda_frames:
+        session.step(frame)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == allocated, "step() with CUDA frames allocated device memory"
+
+
+def test_device_frames_match_host_frames():
+    session = _session("mamba")
+    frames = _frames(session, 8)
+    host = [session.step(f).copy() for f in frames]
+    session.reset()
+    cuda = [session.step(torch.from_numpy(f).cuda()) for f in frames[:4]]
+    assert all(isinstance(y, torch.Tensor) and y.is_cuda for y in cuda)
+    # mix kinds across frames: the state is shared by the host and device paths
+    mixed = [y.cpu().numpy() for y in cuda] + [session.step(f).copy() for f in frames[4:]]
+    for t, (a, b) in enumerate(zip(mixed, host)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=f"frame {t}")
+    session.reset()
+    cpu_torch = session.step(torch.from_numpy(frames[0]))
+    assert isinstance(cpu_torch, torch.Tensor) and not cpu_torch.is_cuda
+    np.testing.assert_allclose(cpu_torch.numpy(), host[0], rtol=1e-6, atol=1e-6)
+
+
+def test_cupy_frames():
+    cupy = pytest.importorskip("cupy")
+    session = _session("min_gru")
+    frames = _frames(session, 4)
+    host = [session.step(f).copy() for f in frames]
+    session.reset()
+    for t, frame in enumerate(frames):
+        out = session.step(cupy.asarray(frame))
+        assert isinstance(out, cupy.ndarray)
+        np.testing.assert_allclose(cupy.asnumpy(out), host[t], rtol=1e-6, atol=1e-6)
+
+
+def test_driver_replay_matches_torch_replay():
+    torch_mode = _session("lstm")
+    driver_mode = _session("lstm", replay="driver")
+    frames = _frames(torch_mode, 12)
+    for t, frame in enumerate(frames):
+        a = torch_mode.step(frame).copy()
+        b = driver_mode.step(frame).copy()
+        np.testing.assert_array_equal(a, b, err_msg=f"frame {t}")
+    # device frames and reset in driver mode (ordering across streams)
+    driver_mode.reset()
+    torch_mode.reset()
+    for frame in frames[:4]:
+        np.testing.assert_array_equal(
+            driver_mode.step(torch.from_numpy(frame).cuda()).cpu().numpy(), torch_mode.step(frame)
+        )
+
+
+def test_sequence_run_equals_step_loop_on_gpu():
+    forms = prepare_cached("xlstm", CONFIG)
+    seq = Session.load(forms["sequence"].fused, device="cuda")
+    step = Session.load(forms["step"].fused, device="cuda")
+    x = np.random.default_rng(0).standard_normal(seq.engine.input_specs["x"].shape).astype(np.float32)
+    expected = seq.run(x)["y"]
+    got = np.stack([step.step(x[:, t]).copy() for t in range(x.shape[1])], axis=1)
+    np.testing.assert_allclose(got, expected, rtol=TOL, atol=TOL)
+    # run() with a CUDA tensor returns CUDA tensors, equal to the host run
+    on_device = seq.run({"x": torch.from_numpy(x).cuda()})["y"]
+    assert isinstance(on_device, torch.Tensor) and on_device.is_cuda
+    np.testing.assert_allclose(on_device.cpu().numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_stats_and_budget():
+    session = _session("gated_ssm")
+    for frame in _frames(session, 200):
+        session.step(frame)
+    s = session.stats.summary()
+    assert s["count"] == 200
+    assert 0 < s["p50_us"] <= s["p99_us"] <= s["max_us"]
+    assert s["p50_us"] < 16_670, "a 2-layer model should step well inside a 60 FPS frame"

@@ -1,0 +1,208 @@
+"""Session, latency statistics, the game loop and the run/build/bench commands, on the CPU executor
+(the same code paths as on a GPU except the capture itself)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from framefuse.cli import main as cli_main
+from framefuse.runtime.game_loop import run_game_loop
+from framefuse.runtime.pipeline import prepare_cached
+from framefuse.runtime.session import Session, SessionError, resolve_artifact
+from framefuse.runtime.stats import LatencyStats
+
+SMALL = {"model": {"embed": 32, "layers": 2}, "seq": 6, "seed": 0}
+# One of each state kind: a vector state, (h, c), conv window + SSM state, a KV window with a mask.
+STEP_ARCHS = ["min_gru", "lstm", "mamba", "attention"]
+
+
+def _frames(session_seq: Session, seed=0) -> np.ndarray:
+    shape = session_seq.engine.input_specs["x"].shape  # [1, T, F]
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("arch", STEP_ARCHS)
+@pytest.mark.parametrize("graph", ["fused", "original"])
+def test_step_loop_equals_sequence_run(arch, graph):
+    forms = prepare_cached(arch, SMALL)
+    if graph == "fused":
+        assert forms["step"].fused is not None, forms["step"].fused_error
+        seq_src, step_src = forms["sequence"].fused, forms["step"].fused
+    else:
+        seq_src, step_src = forms["sequence"].onnx, forms["step"].onnx
+    seq = Session.load(seq_src, device="cpu")
+    step = Session.load(step_src, device="cpu")
+    assert not seq.is_step_form and step.is_step_form
+    x = _frames(seq)
+    expected = seq.run(x)["y"]
+    got = np.stack([step.step(x[:, t]).copy() for t in range(x.shape[1])], axis=1)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # reset() starts a new sequence: the first frames again give the first outputs.
+    step.reset()
+    assert all(not v.any() for v in step.get_state().values())
+    again = np.stack([step.step(x[:, t]).copy() for t in range(3)], axis=1)
+    np.testing.assert_allclose(again, expected[:, :3], rtol=1e-5, atol=1e-5)
+    assert step.stats.count == x.shape[1] + 3
+
+
+def test_state_stays_in_the_session_and_run_does_not_touch_it():
+    step = Session.load(prepare_cached("min_gru", SMALL)["step"].fused, device="cpu")
+    x = np.random.default_rng(0).standard_normal((4, 1, step.engine.input_specs["x"].shape[-1])).astype(np.float32)
+    step.step(x[0])
+    before = step.get_state()
+    assert any(v.any() for v in before.values())
+    out = step.run({"x": x[1]})  # zero state, a separate evaluation
+    assert set(out) == set(step.output_names)
+    for name, value in step.get_state().items():
+        np.testing.assert_array_equal(value, before[name])
+    # set_state / get_state round trip, and stepping from a set state is deterministic
+    y1 = step.step(x[2]).copy()
+    step.set_state(before)
+    y2 = step.step(x[2]).copy()
+    np.testing.assert_array_equal(y1, y2)
+    with pytest.raises(SessionError, match="missing"):
+        step.set_state({})
+
+
+def test_frame_kinds_and_shapes():
+    step = Session.load(prepare_cached("lstm", SMALL)["step"].fused, device="cpu")
+    features = step.engine.input_specs["x"].shape[-1]
+    frame = np.random.default_rng(0).standard_normal((1, features)).astype(np.float32)
+    y_np = step.step(frame).copy()
+    assert isinstance(y_np, np.ndarray) and y_np.shape == tuple(step.engine.output_specs["y"].shape)
+    step.reset()
+    y_torch = step.step(torch.from_numpy(frame))
+    assert isinstance(y_torch, torch.Tensor)
+    np.testing.assert_array_equal(y_torch.numpy(), y_np)
+    step.reset()
+    y_flat = step.step(frame[0].astype(np.float64))  # [F] for [1, F], float64 cast on copy
+    np.testing.assert_allclose(y_flat, y_np, rtol=1e-6, atol=1e-6)
+    step.reset()
+    y_dict = step.step({"x": frame.tolist()})  # a dict by name, a nested list
+    np.testing.assert_allclose(y_dict, y_np, rtol=1e-6, atol=1e-6)
+    with pytest.raises(SessionError, match=r"frame 'x' has shape \[1, 3\]"):
+        step.step(np.zeros((1, 3), np.float32))
+    with pytest.raises(SessionError, match="unexpected"):
+        step.step({"x": frame, "z": frame})
+
+
+def test_step_on_a_sequence_graph_is_an_error():
+    seq = Session.load(prepare_cached("min_gru", SMALL)["sequence"].onnx, device="cpu")
+    with pytest.raises(SessionError, match="step-form graph"):
+        seq.step(np.zeros((1, 64), np.float32))
+    with pytest.raises(SessionError, match="unknown input"):
+        seq.run({"x": np.zeros((1, 6, 64), np.float32), "h": 0})
+
+
+def test_step_path_reuses_its_buffers():
+    """The hot path writes into the same pinned/host buffers every frame: no new arrays."""
+    step = Session.load(prepare_cached("min_gru", SMALL)["step"].fused, device="cpu")
+    frame = np.zeros(step.engine.input_specs["x"].shape, np.float32)
+    first = step.step(frame)
+    second = step.step(frame + 1)
+    assert first is second  # the session's output buffer, overwritten by each step
+    assert step.engine.eager_runs == 2 and step.engine.replays == 0  # CPU: no capture
+
+
+def test_latency_stats_ring_and_budget():
+    stats = LatencyStats(capacity=4, budget_ms=1.0)
+    for ns in (100_000, 2_000_000, 300_000, 400_000, 500_000, 3_000_000):
+        stats.record(ns)
+    s = stats.summary()
+    assert s["count"] == 6 and s["window"] == 4
+    assert s["overruns"] == 2  # 2 ms and 3 ms exceed the 1 ms budget
+    assert s["max_us"] == 3000.0
+    np.testing.assert_array_equal(stats.window(), [300_000, 400_000, 500_000, 3_000_000])  # oldest first
+    assert s["p50_us"] == pytest.approx(450.0)
+    stats.reset()
+    assert stats.summary()["count"] == 0 and np.isnan(stats.summary()["p50_us"])
+
+
+def test_session_budget_overruns_are_counted():
+    step = Session.load(prepare_cached("min_gru", SMALL)["step"].fused, device="cpu", budget_ms=1e-6)
+    frame = np.zeros(step.engine.input_specs["x"].shape, np.float32)
+    for _ in range(5):
+        step.step(frame)
+    s = step.stats.summary()
+    assert s["count"] == 5 and s["overruns"] == 5 and s["p50_us"] > 0
+
+
+def test_load_resolution_prefers_the_built_engine(tmp_path):
+    from framefuse.engines.cuda_graph import build_engine
+
+    prepared = prepare_cached("gated_ssm", SMALL)["step"]
+    folder = tmp_path / "gated_ssm-step"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(prepared.onnx.read_bytes())
+    (folder / "manifest.json").write_text(json.dumps(prepared.manifest))
+    assert resolve_artifact(folder)[0:2] == ("onnx", folder / "model.onnx")
+    (folder / "model.fused.onnx").write_bytes(prepared.fused.read_bytes())
+    assert resolve_artifact(folder)[0:2] == ("onnx", folder / "model.fused.onnx")
+    build_engine(folder / "model.fused.onnx", device="cpu", out=folder)
+    kind, path, manifest = resolve_artifact(folder)
+    assert (kind, path, manifest) == ("engine", folder / "engine.ffe", folder / "manifest.json")
+    session = Session.load(folder, device="cpu")
+    assert session.manifest["arch"] == "gated_ssm" and session.is_step_form
+    with pytest.raises(SessionError, match="no engine.ffe, model.fused.onnx or model.onnx"):
+        Session.load(tmp_path, device="cpu")
+
+
+def test_game_loop_reports_latency():
+    step = Session.load(prepare_cached("mamba", SMALL)["step"].fused, device="cpu")
+    seen = []
+    report = run_game_loop(step, frames=12, hz=0, warmup=2, on_frame=lambda i, y: seen.append(i))
+    data = report.as_dict()
+    assert seen == list(range(12))
+    assert data["latency"]["count"] == 12 and data["output_finite"]
+    assert data["latency"]["p99_us"] >= data["latency"]["p50_us"] > 0
+    assert data["gpu_name"] is None and data["device"] == "cpu"
+    paced = run_game_loop(step, frames=6, hz=200, warmup=0)  # 5 ms ticks: the loop waits for them
+    assert paced.wall_s >= 5 * 0.005 * 0.9
+
+
+def test_cli_build_and_run(tmp_path, capsys):
+    prepared = prepare_cached("min_lstm", SMALL)["step"]
+    folder = tmp_path / "min_lstm-step"
+    folder.mkdir()
+    (folder / "model.fused.onnx").write_bytes(prepared.fused.read_bytes())
+    assert cli_main(["build", str(folder), "--device", "cpu"]) == 0
+    assert (folder / "engine.ffe").is_file()
+    report = tmp_path / "loop.json"
+    assert cli_main(["run", str(folder), "--device", "cpu", "--frames", "8", "--hz", "0", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["frames"] == 8 and data["latency"]["count"] == 8
+    out = capsys.readouterr().out
+    assert "p50" in out and "overruns" in out
+    # A sequence-form artifact cannot drive a game loop: a clear error, exit code 2.
+    seq_folder = tmp_path / "min_lstm"
+    seq_folder.mkdir()
+    (seq_folder / "model.onnx").write_bytes(prepare_cached("min_lstm", SMALL)["sequence"].onnx.read_bytes())
+    assert cli_main(["run", str(seq_folder), "--device", "cpu", "--frames", "2"]) == 2
+    assert "step form" in capsys.readouterr().err
+
+
+def test_cli_bench_smoke(tmp_path):
+    """`framefuse bench` end to end on the CPU executor (one arch, a few calls): the JSON, the
+    markdown table in the seed's shape, and every engine either measured or explained."""
+    out = tmp_path / "bench"
+    status = cli_main(["bench", "--device", "cpu", "--archs", "min_gru", "--embed", "16", "--seq", "3",
+                       "--iters", "3", "--warmup", "1", "--out", str(out), "--work", str(tmp_path / "work")])
+    assert status == 0
+    results = json.loads((out / "e2e.json").read_text())
+    assert results["environment"]["device"] == "cpu"
+    rows = {r["T"]: r for r in results["rows"]}
+    assert set(rows) == {1, 3}
+    for row in rows.values():
+        for name in ("framefuse", "framefuse_unfused", "torch_eager", "ort_cpu"):
+            engine = row["engines"][name]
+            assert "p50_us" in engine, f"{name}: {engine}"
+            assert engine["max_abs_err_vs_ort"] < 1e-4
+        assert row["engines"]["torch_cuda_graph"] == {"skipped": "no GPU"}
+        assert row["best_peer"] in ("torch_eager", "ort_cpu")
+    table = (out / "e2e.md").read_text()
+    assert "| rank | architecture | category | ms |" in table and "viable at 60 FPS" in table
+    assert "no GPU (CPU executor)" in table
