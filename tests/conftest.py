@@ -22,7 +22,8 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU with cuda-python (not present here)")
     skip_trt = pytest.mark.skip(reason="needs TensorRT (not importable here)")
     for item in items:
-        if "gpu" in item.keywords and not HAS_GPU:
+        # get_closest_marker, not item.keywords: keywords also hold folder names (tests/gpu/).
+        if item.get_closest_marker("gpu") and not HAS_GPU:
             item.add_marker(skip_gpu)
-        if "tensorrt" in item.keywords and not HAS_TENSORRT:
+        if item.get_closest_marker("tensorrt") and not HAS_TENSORRT:
             item.add_marker(skip_trt)
