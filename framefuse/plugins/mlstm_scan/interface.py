@@ -1,0 +1,83 @@
+"""Python entry of the MLSTMScan kernel: checks, output allocation, launch.
+
+As DeltaRuleScan: `mlstm_scan_<dtype>_k32|k64|k128` holds Dk ≤ 32, 64, 128 columns of each row of
+C (and a copy of n) in registers; grid (B·H, ⌈Dv / rows⌉) with 64, 32, 16 rows per block.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from framefuse.plugins import cuda
+from framefuse.plugins.checks import OpArgumentError, check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.mlstm_scan.schema import MAX_DK, OP, SCHEMA, check_shapes
+
+SOURCE = pathlib.Path(__file__).with_name("mlstm_scan.cu")
+THREADS = 128
+VARIANTS = ((32, 64), (64, 32), (128, 16))  # (largest Dk, rows of C per block)
+
+
+def variant(Dk: int) -> tuple[int, int]:
+    for max_dk, rows in VARIANTS:
+        if Dk <= max_dk:
+            return max_dk, rows
+    raise OpArgumentError(f"{OP}: key dim Dk={Dk} is larger than the kernel supports ({MAX_DK})")
+
+
+def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
+    """[h, C_last, n_last, m_last] = MLSTMScan(q, k, v, i_pre, f_pre[, C0, n0, m0]) on the GPU.
+    outputs: the four preallocated, or None to allocate. Never synchronises."""
+    inputs = list(inputs)
+    SCHEMA.check_arity(len(inputs))
+    inputs += [None] * (len(SCHEMA.inputs) - len(inputs))
+    SCHEMA.attrs_with_defaults(attrs)
+    q = check_tensor(OP, "q", inputs[0])
+    check_storage_dtype(OP, "q", q)
+    dtype, device = q.dtype, q.device
+    k = check_tensor(OP, "k", inputs[1], dtype=dtype, device=device)
+    v = check_tensor(OP, "v", inputs[2], dtype=dtype, device=device)
+    i_pre = check_tensor(OP, "i_pre", inputs[3], dtype=dtype, device=device)
+    f_pre = check_tensor(OP, "f_pre", inputs[4], dtype=dtype, device=device)
+    states = [
+        None if x is None else check_tensor(OP, name, x, dtype=torch.float32, device=device)
+        for name, x in zip(("C0", "n0", "m0"), inputs[5:8])
+    ]
+    s = check_shapes([tuple(x.shape) if x is not None else None for x in (q, k, v, i_pre, f_pre, *states)])
+    B, H, T, Dk, Dv = s["B"], s["H"], s["T"], s["Dk"], s["Dv"]
+    max_dk, rows = variant(Dk)
+
+    specs = [
+        ("h", (B, H, T, Dv), dtype),
+        ("C_last", (B, H, Dv, Dk), torch.float32),
+        ("n_last", (B, H, Dk), torch.float32),
+        ("m_last", (B, H), torch.float32),
+    ]
+    if outputs is None:
+        outs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in specs]
+    else:
+        outs = check_outputs(OP, list(outputs), specs, device)
+
+    kernel = cuda.get_kernel(SOURCE, f"mlstm_scan_{cuda.dtype_suffix(dtype)}_k{max_dk}", device=device.index)
+    kernel.launch(
+        (B * H, (Dv + rows - 1) // rows),
+        (THREADS,),
+        [
+            cuda.ptr(q), cuda.ptr(k), cuda.ptr(v), cuda.ptr(i_pre), cuda.ptr(f_pre),
+            *(cuda.ptr(x) for x in states),
+            *(cuda.ptr(x) for x in outs),
+            cuda.i32(B * H), cuda.i32(T), cuda.i32(Dk), cuda.i32(Dv),
+        ],
+        stream=stream,
+        op=OP,
+        detail=f"q {list(q.shape)} v {list(v.shape)} {str(dtype).removeprefix('torch.')}",
+    )
+    return outs
+
+
+def mlstm_scan(q, k, v, i_pre, f_pre, C0=None, n0=None, m0=None, *, out=None, stream=None):
+    """Stabilised mLSTM recurrence on the GPU; returns (h, C_last, n_last, m_last).
+    out: optional preallocated (h, C_last, n_last, m_last)."""
+    h, C, n, m = launch([q, k, v, i_pre, f_pre, C0, n0, m0], outputs=None if out is None else list(out), stream=stream)
+    return h, C, n, m
