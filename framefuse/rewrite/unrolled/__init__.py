@@ -1,0 +1,27 @@
+"""Rewrite passes for recurrences unrolled over time by Python loops (issue 3).
+
+A plain ``torch.onnx.export`` of a loop over a static T leaves T copies of the step subgraph
+chained through the state. These passes find the loop-carried chain structurally
+(``timeline``, ``chains``), prove what kind of recurrence it is, lift the state-independent
+per-step inputs over all steps (``lift``) and replace the chain with one ``framefuse`` node.
+
+- ``PASSES``: the pass objects, in the order to run them.
+- ``remaining_recurrence_ops(graph)``: per-step recurrent ops left unfused.
+"""
+
+from framefuse.rewrite.unrolled.common import remaining_recurrence_ops, restack
+from framefuse.rewrite.unrolled.delta import DeltaRuleScanPass
+from framefuse.rewrite.unrolled.linear import LinearScanPass
+from framefuse.rewrite.unrolled.liquid import LiquidScanPass
+from framefuse.rewrite.unrolled.mlstm import MLSTMScanPass
+from framefuse.rewrite.unrolled.selective import SelectiveScanPass
+
+# Non-linear recurrences first (each matches an exact structure), the general linear one last:
+# it reports, for every chain still left, why it is not a linear recurrence.
+# SelectiveScan before LinearScan: a Mamba recurrence is also linear, the more specific op wins.
+PASSES = [LiquidScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass()]
+
+__all__ = [
+    "PASSES", "DeltaRuleScanPass", "LinearScanPass", "LiquidScanPass", "MLSTMScanPass", "SelectiveScanPass",
+    "remaining_recurrence_ops", "restack",
+]

@@ -1,0 +1,231 @@
+"""Small helpers over an onnx-graphsurgeon graph: constant values, static shapes, new nodes.
+
+The unrolled-recurrence passes reason about exported graphs whose shapes are static (the
+exporter fixes batch and time), so every helper here works with concrete shapes and declines
+(``NotLiftable``) when one is unknown rather than guessing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from framefuse.rewrite.base import DOMAIN, RewriteContext
+
+
+class NotLiftable(Exception):
+    """A candidate cannot be rewritten; the message is the reason reported in ``Declined``."""
+
+
+def producer(t: gs.Tensor) -> gs.Node | None:
+    return t.inputs[0] if isinstance(t, gs.Variable) and t.inputs else None
+
+
+def const_value(t: gs.Tensor | None) -> np.ndarray | None:
+    """The value of an initializer or of a ``Constant`` node's output, else None."""
+    if t is None:
+        return None
+    if isinstance(t, gs.Constant):
+        return np.asarray(t.values)
+    node = producer(t)
+    if node is not None and node.op == "Constant" and not node.inputs:
+        for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+            if key in node.attrs:
+                value = node.attrs[key]
+                return np.asarray(value.values if isinstance(value, gs.Constant) else value)
+    return None
+
+
+def const_key(value: np.ndarray) -> tuple:
+    """A hashable identity of a constant by value (exports repeat the same constant per step)."""
+    value = np.ascontiguousarray(value)
+    digest = hashlib.sha1(value.tobytes()).hexdigest()
+    return ("const", str(value.dtype), tuple(value.shape), digest)
+
+
+def is_framefuse(node: gs.Node) -> bool:
+    return node.domain == DOMAIN
+
+
+class Shapes:
+    """Static shapes and element types of every tensor, from ONNX shape inference.
+
+    Tensors created by the passes carry their shape/dtype on the gs.Variable itself; those win.
+    """
+
+    def __init__(self, graph: gs.Graph):
+        self.shapes: dict[str, tuple[int, ...] | None] = {}
+        self.dtypes: dict[str, np.dtype | None] = {}
+        self._read(self._infer(graph))
+        if any(self.shapes.get(t.name) is None for n in graph.nodes for t in n.outputs if not is_framefuse(n)):
+            # Reshape targets computed from Shape ops (an unfolded export): fold a copy, infer again.
+            try:
+                import onnxruntime as ort
+
+                ort.set_default_logger_severity(3)
+                model = gs.export_onnx(graph, do_type_check=False)
+                model.ir_version = min(model.ir_version, 10)
+                model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+                folded = gs.import_onnx(model).fold_constants(fold_shapes=True, error_ok=True).cleanup()
+                found = Shapes.__new__(Shapes)
+                found.shapes, found.dtypes = {}, {}
+                found._read(self._infer(folded))
+                for name, shape in found.shapes.items():
+                    if self.shapes.get(name) is None:
+                        self.shapes[name] = shape
+                        self.dtypes.setdefault(name, found.dtypes.get(name))
+            except Exception:  # noqa: BLE001 - best effort, as above
+                pass
+
+    @staticmethod
+    def _infer(graph: gs.Graph) -> list:
+        try:
+            model = gs.export_onnx(graph, do_type_check=False)
+            model.ir_version = min(model.ir_version, 10)
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            return list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+        except Exception:  # noqa: BLE001 - inference is best effort; missing shapes make passes decline
+            return []
+
+    def _read(self, infos) -> None:
+        for info in infos:
+            ttype = info.type.tensor_type
+            if not ttype.HasField("shape"):
+                continue
+            dims = []
+            for dim in ttype.shape.dim:
+                dims.append(dim.dim_value if dim.HasField("dim_value") else None)
+            self.shapes[info.name] = None if any(d is None for d in dims) else tuple(dims)
+            if ttype.elem_type:
+                self.dtypes[info.name] = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)
+
+    def shape(self, t: gs.Tensor) -> tuple[int, ...] | None:
+        if isinstance(t, gs.Constant):
+            return tuple(t.shape)
+        value = const_value(t)
+        if value is not None:
+            return tuple(value.shape)
+        if t.shape is not None and all(isinstance(d, int) and d >= 0 for d in t.shape):
+            return tuple(int(d) for d in t.shape)
+        return self.shapes.get(t.name)
+
+    def need_shape(self, t: gs.Tensor, why: str = "") -> tuple[int, ...]:
+        shape = self.shape(t)
+        if shape is None:
+            raise NotLiftable(f"shape of tensor {t.name!r} is not static{' (' + why + ')' if why else ''}")
+        return shape
+
+    def dtype(self, t: gs.Tensor) -> np.dtype | None:
+        if isinstance(t, gs.Constant):
+            return np.dtype(t.dtype)
+        if t.dtype is not None:
+            try:
+                return np.dtype(t.dtype)
+            except TypeError:
+                pass
+        return self.dtypes.get(t.name)
+
+
+class Emitter:
+    """Appends new nodes to a graph with unique names and annotated output shapes."""
+
+    def __init__(self, graph: gs.Graph, ctx: RewriteContext, prefix: str):
+        self.graph = graph
+        self.ctx = ctx
+        self.prefix = prefix
+        self.new_nodes: list[gs.Node] = []
+
+    def const(self, value, dtype=None) -> gs.Constant:
+        array = np.asarray(value, dtype=dtype)
+        return gs.Constant(self.ctx.unique_name(f"{self.prefix}/const"), array)
+
+    def ints(self, values) -> gs.Constant:
+        return self.const(np.asarray(list(values), dtype=np.int64))
+
+    def node(self, op: str, inputs: list, shape=None, dtype=None, attrs=None, n_out: int = 1,
+             out_shapes=None, domain: str | None = None) -> gs.Variable | list[gs.Variable]:
+        name = self.ctx.unique_name(f"{self.prefix}/{op}")
+        if out_shapes is None:
+            out_shapes = [shape] * n_out
+        outs = [gs.Variable(f"{name}_out{i}", dtype=dtype, shape=None if s is None else list(s))
+                for i, s in enumerate(out_shapes)]
+        node = gs.Node(op=op, name=name, attrs=dict(attrs or {}), inputs=list(inputs), outputs=outs)
+        if domain is not None:
+            node.domain = domain
+        self.graph.nodes.append(node)
+        self.new_nodes.append(node)
+        return outs[0] if n_out == 1 else outs
+
+    def unsqueeze(self, t, axes, shape=None, dtype=None):
+        return self.node("Unsqueeze", [t, self.ints(axes)], shape, dtype)
+
+    def transpose(self, t, perm, shape=None, dtype=None):
+        if list(perm) == list(range(len(perm))):
+            return t
+        return self.node("Transpose", [t], shape, dtype, attrs={"perm": list(perm)})
+
+    def reshape(self, t, target, dtype=None):
+        return self.node("Reshape", [t, self.ints(target)], tuple(target), dtype)
+
+    def expand(self, t, target, dtype=None):
+        return self.node("Expand", [t, self.ints(target)], tuple(target), dtype)
+
+    def gather(self, t, index: int, axis: int, shape=None, dtype=None):
+        return self.node("Gather", [t, self.const(np.int64(index))], shape, dtype, attrs={"axis": axis})
+
+
+def replace_producer(target: gs.Variable, new_source: gs.Variable, graph: gs.Graph, emit: Emitter) -> None:
+    """Make ``target`` (keeping its name, so graph outputs and consumers stay wired) be computed
+    by an Identity of ``new_source`` instead of by its old producer."""
+    target.inputs.clear()
+    source_node = producer(new_source)
+    if source_node is not None and source_node in emit.new_nodes and not new_source.outputs \
+            and len(source_node.outputs) == 1 and new_source not in graph.outputs:
+        target.dtype = target.dtype or new_source.dtype
+        source_node.outputs[0] = target  # the new node computes ``target`` directly
+        return
+    node = gs.Node(op="Identity", name=emit.ctx.unique_name(f"{emit.prefix}/Identity"),
+                   inputs=[new_source], outputs=[target])
+    graph.nodes.append(node)
+    emit.new_nodes.append(node)
+
+
+def tensors_between(source: gs.Tensor, sink: gs.Tensor) -> tuple[set[str], list[gs.Node]]:
+    """Names of the tensors that depend on ``source`` and feed ``sink``, and the nodes between."""
+    down = descendants(source)
+    nodes: dict[int, gs.Node] = {}
+    seen: set[str] = set()
+    stack = [sink]
+    while stack:
+        t = stack.pop()
+        if t.name in seen or t.name not in down:
+            continue
+        seen.add(t.name)
+        node = producer(t)
+        if node is None or t is source:
+            continue
+        nodes[id(node)] = node
+        stack.extend(node.inputs)
+    return seen, list(nodes.values())
+
+
+def descendants(source: gs.Tensor, stop: set[str] | None = None, through_fused: bool = True) -> set[str]:
+    """Names of ``source`` and of every tensor computed from it (not looking past ``stop``, nor
+    past framefuse nodes unless ``through_fused``)."""
+    seen = {source.name}
+    stack = [source]
+    while stack:
+        t = stack.pop()
+        if stop and t.name in stop:
+            continue
+        for node in t.outputs:
+            if not through_fused and is_framefuse(node):
+                continue
+            for out in node.outputs:
+                if out.name not in seen:
+                    seen.add(out.name)
+                    stack.append(out)
+    return seen

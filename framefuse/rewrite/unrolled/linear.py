@@ -1,0 +1,193 @@
+"""LinearScan from an unrolled linear recurrence h_t = a_t ⊙ h_{t−1} + b_t.
+
+The proof: the step template (h_t in terms of h_{t−1}, see ``chains``) is walked and each node on
+a path from h_{t−1} must be ``Add``/``Sub`` (of anything), ``Mul`` with exactly one factor
+depending on h_{t−1}, ``Div`` with only the numerator depending on it, ``Neg`` or ``Identity``.
+Walking it yields h_t = A ⊙ h_{t−1} + B with A and B expressions over leaves that do not depend on
+h_{t−1} — the coefficients. Any other op on such a path declines the candidate with the op named
+(e.g. "h_t depends on h_(t-1) through Tanh: not affine"). A and B are then lifted over all steps
+(``lift``), broadcast to the state shape and fed to one LinearScan node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from framefuse.rewrite.base import RewriteContext, make_framefuse_node
+from framefuse.rewrite.unrolled.chains import Chain, Tmpl
+from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs
+from framefuse.rewrite.unrolled.graphutil import Emitter, NotLiftable, const_value
+from framefuse.rewrite.unrolled.lift import Lifter
+
+ONE = ("one",)
+_AFFINE_OPS = {"Add", "Sub", "Neg", "Identity", "Mul", "Div"}
+
+
+class NotAffine(NotLiftable):
+    pass
+
+
+def _add(x, y):
+    if x is None:
+        return y
+    if y is None:
+        return x
+    return ("add", x, y)
+
+
+def _neg(x):
+    return None if x is None else ("neg", x)
+
+
+def _sub(x, y):
+    if y is None:
+        return x
+    if x is None:
+        return _neg(y)
+    return ("sub", x, y)
+
+
+def _mul(x, y):
+    if x is None or y is None:
+        return None
+    if x == ONE:
+        return y
+    if y == ONE:
+        return x
+    return ("mul", x, y)
+
+
+def affine(tm: Tmpl, memo: dict | None = None):
+    """(A, B) with value(tm) = A ⊙ h + B; A, B are expressions over leaves (None is 0)."""
+    memo = {} if memo is None else memo
+    key = tm.tensor.name
+    if key in memo:
+        return memo[key]
+    if tm.kind == "hole":
+        result = (ONE, None)
+    elif tm.kind == "leaf":
+        result = (None, ("leaf", tm.tensor))
+    else:
+        op, node = tm.node.op, tm.node
+        if op not in _AFFINE_OPS:  # named before looking inside, so the outermost culprit is reported
+            why = ("a matrix product mixes the channels, it is not an elementwise recurrence; "
+                   if op in ("MatMul", "Gemm", "Einsum", "Conv") else "")
+            raise NotAffine(f"h_t depends on h_(t-1) through {op} (node {node.name!r}): {why}not affine")
+        parts = [affine(c, memo) for c in tm.children]
+        depends = [a is not None for a, _ in parts]
+        where = f"{op} node {node.name!r}"
+        if op == "Add":
+            result = (_add(parts[0][0], parts[1][0]), _add(parts[0][1], parts[1][1]))
+        elif op == "Sub":
+            result = (_sub(parts[0][0], parts[1][0]), _sub(parts[0][1], parts[1][1]))
+        elif op == "Neg":
+            result = (_neg(parts[0][0]), _neg(parts[0][1]))
+        elif op == "Identity":
+            result = parts[0]
+        elif op == "Mul":
+            if all(depends):
+                raise NotAffine(f"h_t depends on h_(t-1) through a product of two terms that both depend on it "
+                                f"({where}): not affine")
+            (a0, b0), (a1, b1) = parts
+            if depends[0]:
+                result = (_mul(a0, b1), _mul(b0, b1))
+            else:
+                result = (_mul(b0, a1), _mul(b0, b1))
+        elif op == "Div":
+            if depends[1]:
+                raise NotAffine(f"h_t depends on h_(t-1) through the divisor of {where}: not affine")
+            (a0, b0), (_, b1) = parts
+            result = (None if a0 is None else ("div", a0, b1), None if b0 is None else ("div", b0, b1))
+        else:
+            raise NotAffine(f"h_t depends on h_(t-1) through {op} (node {node.name!r}): not affine")
+    memo[key] = result
+    return result
+
+
+def expr_signature(e, lifter: Lifter):
+    if e is None or e == ONE:
+        return e
+    if e[0] == "leaf":
+        return ("leaf", lifter.key(e[1]))
+    return (e[0], *(expr_signature(x, lifter) for x in e[1:]))
+
+
+class LinearScanPass(UnrolledPass):
+    name = "unrolled-linear-scan"
+    op_type = "LinearScan"
+    report_problems = True  # the last pass: it reports the candidates no pass could use
+
+    def rewrite_chain(self, graph: gs.Graph, ctx: RewriteContext, chain: Chain, lifter: Lifter,
+                      emit: Emitter) -> dict:
+        tl = lifter.tl
+        shapes = tl.shapes
+        if chain.coupled_with:
+            raise NotLiftable(f"the step reads another recurrent state ({', '.join(chain.coupled_with)}): a coupled "
+                              "recurrence, not one LinearScan")
+        state_shape = shapes.need_shape(chain.states[-1], "final state")
+        dtype = shapes.dtype(chain.states[-1])
+        if dtype != np.float32:
+            raise NotLiftable(f"state {chain.states[-1].name!r} is {dtype}, only float32 graphs are rewritten "
+                              "(lower the precision after the rewrite)")
+        for h in chain.states[1:]:
+            if shapes.shape(h) != state_shape:
+                raise NotLiftable(f"state {h.name!r} has shape {shapes.shape(h)}, expected {state_shape}")
+        coeffs = [affine(link) for link in chain.structural_links]
+        sig0 = [expr_signature(e, lifter) for e in coeffs[0]]
+        for i, pair in enumerate(coeffs[1:], start=1):
+            if [expr_signature(e, lifter) for e in pair] != sig0:
+                raise NotLiftable(f"step {i} has different coefficients than step 0")
+        a_expr, b_expr = coeffs[0]
+        if a_expr is None:
+            raise NotAffine("h_t does not depend on h_(t-1)")
+        steps = chain.steps
+        rank = len(state_shape)
+        full = (steps, *state_shape)
+        a = emit.expand(self._emit_expr(a_expr, lifter, emit, rank), full, np.float32)
+        b = (emit.expand(self._emit_expr(b_expr, lifter, emit, rank), full, np.float32) if b_expr is not None
+             else emit.const(np.zeros(full, np.float32)))
+        batch = state_shape[0] if rank >= 2 else 1
+        width = int(np.prod(state_shape[1:])) if rank >= 2 else int(np.prod(state_shape))
+        perm = [1, 0, *range(2, rank + 1)] if rank >= 2 else list(range(rank + 1))
+        moved = (batch, steps, *state_shape[1:]) if rank >= 2 else full
+
+        def to_bdt(t):
+            return emit.reshape(emit.transpose(t, perm, moved, np.float32), (batch, steps, width), np.float32)
+
+        h0 = chain.states[0]
+        h0_value = const_value(h0)
+        if h0_value is not None and not np.any(h0_value):
+            h0_in = None  # zeros: the op's default
+        else:
+            if shapes.shape(h0) != state_shape:
+                h0 = emit.expand(h0, state_shape, np.float32)
+            h0_in = emit.reshape(h0, (batch, width), np.float32)
+        h_all = gs.Variable(ctx.unique_name("linear_scan_h"), dtype=np.float32, shape=[batch, steps, width])
+        h_last = gs.Variable(ctx.unique_name("linear_scan_h_last"), dtype=np.float32, shape=[batch, width])
+        node = make_framefuse_node(graph, ctx, "LinearScan", [to_bdt(a), to_bdt(b), h0_in], [h_all, h_last])
+        emit.new_nodes.append(node)
+        # Per-step states [T, *state] (time-major) for the consumers of h_1 .. h_{T-1}.
+        if steps > 1:
+            h_tm = emit.transpose(emit.reshape(h_all, moved, np.float32), perm, full, np.float32)
+        else:
+            h_tm = None
+        emit_state_outputs(graph, emit, chain, h_tm, emit.reshape(h_last, state_shape, np.float32), state_shape)
+        return {"node": node, "steps": steps, "state_shape": list(state_shape)}
+
+    def _emit_expr(self, e, lifter: Lifter, emit: Emitter, rank: int):
+        """Emit ``e`` time-major with rank ``rank + 1`` (size-1 axes where it broadcasts)."""
+        if e == ONE:
+            return emit.const(np.ones((1,) * (rank + 1), np.float32))
+        if e[0] == "leaf":
+            leaf = e[1]
+            shape = lifter.shapes.need_shape(leaf)
+            if len(shape) > rank:
+                raise NotLiftable(f"coefficient {leaf.name!r} {shape} has a higher rank than the state")
+            if lifter.tl.time_of(leaf):
+                return lifter._align(leaf, rank)
+            pad = rank - len(shape)
+            return emit.unsqueeze(leaf, list(range(pad + 1)), (1,) * (pad + 1) + tuple(shape), lifter.dtype(leaf))
+        args = [self._emit_expr(x, lifter, emit, rank) for x in e[1:]]
+        op = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "neg": "Neg"}[e[0]]
+        return emit.node(op, args, None, np.float32)

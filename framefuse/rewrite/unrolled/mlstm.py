@@ -1,0 +1,294 @@
+"""MLSTMScan from an unrolled xLSTM mLSTM cell (stabilised exponential gating).
+
+Found from its stabiliser chain m_t = max(logσ(f_t) + m_{t−1}, i_t) (a loop-carried chain of its
+own); each step must then have exactly, with f' = exp(logσ(f_t) + m_{t−1} − m_t) and
+i' = exp(i_t − m_t) broadcast over the trailing axes:
+
+    C_t = f'·C_{t−1} + i'·(v_t ⊗ k_t)      n_t = f'·n_{t−1} + i'·k_t
+    h_t = (C_t q_t) / max(|n_t · q_t|, exp(−m_t))
+
+(commutative operand orders accepted; logσ as Log(Sigmoid(f)) or −Softplus(−f)). The read-outs
+h_t become the op's output h, the last C, n, m its final states. Anything else is declined with
+the part that did not match.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.unrolled.chains import Chain
+from framefuse.rewrite.unrolled.common import UnrolledPass, lift_leaf
+from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer, replace_producer
+from framefuse.rewrite.unrolled.match import op, pairs
+
+_BCAST = ("Unsqueeze", "Reshape")
+
+
+def _node(t: gs.Tensor, op_type: str):
+    node = producer(t)
+    return node if node is not None and node.op == op_type else None
+
+
+def _both(t: gs.Tensor, op_type: str):
+    """Operand pairs (both orders) of the binary op producing ``t``."""
+    node = _node(t, op_type)
+    if node is None or len(node.inputs) != 2:
+        return []
+    a, b = node.inputs
+    return [(a, b), (b, a)]
+
+
+def _strip(t: gs.Tensor) -> gs.Tensor:
+    """``t`` before the Unsqueeze/Reshape that broadcast it (f'[..., None, None] → f')."""
+    node = producer(t)
+    while node is not None and node.op in _BCAST:
+        t = node.inputs[0]
+        node = producer(t)
+    return t
+
+
+def _same(a: gs.Tensor, b: gs.Tensor) -> bool:
+    return a.name == b.name
+
+
+class _Keys:
+    def __init__(self, lifter):
+        self.lifter = lifter
+
+    def same(self, a: gs.Tensor, b: gs.Tensor) -> bool:
+        if a.name == b.name:
+            return True
+        try:
+            return self.lifter.key(a) == self.lifter.key(b)
+        except NotLiftable:
+            return False
+
+
+def _logsigmoid_arg(t: gs.Tensor):
+    """f when ``t`` = logσ(f): Log(Sigmoid(f)) or Neg(Softplus(Neg(f)))."""
+    log = _node(t, "Log")
+    if log is not None:
+        sig = _node(log.inputs[0], "Sigmoid")
+        return sig.inputs[0] if sig is not None else None
+    neg = _node(t, "Neg")
+    if neg is not None:
+        sp = _node(neg.inputs[0], "Softplus")
+        inner = _node(sp.inputs[0], "Neg") if sp is not None else None
+        return inner.inputs[0] if inner is not None else None
+    return None
+
+
+class MLSTMScanPass(UnrolledPass):
+    name = "unrolled-mlstm-scan"
+    op_type = "MLSTMScan"
+
+    def accepts(self, chain: Chain, tl) -> bool:
+        return op(chain.structural_links[0]) == "Max"
+
+    # -- the stabiliser ---------------------------------------------------------------------------
+    def _match_m(self, link):
+        for added, i_pre in pairs(link, "Max"):
+            for logf, hole in pairs(added, "Add"):
+                if hole.kind == "hole" and logf.kind == "leaf" and i_pre.kind == "leaf":
+                    return logf.tensor, i_pre.tensor, added.tensor
+        return None
+
+    def _gate(self, m_new, numerator_ok, keys):
+        """exp(X − m_new) for the X that ``numerator_ok`` accepts."""
+        for node in m_new.outputs:
+            if node.op == "Sub" and _same(node.inputs[1], m_new) and numerator_ok(node.inputs[0]):
+                for consumer in node.outputs[0].outputs:
+                    if consumer.op == "Exp":
+                        return consumer.outputs[0]
+        return None
+
+    def _update(self, f_act, i_act, rank, shapes, state_shape):
+        """new = bcast(f')·old + bcast(i')·Y with ``old`` of the state's shape; (new, old, Y)."""
+        seen = set()
+        stack = [f_act]
+        while stack:  # f' and its broadcast versions
+            t = stack.pop()
+            for node in t.outputs:
+                if node.op in _BCAST:
+                    stack.append(node.outputs[0])
+                elif node.op == "Mul" and id(node) not in seen:
+                    seen.add(id(node))
+                    other = node.inputs[1] if _same(node.inputs[0], t) else node.inputs[0]
+                    if shapes.shape(other) != state_shape:
+                        continue
+                    for add in node.outputs[0].outputs:
+                        if add.op != "Add" or shapes.shape(add.outputs[0]) != state_shape:
+                            continue
+                        rest = add.inputs[1] if _same(add.inputs[0], node.outputs[0]) else add.inputs[0]
+                        for gate, y in _both(rest, "Mul"):
+                            if _same(_strip(gate), i_act):
+                                return add.outputs[0], other, y
+        return None
+
+    def rewrite_chain(self, graph, ctx, chain, lifter, emit) -> dict:
+        shapes = lifter.shapes
+        keys = _Keys(lifter)
+        m_shape = shapes.need_shape(chain.states[-1])
+        if shapes.dtype(chain.states[-1]) != np.float32:
+            raise NotLiftable("the mLSTM state is not float32 (lower the precision after the rewrite)")
+        if len(m_shape) != 2:
+            raise NotLiftable(f"mLSTM stabiliser m must be [B, H], got {m_shape}")
+        b, h = m_shape
+        steps = chain.steps
+        per_step = {"q": [], "k": [], "v": [], "i": [], "logf": []}
+        c_states, n_states, readouts = [], [], []
+        c_prev = n_prev = None
+        for i, link in enumerate(chain.links):
+            m_old, m_new = chain.states[i], chain.states[i + 1]
+            found = self._match_m(link) if not (chain.folded_first and i == 0) else None
+            if found is None:
+                raise NotLiftable("the stabiliser is not m_t = max(logσ(f_t) + m_(t-1), i_t)")
+            logf, i_pre, added = found
+
+            def is_f_arg(x, logf=logf, m_old=m_old, added=added):  # logσ(f) + m_(t-1)
+                return _same(x, added) or any(keys.same(p, logf) and _same(q, m_old) for p, q in _both(x, "Add"))
+
+            f_act = self._gate(m_new, is_f_arg, keys)
+            i_act = self._gate(m_new, lambda x, i_pre=i_pre: keys.same(x, i_pre), keys)
+            if f_act is None or i_act is None:
+                raise NotLiftable(f"step {i}: no gates f' = exp(logσ(f) + m_(t-1) − m_t), i' = exp(i − m_t)")
+            c_found = n_found = None
+            # C (rank 4) and n (rank 3) updates, found from the gates.
+            for candidate_shape in self._state_shapes(f_act, shapes, b, h):
+                hit = self._update(f_act, i_act, len(candidate_shape), shapes, candidate_shape)
+                if hit is None:
+                    continue
+                if len(candidate_shape) == 4 and c_found is None:
+                    c_found = hit
+                elif len(candidate_shape) == 3 and n_found is None:
+                    n_found = hit
+            if c_found is None or n_found is None:
+                raise NotLiftable(f"step {i}: no C_t = f'·C + i'·v⊗k and n_t = f'·n + i'·k updates")
+            c_new, c_old, outer = c_found
+            n_new, n_old, k_n = n_found
+            if (c_prev is not None and not _same(c_old, c_prev)) or (n_prev is not None and not _same(n_old, n_prev)):
+                raise NotLiftable(f"step {i}: C/n are not carried from the previous step")
+            dv, dk = shapes.need_shape(c_new)[2:]
+            v_col = k_row = None
+            for a, bb in _both(outer, "Mul"):
+                if shapes.shape(a) == (b, h, dv, 1) and shapes.shape(bb) == (b, h, 1, dk):
+                    v_col, k_row = a, bb
+            if v_col is None or _node(v_col, "Unsqueeze") is None or _node(k_row, "Unsqueeze") is None:
+                raise NotLiftable(f"step {i}: the C update's input is not v_t ⊗ k_t")
+            v_t, k_t = _node(v_col, "Unsqueeze").inputs[0], _node(k_row, "Unsqueeze").inputs[0]
+            if not keys.same(k_t, k_n):
+                raise NotLiftable(f"step {i}: C and n are updated with different keys")
+            readout, q_t = self._readout(c_new, n_new, m_new, shapes, keys, (b, h, dv, dk))
+            per_step["q"].append(q_t)
+            per_step["k"].append(k_t)
+            per_step["v"].append(v_t)
+            per_step["i"].append(i_pre)
+            per_step["logf"].append(logf)
+            c_states.append((c_old, c_new))
+            n_states.append((n_old, n_new))
+            readouts.append(readout)
+            c_prev, n_prev = c_new, n_new
+        for name, tensors in per_step.items():
+            if len({lifter.key(t) for t in tensors}) != 1:
+                raise NotLiftable(f"the per-step {name} is not the same computation at every step")
+        for state in [c for _, c in c_states[:-1]] + [n for _, n in n_states[:-1]] + chain.states[1:-1]:
+            if state in graph.outputs:
+                raise NotLiftable(f"intermediate state {state.name!r} is a graph output")
+
+        def heads_major(leaf, tail):  # [T, B, H, *tail] -> [B, H, T, *tail]
+            lifted, _ = lift_leaf(lifter, emit, leaf)
+            rank = 3 + len(tail)
+            return emit.transpose(lifted, [1, 2, 0, *range(3, rank)], (b, h, steps, *tail), np.float32)
+
+        q = heads_major(per_step["q"][0], (dk,))
+        k = heads_major(per_step["k"][0], (dk,))
+        v = heads_major(per_step["v"][0], (dv,))
+        i_gate = heads_major(per_step["i"][0], ())
+        f_gate = heads_major(self._f_pre(per_step["logf"][0], lifter, emit), ())
+
+        def initial(t, shape):
+            value = const_value(t)
+            if value is not None and not np.any(value):
+                return None
+            return emit.expand(t, shape, np.float32) if shapes.shape(t) != shape else t
+
+        c0 = initial(c_states[0][0], (b, h, dv, dk))
+        n0 = initial(n_states[0][0], (b, h, dk))
+        m0 = initial(chain.states[0], (b, h))
+        outs = [gs.Variable(ctx.unique_name(f"mlstm_{n}"), dtype=np.float32, shape=list(s)) for n, s in
+                (("h", (b, h, steps, dv)), ("C_last", (b, h, dv, dk)), ("n_last", (b, h, dk)), ("m_last", (b, h)))]
+        node = make_framefuse_node(graph, ctx, "MLSTMScan", [q, k, v, i_gate, f_gate, c0, n0, m0], outs)
+        emit.new_nodes.append(node)
+        for i, readout in enumerate(readouts):
+            replace_producer(readout, emit.gather(outs[0], i, 2, (b, h, dv), np.float32), graph, emit)
+        replace_producer(c_states[-1][1], outs[1], graph, emit)
+        replace_producer(n_states[-1][1], outs[2], graph, emit)
+        replace_producer(chain.states[-1], outs[3], graph, emit)
+        return {"node": node, "steps": steps, "state_shape": [b, h, dv, dk]}
+
+    def _state_shapes(self, f_act, shapes, b, h):
+        """The shapes of the states that f' gates (via its broadcast Muls)."""
+        found = []
+        stack = [f_act]
+        while stack:
+            t = stack.pop()
+            for node in t.outputs:
+                if node.op in _BCAST:
+                    stack.append(node.outputs[0])
+                elif node.op == "Mul":
+                    shape = shapes.shape(node.outputs[0])
+                    if shape and shape[:2] == (b, h) and len(shape) in (3, 4) and shape not in found:
+                        found.append(shape)
+        return found
+
+    def _readout(self, c_new, n_new, m_new, shapes, keys, dims):
+        """h_t = (C_t q_t) / max(|n_t·q_t|, exp(−m_t)): (h_t, q_t)."""
+        b, h, dv, dk = dims
+        for node in c_new.outputs:
+            if node.op != "MatMul" or not _same(node.inputs[0], c_new):
+                continue
+            q_col = node.inputs[1]
+            unsq = _node(q_col, "Unsqueeze")
+            if unsq is None or shapes.shape(q_col) != (b, h, dk, 1):
+                continue
+            q_t = unsq.inputs[0]
+            for sq in node.outputs[0].outputs:
+                if sq.op != "Squeeze":
+                    continue
+                for div in sq.outputs[0].outputs:
+                    if div.op != "Div" or not _same(div.inputs[0], sq.outputs[0]):
+                        continue
+                    den = _strip(div.inputs[1])
+                    for absval, floor in _both(den, "Max"):
+                        ab = _node(absval, "Abs")
+                        ex = _node(floor, "Exp")
+                        neg = _node(ex.inputs[0], "Neg") if ex is not None else None
+                        red = _node(ab.inputs[0], "ReduceSum") if ab is not None else None
+                        if neg is None or red is None or not _same(neg.inputs[0], m_new):
+                            continue
+                        if not any(_same(x, n_new) and keys.same(y, q_t) for x, y in _both(red.inputs[0], "Mul")):
+                            continue
+                        if shapes.shape(red.outputs[0]) != (b, h):
+                            continue
+                        return div.outputs[0], q_t
+        raise NotLiftable("no read-out h_t = (C_t q_t) / max(|n_t·q_t|, exp(−m_t)) of the state")
+
+    def _f_pre(self, logf: gs.Tensor, lifter, emit) -> gs.Tensor:
+        """The per-step f_pre whose logσ the step uses (MLSTMScan applies logσ itself)."""
+        arg = _logsigmoid_arg(logf)
+        if arg is not None:
+            return arg
+        node = producer(logf)
+        whole = _logsigmoid_arg(node.inputs[0]) if node is not None and node.op == "Gather" else None
+        if whole is None:
+            raise NotLiftable(f"the forget gate {logf.name!r} is not logσ(f_pre)")
+        # logf_t = Gather(logσ(F), t): the same frame of F.
+        sliced = emit.node("Gather", [whole, node.inputs[1]], lifter.shapes.shape(logf), np.float32,
+                           attrs=dict(node.attrs))
+        src = lifter.tl.slices.get(logf.name)
+        if src is not None:
+            lifter.tl.slices[sliced.name] = type(src)(whole, src.axis, src.time, src.keepdim)
+            lifter.tl.times[sliced.name] = frozenset({src.time})
+        return sliced

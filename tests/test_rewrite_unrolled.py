@@ -1,0 +1,470 @@
+"""Unrolled recurrences (Python loops over a static T, exported with the TorchScript exporter) are
+rewritten into one framefuse node each, with no per-timestep ops left, and the fused graph
+computes what the original does (ONNX Runtime, framefuse nodes through their references)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+import torch
+from torch import nn
+
+from framefuse.parity import ort_session
+from framefuse.rewrite.pipeline import rewrite_model
+from framefuse.rewrite.unrolled import PASSES, remaining_recurrence_ops
+
+B, F, D = 2, 4, 3
+
+
+def export(module: nn.Module, args: tuple, input_names, output_names) -> onnx.ModelProto:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=17,
+                          input_names=list(input_names), output_names=list(output_names))
+    model = onnx.load_from_string(buffer.getvalue())
+    model.ir_version = min(model.ir_version, 10)
+    return model
+
+
+def rewrite(model: onnx.ModelProto):
+    return rewrite_model(model, passes=PASSES)
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort_session(model, fused=True).run(None, feeds)
+
+
+def ops(model: onnx.ModelProto, domain: str | None = None) -> list[str]:
+    return [n.op_type for n in model.graph.node if domain is None or n.domain == domain]
+
+
+def feeds_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for inp in model.graph.input:
+        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def check_fused(model: onnx.ModelProto, op_type: str, count: int = 1, atol: float = 1e-4):
+    """Rewrite ``model``; exactly ``count`` ``op_type`` nodes, nothing per-step left, same outputs."""
+    fused, report = rewrite(model)
+    assert ops(fused, "framefuse") == [op_type] * count, (report.declined, ops(fused))
+    assert remaining_recurrence_ops(gs.import_onnx(fused)) == 0
+    assert report.remaining_per_timestep_ops.get("unrolled", 0) == 0
+    feeds = feeds_for(model)
+    expected = run(model, feeds)
+    actual = run(fused, feeds)
+    assert len(expected) == len(actual)
+    for e, a in zip(expected, actual):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=atol)
+    return fused, report
+
+
+# --- models written the way authors write them -------------------------------------------------
+
+class MinGRULoop(nn.Module):
+    """Projections for all t, recurrence in a loop, zeros initial state, stacked outputs."""
+
+    def __init__(self, state_input: bool = False):
+        super().__init__()
+        self.lz, self.lh, self.out = nn.Linear(F, D), nn.Linear(F, D), nn.Linear(D, F)
+        self.state_input = state_input
+
+    def forward(self, x, h=None):
+        z = torch.sigmoid(self.lz(x))
+        h_tilde = self.lh(x)
+        h = x.new_zeros(x.shape[0], D) if h is None else h
+        hs = []
+        for t in range(x.shape[1]):
+            h = (1 - z[:, t]) * h + z[:, t] * h_tilde[:, t]
+            hs.append(h)
+        y = self.out(torch.stack(hs, dim=1))
+        return (y, h) if self.state_input else y
+
+
+class MinGRUPerStepLinear(nn.Module):
+    """Projections inside the loop (Gemm per step on x[:, t]), lerp update h + z (h̃ − h)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lz, self.lh = nn.Linear(F, D), nn.Linear(F, D)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], D)
+        outs = []
+        for t in range(x.shape[1]):
+            x_t = x[:, t]
+            z = torch.sigmoid(self.lz(x_t))
+            h = h + z * (self.lh(x_t) - h)
+            outs.append(h.unsqueeze(1))
+        return torch.cat(outs, dim=1)
+
+
+class MinLSTMLoop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lf, self.li, self.lh = nn.Linear(F, D), nn.Linear(F, D), nn.Linear(F, D)
+
+    def forward(self, x):
+        f, i = torch.sigmoid(self.lf(x)), torch.sigmoid(self.li(x))
+        f, i = f / (f + i), i / (f + i)
+        h_tilde = self.lh(x)
+        h = torch.zeros(x.shape[0], D)
+        hs = []
+        for t in range(x.shape[1]):
+            h = f[:, t] * h + i[:, t] * h_tilde[:, t]
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+class GatedSSMLoop(nn.Module):
+    """Multi-head state [B, H, P] with a per-head decay: a = exp(-softplus(w x)) broadcast over P."""
+
+    def __init__(self, heads: int = 2, width: int = 3):
+        super().__init__()
+        self.heads, self.width = heads, width
+        self.decay = nn.Linear(F, heads)
+        self.inp = nn.Linear(F, heads * width)
+
+    def forward(self, x):
+        Bsz, T, _ = x.shape
+        a = torch.exp(-nn.functional.softplus(self.decay(x)))  # [B, T, H]
+        u = self.inp(x).view(Bsz, T, self.heads, self.width)
+        h = torch.zeros(Bsz, self.heads, self.width)
+        ys = []
+        for t in range(T):
+            h = a[:, t].unsqueeze(-1) * h + (1 - a[:, t]).unsqueeze(-1) * u[:, t]
+            ys.append(h.sum(-1))
+        return torch.stack(ys, dim=1)
+
+
+class StepCell(nn.Module):
+    """Step form: one frame and the state in, output and new state out."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.lz, self.lh, self.out = nn.Linear(F, D), nn.Linear(F, D), nn.Linear(D, F)
+
+    def forward(self, x, h):
+        z = torch.sigmoid(self.lz(x))
+        if self.kind == "min_gru":
+            h = (1 - z) * h + z * self.lh(x)
+        elif self.kind == "lerp":
+            h = h + z * (self.lh(x) - h)
+        elif self.kind == "decay_only":
+            h = z * h
+        return self.out(h), h
+
+
+class TanhRNN(nn.Module):
+    """h_t = tanh(W h_{t-1}) + x_t: not linear in h."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(F, F, bias=False)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], F)
+        hs = []
+        for t in range(x.shape[1]):
+            h = torch.tanh(self.w(h)) + x[:, t]
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+class SquareRNN(nn.Module):
+    """h_t = h_{t-1}² ⊙ a_t + x_t: quadratic in h."""
+
+    def forward(self, x):
+        a = torch.sigmoid(x)
+        h = torch.ones(x.shape[0], x.shape[2])
+        hs = []
+        for t in range(x.shape[1]):
+            h = h * h * a[:, t] + x[:, t]
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+def seq_input(T: int = 5):
+    return torch.randn(B, T, F)
+
+
+# --- tests --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module", [MinGRULoop, MinGRUPerStepLinear, MinLSTMLoop, GatedSSMLoop],
+                         ids=["min_gru", "min_gru_per_step_linear", "min_lstm", "gated_ssm"])
+def test_sequence_form_fuses_into_one_linear_scan(module):
+    torch.manual_seed(0)
+    model = export(module(), (seq_input(),), ["x"], ["y"])
+    fused, report = check_fused(model, "LinearScan")
+    assert report.matches[0].detail["steps"] == 5
+    assert not report.declined
+
+
+def test_no_op_count_grows_with_T():
+    """No per-timestep ops are left: the fused graph is the same size for any T."""
+    torch.manual_seed(0)
+    sizes = set()
+    for T in (3, 6):
+        fused, _ = rewrite(export(MinGRUPerStepLinear(), (seq_input(T),), ["x"], ["y"]))
+        sizes.add(len(fused.graph.node))
+    assert len(sizes) == 1
+
+
+def test_sequence_form_with_state_input_and_output():
+    torch.manual_seed(0)
+    model = export(MinGRULoop(state_input=True), (seq_input(), torch.randn(B, D)),
+                   ["x", "state.h"], ["y", "next_state.h"])
+    fused, report = check_fused(model, "LinearScan")
+    scan = [n for n in fused.graph.node if n.op_type == "LinearScan"][0]
+    assert len(scan.input) == 3 and scan.input[2]  # h0 is the state input, not the zeros default
+
+
+@pytest.mark.parametrize("kind", ["min_gru", "lerp", "decay_only"])
+def test_step_form_fuses_into_one_linear_scan(kind):
+    torch.manual_seed(0)
+    model = export(StepCell(kind), (torch.randn(B, F), torch.randn(B, D)), ["x", "state.h"],
+                   ["y", "next_state.h"])
+    fused, report = check_fused(model, "LinearScan")
+    assert report.matches[0].detail == {"steps": 1, "state_shape": [B, D], "form": "step"}
+
+
+def test_nonlinear_recurrence_is_declined_with_reason():
+    torch.manual_seed(0)
+    model = export(TanhRNN(), (seq_input(),), ["x"], ["y"])
+    fused, report = rewrite(model)
+    assert not ops(fused, "framefuse")
+    reasons = [d.reason for d in report.declined]
+    assert any("through Tanh" in r and "not affine" in r for r in reasons), reasons
+    assert remaining_recurrence_ops(gs.import_onnx(fused)) > 0
+
+
+def test_quadratic_recurrence_is_declined_with_reason():
+    model = export(SquareRNN(), (seq_input(),), ["x"], ["y"])
+    fused, report = rewrite(model)
+    assert not ops(fused, "framefuse")
+    reasons = [d.reason for d in report.declined]
+    assert any("product of two terms" in r and "not affine" in r for r in reasons), reasons
+    assert remaining_recurrence_ops(gs.import_onnx(fused)) > 0
+
+
+# --- the zoo, exported by the exporter (both forms, small configs) ------------------------------
+
+ZOO_OPS = {
+    "min_gru": "LinearScan", "min_lstm": "LinearScan", "gated_ssm": "LinearScan",
+    "mamba": "SelectiveScan",
+    "jamba": "SelectiveScan",  # its Mamba layer (the attention layer's KV cache is not a recurrence)
+    "liquid": "LiquidScan", "delta_net": "DeltaRuleScan", "xlstm": "MLSTMScan",
+}
+
+
+def zoo_export(arch: str, form: str, seq: int = 5) -> onnx.ModelProto:
+    from framefuse.exporter.export import prepare_export, resolve_config, resolve_model
+
+    model_cfg = {"embed": 16, "layers": 2}
+    if arch in ("mamba", "jamba"):
+        model_cfg["d_state"] = 4
+    cfg = resolve_config({"arch": arch, "model": model_cfg, "batch": 1, "seq": seq, "in_features": 8,
+                          "out_features": 4}, arch)
+    model, label = resolve_model(arch, cfg)
+    return onnx.load_from_string(prepare_export(model, form=form, config=cfg, arch=label).onnx_bytes)
+
+
+@pytest.mark.parametrize("form", ["sequence", "step"])
+@pytest.mark.parametrize("arch", sorted(ZOO_OPS))
+def test_zoo_model_is_fully_fused(arch, form):
+    model = zoo_export(arch, form)
+    assert remaining_recurrence_ops(gs.import_onnx(model)) > 0  # there is a recurrence to fuse
+    fused, report = rewrite(model)
+    op_types = ops(fused, "framefuse")
+    assert op_types and set(op_types) == {ZOO_OPS[arch]}, (op_types, report.declined)
+    assert remaining_recurrence_ops(gs.import_onnx(fused)) == 0
+    assert report.remaining_per_timestep_ops.get("unrolled", 0) == 0
+    feeds = feeds_for(model, seed=1)
+    expected = ort_session(model, fused=False).run(None, feeds)
+    actual = run(fused, feeds)
+    for e, a in zip(expected, actual):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
+# --- the non-linear recurrences, written differently from the zoo ---------------------------------
+
+class CfCVariant(nn.Module):
+    """CfC with cat([h, x_t]) (state first), timespan 0.5, and optionally ReLU instead of tanh."""
+
+    def __init__(self, act=torch.tanh):
+        super().__init__()
+        self.act = act
+        self.heads = nn.ModuleList(nn.Linear(D + F, D) for _ in range(4))
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], D)
+        hs = []
+        for t in range(x.shape[1]):
+            xh = torch.cat([h, x[:, t]], dim=1)
+            ff1, ff2 = self.act(self.heads[0](xh)), self.act(self.heads[1](xh))
+            tau = torch.sigmoid(self.heads[2](xh) * 0.5 + self.heads[3](xh))
+            h = ff1 * (1.0 - tau) + tau * ff2
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+class DeltaVariant(nn.Module):
+    """S + β (v − S k) kᵀ with the outer product as a MatMul, S0 a state input."""
+
+    def __init__(self, heads=2, dk=3, dv=2):
+        super().__init__()
+        self.heads, self.dk, self.dv = heads, dk, dv
+        self.q, self.k = nn.Linear(F, heads * dk), nn.Linear(F, heads * dk)
+        self.v, self.b = nn.Linear(F, heads * dv), nn.Linear(F, heads)
+
+    def forward(self, x, S):
+        Bsz, T, _ = x.shape
+        q = self.q(x).view(Bsz, T, self.heads, self.dk).transpose(1, 2)
+        k = nn.functional.normalize(self.k(x).view(Bsz, T, self.heads, self.dk), dim=-1).transpose(1, 2)
+        v = self.v(x).view(Bsz, T, self.heads, self.dv).transpose(1, 2)
+        beta = torch.sigmoid(self.b(x)).transpose(1, 2)
+        outs = []
+        for t in range(T):
+            k_t, v_t = k[:, :, t].unsqueeze(-1), v[:, :, t].unsqueeze(-1)
+            S = S + torch.matmul(beta[:, :, t, None, None] * (v_t - torch.matmul(S, k_t)), k_t.transpose(-1, -2))
+            outs.append(torch.matmul(S, q[:, :, t].unsqueeze(-1)).squeeze(-1))
+        return torch.stack(outs, dim=2), S
+
+
+class MLSTMVariant(nn.Module):
+    """mLSTM with logσ written as −softplus(−f) and the gates projected inside the loop."""
+
+    def __init__(self, heads=2, d=3):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.qkv = nn.Linear(F, 3 * heads * d)
+        self.gates = nn.Linear(F, 2 * heads)
+
+    def forward(self, x):
+        Bsz, T, _ = x.shape
+        H, d = self.heads, self.d
+        C, n, m = torch.zeros(Bsz, H, d, d), torch.zeros(Bsz, H, d), torch.zeros(Bsz, H)
+        hs = []
+        for t in range(T):
+            q, k, v = self.qkv(x[:, t]).view(Bsz, 3, H, d).unbind(1)
+            k = k / d ** 0.5
+            i_pre, f_pre = self.gates(x[:, t]).view(Bsz, 2, H).unbind(1)
+            log_f = -nn.functional.softplus(-f_pre)
+            m_new = torch.maximum(log_f + m, i_pre)
+            i_act, f_act = torch.exp(i_pre - m_new), torch.exp(log_f + m - m_new)
+            C = f_act[..., None, None] * C + i_act[..., None, None] * (v.unsqueeze(-1) * k.unsqueeze(-2))
+            n = f_act[..., None] * n + i_act[..., None] * k
+            m = m_new
+            num = torch.matmul(C, q.unsqueeze(-1)).squeeze(-1)
+            den = torch.maximum((n * q).sum(-1).abs(), torch.exp(-m))
+            hs.append(num / den.unsqueeze(-1))
+        return torch.stack(hs, dim=2)
+
+
+class MambaVariant(nn.Module):
+    """S6 discretised inside the loop with broadcast Muls (no einsum for a_t, b_t)."""
+
+    def __init__(self, d=3, n=2):
+        super().__init__()
+        self.d, self.n = d, n
+        self.proj = nn.Linear(F, 2 * d + 2 * n)
+        self.A_log = nn.Parameter(torch.randn(d, n))
+
+    def forward(self, x):
+        u, dt, B, C = torch.split(self.proj(x), [self.d, self.d, self.n, self.n], dim=-1)
+        dt = nn.functional.softplus(dt)
+        A = -torch.exp(self.A_log)
+        h = torch.zeros(x.shape[0], self.d, self.n)
+        ys = []
+        for t in range(x.shape[1]):
+            dA = torch.exp(dt[:, t].unsqueeze(-1) * A)
+            dBu = (dt[:, t] * u[:, t]).unsqueeze(-1) * B[:, t].unsqueeze(1)
+            h = dA * h + dBu
+            ys.append(torch.einsum("bdn,bn->bd", h, C[:, t]))
+        return torch.stack(ys, dim=1)
+
+
+def test_cfc_variant_fuses_into_liquid_scan():
+    torch.manual_seed(0)
+    fused, report = check_fused(export(CfCVariant(), (seq_input(),), ["x"], ["y"]), "LiquidScan")
+    assert report.matches[0].detail["ts"] == 0.5
+
+
+def test_cfc_with_another_activation_is_declined_with_reason():
+    torch.manual_seed(0)
+    fused, report = rewrite(export(CfCVariant(act=torch.relu), (seq_input(),), ["x"], ["y"]))
+    assert not ops(fused, "framefuse")
+    liquid = [d.reason for d in report.declined if d.pass_name == "unrolled-liquid-scan"]
+    assert liquid and "not the CfC update" in liquid[0], report.declined
+
+
+def test_delta_rule_variant_fuses_into_delta_rule_scan():
+    torch.manual_seed(0)
+    model = export(DeltaVariant(), (seq_input(), torch.randn(B, 2, 2, 3)), ["x", "state.S"], ["y", "next_state.S"])
+    check_fused(model, "DeltaRuleScan")
+
+
+def test_mlstm_variant_fuses_into_mlstm_scan():
+    torch.manual_seed(0)
+    check_fused(export(MLSTMVariant(), (seq_input(),), ["x"], ["y"]), "MLSTMScan")
+
+
+def test_mamba_variant_fuses_into_selective_scan():
+    torch.manual_seed(0)
+    check_fused(export(MambaVariant(), (seq_input(),), ["x"], ["y"]), "SelectiveScan")
+
+
+@pytest.mark.parametrize("arch", ["liquid", "xlstm"])
+def test_long_unrolled_loop_is_rewritten(arch):
+    """32 unrolled steps of the cells with the most shared subexpressions per step (templates are
+    DAGs: walking them as trees would take exponential time)."""
+    model = zoo_export(arch, "sequence", seq=32)
+    fused, report = rewrite(model)
+    assert set(ops(fused, "framefuse")) == {ZOO_OPS[arch]}
+    assert report.matches[0].detail["steps"] == 32
+    feeds = feeds_for(model, seed=2)
+    for e, a in zip(ort_session(model, fused=False).run(None, feeds), run(fused, feeds)):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
+class RichPerStepGate(nn.Module):
+    """Coefficients computed inside the loop through ops whose axes shift when lifted over time:
+    Reshape, Transpose, Softmax, Gather, LayerNormalization, Slice, Concat, ReduceMean, MatMul."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(F, 2 * D)
+        self.lin2 = nn.Linear(F, D)
+        self.w = nn.Parameter(torch.randn(D, D))
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], D)
+        hs = []
+        for t in range(x.shape[1]):
+            x_t = x[:, t]
+            u = self.lin(x_t).view(x.shape[0], 2, D).transpose(1, 2)
+            g = torch.softmax(u, dim=-1)[..., 0]
+            nrm = nn.functional.layer_norm(self.lin2(x_t), (D,)) @ self.w
+            b = torch.cat([nrm[:, D // 2:], nrm[:, :D // 2]], 1)
+            a = g * torch.sigmoid(b.mean(-1, keepdim=True))
+            h = a * h + b
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+def test_coefficients_through_axis_ops_are_lifted():
+    torch.manual_seed(0)
+    fused, _ = check_fused(export(RichPerStepGate(), (seq_input(),), ["x"], ["y"]), "LinearScan")
+    lifted = ops(fused)
+    for op_type in ("Softmax", "LayerNormalization", "ReduceMean", "Concat"):
+        assert lifted.count(op_type) == 1, (op_type, lifted)  # one copy over all steps, not five
