@@ -22,6 +22,8 @@ comparators check it against ONNX Runtime on the original graph.
 
 from __future__ import annotations
 
+import gc
+
 import hashlib
 import os
 import time
@@ -156,14 +158,24 @@ class Binding:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
+            # A collection during capture can run finalizers that free driver objects (a dropped
+            # engine's graph exec, a kernel module): such calls invalidate a capture. Collect
+            # first, then keep the collector off until the capture ends.
+            gc.collect()
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
             try:
-                with torch.cuda.graph(graph, pool=engine.graph_pool, stream=stream):
+                with torch.cuda.graph(graph, pool=engine.graph_pool, stream=stream,
+                                      capture_error_mode="thread_local"):
                     outputs = self._body()
             except Exception as exc:
                 raise EngineBuildError(
                     f"CUDA graph capture failed ({type(exc).__name__}: {exc}); an op in the graph synchronises "
                     f"or allocates host memory during the run"
                 ) from exc
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
             if engine.graph_pool is None:
                 engine.graph_pool = graph.pool()
         # The warm-up ran the hand-off: put the inputs (the state) back as they were.

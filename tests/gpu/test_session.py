@@ -89,7 +89,8 @@ def test_device_frames_match_host_frames():
     frames = _frames(session, 8)
     host = [session.step(f).copy() for f in frames]
     session.reset()
-    cuda = [session.step(torch.from_numpy(f).cuda()) for f in frames[:4]]
+    # step returns the session's own output buffer (overwritten by the next step): keep copies
+    cuda = [session.step(torch.from_numpy(f).cuda()).clone() for f in frames[:4]]
     assert all(isinstance(y, torch.Tensor) and y.is_cuda for y in cuda)
     # mix kinds across frames: the state is shared by the host and device paths
     mixed = [y.cpu().numpy() for y in cuda] + [session.step(f).copy() for f in frames[4:]]
