@@ -1,5 +1,5 @@
 # framefuse: on a fresh machine, two commands do everything:
-#   make demo    create .venv, install, export the default model (min_gru) in both forms
+#   make demo    create .venv, install, export, rewrite, build, check and run the default model (min_gru)
 #   make test    create .venv, install, run the tests
 # Others: make kernels (compile the CUDA kernels ahead of time), make clean, make help.
 
@@ -28,7 +28,7 @@ PYTEST_ARGS ?= -q
 DEMO_ARCH ?= min_gru
 ARTIFACTS ?= artifacts
 
-.PHONY: help venv test demo demo-export kernels clean distclean
+.PHONY: help venv test demo demo-export demo-rewrite demo-build demo-run kernels clean distclean
 
 help:
 	@sed -n '1,5p' Makefile | sed 's/^# \{0,1\}//'
@@ -45,17 +45,30 @@ $(STAMP):
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The demo is a chain of pipeline stages. A later stage (rewrite, build, check) adds a target
-# that depends on the previous one and appends it to DEMO_STAGES; `demo` then reports.
-DEMO_STAGES := demo-export
+# The demo is a chain of pipeline stages: export both forms, rewrite both (parity against the
+# original in ONNX Runtime), build the step form's engine (cuda-graph engine on a GPU, the CPU
+# executor elsewhere), check it against ONNX Runtime, and run it in a 60 Hz game loop.
+DEMO_STAGES := demo-export demo-rewrite demo-build demo-run
+DEMO_FRAMES ?= 120
 
 demo: $(DEMO_STAGES)
 	@echo
-	@echo "make demo: done. Artifacts of '$(DEMO_ARCH)' (model.onnx + manifest.json in each):"
-	@for d in $(ARTIFACTS)/$(DEMO_ARCH) $(ARTIFACTS)/$(DEMO_ARCH)-step; do echo "  $$d/"; done
+	@echo "make demo: done. Artifacts of '$(DEMO_ARCH)':"
+	@for d in $(ARTIFACTS)/$(DEMO_ARCH) $(ARTIFACTS)/$(DEMO_ARCH)-step; do echo "  $$d/: $$(ls $$d | tr '\n' ' ')"; done
 
 demo-export: venv
 	$(FRAMEFUSE) export --arch $(DEMO_ARCH) --form both -o $(ARTIFACTS)
+
+demo-rewrite: demo-export
+	$(FRAMEFUSE) rewrite $(ARTIFACTS)/$(DEMO_ARCH)/model.onnx
+	$(FRAMEFUSE) rewrite $(ARTIFACTS)/$(DEMO_ARCH)-step/model.onnx
+
+demo-build: demo-rewrite
+	$(FRAMEFUSE) build $(ARTIFACTS)/$(DEMO_ARCH)-step/model.fused.onnx
+	$(FRAMEFUSE) check $(ARTIFACTS)/$(DEMO_ARCH)-step
+
+demo-run: demo-build
+	$(FRAMEFUSE) run $(ARTIFACTS)/$(DEMO_ARCH)-step --frames $(DEMO_FRAMES)
 
 kernels: venv
 	$(PY) -m framefuse.plugins.build_kernels
