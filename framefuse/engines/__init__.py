@@ -10,7 +10,7 @@ Names are loaded lazily so ``framefuse --help`` does not import torch.
 
 from __future__ import annotations
 
-import importlib
+from framefuse._lazy import lazy_getattr
 
 _EXPORTS = {
     "build_engine": "framefuse.engines.cuda_graph",
@@ -29,8 +29,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'framefuse.engines' has no attribute '{name}'")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
