@@ -97,3 +97,18 @@ _HELPERS = SimpleNamespace(
     assert_close=assert_close, poison_=poison_, poisoned_like=poisoned_like, randn=randn, rand=rand,
     cpu_or_none=cpu_or_none, RTOL=RTOL, DTYPES=DTYPES, DTYPE_IDS=DTYPE_IDS,
 )
+
+
+@pytest.fixture
+def forced_path():
+    """Force a persistent-RNN kernel path (cluster, r_in_smem) for one test (LSTMSeq, GRUSeq and
+    LiquidScan share the planner), restoring the planner afterwards."""
+    from framefuse.plugins.lstm_seq import persistent
+
+    def force(path):
+        persistent.FORCED_PATH = path
+        persistent._plans.clear()
+
+    yield force
+    persistent.FORCED_PATH = None
+    persistent._plans.clear()

@@ -39,19 +39,6 @@ def _check(outs, inputs, ts):
     torch.testing.assert_close(h_last, last_ref, atol=atol, rtol=rtol, equal_nan=True)
 
 
-@pytest.fixture
-def forced_path():
-    from framefuse.plugins.lstm_seq import persistent
-
-    def force(path):
-        persistent.FORCED_PATH = path
-        persistent._plans.clear()
-
-    yield force
-    persistent.FORCED_PATH = None
-    persistent._plans.clear()
-
-
 CASES = [
     # B, T, H, dtype, state, ts
     (1, 32, 256, torch.float32, True, 1.0),  # the seed size: cluster, R in shared memory

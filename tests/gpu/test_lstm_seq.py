@@ -45,20 +45,6 @@ def _check(outs, inputs):
     torch.testing.assert_close(c_last, c_ref, atol=atol, rtol=rtol, equal_nan=True)
 
 
-@pytest.fixture
-def forced_path():
-    """Force a kernel path (cluster, r_in_smem) for one test, restoring the planner afterwards."""
-    from framefuse.plugins.lstm_seq import persistent
-
-    def force(path):
-        persistent.FORCED_PATH = path
-        persistent._plans.clear()
-
-    yield force
-    persistent.FORCED_PATH = None
-    persistent._plans.clear()
-
-
 CASES = [
     # T, B, I, H, dtype, bias, state
     (32, 1, 64, 256, torch.float32, True, True),  # the seed size: cluster, R in shared memory
