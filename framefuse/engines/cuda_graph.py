@@ -281,6 +281,7 @@ class CudaGraphEngine(BaseRunner):
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         name: str | None = None,
         metadata: dict | None = None,
+        optimize: bool | None = None,
     ):
         super().__init__(name=name, prefix="framefuse-cuda-graph")
         model, path = load_onnx(onnx_path_or_model)
@@ -293,7 +294,7 @@ class CudaGraphEngine(BaseRunner):
                 self.device = torch.device("cuda", torch.cuda.current_device())
         elif self.device.type != "cpu":
             raise EngineBuildError(f"device must be 'cuda' or 'cpu', got {device!r}")
-        self.executor = GraphExecutor(model, self.device, framefuse_impl)
+        self.executor = GraphExecutor(model, self.device, framefuse_impl, optimize=optimize)
         self.framefuse_impl = self.executor.framefuse_impl
         self.metadata = dict(metadata or {})
         self.default_shapes = (
@@ -449,11 +450,14 @@ def build_engine(
     out: str | os.PathLike | None = None,
     framefuse_impl: str | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    optimize: bool | None = None,
 ) -> CudaGraphEngine:
     """Build the cuda-graph engine of an ONNX graph (path or ModelProto); with ``out``, also write
     the engine artifact (``engine.ffe``) there. Errors (unknown ops, dynamic shapes ...) are raised
-    here, not at the first run."""
-    engine = CudaGraphEngine(onnx_path_or_model, device=device, framefuse_impl=framefuse_impl, input_shapes=input_shapes)
+    here, not at the first run. ``optimize=False`` (or FRAMEFUSE_ENGINE_OPT=0) runs every node as
+    written, without the planning-time kernel merges of the executor."""
+    engine = CudaGraphEngine(onnx_path_or_model, device=device, framefuse_impl=framefuse_impl,
+                             input_shapes=input_shapes, optimize=optimize)
     if out is not None:
         engine.save(out)
     return engine

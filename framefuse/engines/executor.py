@@ -25,6 +25,7 @@ caller asks for ``framefuse_impl="reference"`` explicitly.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -41,6 +42,16 @@ STANDARD_DOMAINS = ("", "ai.onnx")
 # Ops whose output depends only on input *shapes*, which are static: always folded.
 SHAPE_ONLY_OPS = ("Shape", "Size")
 FRAMEFUSE_IMPLS = ("kernel", "reference")
+# Set to 0 (or false/no/off) to run the plan exactly as the graph is written (see _optimize_steps).
+OPTIMIZE_ENV = "FRAMEFUSE_ENGINE_OPT"
+
+
+def optimization_enabled(optimize: bool | None = None) -> bool:
+    """Whether planning rewrites steps to launch fewer kernels: ``optimize`` if given, else the
+    environment variable ``FRAMEFUSE_ENGINE_OPT`` (on unless it is 0/false/no/off)."""
+    if optimize is not None:
+        return bool(optimize)
+    return os.environ.get(OPTIMIZE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class EngineBuildError(FrameFuseError):
@@ -137,6 +148,8 @@ class Step:
     env_args: list[tuple[int, str]]  # (position, env name)
     outputs: list[str]  # '' for an output the graph does not use
     frees: list[str] = field(default_factory=list)  # env names dead after this step
+    attrs: dict = field(default_factory=dict)  # the node's attributes (standard ops)
+    standard: bool = True  # an ONNX op (False: a framefuse op)
 
 
 @dataclass
@@ -179,8 +192,15 @@ class GraphExecutor:
     anything else is an :class:`UnsupportedOpError` here, naming each offending node.
     """
 
-    def __init__(self, model: onnx.ModelProto, device: str | torch.device = "cpu", framefuse_impl: str | None = None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        device: str | torch.device = "cpu",
+        framefuse_impl: str | None = None,
+        optimize: bool | None = None,
+    ):
         self.model = model
+        self.optimize = optimization_enabled(optimize)
         self.device = torch.device(device)
         if framefuse_impl is None:
             framefuse_impl = "kernel" if self.device.type == "cuda" else "reference"
@@ -387,7 +407,13 @@ class GraphExecutor:
             for name, value in zip(outputs, results):
                 if name:
                     env[name] = value
-            steps.append(Step(info.label, node.op_type, fn, template, env_args, outputs))
+            steps.append(
+                Step(info.label, node.op_type, fn, template, env_args, outputs,
+                     attrs=info.attrs, standard=info.opdef is not None)
+            )
+
+        if self.optimize:
+            steps = _optimize_steps(steps, env, set(self.output_names), device)
 
         # Output sources and liveness: an env value dies after its last reader (not if an output).
         output_sources: dict[str, tuple[str, str]] = {}
@@ -483,3 +509,201 @@ _ONNX_ELEM = {
     1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32, 7: torch.int64,
     9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16,
 }
+
+
+# -- plan-time optimisation ------------------------------------------------------------------------
+# Every kernel in a captured graph costs ~1.5-2.5 µs of replay at batch 1, whatever its size, so
+# the run list is rewritten once, at planning, into fewer kernels. The views the op table already
+# uses (Reshape, Transpose, Expand, Squeeze ... are torch views) launch nothing; these rewrites
+# remove what remains avoidable. Each one keeps the node's ONNX semantics exactly and is checked
+# against the planning run's shapes; FRAMEFUSE_ENGINE_OPT=0 (or optimize=False) turns them off.
+
+
+def _constant_arg(step: Step, position: int) -> torch.Tensor | None:
+    """The step's argument at ``position`` if it is a bound constant tensor (not an env value)."""
+    if position >= len(step.template) or any(p == position for p, _ in step.env_args):
+        return None
+    value = step.template[position]
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _gather_with_constant_indices(step: Step, env: dict, graph_outputs: set, device) -> Callable | None:
+    """Gather whose indices are a constant: normalise them once, here, instead of three kernels
+    (``lt``/``add``/``where``) per run; a scalar index becomes ``select`` and a run of consecutive
+    indices ``narrow``, both views (no kernel at all)."""
+    indices = _constant_arg(step, 1)
+    if indices is None or [p for p, _ in step.env_args] != [0]:
+        return None
+    data = env[step.env_args[0][1]]
+    axis = int(step.attrs.get("axis", 0))
+    axis = axis + data.dim() if axis < 0 else axis
+    dim = data.shape[axis]
+    idx = indices.detach().cpu().numpy().astype(np.int64)
+    idx = np.where(idx < 0, idx + dim, idx)
+    if idx.size and (idx.min() < 0 or idx.max() >= dim):
+        return None  # out of range: leave it to the op (planning would have failed already)
+    # A graph output that is a view of a graph input would alias the state buffers the binding
+    # copies between; such an output keeps a real copy.
+    as_view = step.outputs[0] not in graph_outputs
+    if idx.ndim == 0 and as_view:
+        index = int(idx)
+        return lambda args: [args[0].select(axis, index)]
+    if idx.ndim == 1 and idx.size and as_view and bool((np.diff(idx) == 1).all()):
+        start, length = int(idx[0]), int(idx.size)
+        return lambda args: [args[0].narrow(axis, start, length)]
+    flat = torch.from_numpy(np.ascontiguousarray(idx.reshape(-1))).to(device)
+    shape = list(data.shape[:axis]) + list(idx.shape) + list(data.shape[axis + 1 :])
+    return lambda args: [torch.index_select(args[0], axis, flat).reshape(shape)]
+
+
+def _matmul_bias(matmul: Step, add: Step, env: dict) -> Callable | None:
+    """MatMul(x, W) feeding only Add(·, b), W a constant [K, N] and b a constant of N values over
+    the last dim, x with more than one row: one ``addmm`` kernel (cuBLASLt adds the bias in the
+    GEMM's epilogue)."""
+    weight = _constant_arg(matmul, 1)
+    if weight is None or weight.dim() != 2 or [p for p, _ in matmul.env_args] != [0]:
+        return None
+    x = env[matmul.env_args[0][1]]
+    if x.dim() < 2 or not x.dtype.is_floating_point or weight.dtype != x.dtype:
+        return None
+    product_name = matmul.outputs[0]
+    (position, _), = [(p, n) for p, n in add.env_args if n == product_name] or [(None, None)]
+    if position is None or len(add.env_args) != 1:
+        return None
+    bias = _constant_arg(add, 1 - position)
+    product, total = env[product_name], env[add.outputs[0]]
+    n = weight.shape[1]
+    if (
+        bias is None
+        or bias.dtype != x.dtype
+        or bias.numel() != n
+        or bias.dim() > product.dim()
+        or (bias.dim() and bias.shape[-1] != n)
+        or tuple(total.shape) != tuple(product.shape)
+    ):
+        return None
+    k = weight.shape[0]
+    if x.numel() // k < 2:
+        # One row: torch's addmm copies the bias into the output and runs the GEMM onto it, two
+        # kernels, exactly what MatMul then Add cost; leave the graph's own rounding alone.
+        return None
+    bias_row = bias.reshape(n).contiguous()
+    out_shape = list(product.shape)
+    return lambda args: [torch.addmm(bias_row, args[0].reshape(-1, k), weight).reshape(out_shape)]
+
+
+def _optimize_steps(steps: list[Step], env: dict, graph_outputs: set, device) -> list[Step]:
+    readers: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        for _, name in step.env_args:
+            readers.setdefault(name, []).append(i)
+    result: list[Step | None] = list(steps)
+    for i, step in enumerate(steps):
+        if result[i] is None or not step.standard:
+            continue
+        if step.op_type == "Gather":
+            fn = _gather_with_constant_indices(step, env, graph_outputs, device)
+            if fn is not None:
+                _check_same(step, fn, env)
+                result[i] = Step(step.label, step.op_type, fn, step.template, step.env_args, step.outputs,
+                                 attrs=step.attrs)
+        elif step.op_type == "MatMul" and step.outputs[0] not in graph_outputs:
+            users = readers.get(step.outputs[0], [])
+            if len(users) != 1 or result[users[0]] is None:
+                continue
+            add = steps[users[0]]
+            if add.op_type != "Add" or not add.standard:
+                continue
+            fn = _matmul_bias(step, add, env)
+            if fn is None:
+                continue
+            # The MatMul's step computes x·W + b under the MatMul's output name; the Add's step
+            # passes it on (no kernel). One step per node stays true (the artifact relies on it).
+            fused = Step(step.label, "MatMul+Add", fn, [None], [(0, step.env_args[0][1])], step.outputs)
+            _check_same(fused, fn, env)
+            position = [p for p, n in add.env_args if n == step.outputs[0]][0]
+            result[i] = fused
+            result[users[0]] = Step(add.label, "Add(in MatMul)", lambda args, p=position: [args[p]],
+                                    add.template, add.env_args, add.outputs)
+    steps = [s for s in result if s is not None]
+    return _merge_sibling_matmuls(steps, env, graph_outputs)
+
+
+# Ops that read strided (sliced) inputs without a copy: torch's elementwise kernels.
+_STRIDE_TOLERANT = {
+    "Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Exp", "Neg", "Softplus", "Erf", "Sqrt", "Abs",
+}
+
+
+def _merge_sibling_matmuls(steps: list[Step], env: dict, graph_outputs: set) -> list[Step]:
+    """MatMuls of one input by different constant weights [K, N_i] (a layer's gate projections):
+    one GEMM by the weights concatenated along N, each output a slice (a view) of its result.
+    Only where every reader of each output is an elementwise op, which reads the slice in place;
+    a reader that needs contiguous memory would pay a copy and undo the gain."""
+    readers: dict[str, list[Step]] = {}
+    for step in steps:
+        for _, name in step.env_args:
+            readers.setdefault(name, []).append(step)
+    groups: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        if step.op_type != "MatMul" or not step.standard or [p for p, _ in step.env_args] != [0]:
+            continue
+        weight = _constant_arg(step, 1)
+        x = env[step.env_args[0][1]]
+        out = step.outputs[0]
+        if (
+            weight is None or weight.dim() != 2 or x.dim() < 2 or weight.dtype != x.dtype
+            or not x.dtype.is_floating_point or out in graph_outputs
+            or not readers.get(out)
+            or any(not r.standard or r.op_type not in _STRIDE_TOLERANT for r in readers[out])
+        ):
+            continue
+        groups.setdefault(step.env_args[0][1], []).append(i)
+    replace: dict[int, Step | None] = {}
+    for x_name, members in groups.items():
+        if len(members) < 2:
+            continue
+        weights = [_constant_arg(steps[i], 1) for i in members]
+        k = weights[0].shape[0]
+        if any(w.shape[0] != k for w in weights):
+            continue
+        widths = [int(w.shape[1]) for w in weights]
+        merged_weight = torch.cat(weights, dim=1).contiguous()
+        lead = list(env[x_name].shape[:-1])
+        offsets = np.cumsum([0] + widths[:-1]).tolist()
+
+        # The first MatMul's step runs the GEMM (its result under a name of its own) and takes its
+        # slice; each other MatMul's step takes its slice of that result, a view (no kernel).
+        first = steps[members[0]]
+        merged_name = f"{first.outputs[0]}::merged_gemm"
+        env[merged_name] = torch.mm(env[x_name].reshape(-1, k), merged_weight).reshape(lead + [merged_weight.shape[1]])
+
+        def run(args, merged_weight=merged_weight, lead=lead, k=k, offset=offsets[0], width=widths[0]):
+            y = torch.mm(args[0].reshape(-1, k), merged_weight).reshape(lead + [merged_weight.shape[1]])
+            return [y, y.narrow(-1, offset, width)]
+
+        merged = Step(first.label, "MatMul(merged)", run, [None], [(0, x_name)], [merged_name, first.outputs[0]])
+        _check_same(merged, run, env)
+        replace[members[0]] = merged
+        for i, offset, width in zip(members[1:], offsets[1:], widths[1:]):
+            take = Step(steps[i].label, "MatMul(slice)", lambda args, o=offset, w=width: [args[0].narrow(-1, o, w)],
+                        [None], [(0, merged_name)], steps[i].outputs)
+            _check_same(take, take.fn, env)
+            replace[i] = take
+    return [replace.get(i, step) for i, step in enumerate(steps)]
+
+
+def _check_same(step: Step, fn: Callable, env: dict) -> None:
+    """A rewritten step must give the planning run's shapes and dtypes (a rewrite's own bug is an
+    engine bug, caught here at build time rather than as a wrong answer later)."""
+    args = list(step.template)
+    for position, name in step.env_args:
+        args[position] = env[name]
+    results = fn(args)
+    for name, value in zip(step.outputs, results):
+        if name and (tuple(value.shape) != tuple(env[name].shape) or value.dtype != env[name].dtype):
+            raise EngineBuildError(
+                f"{step.label}: the engine's rewrite ({step.op_type}) gives {list(value.shape)} {value.dtype}, "
+                f"the node gives {list(env[name].shape)} {env[name].dtype} (set {OPTIMIZE_ENV}=0 to bypass; "
+                f"please report)"
+            )
