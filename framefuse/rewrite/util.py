@@ -37,9 +37,11 @@ def const_value(t: gs.Tensor | None) -> np.ndarray | None:
     if isinstance(t, gs.Constant):
         return np.asarray(t.values)
     node = producer(t)
-    if node is not None and node.op == "Constant" and "value" in node.attrs:
-        value = node.attrs["value"]
-        return np.asarray(value.values if isinstance(value, gs.Constant) else value)
+    if node is not None and node.op == "Constant" and not node.inputs:
+        for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+            if key in node.attrs:
+                value = node.attrs[key]
+                return np.asarray(value.values if isinstance(value, gs.Constant) else value)
     return None
 
 

@@ -14,29 +14,11 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite.base import DOMAIN, RewriteContext
+from framefuse.rewrite.util import const_value, producer  # noqa: F401  (re-exported to the passes)
 
 
 class NotLiftable(Exception):
     """A candidate cannot be rewritten; the message is the reason reported in ``Declined``."""
-
-
-def producer(t: gs.Tensor) -> gs.Node | None:
-    return t.inputs[0] if isinstance(t, gs.Variable) and t.inputs else None
-
-
-def const_value(t: gs.Tensor | None) -> np.ndarray | None:
-    """The value of an initializer or of a ``Constant`` node's output, else None."""
-    if t is None:
-        return None
-    if isinstance(t, gs.Constant):
-        return np.asarray(t.values)
-    node = producer(t)
-    if node is not None and node.op == "Constant" and not node.inputs:
-        for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
-            if key in node.attrs:
-                value = node.attrs[key]
-                return np.asarray(value.values if isinstance(value, gs.Constant) else value)
-    return None
 
 
 def const_key(value: np.ndarray) -> tuple:
