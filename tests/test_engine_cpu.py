@@ -14,15 +14,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from framefuse.engines.artifact import (
-    ForeignArtifactError,
-    StaleArtifactError,
-    load_engine,
-    read_artifact,
-    save_engine,
-)
-from framefuse.engines.cuda_graph import CudaGraphEngine, build_engine
-from framefuse.engines.executor import EngineBuildError
+from framefuse.engines.artifact import ForeignArtifactError, StaleArtifactError
+from framefuse.engines.base import EngineBuildError
+from framefuse.engines.cuda_graph import CudaGraphEngine, build_engine, load_engine, read_artifact, save_engine
 from framefuse.engines.ops import UnsupportedOpError
 from framefuse.models import ARCHITECTURES
 from framefuse.runtime.pipeline import prepare_cached

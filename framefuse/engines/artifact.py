@@ -1,35 +1,36 @@
-"""The engine artifact ``engine.ffe``: a zip holding the planned graph and its metadata.
+"""Shared helpers of engine artifacts: metadata, atomic writes, foreign/stale refusal.
 
-    engine.ffe (zip, stored)
-      graph.onnx      the graph as the engine runs it: static input shapes, every shape
-                      computation folded into initializers, weights inside
-      metadata.json   format, framefuse version, engine, device, GPU name and compute capability,
-                      torch version, source ONNX path and sha256, inputs/outputs, op counts
+Every backend writes one artifact file (``engine.ffe`` for cuda-graph, ``engine.ort`` for ONNX
+Runtime, ``engine.plan`` for TensorRT) whose metadata records at least: format and format version,
+framefuse version, engine, device, precision, and the source ONNX (absolute path, path relative to
+the artifact, sha256). The backend modules own their file layouts; this module owns the rules
+they share:
 
-It is written atomically (a temporary file in the same folder, then ``os.replace``), so a reader
-never sees half an artifact. Loading refuses, with a message that says how to fix it:
-- a *foreign* artifact: built by another framefuse version, for another GPU architecture
-  (compute capability), or for a GPU when there is none here;
-- a *stale* artifact: its source ONNX (found next to it or at the recorded path) has changed
-  since the build (sha256 differs).
-A different torch version is recorded but not refused: the graph is torch-independent.
+- writes are atomic (a temporary file in the same folder, fsync, then ``os.replace``), so a reader
+  never sees half an artifact;
+- a *foreign* artifact is refused: built by another framefuse version or artifact format, for
+  another GPU architecture (compute capability), or for a GPU when there is none here;
+- a *stale* artifact is refused: its source ONNX (found next to it or at the recorded path) has
+  changed since the build (sha256 differs).
+
+Each refusal says how to fix it (``framefuse build <source>``). This module imports no backend.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import tempfile
-import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
-import onnx
 import torch
 
 import framefuse
+from framefuse.engines.base import sha256_file
 from framefuse.errors import FrameFuseError
 
+# The cuda-graph artifact's format (kept here: its name is what old code imports).
 FORMAT = "framefuse-engine"
 FORMAT_VERSION = 1
 ENGINE_KIND = "cuda-graph"
@@ -59,57 +60,53 @@ def device_description(device: torch.device) -> dict:
     return {"device": "cpu", "gpu_name": None, "compute_capability": None}
 
 
-def artifact_path(path) -> Path:
-    """``path`` itself when it names a file (``*.ffe``), else ``path/engine.ffe``."""
+def artifact_path(path, artifact_name: str = ARTIFACT_NAME) -> Path:
+    """``path`` itself when it names a file with the artifact's suffix, else ``path/<artifact_name>``."""
     path = Path(path)
-    if path.suffix == ".ffe":
+    if path.suffix == Path(artifact_name).suffix:
         return path
-    return path / ARTIFACT_NAME
+    return path / artifact_name
 
 
-def save_engine(engine, path, *, source: Path | None = None) -> Path:
-    """Write ``engine`` as an artifact at ``path`` (a ``.ffe`` file, or a folder that gets
-    ``engine.ffe``); returns the file written."""
-    from framefuse.engines.cuda_graph import sha256_file
+def source_info(source, target: Path) -> dict | None:
+    """What an artifact records about its source ONNX (None when built from a ModelProto)."""
+    if source is None:
+        return None
+    source = Path(source).resolve()
+    try:
+        relative = os.path.relpath(source, target.parent.resolve())
+    except ValueError:  # another drive (Windows)
+        relative = None
+    return {"path": str(source), "relative_path": relative, "sha256": sha256_file(source)}
 
-    target = artifact_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    model = engine.executor.folded_model(engine.default_shapes)
-    graph_bytes = model.SerializeToString()
-    source_info = None
-    if source is not None:
-        source = Path(source).resolve()
-        try:
-            relative = os.path.relpath(source, target.parent.resolve())
-        except ValueError:  # another drive (Windows)
-            relative = None
-        source_info = {"path": str(source), "relative_path": relative, "sha256": sha256_file(source)}
-    summary = engine.summary()
-    metadata = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "engine": ENGINE_KIND,
+
+def common_metadata(*, fmt: str, format_version: int, engine: str, device: torch.device, precision: str,
+                    source, target: Path) -> dict:
+    """The metadata fields every artifact carries (a backend adds its own)."""
+    return {
+        "format": fmt,
+        "format_version": format_version,
+        "engine": engine,
         "framefuse_version": framefuse.__version__,
         "torch_version": torch.__version__,
-        **device_description(engine.device),
-        "framefuse_impl": engine.framefuse_impl,
-        "precision": "fp32",
-        "source": source_info,
-        "inputs": summary["inputs"],
-        "outputs": summary["outputs"],
-        "nodes": summary["nodes"],
-        "folded_nodes": summary["folded"],
-        "ops": summary["ops"],
+        **device_description(device),
+        "precision": precision,
+        "source": source_info(source, target),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "extra": dict(engine.metadata),
     }
+
+
+def write_atomic(target: Path, write: Callable[[object], None]) -> Path:
+    """Create ``target`` by calling ``write(binary_file)`` on a temporary file beside it, then
+    ``os.replace``: readers see the old file or the whole new one, never a part."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED) as zf:
-            zf.writestr("metadata.json", json.dumps(metadata, indent=2, sort_keys=True))
-            zf.writestr("graph.onnx", graph_bytes)
-        with open(tmp_name, "rb") as f:
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as raw:
+            write(raw)
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp_name, target)
     except BaseException:
         try:
@@ -120,29 +117,19 @@ def save_engine(engine, path, *, source: Path | None = None) -> Path:
     return target
 
 
-def read_artifact(path) -> tuple[dict, onnx.ModelProto]:
-    """(metadata, graph) of an artifact, without any compatibility check."""
-    target = artifact_path(path)
-    if not target.is_file():
-        raise ArtifactError(f"{target}: no engine artifact (build one with `framefuse build <model.fused.onnx>`)")
-    try:
-        with zipfile.ZipFile(target) as zf:
-            metadata = json.loads(zf.read("metadata.json"))
-            graph = onnx.load_from_string(zf.read("graph.onnx"))
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{target}: not a framefuse engine artifact ({type(exc).__name__}: {exc})") from exc
-    if metadata.get("format") != FORMAT:
-        raise ArtifactError(f"{target}: not a framefuse engine artifact (format {metadata.get('format')!r})")
-    return metadata, graph
-
-
-def check_compatible(metadata: dict, target: Path, device: torch.device | None = None) -> None:
+def check_compatible(
+    metadata: dict,
+    target: Path,
+    device: torch.device | None = None,
+    *,
+    format_version: int = FORMAT_VERSION,
+) -> None:
     """Raise ForeignArtifactError unless this process can use an artifact with ``metadata``."""
     rebuild = f"rebuild it with `framefuse build {_source_hint(metadata, target)}`"
-    if metadata.get("format_version") != FORMAT_VERSION:
+    if metadata.get("format_version") != format_version:
         raise ForeignArtifactError(
             f"{target}: artifact format {metadata.get('format_version')} is not this framefuse's format "
-            f"{FORMAT_VERSION}; {rebuild}"
+            f"{format_version}; {rebuild}"
         )
     if metadata.get("framefuse_version") != framefuse.__version__:
         raise ForeignArtifactError(
@@ -163,7 +150,8 @@ def check_compatible(metadata: dict, target: Path, device: torch.device | None =
                 f"{target}: built for the GPU {metadata.get('gpu_name')} (sm {metadata.get('compute_capability')}) "
                 f"but there is no CUDA GPU here"
             )
-        here = device_description(torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index))
+        index = torch.cuda.current_device() if device.index is None else device.index
+        here = device_description(torch.device("cuda", index))
         if here["compute_capability"] != metadata.get("compute_capability"):
             raise ForeignArtifactError(
                 f"{target}: built for {metadata.get('gpu_name')} (compute capability "
@@ -194,8 +182,6 @@ def find_source(metadata: dict, target: Path) -> Path | None:
 
 def check_fresh(metadata: dict, target: Path) -> Path | None:
     """Raise StaleArtifactError when the source ONNX changed; returns the source found (or None)."""
-    from framefuse.engines.cuda_graph import sha256_file
-
     source = find_source(metadata, target)
     if source is None:
         return None
@@ -209,22 +195,16 @@ def check_fresh(metadata: dict, target: Path) -> Path | None:
     return source
 
 
-def load_engine(path, *, device: str | torch.device | None = None, check_source: bool = True):
-    """Load an engine artifact after checking it is neither foreign nor stale."""
-    from framefuse.engines.cuda_graph import CudaGraphEngine
-
-    target = artifact_path(path)
-    metadata, graph = read_artifact(target)
-    device = torch.device(device) if device is not None else None
-    check_compatible(metadata, target, device)
-    source = check_fresh(metadata, target) if check_source else find_source(metadata, target)
-    engine = CudaGraphEngine(
-        graph,
-        device=device if device is not None else metadata["device"],
-        framefuse_impl=metadata.get("framefuse_impl"),
-        metadata=metadata.get("extra") or {},
-    )
-    engine.artifact_metadata = metadata
-    engine.source_path = source
-    engine.artifact_path = target
-    return engine
+__all__ = [
+    "ArtifactError",
+    "ForeignArtifactError",
+    "StaleArtifactError",
+    "artifact_path",
+    "check_compatible",
+    "check_fresh",
+    "common_metadata",
+    "device_description",
+    "find_source",
+    "source_info",
+    "write_atomic",
+]

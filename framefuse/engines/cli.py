@@ -40,7 +40,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def resolve_source(source: str) -> Path:
-    from framefuse.engines.executor import EngineBuildError
+    from framefuse.engines.base import EngineBuildError
 
     path = Path(source)
     if path.is_dir():
@@ -71,7 +71,7 @@ def run(args) -> int:
     target = artifact_path(out)
     summary = engine.summary()
     if args.json:
-        from framefuse.engines.artifact import read_artifact
+        from framefuse.engines.cuda_graph import read_artifact
 
         metadata, _ = read_artifact(target)
         print(json.dumps(metadata, indent=2, sort_keys=True))

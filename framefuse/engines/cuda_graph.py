@@ -23,54 +23,39 @@ comparators check it against ONNX Runtime on the original graph.
 from __future__ import annotations
 
 import gc
-
-import hashlib
+import json
 import os
 import time
-from collections import OrderedDict
+import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 import torch
-from polygraphy.backend.base import BaseRunner
-from polygraphy.common import TensorMetadata
 
-from framefuse.engines.executor import (
+from framefuse.engines import artifact as _artifact
+from framefuse.engines.artifact import ArtifactError
+from framefuse.engines.base import (
     EngineBuildError,
     EngineRunError,
-    GraphExecutor,
+    EngineRunner,
     IOSpec,
-    Plan,
-    fp32_math,
+    check_precision,
+    load_onnx,
+    sha256_file,
 )
+from framefuse.engines.executor import GraphExecutor, Plan, fp32_math
+
+NAME = "cuda-graph"
+ARTIFACT_NAME = _artifact.ARTIFACT_NAME
+FORMAT = _artifact.FORMAT
+FORMAT_VERSION = _artifact.FORMAT_VERSION
 
 # Warm-up runs on the capture stream before capture: cuBLAS/cuDNN create their per-stream
 # handles and workspaces on first use, which must not happen inside the capture.
 WARMUP_RUNS = 2
 REPLAY_MODES = ("torch", "driver")
-
-
-def load_onnx(onnx_path_or_model) -> tuple[onnx.ModelProto, Path | None]:
-    if isinstance(onnx_path_or_model, onnx.ModelProto):
-        return onnx_path_or_model, None
-    path = Path(onnx_path_or_model)
-    if not path.is_file():
-        raise EngineBuildError(f"{path}: no such ONNX file")
-    try:
-        model = onnx.load(str(path))
-    except Exception as exc:  # a truncated or non-ONNX file
-        raise EngineBuildError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
-    return model, path
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _pinned_empty(spec: IOSpec, pin: bool) -> torch.Tensor:
@@ -92,7 +77,7 @@ class Binding:
 
     def __init__(
         self,
-        engine: "CudaGraphEngine",
+        engine: CudaGraphEngine,
         plan: Plan,
         host_inputs: Sequence[str],
         host_outputs: Sequence[str],
@@ -120,7 +105,9 @@ class Binding:
             if buffer is None:
                 buffer = torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
             elif tuple(buffer.shape) != spec.shape or buffer.dtype != spec.dtype or buffer.device != self.device:
-                raise EngineBuildError(f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on {self.device}")
+                raise EngineBuildError(
+                    f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on {self.device}"
+                )
             self.dev_in[name] = buffer
         self.host_in_t = {n: _pinned_empty(plan.input_specs[n], on_gpu) for n in self.host_input_names}
         self.host_in = {n: t.numpy() for n, t in self.host_in_t.items()}
@@ -266,11 +253,13 @@ class Binding:
         return {name: self.host_out[name].copy() for name in self.host_output_names}
 
 
-class CudaGraphEngine(BaseRunner):
+class CudaGraphEngine(EngineRunner):
     """A (fused) ONNX graph as a captured-CUDA-graph engine; a Polygraphy runner.
 
     ``device="cpu"`` runs the same plan eagerly (framefuse nodes through their references).
     """
+
+    ENGINE = NAME
 
     def __init__(
         self,
@@ -323,14 +312,6 @@ class CudaGraphEngine(BaseRunner):
         return self.default_plan.output_specs
 
     @property
-    def input_names(self) -> list[str]:
-        return list(self.input_specs)
-
-    @property
-    def output_names(self) -> list[str]:
-        return list(self.output_specs)
-
-    @property
     def capture_stream(self) -> torch.cuda.Stream:
         if self._capture_stream is None:
             self._capture_stream = torch.cuda.Stream(self.device)
@@ -381,15 +362,7 @@ class CudaGraphEngine(BaseRunner):
         plan = self.plan(input_shapes)
         host_inputs = list(plan.input_specs) if host_inputs is None else list(host_inputs)
         host_outputs = list(plan.output_specs) if host_outputs is None else list(host_outputs)
-        for name in host_inputs:
-            if name not in plan.input_specs:
-                raise EngineRunError(f"no graph input '{name}' (inputs: {list(plan.input_specs)})")
-        for name in host_outputs:
-            if name not in plan.output_specs:
-                raise EngineRunError(f"no graph output '{name}' (outputs: {list(plan.output_specs)})")
-        for out_name, in_name in (state_pairs or {}).items():
-            if out_name not in plan.output_specs or in_name not in plan.input_specs:
-                raise EngineRunError(f"state hand-off {out_name} -> {in_name} names an unknown output or input")
+        self.check_binding_args(host_inputs, host_outputs, state_pairs or {}, plan.input_specs, plan.output_specs)
         return Binding(self, plan, host_inputs, host_outputs, state_pairs or {}, input_buffers)
 
     def binding(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Binding:
@@ -405,10 +378,7 @@ class CudaGraphEngine(BaseRunner):
     # -- running ------------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Run the graph on host inputs (numpy arrays or CPU tensors); returns numpy copies."""
-        missing = [n for n in self.input_names if n not in feeds]
-        extra = [n for n in feeds if n not in self.input_specs]
-        if missing or extra:
-            raise EngineRunError(f"feeds do not match the graph inputs {self.input_names}: missing {missing}, unexpected {extra}")
+        self.check_feeds(feeds)
         shapes = {n: tuple(np.shape(feeds[n])) for n in self.input_names}
         for name, shape in shapes.items():
             if shape != self.input_specs[name].shape:
@@ -417,30 +387,91 @@ class CudaGraphEngine(BaseRunner):
             shapes = None  # the default plan
         return self.binding(shapes).run_host(feeds)
 
-    # Polygraphy runner interface
+    # Polygraphy runner interface (infer / input metadata: EngineRunner's defaults over run())
     def activate_impl(self):
         self.binding()  # capture now, not during the first timed inference
 
-    def get_input_metadata_impl(self):
-        meta = TensorMetadata()
-        for spec in self.input_specs.values():
-            meta.add(spec.name, spec.numpy_dtype, spec.shape)
-        return meta
-
-    def infer_impl(self, feed_dict):
-        start = time.perf_counter()
-        outputs = self.run(feed_dict)
-        self.inference_time = time.perf_counter() - start
-        return OrderedDict((name, outputs[name]) for name in self.output_names)
-
-    def deactivate_impl(self):
-        pass  # buffers and graphs stay: the engine remains usable after a Polygraphy comparison
-
     # -- artifacts ----------------------------------------------------------------------------------
     def save(self, path, *, source: Path | None = None) -> Path:
-        from framefuse.engines.artifact import save_engine
-
         return save_engine(self, path, source=source or self.source_path)
+
+
+# -- the engine.ffe artifact ---------------------------------------------------------------------------
+#
+#     engine.ffe (zip, stored)
+#       graph.onnx      the graph as the engine runs it: static input shapes, every shape computation
+#                       folded into initializers, weights inside
+#       metadata.json   format, framefuse version, engine, device, GPU name and compute capability,
+#                       torch version, source ONNX path and sha256, inputs/outputs, op counts
+#
+# A different torch version is recorded but not refused: the graph is torch-independent.
+
+
+def save_engine(engine: CudaGraphEngine, path, *, source: Path | None = None) -> Path:
+    """Write ``engine`` as an artifact at ``path`` (a ``.ffe`` file, or a folder that gets
+    ``engine.ffe``), atomically; returns the file written."""
+    target = _artifact.artifact_path(path, ARTIFACT_NAME)
+    model = engine.executor.folded_model(engine.default_shapes)
+    graph_bytes = model.SerializeToString()
+    summary = engine.summary()
+    metadata = _artifact.common_metadata(
+        fmt=FORMAT, format_version=FORMAT_VERSION, engine=NAME, device=engine.device,
+        precision=engine.precision, source=source, target=target,
+    )
+    metadata.update({
+        "framefuse_impl": engine.framefuse_impl,
+        "inputs": summary["inputs"],
+        "outputs": summary["outputs"],
+        "nodes": summary["nodes"],
+        "folded_nodes": summary["folded"],
+        "ops": summary["ops"],
+        "extra": dict(engine.metadata),
+    })
+
+    def write(raw) -> None:
+        with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED) as zf:
+            zf.writestr("metadata.json", json.dumps(metadata, indent=2, sort_keys=True))
+            zf.writestr("graph.onnx", graph_bytes)
+
+    _artifact.write_atomic(target, write)
+    engine.artifact_path = target
+    return target
+
+
+def read_artifact(path) -> tuple[dict, onnx.ModelProto]:
+    """(metadata, graph) of an ``engine.ffe``, without any compatibility check."""
+    target = _artifact.artifact_path(path, ARTIFACT_NAME)
+    if not target.is_file():
+        raise ArtifactError(f"{target}: no engine artifact (build one with `framefuse build <model.fused.onnx>`)")
+    try:
+        with zipfile.ZipFile(target) as zf:
+            metadata = json.loads(zf.read("metadata.json"))
+            graph = onnx.load_from_string(zf.read("graph.onnx"))
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{target}: not a framefuse engine artifact ({type(exc).__name__}: {exc})") from exc
+    if metadata.get("format") != FORMAT:
+        raise ArtifactError(f"{target}: not a framefuse engine artifact (format {metadata.get('format')!r})")
+    return metadata, graph
+
+
+def load_engine(path, *, device: str | torch.device | None = None, check_source: bool = True) -> CudaGraphEngine:
+    """Load an ``engine.ffe`` after checking it is neither foreign nor stale."""
+    target = _artifact.artifact_path(path, ARTIFACT_NAME)
+    metadata, graph = read_artifact(target)
+    device = torch.device(device) if device is not None else None
+    _artifact.check_compatible(metadata, target, device, format_version=FORMAT_VERSION)
+    source = _artifact.check_fresh(metadata, target) if check_source else _artifact.find_source(metadata, target)
+    engine = CudaGraphEngine(
+        graph,
+        device=device if device is not None else metadata["device"],
+        framefuse_impl=metadata.get("framefuse_impl"),
+        metadata=metadata.get("extra") or {},
+    )
+    engine.precision = metadata.get("precision", "fp32")
+    engine.artifact_metadata = metadata
+    engine.source_path = source
+    engine.artifact_path = target
+    return engine
 
 
 def build_engine(
@@ -463,4 +494,69 @@ def build_engine(
     return engine
 
 
-__all__ = ["Binding", "CudaGraphEngine", "build_engine", "sha256_file"]
+# -- the backend interface (framefuse.engines.registry) ----------------------------------------------
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None when the engine can capture CUDA graphs here, else why not (one line)."""
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA GPU (the cuda-graph engine then runs eagerly on the CPU)"
+    return None
+
+
+def unavailable_reason(device: str | torch.device | None = None) -> str | None:
+    """None when the engine can run here on ``device`` (default: any: without a GPU it runs as
+    the eager CPU executor, the test double of the GPU engine)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return gpu_unavailable_reason()
+    return None
+
+
+def _default_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def build(source, *, out=None, precision: str = "fp32", device=None, options: dict | None = None,
+          log=None) -> CudaGraphEngine:
+    """Backend ``build``: options ``framefuse_impl`` ("kernel" | "reference"), ``input_shapes``,
+    ``optimize`` (bool)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - {"framefuse_impl", "input_shapes", "optimize"})
+    if unknown:
+        raise EngineBuildError(f"cuda-graph engine: unknown option(s) {unknown} (known: framefuse_impl, "
+                               f"input_shapes, optimize)")
+    device = _default_device(device)
+    start = time.perf_counter()
+    engine = CudaGraphEngine(source, device=device, **options)
+    engine.precision = check_precision(precision)
+    if log is not None:
+        summary = engine.summary()
+        log(f"cuda-graph: planned {summary['steps']} steps ({summary['folded']} nodes folded) on {engine.device} "
+            f"in {time.perf_counter() - start:.2f} s; framefuse nodes by {engine.framefuse_impl}")
+    if out is not None:
+        target = engine.save(out)
+        if log is not None:
+            log(f"cuda-graph: wrote {target}")
+    return engine
+
+
+def load(artifact, *, device=None, check_source: bool = True) -> CudaGraphEngine:
+    return load_engine(artifact, device=device, check_source=check_source)
+
+
+__all__ = [
+    "NAME",
+    "Binding",
+    "CudaGraphEngine",
+    "build",
+    "build_engine",
+    "load",
+    "load_engine",
+    "load_onnx",
+    "read_artifact",
+    "save_engine",
+    "sha256_file",
+    "unavailable_reason",
+]

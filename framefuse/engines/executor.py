@@ -34,6 +34,8 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+# IOSpec and the errors live in base.py (shared by every backend); re-exported for old imports.
+from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec  # noqa: F401
 from framefuse.engines.ops import OPS, OpDef, UnsupportedOpError, torch_dtype
 from framefuse.errors import FrameFuseError
 
@@ -52,30 +54,6 @@ def optimization_enabled(optimize: bool | None = None) -> bool:
     if optimize is not None:
         return bool(optimize)
     return os.environ.get(OPTIMIZE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-class EngineBuildError(FrameFuseError):
-    """The graph cannot be built into an engine (bad input shapes, data-dependent shapes ...)."""
-
-
-class EngineRunError(FrameFuseError):
-    """Inputs given to an engine do not match its graph."""
-
-
-@dataclass(frozen=True)
-class IOSpec:
-    """A graph input or output: name, static shape, torch dtype."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return torch.empty((), dtype=self.dtype).numpy().dtype
-
-    def describe(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch.")}
 
 
 def _decode(value: Any) -> Any:

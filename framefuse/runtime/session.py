@@ -152,8 +152,7 @@ class Session:
         """A session over an artifact folder (``engine.ffe`` if built, else it builds
         ``model.fused.onnx`` or ``model.onnx`` in memory), an ``engine.ffe``, an ``.onnx`` file or
         an ``onnx.ModelProto``. ``device``: "cuda" or "cpu" (default: cuda when there is one)."""
-        from framefuse.engines.artifact import load_engine
-        from framefuse.engines.cuda_graph import CudaGraphEngine
+        from framefuse.engines.cuda_graph import CudaGraphEngine, load_engine
 
         manifest = None
         if isinstance(artifact_or_onnx, onnx.ModelProto):

@@ -101,7 +101,7 @@ def test_replays_use_the_captured_graph_and_fixed_buffers():
 
 
 def test_artifact_records_this_gpu_and_reloads(tmp_path):
-    from framefuse.engines.artifact import load_engine, read_artifact
+    from framefuse.engines.cuda_graph import load_engine, read_artifact
 
     prepared = prepare_cached("lstm", CONFIG)["step"]
     engine = build_engine(prepared.fused, device="cuda", out=tmp_path)
