@@ -124,18 +124,10 @@ def check_compatible(
     *,
     format_version: int = FORMAT_VERSION,
 ) -> None:
-    """Raise ForeignArtifactError unless this process can use an artifact with ``metadata``."""
-    rebuild = f"rebuild it with `framefuse build {_source_hint(metadata, target)}`"
-    if metadata.get("format_version") != format_version:
-        raise ForeignArtifactError(
-            f"{target}: artifact format {metadata.get('format_version')} is not this framefuse's format "
-            f"{format_version}; {rebuild}"
-        )
-    if metadata.get("framefuse_version") != framefuse.__version__:
-        raise ForeignArtifactError(
-            f"{target}: built by framefuse {metadata.get('framefuse_version')}, this is framefuse "
-            f"{framefuse.__version__}; {rebuild}"
-        )
+    """Raise ForeignArtifactError unless this process can use an artifact with ``metadata``
+    (format, framefuse version, device type, GPU compute capability)."""
+    check_version(metadata, target, format_version)
+    rebuild = rebuild_hint(metadata, target)
     built_for = metadata.get("device")
     if device is None:
         device = torch.device("cuda") if built_for == "cuda" else torch.device("cpu")
@@ -158,6 +150,27 @@ def check_compatible(
                 f"{metadata.get('compute_capability')}), this GPU is {here['gpu_name']} (compute capability "
                 f"{here['compute_capability']}); {rebuild}"
             )
+
+
+def check_version(metadata: dict, target: Path, format_version: int) -> None:
+    """Raise ForeignArtifactError for another artifact format version or framefuse version."""
+    rebuild = rebuild_hint(metadata, target)
+    if metadata.get("format_version") != format_version:
+        raise ForeignArtifactError(
+            f"{target}: artifact format {metadata.get('format_version')} is not this framefuse's format "
+            f"{format_version}; {rebuild}"
+        )
+    if metadata.get("framefuse_version") != framefuse.__version__:
+        raise ForeignArtifactError(
+            f"{target}: built by framefuse {metadata.get('framefuse_version')}, this is framefuse "
+            f"{framefuse.__version__}; {rebuild}"
+        )
+
+
+def rebuild_hint(metadata: dict, target: Path) -> str:
+    engine = metadata.get("engine")
+    flag = f" --engine {engine}" if engine and engine != ENGINE_KIND else ""
+    return f"rebuild it with `framefuse build {_source_hint(metadata, target)}{flag}`"
 
 
 def _source_hint(metadata: dict, target: Path) -> str:
@@ -187,10 +200,12 @@ def check_fresh(metadata: dict, target: Path) -> Path | None:
         return None
     recorded = (metadata.get("source") or {}).get("sha256")
     actual = sha256_file(source)
+    engine = metadata.get("engine")
+    flag = f" --engine {engine}" if engine and engine != ENGINE_KIND else ""
     if recorded != actual:
         raise StaleArtifactError(
             f"{target}: stale — its source {source} changed since the build (sha256 {actual[:12]}…, the "
-            f"artifact was built from {str(recorded)[:12]}…); rebuild it with `framefuse build {source}`"
+            f"artifact was built from {str(recorded)[:12]}…); rebuild it with `framefuse build {source}{flag}`"
         )
     return source
 
@@ -202,6 +217,8 @@ __all__ = [
     "artifact_path",
     "check_compatible",
     "check_fresh",
+    "check_version",
+    "rebuild_hint",
     "common_metadata",
     "device_description",
     "find_source",
