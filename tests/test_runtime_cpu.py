@@ -131,23 +131,48 @@ def test_session_budget_overruns_are_counted():
     assert s["count"] == 5 and s["overruns"] == 5 and s["p50_us"] > 0
 
 
-def test_load_resolution_prefers_the_built_engine(tmp_path):
+def test_load_resolution_prefers_the_built_engine(tmp_path, monkeypatch):
+    from framefuse.engines import onnxruntime as ort_engine
     from framefuse.engines.cuda_graph import build_engine
+    from framefuse.runtime import session as session_module
 
+    # As on a machine without a usable GPU, whatever this one has.
+    monkeypatch.setattr(session_module, "cuda_graph_usable", lambda: False)
     prepared = prepare_cached("gated_ssm", SMALL)["step"]
     folder = tmp_path / "gated_ssm-step"
     folder.mkdir()
-    (folder / "model.onnx").write_bytes(prepared.onnx.read_bytes())
-    (folder / "manifest.json").write_text(json.dumps(prepared.manifest))
-    assert resolve_artifact(folder)[0:2] == ("onnx", folder / "model.onnx")
     (folder / "model.fused.onnx").write_bytes(prepared.fused.read_bytes())
-    assert resolve_artifact(folder)[0:2] == ("onnx", folder / "model.fused.onnx")
+    (folder / "manifest.json").write_text(json.dumps(prepared.manifest))
+    # Only the fused graph: ONNX Runtime would run its framefuse nodes through Python, so the
+    # default is the cuda-graph engine's CPU executor; ONNX Runtime takes it only when asked.
+    r = resolve_artifact(folder)
+    assert (r.engine, r.kind, r.file) == ("cuda-graph", "onnx", folder / "model.fused.onnx")
+    with pytest.raises(SessionError, match="no model.onnx"):
+        resolve_artifact(folder, engine="onnxruntime")
+    assert resolve_artifact(folder, engine="onnxruntime", fused=True).file == folder / "model.fused.onnx"
+    (folder / "model.onnx").write_bytes(prepared.onnx.read_bytes())
+    r = resolve_artifact(folder)
+    assert (r.engine, r.kind, r.file) == ("onnxruntime", "onnx", folder / "model.onnx")
+    r = resolve_artifact(folder, engine="cuda-graph")
+    assert (r.engine, r.file) == ("cuda-graph", folder / "model.fused.onnx")
+    # A named fused file without a GPU: the CPU executor, unless an engine is named.
+    assert resolve_artifact(folder / "model.fused.onnx").engine == "cuda-graph"
+    assert resolve_artifact(folder / "model.onnx").engine == "onnxruntime"
+    # An artifact present is used; the default engine's artifact first.
     build_engine(folder / "model.fused.onnx", device="cpu", out=folder)
-    kind, path, manifest = resolve_artifact(folder)
-    assert (kind, path, manifest) == ("engine", folder / "engine.ffe", folder / "manifest.json")
-    session = Session.load(folder, device="cpu")
+    r = resolve_artifact(folder)
+    assert (r.engine, r.kind, r.file, r.manifest) == ("cuda-graph", "artifact", folder / "engine.ffe", folder / "manifest.json")
+    ort_engine.build(folder / "model.onnx", out=folder)
+    r = resolve_artifact(folder)
+    assert (r.engine, r.kind, r.file) == ("onnxruntime", "artifact", folder / "engine.ort")
+    assert resolve_artifact(folder, engine="cuda-graph").file == folder / "engine.ffe"
+    with pytest.raises(SessionError, match="is a cuda-graph artifact, not onnxruntime"):
+        resolve_artifact(folder / "engine.ffe", engine="onnxruntime")
+    session = Session.load(folder)
+    assert session.engine_name == "onnxruntime" and session.engine.artifact_path == folder / "engine.ort"
     assert session.manifest["arch"] == "gated_ssm" and session.is_step_form
-    with pytest.raises(SessionError, match="no engine.ffe, model.fused.onnx or model.onnx"):
+    assert Session.load(folder, engine="cuda-graph", device="cpu").engine_name == "cuda-graph"
+    with pytest.raises(SessionError, match=r"no engine artifact \(engine.ffe, engine.ort, engine.plan\)"):
         Session.load(tmp_path, device="cpu")
 
 

@@ -1,34 +1,44 @@
 """``Session``: run an engine from a game loop.
 
-    session = Session.load("artifacts/mamba-step")     # engine.ffe, or builds model(.fused).onnx
+    session = Session.load("artifacts/mamba-step")     # an engine artifact, or builds the folder's ONNX
     for frame in frames:                                 # numpy, torch (CPU/CUDA), cupy
-        action = session.step(frame)                     # one graph replay + one sync
+        action = session.step(frame)                     # one run + one sync; see "What step returns"
     print(session.stats.summary())                       # p50 / p99 / max µs, budget overruns
     session.reset()                                      # zero the recurrent state
 
+Engines (``engine=``, see :mod:`framefuse.engines.registry`): an artifact already built in the
+folder (``engine.ffe`` cuda-graph, ``engine.ort`` ONNX Runtime, ``engine.plan`` TensorRT) is used
+first; otherwise the session builds, in memory, the cuda-graph engine when a CUDA GPU and
+cuda-python are usable, else the ONNX Runtime engine (CPU EP) over the original ``model.onnx``.
+
 Step form (graph inputs ``x`` + ``state.<name>``, outputs ``y`` + ``next_state.<name>``): the state
-lives in device buffers that are the graph's state inputs; the captured graph ends by copying each
-``next_state.<name>`` onto ``state.<name>``, so the state (and an attention model's KV window)
-never leaves the GPU and ``step`` is one replay and one synchronisation.
+lives in the engine's buffers between frames and never crosses to the host. The cuda-graph engine
+ends its captured graph by copying each ``next_state.<name>`` onto ``state.<name>`` (the state stays
+on the GPU); ONNX Runtime writes ``next_state`` straight into a second buffer that the next step
+reads (ping-pong I/O binding). Either way ``step`` is one run and one synchronisation.
 
-What ``step`` returns: the output in the frame's own kind, in a buffer the session owns and
-overwrites on the next call (copy it to keep it):
-- numpy frame → numpy view of the pinned host output buffer;
+What ``step`` returns: the output in the frame's own kind, **in a buffer the session owns and the
+next step overwrites** (``step(frame, copy=True)`` or ``Session(copy=True)`` returns a fresh copy):
+- numpy frame → numpy view of the host output buffer;
 - torch CPU tensor → torch CPU tensor over that buffer;
-- torch CUDA tensor or cupy array (``__cuda_array_interface__`` / DLPack) → copied device-to-
-  device into the graph's input buffer (no host staging); returns the device output (torch or cupy).
-The hot path (numpy or torch frames, single input) allocates no tensors or arrays.
+- torch CUDA tensor or cupy array (``__cuda_array_interface__`` / DLPack) on a cuda-graph session →
+  copied device-to-device into the graph's input buffer (no host staging); returns the device
+  output (torch or cupy). Other engines stage device frames through the host buffers.
+The hot path (numpy or torch frames) allocates no tensors or arrays.
 
-On a machine without a GPU the same Session runs through the CPU executor (no capture), so its
-logic is tested in CI.
+``check_finite=True`` checks every frame, output and new state for NaN/Inf and raises
+:class:`SessionError` naming the tensor and the frame index, instead of carrying a NaN for a
+million frames; off by default, when the hot path does not look at the values.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -67,29 +77,126 @@ def _as_torch_device_tensor(value: Any, device: torch.device) -> torch.Tensor:
     raise SessionError(f"cannot read a {type(value).__name__} as a CUDA tensor (no DLPack / __cuda_array_interface__)")
 
 
-def resolve_artifact(path) -> tuple[str, Path, Path | None]:
-    """What ``Session.load`` would load for ``path``: ("engine" | "onnx", file, manifest)."""
+def cuda_graph_usable() -> bool:
+    """A CUDA GPU that torch sees and cuda-python to launch the framefuse kernels."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cuda.bindings.driver  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_engine(device: str | torch.device | None = None) -> str:
+    """The engine a session uses when none is named: cuda-graph on a usable GPU (or when cuda is
+    asked for), else ONNX Runtime (else the cuda-graph engine's CPU executor)."""
+    from framefuse.engines.registry import unavailable_reason
+
+    wanted = torch.device(device).type if device is not None else None
+    if wanted == "cuda" or (wanted is None and cuda_graph_usable()):
+        return "cuda-graph"
+    if unavailable_reason("onnxruntime") is None:
+        return "onnxruntime"
+    return "cuda-graph"
+
+
+@dataclass
+class Resolved:
+    """What ``Session.load`` loads: an artifact of ``engine``, or an ONNX file it builds in memory."""
+
+    engine: str
+    kind: str  # "artifact" | "onnx"
+    file: Path
+    manifest: Path | None
+
+
+def has_framefuse_nodes(path: Path) -> bool:
+    model = onnx.load(str(path), load_external_data=False)
+    return any(node.domain == "framefuse" for node in model.graph.node)
+
+
+def resolve_artifact(path, engine: str | None = None, device=None, fused: bool | None = None) -> Resolved:
+    """What ``Session.load`` would load for ``path`` (a folder, an engine artifact or an .onnx file).
+
+    A folder: with no ``engine``, the artifact of the default engine if built, else any other
+    artifact present, else the default engine over the folder's ONNX; with an ``engine``, its
+    artifact if built, else its ONNX. ONNX Runtime runs the original ``model.onnx`` (the fused
+    graph only with ``fused=True``); the cuda-graph and TensorRT engines take ``model.fused.onnx``
+    first. Without a GPU the default is ONNX Runtime, except for a graph that exists only fused
+    (a named ``*.fused.onnx``, a folder without ``model.onnx``): that one runs on the cuda-graph
+    engine's CPU executor, which runs framefuse nodes through their torch references natively.
+    """
+    from framefuse.engines.registry import ENGINES, artifact_kind, artifacts_in, get_kind
+
+    if engine is not None:
+        get_kind(engine)  # an unknown name is an error here, not after a build
     path = Path(path)
     if path.is_dir():
         manifest = path / "manifest.json"
         manifest = manifest if manifest.is_file() else None
-        for kind, name in (("engine", "engine.ffe"), ("onnx", "model.fused.onnx"), ("onnx", "model.onnx")):
-            if (path / name).is_file():
-                return kind, path / name, manifest
-        raise SessionError(f"{path}: no engine.ffe, model.fused.onnx or model.onnx in this folder")
+        present = artifacts_in(path)
+        chosen = engine or default_engine(device)
+        for kind, file in present:
+            if kind.name == chosen:
+                return Resolved(kind.name, "artifact", file, manifest)
+        if engine is None and present:
+            kind, file = present[0]
+            return Resolved(kind.name, "artifact", file, manifest)
+        original, fused_file = path / "model.onnx", path / "model.fused.onnx"
+        if chosen == "onnxruntime":
+            if fused and fused_file.is_file():
+                return Resolved(chosen, "onnx", fused_file, manifest)
+            if original.is_file() and not fused:
+                return Resolved(chosen, "onnx", original, manifest)
+            if engine is None and fused_file.is_file():
+                return Resolved("cuda-graph", "onnx", fused_file, manifest)
+        else:
+            for file in (fused_file, original):
+                if file.is_file():
+                    return Resolved(chosen, "onnx", file, manifest)
+        artifacts = ", ".join(k.artifact_name for k in ENGINES.values())
+        wanted = "model.fused.onnx" if fused else "model.onnx" if chosen == "onnxruntime" else "model.fused.onnx or model.onnx"
+        raise SessionError(f"{path}: no engine artifact ({artifacts}) and no {wanted} in this folder")
     if not path.exists():
         raise SessionError(f"{path}: no such file or folder")
     manifest = path.parent / "manifest.json"
     manifest = manifest if manifest.is_file() else None
-    if path.suffix == ".ffe":
-        return "engine", path, manifest
+    kind = artifact_kind(path)
+    if kind is not None:
+        if engine is not None and engine != kind.name:
+            raise SessionError(f"{path} is a {kind.name} artifact, not {engine}: build one with "
+                               f"`framefuse build {path.parent} --engine {engine}`")
+        return Resolved(kind.name, "artifact", path, manifest)
     if path.suffix == ".onnx":
-        return "onnx", path, manifest
-    raise SessionError(f"{path}: expected an artifact folder, an engine.ffe or an .onnx file")
+        chosen = engine or default_engine(device)
+        if engine is None and chosen == "onnxruntime" and not fused and has_framefuse_nodes(path):
+            chosen = "cuda-graph"
+        return Resolved(chosen, "onnx", path, manifest)
+    suffixes = ", ".join(k.suffix for k in ENGINES.values())
+    raise SessionError(f"{path}: expected an artifact folder, an engine artifact ({suffixes}) or an .onnx file")
+
+
+def _engine_options(engine: str, framefuse_impl: str | None, fused: bool | None, options: dict | None) -> dict:
+    options = dict(options or {})
+    if framefuse_impl is not None:
+        if engine != "cuda-graph":
+            raise SessionError(f"framefuse_impl is an option of the cuda-graph engine, not of {engine}")
+        options["framefuse_impl"] = framefuse_impl
+    if engine == "onnxruntime":
+        options.setdefault("fused", bool(fused))  # the fused graph only on request (see resolve_artifact)
+    elif fused is not None:
+        raise SessionError(f"fused= is an option of the onnxruntime engine, not of {engine}")
+    return options
 
 
 class Session:
-    """Runs one engine: ``run`` for whole sequences, ``step`` per frame (step-form graphs)."""
+    """Runs one engine: ``run`` for whole sequences, ``step`` per frame (step-form graphs).
+
+    ``copy``: ``step`` returns a fresh copy of its output instead of the session's buffer.
+    ``check_finite``: every frame, output and state is checked for NaN/Inf (a SessionError names
+    the tensor and the frame); off by default, and then the hot path does not look.
+    """
 
     def __init__(
         self,
@@ -99,12 +206,18 @@ class Session:
         stats_capacity: int = 100_000,
         replay: str = "torch",
         manifest: dict | None = None,
+        copy: bool = False,
+        check_finite: bool = False,
     ):
         self.engine = engine
+        self.engine_name = getattr(engine, "ENGINE", "") or type(engine).__name__
         self.device = engine.device
         self.manifest = manifest or {}
         self.stats = LatencyStats(stats_capacity, budget_ms)
         self.replay_mode = replay
+        self.copy = bool(copy)
+        self.check_finite = bool(check_finite)
+        self.frame_index = 0  # frames stepped since the last reset
         inputs, outputs = engine.input_specs, engine.output_specs
         self.state_inputs = [n for n in inputs if n.startswith(STATE_PREFIX)]
         self.state_pairs: dict[str, str] = {}  # next_state output -> state input
@@ -118,11 +231,16 @@ class Session:
         self.is_step_form = bool(self.state_pairs)
         self._single_in = self.frame_inputs[0] if len(self.frame_inputs) == 1 else None
         self._single_out = self.frame_outputs[0] if len(self.frame_outputs) == 1 else None
+        # Engines whose bindings read device buffers the caller fills (cuda-graph) take CUDA
+        # frames without host staging; the others get them through the host buffers.
+        self._device_frames = self.device.type == "cuda" and getattr(engine, "DEVICE_FRAMES", True)
         self._state: dict[str, torch.Tensor] = {}
         self._host_step = None
         self._device_step = None
         self._device_run: dict[tuple, Any] = {}
         self._cupy_out: dict[str, Any] = {}
+        self._out_dict: dict | None = None
+        self._out_dict_t: dict | None = None
         if self.is_step_form:
             self._state = {
                 name: torch.zeros(inputs[name].shape, dtype=inputs[name].dtype, device=self.device)
@@ -137,6 +255,9 @@ class Session:
             )
             self._host_step.set_replay_mode(replay)
             self._frame_specs = {n: inputs[n] for n in self.frame_inputs}
+            # Built once: the multi-output hot path returns this same dict every frame.
+            self._out_dict = dict(self._host_step.host_out)
+            self._out_dict_t = dict(self._host_step.host_out_t)
 
     # -- loading ----------------------------------------------------------------------------------
     @classmethod
@@ -144,30 +265,50 @@ class Session:
         cls,
         artifact_or_onnx,
         *,
+        engine: str | None = None,
         device: str | None = None,
         framefuse_impl: str | None = None,
+        fused: bool | None = None,
+        engine_options: dict | None = None,
         check_source: bool = True,
         **kwargs,
-    ) -> "Session":
-        """A session over an artifact folder (``engine.ffe`` if built, else it builds
-        ``model.fused.onnx`` or ``model.onnx`` in memory), an ``engine.ffe``, an ``.onnx`` file or
-        an ``onnx.ModelProto``. ``device``: "cuda" or "cpu" (default: cuda when there is one)."""
-        from framefuse.engines.cuda_graph import CudaGraphEngine, load_engine
+    ) -> Session:
+        """A session over an artifact folder, an engine artifact (``engine.ffe`` / ``engine.ort`` /
+        ``engine.plan``), an ``.onnx`` file or an ``onnx.ModelProto``.
+
+        ``engine``: "cuda-graph", "onnxruntime" or "tensorrt"; default: an artifact already built
+        in the folder (the default engine's first), else cuda-graph when a CUDA GPU and cuda-python
+        are usable, else onnxruntime (see :func:`resolve_artifact`). ONNX graphs are built in
+        memory. ``device``: "cuda" or "cpu". ``framefuse_impl`` (cuda-graph) and ``fused``
+        (onnxruntime: run a fused graph, framefuse nodes through their Python references) are
+        backend options; ``engine_options`` passes any other to the backend's ``build``. Other
+        keyword arguments go to ``Session(...)`` (``budget_ms``, ``copy``, ``check_finite`` ...).
+        """
+        from framefuse.engines.registry import get_backend, unavailable_reason
 
         manifest = None
         if isinstance(artifact_or_onnx, onnx.ModelProto):
-            engine = CudaGraphEngine(artifact_or_onnx, device=device or default_device(), framefuse_impl=framefuse_impl)
+            resolved = Resolved(engine or default_engine(device), "onnx", Path("<ModelProto>"), None)
+            source = artifact_or_onnx
         else:
-            kind, file, manifest_path = resolve_artifact(artifact_or_onnx)
-            if manifest_path is not None:
-                manifest = json.loads(manifest_path.read_text())
-            if kind == "engine":
-                if framefuse_impl is not None:
-                    raise SessionError("framefuse_impl is fixed when an engine is built; rebuild it to change it")
-                engine = load_engine(file, device=device, check_source=check_source)
-            else:
-                engine = CudaGraphEngine(file, device=device or default_device(), framefuse_impl=framefuse_impl)
-        return cls(engine, manifest=manifest, **kwargs)
+            resolved = resolve_artifact(artifact_or_onnx, engine, device, fused)
+            source = resolved.file
+            if resolved.manifest is not None:
+                manifest = json.loads(resolved.manifest.read_text())
+        name = resolved.engine
+        reason = unavailable_reason(name, device=device) if device is not None else unavailable_reason(name)
+        if reason is not None:
+            raise SessionError(reason)
+        backend = get_backend(name)
+        if resolved.kind == "artifact":
+            if framefuse_impl is not None or engine_options:
+                raise SessionError(f"{resolved.file}: options are fixed when an engine is built; rebuild it to "
+                                   f"change them (`framefuse build --engine {name}`)")
+            runner = backend.load(resolved.file, device=device, check_source=check_source)
+        else:
+            options = _engine_options(name, framefuse_impl, fused, engine_options)
+            runner = backend.build(source, device=device, options=options)
+        return cls(runner, manifest=manifest, **kwargs)
 
     # -- description ------------------------------------------------------------------------------
     @property
@@ -184,21 +325,22 @@ class Session:
 
     def __repr__(self) -> str:
         form = "step" if self.is_step_form else "sequence"
-        return f"Session({form} form on {self.device}, inputs={self.input_names}, outputs={self.output_names})"
+        return (f"Session({form} form, {self.engine_name} engine on {self.device}, inputs={self.input_names}, "
+                f"outputs={self.output_names})")
 
     # -- sequences ----------------------------------------------------------------------------------
     def run(self, inputs) -> dict:
         """Run the graph once. ``inputs``: a dict by input name, or one array when the graph has
         one non-state input. Missing state inputs of a step-form graph are zeros; the session's
         own state is not touched. Returns fresh outputs: numpy for host inputs, torch CUDA
-        tensors when the inputs are on the GPU."""
+        tensors when the inputs are on the GPU (engines that take device buffers)."""
         start = time.perf_counter_ns()
         feeds = self._feeds(inputs)
         for name in self.state_inputs:
             if name not in feeds:
                 spec = self.engine.input_specs[name]
                 feeds[name] = np.zeros(spec.shape, dtype=spec.numpy_dtype)
-        on_device = self.device.type == "cuda" and any(
+        on_device = self._device_frames and any(
             (isinstance(v, torch.Tensor) and v.is_cuda) or _is_cuda_array(v) for v in feeds.values()
         )
         if on_device:
@@ -209,10 +351,14 @@ class Session:
                 if isinstance(value, torch.Tensor):
                     host[name] = value.detach().cpu().numpy()
                 elif _is_cuda_array(value):
-                    host[name] = _as_torch_device_tensor(value, self.device).cpu().numpy()
+                    host[name] = _as_torch_device_tensor(value, torch.device("cuda")).cpu().numpy()
                 else:
                     host[name] = np.asarray(value)
+            if self.check_finite:
+                self._check_host(host.items(), "input", None)
             outputs = self.engine.run(host)
+        if self.check_finite:
+            self._check_any(outputs.items(), "output", None)
         self.stats.record(time.perf_counter_ns() - start)
         return outputs
 
@@ -246,14 +392,26 @@ class Session:
                 binding.dev_in[name].copy_(_as_torch_device_tensor(value, self.device))
             else:
                 binding.dev_in[name].copy_(torch.as_tensor(np.asarray(value)))
+        if self.check_finite:
+            self._check_any(((n, binding.dev_in[n]) for n in feeds), "input", None)
         binding.order_after_current()
         binding.launch()
         binding.sync()
         return {name: binding.dev_out[name].clone() for name in self.output_names}
 
     # -- frames -------------------------------------------------------------------------------------
-    def step(self, frame):
-        """Feed one frame, advance the state, return the output (see the module docstring)."""
+    def step(self, frame, *, copy: bool | None = None):
+        """Feed one frame, advance the state, return the output.
+
+        The returned array/tensor is the session's own output buffer: **the next ``step``
+        overwrites it**. Keep a value across frames with ``.copy()`` (numpy) / ``.clone()``
+        (torch), or ask for a fresh copy: ``step(frame, copy=True)`` or ``Session(copy=True)``.
+        numpy frame → numpy view of the host output buffer; torch CPU tensor → torch tensor over
+        it; torch CUDA tensor or cupy array on a cuda-graph session → the device output buffer
+        (torch or cupy). Several outputs: a dict by name (the same dict every frame).
+        With ``check_finite=True`` a NaN/Inf in the frame, the output or the new state raises
+        SessionError naming it and the frame index.
+        """
         start = time.perf_counter_ns()
         binding = self._host_step
         if binding is None:
@@ -267,11 +425,18 @@ class Session:
             if frame.shape != buffer.shape:
                 self._check_frame_shape(name, frame.shape)
             np.copyto(buffer, frame, casting="same_kind")
+            if self.check_finite:
+                self._check_host(((name, buffer),), "frame input", self.frame_index)
             binding.launch()
             binding.sync()
-            out = binding.host_out[self._single_out] if self._single_out else dict(binding.host_out)
+            out = binding.host_out[self._single_out] if self._single_out else self._out_dict
+            if self.check_finite:
+                self._check_step_results(binding, out)
         else:
             out = self._step_general(frame)
+        self.frame_index += 1
+        if copy or (copy is None and self.copy):
+            out = _copy_output(out)
         self.stats.record(time.perf_counter_ns() - start)
         return out
 
@@ -301,24 +466,28 @@ class Session:
                 kinds.add("numpy")
             self._check_frame_shape(name, tuple(np.shape(value)) if not isinstance(value, torch.Tensor) else value.shape)
         device_frames = kinds & {"cuda", "cupy"}
-        if device_frames and self.device.type == "cuda":
+        if device_frames and self._device_frames:
             if len(kinds) > 1:
                 raise SessionError(f"step() frames mix host and device arrays ({sorted(kinds)}); pass them all on one side")
             return self._step_device(frames, cupy_out="cupy" in kinds)
         binding = self._host_step
         for name, value in frames.items():
             if isinstance(value, torch.Tensor):
-                binding.host_in_t[name].copy_(value)
-            elif _is_cuda_array(value):  # a device array on a CPU session
-                binding.host_in_t[name].copy_(_as_torch_device_tensor(value, torch.device("cuda")))
+                binding.host_in_t[name].copy_(value.reshape(binding.host_in_t[name].shape))
+            elif _is_cuda_array(value):  # a device array on a session that reads host frames
+                source = _as_torch_device_tensor(value, torch.device("cuda"))
+                binding.host_in_t[name].copy_(source.reshape(binding.host_in_t[name].shape))
             else:
                 np.copyto(binding.host_in[name], np.asarray(value), casting="same_kind")
+        if self.check_finite:
+            self._check_host(((n, binding.host_in[n]) for n in frames), "frame input", self.frame_index)
         binding.launch()
         binding.sync()
-        source = binding.host_out_t if kinds == {"torch"} else binding.host_out
-        if self._single_out is not None:
-            return source[self._single_out]
-        return dict(source)
+        source = self._out_dict_t if kinds == {"torch"} else self._out_dict
+        out = source[self._single_out] if self._single_out is not None else source
+        if self.check_finite:
+            self._check_step_results(binding, out)
+        return out
 
     def _step_device(self, frames: Mapping, *, cupy_out: bool):
         binding = self._device_step
@@ -331,10 +500,14 @@ class Session:
         for name, value in frames.items():
             source = value if isinstance(value, torch.Tensor) else _as_torch_device_tensor(value, self.device)
             binding.dev_in[name].copy_(source.reshape(binding.dev_in[name].shape))
+        if self.check_finite:
+            self._check_any(((n, binding.dev_in[n]) for n in frames), "frame input", self.frame_index)
         binding.order_after_current()
         binding.launch()
         binding.sync()
         outputs = {name: binding.dev_out[name] for name in self.frame_outputs}
+        if self.check_finite:
+            self._check_step_results(binding, outputs)
         if cupy_out:
             outputs = {name: self._cupy_view(name, tensor) for name, tensor in outputs.items()}
         if self._single_out is not None:
@@ -350,17 +523,56 @@ class Session:
             self._cupy_out[name] = view
         return view
 
+    # -- NaN/Inf checks (only when check_finite is on) --------------------------------------------------
+    def _check_step_results(self, binding, out) -> None:
+        outputs = out.items() if isinstance(out, Mapping) else ((self._single_out, out),)
+        self._check_any(outputs, "output", self.frame_index)
+        self._check_any(((n, binding.dev_in[n]) for n in self.state_inputs), "state", self.frame_index,
+                        hint="the new state after this frame; reset() or set_state() to go on")
+
+    def _check_host(self, items, what: str, frame: int | None) -> None:
+        for name, value in items:
+            array = np.asarray(value)
+            if array.dtype.kind in "fc" and not np.isfinite(array).all():
+                self._raise_not_finite(what, name, frame, int(array.size - np.isfinite(array).sum()), array.size)
+
+    def _check_any(self, items, what: str, frame: int | None, hint: str = "") -> None:
+        for name, value in items:
+            if isinstance(value, torch.Tensor):
+                if not value.is_floating_point():
+                    continue
+                finite = torch.isfinite(value)
+                if not bool(finite.all()):
+                    bad = int(value.numel() - finite.sum().item())
+                    self._raise_not_finite(what, name, frame, bad, value.numel(), hint)
+            else:
+                self._check_host(((name, value),), what, frame)
+
+    def _raise_not_finite(self, what: str, name: str, frame: int | None, bad: int, total: int, hint: str = "") -> None:
+        where = f"frame {frame}: " if frame is not None else ""
+        extra = f" ({hint})" if hint else ""
+        raise SessionError(f"{where}{what} '{name}' has {bad} NaN/Inf value(s) of {total}{extra}")
+
     # -- state ----------------------------------------------------------------------------------------
     def _bindings(self):
         return [b for b in (self._host_step, self._device_step) if b is not None]
 
+    def _state_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers holding the current state. Bindings that swap state buffers between runs
+        (ONNX Runtime's ping-pong) name the current one in ``dev_in``."""
+        binding = self._host_step
+        if binding is None:
+            return {}
+        return {name: binding.dev_in[name] for name in self.state_inputs}
+
     def reset(self) -> None:
-        """Zero the recurrent state (the next step starts a new sequence)."""
+        """Zero the recurrent state (the next step starts a new sequence, frame index 0)."""
+        self.frame_index = 0
         if not self.is_step_form:
             return
         for binding in self._bindings():
             binding.wait_idle()
-        for tensor in self._state.values():
+        for tensor in self._state_buffers().values():
             tensor.zero_()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
@@ -369,7 +581,7 @@ class Session:
         """A copy of the current state, by state input name."""
         for binding in self._bindings():
             binding.wait_idle()
-        return {name: tensor.detach().cpu().numpy().copy() for name, tensor in self._state.items()}
+        return {name: tensor.detach().cpu().numpy().copy() for name, tensor in self._state_buffers().items()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Overwrite the state (names as in ``get_state``; every state tensor must be given)."""
@@ -379,11 +591,20 @@ class Session:
             raise SessionError(f"set_state: missing {missing}, unexpected {unknown} (state: {self.state_inputs})")
         for binding in self._bindings():
             binding.wait_idle()
+        buffers = self._state_buffers()
         for name, value in state.items():
-            target = self._state[name]
+            target = buffers[name]
             source = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
             if tuple(source.shape) != tuple(target.shape):
                 raise SessionError(f"set_state: '{name}' has shape {list(source.shape)}, expected {list(target.shape)}")
             target.copy_(source)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+
+
+def _copy_output(out):
+    if isinstance(out, Mapping):
+        return {name: _copy_output(value) for name, value in out.items()}
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    return out.copy()
