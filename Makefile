@@ -1,7 +1,7 @@
 # framefuse: on a fresh machine, two commands do everything:
 #   make demo    create .venv, install, export, rewrite, build, check and run the default model (min_gru)
 #   make test    create .venv, install, run the tests
-# Others: make kernels (compile the CUDA kernels ahead of time), make clean, make help.
+# `make help` lists every target (from the `## ` comment after each target's name).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -28,12 +28,13 @@ PYTEST_ARGS ?= -q
 DEMO_ARCH ?= min_gru
 ARTIFACTS ?= artifacts
 
-.PHONY: help venv test demo demo-export demo-rewrite demo-build demo-run kernels clean distclean
+.PHONY: help venv test lint demo demo-export demo-rewrite demo-build demo-run kernels clean distclean
 
-help:
-	@sed -n '1,5p' Makefile | sed 's/^# \{0,1\}//'
+help: ## list every target
+	@echo "make TARGET (variables: DEMO_ARCH=$(DEMO_ARCH) DEMO_ENGINE=$(or $(DEMO_ENGINE),<default>) DEMO_FRAMES=$(DEMO_FRAMES) PYTEST_ARGS=...)"
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z_-]+):.*## (.*)/\1|\2/' | awk -F'|' '{printf "  %-14s %s\n", $$1, $$2}'
 
-venv: $(STAMP)
+venv: $(STAMP) ## create .venv and install framefuse with its dev/gpu extras (redone when pyproject.toml changes)
 
 $(STAMP):
 	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
@@ -42,39 +43,46 @@ $(STAMP):
 	@rm -f $(VENV)/.framefuse-installed-*
 	@touch $@
 
-test: venv
+test: venv ## run the test suite (GPU tests skip without a GPU)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+lint: venv ## ruff check and ruff format --check over the tree (config: [tool.ruff] in pyproject.toml)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
 # The demo is a chain of pipeline stages: export both forms, rewrite both (parity against the
-# original in ONNX Runtime), build the step form's engine (cuda-graph engine on a GPU, the CPU
-# executor elsewhere), check it against ONNX Runtime, and run it in a 60 Hz game loop.
+# original in ONNX Runtime), build the step form's engine (the cuda-graph engine on a GPU, the
+# ONNX Runtime engine on the original graph without one; DEMO_ENGINE=NAME picks one), check the
+# fused graph and the engine against ONNX Runtime, and run the engine in a 60 Hz game loop.
 DEMO_STAGES := demo-export demo-rewrite demo-build demo-run
 DEMO_FRAMES ?= 120
+DEMO_ENGINE ?=
+ENGINE_FLAG := $(if $(DEMO_ENGINE),--engine $(DEMO_ENGINE))
 
-demo: $(DEMO_STAGES)
+demo: $(DEMO_STAGES) ## export, rewrite, build, check and run the default model (DEMO_ARCH) in a 60 Hz game loop
 	@echo
 	@echo "make demo: done. Artifacts of '$(DEMO_ARCH)':"
 	@for d in $(ARTIFACTS)/$(DEMO_ARCH) $(ARTIFACTS)/$(DEMO_ARCH)-step; do echo "  $$d/: $$(ls $$d | tr '\n' ' ')"; done
 
-demo-export: venv
+demo-export: venv ## export both forms of DEMO_ARCH into ARTIFACTS (artifacts/)
 	$(FRAMEFUSE) export --arch $(DEMO_ARCH) --form both -o $(ARTIFACTS)
 
-demo-rewrite: demo-export
+demo-rewrite: demo-export ## rewrite both forms into model.fused.onnx (parity-checked)
 	$(FRAMEFUSE) rewrite $(ARTIFACTS)/$(DEMO_ARCH)/model.onnx
 	$(FRAMEFUSE) rewrite $(ARTIFACTS)/$(DEMO_ARCH)-step/model.onnx
 
-demo-build: demo-rewrite
-	$(FRAMEFUSE) build $(ARTIFACTS)/$(DEMO_ARCH)-step/model.fused.onnx
-	$(FRAMEFUSE) check $(ARTIFACTS)/$(DEMO_ARCH)-step
+demo-build: demo-rewrite ## build the step form's engine and check it against ONNX Runtime
+	$(FRAMEFUSE) build $(ARTIFACTS)/$(DEMO_ARCH)-step $(ENGINE_FLAG)
+	$(FRAMEFUSE) check $(ARTIFACTS)/$(DEMO_ARCH)-step $(ENGINE_FLAG)
 
-demo-run: demo-build
-	$(FRAMEFUSE) run $(ARTIFACTS)/$(DEMO_ARCH)-step --frames $(DEMO_FRAMES)
+demo-run: demo-build ## run the step engine in a 60 Hz game loop (p50/p99, budget overruns)
+	$(FRAMEFUSE) run $(ARTIFACTS)/$(DEMO_ARCH)-step --frames $(DEMO_FRAMES) $(ENGINE_FLAG)
 
-kernels: venv
+kernels: venv ## compile the CUDA kernels ahead of time (fatbins for every supported GPU)
 	$(PY) -m framefuse.plugins.build_kernels
 
-clean:
-	rm -rf $(ARTIFACTS) build .pytest_cache .hypothesis
+clean: ## remove artifacts, build outputs and test caches
+	rm -rf $(ARTIFACTS) build .pytest_cache .hypothesis .ruff_cache
 
-distclean: clean
+distclean: clean ## clean, and remove .venv
 	rm -rf $(VENV)

@@ -194,7 +194,7 @@ def test_cli_build_and_run(tmp_path, capsys):
     folder = tmp_path / "min_lstm-step"
     folder.mkdir()
     (folder / "model.fused.onnx").write_bytes(prepared.fused.read_bytes())
-    assert cli_main(["build", str(folder), "--device", "cpu"]) == 0
+    assert cli_main(["build", str(folder), "--engine", "cuda-graph", "--device", "cpu"]) == 0
     assert (folder / "engine.ffe").is_file()
     report = tmp_path / "loop.json"
     assert cli_main(["run", str(folder), "--device", "cpu", "--frames", "8", "--hz", "0", "--json", str(report)]) == 0

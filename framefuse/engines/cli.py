@@ -1,4 +1,6 @@
-"""``framefuse build``: a (fused) ONNX graph → the cuda-graph engine artifact ``engine.ffe``."""
+"""``framefuse build``: an ONNX graph → an engine artifact of one backend (see
+:mod:`framefuse.engines.registry`): ``engine.ffe`` (cuda-graph), ``engine.ort`` (ONNX Runtime),
+``engine.plan`` (TensorRT)."""
 
 from __future__ import annotations
 
@@ -8,77 +10,179 @@ import sys
 import time
 from pathlib import Path
 
+from framefuse.engines.registry import ENGINE_NAMES, ENGINES
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
 EXAMPLES = """\
 examples:
-  framefuse build artifacts/mamba/model.fused.onnx          # -> artifacts/mamba/engine.ffe
-  framefuse build artifacts/mamba-step                      # the folder's model.fused.onnx (else model.onnx)
-  framefuse build artifacts/mamba/model.onnx --device cpu   # the CPU executor (no GPU needed)
-  framefuse build artifacts/mamba --framefuse-impl reference   # fused nodes by their torch references"""
+  framefuse build artifacts/mamba-step                      # the default engine for this machine
+  framefuse build artifacts/mamba-step --engine onnxruntime # -> engine.ort over model.onnx (CPU EP)
+  framefuse build artifacts/mamba/model.fused.onnx --engine cuda-graph   # -> artifacts/mamba/engine.ffe
+  framefuse build artifacts/mamba --engine cuda-graph --device cpu       # the CPU executor (no GPU needed)
+  framefuse build artifacts/mamba --engine onnxruntime --fused           # fused graph, nodes by references
+  framefuse build artifacts/mamba --precision fp16          # convert the graph first (framefuse.precision)"""
+
+
+def _engine_help() -> str:
+    return "; ".join(f"{k.name}: {k.summary} -> {k.artifact_name}" for k in ENGINES.values())
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "build",
-        help="build the cuda-graph engine (engine.ffe) of a fused ONNX graph",
-        description="Build the cuda-graph engine of an ONNX graph (standard ops through torch, framefuse "
-        "nodes through their CUDA kernels), fold its shape computations, check every op is supported, "
-        "and write the engine artifact engine.ffe next to the graph (atomically). Loading refuses an "
-        "artifact whose source changed or that was built for another GPU or framefuse version.",
+        help="build an engine artifact (cuda-graph engine.ffe, onnxruntime engine.ort, tensorrt engine.plan)",
+        description="Build an engine of an ONNX graph with one backend, check every op is supported, and write "
+        "its artifact next to the graph (atomically). Loading refuses an artifact whose source changed or that was "
+        "built for another GPU or framefuse version. The default engine is cuda-graph on a machine with a usable "
+        "CUDA GPU (torch + cuda-python), else onnxruntime. Engines: " + _engine_help(),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", metavar="ONNX_OR_FOLDER", help="model.fused.onnx, model.onnx, or an artifact folder")
-    parser.add_argument("-o", "--out", metavar="PATH", help="artifact path (a .ffe file or a folder; default: next to the source)")
+    parser.add_argument("--engine", choices=ENGINE_NAMES, default=None,
+                        help="backend (default: cuda-graph with a GPU, onnxruntime without)")
+    parser.add_argument("-o", "--out", metavar="PATH",
+                        help="artifact path (a file or a folder; default: the source's folder)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is a GPU")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="convert the graph first (framefuse.precision); default fp32: as exported")
+    parser.add_argument("--calib", metavar="FILE", help="calibration frames (.npz) for --precision int8")
     parser.add_argument(
         "--framefuse-impl", choices=["kernel", "reference"], default=None,
-        help="how framefuse nodes run: CUDA kernels (default on cuda) or their torch references",
+        help="cuda-graph: how framefuse nodes run, CUDA kernels (default on cuda) or their torch references",
     )
+    parser.add_argument("--fused", action="store_true",
+                        help="onnxruntime: run the fused graph (framefuse nodes through their Python references) "
+                        "instead of the original model.onnx")
+    parser.add_argument("--providers", metavar="EP[,EP]",
+                        help="onnxruntime: execution providers, e.g. CUDAExecutionProvider (default: by --device)")
     parser.add_argument("--json", action="store_true", help="print the artifact's metadata as JSON")
     parser.set_defaults(func=run)
     return parser
 
 
-def resolve_source(source: str) -> Path:
+def default_engine(device: str | None = None) -> str:
+    from framefuse.runtime.session import default_engine as session_default
+
+    return session_default(device)
+
+
+def _has_framefuse_nodes(path: Path) -> bool:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return any(node.domain == "framefuse" for node in model.graph.node)
+
+
+def resolve_source(source: str, engine: str = "cuda-graph", fused: bool = False) -> Path:
+    """The ONNX file to build: a file as given; in a folder, ONNX Runtime's original model.onnx
+    (model.fused.onnx with ``fused``), the other engines' model.fused.onnx first."""
     from framefuse.engines.base import EngineBuildError
 
     path = Path(source)
     if path.is_dir():
-        for name in ("model.fused.onnx", "model.onnx"):
+        if engine == "onnxruntime":
+            names = ("model.fused.onnx",) if fused else ("model.onnx",)
+        else:
+            names = ("model.fused.onnx", "model.onnx")
+        for name in names:
             if (path / name).is_file():
                 return path / name
-        raise EngineBuildError(f"{path}: no model.fused.onnx or model.onnx in this folder (run `framefuse rewrite` first)")
+        hint = "run `framefuse rewrite` first" if "model.fused.onnx" in names else "run `framefuse export` first"
+        raise EngineBuildError(f"{path}: no {' or '.join(names)} in this folder ({hint})")
     if not path.is_file():
         raise EngineBuildError(f"{path}: no such file or folder")
     return path
 
 
+def convert_precision(source: Path, precision: str, calib: str | None, out_dir: Path, log) -> Path:
+    """``source`` converted by framefuse.precision.convert_model, saved as model.<precision>.onnx
+    in ``out_dir`` (so the artifact records it as its source); fp32 is ``source`` itself."""
+    from framefuse.engines.base import EngineBuildError
+
+    if precision == "fp32":
+        if calib:
+            raise EngineBuildError("--calib is for --precision int8")
+        return source
+    try:
+        from framefuse.precision import convert_model
+    except ImportError as exc:
+        raise EngineBuildError(
+            f"--precision {precision} is not available yet (framefuse.precision.convert_model is not part of this "
+            f"version: {exc}); build fp32"
+        ) from exc
+    import onnx
+
+    from framefuse.engines import artifact
+
+    model = convert_model(onnx.load(str(source)), precision, calib=calib)
+    stem = source.name.removesuffix(".onnx")
+    target = out_dir / f"{stem}.{precision}.onnx"
+    artifact.write_atomic(target, lambda raw: raw.write(model.SerializeToString()))
+    log(f"precision: {source.name} -> {target} ({precision})")
+    return target
+
+
+def _describe(summary: dict) -> list[str]:
+    lines = []
+    for key, value in summary.items():
+        if key in ("inputs", "outputs") and isinstance(value, list):
+            value = ", ".join(f"{io['name']} {io['shape']} {io['dtype']}" for io in value)
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        lines.append(f"  {key:<16} {value}")
+    return lines
+
+
 def run(args) -> int:
-    import torch
+    from framefuse.engines.base import EngineBuildError
+    from framefuse.engines.registry import get_backend, get_kind, unavailable_reason
 
-    from framefuse.engines.artifact import artifact_path
-    from framefuse.engines.cuda_graph import build_engine
-
-    source = resolve_source(args.source)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    out = Path(args.out) if args.out else source.parent
     quiet = getattr(args, "quiet", False)
-    if not quiet:
-        print(f"building {source} on {device} ...", file=sys.stderr)
-    start = time.perf_counter()
-    engine = build_engine(source, device=device, out=out, framefuse_impl=args.framefuse_impl)
-    seconds = time.perf_counter() - start
-    target = artifact_path(out)
-    summary = engine.summary()
-    if args.json:
-        from framefuse.engines.cuda_graph import read_artifact
 
-        metadata, _ = read_artifact(target)
-        print(json.dumps(metadata, indent=2, sort_keys=True))
+    def log(message: str) -> None:
+        if not quiet:
+            print(message, file=sys.stderr)
+
+    engine = args.engine or default_engine(args.device)
+    kind = get_kind(engine)
+    reason = unavailable_reason(engine, device=args.device) if args.device else unavailable_reason(engine)
+    if reason is not None:
+        raise EngineBuildError(reason)
+    options: dict = {}
+    if args.framefuse_impl is not None:
+        if engine != "cuda-graph":
+            raise EngineBuildError(f"--framefuse-impl is an option of the cuda-graph engine, not of {engine}")
+        options["framefuse_impl"] = args.framefuse_impl
+    if args.fused or args.providers:
+        if engine != "onnxruntime":
+            raise EngineBuildError(f"--fused / --providers are options of the onnxruntime engine, not of {engine}")
+        if args.fused:
+            options["fused"] = True
+        if args.providers:
+            options["providers"] = [p.strip() for p in args.providers.split(",") if p.strip()]
+    source = resolve_source(args.source, engine, args.fused)
+    out = Path(args.out) if args.out else source.parent
+    out_dir = out if out.suffix != kind.suffix else out.parent
+    source = convert_precision(source, args.precision, args.calib, out_dir, log)
+    backend = get_backend(engine)
+    log(f"building the {engine} engine of {source} ...")
+    start = time.perf_counter()
+    runner = backend.build(source, out=out, precision=args.precision, device=args.device, options=options, log=log)
+    seconds = time.perf_counter() - start
+    target = runner.artifact_path
+    if args.json:
+        if target is not None and target.suffix == ".ort":
+            metadata = json.loads(target.read_text())
+        elif engine == "cuda-graph":
+            from framefuse.engines.cuda_graph import read_artifact
+
+            metadata, _ = read_artifact(target)
+        else:
+            metadata = runner.artifact_metadata or runner.summary()
+        print(json.dumps(metadata, indent=2, sort_keys=True, default=str))
     elif not quiet:
-        gpu = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
-        print(
-            f"wrote {target}  ({gpu}; {summary['nodes']} nodes, {summary['folded']} folded at build time, "
-            f"{summary['steps']} run; framefuse nodes by {summary['framefuse_impl']}; {seconds:.1f} s)"
-        )
+        print(f"wrote {target}  ({engine} engine of {source}, precision {args.precision}; {seconds:.1f} s)")
+        print("\n".join(_describe(runner.summary())))
     return 0

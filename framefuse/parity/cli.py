@@ -1,57 +1,114 @@
-"""``framefuse check``: parity of a fused artifact against its original ONNX graph.
+"""``framefuse check``: parity of a fused graph or an engine against the original ONNX graph.
 
 ``framefuse check artifacts/<name>`` compares ``model.fused.onnx`` with ``model.onnx`` in that
-folder; ``framefuse check PATH --against ORIGINAL`` compares any pair. The report is written as
-``parity-report.json`` beside PATH; a mismatch exits non-zero.
+folder, then every engine artifact built there (``engine.ffe``, ``engine.ort``, ``engine.plan``:
+each engine's Polygraphy runner against ONNX Runtime on the original graph). ``framefuse check
+PATH`` checks one fused graph or one artifact; ``--against ORIGINAL`` names the original. Each
+report is written beside PATH (``parity-report.json`` for the fused graph,
+``parity-report.<engine>.json`` for an engine); a mismatch exits non-zero.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from framefuse.errors import FrameFuseError, ParityError
+from framefuse.errors import FrameFuseError
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "check", help="parity of a fused graph against the original (ONNX Runtime + Polygraphy)",
-        description="Run the original graph and a fused artifact on the same seeded inputs and compare every output.",
-        epilog="examples:\n  framefuse check artifacts/lstm\n  framefuse check out/my.fused.onnx --against my.onnx",
+        "check", help="parity of a fused graph or an engine against the original (ONNX Runtime + Polygraphy)",
+        description="Run the original graph in ONNX Runtime and a fused graph or an engine artifact on the same "
+                    "seeded inputs and compare every output. A folder checks its model.fused.onnx and every engine "
+                    "artifact built in it.",
+        epilog="examples:\n  framefuse check artifacts/lstm\n  framefuse check artifacts/lstm-step/engine.ort\n"
+               "  framefuse check artifacts/lstm --engine cuda-graph\n"
+               "  framefuse check out/my.fused.onnx --against my.onnx",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="fused graph (.onnx) or an artifact folder holding model.fused.onnx and model.onnx")
+    p.add_argument("path", help="fused graph (.onnx), engine artifact (.ffe/.ort/.plan) or an artifact folder")
     p.add_argument("--against", help="original ONNX graph (default: model.onnx beside PATH)")
+    p.add_argument("--engine", default=None,
+                   help="in a folder, check only this engine's artifact (cuda-graph, onnxruntime, tensorrt)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="where engines run (default: as built)")
     p.add_argument("--tolerance", type=float, default=None,
                    help="atol and rtol for every output (default: the manifest's fp32 tolerance, else 1e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.set_defaults(func=run)
 
 
-def resolve_pair(path: Path, against: str | None) -> tuple[Path, Path]:
-    fused = path / "model.fused.onnx" if path.is_dir() else path
-    if not fused.is_file():
-        raise FrameFuseError(f"fused graph not found: {fused} (run `framefuse rewrite` first)")
-    if fused.suffix != ".onnx":
-        raise FrameFuseError(f"{fused}: only ONNX artifacts can be checked by this version (engines bring their own "
-                             f"Polygraphy runner through framefuse.parity.compare)")
-    original = Path(against) if against else fused.parent / "model.onnx"
+def _original(beside: Path, against: str | None) -> Path:
+    original = Path(against) if against else beside.parent / "model.onnx"
     if not original.is_file():
         raise FrameFuseError(f"original graph not found: {original} (pass --against ORIGINAL)")
-    if original.resolve() == fused.resolve():
-        raise FrameFuseError(f"{fused} is compared against itself; pass --against ORIGINAL")
-    return fused, original
+    if original.resolve() == beside.resolve():
+        raise FrameFuseError(f"{beside} is compared against itself; pass --against ORIGINAL")
+    return original
+
+
+def targets(path: Path, engine: str | None) -> list[tuple[str, Path]]:
+    """What to check: ("onnx", fused graph) and/or (engine name, artifact)."""
+    from framefuse.engines.registry import artifact_kind, artifacts_in, get_kind
+
+    if path.is_dir():
+        if engine is not None:
+            kind = get_kind(engine)
+            artifact = path / kind.artifact_name
+            if not artifact.is_file():
+                raise FrameFuseError(f"{path}: no {kind.artifact_name} (build it with "
+                                     f"`framefuse build {path} --engine {engine}`)")
+            return [(engine, artifact)]
+        found: list[tuple[str, Path]] = []
+        if (path / "model.fused.onnx").is_file():
+            found.append(("onnx", path / "model.fused.onnx"))
+        found += [(kind.name, file) for kind, file in artifacts_in(path)]
+        if not found:
+            raise FrameFuseError(f"{path}: nothing to check (no model.fused.onnx and no engine artifact; run "
+                                 f"`framefuse rewrite` or `framefuse build` first)")
+        return found
+    if not path.is_file():
+        raise FrameFuseError(f"{path}: no such file or folder")
+    kind = artifact_kind(path)
+    if kind is not None:
+        if engine is not None and engine != kind.name:
+            raise FrameFuseError(f"{path} is a {kind.name} artifact, not {engine}")
+        return [(kind.name, path)]
+    if path.suffix != ".onnx":
+        raise FrameFuseError(f"{path}: not an ONNX graph or an engine artifact (.ffe, .ort, .plan)")
+    return [("onnx", path)]
 
 
 def run(args) -> int:
+    from framefuse.engines.registry import get_backend, unavailable_reason
     from framefuse.parity import compare
     from framefuse.rewrite.cli import manifest_tolerance
 
-    fused, original = resolve_pair(Path(args.path), args.against)
-    tolerance = args.tolerance if args.tolerance is not None else manifest_tolerance(original)
-    report = compare(original, fused, tolerance=tolerance, seed=args.seed,
-                     report_path=fused.parent / "parity-report.json")
-    if not getattr(args, "quiet", False):
-        print(report.summary())
-    if not report.passed:
+    quiet = getattr(args, "quiet", False)
+    path = Path(args.path)
+    checks = targets(path, args.engine)
+    explicit = not path.is_dir() or args.engine is not None
+    failed = []
+    for what, file in checks:
+        original = _original(file, args.against)
+        tolerance = args.tolerance if args.tolerance is not None else manifest_tolerance(original)
+        if what == "onnx":
+            side, report_path, label = file, file.parent / "parity-report.json", f"{file.name}"
+        else:
+            reason = unavailable_reason(what, device=args.device) if args.device else unavailable_reason(what)
+            if reason is not None:
+                if explicit:
+                    raise FrameFuseError(reason)
+                if not quiet:
+                    print(f"{file.name}: not checked here ({reason})", file=sys.stderr)
+                continue
+            side = get_backend(what).load(file, device=args.device)
+            report_path, label = file.parent / f"parity-report.{what}.json", f"{file.name} ({what})"
+        report = compare(original, side, tolerance=tolerance, seed=args.seed, report_path=report_path)
+        if not quiet:
+            print(f"{label}: {report.summary()}")
+        if not report.passed:
+            failed.append(report)
+    for report in failed:
         report.raise_if_failed()
     return 0

@@ -7,21 +7,25 @@ import json
 import sys
 from pathlib import Path
 
+from framefuse.engines.registry import ENGINE_NAMES
+
 EXAMPLES = """\
 examples:
   framefuse run artifacts/mamba-step                       # 600 frames at 60 Hz
   framefuse run artifacts/mamba-step --frames 10000 --hz 0 # as fast as it can
-  framefuse run artifacts/lstm-step --device cpu --budget-ms 5 --json loop.json"""
+  framefuse run artifacts/mamba-step --engine onnxruntime  # engine.ort if built, else ONNX Runtime on model.onnx
+  framefuse run artifacts/lstm-step --device cpu --budget-ms 5 --check-finite --json loop.json"""
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "run",
         help="run a step-form artifact in a fixed-rate game loop and report latency",
-        description="Load a step-form artifact (engine.ffe when built, else its model.fused.onnx / "
-        "model.onnx), feed it one random observation per tick at --hz, keep the recurrent state on the "
-        "device between frames, and report step latency (p50/p99/max, host input to host output) and "
-        "frame-budget overruns.",
+        description="Load a step-form artifact (an engine artifact when built: engine.ffe / engine.ort / "
+        "engine.plan; else the default engine over the folder's ONNX: cuda-graph with a GPU, ONNX Runtime "
+        "on model.onnx without), feed it one random observation per tick at --hz, keep the recurrent state "
+        "in the engine between frames, and report step latency (p50/p99/max, host input to host output) "
+        "and frame-budget overruns.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -30,7 +34,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--hz", type=float, default=60.0, help="ticks per second; 0 = as fast as possible (default 60)")
     parser.add_argument("--budget-ms", type=float, default=None, help="frame budget (default 1000/hz, 16.67 ms at 60 Hz)")
     parser.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed frames first (default 10)")
+    parser.add_argument("--engine", choices=ENGINE_NAMES, default=None,
+                        help="backend (default: a built artifact, else cuda-graph with a GPU, onnxruntime without)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is a GPU")
+    parser.add_argument("--check-finite", action="store_true",
+                        help="stop with an error naming the tensor and frame at the first NaN/Inf (frame, output, state)")
     parser.add_argument("--replay", choices=["torch", "driver"], default="torch", help="how the captured graph is replayed")
     parser.add_argument("--seed", type=int, default=0, help="seed of the observations")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
@@ -51,7 +59,8 @@ def run(args) -> int:
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(f"loading {args.artifact} ...", file=sys.stderr)
-    session = Session.load(args.artifact, device=args.device, budget_ms=budget, replay=args.replay)
+    session = Session.load(args.artifact, engine=args.engine, device=args.device, budget_ms=budget,
+                           replay=args.replay, check_finite=args.check_finite)
     if not session.is_step_form:
         raise SessionError(
             f"{args.artifact} is a sequence-form graph (inputs {session.input_names}); the game loop needs the "
@@ -65,7 +74,8 @@ def run(args) -> int:
     if not quiet:
         lat = data["latency"]
         where = data["gpu_name"] or "CPU"
-        print(f"{args.artifact} on {where}: {data['frames']} frames at {args.hz:g} Hz in {data['wall_s']:.2f} s")
+        print(f"{args.artifact} ({data['engine']} engine) on {where}: {data['frames']} frames at {args.hz:g} Hz "
+              f"in {data['wall_s']:.2f} s")
         print(
             f"  step latency  p50 {lat['p50_us']:.1f} us   p99 {lat['p99_us']:.1f} us   max {lat['max_us']:.1f} us"
         )

@@ -29,6 +29,7 @@ class LoopReport:
     device: str
     gpu_name: str | None
     output_finite: bool
+    engine: str = ""
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -42,6 +43,7 @@ class LoopReport:
             "device": self.device,
             "gpu_name": self.gpu_name,
             "output_finite": self.output_finite,
+            "engine": self.engine,
             **self.extra,
         }
 
@@ -107,4 +109,4 @@ def run_game_loop(
         finite = all(bool(np.isfinite(np.asarray(v)).all()) for v in values)
     device = session.device
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return LoopReport(frames, hz, wall, late, session.stats.summary(), str(device), gpu, finite)
+    return LoopReport(frames, hz, wall, late, session.stats.summary(), str(device), gpu, finite, session.engine_name)
