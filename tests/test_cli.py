@@ -352,3 +352,95 @@ def test_python_dash_m_framefuse_export_and_errors(model_file, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("framefuse: error: ") and "aten::lgamma" in lines[0], bad.stderr
     assert bad.stdout == ""  # no TorchScript graph dump
     assert not (tmp_path / "bad").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# build --engine / run / check (the engine family)
+# --------------------------------------------------------------------------------------------
+
+
+def _step_folder(tmp_path: Path, arch: str = "min_lstm") -> Path:
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached(arch, {"model": {"embed": 32, "layers": 2}, "seq": 6, "seed": 0})["step"]
+    folder = tmp_path / f"{arch}-step"
+    folder.mkdir()
+    for name in ("model.onnx", "model.fused.onnx", "manifest.json"):
+        source = prepared.directory / name
+        (folder / name).write_bytes(source.read_bytes())
+    return folder
+
+
+def test_build_run_check_with_the_onnxruntime_engine(tmp_path, capsys):
+    folder = _step_folder(tmp_path)
+    assert main(["build", str(folder), "--engine", "onnxruntime"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {folder / 'engine.ort'}" in out and "onnxruntime engine of" in out and "model.onnx" in out
+    assert "providers" in out and "CPUExecutionProvider" in out  # the runner's summary
+    metadata = json.loads((folder / "engine.ort").read_text())
+    assert metadata["source"]["relative_path"] == "model.onnx"  # the original graph, not the fused one
+    report = tmp_path / "loop.json"
+    argv = ["run", str(folder), "--engine", "onnxruntime", "--frames", "20", "--hz", "0", "--check-finite"]
+    assert main([*argv, "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["engine"] == "onnxruntime" and data["latency"]["count"] == 20 and data["output_finite"]
+    assert "(onnxruntime engine)" in capsys.readouterr().out
+    # check: the fused graph and the engine, each against ONNX Runtime on the original graph
+    assert main(["check", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "model.fused.onnx: parity PASS" in out and "engine.ort (onnxruntime): parity PASS" in out
+    assert (folder / "parity-report.onnxruntime.json").is_file() and (folder / "parity-report.json").is_file()
+    assert main(["check", str(folder / "engine.ort")]) == 0
+    assert main(["check", str(folder), "--engine", "cuda-graph"]) == 2
+    assert "no engine.ffe" in capsys.readouterr().err
+
+
+def test_build_cuda_graph_on_the_cpu_and_check_it(tmp_path, capsys):
+    folder = _step_folder(tmp_path, "gated_ssm")
+    assert main(["build", str(folder), "--engine", "cuda-graph", "--device", "cpu"]) == 0
+    assert (folder / "engine.ffe").is_file() and "cuda-graph engine of" in capsys.readouterr().out
+    assert main(["check", str(folder / "engine.ffe"), "--device", "cpu"]) == 0
+    assert "engine.ffe (cuda-graph): parity PASS" in capsys.readouterr().out
+
+
+def _the_error(err: str) -> str:
+    errors = [line for line in err.splitlines() if line.startswith("framefuse: error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def test_build_errors_are_one_line(tmp_path, capsys):
+    import importlib.util
+
+    folder = _step_folder(tmp_path)
+    (folder / "model.onnx").unlink()
+    # ONNX Runtime builds the original graph: without it, say so (the fused one only with --fused).
+    assert main(["build", str(folder), "--engine", "onnxruntime"]) == 2
+    assert "no model.onnx" in _the_error(capsys.readouterr().err)
+    assert main(["build", str(folder / "model.fused.onnx"), "--engine", "onnxruntime"]) == 2
+    assert "framefuse nodes" in _the_error(capsys.readouterr().err)
+    assert main(["build", str(folder), "--engine", "onnxruntime", "--fused", "-q"]) == 0
+    assert main(["build", str(folder), "--engine", "onnxruntime", "--framefuse-impl", "reference"]) == 2
+    assert "option of the cuda-graph engine" in _the_error(capsys.readouterr().err)
+    assert main(["build", str(folder), "--engine", "tvm"]) == 2  # argparse: not a choice
+    if importlib.util.find_spec("tensorrt") is None:
+        assert main(["build", str(folder), "--engine", "tensorrt"]) == 2
+        assert "tensorrt" in _the_error(capsys.readouterr().err)
+    if importlib.util.find_spec("framefuse.precision") is None:
+        assert main(["build", str(folder), "--engine", "cuda-graph", "--device", "cpu", "--precision", "fp16"]) == 2
+        assert "not available yet" in _the_error(capsys.readouterr().err)
+
+
+def test_make_help_lists_every_target():
+    import re
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    makefile = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-zA-Z][a-zA-Z_-]*):", makefile, flags=re.M))
+    out = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+    listed = {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
+    assert targets == listed, f"targets without a `## ` line: {sorted(targets - listed)}"
+    phony = set(re.search(r"^\.PHONY:(.*)$", makefile, flags=re.M).group(1).split())
+    assert phony == targets
