@@ -2,15 +2,19 @@
 """A 60 Hz game loop driving a framefuse step-form engine, written out in full.
 
 Every tick the "game" produces an observation vector for its AI agent, the agent's model turns it
-into an action through ``Session.step`` (one captured CUDA-graph replay; the recurrent state stays
-on the GPU between frames), and the loop sleeps until the next tick. At the end it reports the
-step latency (host observation in → host action out), how many steps overran the frame budget
-and how many ticks were late.
+into an action through ``Session.step`` (one run of the engine: a captured CUDA-graph replay on a
+GPU, ONNX Runtime with I/O binding without one; the recurrent state stays in the engine between
+frames), and the loop sleeps until the next tick. At the end it reports the step latency (host
+observation in → host action out), how many steps overran the frame budget and how many ticks
+were late.
 
     framefuse export --arch mamba                       # artifacts/mamba and artifacts/mamba-step
     framefuse rewrite artifacts/mamba-step              # -> model.fused.onnx
-    framefuse build artifacts/mamba-step                # -> engine.ffe (optional: else built on load)
+    framefuse build artifacts/mamba-step                # -> engine.ffe on a GPU, engine.ort without one
     python examples/game_loop.py artifacts/mamba-step --frames 600 --hz 60
+
+The action ``Session.step`` returns lives in the session's output buffer, which the next step
+overwrites: a game that keeps actions across frames copies them (or uses ``copy=True``).
 
 ``framefuse run artifacts/mamba-step`` does the same through framefuse.runtime.game_loop.
 """
@@ -57,10 +61,14 @@ def main(argv=None) -> int:
     parser.add_argument("--frames", type=int, default=600)
     parser.add_argument("--hz", type=float, default=60.0, help="ticks per second (0: as fast as possible)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    parser.add_argument("--engine", choices=["cuda-graph", "onnxruntime", "tensorrt"], default=None,
+                        help="default: a built artifact, else cuda-graph with a GPU, onnxruntime without")
+    parser.add_argument("--check-finite", action="store_true", help="stop at the first NaN/Inf (frame, action, state)")
     args = parser.parse_args(argv)
 
     budget_ms = 1000.0 / args.hz if args.hz > 0 else 1000.0 / 60.0
-    session = Session.load(args.artifact, device=args.device, budget_ms=budget_ms)
+    session = Session.load(args.artifact, engine=args.engine, device=args.device, budget_ms=budget_ms,
+                           check_finite=args.check_finite)
     if not session.is_step_form:
         print(f"{args.artifact} is not a step-form graph (inputs {session.input_names})", file=sys.stderr)
         return 2
@@ -96,7 +104,7 @@ def main(argv=None) -> int:
         import torch
 
         where = torch.cuda.get_device_name(where)
-    print(f"{args.frames} frames at {args.hz:g} Hz on {where} in {wall:.2f} s")
+    print(f"{args.frames} frames at {args.hz:g} Hz, {session.engine_name} engine on {where}, in {wall:.2f} s")
     print(f"step latency: p50 {s['p50_us']:.1f} us, p99 {s['p99_us']:.1f} us, max {s['max_us']:.1f} us")
     print(f"budget {s['budget_ms']:.2f} ms: {s['overruns']} overruns, {late_ticks} late ticks")
     return 0

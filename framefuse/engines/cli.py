@@ -126,12 +126,13 @@ def convert_precision(source: Path, precision: str, calib: str | None, out_dir: 
 
 def _describe(summary: dict) -> list[str]:
     lines = []
+    width = max((len(key) for key in summary), default=0) + 2
     for key, value in summary.items():
         if key in ("inputs", "outputs") and isinstance(value, list):
             value = ", ".join(f"{io['name']} {io['shape']} {io['dtype']}" for io in value)
         elif isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-        lines.append(f"  {key:<16} {value}")
+        lines.append(f"  {key:<{width}}{value}")
     return lines
 
 
