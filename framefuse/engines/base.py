@@ -119,6 +119,9 @@ class EngineRunner(BaseRunner):
 
     #: the registry name of the backend ("cuda-graph", "onnxruntime", "tensorrt")
     ENGINE: ClassVar[str] = ""
+    #: whether a binding created with ``host_inputs=[]`` runs on device buffers the caller fills
+    #: (Session then copies CUDA frames device-to-device); False: frames go through host buffers
+    DEVICE_FRAMES: ClassVar[bool] = True
 
     device: torch.device
     metadata: dict

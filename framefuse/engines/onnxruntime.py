@@ -128,6 +128,18 @@ def _resolve_providers(providers: Sequence[str] | None, device: torch.device | N
     return providers
 
 
+def _provider_entries(providers: Sequence[str], precision: str) -> list:
+    """Providers with their options: the CUDA EP computes fp32 graphs in full fp32 (no TF32),
+    the contract the other engines keep too."""
+    entries: list = []
+    for provider in providers:
+        if provider == CUDA_EP and precision == "fp32":
+            entries.append((provider, {"use_tf32": "0"}))
+        else:
+            entries.append(provider)
+    return entries
+
+
 def _session_options(options: Mapping[str, Any]):
     ort = _ort()
     so = ort.SessionOptions()
@@ -170,6 +182,7 @@ class OnnxRuntimeRunner(EngineRunner):
     Polygraphy's runner interface."""
 
     ENGINE = NAME
+    DEVICE_FRAMES = False  # bindings read their frames from host buffers (ONNX Runtime copies them)
 
     def __init__(
         self,
@@ -218,7 +231,9 @@ class OnnxRuntimeRunner(EngineRunner):
         self.session_options = {k: v for k, v in self.options.items() if k != "providers"}
         start = time.perf_counter()
         try:
-            self.session = ort.InferenceSession(model.SerializeToString(), session_options, providers=self.providers)
+            self.session = ort.InferenceSession(
+                model.SerializeToString(), session_options, providers=_provider_entries(self.providers, self.precision)
+            )
         except Exception as exc:  # ORT raises its own exception types
             raise EngineBuildError(
                 f"{self.label}: ONNX Runtime cannot load the graph ({type(exc).__name__}: "

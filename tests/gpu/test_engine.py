@@ -130,3 +130,23 @@ def test_polygraphy_comparator_on_gpu():
     ]
     results = Comparator.run(runners, data_loader=DataLoader(iterations=3, seed=1))
     assert bool(Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=TOL, rtol=TOL)))
+
+
+def test_registry_build_load_and_check_on_gpu(tmp_path):
+    from framefuse.engines.registry import get_backend, unavailable_reason
+    from framefuse.parity import compare
+
+    prepared = prepare_cached("gated_ssm", CONFIG)["step"]
+    assert unavailable_reason("cuda-graph", device="cuda") is None
+    backend = get_backend("cuda-graph")
+    lines = []
+    built = backend.build(prepared.fused, out=tmp_path, log=lines.append)
+    assert built.device.type == "cuda" and built.artifact_path == tmp_path / "engine.ffe"
+    assert any("planned" in line for line in lines) and any("wrote" in line for line in lines)
+    loaded = backend.load(tmp_path)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in prepared.input_shapes().items()}
+    for name, value in built.run(feeds).items():
+        np.testing.assert_array_equal(loaded.run(feeds)[name], value)
+    report = compare(prepared.onnx, loaded, tolerance=TOL)
+    assert report.passed, report.summary()

@@ -153,3 +153,63 @@ def test_stats_and_budget():
     assert s["count"] == 200
     assert 0 < s["p50_us"] <= s["p99_us"] <= s["max_us"]
     assert s["p50_us"] < 16_670, "a 2-layer model should step well inside a 60 FPS frame"
+
+
+def test_default_engine_on_a_gpu_is_cuda_graph(tmp_path):
+    prepared = prepare_cached("min_gru", CONFIG)["step"]
+    folder = tmp_path / "min_gru-step"
+    folder.mkdir()
+    for name in ("model.onnx", "model.fused.onnx", "manifest.json"):
+        (folder / name).write_bytes((prepared.directory / name).read_bytes())
+    session = Session.load(folder)
+    assert session.engine_name == "cuda-graph" and session.device.type == "cuda"
+    assert session.engine.framefuse_impl == "kernel"
+
+
+def test_copy_and_check_finite_on_gpu():
+    from framefuse.runtime.session import SessionError
+
+    session = _session("min_gru", check_finite=True)
+    frames = _frames(session, 3)
+    shared = session.step(frames[0])
+    fresh = session.step(frames[1], copy=True)
+    assert fresh is not shared and not np.shares_memory(fresh, shared)
+    bad = frames[2].copy()
+    bad[..., 0] = np.nan
+    with pytest.raises(SessionError, match=r"frame 2: frame input 'x' has 1 NaN/Inf"):
+        session.step(bad)
+    with pytest.raises(SessionError, match=r"frame 2: frame input 'x'"):
+        session.step(torch.from_numpy(bad).cuda())  # the device-frame path checks too
+    session.reset()
+    state = session.get_state()
+    for value in state.values():
+        value[...] = np.inf
+    session.set_state(state)
+    with pytest.raises(SessionError, match=r"frame 0: (output 'y'|state 'state\.)"):
+        session.step(frames[0])
+
+
+def test_onnxruntime_sessions_on_a_gpu_machine():
+    """ONNX Runtime on the original graph (CPU EP; the CUDA EP when onnxruntime-gpu is
+    installed) agrees with the cuda-graph engine frame by frame."""
+    import onnxruntime as ort
+
+    prepared = prepare_cached("mamba", CONFIG)["step"]
+    reference = _session("mamba")
+    frames = _frames(reference, 8)
+    expected = [reference.step(f).copy() for f in frames]
+    cpu = Session.load(prepared.onnx, engine="onnxruntime", device="cpu")
+    assert cpu.engine_name == "onnxruntime" and cpu.device.type == "cpu"
+    for t, frame in enumerate(frames):
+        np.testing.assert_allclose(cpu.step(frame), expected[t], rtol=TOL, atol=TOL, err_msg=f"cpu EP frame {t}")
+    cpu.reset()
+    staged = cpu.step(torch.from_numpy(frames[0]).cuda())  # CUDA frame through the host buffers
+    np.testing.assert_allclose(staged, expected[0], rtol=TOL, atol=TOL)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is not installed: the CUDA EP part was not run")
+    gpu = Session.load(prepared.onnx, engine="onnxruntime", device="cuda")
+    assert gpu.engine.providers[0] == "CUDAExecutionProvider" and gpu.device.type == "cuda"
+    for t, frame in enumerate(frames):
+        np.testing.assert_allclose(gpu.step(frame), expected[t], rtol=TOL, atol=TOL, err_msg=f"CUDA EP frame {t}")
+    gpu.reset()
+    np.testing.assert_allclose(gpu.step(torch.from_numpy(frames[0]).cuda()), expected[0], rtol=TOL, atol=TOL)
