@@ -15,6 +15,7 @@ the engines cheaply; backends are imported on first use.
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -103,10 +104,9 @@ def unavailable_reason(name: str, **kwargs) -> str | None:
     check = getattr(module, "unavailable_reason", None)
     if check is None:
         return None
-    try:
-        return check(**kwargs) if kwargs else check()
-    except TypeError:  # a backend whose check takes no options
-        return check()
+    accepted = inspect.signature(check).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    return check(**{k: v for k, v in kwargs.items() if takes_any or k in accepted})
 
 
 def available_engines(**kwargs) -> list[str]:
