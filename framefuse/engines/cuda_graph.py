@@ -500,7 +500,7 @@ def build_engine(
 def gpu_unavailable_reason() -> str | None:
     """None when the engine can capture CUDA graphs here, else why not (one line)."""
     if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA GPU (the cuda-graph engine then runs eagerly on the CPU)"
+        return f"torch {torch.__version__} sees no CUDA GPU (--device cpu runs the cuda-graph engine eagerly on the CPU)"
     return None
 
 
