@@ -116,7 +116,11 @@ def convert_precision(source: Path, precision: str, calib: str | None, out_dir: 
 
     from framefuse.engines import artifact
 
-    model = convert_model(onnx.load(str(source)), precision, calib=calib)
+    config = None
+    manifest = source.parent / "manifest.json"
+    if manifest.is_file():
+        config = (json.loads(manifest.read_text()) or {}).get("config")
+    model = convert_model(onnx.load(str(source)), precision, calib=calib, config=config)
     stem = source.name.removesuffix(".onnx")
     target = out_dir / f"{stem}.{precision}.onnx"
     artifact.write_atomic(target, lambda raw: raw.write(model.SerializeToString()))
