@@ -231,3 +231,17 @@ def test_cli_bench_smoke(tmp_path):
     table = (out / "e2e.md").read_text()
     assert "| rank | architecture | category | ms |" in table and "viable at 60 FPS" in table
     assert "no GPU (CPU executor)" in table
+
+
+def test_load_a_modelproto_picks_an_engine_that_runs_it(monkeypatch):
+    import onnx
+
+    from framefuse.runtime import session as session_module
+
+    monkeypatch.setattr(session_module, "cuda_graph_usable", lambda: False)
+    forms = prepare_cached("min_gru", SMALL)["step"]
+    original = Session.load(onnx.load(str(forms.onnx)))
+    fused = Session.load(onnx.load(str(forms.fused)))
+    assert original.engine_name == "onnxruntime" and fused.engine_name == "cuda-graph"
+    frame = np.ones(original.engine.input_specs["x"].shape, np.float32)
+    np.testing.assert_allclose(original.step(frame), fused.step(frame), rtol=1e-5, atol=1e-5)

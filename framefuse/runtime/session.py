@@ -288,7 +288,12 @@ class Session:
 
         manifest = None
         if isinstance(artifact_or_onnx, onnx.ModelProto):
-            resolved = Resolved(engine or default_engine(device), "onnx", Path("<ModelProto>"), None)
+            chosen = engine or default_engine(device)
+            if engine is None and chosen == "onnxruntime" and not fused and any(
+                node.domain == "framefuse" for node in artifact_or_onnx.graph.node
+            ):
+                chosen = "cuda-graph"  # as for a named fused file (see resolve_artifact)
+            resolved = Resolved(chosen, "onnx", Path("<ModelProto>"), None)
             source = artifact_or_onnx
         else:
             resolved = resolve_artifact(artifact_or_onnx, engine, device, fused)
