@@ -64,8 +64,8 @@ def targets(path: Path, engine: str | None) -> list[tuple[str, Path]]:
             found.append(("onnx", path / "model.fused.onnx"))
         found += [(kind.name, file) for kind, file in artifacts_in(path)]
         if not found:
-            raise FrameFuseError(f"{path}: nothing to check (no model.fused.onnx and no engine artifact; run "
-                                 f"`framefuse rewrite` or `framefuse build` first)")
+            raise FrameFuseError(f"fused graph not found: {path / 'model.fused.onnx'}, and no engine artifact in "
+                                 f"{path} (run `framefuse rewrite` or `framefuse build` first)")
         return found
     if not path.is_file():
         raise FrameFuseError(f"{path}: no such file or folder")
