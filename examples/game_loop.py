@@ -61,14 +61,19 @@ def main(argv=None) -> int:
     parser.add_argument("--frames", type=int, default=600)
     parser.add_argument("--hz", type=float, default=60.0, help="ticks per second (0: as fast as possible)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None)
-    parser.add_argument("--engine", choices=["cuda-graph", "onnxruntime", "tensorrt"], default=None,
-                        help="default: a built artifact, else cuda-graph with a GPU, onnxruntime without")
+    parser.add_argument(
+        "--engine",
+        choices=["cuda-graph", "onnxruntime", "tensorrt"],
+        default=None,
+        help="default: a built artifact, else cuda-graph with a GPU, onnxruntime without",
+    )
     parser.add_argument("--check-finite", action="store_true", help="stop at the first NaN/Inf (frame, action, state)")
     args = parser.parse_args(argv)
 
     budget_ms = 1000.0 / args.hz if args.hz > 0 else 1000.0 / 60.0
-    session = Session.load(args.artifact, engine=args.engine, device=args.device, budget_ms=budget_ms,
-                           check_finite=args.check_finite)
+    session = Session.load(
+        args.artifact, engine=args.engine, device=args.device, budget_ms=budget_ms, check_finite=args.check_finite
+    )
     if not session.is_step_form:
         print(f"{args.artifact} is not a step-form graph (inputs {session.input_names})", file=sys.stderr)
         return 2

@@ -53,7 +53,9 @@ def _compare_with_ort(engine_source, prepared):
         expected = dict(zip(names, session.run(names, feeds)))
         actual = engine.run(ours_feeds)
         for name in names:
-            np.testing.assert_allclose(actual[name], expected[name], rtol=TOL, atol=TOL, err_msg=f"{prepared.arch} {name}")
+            np.testing.assert_allclose(
+                actual[name], expected[name], rtol=TOL, atol=TOL, err_msg=f"{prepared.arch} {name}"
+            )
         x = rng.standard_normal(feeds["x"].shape).astype(np.float32)
         feeds = {"x": x, **{f"state.{n}": expected[f"next_state.{n}"] for n in prepared.state_names}}
         ours_feeds = {"x": x, **{f"state.{n}": actual[f"next_state.{n}"] for n in prepared.state_names}}
@@ -70,7 +72,9 @@ def test_executor_matches_onnxruntime_on_original_graph(arch, form):
     prepared = prepare_cached(arch, SMALL)[form]
     engine = _compare_with_ort(prepared.onnx, prepared)
     # Shapes are static: every shape computation was folded at build time.
-    assert not any(step.op_type in ("Shape", "Size", "Constant", "ConstantOfShape") for step in engine.default_plan.steps)
+    assert not any(
+        step.op_type in ("Shape", "Size", "Constant", "ConstantOfShape") for step in engine.default_plan.steps
+    )
 
 
 @pytest.mark.parametrize("form", ["sequence", "step"])
@@ -101,8 +105,14 @@ def test_every_zoo_op_type_is_in_the_table():
 
 def _single_op_model(op, inputs, outputs, attrs=None, initializers=(), opset=17):
     """inputs: [(name, np.ndarray)] fed at run time; initializers: [(name, np.ndarray)] constants."""
-    node = helper.make_node(op, [n for n, _ in inputs] + [n for n, _ in initializers], [n for n, _ in outputs], **(attrs or {}))
-    elem = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64, np.dtype(bool): TensorProto.BOOL}
+    node = helper.make_node(
+        op, [n for n, _ in inputs] + [n for n, _ in initializers], [n for n, _ in outputs], **(attrs or {})
+    )
+    elem = {
+        np.dtype(np.float32): TensorProto.FLOAT,
+        np.dtype(np.int64): TensorProto.INT64,
+        np.dtype(bool): TensorProto.BOOL,
+    }
     graph = helper.make_graph(
         [node],
         "single",
@@ -123,9 +133,21 @@ x1x4 = rng0.standard_normal((1, 4)).astype(np.float32)
 i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
 
 OP_CASES = {
-    "slice_negative_step": ("Slice", [("x", x234)], [("y", F)], {}, [("s", i64(-1, 3)), ("e", i64(-100, 0)), ("a", i64(-1, 1)), ("st", i64(-2, -1))]),
+    "slice_negative_step": (
+        "Slice",
+        [("x", x234)],
+        [("y", F)],
+        {},
+        [("s", i64(-1, 3)), ("e", i64(-100, 0)), ("a", i64(-1, 1)), ("st", i64(-2, -1))],
+    ),
     "slice_clamped": ("Slice", [("x", x234)], [("y", F)], {}, [("s", i64(1)), ("e", i64(1000)), ("a", i64(2))]),
-    "gather_negative_indices": ("Gather", [("x", x234)], [("y", F)], {"axis": -2}, [("i", np.array([[-1, 0], [1, -3]], dtype=np.int64))]),
+    "gather_negative_indices": (
+        "Gather",
+        [("x", x234)],
+        [("y", F)],
+        {"axis": -2},
+        [("i", np.array([[-1, 0], [1, -3]], dtype=np.int64))],
+    ),
     "gather_scalar_index": ("Gather", [("x", x234)], [("y", F)], {"axis": 1}, [("i", np.array(-1, dtype=np.int64))]),
     "expand_bidirectional": ("Expand", [("x", x1x4)], [("y", F)], {}, [("shape", i64(3, 1))]),
     "split_sizes": ("Split", [("x", x234)], [("a", F), ("b", F)], {"axis": -1}, [("split", i64(1, 3))]),
@@ -139,27 +161,87 @@ OP_CASES = {
     "reduce_mean_attr": ("ReduceMean", [("x", x234)], [("y", F)], {"axes": [1]}, []),
     "reduce_max_all": ("ReduceMax", [("x", x234)], [("y", F)], {"keepdims": 0}, []),
     "softmax_axis": ("Softmax", [("x", x234)], [("y", F)], {"axis": 1}, []),
-    "pad_constant": ("Pad", [("x", x234)], [("y", F)], {}, [("pads", i64(0, 1, 2, 0, 0, 1)), ("v", np.array(1.5, np.float32))]),
+    "pad_constant": (
+        "Pad",
+        [("x", x234)],
+        [("y", F)],
+        {},
+        [("pads", i64(0, 1, 2, 0, 0, 1)), ("v", np.array(1.5, np.float32))],
+    ),
     "pad_edge": ("Pad", [("x", x234)], [("y", F)], {"mode": "edge"}, [("pads", i64(0, 0, 2, 0, 0, 1))]),
     "trilu_lower": ("Trilu", [("x", x234)], [("y", F)], {"upper": 0}, [("k", i64(1))]),
-    "cumsum_exclusive_reverse": ("CumSum", [("x", x234)], [("y", F)], {"exclusive": 1, "reverse": 1}, [("axis", i64(-1))]),
-    "gemm_trans_alpha_beta": ("Gemm", [("a", rng0.standard_normal((4, 3)).astype(np.float32))], [("y", F)],
-                              {"transA": 1, "alpha": 0.5, "beta": 2.0},
-                              [("b", rng0.standard_normal((4, 5)).astype(np.float32)), ("c", rng0.standard_normal((1, 5)).astype(np.float32))]),
-    "gemm_linear": ("Gemm", [("a", x1x4)], [("y", F)], {"transB": 1},
-                    [("b", rng0.standard_normal((5, 4)).astype(np.float32)), ("c", rng0.standard_normal(5).astype(np.float32))]),
-    "conv1d_depthwise_causal": ("Conv", [("x", x234.transpose(0, 2, 1).copy())], [("y", F)],
-                                {"group": 4, "pads": [2, 0], "kernel_shape": [3]},
-                                [("w", rng0.standard_normal((4, 1, 3)).astype(np.float32)), ("b", rng0.standard_normal(4).astype(np.float32))]),
-    "einsum": ("Einsum", [("x", x234)], [("y", F)], {"equation": "bij,jk->bik"}, [("w", rng0.standard_normal((4, 5)).astype(np.float32))]),
-    "where_broadcast": ("Where", [("x", x234)], [("y", F)], {}, [("a", np.array([1.0, -2.0, 3.0, 4.0], np.float32)), ("b", np.array(0.5, np.float32))]),
+    "cumsum_exclusive_reverse": (
+        "CumSum",
+        [("x", x234)],
+        [("y", F)],
+        {"exclusive": 1, "reverse": 1},
+        [("axis", i64(-1))],
+    ),
+    "gemm_trans_alpha_beta": (
+        "Gemm",
+        [("a", rng0.standard_normal((4, 3)).astype(np.float32))],
+        [("y", F)],
+        {"transA": 1, "alpha": 0.5, "beta": 2.0},
+        [
+            ("b", rng0.standard_normal((4, 5)).astype(np.float32)),
+            ("c", rng0.standard_normal((1, 5)).astype(np.float32)),
+        ],
+    ),
+    "gemm_linear": (
+        "Gemm",
+        [("a", x1x4)],
+        [("y", F)],
+        {"transB": 1},
+        [("b", rng0.standard_normal((5, 4)).astype(np.float32)), ("c", rng0.standard_normal(5).astype(np.float32))],
+    ),
+    "conv1d_depthwise_causal": (
+        "Conv",
+        [("x", x234.transpose(0, 2, 1).copy())],
+        [("y", F)],
+        {"group": 4, "pads": [2, 0], "kernel_shape": [3]},
+        [("w", rng0.standard_normal((4, 1, 3)).astype(np.float32)), ("b", rng0.standard_normal(4).astype(np.float32))],
+    ),
+    "einsum": (
+        "Einsum",
+        [("x", x234)],
+        [("y", F)],
+        {"equation": "bij,jk->bik"},
+        [("w", rng0.standard_normal((4, 5)).astype(np.float32))],
+    ),
+    "where_broadcast": (
+        "Where",
+        [("x", x234)],
+        [("y", F)],
+        {},
+        [("a", np.array([1.0, -2.0, 3.0, 4.0], np.float32)), ("b", np.array(0.5, np.float32))],
+    ),
     "max_variadic_broadcast": ("Max", [("x", x234)], [("y", F)], {}, [("a", x1x4), ("b", np.array(0.1, np.float32))]),
     "pow_int_exponent": ("Pow", [("x", x234)], [("y", F)], {}, [("e", np.array(2, np.int64))]),
-    "clip_inputs": ("Clip", [("x", x234)], [("y", F)], {}, [("lo", np.array(-0.5, np.float32)), ("hi", np.array(0.5, np.float32))]),
-    "layernorm_axis": ("LayerNormalization", [("x", x234)], [("y", F)], {"axis": -2, "epsilon": 1e-3},
-                       [("s", rng0.standard_normal((3, 4)).astype(np.float32)), ("b", rng0.standard_normal((3, 4)).astype(np.float32))]),
+    "clip_inputs": (
+        "Clip",
+        [("x", x234)],
+        [("y", F)],
+        {},
+        [("lo", np.array(-0.5, np.float32)), ("hi", np.array(0.5, np.float32))],
+    ),
+    "layernorm_axis": (
+        "LayerNormalization",
+        [("x", x234)],
+        [("y", F)],
+        {"axis": -2, "epsilon": 1e-3},
+        [
+            ("s", rng0.standard_normal((3, 4)).astype(np.float32)),
+            ("b", rng0.standard_normal((3, 4)).astype(np.float32)),
+        ],
+    ),
     "softplus": ("Softplus", [("x", (x234 * 30).astype(np.float32))], [("y", F)], {}, []),
-    "div_int_truncates": ("Div", [("x", np.array([-7, 7, -8], np.int64))], [("y", I64)], {}, [("d", np.array([2, -2, 3], np.int64))]),
+    "div_int_truncates": (
+        "Div",
+        [("x", np.array([-7, 7, -8], np.int64))],
+        [("y", I64)],
+        {},
+        [("d", np.array([2, -2, 3], np.int64))],
+    ),
     "isnan_and": ("IsNaN", [("x", np.array([np.nan, 1.0, -np.inf], np.float32))], [("y", TensorProto.BOOL)], {}, []),
 }
 
@@ -204,7 +286,10 @@ def test_onnx_lstm_and_gru_nodes_match_onnxruntime_bidirectional():
             inputs.append(helper.make_tensor_value_info("c0", F, [D, B, H]))
             feeds["c0"] = c0
         graph = helper.make_graph(
-            [node], "rnn", inputs, [helper.make_tensor_value_info(o, F, None) for o in outs],
+            [node],
+            "rnn",
+            inputs,
+            [helper.make_tensor_value_info(o, F, None) for o in outs],
             [onnx.numpy_helper.from_array(a, n) for n, a in consts],
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -227,8 +312,10 @@ def test_unknown_ops_fail_at_build_time_naming_each_node():
         helper.make_node("Hardmax", ["a"], ["b"], name="my_hardmax"),
         helper.make_node("Frobnicate", ["b"], ["y"], name="my_custom", domain="com.example"),
     ]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
     with pytest.raises(UnsupportedOpError) as info:
         build_engine(model, device="cpu")
     message = str(info.value)
@@ -243,8 +330,10 @@ def test_unknown_framefuse_op_and_unsupported_attribute_fail_at_build_time():
         helper.make_node("NoSuchScan", ["x"], ["a"], name="bad_scan", domain="framefuse"),
         helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="clipped_lstm", hidden_size=2, clip=1.0),
     ]
-    consts = [onnx.numpy_helper.from_array(np.zeros((1, 8, 3), np.float32), "W"),
-              onnx.numpy_helper.from_array(np.zeros((1, 8, 2), np.float32), "R")]
+    consts = [
+        onnx.numpy_helper.from_array(np.zeros((1, 8, 3), np.float32), "W"),
+        onnx.numpy_helper.from_array(np.zeros((1, 8, 2), np.float32), "R"),
+    ]
     graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", F, None)], consts)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)])
     with pytest.raises(UnsupportedOpError) as info:
@@ -270,7 +359,9 @@ def test_data_dependent_shape_is_a_build_error():
 
 def test_dynamic_input_shape_is_a_build_error():
     x = helper.make_tensor_value_info("x", F, ["batch", 3])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [helper.make_tensor_value_info("y", F, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [x], [helper.make_tensor_value_info("y", F, None)]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(EngineBuildError, match="'x' has a dynamic or unknown shape"):
         build_engine(model, device="cpu")
@@ -365,7 +456,8 @@ def test_foreign_artifacts_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(
-        artifact, "device_description",
+        artifact,
+        "device_description",
         lambda device: {"device": "cuda", "gpu_name": "NVIDIA GeForce RTX 3090", "compute_capability": "8.6"},
     )
     with pytest.raises(ForeignArtifactError, match=r"compute capability 9\.0.*RTX 3090.*8\.6"):

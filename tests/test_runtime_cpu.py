@@ -161,7 +161,12 @@ def test_load_resolution_prefers_the_built_engine(tmp_path, monkeypatch):
     # An artifact present is used; the default engine's artifact first.
     build_engine(folder / "model.fused.onnx", device="cpu", out=folder)
     r = resolve_artifact(folder)
-    assert (r.engine, r.kind, r.file, r.manifest) == ("cuda-graph", "artifact", folder / "engine.ffe", folder / "manifest.json")
+    assert (r.engine, r.kind, r.file, r.manifest) == (
+        "cuda-graph",
+        "artifact",
+        folder / "engine.ffe",
+        folder / "manifest.json",
+    )
     ort_engine.build(folder / "model.onnx", out=folder)
     r = resolve_artifact(folder)
     assert (r.engine, r.kind, r.file) == ("onnxruntime", "artifact", folder / "engine.ort")
@@ -214,8 +219,27 @@ def test_cli_bench_smoke(tmp_path):
     """`framefuse bench` end to end on the CPU executor (one arch, a few calls): the JSON, the
     markdown table in the seed's shape, and every engine either measured or explained."""
     out = tmp_path / "bench"
-    status = cli_main(["bench", "--device", "cpu", "--archs", "min_gru", "--embed", "16", "--seq", "3",
-                       "--iters", "3", "--warmup", "1", "--out", str(out), "--work", str(tmp_path / "work")])
+    status = cli_main(
+        [
+            "bench",
+            "--device",
+            "cpu",
+            "--archs",
+            "min_gru",
+            "--embed",
+            "16",
+            "--seq",
+            "3",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ]
+    )
     assert status == 0
     results = json.loads((out / "e2e.json").read_text())
     assert results["environment"]["device"] == "cpu"

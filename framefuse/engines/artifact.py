@@ -80,8 +80,9 @@ def source_info(source, target: Path) -> dict | None:
     return {"path": str(source), "relative_path": relative, "sha256": sha256_file(source)}
 
 
-def common_metadata(*, fmt: str, format_version: int, engine: str, device: torch.device, precision: str,
-                    source, target: Path) -> dict:
+def common_metadata(
+    *, fmt: str, format_version: int, engine: str, device: torch.device, precision: str, source, target: Path
+) -> dict:
     """The metadata fields every artifact carries (a backend adds its own)."""
     return {
         "format": fmt,

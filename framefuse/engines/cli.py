@@ -40,23 +40,40 @@ def register(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", metavar="ONNX_OR_FOLDER", help="model.fused.onnx, model.onnx, or an artifact folder")
-    parser.add_argument("--engine", choices=ENGINE_NAMES, default=None,
-                        help="backend (default: cuda-graph with a GPU, onnxruntime without)")
-    parser.add_argument("-o", "--out", metavar="PATH",
-                        help="artifact path (a file or a folder; default: the source's folder)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_NAMES,
+        default=None,
+        help="backend (default: cuda-graph with a GPU, onnxruntime without)",
+    )
+    parser.add_argument(
+        "-o", "--out", metavar="PATH", help="artifact path (a file or a folder; default: the source's folder)"
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is a GPU")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="convert the graph first (framefuse.precision); default fp32: as exported")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="convert the graph first (framefuse.precision); default fp32: as exported",
+    )
     parser.add_argument("--calib", metavar="FILE", help="calibration frames (.npz) for --precision int8")
     parser.add_argument(
-        "--framefuse-impl", choices=["kernel", "reference"], default=None,
+        "--framefuse-impl",
+        choices=["kernel", "reference"],
+        default=None,
         help="cuda-graph: how framefuse nodes run, CUDA kernels (default on cuda) or their torch references",
     )
-    parser.add_argument("--fused", action="store_true",
-                        help="onnxruntime: run the fused graph (framefuse nodes through their Python references) "
-                        "instead of the original model.onnx")
-    parser.add_argument("--providers", metavar="EP[,EP]",
-                        help="onnxruntime: execution providers, e.g. CUDAExecutionProvider (default: by --device)")
+    parser.add_argument(
+        "--fused",
+        action="store_true",
+        help="onnxruntime: run the fused graph (framefuse nodes through their Python references) "
+        "instead of the original model.onnx",
+    )
+    parser.add_argument(
+        "--providers",
+        metavar="EP[,EP]",
+        help="onnxruntime: execution providers, e.g. CUDAExecutionProvider (default: by --device)",
+    )
     parser.add_argument("--json", action="store_true", help="print the artifact's metadata as JSON")
     parser.set_defaults(func=run)
     return parser

@@ -152,8 +152,7 @@ class Binding:
             gc_was_enabled = gc.isenabled()
             gc.disable()
             try:
-                with torch.cuda.graph(graph, pool=engine.graph_pool, stream=stream,
-                                      capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=engine.graph_pool, stream=stream, capture_error_mode="thread_local"):
                     outputs = self._body()
             except Exception as exc:
                 raise EngineBuildError(
@@ -415,18 +414,25 @@ def save_engine(engine: CudaGraphEngine, path, *, source: Path | None = None) ->
     graph_bytes = model.SerializeToString()
     summary = engine.summary()
     metadata = _artifact.common_metadata(
-        fmt=FORMAT, format_version=FORMAT_VERSION, engine=NAME, device=engine.device,
-        precision=engine.precision, source=source, target=target,
+        fmt=FORMAT,
+        format_version=FORMAT_VERSION,
+        engine=NAME,
+        device=engine.device,
+        precision=engine.precision,
+        source=source,
+        target=target,
     )
-    metadata.update({
-        "framefuse_impl": engine.framefuse_impl,
-        "inputs": summary["inputs"],
-        "outputs": summary["outputs"],
-        "nodes": summary["nodes"],
-        "folded_nodes": summary["folded"],
-        "ops": summary["ops"],
-        "extra": dict(engine.metadata),
-    })
+    metadata.update(
+        {
+            "framefuse_impl": engine.framefuse_impl,
+            "inputs": summary["inputs"],
+            "outputs": summary["outputs"],
+            "nodes": summary["nodes"],
+            "folded_nodes": summary["folded"],
+            "ops": summary["ops"],
+            "extra": dict(engine.metadata),
+        }
+    )
 
     def write(raw) -> None:
         with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED) as zf:
@@ -487,8 +493,9 @@ def build_engine(
     the engine artifact (``engine.ffe``) there. Errors (unknown ops, dynamic shapes ...) are raised
     here, not at the first run. ``optimize=False`` (or FRAMEFUSE_ENGINE_OPT=0) runs every node as
     written, without the planning-time kernel merges of the executor."""
-    engine = CudaGraphEngine(onnx_path_or_model, device=device, framefuse_impl=framefuse_impl,
-                             input_shapes=input_shapes, optimize=optimize)
+    engine = CudaGraphEngine(
+        onnx_path_or_model, device=device, framefuse_impl=framefuse_impl, input_shapes=input_shapes, optimize=optimize
+    )
     if out is not None:
         engine.save(out)
     return engine
@@ -500,7 +507,9 @@ def build_engine(
 def gpu_unavailable_reason() -> str | None:
     """None when the engine can capture CUDA graphs here, else why not (one line)."""
     if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA GPU (--device cpu runs the cuda-graph engine eagerly on the CPU)"
+        return (
+            f"torch {torch.__version__} sees no CUDA GPU (--device cpu runs the cuda-graph engine eagerly on the CPU)"
+        )
     return None
 
 
@@ -518,23 +527,27 @@ def _default_device(device) -> torch.device:
     return torch.device(device)
 
 
-def build(source, *, out=None, precision: str = "fp32", device=None, options: dict | None = None,
-          log=None) -> CudaGraphEngine:
+def build(
+    source, *, out=None, precision: str = "fp32", device=None, options: dict | None = None, log=None
+) -> CudaGraphEngine:
     """Backend ``build``: options ``framefuse_impl`` ("kernel" | "reference"), ``input_shapes``,
     ``optimize`` (bool)."""
     options = dict(options or {})
     unknown = sorted(set(options) - {"framefuse_impl", "input_shapes", "optimize"})
     if unknown:
-        raise EngineBuildError(f"cuda-graph engine: unknown option(s) {unknown} (known: framefuse_impl, "
-                               f"input_shapes, optimize)")
+        raise EngineBuildError(
+            f"cuda-graph engine: unknown option(s) {unknown} (known: framefuse_impl, input_shapes, optimize)"
+        )
     device = _default_device(device)
     start = time.perf_counter()
     engine = CudaGraphEngine(source, device=device, **options)
     engine.precision = check_precision(precision)
     if log is not None:
         summary = engine.summary()
-        log(f"cuda-graph: planned {summary['steps']} steps ({summary['folded']} nodes folded) on {engine.device} "
-            f"in {time.perf_counter() - start:.2f} s; framefuse nodes by {engine.framefuse_impl}")
+        log(
+            f"cuda-graph: planned {summary['steps']} steps ({summary['folded']} nodes folded) on {engine.device} "
+            f"in {time.perf_counter() - start:.2f} s; framefuse nodes by {engine.framefuse_impl}"
+        )
     if out is not None:
         target = engine.save(out)
         if log is not None:

@@ -19,21 +19,30 @@ from framefuse.errors import FrameFuseError
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "check", help="parity of a fused graph or an engine against the original (ONNX Runtime + Polygraphy)",
+        "check",
+        help="parity of a fused graph or an engine against the original (ONNX Runtime + Polygraphy)",
         description="Run the original graph in ONNX Runtime and a fused graph or an engine artifact on the same "
-                    "seeded inputs and compare every output. A folder checks its model.fused.onnx and every engine "
-                    "artifact built in it.",
+        "seeded inputs and compare every output. A folder checks its model.fused.onnx and every engine "
+        "artifact built in it.",
         epilog="examples:\n  framefuse check artifacts/lstm\n  framefuse check artifacts/lstm-step/engine.ort\n"
-               "  framefuse check artifacts/lstm --engine cuda-graph\n"
-               "  framefuse check out/my.fused.onnx --against my.onnx",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  framefuse check artifacts/lstm --engine cuda-graph\n"
+        "  framefuse check out/my.fused.onnx --against my.onnx",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("path", help="fused graph (.onnx), engine artifact (.ffe/.ort/.plan) or an artifact folder")
     p.add_argument("--against", help="original ONNX graph (default: model.onnx beside PATH)")
-    p.add_argument("--engine", default=None,
-                   help="in a folder, check only this engine's artifact (cuda-graph, onnxruntime, tensorrt)")
+    p.add_argument(
+        "--engine",
+        default=None,
+        help="in a folder, check only this engine's artifact (cuda-graph, onnxruntime, tensorrt)",
+    )
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="where engines run (default: as built)")
-    p.add_argument("--tolerance", type=float, default=None,
-                   help="atol and rtol for every output (default: the manifest's fp32 tolerance, else 1e-4)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="atol and rtol for every output (default: the manifest's fp32 tolerance, else 1e-4)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.set_defaults(func=run)
 
@@ -56,16 +65,19 @@ def targets(path: Path, engine: str | None) -> list[tuple[str, Path]]:
             kind = get_kind(engine)
             artifact = path / kind.artifact_name
             if not artifact.is_file():
-                raise FrameFuseError(f"{path}: no {kind.artifact_name} (build it with "
-                                     f"`framefuse build {path} --engine {engine}`)")
+                raise FrameFuseError(
+                    f"{path}: no {kind.artifact_name} (build it with `framefuse build {path} --engine {engine}`)"
+                )
             return [(engine, artifact)]
         found: list[tuple[str, Path]] = []
         if (path / "model.fused.onnx").is_file():
             found.append(("onnx", path / "model.fused.onnx"))
         found += [(kind.name, file) for kind, file in artifacts_in(path)]
         if not found:
-            raise FrameFuseError(f"fused graph not found: {path / 'model.fused.onnx'}, and no engine artifact in "
-                                 f"{path} (run `framefuse rewrite` or `framefuse build` first)")
+            raise FrameFuseError(
+                f"fused graph not found: {path / 'model.fused.onnx'}, and no engine artifact in "
+                f"{path} (run `framefuse rewrite` or `framefuse build` first)"
+            )
         return found
     if not path.is_file():
         raise FrameFuseError(f"{path}: no such file or folder")

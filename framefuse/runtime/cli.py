@@ -29,17 +29,30 @@ def register(subparsers) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("artifact", metavar="ARTIFACT", help="artifact folder (e.g. artifacts/<name>-step), engine.ffe or .onnx")
+    parser.add_argument(
+        "artifact", metavar="ARTIFACT", help="artifact folder (e.g. artifacts/<name>-step), engine.ffe or .onnx"
+    )
     parser.add_argument("--frames", type=int, default=600, metavar="N", help="frames to run (default 600)")
     parser.add_argument("--hz", type=float, default=60.0, help="ticks per second; 0 = as fast as possible (default 60)")
-    parser.add_argument("--budget-ms", type=float, default=None, help="frame budget (default 1000/hz, 16.67 ms at 60 Hz)")
+    parser.add_argument(
+        "--budget-ms", type=float, default=None, help="frame budget (default 1000/hz, 16.67 ms at 60 Hz)"
+    )
     parser.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed frames first (default 10)")
-    parser.add_argument("--engine", choices=ENGINE_NAMES, default=None,
-                        help="backend (default: a built artifact, else cuda-graph with a GPU, onnxruntime without)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_NAMES,
+        default=None,
+        help="backend (default: a built artifact, else cuda-graph with a GPU, onnxruntime without)",
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is a GPU")
-    parser.add_argument("--check-finite", action="store_true",
-                        help="stop with an error naming the tensor and frame at the first NaN/Inf (frame, output, state)")
-    parser.add_argument("--replay", choices=["torch", "driver"], default="torch", help="how the captured graph is replayed")
+    parser.add_argument(
+        "--check-finite",
+        action="store_true",
+        help="stop with an error naming the tensor and frame at the first NaN/Inf (frame, output, state)",
+    )
+    parser.add_argument(
+        "--replay", choices=["torch", "driver"], default="torch", help="how the captured graph is replayed"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the observations")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.set_defaults(func=run)
@@ -59,8 +72,14 @@ def run(args) -> int:
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(f"loading {args.artifact} ...", file=sys.stderr)
-    session = Session.load(args.artifact, engine=args.engine, device=args.device, budget_ms=budget,
-                           replay=args.replay, check_finite=args.check_finite)
+    session = Session.load(
+        args.artifact,
+        engine=args.engine,
+        device=args.device,
+        budget_ms=budget,
+        replay=args.replay,
+        check_finite=args.check_finite,
+    )
     if not session.is_step_form:
         raise SessionError(
             f"{args.artifact} is a sequence-form graph (inputs {session.input_names}); the game loop needs the "
@@ -74,11 +93,11 @@ def run(args) -> int:
     if not quiet:
         lat = data["latency"]
         where = data["gpu_name"] or "CPU"
-        print(f"{args.artifact} ({data['engine']} engine) on {where}: {data['frames']} frames at {args.hz:g} Hz "
-              f"in {data['wall_s']:.2f} s")
         print(
-            f"  step latency  p50 {lat['p50_us']:.1f} us   p99 {lat['p99_us']:.1f} us   max {lat['max_us']:.1f} us"
+            f"{args.artifact} ({data['engine']} engine) on {where}: {data['frames']} frames at {args.hz:g} Hz "
+            f"in {data['wall_s']:.2f} s"
         )
+        print(f"  step latency  p50 {lat['p50_us']:.1f} us   p99 {lat['p99_us']:.1f} us   max {lat['max_us']:.1f} us")
         print(f"  budget {lat['budget_ms']:.2f} ms: {lat['overruns']} overruns; {data['late_ticks']} late ticks")
         if not data["output_finite"]:
             print("  WARNING: the last output is not finite", file=sys.stderr)

@@ -156,7 +156,13 @@ def resolve_artifact(path, engine: str | None = None, device=None, fused: bool |
                 if file.is_file():
                     return Resolved(chosen, "onnx", file, manifest)
         artifacts = ", ".join(k.artifact_name for k in ENGINES.values())
-        wanted = "model.fused.onnx" if fused else "model.onnx" if chosen == "onnxruntime" else "model.fused.onnx or model.onnx"
+        wanted = (
+            "model.fused.onnx"
+            if fused
+            else "model.onnx"
+            if chosen == "onnxruntime"
+            else "model.fused.onnx or model.onnx"
+        )
         raise SessionError(f"{path}: no engine artifact ({artifacts}) and no {wanted} in this folder")
     if not path.exists():
         raise SessionError(f"{path}: no such file or folder")
@@ -165,8 +171,10 @@ def resolve_artifact(path, engine: str | None = None, device=None, fused: bool |
     kind = artifact_kind(path)
     if kind is not None:
         if engine is not None and engine != kind.name:
-            raise SessionError(f"{path} is a {kind.name} artifact, not {engine}: build one with "
-                               f"`framefuse build {path.parent} --engine {engine}`")
+            raise SessionError(
+                f"{path} is a {kind.name} artifact, not {engine}: build one with "
+                f"`framefuse build {path.parent} --engine {engine}`"
+            )
         return Resolved(kind.name, "artifact", path, manifest)
     if path.suffix == ".onnx":
         chosen = engine or default_engine(device)
@@ -224,7 +232,9 @@ class Session:
         for name in self.state_inputs:
             out_name = NEXT_STATE_PREFIX + name[len(STATE_PREFIX) :]
             if out_name not in outputs:
-                raise SessionError(f"state input '{name}' has no matching output '{out_name}' (outputs: {list(outputs)})")
+                raise SessionError(
+                    f"state input '{name}' has no matching output '{out_name}' (outputs: {list(outputs)})"
+                )
             self.state_pairs[out_name] = name
         self.frame_inputs = [n for n in inputs if n not in self.state_inputs]
         self.frame_outputs = [n for n in outputs if n not in self.state_pairs]
@@ -289,8 +299,11 @@ class Session:
         manifest = None
         if isinstance(artifact_or_onnx, onnx.ModelProto):
             chosen = engine or default_engine(device)
-            if engine is None and chosen == "onnxruntime" and not fused and any(
-                node.domain == "framefuse" for node in artifact_or_onnx.graph.node
+            if (
+                engine is None
+                and chosen == "onnxruntime"
+                and not fused
+                and any(node.domain == "framefuse" for node in artifact_or_onnx.graph.node)
             ):
                 chosen = "cuda-graph"  # as for a named fused file (see resolve_artifact)
             resolved = Resolved(chosen, "onnx", Path("<ModelProto>"), None)
@@ -307,8 +320,10 @@ class Session:
         backend = get_backend(name)
         if resolved.kind == "artifact":
             if framefuse_impl is not None or engine_options:
-                raise SessionError(f"{resolved.file}: options are fixed when an engine is built; rebuild it to "
-                                   f"change them (`framefuse build --engine {name}`)")
+                raise SessionError(
+                    f"{resolved.file}: options are fixed when an engine is built; rebuild it to "
+                    f"change them (`framefuse build --engine {name}`)"
+                )
             runner = backend.load(resolved.file, device=device, check_source=check_source)
         else:
             options = _engine_options(name, framefuse_impl, fused, engine_options)
@@ -330,8 +345,10 @@ class Session:
 
     def __repr__(self) -> str:
         form = "step" if self.is_step_form else "sequence"
-        return (f"Session({form} form, {self.engine_name} engine on {self.device}, inputs={self.input_names}, "
-                f"outputs={self.output_names})")
+        return (
+            f"Session({form} form, {self.engine_name} engine on {self.device}, inputs={self.input_names}, "
+            f"outputs={self.output_names})"
+        )
 
     # -- sequences ----------------------------------------------------------------------------------
     def run(self, inputs) -> dict:
@@ -460,7 +477,9 @@ class Session:
         unknown = sorted(set(frames) - set(self.frame_inputs))
         missing = [n for n in self.frame_inputs if n not in frames]
         if unknown or missing:
-            raise SessionError(f"step() frames: missing {missing}, unexpected {unknown} (frame inputs: {self.frame_inputs})")
+            raise SessionError(
+                f"step() frames: missing {missing}, unexpected {unknown} (frame inputs: {self.frame_inputs})"
+            )
         kinds = set()
         for name, value in frames.items():
             if isinstance(value, torch.Tensor):
@@ -469,11 +488,15 @@ class Session:
                 kinds.add("cupy")
             else:
                 kinds.add("numpy")
-            self._check_frame_shape(name, tuple(np.shape(value)) if not isinstance(value, torch.Tensor) else value.shape)
+            self._check_frame_shape(
+                name, tuple(np.shape(value)) if not isinstance(value, torch.Tensor) else value.shape
+            )
         device_frames = kinds & {"cuda", "cupy"}
         if device_frames and self._device_frames:
             if len(kinds) > 1:
-                raise SessionError(f"step() frames mix host and device arrays ({sorted(kinds)}); pass them all on one side")
+                raise SessionError(
+                    f"step() frames mix host and device arrays ({sorted(kinds)}); pass them all on one side"
+                )
             return self._step_device(frames, cupy_out="cupy" in kinds)
         binding = self._host_step
         for name, value in frames.items():
@@ -532,8 +555,12 @@ class Session:
     def _check_step_results(self, binding, out) -> None:
         outputs = out.items() if isinstance(out, Mapping) else ((self._single_out, out),)
         self._check_any(outputs, "output", self.frame_index)
-        self._check_any(((n, binding.dev_in[n]) for n in self.state_inputs), "state", self.frame_index,
-                        hint="the new state after this frame; reset() or set_state() to go on")
+        self._check_any(
+            ((n, binding.dev_in[n]) for n in self.state_inputs),
+            "state",
+            self.frame_index,
+            hint="the new state after this frame; reset() or set_state() to go on",
+        )
 
     def _check_host(self, items, what: str, frame: int | None) -> None:
         for name, value in items:

@@ -34,15 +34,18 @@ def _check_against_ort(engine, prepared):
     session = _ort(prepared.onnx)
     names = [o.name for o in session.get_outputs()]
     shapes = prepared.input_shapes()
-    feeds = {n: rng.standard_normal(s).astype(np.float32) if n == "x" else np.zeros(s, np.float32) for n, s in shapes.items()}
+    feeds = {
+        n: rng.standard_normal(s).astype(np.float32) if n == "x" else np.zeros(s, np.float32) for n, s in shapes.items()
+    }
     ours = dict(feeds)
     runs = STEPS if prepared.form == "step" else 1
     for _ in range(runs):
         expected = dict(zip(names, session.run(names, feeds)))
         actual = engine.run(ours)
         for name in names:
-            np.testing.assert_allclose(actual[name], expected[name], rtol=TOL, atol=TOL,
-                                       err_msg=f"{prepared.arch} {prepared.form} {name}")
+            np.testing.assert_allclose(
+                actual[name], expected[name], rtol=TOL, atol=TOL, err_msg=f"{prepared.arch} {prepared.form} {name}"
+            )
             assert np.isfinite(actual[name]).all()
         x = rng.standard_normal(shapes["x"]).astype(np.float32)
         feeds = {"x": x, **{f"state.{n}": expected[f"next_state.{n}"] for n in prepared.state_names}}
