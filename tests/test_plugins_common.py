@@ -79,6 +79,7 @@ def test_registry_lists_the_eight_ops_and_loads_ours():
     assert registry.DOMAIN == "framefuse"
     assert set(registry.OP_TYPES) == {
         "LinearScan", "SelectiveScan", "LSTMSeq", "GRUSeq", "Attention", "DeltaRuleScan", "MLSTMScan", "LiquidScan",
+        "WKVScan", "GatedDeltaRuleScan",
     }
     for op_type in ("LinearScan", "SelectiveScan"):
         module = registry.get_op(op_type)

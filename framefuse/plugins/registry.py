@@ -25,6 +25,8 @@ OP_FOLDERS: dict[str, str] = {
     "DeltaRuleScan": "delta_rule_scan",
     "MLSTMScan": "mlstm_scan",
     "LiquidScan": "liquid_scan",
+    "WKVScan": "wkv_scan",
+    "GatedDeltaRuleScan": "gated_delta_rule_scan",
 }
 OP_TYPES: tuple[str, ...] = tuple(OP_FOLDERS)
 

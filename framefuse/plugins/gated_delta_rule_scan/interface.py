@@ -1,0 +1,82 @@
+"""Python entry of the GatedDeltaRuleScan kernel: checks, output allocation, launch.
+
+The kernel instantiation is chosen by Dk as for DeltaRuleScan: `gated_delta_rule_scan_<dtype>_k32|k64|k128`
+keeps Dk ≤ 32, 64, 128 entries of each value column of S in registers (2, 4, 8 lanes per column);
+a block holds 64, 32, 16 columns, and the grid is (B·H, ⌈Dv / columns⌉).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from framefuse.plugins import cuda
+from framefuse.plugins.checks import OpArgumentError, check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.gated_delta_rule_scan.schema import MAX_DK, OP, SCHEMA, check_shapes
+
+SOURCE = pathlib.Path(__file__).with_name("gated_delta_rule_scan.cu")
+THREADS = 128
+# (largest Dk, value columns of S per block) of each instantiation, smallest first
+VARIANTS = ((32, 64), (64, 32), (128, 16))
+MAX_GRID_Y = 65535
+
+
+def variant(Dk: int) -> tuple[int, int]:
+    """(instantiation Dk, value columns per block) for a key dim Dk."""
+    for max_dk, rows in VARIANTS:
+        if Dk <= max_dk:
+            return max_dk, rows
+    raise OpArgumentError(f"{OP}: key dim Dk={Dk} is larger than the kernel supports ({MAX_DK})")
+
+
+def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
+    """[o, S_last] = GatedDeltaRuleScan(q, k, v, g, beta[, S0]) on the GPU. outputs: [o, S_last]
+    preallocated, or None to allocate. Launches on `stream` and never synchronises."""
+    inputs = list(inputs)
+    SCHEMA.check_arity(len(inputs))
+    inputs += [None] * (len(SCHEMA.inputs) - len(inputs))
+    SCHEMA.attrs_with_defaults(attrs)  # no attributes: rejects unknown ones
+    q = check_tensor(OP, "q", inputs[0])
+    check_storage_dtype(OP, "q", q)
+    dtype, device = q.dtype, q.device
+    k = check_tensor(OP, "k", inputs[1], dtype=dtype, device=device)
+    v = check_tensor(OP, "v", inputs[2], dtype=dtype, device=device)
+    g = check_tensor(OP, "g", inputs[3], dtype=dtype, device=device)
+    beta = check_tensor(OP, "beta", inputs[4], dtype=dtype, device=device)
+    S0 = inputs[5]
+    if S0 is not None:
+        S0 = check_tensor(OP, "S0", S0, dtype=torch.float32, device=device)
+    s = check_shapes([tuple(x.shape) if x is not None else None for x in (q, k, v, g, beta, S0)])
+    B, H, T, Dk, Dv = s["B"], s["H"], s["T"], s["Dk"], s["Dv"]
+    max_dk, rows = variant(Dk)
+    if (Dv + rows - 1) // rows > MAX_GRID_Y:
+        raise OpArgumentError(f"{OP}: value dim Dv={Dv} needs more than {MAX_GRID_Y} blocks on grid y")
+
+    specs = [("o", (B, H, T, Dv), dtype), ("S_last", (B, H, Dk, Dv), torch.float32)]
+    if outputs is None:
+        o = torch.empty(specs[0][1], dtype=dtype, device=device)
+        S_last = torch.empty(specs[1][1], dtype=torch.float32, device=device)
+    else:
+        o, S_last = check_outputs(OP, list(outputs), specs, device)
+
+    kernel = cuda.get_kernel(SOURCE, f"gated_delta_rule_scan_{cuda.dtype_suffix(dtype)}_k{max_dk}", device=device.index)
+    kernel.launch(
+        (B * H, (Dv + rows - 1) // rows),
+        (THREADS,),
+        [
+            cuda.ptr(q), cuda.ptr(k), cuda.ptr(v), cuda.ptr(g), cuda.ptr(beta), cuda.ptr(S0), cuda.ptr(o),
+            cuda.ptr(S_last), cuda.i32(B * H), cuda.i32(T), cuda.i32(Dk), cuda.i32(Dv),
+        ],
+        stream=stream,
+        op=OP,
+        detail=f"q {list(q.shape)} v {list(v.shape)} {str(dtype).removeprefix('torch.')}",
+    )
+    return [o, S_last]
+
+
+def gated_delta_rule_scan(q, k, v, g, beta, S0=None, *, out=None, stream=None):
+    """Gated DeltaNet recurrence on the GPU; returns (o [B,H,T,Dv], S_last [B,H,Dk,Dv] float32).
+    g is the log decay (α = exp(g)). out: optional preallocated (o, S_last)."""
+    o, S_last = launch([q, k, v, g, beta, S0], outputs=None if out is None else list(out), stream=stream)
+    return o, S_last
