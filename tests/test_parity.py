@@ -101,8 +101,8 @@ def test_prepare_for_ort_leaves_original_untouched():
     prepared = prepare_for_ort(model)
     assert model.SerializeToString() == before
     node = next(n for n in prepared.graph.node if n.name == "scan")
-    assert node.domain == "ai.onnx.contrib" and node.op_type.startswith("FF_LinearScan_")
-    assert {i.domain for i in prepared.opset_import} == {"", "ai.onnx.contrib"}
+    assert node.op_type.startswith("FF_LinearScan_") and node.domain == "framefuse.ort." + node.op_type
+    assert {i.domain for i in prepared.opset_import} == {"", node.domain}
 
 
 def test_compare_passes_and_writes_report(tmp_path):

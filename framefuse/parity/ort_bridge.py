@@ -3,16 +3,21 @@ reference implementation (``framefuse.plugins.<op>.reference``) as an onnxruntim
 Python custom op.
 
 onnxruntime-extensions conventions this module deals with:
-- Python ops live in the domain ``ai.onnx.contrib`` (``default_opset_domain()``), so the
-  ``framefuse`` nodes are moved to it in a *copy* of the model used only for running.
 - A Python op has a fixed list of inputs, outputs and attributes, each node must carry every
   declared attribute, and optional inputs are not supported. So each distinct *signature* of a
   node (op, which optional inputs are present, storage dtype, attribute names, output count) is
   registered as its own Python op (``FF_<op>_<hash>``) whose function re-inserts ``None`` for
   the absent optionals before calling ``reference``; attribute defaults from the op's schema are
   written into the node.
-- Registration is process-wide and may happen after the library is loaded; each signature is
-  registered once.
+- Registration is process-wide and may happen after sessions already exist, so every signature
+  gets a domain of its own (``framefuse.ort.FF_<op>_<hash>``; the node is moved there in a *copy*
+  of the model used only for running). onnxruntime-extensions keeps the registered ops in
+  ``std::map<domain, std::vector<PyCustomOpFactory>>`` and hands ONNX Runtime raw pointers into
+  those vectors, which ORT keeps (``CustomOpKernel::op_``) and calls on every run and when the
+  session is destroyed. Adding an op to a domain that already has one reallocates that vector and
+  leaves every earlier session with dangling pointers (SIGSEGV on its next run); a fresh domain
+  only inserts a new map node, and map nodes never move. Hence one op per domain, never two, and
+  never the shared default domain ``ai.onnx.contrib``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from framefuse.errors import FrameFuseError
 from framefuse.plugins.registry import DOMAIN, get_op
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"
+# Prefix of the one-op domains, see the module docstring.
+OP_DOMAIN_PREFIX = "framefuse.ort."
 _HALF = ("float16", "bfloat16")
 _REGISTERED: dict[str, object] = {}
 
@@ -104,20 +111,38 @@ def _make_function(op_type: str, present: tuple[bool, ...], out_dtypes: list[str
     return run_reference
 
 
+def _registered_elsewhere(ortx, qualified: str):
+    """The Opdef the library already holds for `qualified` (``domain::op``), if any: a second
+    registration of the same name would grow that domain's vector, which is the crash this module
+    avoids, so an op registered before this module was (re)imported is reused."""
+    opdef_cls = getattr(ortx, "Opdef", None)
+    for opdef in list(getattr(opdef_cls, "_odlist", {}).values()):
+        if getattr(opdef, "op_type", None) == qualified:
+            return opdef
+    return None
+
+
 def _register(op_type: str, present: tuple[bool, ...], in_dtypes: list[str], out_dtypes: list[str],
-              attrs: dict) -> str:
+              attrs: dict) -> tuple[str, str]:
+    """Register (once per process) the Python op for this signature; its (domain, op name)."""
     key = repr((op_type, present, in_dtypes, out_dtypes, sorted((k, type(v).__name__) for k, v in attrs.items())))
     name = f"FF_{op_type}_{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+    domain = OP_DOMAIN_PREFIX + name
     if name not in _REGISTERED:
         ortx = _ortx()
-        fn = _make_function(op_type, present, out_dtypes, len(out_dtypes))
-        _REGISTERED[name] = ortx.onnx_op(
-            op_type=name,
-            inputs=[_pyop_type(d) for d in in_dtypes],
-            outputs=[_pyop_type(d) for d in out_dtypes],
-            attrs={k: _attr_type(v) for k, v in attrs.items()},
-        )(fn)
-    return name
+        qualified = f"{domain}::{name}"  # onnxruntime-extensions splits the domain off at "::"
+        existing = _registered_elsewhere(ortx, qualified)
+        if existing is not None:
+            _REGISTERED[name] = existing
+        else:
+            fn = _make_function(op_type, present, out_dtypes, len(out_dtypes))
+            _REGISTERED[name] = ortx.onnx_op(
+                op_type=qualified,
+                inputs=[_pyop_type(d) for d in in_dtypes],
+                outputs=[_pyop_type(d) for d in out_dtypes],
+                attrs={k: _attr_type(v) for k, v in attrs.items()},
+            )(fn)
+    return domain, name
 
 
 def prepare_for_ort(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -132,6 +157,7 @@ def prepare_for_ort(model: onnx.ModelProto) -> onnx.ModelProto:
             pass
     types = _elem_types(model)
     new_nodes = []
+    op_domains: list[str] = []
     for node in model.graph.node:
         if node.domain != DOMAIN:
             new_nodes.append(node)
@@ -181,23 +207,25 @@ def prepare_for_ort(model: onnx.ModelProto) -> onnx.ModelProto:
         given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         given = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in given.items()}
         attrs = {k: v for k, v in schema.attrs_with_defaults(given).items() if v is not None}
-        name = _register(node.op_type, present, in_dtypes, out_dtypes, attrs)
+        op_domain, name = _register(node.op_type, present, in_dtypes, out_dtypes, attrs)
+        if op_domain not in op_domains:
+            op_domains.append(op_domain)
         del node.input[:]
         node.input.extend(kept_inputs)
         del node.attribute[:]
         for k, v in attrs.items():
             node.attribute.append(onnx.helper.make_attribute(k, v))
         node.op_type = name
-        node.domain = CONTRIB_DOMAIN
+        node.domain = op_domain
         new_nodes.append(node)
         new_nodes.extend(casts_after)
     nodes_copy = [onnx.NodeProto.FromString(n.SerializeToString()) for n in new_nodes]
     del model.graph.node[:]
     model.graph.node.extend(nodes_copy)
-    imports = [imp for imp in model.opset_import if imp.domain not in (DOMAIN, CONTRIB_DOMAIN)]
+    imports = [imp for imp in model.opset_import if imp.domain != DOMAIN and imp.domain not in op_domains]
     del model.opset_import[:]
     model.opset_import.extend(imports)
-    model.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    model.opset_import.extend(onnx.helper.make_opsetid(d, 1) for d in op_domains)
     return model
 
 
