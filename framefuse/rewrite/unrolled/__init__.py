@@ -15,11 +15,13 @@ from framefuse.rewrite.unrolled.linear import LinearScanPass
 from framefuse.rewrite.unrolled.liquid import LiquidScanPass
 from framefuse.rewrite.unrolled.mlstm import MLSTMScanPass
 from framefuse.rewrite.unrolled.selective import SelectiveScanPass
+from framefuse.rewrite.unrolled.wkv import WKVScanPass
 
 # Non-linear recurrences first (each matches an exact structure), the general linear one last:
 # it reports, for every chain still left, why it is not a linear recurrence.
 # SelectiveScan before LinearScan: a Mamba recurrence is also linear, the more specific op wins.
-PASSES = [LiquidScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass()]
+# WKVScan first: its running max is a Max chain that MLSTMScan would otherwise try and decline.
+PASSES = [WKVScanPass(), LiquidScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass()]
 
 __all__ = [
     "PASSES", "DeltaRuleScanPass", "LinearScanPass", "LiquidScanPass", "MLSTMScanPass", "SelectiveScanPass",
