@@ -11,6 +11,7 @@ per-step inputs over all steps (``lift``) and replace the chain with one ``frame
 
 from framefuse.rewrite.unrolled.common import remaining_recurrence_ops, restack
 from framefuse.rewrite.unrolled.delta import DeltaRuleScanPass
+from framefuse.rewrite.unrolled.gated_delta import GatedDeltaRuleScanPass
 from framefuse.rewrite.unrolled.linear import LinearScanPass
 from framefuse.rewrite.unrolled.liquid import LiquidScanPass
 from framefuse.rewrite.unrolled.mlstm import MLSTMScanPass
@@ -21,7 +22,7 @@ from framefuse.rewrite.unrolled.wkv import WKVScanPass
 # it reports, for every chain still left, why it is not a linear recurrence.
 # SelectiveScan before LinearScan: a Mamba recurrence is also linear, the more specific op wins.
 # WKVScan first: its running max is a Max chain that MLSTMScan would otherwise try and decline.
-PASSES = [WKVScanPass(), LiquidScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass()]
+PASSES = [WKVScanPass(), LiquidScanPass(), GatedDeltaRuleScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass()]
 
 __all__ = [
     "PASSES", "DeltaRuleScanPass", "LinearScanPass", "LiquidScanPass", "MLSTMScanPass", "SelectiveScanPass",
