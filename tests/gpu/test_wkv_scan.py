@@ -201,3 +201,55 @@ def test_gpu_validation_errors(kc, gen):
     with pytest.raises(OpArgumentError, match=r"WKVScan: argument output den_last: expected shape"):
         launch([k, v, w, u], {}, outputs=[torch.empty_like(k), torch.empty(2, 16, device="cuda"),
                                           torch.empty(2, 15, device="cuda"), torch.empty(2, 16, device="cuda")])
+
+
+def test_engine_runs_fused_loop_like_torch():
+    """A plain torch WKV loop, exported, rewritten to one WKVScan and run by the engine's executor
+    with the kernel, matches the torch module."""
+    import io
+    import warnings
+
+    import onnx
+    from torch import nn
+
+    from framefuse.engines.executor import GraphExecutor
+    from framefuse.rewrite.pipeline import rewrite_model
+
+    class Loop(nn.Module):
+        def __init__(self, C=40):
+            super().__init__()
+            self.key, self.value = nn.Linear(8, C), nn.Linear(8, C)
+            self.time_decay, self.time_first = nn.Parameter(torch.randn(C)), nn.Parameter(torch.randn(C))
+
+        def forward(self, x):
+            k, v = self.key(x), self.value(x)
+            num, den = torch.zeros_like(k[:, 0]), torch.zeros_like(k[:, 0])
+            mx = torch.zeros_like(k[:, 0]) - 1e38
+            w, u = -torch.exp(self.time_decay), self.time_first
+            outs = []
+            for t in range(x.shape[1]):
+                q = torch.maximum(mx, k[:, t] + u)
+                e1, e2 = torch.exp(mx - q), torch.exp(k[:, t] + u - q)
+                outs.append((e1 * num + e2 * v[:, t]) / (e1 * den + e2))
+                p = torch.maximum(mx + w, k[:, t])
+                e1, e2 = torch.exp(mx + w - p), torch.exp(k[:, t] - p)
+                num, den, mx = e1 * num + e2 * v[:, t], e1 * den + e2, p
+            return torch.stack(outs, 1), num, den, mx
+
+    torch.manual_seed(0)
+    module = Loop().eval()
+    x = torch.randn(3, 12, 8)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), buffer, dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["y", "num", "den", "max"])
+    fused, _ = rewrite_model(onnx.load_from_string(buffer.getvalue()))
+    assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == ["WKVScan"]
+    executor = GraphExecutor(fused, device="cuda")
+    result = executor.plan({"x": (3, 12, 8)}).execute({"x": x.cuda()})
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        expected = module(x)
+    for name, e in zip(("y", "num", "den", "max"), expected):
+        torch.testing.assert_close(result[name].cpu(), e, rtol=1e-4, atol=1e-5)
