@@ -173,6 +173,36 @@ def test_transformers_rwkv_model_fuses_every_wkv_recurrence():
     assert_parity(model, fused, atol=1e-4)
 
 
+def test_transformers_rwkv_step_form_with_state_fuses():
+    """The game-loop call: one token, the model's state given and returned (use_cache)."""
+    transformers = pytest.importorskip("transformers")
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            config = transformers.RwkvConfig(vocab_size=50, hidden_size=64, num_hidden_layers=2,
+                                             attention_hidden_size=64, intermediate_size=128, context_length=64)
+            self.model = transformers.RwkvModel(config).eval()
+
+        def forward(self, ids, *state):
+            out = self.model(input_ids=ids, state=[s.clone() for s in state], use_cache=True)
+            return (out.last_hidden_state, *out.state)
+
+    state = [torch.randn(1, 64, 2) for _ in range(5)]
+    model = export(Step(), (torch.randint(0, 50, (1, 1)), *state), ["ids"] + [f"state.s{i}" for i in range(5)],
+                   ["hidden"] + [f"next_state.s{i}" for i in range(5)])
+    fused, report = fuse(model, "WKVScan", count=2)
+    assert not [n for n in fused.graph.node if n.op_type in ("Max", "Exp", "Div")]
+    assert remaining_recurrence_ops(gs.import_onnx(fused)) == 0
+    feeds = feeds_for(model)
+    feeds["state.s3"] = np.abs(feeds["state.s3"]) + 0.5  # a denominator state is positive
+    expected = ort_session(model, fused=True).run(None, feeds)
+    actual = ort_session(fused, fused=True).run(None, feeds)
+    for e, a in zip(expected, actual):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
 # --- gated delta rule --------------------------------------------------------------------------
 
 class GatedDeltaLoop(nn.Module):
