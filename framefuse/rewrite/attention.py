@@ -115,6 +115,22 @@ def _reaches_matmul(t: gs.Tensor, depth: int = 6) -> bool:
     return False
 
 
+def _path_to_matmul(t: gs.Tensor, depth: int = 4) -> list[str]:
+    """Labels of the single-reader nodes from ``t`` down to a MatMul that reads the result as
+    its left operand (P·V), or [] when there is none within ``depth`` nodes."""
+    path = []
+    for _ in range(depth):
+        readers = list(t.outputs)
+        if len(readers) != 1 or not _is_default(readers[0]) or not readers[0].outputs:
+            return []
+        node = readers[0]
+        path.append(U.node_label(node))
+        if node.op == "MatMul":
+            return path if node.inputs[0] is t and len(path) > 1 else []
+        t = node.outputs[0]
+    return []
+
+
 def _unrepeat_heads(t: gs.Tensor) -> tuple[gs.Tensor, int] | None:
     """If `t` [B, Hkv·n, T, D] is a head repeat of a tensor [B, Hkv, T, D] in which repeated head
     h comes from head h // n (repeat_interleave / expand-then-reshape), return (that tensor, n)."""
@@ -259,9 +275,11 @@ class AttentionPass:
         # --- downstream: Softmax → [Where(IsNaN(p), 0, p)] → MatMul(p, V)
         readers = list(probs.outputs)
         pv = None
-        if len(readers) == 1 and readers[0].op == "Cast" and _is_float_cast(readers[0]) \
-                and len(readers[0].outputs[0].outputs) == 1:
-            # Softmax computed in a wider type, cast back before P·V (mixed-precision exports)
+        while len(readers) == 1 and readers[0].op == "Cast" and _is_float_cast(readers[0]) \
+                and len(readers[0].outputs[0].outputs) == 1 and not U.is_graph_output(graph, probs):
+            # Softmax computed in a wider type, cast back before P·V (mixed-precision exports);
+            # transformers' eager attention writes two (softmax(dtype=float32).to(q.dtype), then
+            # dropout's), which stay in the graph as float→float Casts.
             removed.append(readers[0])
             probs = readers[0].outputs[0]
             readers = list(probs.outputs)
@@ -281,6 +299,10 @@ class AttentionPass:
                 names = ", ".join(U.node_label(r) for r in readers)
                 raise _Decline(f"attention probabilities are also read by other nodes ({names}); fusing would "
                                f"not remove them")
+            path = _path_to_matmul(probs)
+            if path:
+                raise _Decline(f"the probabilities reach P·V ({path[-1]}) through {' → '.join(path[:-1])}, which the "
+                               "attention pattern does not cover (only float Casts and the IsNaN guard)")
             raise _NotACandidate
         if U.is_graph_output(graph, probs) or U.is_graph_output(graph, softmax.outputs[0]):
             raise _Decline("attention probabilities are a graph output")

@@ -245,7 +245,7 @@ def find_chains(tl: Timeline) -> tuple[list[Chain], list[ChainProblem]]:
     returned as problems (with the reason) only when their steps do depend on each other."""
     lifter = Lifter(tl, None, 0)
     cands = tl.state_candidates()
-    desc = {c.name: descendants(c) for c in cands}
+    desc = {c.name: tl.local_descendants(c) for c in cands}
     preds: dict[str, list[gs.Tensor]] = {}
     for c in cands:
         preds[c.name] = [p for p in cands if tl.step(p) == tl.step(c) - 1 and c.name in desc[p.name]]

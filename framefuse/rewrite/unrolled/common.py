@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext
 from framefuse.rewrite.unrolled.chains import DATA_MOVEMENT, Chain, find_chains
 from framefuse.rewrite.unrolled.graphutil import (
-    Emitter, NotLiftable, descendants, is_framefuse, replace_producer, tensors_between,
+    Emitter, NotLiftable, is_framefuse, replace_producer, tensors_between,
 )
 from framefuse.rewrite.unrolled.lift import Lifter
 from framefuse.rewrite.unrolled.timeline import Timeline
@@ -146,7 +146,7 @@ def remaining_recurrence_ops(graph: gs.Graph) -> int:
     cands = tl.state_candidates(minimal=False)  # every carried tensor (xLSTM's C and n too)
     for c in cands:
         for p in cands:
-            if tl.step(p) == tl.step(c) - 1 and c.name in descendants(p):
+            if tl.step(p) == tl.step(c) - 1 and c.name in tl.local_descendants(p):
                 for node in tensors_between(p, c)[1]:
                     if not is_framefuse(node):
                         counted[id(node)] = node

@@ -58,6 +58,82 @@ def _mul(x, y):
     return ("mul", x, y)
 
 
+# Ops that only move or re-type data: on the path from h_(t-1) they keep the value affine when
+# they leave it exactly as it was (a Cast to its own type, a Reshape/Expand to the same shape, a
+# Transpose by the identity, a Slice taking everything...); see ``_passthrough``.
+_LAYOUT_OPS = {"Reshape", "Expand", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "Concat", "Flatten"}
+
+
+def _shape_of(t):
+    shape = getattr(t, "shape", None)
+    if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return None
+    return tuple(shape)
+
+
+def _type_of(t):
+    try:
+        return None if t.dtype is None else np.dtype(t.dtype)
+    except TypeError:
+        return None
+
+
+def _passthrough(tm: Tmpl) -> Tmpl | None:
+    """The child ``tm`` equals element for element when its node is a no-op on the value (so the
+    affine form passes through unchanged), else None."""
+    node = tm.node
+    if not tm.children or tm.children[0].kind == "leaf":
+        return None
+    child = tm.children[0]
+    if node.op == "Cast":
+        src, dst = _type_of(child.tensor), _type_of(tm.tensor)
+        to = node.attrs.get("to")
+        if to is not None:
+            try:
+                import onnx
+
+                dst = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
+            except Exception:  # noqa: BLE001 - unknown enum: not a no-op we can prove
+                return None
+        return child if src is not None and src == dst else None
+    if node.op in _LAYOUT_OPS and node.op != "Concat":
+        if any(c.kind != "leaf" for c in tm.children[1:]):
+            return None  # the shape/index operand itself depends on h
+        before, after = _shape_of(child.tensor), _shape_of(tm.tensor)
+        if before is None or before != after:
+            return None
+        if node.op == "Transpose":
+            perm = list(node.attrs.get("perm", reversed(range(len(before)))))
+            # Only axes of size 1 may move: the element order is then unchanged.
+            moved = [a for i, a in enumerate(perm) if a != i]
+            return child if all(before[a] == 1 for a in moved) else None
+        if node.op == "Gather":
+            return None  # same shape but a permutation of indices is not provably the identity
+        if node.op == "Slice":
+            steps = const_value(tm.children[4].tensor) if len(tm.children) > 4 else None
+            return child if steps is None or bool(np.all(steps == 1)) else None
+        return child  # Reshape / Expand / Squeeze / Unsqueeze / Flatten to the same shape
+    return None
+
+
+def _layout_reason(tm: Tmpl) -> str:
+    before = _shape_of(tm.children[0].tensor) if tm.children else None
+    return (f"it changes the layout of the state ({before} → {_shape_of(tm.tensor)}) inside the step, so h_t is "
+            "not an elementwise function of h_(t-1) in its own layout; ")
+
+
+def _cast_reason(tm: Tmpl) -> str:
+    src = _type_of(tm.children[0].tensor) if tm.children else None
+    return (f"it converts the state from {src} to {_type_of(tm.tensor)} inside the step (the fused scan keeps "
+            "float32 throughout and would skip that rounding); ")
+
+
+def _where(cond, yes, no):
+    if yes is None and no is None:
+        return None
+    return ("where", cond, yes, no)
+
+
 def affine(tm: Tmpl, memo: dict | None = None):
     """(A, B) with value(tm) = A ⊙ h + B; A, B are expressions over leaves (None is 0)."""
     memo = {} if memo is None else memo
@@ -70,9 +146,22 @@ def affine(tm: Tmpl, memo: dict | None = None):
         result = (None, ("leaf", tm.tensor))
     else:
         op, node = tm.node.op, tm.node
+        passthrough = _passthrough(tm)
+        if passthrough is not None:
+            memo[key] = result = affine(passthrough, memo)
+            return result
+        if op == "Where" and len(tm.children) == 3:
+            cond, yes, no = (affine(c, memo) for c in tm.children)
+            if cond[0] is not None:
+                raise NotAffine(f"h_t depends on h_(t-1) through the condition of Where node {node.name!r}: not affine")
+            result = (_where(cond[1], yes[0], no[0]), _where(cond[1], yes[1], no[1]))
+            memo[key] = result
+            return result
         if op not in _AFFINE_OPS:  # named before looking inside, so the outermost culprit is reported
-            why = ("a matrix product mixes the channels, it is not an elementwise recurrence; "
-                   if op in ("MatMul", "Gemm", "Einsum", "Conv") else "")
+            why = ("a matrix product mixes the channels, it is not an elementwise recurrence (no framefuse op "
+                   "carries a matrix-valued transition); " if op in ("MatMul", "Gemm", "Einsum", "Conv") else
+                   _layout_reason(tm) if op in _LAYOUT_OPS else
+                   _cast_reason(tm) if op == "Cast" else "")
             raise NotAffine(f"h_t depends on h_(t-1) through {op} (node {node.name!r}): {why}not affine")
         parts = [affine(c, memo) for c in tm.children]
         depends = [a is not None for a, _ in parts]
@@ -188,6 +277,12 @@ class LinearScanPass(UnrolledPass):
                 return lifter._align(leaf, rank)
             pad = rank - len(shape)
             return emit.unsqueeze(leaf, list(range(pad + 1)), (1,) * (pad + 1) + tuple(shape), lifter.dtype(leaf))
+        if e[0] == "where":
+            cond = self._emit_expr(e[1], lifter, emit, rank)
+            zero = emit.const(np.zeros((1,) * (rank + 1), np.float32))
+            yes = zero if e[2] is None else self._emit_expr(e[2], lifter, emit, rank)
+            no = zero if e[3] is None else self._emit_expr(e[3], lifter, emit, rank)
+            return emit.node("Where", [cond, yes, no], None, np.float32)
         args = [self._emit_expr(x, lifter, emit, rank) for x in e[1:]]
         op = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "neg": "Neg"}[e[0]]
         return emit.node(op, args, None, np.float32)

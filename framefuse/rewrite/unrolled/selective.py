@@ -51,7 +51,10 @@ class _Factors:
         offset = len(out_shape) - len(shape)
         if offset < 0:
             raise NotLiftable(f"operand {t.name!r} has a higher rank than its product")
-        return tuple(None if d == 1 and out_shape[offset + i] != 1 else out_labels[offset + i]
+        # A size-1 axis broadcasts when the product is wider there; when both are 1 (B = 1) only
+        # provenance tells: a tensor computed from constants alone has no batch axis at all.
+        constant = self.tl.is_constant(t)
+        return tuple(None if d == 1 and (out_shape[offset + i] != 1 or constant) else out_labels[offset + i]
                      for i, d in enumerate(shape))
 
     def split(self, t: gs.Tensor, labels: tuple) -> list[tuple[gs.Tensor, tuple]]:
@@ -85,9 +88,17 @@ class _Factors:
         if node.op == "Unsqueeze":
             axes = const_value(node.inputs[1]) if len(node.inputs) > 1 else node.attrs.get("axes")
             if axes is not None:
+                # An axis the graph itself inserts has size 1 whatever the batch is: the factor is
+                # constant along it, so its label (even "b" when B = 1 makes the sizes agree) goes.
                 axes = {int(a) % len(labels) for a in np.asarray(axes).reshape(-1)}
-                if all(labels[a] is None for a in axes):
-                    return self.split(node.inputs[0], tuple(lb for i, lb in enumerate(labels) if i not in axes))
+                return self.split(node.inputs[0], tuple(lb for i, lb in enumerate(labels) if i not in axes))
+        if node.op == "Expand" and shape is not None:
+            inner = self.shapes.shape(node.inputs[0])
+            if inner is not None and len(inner) == len(shape):
+                return self.split(node.inputs[0], tuple(None if d == 1 and shape[i] != 1 else labels[i]
+                                                        for i, d in enumerate(inner)))
+        if node.op == "Cast" and self.shapes.dtype(node.inputs[0]) == self.shapes.dtype(t):
+            return self.split(node.inputs[0], labels)
         if node.op == "Transpose":
             perm = list(node.attrs.get("perm", reversed(range(len(labels)))))
             inner = [None] * len(labels)
@@ -184,8 +195,11 @@ class SelectiveScanPass(UnrolledPass):
         node = make_framefuse_node(graph, ctx, "SelectiveScan", [x, dt, a_dn, b_seq, c_seq, None, None, None, h0_in],
                                    [y, h_last], {"delta_softplus": 0})
         emit.new_nodes.append(node)
-        for i, readout in enumerate(readouts):
-            replace_producer(readout, emit.gather(y, i, 1, (bsz, dim), np.float32), graph, emit)
+        for i, (form, readout) in enumerate(readouts):
+            y_i = emit.gather(y, i, 1, (bsz, dim), np.float32)
+            if form == "matmul":  # h @ C[..., None] keeps a trailing size-1 axis
+                y_i = emit.unsqueeze(y_i, [2], (bsz, dim, 1), np.float32)
+            replace_producer(readout, y_i, graph, emit)
         replace_producer(chain.states[-1], h_last, graph, emit)
         return {"node": node, "steps": steps, "state_shape": list(state_shape), "absorbed": ["discretisation", "C read-out"]}
 
@@ -199,25 +213,40 @@ class SelectiveScanPass(UnrolledPass):
             return False
 
     def _readouts(self, chain, lifter, fac, state_shape):
-        """y_t = Σ_n h_t[b,d,n] C_t[b,n] for every h_t (an Einsum), and the C factor of step 0."""
+        """y_t = Σ_n h_t[b,d,n] C_t[b,n] for every h_t, and the C factor of step 0. Written as an
+        Einsum (``bdn,bn->bd``) or as a MatMul by a column (``h @ C_t[..., None]`` → [b,d,1], as
+        transformers' Mamba slow path does), possibly after casts of h to its own type."""
         link_nodes = {id(n) for link in chain.links for n in link.nodes()}
+        shapes = lifter.shapes
+        bsz, _, nstate = state_shape
         readouts, c_factors = [], []
         for i, state in enumerate(chain.states[1:], start=1):
             if i < len(chain.states) - 1 and state in lifter.tl.graph.outputs:
                 raise NotLiftable(f"intermediate state {state.name!r} is a graph output")
             found = None
-            for node in state.outputs:
-                if id(node) in link_nodes:
-                    continue
+            for node, h in self._state_readers(state, link_nodes, shapes):
+                if found is not None:
+                    raise NotLiftable(f"state {state.name!r} has a second read-out ({node.op} node {node.name!r})")
                 terms = _einsum(node) if node.op == "Einsum" else None
-                if terms is None or len(node.inputs) != 2 or node.inputs[0] is not state or found is not None:
+                if node.op == "MatMul" and len(node.inputs) == 2 and node.inputs[0] is h:
+                    c = node.inputs[1]
+                    c_shape = shapes.shape(c)
+                    if c_shape is None or len(c_shape) not in (2, 3) or c_shape[-2:] != (nstate, 1):
+                        raise NotLiftable(f"MatMul {node.name!r} multiplies the state by {c.name!r} {c_shape}, not by a "
+                                          f"column C_t[..., {nstate}, 1]")
+                    batch = () if len(c_shape) == 2 else (("b" if c_shape[0] == bsz and not (
+                        bsz != 1 and c_shape[0] == 1) else None),)
+                    found = ("matmul", node.outputs[0])
+                    c_factors.append((c, (*batch, "n", None)))
+                    continue
+                if terms is None or len(node.inputs) != 2 or node.inputs[0] is not h:
                     raise NotLiftable(f"state {state.name!r} is read by {node.op} node {node.name!r}, not only by "
                                       "the next step and the read-out Σ_n h[b,d,n] C[b,n]")
                 (h_term, c_term), out_term = terms
                 if len(h_term) != 3 or out_term != h_term[:2] or set(c_term) != {h_term[0], h_term[2]}:
                     raise NotLiftable(f"Einsum {node.name!r} ({','.join(terms[0])}->{out_term}) is not Σ_n h[b,d,n] C[b,n]")
                 mapping = dict(zip(h_term, ("b", "d", "n")))
-                found = node.outputs[0]
+                found = ("einsum", node.outputs[0])
                 c_factors.append((node.inputs[1], tuple(mapping[c] for c in c_term)))
             if found is None:
                 raise NotLiftable(f"state {state.name!r} has no read-out Σ_n h C")
@@ -225,6 +254,21 @@ class SelectiveScanPass(UnrolledPass):
         if len({(lifter.key(c), lb) for c, lb in c_factors}) != 1:
             raise NotLiftable("the read-outs use different C at different steps")
         return readouts, c_factors[0]
+
+    @staticmethod
+    def _state_readers(state, link_nodes, shapes):
+        """(node, tensor it reads) for every reader of ``state`` outside the chain, looking through
+        casts of h to its own type and Identity nodes."""
+        stack = [state]
+        while stack:
+            t = stack.pop()
+            for node in t.outputs:
+                if id(node) in link_nodes:
+                    continue
+                if node.op == "Identity" or node.op == "Cast" and shapes.dtype(node.outputs[0]) == shapes.dtype(t):
+                    stack.append(node.outputs[0])
+                    continue
+                yield node, t
 
     def _product(self, factors, want, full, lifter, emit) -> gs.Tensor:
         result = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.unrolled.graphutil import Shapes, const_value, descendants, is_framefuse, producer
+from framefuse.rewrite.unrolled.graphutil import Shapes, const_value, is_framefuse, producer
 
 # Ops whose output is known statically even when their input is per-step.
 _STATIC_OUTPUT_OPS = {"Shape", "Size"}
@@ -70,6 +70,25 @@ class Timeline:
                                        or all(self.is_constant(i) for i in node.inputs if i.name))
         self._constant_memo[t.name] = result
         return result
+
+    def local_descendants(self, source: gs.Tensor) -> set[str]:
+        """``descendants`` of ``source`` within the unrolled loops: the walk stops at time-free
+        tensors (the full stack of a loop's outputs is a whole-sequence tensor), so a later loop
+        that reads that stack is not taken as part of this one's steps."""
+        memo = self.__dict__.setdefault("_local_memo", {})
+        if source.name in memo:
+            return memo[source.name]
+        seen = {source.name}
+        stack = [source]
+        while stack:
+            t = stack.pop()
+            for node in t.outputs:
+                for out in node.outputs:
+                    if out.name not in seen and self.time_of(out):
+                        seen.add(out.name)
+                        stack.append(out)
+        memo[source.name] = seen
+        return seen
 
     def _visit(self, node: gs.Node) -> None:
         source = self._slice_source(node)
@@ -205,6 +224,6 @@ class Timeline:
         kept = []
         for c in cands:
             peers = [p for p in by_step[self.step(c)] if p is not c]
-            if not any(c.name in descendants(p) for p in peers):
+            if not any(c.name in self.local_descendants(p) for p in peers):
                 kept.append(c)
         return kept
