@@ -248,6 +248,47 @@ def test_gated_delta_loop_fuses_and_node_count_does_not_grow_with_T(B):
     assert counts[0] == counts[1]
 
 
+class GatedDeltaFLA(nn.Module):
+    """flash-linear-attention's naive recurrent form: the read-out is an einsum, g and β come as
+    [B, T, H] and are transposed with q, k, v; the state starts at zeros."""
+
+    def __init__(self, H=2, dk=4, dv=3):
+        super().__init__()
+        self.H, self.dk, self.dv = H, dk, dv
+        self.q, self.k, self.v = nn.Linear(F, H * dk), nn.Linear(F, H * dk), nn.Linear(F, H * dv)
+        self.a, self.b = nn.Linear(F, H), nn.Linear(F, H)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.H, self.dk) * self.dk ** -0.5
+        k = nn.functional.normalize(self.k(x).view(B, T, self.H, self.dk), dim=-1)
+        v = self.v(x).view(B, T, self.H, self.dv)
+        g, beta = nn.functional.logsigmoid(self.a(x)), torch.sigmoid(self.b(x))
+        q, k, v, beta, g = (t.transpose(1, 2).contiguous().to(torch.float32) for t in (q, k, v, beta, g))
+        h = torch.zeros(B, self.H, self.dk, self.dv)
+        outs = []
+        for i in range(T):
+            h = h * g[:, :, i].exp()[..., None, None]
+            b_v = v[:, :, i] - (h * k[:, :, i][..., None]).sum(-2)
+            b_v = b_v * beta[:, :, i][..., None]
+            h = h + k[:, :, i].unsqueeze(-1) * b_v.unsqueeze(-2)
+            outs.append(torch.einsum("bhd,bhdm->bhm", q[:, :, i], h))
+        return torch.stack(outs, dim=2), h
+
+
+def test_gated_delta_fla_naive_form_with_einsum_readout():
+    counts = []
+    for T in (4, 7):
+        torch.manual_seed(8)
+        model = export(GatedDeltaFLA(), (torch.randn(1, T, F),), ["x"], ["o", "S"])
+        fused, report = fuse(model, "GatedDeltaRuleScan")
+        assert report.remaining_per_timestep_ops.get("unrolled", 0) == 0
+        assert not [n for n in fused.graph.node if n.op_type in ("Einsum", "Exp")]
+        assert_parity(model, fused)
+        counts.append(len(fused.graph.node))
+    assert counts[0] == counts[1]
+
+
 def test_gated_delta_step_form():
     torch.manual_seed(4)
     model = export(GatedDeltaLoop(), (torch.randn(1, 1, F), torch.randn(1, 2, 4, 3)), ["x", "state.S"],

@@ -7,7 +7,8 @@ The step must be, with S [B, H, Dk, Dv], α_t = exp(g_t) broadcast to [B, H, 1, 
     S' = S·α_t;   kv = Σ_{Dk} S'·k_t[..., None];   δ = (v_t − kv)·β_t;   S_t = S' + k_t[..., None]·δ[..., None, :]
 
 (the two uses of S' may be one tensor or the same computation written twice), and each state
-may be read, besides by the next step, only by o_t = Σ_{Dk} S_t·q_t[..., None]. The read-outs become
+may be read, besides by the next step, only by o_t = Σ_{Dk} S_t·q_t[..., None] (a Mul and a ReduceSum,
+or Einsum('bhd,bhdm->bhm', q_t, S_t) as flash-linear-attention writes it). The read-outs become
 the op's o, the last state its S_last. Anything else is declined with what did not match.
 """
 
@@ -58,6 +59,27 @@ def _reduce_axis(node: gs.Node, rank: int) -> int | None:
     return int(axes.reshape(-1)[0]) % rank
 
 
+def _einsum_readout_query(node: gs.Node, state: gs.Tensor) -> gs.Tensor | None:
+    """q_t when ``node`` is Einsum('bhd,bhdm->bhm') of q_t and the state (either operand order,
+    any letters): Σ over the key axis of q_t[..., None]·S."""
+    if node.op != "Einsum" or len(node.inputs) != 2 or state not in node.inputs:
+        return None
+    equation = str(node.attrs.get("equation", "")).replace(" ", "")
+    if "->" not in equation or "..." in equation:
+        return None
+    lhs, out = equation.split("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        return None
+    s_index = 1 if node.inputs[1] is state else 0
+    s_term, q_term = terms[s_index], terms[1 - s_index]
+    if len(s_term) != 4 or len(q_term) != 3 or len(set(s_term)) != 4:
+        return None
+    if q_term != s_term[:3] or out != s_term[:2] + s_term[3]:
+        return None
+    return node.inputs[1 - s_index]
+
+
 def _same_tmpl(a: Tmpl, b: Tmpl) -> bool:
     """Same sub-template: one tensor, or the same op on the same operands (S·α written twice)."""
     if a is b or a.tensor.name == b.tensor.name:
@@ -74,7 +96,7 @@ def _same_tmpl(a: Tmpl, b: Tmpl) -> bool:
         a.node.op in ("Mul", "Add") and all(_same_tmpl(x, y) for x, y in zip(a.children, b.children[::-1])))
 
 
-def match_gated_delta(root: Tmpl):
+def match_gated_delta(root: Tmpl, same_leaf=lambda a, b: a.name == b.name):
     """(α leaf, k column leaf, v leaf, β leaf) of S_t = S·α + k_col·(δ)[.., None, :], or a reason."""
     for decayed, correction in pairs(root, "Add"):
         dec = None
@@ -96,7 +118,7 @@ def match_gated_delta(root: Tmpl):
                 v_t, red = diff
                 prods = red.children[0]
                 for s_dec, k_col2 in pairs(prods, "Mul"):
-                    if k_col2.kind == "leaf" and k_col2.tensor.name == k_col.tensor.name and _same_tmpl(s_dec, decayed):
+                    if k_col2.kind == "leaf" and same_leaf(k_col2.tensor, k_col.tensor) and _same_tmpl(s_dec, decayed):
                         return dec.tensor, k_col.tensor, v_t.tensor, beta.tensor, red.node, delta_row.node
             return "the correction is not k_t ⊗ ((v_t − Σ S'·k_t) · β_t)"
     return "the step is not S·α_t + k_t ⊗ δ_t with S·α_t the decayed state"
@@ -113,7 +135,18 @@ class GatedDeltaRuleScanPass(UnrolledPass):
     def rewrite_chain(self, graph, ctx, chain, lifter, emit) -> dict:
         shapes = lifter.shapes
         tl = lifter.tl
-        found = match_gated_delta(chain.structural_links[0])
+        def same_leaf(x, y):  # one tensor, or k_t[..., None] written twice (axis 3 or −1)
+            if x.name == y.name:
+                return True
+            try:
+                if lifter.key(x) == lifter.key(y):
+                    return True
+            except NotLiftable:
+                return False
+            inner_x, inner_y = _unsqueezed_at(x, -1, 4), _unsqueezed_at(y, -1, 4)
+            return inner_x is not None and inner_y is not None and same_leaf(inner_x, inner_y)
+
+        found = match_gated_delta(chain.structural_links[0], same_leaf)
         if isinstance(found, str):
             raise NotLiftable(found)
         alpha, k_col, v_t, beta, red, delta_row = found
@@ -149,7 +182,14 @@ class GatedDeltaRuleScanPass(UnrolledPass):
             for node in state.outputs:
                 if id(node) in link_nodes:
                     continue
-                q_t = None
+                q_t = _einsum_readout_query(node, state)
+                if q_t is not None:  # flash-linear-attention's einsum('bhd,bhdm->bhm', q_t, S)
+                    if found_readout is not None or shapes.shape(q_t) != (b, h, dk) \
+                            or tl.time_of(q_t) - {chain.first_frame + i - 1}:
+                        raise NotLiftable(f"state {state.name!r} is read by more than one read-out")
+                    found_readout = node.outputs[0]
+                    q_ts.append(q_t)
+                    continue
                 if node.op == "Mul" and len(node.inputs) == 2:
                     other = node.inputs[1] if node.inputs[0] is state else node.inputs[0]
                     q_t = _unsqueezed_at(other, -1, 4)
