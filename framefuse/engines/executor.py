@@ -36,7 +36,7 @@ from onnx import helper, numpy_helper
 
 # IOSpec and the errors live in base.py (shared by every backend); re-exported for old imports.
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec  # noqa: F401
-from framefuse.engines.ops import OPS, OpDef, UnsupportedOpError, torch_dtype
+from framefuse.engines.ops import OPS, OpDef, UnsupportedOpError, tensor_from_numpy, tensor_to_proto, torch_dtype
 from framefuse.errors import FrameFuseError
 
 FRAMEFUSE_DOMAIN = "framefuse"
@@ -297,7 +297,7 @@ class GraphExecutor:
         """Initializers on the device, uploaded once and shared by every plan."""
         if self._weights is None:
             self._weights = {
-                name: torch.from_numpy(np.array(value, copy=True)).to(self.device)
+                name: tensor_from_numpy(value).to(self.device)  # bf16-aware (ml_dtypes arrays)
                 for name, value in self.initializers.items()
             }
         return self._weights
@@ -467,7 +467,7 @@ class GraphExecutor:
         initializers = []
         for name in sorted(used):
             if name in plan.constants and name not in plan.input_specs:
-                initializers.append(numpy_helper.from_array(plan.constants[name].detach().cpu().numpy(), name))
+                initializers.append(tensor_to_proto(plan.constants[name], name))
         elem = {v: k for k, v in _ONNX_ELEM.items()}
         inputs = [
             helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape)) for spec in plan.input_specs.values()

@@ -503,7 +503,7 @@ def _constant_check(attrs, n_inputs):
 def _constant(ins, attrs, n):
     # Evaluated once at build time (a node without inputs is folded); the executor moves the
     # result to the engine's device.
-    return [torch.from_numpy(np.array(_constant_value(attrs)))]
+    return [tensor_from_numpy(_constant_value(attrs))]
 
 
 @_op("ConstantOfShape", host_inputs=(0,))
@@ -835,3 +835,87 @@ def _gru(ins, attrs, n):
 
 def supported_op_types() -> list[str]:
     return sorted(OPS)
+
+
+# ---------------------------------------------------------------------------------------------
+# quantization (framefuse.precision int8 graphs). A DequantizeLinear of a constant int8 weight is
+# all-constant, so the executor folds it at planning time: the weight is dequantised once at load and
+# the GEMM runs in the activation dtype. Activation QuantizeLinear → DequantizeLinear pairs run for
+# real every frame (round, saturate, rescale: fake quantisation in torch), so the engine sees the
+# same rounding error ONNX Runtime and TensorRT do.
+
+_QRANGE = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-32768, 32767)}
+
+
+def _q_check(attrs, n_inputs):
+    if int(attrs.get("block_size", 0) or 0) != 0:
+        return "blocked quantization (block_size) is not supported"
+    if int(attrs.get("saturate", 1)) != 1:
+        return "saturate=0 is for float8 types, which the engine does not run"
+    return None
+
+
+def _q_broadcast(param: torch.Tensor, x: torch.Tensor, axis: int) -> torch.Tensor:
+    """A per-tensor parameter as is; a per-axis one shaped to broadcast along ``axis``."""
+    if param.dim() == 0:
+        return param
+    shape = [1] * x.dim()
+    shape[_axis(axis, x.dim())] = param.numel()
+    return param.reshape(shape)
+
+
+@_op("QuantizeLinear", check=_q_check)
+def _quantize_linear(ins, attrs, n):
+    x, scale = ins[0], ins[1]
+    zero = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    out_dtype = zero.dtype if zero is not None else torch.uint8
+    if out_dtype not in _QRANGE:
+        raise UnsupportedOpError(f"QuantizeLinear to {out_dtype} is not supported (int8, uint8, int16)")
+    axis = int(attrs.get("axis", 1))
+    compute = torch.float32
+    s = _q_broadcast(scale.to(compute), x, axis)
+    q = torch.round(x.to(compute) / s)  # round half to even, as ONNX
+    if zero is not None:
+        q = q + _q_broadcast(zero.to(compute), x, axis)
+    lo, hi = _QRANGE[out_dtype]
+    return [q.clamp(lo, hi).to(out_dtype)]
+
+
+@_op("DequantizeLinear", check=_q_check)
+def _dequantize_linear(ins, attrs, n):
+    x, scale = ins[0], ins[1]
+    zero = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    axis = int(attrs.get("axis", 1))
+    y = x.to(torch.float32)
+    if zero is not None:
+        y = y - _q_broadcast(zero.to(torch.float32), x, axis)
+    y = y * _q_broadcast(scale.to(torch.float32), x, axis)
+    return [y.to(scale.dtype)]
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 constants: numpy has no bfloat16 (onnx reads one as ml_dtypes.bfloat16, which torch
+# cannot wrap), so bf16 values cross between numpy and torch as their 16-bit patterns.
+
+
+def tensor_from_numpy(value: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` that also takes ml_dtypes.bfloat16 arrays (a copy, never a view)."""
+    value = np.array(value, copy=True)
+    if value.dtype.name == "bfloat16":
+        return torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(value)
+
+
+def tensor_to_proto(tensor: torch.Tensor, name: str):
+    """An ONNX initializer from a torch tensor, bfloat16 included."""
+    from onnx import TensorProto, numpy_helper
+
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype != torch.bfloat16:
+        return numpy_helper.from_array(tensor.numpy(), name)
+    proto = TensorProto()
+    proto.name = name
+    proto.data_type = TensorProto.BFLOAT16
+    proto.dims.extend(tensor.shape)
+    proto.raw_data = tensor.view(torch.int16).numpy().tobytes()
+    return proto

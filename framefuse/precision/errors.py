@@ -1,0 +1,18 @@
+"""Errors of the precision stage, each reported as one line and a non-zero exit."""
+
+from __future__ import annotations
+
+from framefuse.errors import FrameFuseError, ParityError
+
+
+class PrecisionError(FrameFuseError):
+    """A precision that is unknown, or that a graph or engine cannot be built in."""
+
+
+class CalibrationError(FrameFuseError):
+    """A calibration file (or array set) that does not fit the graph: names, shapes, dtypes, NaN/Inf,
+    no frames."""
+
+
+class AccuracyError(ParityError):
+    """A converted graph is outside the configured tolerance of its fp32 reference."""
