@@ -299,19 +299,30 @@ def _framefuse_storage(graph, low: int) -> None:
 
 def _keep_output_types(graph, original) -> None:
     """The converter ends a blocked node that feeds a graph output with a Cast to fp16 even under
-    ``keep_io_types``; a graph output keeps its declared (fp32) type."""
+    ``keep_io_types``; a graph output keeps its declared type, taken from the Cast's *input* (so a
+    value kept fp32 is not rounded on its way out). Internal consumers of that output (a state that
+    is also used in the frame) keep the low-precision value they were converted for."""
     declared = {o.name: o.type.tensor_type.elem_type for o in original.output}
     producers = _producers(graph)
+    taken = {name for node in graph.node for name in list(node.input) + list(node.output)}
+    added = []
     for out in graph.output:
         want = declared.get(out.name)
         node = producers.get(out.name)
         if want is None or node is None:
             continue
         out.type.tensor_type.elem_type = want
-        if _cast_to(node) not in (None, want):
-            for attr in node.attribute:
-                if attr.name == "to":
-                    attr.i = want
+        to = _cast_to(node)
+        if to in (None, want):
+            continue
+        low_name = _unique(f"{out.name}/low", taken)
+        node.output[0] = low_name
+        for other in graph.node:
+            for k, name in enumerate(other.input):
+                if name == out.name:
+                    other.input[k] = low_name
+        added.append(helper.make_node("Cast", [node.input[0]], [out.name], to=want, name=_unique(f"{out.name}/out_cast", taken)))
+    graph.node.extend(added)
 
 
 def _set_value_type(graph, types: Mapping[str, int]) -> None:
