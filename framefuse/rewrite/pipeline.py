@@ -174,6 +174,23 @@ def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str
             counts["unrolled"] = len(found)
         else:
             counts["unrolled"] = int(found)
+    # A loop the passes never recognised must not read as 0: the graph's own repeated, chained step
+    # structure is counted independently (framefuse.rewrite.steps) and the larger count is kept.
+    from framefuse.rewrite.steps import chained_step_nodes
+
+    try:
+        independent = chained_step_nodes(graph)
+    except Exception as exc:  # noqa: BLE001 - a counting failure is reported, never silently 0
+        independent = []
+        if notes is not None:
+            notes.append(f"the independent per-step count failed ({type(exc).__name__}: {exc})")
+    passes_count = sum(v for k, v in counts.items() if k.startswith("unrolled"))
+    if len(independent) > passes_count:
+        counts["unrolled"] = counts.get("unrolled", 0) + len(independent) - passes_count
+        if notes is not None:
+            names = ", ".join(sorted({n.name for n in independent})[:3])
+            notes.append(f"{len(independent)} ops are chained copies of one step (e.g. {names}) although no pass "
+                         "recognised their loop: counted as per-timestep ops left")
     return counts
 
 

@@ -9,6 +9,7 @@ per-step inputs over all steps (``lift``) and replace the chain with one ``frame
 - ``remaining_recurrence_ops(graph)``: per-step recurrent ops left unfused.
 """
 
+from framefuse.rewrite.unrolled.chunked import ChunkedScanReportPass
 from framefuse.rewrite.unrolled.common import remaining_recurrence_ops, restack
 from framefuse.rewrite.unrolled.delta import DeltaRuleScanPass
 from framefuse.rewrite.unrolled.gated_delta import GatedDeltaRuleScanPass
@@ -16,13 +17,16 @@ from framefuse.rewrite.unrolled.linear import LinearScanPass
 from framefuse.rewrite.unrolled.liquid import LiquidScanPass
 from framefuse.rewrite.unrolled.mlstm import MLSTMScanPass
 from framefuse.rewrite.unrolled.selective import SelectiveScanPass
+from framefuse.rewrite.unrolled.stacking import OutputStackingPass
 from framefuse.rewrite.unrolled.wkv import WKVScanPass
 
 # Non-linear recurrences first (each matches an exact structure), the general linear one last:
 # it reports, for every chain still left, why it is not a linear recurrence.
 # SelectiveScan before LinearScan: a Mamba recurrence is also linear, the more specific op wins.
 # WKVScan first: its running max is a Max chain that MLSTMScan would otherwise try and decline.
-PASSES = [WKVScanPass(), LiquidScanPass(), GatedDeltaRuleScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass()]
+# OutputStackingPass first: in-place writes out[:, t] = h are a stack, not a recurrence to try.
+PASSES = [OutputStackingPass(), WKVScanPass(), LiquidScanPass(), GatedDeltaRuleScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass(),
+          ChunkedScanReportPass()]
 
 __all__ = [
     "PASSES", "DeltaRuleScanPass", "LinearScanPass", "LiquidScanPass", "MLSTMScanPass", "SelectiveScanPass",

@@ -151,10 +151,18 @@ def _match_backward(tm: Tmpl, w: gs.Tensor, lifter: Lifter, binding: dict) -> bo
             return False
     node = producer(w)
     if node is None or node_key(node) != node_key(tm.node) or len(node.inputs) != len(tm.children):
+        if _is_noop_cast(tm, lifter) and match_backward(tm.children[0], w, lifter, binding):
+            return True  # h.to(h.dtype) in later steps, folded away where h_0 is a constant
         return _match_folded(tm, w, binding)
     if node.outputs.index(w) != tm.node.outputs.index(tm.tensor):
         return False
     return all(match_backward(c, i, lifter, binding) for c, i in zip(tm.children, node.inputs))
+
+
+def _is_noop_cast(tm: Tmpl, lifter: Lifter) -> bool:
+    if tm.kind != "node" or len(tm.children) != 1:
+        return False
+    return lifter._is_noop(tm.node)
 
 
 FOLDED_ZEROS_SUFFIX = "/initial_state_zeros"

@@ -9,11 +9,14 @@ import onnx_graphsurgeon as gs
 from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext
 from framefuse.rewrite.unrolled.chains import DATA_MOVEMENT, Chain, find_chains
 from framefuse.rewrite.unrolled.graphutil import (
-    Emitter, NotLiftable, is_framefuse, replace_producer, tensors_between,
+    Emitter,
+    NotLiftable,
+    is_framefuse,
+    replace_producer,
+    tensors_between,
 )
 from framefuse.rewrite.unrolled.lift import Lifter
 from framefuse.rewrite.unrolled.timeline import Timeline
-
 
 MAX_ROUNDS = 256
 
@@ -114,12 +117,21 @@ def restack(graph: gs.Graph, ctx: RewriteContext) -> int:
             emit = Emitter(graph, ctx, prefix=ctx.unique_name("restack"))
             lifter = Lifter(tl, emit, len(inputs))
             try:
-                keys = {lifter.key(t) for t in inputs}
-                if len(keys) != 1:
+                keys = [lifter.key(t) for t in inputs]
+                # A first step left outside a fused scan (computed around a constant h_0) is
+                # stacked in front of the lifted copies of the others.
+                head = 1 if len(set(keys[1:])) == 1 and keys[0] != keys[1] and len(inputs) > 2 else 0
+                if len(set(keys[head:])) != 1:
                     continue
-                lifted = lifter.lift(inputs[0])
+                if head:
+                    lifter = Lifter(tl, emit, len(inputs) - 1, first_frame=1)
+                lifted = lifter.lift(inputs[head])
                 shape = tl.shapes.need_shape(inputs[0])
                 out_shape = tl.shapes.need_shape(node.outputs[0])
+                dtype = tl.shapes.dtype(inputs[0])
+                if head:
+                    first = emit.unsqueeze(inputs[0], [0], (1, *shape), dtype)
+                    lifted = emit.node("Concat", [first, lifted], (len(inputs), *shape), dtype, attrs={"axis": 0})
             except NotLiftable:
                 _discard(graph, emit.new_nodes)
                 continue

@@ -79,7 +79,7 @@ class Lifter:
         elif t.name in self.tl.slices:
             src = self.tl.slices[t.name]
             key = ("slice", self.static_key(src.source), src.axis, src.keepdim)
-        elif producer(t).op == "Identity":
+        elif self._is_noop(producer(t)):
             key = self.key(producer(t).inputs[0])
         else:
             node = producer(t)
@@ -98,7 +98,7 @@ class Lifter:
             return self._lifted[key]
         if t.name in self.tl.slices:
             lifted = self._lift_slice(t)
-        elif producer(t).op == "Identity":
+        elif self._is_noop(producer(t)):
             lifted = self.lift(producer(t).inputs[0])
         else:
             node = producer(t)
@@ -111,6 +111,16 @@ class Lifter:
                 raise NotLiftable(f"output {t.name!r} of {node.op} node {node.name!r} could not be lifted")
         self._lifted[key] = lifted
         return lifted
+
+    def _is_noop(self, node: gs.Node) -> bool:
+        """Identity, or a Cast to the type its input already has (``.to(dtype)`` in transformers):
+        copies of one computation with and without it are the same computation."""
+        if node.op == "Identity":
+            return True
+        if node.op != "Cast" or not node.inputs:
+            return False
+        src, dst = self.dtype(node.inputs[0]), self.dtype(node.outputs[0])
+        return src is not None and src == dst
 
     def shape(self, t) -> tuple[int, ...]:
         return self.shapes.need_shape(t)

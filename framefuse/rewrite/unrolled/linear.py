@@ -223,9 +223,15 @@ class LinearScanPass(UnrolledPass):
             if shapes.shape(h) != state_shape:
                 raise NotLiftable(f"state {h.name!r} has shape {shapes.shape(h)}, expected {state_shape}")
         coeffs = [affine(link) for link in chain.structural_links]
-        sig0 = [expr_signature(e, lifter) for e in coeffs[0]]
-        for i, pair in enumerate(coeffs[1:], start=1):
-            if [expr_signature(e, lifter) for e in pair] != sig0:
+        sigs = [[expr_signature(e, lifter) for e in pair] for pair in coeffs]
+        if len(sigs) > 2 and sigs[0] != sigs[1] and all(sig == sigs[1] for sig in sigs[2:]) \
+                and const_value(chain.states[0]) is not None and not chain.folded_first:
+            # Constant folding rewrote the first step around the constant h_0 (-h_0 became a
+            # constant). The step is the same function of its frame as the others: their
+            # coefficients, lifted over every frame, give it too (ORT parity is checked).
+            coeffs, sigs = coeffs[1:], sigs[1:]
+        for i, sig in enumerate(sigs[1:], start=1):
+            if sig != sigs[0]:
                 raise NotLiftable(f"step {i} has different coefficients than step 0")
         a_expr, b_expr = coeffs[0]
         if a_expr is None:

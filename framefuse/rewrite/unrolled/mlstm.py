@@ -133,6 +133,15 @@ class MLSTMScanPass(UnrolledPass):
         m_shape = shapes.need_shape(chain.states[-1])
         if shapes.dtype(chain.states[-1]) != np.float32:
             raise NotLiftable("the mLSTM state is not float32 (lower the precision after the rewrite)")
+        eps = self._denominator_eps(chain.states[-1])
+        if eps is not None:
+            value, node = eps
+            raise NotLiftable(f"the read-out divides by max(|n_t·q_t|, exp(−m_t)) + ε with ε = {value:g} ({node.op} node "
+                              f"{node.name!r}); MLSTMScan's read-out has no ε, so this is not its recurrence "
+                              "(MLSTMScan would need an eps attribute)")
+        if len(m_shape) == 3 and m_shape[2] == 1:
+            raise NotLiftable(f"mLSTM stabiliser m is {m_shape} ([B, H, 1], transformers' layout): only the [B, H] "
+                              "layout with C = v⊗k is matched; this step's C/n/read-out layout was not proven")
         if len(m_shape) != 2:
             raise NotLiftable(f"mLSTM stabiliser m must be [B, H], got {m_shape}")
         b, h = m_shape
@@ -227,6 +236,27 @@ class MLSTMScanPass(UnrolledPass):
         replace_producer(n_states[-1][1], outs[2], graph, emit)
         replace_producer(chain.states[-1], outs[3], graph, emit)
         return {"node": node, "steps": steps, "state_shape": [b, h, dv, dk]}
+
+    @staticmethod
+    def _denominator_eps(m_new):
+        """(ε, node) when exp(−m_t) feeds max(·, ·) + ε (a stabilised read-out with an epsilon)."""
+        for neg in m_new.outputs:
+            if neg.op != "Neg":
+                continue
+            for ex in neg.outputs[0].outputs:
+                if ex.op != "Exp":
+                    continue
+                for mx in ex.outputs[0].outputs:
+                    if mx.op != "Max":
+                        continue
+                    for add in mx.outputs[0].outputs:
+                        if add.op != "Add":
+                            continue
+                        other = add.inputs[1] if add.inputs[0] is mx.outputs[0] else add.inputs[0]
+                        value = const_value(other)
+                        if value is not None and value.size == 1 and float(value.reshape(-1)[0]) != 0.0:
+                            return float(value.reshape(-1)[0]), add
+        return None
 
     def _state_shapes(self, f_act, shapes, b, h):
         """The shapes of the states that f' gates (via its broadcast Muls)."""

@@ -1,0 +1,60 @@
+"""Chunked (parallel) forms of a scan, such as Mamba2's SSD: recognised and declined, by name.
+
+A chunked scan has no per-step loop: the decay between positions s ≤ t of a chunk is
+exp(Σ_{s<u≤t} log a_u), computed for all pairs at once as a *segment sum* of a CumSum
+(``cumsum[t] − cumsum[s]``, masked to t ≥ s) and passed through Exp, and the chunks are chained
+through a short loop over the chunk states. Mapping that to SelectiveScan would need a proof that
+the masked segment-sum matrices, the intra-chunk products and the inter-chunk recurrence together
+equal the per-step recurrence; that proof is not implemented, so such graphs are reported (with
+the CumSum and Exp named) instead of passing silently as "nothing to fuse".
+"""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from framefuse.rewrite.base import Declined, PassResult, RewriteContext
+from framefuse.rewrite.unrolled.graphutil import is_framefuse
+
+# What may sit between the CumSum and the Exp of a segment sum (broadcasts, the pairwise
+# difference, the causal mask, a transpose of the chunk axes).
+_SEGSUM_PATH = {"Sub", "Where", "Unsqueeze", "Expand", "Reshape", "Transpose", "Slice", "Gather", "Mul",
+                "CumSum", "Cast", "Identity", "Squeeze", "Add", "Neg"}
+_DEPTH = 8
+
+
+class ChunkedScanReportPass:
+    name = "unrolled-chunked-scan"
+
+    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
+        result = PassResult()
+        seen_exp: set[str] = set()
+        for node in graph.nodes:
+            if node.op != "CumSum" or is_framefuse(node):
+                continue
+            exp = _segment_exp(node)
+            if exp is None or exp.name in seen_exp:
+                continue
+            seen_exp.add(exp.name)
+            result.declined.append(Declined(
+                self.name, f"CumSum {node.name!r} → Exp {exp.name!r}",
+                "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum (the Mamba2 "
+                "SSD form) rather than a per-step recurrence. It is not mapped to SelectiveScan: proving the "
+                "chunked form equal to the per-step recurrence is not implemented; export the model's "
+                "per-step path (a loop over time) to fuse it"))
+        return result
+
+
+def _segment_exp(cumsum: gs.Node) -> gs.Node | None:
+    """The Exp reached from ``cumsum`` through a pairwise difference (a Sub) within _DEPTH nodes."""
+    frontier = [(cumsum.outputs[0], False)]
+    for _ in range(_DEPTH):
+        nxt = []
+        for t, subtracted in frontier:
+            for node in t.outputs:
+                if node.op == "Exp" and subtracted:
+                    return node
+                if node.op in _SEGSUM_PATH and node.outputs:
+                    nxt.append((node.outputs[0], subtracted or node.op == "Sub" or node.op == "CumSum"))
+        frontier = nxt
+    return None

@@ -1,0 +1,144 @@
+"""Output stacking written as in-place writes or growing concatenations, turned into one stack.
+
+``out[:, t] = h`` in a Python loop exports as a chain of T ``ScatterND`` nodes (each writes one
+frame into the buffer the previous one returned); ``out = torch.cat([out, h[:, None]], 1)`` as a
+chain of T ``Concat`` nodes. Both carry the buffer from step to step, so they look like a
+recurrence that is not one. This pass rewrites them, exactly, into one node over all steps:
+
+- a ScatterND chain whose indices are constants and whose writes never overlap becomes
+  ``ScatterND(base, stack(indices), stack(updates))``: ONNX applies all updates of one
+  ScatterND, and with disjoint indices the order of writes does not matter;
+- a Concat whose input is another Concat over the same axis (read by nothing else) is merged
+  into it (concatenation is associative).
+
+``stack(updates)`` is a Concat of size-1 slices, the collector the Timeline and ``restack``
+understand, so once the recurrence is fused the per-step reads are lifted as for ``torch.stack``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from framefuse.rewrite.base import Match, PassResult, RewriteContext
+from framefuse.rewrite.unrolled.graphutil import Emitter, Shapes, const_value, is_framefuse, producer
+
+MIN_WRITES = 2
+
+
+class OutputStackingPass:
+    name = "unrolled-output-stacking"
+
+    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
+        result = PassResult()
+        merged = _merge_concats(graph)
+        if merged:
+            result.matches.append(Match(self.name, "Concat", "(merged)", [], {"merged_concats": merged}))
+        graph.cleanup().toposort()
+        shapes = None
+        for node in list(graph.nodes):
+            if node.op != "ScatterND" or is_framefuse(node) or node not in graph.nodes:
+                continue
+            if _next_scatter(graph, node) is not None:
+                continue  # not the last write of a chain
+            chain = _scatter_chain(graph, node)
+            if len(chain) < MIN_WRITES:
+                continue
+            shapes = shapes or Shapes(graph)
+            replaced = _replace_chain(graph, ctx, chain, shapes)
+            if replaced is not None:
+                result.matches.append(Match(self.name, "ScatterND", replaced.name, [n.name for n in chain],
+                                            {"writes": len(chain)}))
+        graph.cleanup().toposort()
+        return result
+
+
+def _merge_concats(graph: gs.Graph) -> int:
+    merged = 0
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.nodes:
+            if node.op != "Concat" or is_framefuse(node):
+                continue
+            axis = int(node.attrs.get("axis", 0))
+            # torch.cat([empty, h]) starts a growing concat from a zero-length buffer: drop it.
+            empty = [t for t in node.inputs if t.shape is not None and len(t.shape) > 0
+                     and isinstance(t.shape[axis], int) and t.shape[axis] == 0]
+            if empty and len(empty) < len(node.inputs):
+                kept = [t for t in node.inputs if all(t is not e for e in empty)]
+                node.inputs.clear()
+                node.inputs.extend(kept)
+                merged += 1
+                changed = True
+                break
+            for k, t in enumerate(node.inputs):
+                inner = producer(t)
+                if inner is None or inner.op != "Concat" or is_framefuse(inner) or len(t.outputs) != 1 \
+                        or t in graph.outputs or int(inner.attrs.get("axis", 0)) != axis:
+                    continue
+                rank_out = len(node.outputs[0].shape or [])
+                rank_in = len(t.shape or [])
+                if axis < 0 and (not rank_out or rank_out != rank_in):
+                    continue  # a negative axis is the same axis only at the same rank
+                spliced = [*node.inputs[:k], *inner.inputs, *node.inputs[k + 1:]]
+                node.inputs.clear()
+                node.inputs.extend(spliced)
+                merged += 1
+                changed = True
+                break
+    return merged
+
+
+def _next_scatter(graph: gs.Graph, node: gs.Node) -> gs.Node | None:
+    out = node.outputs[0]
+    if len(out.outputs) == 1 and out not in graph.outputs:
+        nxt = out.outputs[0]
+        if nxt.op == "ScatterND" and nxt.inputs[0] is out:
+            return nxt
+    return None
+
+
+def _scatter_chain(graph: gs.Graph, last: gs.Node) -> list[gs.Node]:
+    """The ScatterND nodes writing into one buffer, first to ``last``."""
+    chain = [last]
+    while True:
+        data = chain[-1].inputs[0]
+        prev = producer(data)
+        if prev is None or prev.op != "ScatterND" or is_framefuse(prev) or len(data.outputs) != 1 \
+                or data in graph.outputs:
+            break
+        chain.append(prev)
+    return chain[::-1]
+
+
+def _replace_chain(graph: gs.Graph, ctx: RewriteContext, chain: list[gs.Node], shapes: Shapes) -> gs.Node | None:
+    if any(n.attrs.get("reduction", "none") not in ("none", b"none") for n in chain):
+        return None
+    indices = [const_value(n.inputs[1]) for n in chain]
+    if any(i is None for i in indices) or len({i.shape for i in indices}) != 1:
+        return None
+    base = chain[0].inputs[0]
+    base_shape = shapes.shape(base)
+    update_shapes = {shapes.shape(n.inputs[2]) for n in chain}
+    if base_shape is None or len(update_shapes) != 1 or None in update_shapes:
+        return None
+    depth = indices[0].shape[-1]
+    # Disjoint writes: every index tuple (a slice of the trailing axes each) is written once.
+    flat = np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1, depth) for i in indices])
+    flat = np.where(flat < 0, flat + np.asarray(base_shape[:depth]), flat)
+    if len({tuple(row) for row in flat.tolist()}) != len(flat):
+        return None
+    emit = Emitter(graph, ctx, prefix=ctx.unique_name("output_stack"))
+    (update_shape,) = update_shapes
+    dtype = shapes.dtype(chain[0].inputs[2])
+    pieces = [emit.unsqueeze(n.inputs[2], [0], (1, *update_shape), dtype) for n in chain]
+    stacked = emit.node("Concat", pieces, (len(chain), *update_shape), dtype, attrs={"axis": 0})
+    all_indices = emit.const(np.stack([np.asarray(i, dtype=np.int64) for i in indices]))
+    out = chain[-1].outputs[0]
+    node_out = emit.node("ScatterND", [base, all_indices, stacked], tuple(base_shape), shapes.dtype(out))
+    new_node = producer(node_out)
+    # The fused write takes over the chain's output tensor (graph outputs and readers stay wired).
+    chain[-1].outputs.clear()
+    new_node.outputs[0] = out
+    return new_node
