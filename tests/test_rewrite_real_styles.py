@@ -296,3 +296,23 @@ def test_transformers_eager_attention_with_two_casts_is_fused():
             return self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state
 
     check(export(WithMask(), (torch.randint(0, 50, (2, 8)),)), ["Attention"])
+
+
+def test_chunked_segment_sum_scan_is_reported_not_silently_left():
+    class SegmentSum(nn.Module):
+        """y = (exp(segsum(log a)) masked to s ≤ t) @ x: one chunk of an SSD-style scan."""
+
+        def forward(self, log_a, x):
+            cs = torch.cumsum(log_a, -1)
+            seg = cs[:, :, None] - cs[:, None, :]
+            steps = log_a.shape[-1]
+            mask = torch.tril(torch.ones(steps, steps, dtype=torch.bool))
+            return torch.exp(seg.masked_fill(~mask, float("-inf"))) @ x
+
+    model = export(SegmentSum(), (-torch.rand(2, 6), torch.randn(2, 6, 4)))
+    fused, report = rewrite_model(model)
+    chunked = [d for d in report.declined if d.pass_name == "unrolled-chunked-scan"]
+    assert len(chunked) == 1, report.declined
+    assert "CumSum" in chunked[0].where and "Exp" in chunked[0].where
+    assert "SelectiveScan" in chunked[0].reason
+    assert framefuse_ops(fused) == []

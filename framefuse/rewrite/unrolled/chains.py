@@ -487,6 +487,8 @@ def _complete_once(tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last:
             return None, ChainProblem(where, f"no final step computed like the others after {last.name}")
         states = [h0, *seq, h_last]
         links = [first, *links, template(h_last, last)]
+    if len({s.name for s in states}) != len(states):
+        return None, None  # a tensor feeding itself through a later step is no chain of states
     chain = Chain(states, links, "sequence", folded_first=h0.name.endswith(FOLDED_ZEROS_SUFFIX))
     problem = check_frames(tl, chain)
     if problem:
