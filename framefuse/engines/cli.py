@@ -58,6 +58,20 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--calib", metavar="FILE", help="calibration frames (.npz) for --precision int8")
     parser.add_argument(
+        "--accuracy-frames",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="fp16/bf16/int8: frames of the accuracy gate against fp32 (step rollout; default 1000; 0 skips the gate)",
+    )
+    parser.add_argument(
+        "--accuracy-tolerance",
+        type=float,
+        default=None,
+        metavar="TOL",
+        help="the gate's tolerance (atol = rtol; default: the config's tolerance for the precision)",
+    )
+    parser.add_argument(
         "--framefuse-impl",
         choices=["kernel", "reference"],
         default=None,
@@ -113,9 +127,15 @@ def resolve_source(source: str, engine: str = "cuda-graph", fused: bool = False)
     return path
 
 
-def convert_precision(source: Path, precision: str, calib: str | None, out_dir: Path, log) -> Path:
+def convert_precision(
+    source: Path, precision: str, calib: str | None, out_dir: Path, log, *, engine: str | None = None, gate=None
+) -> Path:
     """``source`` converted by framefuse.precision.convert_model, saved as model.<precision>.onnx
-    in ``out_dir`` (so the artifact records it as its source); fp32 is ``source`` itself."""
+    in ``out_dir`` (so the artifact records it as its source); fp32 is ``source`` itself.
+
+    ``gate`` = (frames, tolerance or None): the accuracy report against ``source`` runs before
+    anything is written; beyond tolerance the build fails (AccuracyError), else the report is
+    written beside as accuracy.<precision>.json."""
     from framefuse.engines.base import EngineBuildError
 
     if precision == "fp32":
@@ -137,10 +157,29 @@ def convert_precision(source: Path, precision: str, calib: str | None, out_dir: 
     manifest = source.parent / "manifest.json"
     if manifest.is_file():
         config = (json.loads(manifest.read_text()) or {}).get("config")
+    from framefuse.precision.convert import unsupported_reason
+
+    reason = unsupported_reason(engine, precision) if engine else None
+    if reason is not None:
+        raise EngineBuildError(reason)
     model = convert_model(onnx.load(str(source)), precision, calib=calib, config=config)
+    report = None
+    if gate is not None and gate[0] > 0:
+        from framefuse.precision import AccuracyError, accuracy_report
+
+        frames, tolerance = gate
+        if tolerance is None:
+            tolerance = ((config or {}).get("tolerance") or {}).get(precision)
+        log(f"accuracy gate: {precision} vs fp32 over {frames} frames ...")
+        report = accuracy_report(source, model, frames=frames, precision=precision, tolerance=tolerance)
+        if not report.passed:
+            raise AccuracyError(f"{source}: {precision} build rejected, " + "; ".join(report.failures()))
+        log(report.table())
     stem = source.name.removesuffix(".onnx")
     target = out_dir / f"{stem}.{precision}.onnx"
     artifact.write_atomic(target, lambda raw: raw.write(model.SerializeToString()))
+    if report is not None:
+        report.write(out_dir / f"accuracy.{precision}.json")
     log(f"precision: {source.name} -> {target} ({precision})")
     return target
 
@@ -187,7 +226,8 @@ def run(args) -> int:
     source = resolve_source(args.source, engine, args.fused)
     out = Path(args.out) if args.out else source.parent
     out_dir = out if out.suffix != kind.suffix else out.parent
-    source = convert_precision(source, args.precision, args.calib, out_dir, log)
+    gate = (getattr(args, "accuracy_frames", 1000), getattr(args, "accuracy_tolerance", None))
+    source = convert_precision(source, args.precision, args.calib, out_dir, log, engine=engine, gate=gate)
     backend = get_backend(engine)
     log(f"building the {engine} engine of {source} ...")
     start = time.perf_counter()

@@ -92,6 +92,18 @@ def convert_model(
     return quantize_int8(model, calib=calib, config=config, keep_fp32=keep)
 
 
+def unsupported_reason(engine: str, precision: str) -> str | None:
+    """None when ``engine`` can run graphs of ``precision``; else one line saying why not."""
+    if precision not in PRECISIONS:
+        return f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}"
+    if engine == "onnxruntime" and precision == "bf16":
+        return (
+            "the onnxruntime engine cannot run bf16: ONNX Runtime's CPU provider has no bfloat16 kernels for "
+            "MatMul/Gemm and most elementwise ops; build bf16 with --engine cuda-graph or tensorrt"
+        )
+    return None
+
+
 def _load(path: Path) -> onnx.ModelProto:
     if not path.is_file():
         raise PrecisionError(f"{path}: no such ONNX file")
