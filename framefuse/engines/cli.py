@@ -157,7 +157,7 @@ def convert_precision(
     manifest = source.parent / "manifest.json"
     if manifest.is_file():
         config = (json.loads(manifest.read_text()) or {}).get("config")
-    from framefuse.precision.convert import unsupported_reason
+    from framefuse.precision import unsupported_reason
 
     reason = unsupported_reason(engine, precision) if engine else None
     if reason is not None:

@@ -17,6 +17,7 @@ _EXPORTS = {
     "PRECISIONS": "framefuse.precision.convert",
     "convert_model": "framefuse.precision.convert",
     "to_low_precision": "framefuse.precision.convert",
+    "unsupported_reason": "framefuse.precision.convert",
     "quantize_int8": "framefuse.precision.quantize",
     "load_calibration": "framefuse.precision.calibration",
     "default_calibration": "framefuse.precision.calibration",
