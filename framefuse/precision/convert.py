@@ -264,7 +264,7 @@ def to_low_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Itera
     except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
         raise PrecisionError(f"{model.graph.name or '<model>'}: fp16 conversion failed: {exc}") from exc
     _keep_output_types(converted.graph, model.graph)
-    _framefuse_storage(converted.graph, TensorProto.FLOAT16)
+    _framefuse_storage(converted.graph, TensorProto.FLOAT16, keep)
     _drop_cast_round_trips(converted.graph)
     if precision == "bf16":
         _retype_bf16(converted.graph, originals)
@@ -277,7 +277,7 @@ def _op_types(graph) -> set[str]:
     return {node.op_type for node in graph.node}
 
 
-def _framefuse_storage(graph, low: int) -> None:
+def _framefuse_storage(graph, low: int, keep: set[str] = frozenset()) -> None:
     """Switch the ``T`` inputs/outputs of framefuse nodes (left fp32 by the converter) to ``low``:
     a Cast to ``low`` in front of each T input, and each T output renamed and cast back to fp32
     under its old name (the round trips with the converter's Casts are removed afterwards)."""
@@ -285,7 +285,7 @@ def _framefuse_storage(graph, low: int) -> None:
     taken |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        if node.domain != FRAMEFUSE_DOMAIN:
+        if node.domain != FRAMEFUSE_DOMAIN or node.name in keep or node.op_type in keep:
             new_nodes.append(node)
             continue
         in_dtypes, out_dtypes = _framefuse_dtypes(node)
