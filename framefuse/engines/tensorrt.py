@@ -181,7 +181,12 @@ def build_plan(
         for i, cc in enumerate(names):
             config.set_compute_capability(getattr(trt.ComputeCapability, cc), i)
     cache = None
-    if timing_cache is not None and hasattr(config, "create_timing_cache"):
+    if timing_cache is not None and flavour == "tensorrt_rtx":
+        # TensorRT-RTX >= 1.2 deprecates the timing cache ("Timing cache operations are no-ops in
+        # TensorRT-RTX"): its kernels are compiled just in time on the target GPU instead
+        say("timing cache: not used (a no-op in TensorRT for RTX)")
+        timing_cache = None
+    if timing_cache is not None:
         data = timing_cache.read_bytes() if timing_cache.is_file() else b""
         cache = config.create_timing_cache(data)
         config.set_timing_cache(cache, ignore_mismatch=False)

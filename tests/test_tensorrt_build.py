@@ -1,0 +1,173 @@
+"""The TensorRT backend's builder for real, with TensorRT for RTX (a CPU-only build works): every zoo
+architecture's unfused graph becomes a plan with metadata; corrupted, foreign and stale plans are
+refused; fused graphs are refused with the exact reason (tensorrt_rtx's parser aborts the process
+on a Python plugin: pinned in a subprocess, so a fixed tensorrt_rtx shows up here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from framefuse.engines import artifact as _artifact
+from framefuse.engines.base import EngineBuildError, EngineRunError
+from framefuse.models import ARCHITECTURES
+from framefuse.runtime.pipeline import prepare_cached
+
+trt = pytest.importorskip("tensorrt_rtx")
+fft = pytest.importorskip("framefuse.engines.tensorrt")
+
+SMALL = {"model": {"embed": 64, "layers": 1}, "seq": 8, "seed": 0}
+pytestmark = pytest.mark.skipif(fft._find_trt() is None or fft._find_trt()[1] != "tensorrt_rtx",
+                                reason="these facts are about tensorrt_rtx (full tensorrt is imported first here)")
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_unfused_zoo_graph_builds_a_plan_with_metadata(arch, tmp_path):
+    prepared = prepare_cached(arch, SMALL)["sequence"]
+    lines = []
+    runner = fft.build(prepared.onnx, out=tmp_path, log=lines.append)
+    plan, meta_file = tmp_path / "engine.plan", tmp_path / "engine.plan.json"
+    assert plan.is_file() and meta_file.is_file()
+    meta = json.loads(meta_file.read_text())
+    assert meta["flavour"] == "tensorrt_rtx" and meta["tensorrt_version"] == trt.__version__
+    assert meta["plan_bytes"] == plan.stat().st_size == len(runner.plan) > 0
+    assert meta["source"]["sha256"] == _artifact.sha256_file(prepared.onnx)
+    assert meta["precision"] == "fp32" and meta["strongly_typed"] is True and meta["plugins"] == {}
+    assert meta["compute_capability"] == "none (built without GPU)" or "." in meta["compute_capability"]
+    assert [d["name"] for d in meta["inputs"]] == runner.input_names
+    assert any("plan built" in line for line in lines)
+    # no temporary files left behind by the atomic writes
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.fixture(scope="module")
+def lstm_plan(tmp_path_factory):
+    prepared = prepare_cached("lstm", SMALL)
+    folder = tmp_path_factory.mktemp("lstm-plan")
+    source = folder / "model.onnx"
+    source.write_bytes(prepared["sequence"].onnx.read_bytes())
+    fft.build(source, out=folder)
+    return folder, source
+
+
+def test_load_checks_then_defers_the_gpu(lstm_plan):
+    folder, _ = lstm_plan
+    runner = fft.load(folder)
+    assert runner.summary()["flavour"] == "tensorrt_rtx"
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineRunError, match="NVIDIA GPU and there is none here"):
+            runner.engine()
+
+
+def test_corrupted_plan_is_refused(lstm_plan, tmp_path):
+    folder, _ = lstm_plan
+    for name in ("engine.plan", "engine.plan.json"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    data = bytearray((tmp_path / "engine.plan").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "engine.plan").write_bytes(bytes(data))
+    with pytest.raises(_artifact.ArtifactError, match="corrupted or replaced"):
+        fft.load(tmp_path, check_source=False)
+
+
+def test_foreign_plans_are_refused(lstm_plan, tmp_path):
+    folder, _ = lstm_plan
+    (tmp_path / "engine.plan").write_bytes((folder / "engine.plan").read_bytes())
+    with pytest.raises(_artifact.ForeignArtifactError, match="not built by framefuse"):
+        fft.load(tmp_path)  # a plan without framefuse metadata
+    meta = json.loads((folder / "engine.plan.json").read_text())
+    for key, value, message in (
+        ("tensorrt_version", "10.0.0", "built with tensorrt_rtx 10.0.0"),
+        ("flavour", "tensorrt", "built with tensorrt "),
+        ("format_version", 99, "artifact format 99"),
+    ):
+        (tmp_path / "engine.plan.json").write_text(json.dumps({**meta, key: value}))
+        with pytest.raises(_artifact.ForeignArtifactError, match=message):
+            fft.load(tmp_path, check_source=False)
+
+
+def test_stale_plan_is_refused(tmp_path):
+    prepared = prepare_cached("min_gru", SMALL)["sequence"]
+    source = tmp_path / "model.onnx"
+    source.write_bytes(prepared.onnx.read_bytes())
+    fft.build(source, out=tmp_path / "out")
+    with open(source, "ab") as f:
+        f.write(b"\0")  # any change of the source's bytes
+    with pytest.raises(_artifact.StaleArtifactError, match="stale"):
+        fft.load(tmp_path / "out")
+    assert fft.load(tmp_path / "out", check_source=False).input_names
+
+
+def test_timing_cache_is_skipped_with_rtx(tmp_path):
+    # tensorrt_rtx 1.7 warns "Timing cache operations are no-ops in TensorRT-RTX": none is written
+    prepared = prepare_cached("gru", SMALL)["step"]
+    lines = []
+    runner = fft.build(prepared.onnx, out=tmp_path, log=lines.append)
+    assert not (tmp_path / "timing.cache").exists() and runner.facts["timing_cache"] is None
+    assert any("no-op in TensorRT for RTX" in line for line in lines), lines
+
+
+def test_fused_graph_is_refused_with_the_reason(tmp_path):
+    prepared = prepare_cached("lstm", SMALL)["sequence"]
+    assert prepared.fused is not None
+    with pytest.raises(EngineBuildError, match=r"cannot build framefuse plugin nodes \(LSTMSeq\).*SIGABRT"):
+        fft.build(prepared.fused, out=tmp_path)
+    assert not (tmp_path / "engine.plan").exists()
+
+
+def test_bad_options_and_missing_library_messages(monkeypatch, tmp_path):
+    prepared = prepare_cached("gru", SMALL)["step"]
+    with pytest.raises(EngineBuildError, match="unknown tensorrt option"):
+        fft.build(prepared.onnx, options={"workspce": 1})
+    monkeypatch.setattr(fft, "_TRT", None)
+    monkeypatch.setattr(fft, "_TRT_ERRORS", ["tensorrt: No module named 'tensorrt'"])
+    reason = fft.unavailable_reason()
+    assert "\n" not in reason and "pip install tensorrt" in reason and "pip install tensorrt-rtx" in reason
+    with pytest.raises(EngineBuildError, match="pip install tensorrt"):
+        fft.build(prepared.onnx, out=tmp_path)
+
+
+# The parser facts, each in its own interpreter (one of them aborts it).
+_PARSE = textwrap.dedent(
+    """
+    import sys, tensorrt_rtx as trt
+    from onnx import helper, TensorProto
+    from framefuse.plugins import tensorrt_plugins as tp
+    vi = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+    node = helper.make_node("LinearScan", ["a", "b"], ["h", "h_last"], domain="framefuse")
+    g = helper.make_graph([node], "g", [vi("a", [1, 4, 8]), vi("b", [1, 4, 8])], [vi("h", [1, 4, 8]), vi("h_last", [1, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)])
+    if sys.argv[1] == "register":
+        tp.register_creators(trt)
+    logger = trt.Logger(trt.Logger.ERROR)
+    net = trt.Builder(logger).create_network(0)
+    parser = trt.OnnxParser(net, logger)
+    print("parsed", parser.parse(m.SerializeToString()), flush=True)
+    print("error", parser.get_error(0) if parser.num_errors else None, flush=True)
+    """
+)
+
+
+def _parse_in_subprocess(mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _PARSE, mode], capture_output=True, text=True, timeout=120)
+
+
+def test_rtx_parser_without_creators_names_the_missing_plugin():
+    done = _parse_in_subprocess("plain")
+    assert done.returncode == 0, done.stderr
+    assert "parsed False" in done.stdout
+    assert "Plugin not found, are the plugin name, version, and namespace correct?" in done.stdout
+
+
+def test_rtx_parser_aborts_on_a_registered_python_plugin():
+    """If this fails, tensorrt_rtx may have fixed Python plugins: revisit RTX_PLUGIN_REFUSAL."""
+    done = _parse_in_subprocess("register")
+    assert done.returncode == -6, (done.returncode, done.stdout, done.stderr)  # SIGABRT
+    assert "terminate called without an active exception" in done.stderr
+    assert "parsed" not in done.stdout
