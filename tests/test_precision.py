@@ -381,6 +381,12 @@ def test_build_with_precision_writes_the_accuracy_report(tmp_path, capsys):
     report = json.loads((folder / "accuracy.fp16.json").read_text())
     assert report["passed"] and report["frames"] == 200 and report["precision"] == "fp16"
     assert (folder / "model.fused.fp16.onnx").is_file() and (folder / "engine.ffe").is_file()
+    capsys.readouterr()
+    # `framefuse check` of the folder: the fp16 engine within the fp16 tolerance, and the accuracy table.
+    assert main(["check", str(folder), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "engine.ffe (cuda-graph): parity PASS" in out and "accuracy.fp16.json: accuracy vs fp32" in out
+    assert "(step form, 200 frames, seed 0; passed)" in out
 
 
 def test_build_beyond_tolerance_fails_and_writes_nothing(tmp_path, capsys):

@@ -116,11 +116,20 @@ def run(args) -> int:
                 continue
             side = get_backend(what).load(file, device=args.device)
             report_path, label = file.parent / f"parity-report.{what}.json", f"{file.name} ({what})"
+            precision = getattr(side, "precision", "fp32")
+            if args.tolerance is None and isinstance(tolerance, dict) and precision in tolerance:
+                tolerance = float(tolerance[precision])  # an fp16/bf16/int8 build: its own tolerance
         report = compare(original, side, tolerance=tolerance, seed=args.seed, report_path=report_path)
         if not quiet:
             print(f"{label}: {report.summary()}")
         if not report.passed:
             failed.append(report)
+    if not quiet and path.is_dir():
+        from framefuse.precision.accuracy import AccuracyReport
+
+        for accuracy in sorted(path.glob("accuracy.*.json")):  # written by `framefuse build --precision`
+            print(f"{accuracy.name}: accuracy vs fp32")
+            print(AccuracyReport.read(accuracy).table())
     for report in failed:
         report.raise_if_failed()
     return 0

@@ -93,6 +93,26 @@ class AccuracyReport:
         data["passed"] = self.passed
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping) -> AccuracyReport:
+        def num(value):
+            return math.inf if value is None else value
+
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "outputs"}
+        outputs = [
+            OutputAccuracy(**{k: (num(v) if k in ("max_abs", "max_rel", "mean_abs") else v) for k, v in o.items()})
+            for o in data.get("outputs", [])
+        ]
+        return cls(**fields, outputs=outputs)
+
+    @classmethod
+    def read(cls, path) -> AccuracyReport:
+        path = Path(os.fspath(path))
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise PrecisionError(f"{path}: not a readable accuracy report ({exc})") from exc
+
     def rows(self) -> list[dict]:
         """One row per output (+ the argmax agreement on the policy output's row), for tables."""
         rows = []
