@@ -260,6 +260,9 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                 self.plugin_namespace = NAMESPACE
                 self.plugin_version = PLUGIN_VERSION
                 self.num_outputs = len(_schema(op_type).outputs)
+                # Python plugins must set every attribute (TensorRT's Python API docs)
+                self.timing_cache_id = ""
+                self.metadata_string = f"framefuse {op_type} v{PLUGIN_VERSION}"
                 self.attrs = _schema(op_type).attrs_with_defaults(attrs)
                 self.in_shapes = None
                 self.in_dtypes = None
