@@ -171,3 +171,18 @@ def test_rtx_parser_aborts_on_a_registered_python_plugin():
     assert done.returncode == -6, (done.returncode, done.stdout, done.stderr)  # SIGABRT
     assert "terminate called without an active exception" in done.stderr
     assert "parsed" not in done.stdout
+
+
+def test_registry_finds_the_backend_and_modelproto_sources_are_kept(tmp_path):
+    from framefuse.engines import registry
+
+    assert registry.get_backend("tensorrt") is fft and registry.unavailable_reason("tensorrt") is None
+    import onnx
+
+    model = onnx.load(str(prepare_cached("min_gru", SMALL)["step"].onnx))
+    runner = fft.build(model, out=tmp_path / "engine.plan", precision="fp32")
+    assert registry.backend_for_artifact(tmp_path).name == "tensorrt"
+    # the graph is written beside the plan, so staleness can be checked for a ModelProto too
+    assert (tmp_path / "engine.plan.onnx").is_file()
+    loaded = fft.load(tmp_path)
+    assert loaded.input_specs == runner.input_specs and loaded.output_specs == runner.output_specs
