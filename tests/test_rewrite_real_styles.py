@@ -316,3 +316,48 @@ def test_chunked_segment_sum_scan_is_reported_not_silently_left():
     assert "CumSum" in chunked[0].where and "Exp" in chunked[0].where
     assert "SelectiveScan" in chunked[0].reason
     assert framefuse_ops(fused) == []
+
+
+def test_matmul_by_a_diagonal_matrix_is_affine_and_a_full_one_is_declined():
+    class MatrixStep(nn.Module):
+        def __init__(self, matrix):
+            super().__init__()
+            self.register_buffer("m", matrix)
+
+        def forward(self, x):
+            h = torch.zeros(x.shape[0], x.shape[2])
+            outs = []
+            for t in range(x.shape[1]):
+                h = torch.sigmoid(x[:, t]) * (h @ self.m) + x[:, t]
+                outs.append(h)
+            return torch.stack(outs, 1)
+
+    torch.manual_seed(0)
+    check(export(MatrixStep(torch.diag(torch.rand(6))), (torch.randn(2, 5, 6),)), ["LinearScan"])
+    _, report = rewrite_model(export(MatrixStep(torch.rand(6, 6)), (torch.randn(2, 5, 6),)))
+    assert any("MatMul" in d.reason and "node '" in d.reason for d in report.declined), report.declined
+    assert report.remaining_total > 0
+
+
+def test_state_reshaped_into_heads_and_back_is_affine():
+    class Heads(nn.Module):
+        """h [B, H·D] viewed as [B, H, D] for a per-head decay, then flattened back."""
+
+        def __init__(self, heads: int = 2, dim: int = 3):
+            super().__init__()
+            self.decay = nn.Parameter(torch.rand(heads, 1))
+            self.heads, self.dim = heads, dim
+
+        def forward(self, x):
+            bsz, steps, width = x.shape
+            h = torch.zeros(bsz, width)
+            outs = []
+            for t in range(steps):
+                per_head = h.reshape(bsz, self.heads, self.dim).transpose(1, 2)
+                h = (torch.sigmoid(self.decay.T) * per_head).transpose(1, 2).reshape(bsz, width) + x[:, t]
+                outs.append(h)
+            return torch.stack(outs, 1)
+
+    torch.manual_seed(0)
+    for batch in (1, 2):
+        check(export(Heads(), (torch.randn(batch, 5, 6),)), ["LinearScan"])

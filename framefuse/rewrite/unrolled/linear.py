@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 from framefuse.rewrite.base import RewriteContext, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs
-from framefuse.rewrite.unrolled.graphutil import Emitter, NotLiftable, const_value
+from framefuse.rewrite.unrolled.graphutil import Emitter, NotLiftable, const_key, const_value
 from framefuse.rewrite.unrolled.lift import Lifter
 
 ONE = ("one",)
@@ -128,19 +128,123 @@ def _cast_reason(tm: Tmpl) -> str:
             "float32 throughout and would skip that rounding); ")
 
 
+def _diagonal_scale(tm: Tmpl):
+    """(index of the h operand, constant broadcasting like the diagonal) when a MatMul multiplies h
+    by a constant diagonal matrix: h @ D scales the last axis, D @ h the one before it — the only
+    matrix products of h an elementwise scan can carry."""
+    h_side = [k for k, c in enumerate(tm.children) if c.kind != "leaf"]
+    if len(h_side) != 1:
+        return None
+    k = h_side[0]
+    value = const_value(tm.children[1 - k].tensor)
+    if value is None or value.ndim != 2 or value.shape[0] != value.shape[1]:
+        return None
+    if np.any(value - np.diag(np.diag(value))):
+        return None
+    diag = np.diag(value).astype(value.dtype)
+    shaped = diag if k == 0 else diag.reshape(-1, 1)
+    return k, gs.Constant(f"{tm.node.name}/diagonal", np.ascontiguousarray(shaped))
+
+
 def _where(cond, yes, no):
     if yes is None and no is None:
         return None
     return ("where", cond, yes, no)
 
 
+def _apply_node(node, data: np.ndarray) -> np.ndarray | None:
+    """``node`` (a data-movement op) applied to ``data`` in place of its first input, by ONNX's
+    reference evaluator; None when its other inputs are not constants or it cannot run."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    consts = []
+    for t in node.inputs[1:]:
+        if not t.name:
+            consts.append(None)
+            continue
+        value = const_value(t)
+        if value is None:
+            return None
+        consts.append(np.asarray(value))
+    names = ["x"] + [f"c{i}" if c is not None else "" for i, c in enumerate(consts)]
+    attrs = {k: v for k, v in node.attrs.items() if isinstance(v, (int, float, str, list, tuple))}
+    try:
+        onnx_node = onnx.helper.make_node(node.op, names, ["y"], **attrs)
+        feeds = {"x": data, **{f"c{i}": c for i, c in enumerate(consts) if c is not None}}
+        inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                  for n, v in feeds.items()]
+        graph = onnx.helper.make_graph([onnx_node], "view", inputs,
+                                       [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, None)])
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+        return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])
+    except Exception:  # noqa: BLE001 - an op the evaluator cannot run is simply not a provable view
+        return None
+
+
+def _view(tm: Tmpl, memo: dict):
+    """Where the elements of ``tm``'s value sit in h_(t-1): an int64 array of the value's shape of
+    indices into flattened h, or None when the value is laid out exactly like h."""
+    return memo.get(("view", tm.tensor.name))
+
+
+def _common_view(tm: Tmpl, parts, memo: dict):
+    views = [_view(c, memo) for c, (a, _) in zip(tm.children, parts) if a is not None]
+    first = views[0] if views else None
+    for other in views[1:]:
+        if (first is None) != (other is None) or first is not None and not np.array_equal(first, other):
+            raise NotAffine(f"{tm.node.op} node {tm.node.name!r} combines h_(t-1) in two different layouts: "
+                            "not an elementwise function of h_(t-1)")
+    return first
+
+
+def _rearrange(tm: Tmpl, memo: dict):
+    """(A, B) of a data-movement node on the state path: the elements are rearranged, not changed,
+    so the coefficients are rearranged the same way and the layout of h is tracked (``_view``)."""
+    node, child = tm.node, tm.children[0]
+    if any(c.kind != "leaf" for c in tm.children[1:]):
+        return None
+    a, b = affine(child, memo)
+    where = _view(child, memo)
+    h_shape = memo.get("_hole_shape")
+    if h_shape is None:
+        return None
+    # The child's value is h laid out as ``where`` (shapes of folded tensors may be unknown).
+    in_shape = _shape_of(child.tensor) or (tuple(where.shape) if where is not None else tuple(h_shape))
+    if a is not None and in_shape != (tuple(where.shape) if where is not None else tuple(h_shape)):
+        return None  # h broadcast to a larger shape before the rearrangement: not a pure relayout
+    index = _apply_node(node, np.arange(int(np.prod(in_shape)), dtype=np.int64).reshape(in_shape))
+    if index is None:
+        return None
+    if where is None:
+        where = np.arange(int(np.prod(h_shape)), dtype=np.int64).reshape(h_shape)
+    moved = where.reshape(-1)[index]
+    identity = moved.shape == tuple(h_shape) and np.array_equal(moved.reshape(-1), np.arange(moved.size))
+    memo[("view", tm.tensor.name)] = None if identity else moved
+    if not identity:
+        memo.setdefault("_view_nodes", []).append(f"{node.op} node {node.name!r}")
+
+    def carry(e):
+        return None if e is None else ("view", e, tuple(in_shape), index)
+
+    return carry(a), carry(b)
+
+
 def affine(tm: Tmpl, memo: dict | None = None):
     """(A, B) with value(tm) = A ⊙ h + B; A, B are expressions over leaves (None is 0)."""
-    memo = {} if memo is None else memo
+    if memo is None:
+        memo = {}
+        result = affine(tm, memo)
+        if _view(tm, memo) is not None:
+            moved_by = ", ".join(memo.get("_view_nodes", [])) or "a layout op"
+            raise NotAffine(f"h_t depends on h_(t-1) rearranged ({moved_by}): its elements do not return to "
+                            "their places within the step, so it is not an elementwise recurrence: not affine")
+        return result
     key = tm.tensor.name
     if key in memo:
         return memo[key]
     if tm.kind == "hole":
+        memo["_hole_shape"] = _shape_of(tm.tensor)
         result = (ONE, None)
     elif tm.kind == "leaf":
         result = (None, ("leaf", tm.tensor))
@@ -149,14 +253,30 @@ def affine(tm: Tmpl, memo: dict | None = None):
         passthrough = _passthrough(tm)
         if passthrough is not None:
             memo[key] = result = affine(passthrough, memo)
+            memo[("view", key)] = _view(passthrough, memo)
             return result
         if op == "Where" and len(tm.children) == 3:
             cond, yes, no = (affine(c, memo) for c in tm.children)
             if cond[0] is not None:
                 raise NotAffine(f"h_t depends on h_(t-1) through the condition of Where node {node.name!r}: not affine")
+            memo[("view", key)] = _common_view(tm, [cond, yes, no], memo)
             result = (_where(cond[1], yes[0], no[0]), _where(cond[1], yes[1], no[1]))
             memo[key] = result
             return result
+        if op == "MatMul" and len(tm.children) == 2:
+            scale = _diagonal_scale(tm)
+            if scale is not None:
+                inner = affine(tm.children[scale[0]], memo)
+                memo[("view", key)] = _view(tm.children[scale[0]], memo)
+                leaf = ("leaf", scale[1])
+                result = (_mul(inner[0], leaf), _mul(inner[1], leaf))
+                memo[key] = result
+                return result
+        if op in _LAYOUT_OPS and op != "Concat" and tm.children and tm.children[0].kind != "leaf":
+            result = _rearrange(tm, memo)
+            if result is not None:
+                memo[key] = result
+                return result
         if op not in _AFFINE_OPS:  # named before looking inside, so the outermost culprit is reported
             why = ("a matrix product mixes the channels, it is not an elementwise recurrence (no framefuse op "
                    "carries a matrix-valued transition); " if op in ("MatMul", "Gemm", "Einsum", "Conv") else
@@ -164,6 +284,11 @@ def affine(tm: Tmpl, memo: dict | None = None):
                    _cast_reason(tm) if op == "Cast" else "")
             raise NotAffine(f"h_t depends on h_(t-1) through {op} (node {node.name!r}): {why}not affine")
         parts = [affine(c, memo) for c in tm.children]
+        memo[("view", key)] = view = _common_view(tm, parts, memo)
+        out_shape = _shape_of(tm.tensor)
+        if view is not None and out_shape is not None and out_shape != view.shape:
+            raise NotAffine(f"{op} node {node.name!r} broadcasts the rearranged h_(t-1) {view.shape} to {out_shape}: "
+                            "not an elementwise recurrence")
         depends = [a is not None for a, _ in parts]
         where = f"{op} node {node.name!r}"
         if op == "Add":
@@ -199,6 +324,8 @@ def expr_signature(e, lifter: Lifter):
         return e
     if e[0] == "leaf":
         return ("leaf", lifter.key(e[1]))
+    if e[0] == "view":
+        return ("view", expr_signature(e[1], lifter), e[2], const_key(e[3]))
     return (e[0], *(expr_signature(x, lifter) for x in e[1:]))
 
 
@@ -283,6 +410,18 @@ class LinearScanPass(UnrolledPass):
                 return lifter._align(leaf, rank)
             pad = rank - len(shape)
             return emit.unsqueeze(leaf, list(range(pad + 1)), (1,) * (pad + 1) + tuple(shape), lifter.dtype(leaf))
+        if e[0] == "view":  # the coefficient rearranged like h: gather its elements by index
+            _, inner, in_shape, index = e
+            value = self._emit_expr(inner, lifter, emit, len(in_shape))
+            value = emit.node("Expand", [value, emit.ints((1, *in_shape))], None, np.float32)
+            flat = emit.node("Reshape", [value, emit.ints((0, -1))], None, np.float32)
+            picked = emit.node("Gather", [flat, emit.const(index.astype(np.int64))], None, np.float32,
+                               attrs={"axis": 1})
+            if index.ndim > rank:
+                raise NotLiftable(f"a rearranged coefficient has rank {index.ndim}, the state {rank}")
+            if index.ndim < rank:  # broadcast from the right, after the time axis
+                picked = emit.unsqueeze(picked, list(range(1, rank - index.ndim + 1)), None, np.float32)
+            return picked
         if e[0] == "where":
             cond = self._emit_expr(e[1], lifter, emit, rank)
             zero = emit.const(np.zeros((1,) * (rank + 1), np.float32))
