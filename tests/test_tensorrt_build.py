@@ -186,3 +186,18 @@ def test_registry_finds_the_backend_and_modelproto_sources_are_kept(tmp_path):
     assert (tmp_path / "engine.plan.onnx").is_file()
     loaded = fft.load(tmp_path)
     assert loaded.input_specs == runner.input_specs and loaded.output_specs == runner.output_specs
+
+
+def test_runner_uses_only_api_the_installed_library_has():
+    # deserializing needs a GPU (here: "cudaError 35: CUDA driver version is insufficient"), so
+    # the runtime path cannot run; at least every call it makes must exist in this TensorRT
+    for cls, names in (
+        (trt.Runtime, ["deserialize_cuda_engine"]),
+        (trt.ICudaEngine, ["create_execution_context", "num_io_tensors", "get_tensor_name", "get_tensor_shape",
+                           "get_tensor_dtype"]),
+        (trt.IExecutionContext, ["set_input_shape", "set_tensor_address", "execute_async_v3"]),
+        (trt.IBuilderConfig, ["set_memory_pool_limit", "create_timing_cache", "set_timing_cache",
+                              "builder_optimization_level", "num_compute_capabilities", "set_compute_capability"]),
+    ):
+        missing = [n for n in names if not hasattr(cls, n)]
+        assert not missing, (cls.__name__, missing)

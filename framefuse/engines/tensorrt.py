@@ -443,8 +443,21 @@ class TensorRTRunner(EngineRunner):
                 engine = self._runtime.deserialize_cuda_engine(self.plan)
             if engine is None:
                 raise EngineRunError(f"{where}: TensorRT could not deserialize the plan on {torch.cuda.get_device_name(self.device)}")
+            self._check_engine_io(engine, trt, where)
             self._engine = engine
         return self._engine
+
+    def _check_engine_io(self, engine, trt, where: str) -> None:
+        """EngineRunError when the deserialized engine's I/O differs from the recorded specs (a
+        plan replaced together with its JSON, or a TensorRT that renamed/retyped tensors)."""
+        table = _dtype_table(trt)
+        found = {}
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            found[name] = (tuple(engine.get_tensor_shape(name)), table.get(engine.get_tensor_dtype(name)))
+        expected = {n: (s.shape, s.dtype) for n, s in {**self._inputs, **self._outputs}.items()}
+        if found != expected:
+            raise EngineRunError(f"{where}: the engine's tensors {found} differ from the recorded I/O {expected}")
 
     def activate_impl(self):
         self.engine()
