@@ -155,9 +155,6 @@ def _where(cond, yes, no):
 def _apply_node(node, data: np.ndarray) -> np.ndarray | None:
     """``node`` (a data-movement op) applied to ``data`` in place of its first input, by ONNX's
     reference evaluator; None when its other inputs are not constants or it cannot run."""
-    import onnx
-    from onnx.reference import ReferenceEvaluator
-
     consts = []
     for t in node.inputs[1:]:
         if not t.name:
@@ -169,8 +166,28 @@ def _apply_node(node, data: np.ndarray) -> np.ndarray | None:
         consts.append(np.asarray(value))
     names = ["x"] + [f"c{i}" if c is not None else "" for i, c in enumerate(consts)]
     attrs = {k: v for k, v in node.attrs.items() if isinstance(v, (int, float, str, list, tuple))}
+    # Every unrolled step repeats the same op on the same shape: evaluate it once.
+    cache_key = (node.op, repr(sorted(attrs.items())), data.shape,
+                 tuple(None if c is None else const_key(c) for c in consts))
+    if cache_key in _APPLY_CACHE:
+        cached = _APPLY_CACHE[cache_key]
+        return None if cached is None else cached.copy()
+    result = _evaluate_node(node.op, names, attrs, data, consts)
+    if len(_APPLY_CACHE) > 4096:
+        _APPLY_CACHE.clear()
+    _APPLY_CACHE[cache_key] = result
+    return None if result is None else result.copy()
+
+
+_APPLY_CACHE: dict = {}
+
+
+def _evaluate_node(op, names, attrs, data, consts):
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
     try:
-        onnx_node = onnx.helper.make_node(node.op, names, ["y"], **attrs)
+        onnx_node = onnx.helper.make_node(op, names, ["y"], **attrs)
         feeds = {"x": data, **{f"c{i}": c for i, c in enumerate(consts) if c is not None}}
         inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                   for n, v in feeds.items()]
