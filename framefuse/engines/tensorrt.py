@@ -415,6 +415,10 @@ class TensorRTRunner(EngineRunner):
     def output_specs(self) -> dict[str, IOSpec]:
         return self._outputs
 
+    @property
+    def replays(self) -> int:
+        return self.runs
+
     def summary(self) -> dict:
         return {
             "engine": NAME,
