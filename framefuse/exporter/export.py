@@ -4,11 +4,18 @@
 - *step* form: ``x [B, F]`` and ``state.<name>`` → ``y [B, out]`` and ``next_state.<name>``
   (names from ``model.state_names()``): the graph a game loop runs once per frame.
 
-Every export goes: reference run in torch → ``torch.onnx.export(dynamo=False)`` (the
-TorchScript exporter: deterministic bytes, ONNX LSTM/GRU nodes) → metadata → ONNX checker
-(full) → ONNX Runtime (CPU) on the same seeded inputs vs torch → atomic write of
+Every export goes: reference run in torch → ONNX exporter → metadata → ONNX checker (full) →
+ONNX Runtime (CPU) on the same seeded inputs vs torch → atomic write of
 ``<out_dir>/<name>/model.onnx`` and ``manifest.json``. Any failure raises a FrameFuseError
 and leaves nothing on disk.
+
+Exporters (``exporter=``): ``torchscript`` (``torch.onnx.export(dynamo=False)``: deterministic
+bytes, ONNX LSTM/GRU nodes), ``dynamo`` (``torch.onnx.export(dynamo=True)``: handles ops the
+TorchScript exporter lacks, e.g. ``aten::diff`` in transformers' mask code, negative permutes;
+its graph is inlined, made static-shape and IR <= 10 like the other) and ``auto`` (TorchScript
+first, because its LSTM/GRU nodes map straight onto fused ops; dynamo when TorchScript fails
+at any step, checker and parity included). Both run with ``nn.MultiheadAttention``'s fast path
+off: its fused kernel ``aten::_native_multi_head_attention`` has no ONNX export.
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import framefuse
 from framefuse import config as ffconfig
@@ -43,6 +50,9 @@ from framefuse.exporter.errors import (
 from framefuse.exporter.loading import build_zoo_model, is_model_file_spec, load_user_model, model_label
 
 FORMS = ("sequence", "step")
+EXPORTERS = ("torchscript", "dynamo", "auto")
+#: The dynamo exporter writes no opset below this one.
+MIN_DYNAMO_OPSET = 18
 #: ONNX IR version written: ONNX Runtime >= 1.18 reads IR <= 10 (onnx 1.23 would write 14).
 MAX_IR_VERSION = 10
 #: Frames stepped from the zero state to get a realistic non-zero state for the step-form check.
@@ -304,6 +314,102 @@ def _torch_to_onnx_bytes(module, args: tuple, input_names, output_names, opset: 
     return buffer.getvalue(), notes
 
 
+
+@contextlib.contextmanager
+def mha_fastpath_disabled():
+    """Turn ``nn.MultiheadAttention``'s fast path off (restored after): in eval mode it calls
+    ``aten::_native_multi_head_attention``, which neither exporter can write as ONNX."""
+    import torch
+
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
+        yield
+        return
+    previous = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(previous)
+
+
+def _dynamo_to_onnx_bytes(module, args: tuple, input_names, output_names, opset: int, label: str, form: str):
+    """``torch.onnx.export(dynamo=True)``, made into the graph the rest of the pipeline expects:
+    local functions inlined, every dim static (the shapes of ``args``), IR <= MAX_IR_VERSION."""
+    import logging
+
+    import onnx
+    import torch
+
+    notes: list[str] = []
+    target = max(int(opset), MIN_DYNAMO_OPSET)
+    if target != int(opset):
+        notes.append(f"dynamo exporter: opset {opset} raised to {target} (the lowest it writes)")
+    # The dynamo exporter logs its progress and torchvision's absence through ``logging``
+    # and prints a banner; both are noise for a user whose export succeeds.
+    quiet = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in quiet]
+    try:
+        for lg in quiet:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                module,
+                args,
+                dynamo=True,
+                opset_version=target,
+                input_names=list(input_names),
+                output_names=list(output_names),
+                optimize=True,
+                verbose=False,
+            )
+    except FrameFuseError:
+        raise
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(
+            f"torch.onnx.export(dynamo=True) failed for '{label}' ({form} form): {type(exc).__name__}: {message}"
+        ) from exc
+    finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
+    proto = program.model_proto
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+        del proto.functions[:]
+    _make_static(proto, {n: tuple(a.shape) for n, a in zip(input_names, args)})
+    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
+    return proto.SerializeToString(), notes
+
+
+def _make_static(proto, shapes: Mapping[str, tuple]) -> None:
+    """Pin the graph inputs to the shapes exported with and re-infer everything else, so no
+    symbolic dim (``s0``) the dynamo exporter may leave reaches the rewrite."""
+    import onnx
+
+    for value in proto.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[value.name]:
+                dims.add().dim_value = int(d)
+    symbolic = [
+        v for v in [*proto.graph.value_info, *proto.graph.output]
+        if any(d.HasField("dim_param") or not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+    ]
+    if not symbolic:
+        return
+    del proto.graph.value_info[:]
+    for value in proto.graph.output:
+        value.type.tensor_type.ClearField("shape")
+    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    proto.graph.ClearField("value_info")
+    proto.graph.value_info.extend(inferred.graph.value_info)
+    del proto.graph.output[:]
+    proto.graph.output.extend(inferred.graph.output)
+
+
 def _reference_run(module, args: tuple, label: str, form: str, shapes: Mapping[str, tuple]):
     """Run torch once (the ground truth); a failure here is almost always a wrong shape."""
     import torch
@@ -398,9 +504,12 @@ def prepare_export(
     arch: str,
     name: str | None = None,
     progress: Progress | None = None,
+    exporter: str = "auto",
 ) -> PreparedExport:
-    """Export, check and compare in memory. ``config`` must be complete (see resolve_config)."""
-    import numpy as np
+    """Export, check and compare in memory. ``config`` must be complete (see resolve_config).
+
+    ``exporter``: ``"torchscript"``, ``"dynamo"`` or ``"auto"`` (see the module docstring); the
+    manifest's ``exporter`` entry says which one produced the graph and why another failed."""
     import onnx
     import onnxruntime as ort
     import torch
@@ -409,6 +518,7 @@ def prepare_export(
     say = progress or (lambda _msg: None)
     if form not in FORMS:
         raise ExportError(f"unknown form '{form}': use one of {', '.join(FORMS)}")
+    _check_exporter(exporter)
     cfg = config
     opset = int(cfg["opset"])
     batch, seq, features = cfg["batch"], cfg["seq"], cfg["in_features"]
@@ -453,65 +563,89 @@ def prepare_export(
 
     shapes = {n: tuple(a.shape) for n, a in zip(input_names, args)}
     say(f"{label} {form}: running torch")
-    expected = _reference_run(module, args, label, form, shapes)
+    with mha_fastpath_disabled():
+        expected = _reference_run(module, args, label, form, shapes)
     if len(expected) != len(output_names):
         raise ExportError(
             f"model '{label}' ({form} form) returned {len(expected)} outputs, expected {len(output_names)} "
             f"({', '.join(output_names)})"
         )
 
-    say(f"{label} {form}: torch.onnx.export (opset {opset})")
-    raw, notes = _torch_to_onnx_bytes(module, args, input_names, output_names, opset, label, form)
-
-    proto = onnx.load_from_string(raw)
-    graph_inputs = [i.name for i in proto.graph.input]
-    graph_outputs = [o.name for o in proto.graph.output]
-    if graph_inputs != input_names:
-        raise ExportError(
-            f"'{label}' ({form} form): the exported graph has inputs {graph_inputs}, expected {input_names} "
-            f"(an input the model never reads is dropped by the exporter)"
-        )
-    if graph_outputs != output_names:
-        raise ExportError(f"'{label}' ({form} form): the exported graph has outputs {graph_outputs}, expected {output_names}")
-    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
     cfg_json = ffconfig.to_json(cfg)
-    metadata = {
-        "framefuse.version": framefuse.__version__,
-        "framefuse.arch": arch,
-        "framefuse.form": form,
-        "framefuse.config": cfg_json,
-        "framefuse.input_shape": json.dumps(input_shape),
-        "framefuse.state_names": json.dumps(state_names),
-    }
-    del proto.metadata_props[:]
-    for key, value in metadata.items():
-        proto.metadata_props.add(key=key, value=value)
-    proto.producer_name = "framefuse"
-    proto.producer_version = framefuse.__version__
 
-    say(f"{label} {form}: ONNX checker")
-    try:
-        onnx.checker.check_model(proto, full_check=True)
-    except Exception as exc:
-        raise ExportError(f"'{label}' ({form} form): the exported graph fails the ONNX checker: {str(exc).strip().splitlines()[0]}") from exc
-    final = proto.SerializeToString()
+    def export_with(which: str):
+        say(f"{label} {form}: torch.onnx.export, {which} exporter (opset {opset})")
+        to_bytes = _dynamo_to_onnx_bytes if which == "dynamo" else _torch_to_onnx_bytes
+        with mha_fastpath_disabled():
+            raw, notes = to_bytes(module, args, input_names, output_names, opset, label, form)
 
-    say(f"{label} {form}: ONNX Runtime vs torch")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    try:
-        session = ort.InferenceSession(final, options, providers=["CPUExecutionProvider"])
-        feeds = {n: a.detach().numpy() for n, a in zip(input_names, args)}
-        actual = session.run(output_names, feeds)
-    except Exception as exc:
-        raise ExportError(
-            f"'{label}' ({form} form): ONNX Runtime cannot run the exported graph: "
-            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-        ) from exc
+        proto = onnx.load_from_string(raw)
+        graph_inputs = [i.name for i in proto.graph.input]
+        graph_outputs = [o.name for o in proto.graph.output]
+        if graph_inputs != input_names:
+            raise ExportError(
+                f"'{label}' ({form} form): the exported graph has inputs {graph_inputs}, expected {input_names} "
+                f"(an input the model never reads is dropped by the exporter)"
+            )
+        if graph_outputs != output_names:
+            raise ExportError(f"'{label}' ({form} form): the exported graph has outputs {graph_outputs}, expected {output_names}")
+        proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
+        metadata = {
+            "framefuse.version": framefuse.__version__,
+            "framefuse.arch": arch,
+            "framefuse.form": form,
+            "framefuse.config": cfg_json,
+            "framefuse.input_shape": json.dumps(input_shape),
+            "framefuse.state_names": json.dumps(state_names),
+        }
+        del proto.metadata_props[:]
+        for key, value in metadata.items():
+            proto.metadata_props.add(key=key, value=value)
+        proto.producer_name = "framefuse"
+        proto.producer_version = framefuse.__version__
+
+        say(f"{label} {form}: ONNX checker")
+        try:
+            onnx.checker.check_model(proto, full_check=True)
+        except Exception as exc:
+            raise ExportError(f"'{label}' ({form} form): the exported graph fails the ONNX checker: {str(exc).strip().splitlines()[0]}") from exc
+        final = proto.SerializeToString()
+
+        say(f"{label} {form}: ONNX Runtime vs torch")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            session = ort.InferenceSession(final, options, providers=["CPUExecutionProvider"])
+            feeds = {n: a.detach().numpy() for n, a in zip(input_names, args)}
+            actual = session.run(output_names, feeds)
+        except Exception as exc:
+            raise ExportError(
+                f"'{label}' ({form} form): ONNX Runtime cannot run the exported graph: "
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+            ) from exc
+        tol = ffconfig.tolerance(cfg, "fp32")  # the export itself is always fp32
+        report = compare_outputs(output_names, [e.detach().numpy() for e in expected], actual, tol)
+        if not all(r["passed"] for r in report.values()):
+            raise ParityError(_parity_failure_message(label, form, report, tol))
+        return proto, final, actual, report, notes
+
     tol = ffconfig.tolerance(cfg, "fp32")  # the export itself is always fp32
-    report = compare_outputs(output_names, [e.detach().numpy() for e in expected], actual, tol)
-    if not all(r["passed"] for r in report.values()):
-        raise ParityError(_parity_failure_message(label, form, report, tol))
+    tried: dict[str, str] = {}
+    order = ["torchscript", "dynamo"] if exporter == "auto" else [exporter]
+    for which in order:
+        try:
+            proto, final, actual, report, notes = export_with(which)
+        except FrameFuseError as exc:
+            if exporter != "auto" or which == order[-1]:
+                if tried:
+                    failures = "; ".join(f"{k}: {v}" for k, v in tried.items())
+                    raise type(exc)(f"{exc} (after the {failures})") from exc
+                raise
+            tried[which] = str(exc)
+            say(f"{label} {form}: the {which} exporter failed, trying {order[-1]}: {exc}")
+            continue
+        used = which
+        break
 
     outputs_info = [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype)} for n, a in zip(output_names, actual)]
     manifest = {
@@ -521,8 +655,9 @@ def prepare_export(
         "inputs": [_tensor_info(n, a) for n, a in zip(input_names, args)],
         "outputs": outputs_info,
         "state_names": state_names,
-        "opset": opset,
+        "opset": max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=opset),
         "ir_version": proto.ir_version,
+        "exporter": {"requested": exporter, "used": used, "failed": tried},
         "config": json.loads(cfg_json),
         "framefuse_version": framefuse.__version__,
         "model_file": "model.onnx",
@@ -534,7 +669,7 @@ def prepare_export(
             "tolerance": tol,
             "criterion": "|ort - torch| <= tol + tol * |torch| element-wise",
             "seed": int(cfg["seed"]),
-            "state": "zero state stepped over %d random frames" % WARMUP_FRAMES if form == "step" else None,
+            "state": f"zero state stepped over {WARMUP_FRAMES} random frames" if form == "step" else None,
             "passed": True,
             "outputs": report,
         },
@@ -556,6 +691,11 @@ def prepare_export(
 # --------------------------------------------------------------------------------------------
 # writing
 # --------------------------------------------------------------------------------------------
+
+
+def _check_exporter(exporter: str) -> None:
+    if exporter not in EXPORTERS:
+        raise ExportError(f"unknown exporter '{exporter}': use one of {', '.join(EXPORTERS)}")
 
 
 def _check_name(name: str) -> None:
@@ -689,6 +829,7 @@ def export_forms(
     input_shape: Sequence[int] | None = None,
     name: str | None = None,
     progress: Progress | None = None,
+    exporter: str = "auto",
 ) -> list[ExportResult]:
     """Export several forms of one model; all are checked before any is written.
 
@@ -699,6 +840,7 @@ def export_forms(
     for form in forms or ():
         if form not in FORMS:
             raise ExportError(f"unknown form '{form}': use one of {', '.join(FORMS)}")
+    _check_exporter(exporter)
     arch_hint = model_or_arch if isinstance(model_or_arch, str) and not is_model_file_spec(model_or_arch) else None
     cfg = apply_input_shape(resolve_config(config, arch_hint), input_shape)
     check_output_dir(Path(out_dir))
@@ -714,7 +856,11 @@ def export_forms(
         form_name = None
         if name is not None:
             form_name = name if form == "sequence" or len(forms) == 1 else f"{name}-step"
-        prepared.append(prepare_export(model, form=form, config=cfg, arch=label, name=form_name, progress=progress))
+        prepared.append(
+            prepare_export(
+                model, form=form, config=cfg, arch=label, name=form_name, progress=progress, exporter=exporter
+            )
+        )
     say("writing artifacts")
     return write_artifacts(Path(out_dir), prepared)
 
@@ -728,6 +874,7 @@ def export_model(
     input_shape: Sequence[int] | None = None,
     name: str | None = None,
     progress: Progress | None = None,
+    exporter: str = "auto",
 ) -> ExportResult:
     """Export one form of a model to ``<out_dir>/<name>/{model.onnx, manifest.json}``.
 
@@ -738,6 +885,7 @@ def export_model(
       (missing keys from the defaults).
     - ``input_shape``: ``(B, T, F)``, overriding batch / seq / in_features.
     - ``name``: artifact folder name; default ``<arch>`` (sequence) or ``<arch>-step`` (step).
+    - ``exporter``: ``"torchscript"``, ``"dynamo"`` or ``"auto"`` (TorchScript, then dynamo).
 
     Raises a FrameFuseError (nothing written) when the model cannot be built or exported, the
     graph fails the ONNX checker, or ONNX Runtime differs from torch beyond the fp32 tolerance.
@@ -752,5 +900,6 @@ def export_model(
         input_shape=input_shape,
         name=name,
         progress=progress,
+        exporter=exporter,
     )
     return result

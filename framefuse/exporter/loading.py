@@ -7,8 +7,9 @@ import hashlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from framefuse.exporter.errors import ModelLoadError
 

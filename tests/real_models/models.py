@@ -1,0 +1,140 @@
+"""Models written by others, in small random configs (hidden 64, 2 layers, no downloads).
+
+Each entry builds a module taking ``x [B, T, F]`` (float, used as ``inputs_embeds`` for
+transformers models) and returning one tensor (``last_hidden_state``), with ``use_cache=False``.
+Construction is seeded so the T=8 and T=16 exports carry the same weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+HIDDEN = 64
+LAYERS = 2
+BATCH = 1
+
+
+@dataclass(frozen=True)
+class RealModel:
+    name: str
+    build: Callable[[], nn.Module]
+    #: framefuse ops the fused graph must contain (op_type -> at least this many nodes).
+    expected_ops: dict
+    features: int = HIDDEN
+
+
+class HFWrapper(nn.Module):
+    """``x [B, T, F]`` → ``last_hidden_state``; ``mask=True`` passes an all-ones attention mask
+    built from x's shape, so the exporter sees the model's own mask code."""
+
+    def __init__(self, model: nn.Module, *, mask: bool = False):
+        super().__init__()
+        self.model = model.eval()
+        self.mask = mask
+
+    def forward(self, x):
+        kwargs = {"inputs_embeds": x, "use_cache": False}
+        if self.mask:
+            kwargs["attention_mask"] = torch.ones(x.shape[0], x.shape[1], dtype=torch.long)
+        return self.model(**kwargs).last_hidden_state
+
+
+class TorchAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(HIDDEN, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+class TorchRNN(nn.Module):
+    def __init__(self, cell: type[nn.Module]):
+        super().__init__()
+        self.rnn = cell(HIDDEN, 32, num_layers=LAYERS, batch_first=True, bidirectional=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+def _hf(model_cls: str, config_cls: str, *, attn: str | None = None, mask: bool = False, **config):
+    def build() -> nn.Module:
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_cls)(**config)
+        if attn is not None:
+            cfg._attn_implementation = attn
+        model = getattr(transformers, model_cls)(cfg)
+        if attn is not None:
+            model.config._attn_implementation = attn
+        return HFWrapper(model, mask=mask)
+
+    return build
+
+
+def _seeded(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return factory().eval()
+
+    return build
+
+
+_COMMON = {"hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "vocab_size": 32}
+_ATTN = {**_COMMON, "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 64}
+_GQA = {**_ATTN, "num_key_value_heads": 2}
+_GPT2 = {"n_embd": HIDDEN, "n_layer": LAYERS, "n_head": 4, "n_positions": 64, "vocab_size": 32}
+_MAMBA = {**_COMMON, "state_size": 8, "expand": 2, "conv_kernel": 4}
+
+MODELS: list[RealModel] = [
+    RealModel("mamba", _hf("MambaModel", "MambaConfig", **_MAMBA), {"SelectiveScan": LAYERS}),
+    RealModel("falcon_mamba", _hf("FalconMambaModel", "FalconMambaConfig", **_MAMBA), {"SelectiveScan": LAYERS}),
+    RealModel(
+        "mamba2",
+        _hf("Mamba2Model", "Mamba2Config", **_COMMON, state_size=8, expand=2, num_heads=8, head_dim=16,
+            n_groups=1, chunk_size=8),
+        {"SelectiveScan": LAYERS},
+    ),
+    RealModel(
+        "jamba",
+        _hf("JambaModel", "JambaConfig", **_GQA, num_experts=1, num_experts_per_tok=1, attn_layer_period=2,
+            attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_expand=2,
+            mamba_dt_rank=8, use_mamba_kernels=False),
+        {"SelectiveScan": 1, "Attention": 1},
+    ),
+    *[
+        RealModel(f"gpt2_{attn}{'_mask' if mask else ''}", _hf("GPT2Model", "GPT2Config", attn=attn, mask=mask, **_GPT2),
+                  {"Attention": LAYERS})
+        for attn in ("sdpa", "eager")
+        for mask in (False, True)
+    ],
+    *[
+        RealModel(f"{family}_gqa_{attn}", _hf(f"{family.capitalize()}Model", f"{family.capitalize()}Config",
+                                             attn=attn, **_GQA), {"Attention": LAYERS})
+        for family in ("llama", "qwen2")
+        for attn in ("sdpa", "eager")
+    ],
+    RealModel(
+        "xlstm",
+        _hf("xLSTMModel", "xLSTMConfig", hidden_size=HIDDEN, embedding_dim=HIDDEN, num_hidden_layers=LAYERS,
+            num_blocks=LAYERS, num_heads=4, vocab_size=32, mode="inference",
+            autocast_kernel_dtype="float32", inference_state_dtype="float32"),
+        {"MLSTMScan": LAYERS},
+    ),
+    RealModel(
+        "rwkv",
+        _hf("RwkvModel", "RwkvConfig", **_COMMON, attention_hidden_size=HIDDEN, intermediate_size=128,
+            context_length=64),
+        {"WKVScan": LAYERS},
+    ),
+    RealModel("torch_mha", _seeded(TorchAttention), {"Attention": 1}),
+    RealModel("torch_lstm_bidir", _seeded(lambda: TorchRNN(nn.LSTM)), {"LSTMSeq": 2 * LAYERS}),
+    RealModel("torch_gru_bidir", _seeded(lambda: TorchRNN(nn.GRU)), {"GRUSeq": 2 * LAYERS}),
+]
+
+BY_NAME = {m.name: m for m in MODELS}
