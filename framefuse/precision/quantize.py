@@ -9,7 +9,7 @@ What is quantized: the GEMMs with a constant weight (``MatMul`` / ``Gemm`` whose
 initializer): weights int8 per output channel, symmetric; activations int8 per tensor, symmetric
 (zero point 0, as TensorRT requires), ranges from MinMax calibration. Left in float: framefuse nodes
 (their kernels have no int8 path), the state recurrence (every node on a path from ``state.<n>`` to
-``next_state.<n>``, as for fp16), and anything in ``keep_fp32``.
+``next_state.<n>``, as for fp16), the policy head (convert.policy_head), and anything in ``keep_fp32``.
 
 Calibration runs the graph frame by frame on the CPU executor
 (:class:`framefuse.engines.cuda_graph.CudaGraphEngine`, ``device="cpu"``) — ONNX Runtime's own
