@@ -370,3 +370,127 @@ def test_zoo_architecture_exports_in_both_forms_at_the_default_config(arch, tmp_
     with torch.no_grad():
         np.testing.assert_allclose(y, model(x).numpy(), atol=1e-4, rtol=1e-4)
     assert time.perf_counter() - started < 60
+
+
+# --------------------------------------------------------------------------------------------
+# exporters: torchscript, dynamo, auto
+# --------------------------------------------------------------------------------------------
+
+
+class Diff(nn.Module):
+    """``aten::diff`` (as in transformers' mask code) has no TorchScript ONNX symbolic."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.proj(torch.diff(x, dim=1, prepend=x[:, :1]))
+
+
+def _mha() -> nn.Module:
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    return SelfAttention().eval()
+
+
+def _static_dims(values) -> list[str]:
+    """Names of values with a missing or symbolic dim."""
+    return [
+        v.name for v in values
+        if not v.type.tensor_type.HasField("shape")
+        or any(not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+    ]
+
+
+def test_dynamo_exporter_writes_the_graph_the_pipeline_expects(tmp_path):
+    result = export_model(tiny(), form="sequence", config=SMALL, out_dir=tmp_path, exporter="dynamo")
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["exporter"] == {"requested": "dynamo", "used": "dynamo", "failed": {}}
+    model = onnx.load(str(result.model_path))
+    assert model.ir_version <= export_module.MAX_IR_VERSION
+    assert not model.functions
+    opset = {o.domain: o.version for o in model.opset_import}
+    assert opset[""] >= export_module.MIN_DYNAMO_OPSET and manifest["opset"] == opset[""]
+    assert [i.name for i in model.graph.input] == ["x"] and [o.name for o in model.graph.output] == ["y"]
+    assert _static_dims([*model.graph.input, *model.graph.output]) == []
+    onnx.checker.check_model(model, full_check=True)
+    x = torch.randn(1, 6, 8)
+    with torch.no_grad():
+        expected = tiny()(x).numpy()
+    np.testing.assert_allclose(run_onnx(result.model_path, {"x": x.numpy()})[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_falls_back_to_dynamo_and_says_why(tmp_path):
+    with pytest.raises(UnsupportedOperatorError, match="aten::diff"):
+        export_model(Diff(), form="sequence", config=SMALL, out_dir=tmp_path / "ts", exporter="torchscript")
+    assert not (tmp_path / "ts").exists()
+    result = export_model(Diff(), form="sequence", config=SMALL, out_dir=tmp_path / "auto")
+    info = json.loads(result.manifest_path.read_text())["exporter"]
+    assert info["requested"] == "auto" and info["used"] == "dynamo"
+    assert list(info["failed"]) == ["torchscript"] and "aten::diff" in info["failed"]["torchscript"]
+    assert result.parity["passed"]
+
+
+def test_auto_prefers_torchscript_when_it_works(tmp_path):
+    result = export_model(tiny(), form="sequence", config=SMALL, out_dir=tmp_path)
+    assert result.manifest["exporter"] == {"requested": "auto", "used": "torchscript", "failed": {}}
+
+
+def test_every_exporter_failing_names_each_failure(tmp_path):
+    with pytest.raises(ParityError) as err:
+        export_model(Noisy(), form="sequence", config=SMALL, out_dir=tmp_path / "o")
+    assert "torchscript exporter:" in str(err.value) and "dynamo exporter:" in str(err.value)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_multihead_attention_exports_with_its_fast_path_off_and_restored(exporter, tmp_path):
+    mha = torch.backends.mha
+    before = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(True)
+    try:
+        result = export_model(_mha(), form="sequence", config=SMALL, out_dir=tmp_path, exporter=exporter)
+        assert mha.get_fastpath_enabled() is True
+        ops = {n.op_type for n in onnx.load(str(result.model_path)).graph.node}
+        assert "Softmax" in ops and result.manifest["exporter"]["used"] == exporter
+        # Restored after a failure too.
+        with pytest.raises(ShapeError):
+            export_model(_mha(), form="sequence", config={**SMALL, "in_features": 5}, out_dir=tmp_path / "bad",
+                         exporter=exporter)
+        assert mha.get_fastpath_enabled() is True
+    finally:
+        mha.set_fastpath_enabled(before)
+
+
+def test_unknown_exporter_is_refused():
+    with pytest.raises(ExportError, match="unknown exporter 'onnxscript'.*torchscript, dynamo, auto"):
+        export_model(tiny(), form="sequence", config=SMALL, out_dir="unused", exporter="onnxscript")
+
+
+def test_cli_exporter_option_says_which_exporter_was_used(tmp_path, capsys):
+    from framefuse.cli import main
+
+    model_file = tmp_path / "net.py"
+    model_file.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.proj = nn.Linear(8, 4)\n\n"
+        "    def forward(self, x):\n        return self.proj(torch.diff(x, dim=1, prepend=x[:, :1]))\n\n"
+        "def make_model(config=None):\n    return Net()\n"
+    )
+    argv = ["export", "--model", f"{model_file}:make_model", "--input-shape", "1,6,8", "-o", str(tmp_path / "out")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "exported with the dynamo exporter (--exporter auto); the torchscript exporter failed:" in out
+    assert "aten::diff" in out
+    assert main([*argv, "--exporter", "torchscript"]) != 0
+    assert main([*argv, "--exporter", "dynamo", "--name", "d"]) == 0
+    assert json.loads((tmp_path / "out" / "d" / "manifest.json").read_text())["exporter"]["used"] == "dynamo"

@@ -17,6 +17,7 @@ examples:
   framefuse export --arch mamba --form step --embed 128 --layers 4 --set model.d_state=16
   framefuse export --arch lstm --config my_lstm.yaml -o out/ --name lstm-small
   framefuse export --model examples/my_net.py:make_model --input-shape 1,32,64
+  framefuse export --model my_hf.py:make_model --exporter dynamo
       a model of your own: FACTORY(config) or FACTORY() must return an nn.Module whose
       forward takes x [B, T, F]; for the step form it also needs step(x_t, state),
       init_state(batch) and state_names() (see framefuse/models/base.py)
@@ -89,6 +90,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     out.add_argument("-o", "--out-dir", metavar="DIR", default="artifacts", help="artifacts folder (default: artifacts)")
     out.add_argument("--name", metavar="NAME", help="artifact name (default: <arch>; the step form adds -step)")
     out.add_argument("--opset", type=int, metavar="N", help="ONNX opset, 17..20 (default: the config's, 17)")
+    out.add_argument(
+        "--exporter", choices=["torchscript", "dynamo", "auto"], default="auto",
+        help="torch's ONNX exporter: torchscript (dynamo=False), dynamo (dynamo=True, opset >= 18) or auto "
+        "(default: torchscript, then dynamo when it fails; the manifest and the output say which and why)",
+    )
 
     cfg = parser.add_argument_group("config (overrides the config file)")
     cfg.add_argument("--config", metavar="FILE", help="YAML config (default: configs/<arch>.yaml)")
@@ -138,6 +144,15 @@ def _describe(tensors: list[dict]) -> str:
     return text
 
 
+def _exporter_line(info: dict) -> str:
+    text = f"exported with the {info.get('used', '?')} exporter"
+    if info.get("requested") == "auto":
+        text += " (--exporter auto)"
+    for which, why in (info.get("failed") or {}).items():
+        text += f"; the {which} exporter failed: {why}"
+    return text
+
+
 def run(args) -> int:
     from framefuse.cli import note, print_table, progress
     from framefuse.config import load_config
@@ -160,6 +175,7 @@ def run(args) -> int:
             out_dir=Path(args.out_dir),
             name=args.name,
             progress=update,
+            exporter=args.exporter,
         )
     if args.form is None and [r.form for r in results] == ["sequence"]:
         note(args, f"'{results[0].arch}' has no step form (step/init_state/state_names): exported the sequence form only")
@@ -180,6 +196,7 @@ def run(args) -> int:
     if not getattr(args, "quiet", False):
         for r in results:
             print(f"  {r.name}: {r.model_path}  (+ manifest.json)")
+            print(f"    {_exporter_line(r.manifest.get('exporter') or {})}")
     if getattr(args, "quiet", False):
         for r in results:
             print(r.model_path)

@@ -631,19 +631,22 @@ def prepare_export(
 
     tol = ffconfig.tolerance(cfg, "fp32")  # the export itself is always fp32
     tried: dict[str, str] = {}
+    errors: list[FrameFuseError] = []
     order = ["torchscript", "dynamo"] if exporter == "auto" else [exporter]
     for which in order:
         try:
             proto, final, actual, report, notes = export_with(which)
         except FrameFuseError as exc:
-            if exporter != "auto" or which == order[-1]:
-                if tried:
-                    failures = "; ".join(f"{k}: {v}" for k, v in tried.items())
-                    raise type(exc)(f"{exc} (after the {failures})") from exc
-                raise
+            errors.append(exc)
             tried[which] = str(exc)
-            say(f"{label} {form}: the {which} exporter failed, trying {order[-1]}: {exc}")
-            continue
+            if which != order[-1]:
+                say(f"{label} {form}: the {which} exporter failed, trying {order[-1]}: {exc}")
+                continue
+            if len(errors) == 1:
+                raise
+            # The first exporter's error class (and exit code) leads; every attempt is named.
+            combined = "; ".join(f"{k} exporter: {v}" for k, v in tried.items())
+            raise type(errors[0])(f"every exporter failed ({combined})") from exc
         used = which
         break
 
