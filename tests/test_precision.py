@@ -39,7 +39,9 @@ def _fused(arch: str, form: str = "step") -> tuple[onnx.ModelProto, object]:
 
 def _types(model: onnx.ModelProto) -> dict[str, int]:
     graph = model.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)
+    }
     types.update({i.name: i.data_type for i in graph.initializer})
     for node in graph.node:
         if node.op_type == "Cast":
@@ -120,7 +122,9 @@ def test_recurrence_nodes_are_the_state_paths():
 def test_fp16_runs_in_onnxruntime_and_the_cpu_executor_alike():
     model, prepared = _fused("gated_ssm")
     converted = convert_model(model, "fp16")
-    feeds = {k: np.random.default_rng(3).standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()}
+    feeds = {
+        k: np.random.default_rng(3).standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()
+    }
     from framefuse.parity.ort_bridge import ort_session
 
     session = ort_session(converted)
@@ -196,7 +200,10 @@ def _qdq_graph(x_shape, scale, zero, axis=1, out_dtype=TensorProto.INT8):
         nodes,
         "qdq",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x_shape)), helper.make_tensor_value_info("q", out_dtype, list(x_shape))],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x_shape)),
+            helper.make_tensor_value_info("q", out_dtype, list(x_shape)),
+        ],
         [scale_t, zero_t],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -260,7 +267,9 @@ def test_int8_weights_only_is_dequantised_once_at_load():
     assert n_dq == len(weight_gemms(model)) > 0
     engine = CudaGraphEngine(converted, device="cpu")
     assert not any(step.op_type == "DequantizeLinear" for step in engine.default_plan.steps)  # folded at load
-    feeds = {k: np.random.default_rng(1).standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()}
+    feeds = {
+        k: np.random.default_rng(1).standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()
+    }
     actual = engine.run(feeds)["y"]
     # ORT's optimiser turns DQ→MatMul into a dynamically quantised MatMul; unoptimised it runs the graph as written.
     expected = _ort_plain(converted, optimize=False).run(["y"], feeds)[0]
@@ -409,7 +418,18 @@ def test_build_with_a_bad_calibration_file(tmp_path, capsys, case):
     (tmp_path / "calib").mkdir()
     path, message = _bad_files(tmp_path / "calib", prepared.input_shapes())[case]
     before = sorted(p.name for p in folder.iterdir())
-    argv = ["build", str(folder), "--engine", "cuda-graph", "--device", "cpu", "--precision", "int8", "--calib", str(path)]
+    argv = [
+        "build",
+        str(folder),
+        "--engine",
+        "cuda-graph",
+        "--device",
+        "cpu",
+        "--precision",
+        "int8",
+        "--calib",
+        str(path),
+    ]
     assert main(argv) == 2
     assert message in _the_error(capsys.readouterr().err)
     assert sorted(p.name for p in folder.iterdir()) == before

@@ -138,7 +138,9 @@ class AccuracyReport:
                 f"{r['precision']:<9}  {r['output']:<24}  {r['max_abs']:>9.3g}  {r['max_rel']:>9.3g}  "
                 f"{r['tolerance']:>7.0e}  {agree:>7}  {'yes' if r['passed'] else 'NO'}"
             )
-        lines.append(f"({self.form} form, {self.frames} frames, seed {self.seed}; {'passed' if self.passed else 'FAILED'})")
+        lines.append(
+            f"({self.form} form, {self.frames} frames, seed {self.seed}; {'passed' if self.passed else 'FAILED'})"
+        )
         return "\n".join(lines)
 
     def write(self, path) -> Path:
@@ -166,7 +168,9 @@ def _has_bf16(model: onnx.ModelProto) -> bool:
     values = list(graph.input) + list(graph.output) + list(graph.value_info)
     if any(v.type.tensor_type.elem_type == TensorProto.BFLOAT16 for v in values):
         return True
-    return any(a.name == "to" and a.i == TensorProto.BFLOAT16 for n in graph.node if n.op_type == "Cast" for a in n.attribute)
+    return any(
+        a.name == "to" and a.i == TensorProto.BFLOAT16 for n in graph.node if n.op_type == "Cast" for a in n.attribute
+    )
 
 
 class _Side:
@@ -190,7 +194,9 @@ class _Side:
             self._run = source.run
             return
         else:
-            raise PrecisionError(f"{what}: need an ONNX model, a path or a runner with .run(feeds), got {type(source).__name__}")
+            raise PrecisionError(
+                f"{what}: need an ONNX model, a path or a runner with .run(feeds), got {type(source).__name__}"
+            )
         if engine not in ENGINES:
             raise PrecisionError(f"engine must be one of {ENGINES}, got {engine!r}")
         if engine == "auto":

@@ -93,7 +93,9 @@ def load_calibration(path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return validate(arrays, model, str(path))
 
 
-def default_calibration(model: onnx.ModelProto, *, frames: int = DEFAULT_FRAMES, seed: int = 0) -> dict[str, np.ndarray]:
+def default_calibration(
+    model: onnx.ModelProto, *, frames: int = DEFAULT_FRAMES, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Standard-normal frames for every non-state float input, seeded (the exporter's check inputs
     are drawn the same way); integer inputs are zeros. State inputs are left to the rollout."""
     rng = np.random.default_rng(seed)
@@ -125,7 +127,9 @@ def iter_feeds(arrays: Mapping[str, np.ndarray], model: onnx.ModelProto, run, *,
     n = next(iter(arrays.values())).shape[0]
     if limit is not None:
         n = min(n, limit)
-    carried = {name: np.zeros(shape, dtype) for name, (shape, dtype) in specs.items() if is_state(name) and name not in arrays}
+    carried = {
+        name: np.zeros(shape, dtype) for name, (shape, dtype) in specs.items() if is_state(name) and name not in arrays
+    }
     for t in range(n):
         feeds = {name: arr[t] for name, arr in arrays.items()}
         feeds.update(carried)

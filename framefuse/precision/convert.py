@@ -133,7 +133,9 @@ def _check_float_graph(model: onnx.ModelProto, precision: str) -> None:
     label = model.graph.name or "<model>"
     for node in model.graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            raise PrecisionError(f"{label}: node {node.name or node.op_type} is already quantized; convert the fp32 graph")
+            raise PrecisionError(
+                f"{label}: node {node.name or node.op_type} is already quantized; convert the fp32 graph"
+            )
     for init in model.graph.initializer:
         if init.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
             raise PrecisionError(
@@ -263,7 +265,9 @@ def to_low_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Itera
         if i in recurrence or node.domain == FRAMEFUSE_DOMAIN or node.name in keep or node.op_type in keep
     ]
     block_ops = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(KEEP_FP32_OPS) | (keep & _op_types(graph)))
-    originals = {init.name: numpy_helper.to_array(init) for init in graph.initializer if init.data_type == TensorProto.FLOAT}
+    originals = {
+        init.name: numpy_helper.to_array(init) for init in graph.initializer if init.data_type == TensorProto.FLOAT
+    }
     try:
         with warnings.catch_warnings():
             # The converter warns about every value it clamps into fp16's range; the accuracy
@@ -306,7 +310,9 @@ def _framefuse_storage(graph, low: int, keep: set[str] = frozenset()) -> None:
         for k, name in enumerate(node.input):
             if name and k < len(in_dtypes) and in_dtypes[k] == "T":
                 cast_out = _unique(f"{name}/to_low", taken)
-                new_nodes.append(helper.make_node("Cast", [name], [cast_out], to=low, name=_unique(f"{node.name}/cast_in{k}", taken)))
+                new_nodes.append(
+                    helper.make_node("Cast", [name], [cast_out], to=low, name=_unique(f"{node.name}/cast_in{k}", taken))
+                )
                 graph.value_info.append(helper.make_tensor_value_info(cast_out, low, None))
                 node.input[k] = cast_out
         new_nodes.append(node)
@@ -316,7 +322,13 @@ def _framefuse_storage(graph, low: int, keep: set[str] = frozenset()) -> None:
                 node.output[k] = low_name
                 graph.value_info.append(helper.make_tensor_value_info(low_name, low, None))
                 new_nodes.append(
-                    helper.make_node("Cast", [low_name], [name], to=TensorProto.FLOAT, name=_unique(f"{node.name}/cast_out{k}", taken))
+                    helper.make_node(
+                        "Cast",
+                        [low_name],
+                        [name],
+                        to=TensorProto.FLOAT,
+                        name=_unique(f"{node.name}/cast_out{k}", taken),
+                    )
                 )
     del graph.node[:]
     graph.node.extend(new_nodes)
@@ -347,7 +359,9 @@ def _keep_output_types(graph, original) -> None:
             for k, name in enumerate(other.input):
                 if name == out.name:
                     other.input[k] = low_name
-        added.append(helper.make_node("Cast", [node.input[0]], [out.name], to=want, name=_unique(f"{out.name}/out_cast", taken)))
+        added.append(
+            helper.make_node("Cast", [node.input[0]], [out.name], to=want, name=_unique(f"{out.name}/out_cast", taken))
+        )
     graph.node.extend(added)
 
 
@@ -358,7 +372,9 @@ def _set_value_type(graph, types: Mapping[str, int]) -> None:
 
 
 def _elem_types(graph) -> dict[str, int]:
-    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)
+    }
     types.update({i.name: i.data_type for i in graph.initializer})
     for node in graph.node:
         to = _cast_to(node)

@@ -207,7 +207,9 @@ def _weights_only(model: onnx.ModelProto, gemms) -> onnx.ModelProto:
                 ]
             )
             new_nodes.append(
-                helper.make_node("DequantizeLinear", [qname, sname, zname], [dname], name=f"{wname}_DequantizeLinear", axis=axis)
+                helper.make_node(
+                    "DequantizeLinear", [qname, sname, zname], [dname], name=f"{wname}_DequantizeLinear", axis=axis
+                )
             )
             done[wname] = dname
         node.input[1] = done[wname]

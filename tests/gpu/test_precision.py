@@ -121,7 +121,9 @@ def test_precision_latency_column(arch):
         engine = CudaGraphEngine(graph, device="cuda")
         latency = _step_latency_us(engine, feeds)
         precision = label.split("-")[0]
-        report = accuracy_report(model, engine, frames=1000, precision=precision, tolerance=config["tolerance"][precision])
+        report = accuracy_report(
+            model, engine, frames=1000, precision=precision, tolerance=config["tolerance"][precision]
+        )
         y = next(o for o in report.outputs if o.name == "y")
         rows.append((label, latency, y.max_abs, report.argmax_agreement))
         assert latency > 0 and np.isfinite(y.max_abs)
