@@ -48,6 +48,7 @@ from framefuse.exporter.errors import (
     UnsupportedOperatorError,
 )
 from framefuse.exporter.loading import build_zoo_model, is_model_file_spec, load_user_model, model_label
+from framefuse.rewrite.normalize import fix_negative_transpose_perms
 
 FORMS = ("sequence", "step")
 EXPORTERS = ("torchscript", "dynamo", "auto")
@@ -590,6 +591,10 @@ def prepare_export(
         if graph_outputs != output_names:
             raise ExportError(f"'{label}' ({form} form): the exported graph has outputs {graph_outputs}, expected {output_names}")
         proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
+        # torch's permute(..., -1) reaches the graph as a negative perm the ONNX checker rejects.
+        fixed = fix_negative_transpose_perms(proto)
+        if fixed:
+            notes = [*notes, f"{which} exporter: {fixed} Transpose perm(s) with negative entries made non-negative"]
         metadata = {
             "framefuse.version": framefuse.__version__,
             "framefuse.arch": arch,

@@ -18,6 +18,7 @@ import onnx_graphsurgeon as gs
 from framefuse.errors import FrameFuseError
 from framefuse.plugins.registry import DOMAIN, OP_TYPES, VERSION
 from framefuse.rewrite.base import PassResult, RewriteContext
+from framefuse.rewrite.normalize import normalize_graph
 from framefuse.rewrite.report import RewriteReport
 from framefuse.rewrite.util import cancel_unsqueeze_squeeze
 
@@ -228,6 +229,7 @@ def rewrite_model(model_or_path, *, passes=None, fold_constants: bool = True):
         graph = _fold(graph, report.notes)
         # Re-infer so every tensor the folding touched has a shape again.
         graph = gs.import_onnx(_infer_loose(_export(graph, original_ir), report.notes))
+    normalize_graph(graph, report.notes)
 
     ctx = RewriteContext(opset=original_opset.get("", 17), metadata=metadata)
     if passes is None:
