@@ -156,3 +156,77 @@ def test_folded_model_keeps_merged_nodes(fused_models):
     folded = executor.folded_model()
     plain_folded = GraphExecutor(model, "cpu", optimize=False).folded_model()
     assert [n.op_type for n in folded.graph.node] == [n.op_type for n in plain_folded.graph.node]
+
+
+# -- compiled segments (framefuse.engines.fusion) -------------------------------------------------
+# On the CPU the segments go through the same make_fx tracing and torch.compile with the
+# "aot_eager" backend (no code generation: inductor's CPU build is slow on a shared machine and
+# says nothing about the GPU's kernels); the GPU tests run inductor itself.
+
+
+@pytest.mark.parametrize("form", ["step", "sequence"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_compiled_segments_match_onnxruntime(arch, form):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from framefuse.engines import fusion
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached(arch, {"seq": 32, "seed": 0})[form]
+    assert prepared.fused is not None, prepared.fused_error
+    plan = GraphExecutor(onnx.load(str(prepared.fused)), "cpu").plan()
+    compiled, report = fusion.compile_plan(plan, backend="aot_eager")
+    standard = sum(1 for s in plan.steps if s.standard)
+    assert report["segments"] and len(compiled.steps) < len(plan.steps)
+    # Every framefuse step is kept as it was, in order; each segment replaces a run of standard steps.
+    assert [s.label for s in compiled.steps if not s.standard] == [s.label for s in plan.steps if not s.standard]
+    assert sum(seg["steps"] for seg in report["segments"]) <= standard
+    feeds = _feeds(plan, seed=4)
+    with torch.no_grad():
+        got = compiled.execute({k: v.clone() for k, v in feeds.items()})
+    session = ort.InferenceSession(str(prepared.onnx), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    expected = session.run(None, {n: feeds[n].numpy() for n in names})
+    for meta, want in zip(session.get_outputs(), expected):
+        have = got[meta.name].numpy()
+        assert have.shape == want.shape, meta.name
+        diff = float(np.max(np.abs(have - want))) if want.size else 0.0
+        assert diff <= 1e-4 * max(1.0, float(np.max(np.abs(want)))), f"{arch} {form} {meta.name}: {diff:.3g}"
+
+
+def test_segments_are_maximal_runs_of_standard_steps(fused_models):
+    from framefuse.engines import fusion
+
+    plan = GraphExecutor(fused_models("mamba", "step"), "cpu").plan()
+    segments = fusion.find_segments(plan)
+    assert segments
+    for seg in segments:
+        assert all(plan.steps[i].standard for i in range(seg.first, seg.last + 1))
+        assert seg.first == 0 or not plan.steps[seg.first - 1].standard
+        assert seg.last == len(plan.steps) - 1 or not plan.steps[seg.last + 1].standard
+        produced = {n for i in range(seg.first, seg.last + 1) for n in plan.steps[i].outputs if n}
+        assert not set(seg.inputs) & produced and set(seg.outputs) <= produced
+    # An output nobody reads later is not an output of its segment (it dies inside).
+    read_later = {n for s in plan.steps for _, n in s.env_args} | set(plan.output_specs)
+    assert all(set(seg.outputs) <= read_later for seg in segments)
+
+
+def test_selection_is_skipped_without_a_gpu_and_recorded(tmp_path, fused_models):
+    from framefuse.engines import cuda_graph, fusion
+    from framefuse.engines.base import EngineBuildError
+
+    model = fused_models("min_gru", "step")
+    executor = GraphExecutor(model, "cpu")
+    plan = executor.plan()
+    chosen, report = fusion.apply_selection(executor, plan, "time")
+    assert chosen is plan and report["chosen"] == "plan" and "no CUDA device" in report["skipped"]
+    with pytest.raises(EngineBuildError, match="select must be one of"):
+        fusion.apply_selection(executor, plan, "fastest")
+    lines = []
+    engine = cuda_graph.build(model, device="cpu", log=lines.append)
+    assert any("selection skipped" in line for line in lines), lines
+    assert engine.metadata["selection"]["chosen"] == "plan"
+    unoptimized, report = fusion.apply_selection(executor, plan, "unoptimized")
+    assert report["chosen"] == "unoptimized" and len(unoptimized.steps) == len(plan.steps)

@@ -270,6 +270,7 @@ class CudaGraphEngine(EngineRunner):
         name: str | None = None,
         metadata: dict | None = None,
         optimize: bool | None = None,
+        select: str | None = None,
     ):
         super().__init__(name=name, prefix="framefuse-cuda-graph")
         model, path = load_onnx(onnx_path_or_model)
@@ -293,6 +294,12 @@ class CudaGraphEngine(EngineRunner):
         start = time.perf_counter()
         self.default_plan = self.executor.plan(self.default_shapes)  # build-time errors surface here
         self.plan_seconds = time.perf_counter() - start
+        if select is not None:  # build-time selection (engines/fusion.py); its report is saved in the artifact
+            from framefuse.engines.fusion import apply_selection
+
+            self.default_plan, report = apply_selection(self.executor, self.default_plan, select)
+            if select.startswith("time") or "selection" not in self.metadata:  # a load keeps the build's timings
+                self.metadata["selection"] = report
         self.captures = 0
         self.replays = 0
         self.eager_runs = 0
@@ -472,6 +479,7 @@ def load_engine(path, *, device: str | torch.device | None = None, check_source:
         device=device if device is not None else metadata["device"],
         framefuse_impl=metadata.get("framefuse_impl"),
         metadata=metadata.get("extra") or {},
+        select=((metadata.get("extra") or {}).get("selection") or {}).get("chosen"),
     )
     engine.precision = metadata.get("precision", "fp32")
     engine.artifact_metadata = metadata
@@ -533,12 +541,13 @@ def build(
     """Backend ``build``: options ``framefuse_impl`` ("kernel" | "reference"), ``input_shapes``,
     ``optimize`` (bool)."""
     options = dict(options or {})
-    unknown = sorted(set(options) - {"framefuse_impl", "input_shapes", "optimize"})
+    unknown = sorted(set(options) - {"framefuse_impl", "input_shapes", "optimize", "select"})
     if unknown:
         raise EngineBuildError(
-            f"cuda-graph engine: unknown option(s) {unknown} (known: framefuse_impl, input_shapes, optimize)"
+            f"cuda-graph engine: unknown option(s) {unknown} (known: framefuse_impl, input_shapes, optimize, select)"
         )
     device = _default_device(device)
+    options.setdefault("select", "time")  # time the candidate plans on the GPU (skipped with a note on the CPU)
     start = time.perf_counter()
     engine = CudaGraphEngine(source, device=device, **options)
     engine.precision = check_precision(precision)
@@ -548,6 +557,8 @@ def build(
             f"cuda-graph: planned {summary['steps']} steps ({summary['folded']} nodes folded) on {engine.device} "
             f"in {time.perf_counter() - start:.2f} s; framefuse nodes by {engine.framefuse_impl}"
         )
+        for line in (engine.metadata.get("selection") or {}).get("log", []):
+            log(f"cuda-graph: {line}")
     if out is not None:
         target = engine.save(out)
         if log is not None:

@@ -294,5 +294,52 @@ def select_plan(plan: Plan, *, alternatives: Mapping[str, Plan] | None = None,
     return candidates[chosen], {"chosen": chosen, "candidates": report}
 
 
-__all__ = ["COMPILE_MODES", "Segment", "compile_plan", "example_feeds", "find_segments", "select_plan",
+SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *COMPILE_MODES)
+
+
+def apply_selection(executor, plan: Plan, select: str, *, log: Callable[[str], None] | None = None) -> tuple[Plan, dict]:
+    """The engine's hook: ``select`` is "time" (time the plan, the unoptimised plan and the
+    inductor-compiled plan; "time-autotune" adds ``max-autotune-no-cudagraphs``) or a candidate
+    name recorded by an earlier build (the artifact's metadata), applied without timing again.
+    Returns (plan, report); report["log"] holds the lines logged."""
+    from framefuse.engines.executor import GraphExecutor
+
+    lines: list[str] = []
+
+    def say(message: str) -> None:
+        lines.append(message)
+        if log is not None:
+            log(message)
+
+    if select not in SELECT_CHOICES:
+        raise EngineBuildError(f"select must be one of {SELECT_CHOICES}, got {select!r}")
+
+    def unoptimized() -> Plan:
+        other = GraphExecutor(executor.model, executor.device, executor.framefuse_impl, optimize=False)
+        shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
+        return other.plan(shapes)
+
+    if select.startswith("time") and plan.device.type != "cuda":
+        chosen, report = select_plan(plan, log=say)  # skipped with a note
+    elif select.startswith("time"):
+        alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
+        modes = dict(COMPILE_MODES) if select == "time-autotune" else {"inductor": COMPILE_MODES["inductor"]}
+        chosen, report = select_plan(plan, alternatives=alternatives, modes=modes, log=say)
+    elif select == "plan":
+        chosen, report = plan, {"chosen": "plan"}
+    elif select == "unoptimized":
+        chosen, report = unoptimized(), {"chosen": "unoptimized"}
+    elif plan.device.type != "cuda":
+        note = f"recorded choice {select!r} needs a CUDA device: the plan is used as planned"
+        say(note)
+        chosen, report = plan, {"chosen": "plan", "skipped": note}
+    else:
+        chosen, info = compile_plan(plan, mode=COMPILE_MODES[select])
+        report = {"chosen": select, "compile_s": info["compile_s"]}
+        say(f"selection: {select} (recorded at build) compiled in {info['compile_s']:.1f} s")
+    report["log"] = lines
+    return chosen, report
+
+
+__all__ = ["COMPILE_MODES", "SELECT_CHOICES", "apply_selection", "Segment", "compile_plan", "example_feeds", "find_segments", "select_plan",
            "time_plan_graph"]

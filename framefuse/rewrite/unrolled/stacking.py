@@ -90,13 +90,89 @@ def _merge_concats(graph: gs.Graph) -> int:
     return merged
 
 
+_SHAPE_PATH = {"Gather", "Slice", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Identity", "Cast"}
+
+
+def _shape_readers(t: gs.Tensor, skip: gs.Node | None) -> list[gs.Node] | None:
+    """The Shape nodes through which everything but ``skip`` reads ``t`` (``out[:, t].shape`` in
+    the exporter's index arithmetic), or None when something reads its values."""
+    found = []
+    for node in t.outputs:
+        if node is skip:
+            continue
+        if node.op == "Shape":
+            found.append(node)
+        elif node.op in _SHAPE_PATH and node.outputs:
+            inner = _shape_readers(node.outputs[0], None)
+            if inner is None:
+                return None
+            found += inner
+        else:
+            return None
+    return found
+
+
 def _next_scatter(graph: gs.Graph, node: gs.Node) -> gs.Node | None:
     out = node.outputs[0]
-    if len(out.outputs) == 1 and out not in graph.outputs:
-        nxt = out.outputs[0]
-        if nxt.op == "ScatterND" and nxt.inputs[0] is out:
-            return nxt
+    if out in graph.outputs:
+        return None
+    nxt = [n for n in out.outputs if n.op == "ScatterND" and n.inputs[0] is out]
+    if len(nxt) == 1 and _shape_readers(out, nxt[0]) is not None:
+        return nxt[0]
     return None
+
+
+def _static_value(t: gs.Tensor, shapes: Shapes):
+    """The value of ``t`` when it is computed from constants and the static shapes of tensors
+    only (the exporter's index arithmetic for ``out[:, t]``), by ONNX's reference evaluator."""
+    value = const_value(t)
+    if value is not None:
+        return np.asarray(value)
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    nodes, inits, seen = [], {}, set()
+
+    def visit(x: gs.Tensor) -> bool:
+        if not x.name or x.name in seen:
+            return True
+        seen.add(x.name)
+        v = const_value(x)
+        if v is not None:
+            inits[x.name] = np.asarray(v)
+            return True
+        node = producer(x)
+        if node is None or is_framefuse(node):
+            return False
+        if node.op == "Shape":
+            shape = shapes.shape(node.inputs[0])
+            if shape is None:  # an index tensor of data-dependent length (Range): evaluate it too
+                if not visit(node.inputs[0]):
+                    return False
+                nodes.append(node)
+                return True
+            start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
+            inits[x.name] = np.asarray(shape[start:None if end is None else int(end)], dtype=np.int64)
+            return True
+        if not all(visit(i) for i in node.inputs):
+            return False
+        nodes.append(node)
+        return True
+
+    if not visit(t) or len(nodes) > 64:
+        return None
+    try:
+        onnx_nodes = [onnx.helper.make_node(n.op, [i.name for i in n.inputs], [o.name for o in n.outputs],
+                                            **{k: v for k, v in n.attrs.items()
+                                               if isinstance(v, (int, float, str, list, tuple))})
+                      for n in nodes]
+        graph = onnx.helper.make_graph(onnx_nodes, "index", [],
+                                       [onnx.helper.make_tensor_value_info(t.name, onnx.TensorProto.UNDEFINED, None)],
+                                       [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+        return np.asarray(ReferenceEvaluator(model).run(None, {})[0])
+    except Exception:  # noqa: BLE001 - not evaluable: the chain is left alone
+        return None
 
 
 def _scatter_chain(graph: gs.Graph, last: gs.Node) -> list[gs.Node]:
@@ -105,8 +181,8 @@ def _scatter_chain(graph: gs.Graph, last: gs.Node) -> list[gs.Node]:
     while True:
         data = chain[-1].inputs[0]
         prev = producer(data)
-        if prev is None or prev.op != "ScatterND" or is_framefuse(prev) or len(data.outputs) != 1 \
-                or data in graph.outputs:
+        if prev is None or prev.op != "ScatterND" or is_framefuse(prev) or data in graph.outputs \
+                or _shape_readers(data, chain[-1]) is None:
             break
         chain.append(prev)
     return chain[::-1]
@@ -115,7 +191,7 @@ def _scatter_chain(graph: gs.Graph, last: gs.Node) -> list[gs.Node]:
 def _replace_chain(graph: gs.Graph, ctx: RewriteContext, chain: list[gs.Node], shapes: Shapes) -> gs.Node | None:
     if any(n.attrs.get("reduction", "none") not in ("none", b"none") for n in chain):
         return None
-    indices = [const_value(n.inputs[1]) for n in chain]
+    indices = [_static_value(n.inputs[1], shapes) for n in chain]
     if any(i is None for i in indices) or len({i.shape for i in indices}) != 1:
         return None
     base = chain[0].inputs[0]
@@ -136,6 +212,20 @@ def _replace_chain(graph: gs.Graph, ctx: RewriteContext, chain: list[gs.Node], s
     stacked = emit.node("Concat", pieces, (len(chain), *update_shape), dtype, attrs={"axis": 0})
     all_indices = emit.const(np.stack([np.asarray(i, dtype=np.int64) for i in indices]))
     out = chain[-1].outputs[0]
+    # Readers of the intermediate buffers only took their (static) shape: give them constants, so
+    # the old writes are dead once the chain is replaced.
+    for node in chain[:-1]:
+        for shape_node in _shape_readers(node.outputs[0], None) or []:
+            if shape_node.op != "Shape":
+                continue
+            value = _static_value(shape_node.outputs[0], shapes)
+            if value is None:
+                return None
+            const = emit.const(value.astype(np.int64))
+            for reader in list(shape_node.outputs[0].outputs):
+                for k, t in enumerate(reader.inputs):
+                    if t is shape_node.outputs[0]:
+                        reader.inputs[k] = const
     node_out = emit.node("ScatterND", [base, all_indices, stacked], tuple(base_shape), shapes.dtype(out))
     new_node = producer(node_out)
     # The fused write takes over the chain's output tensor (graph outputs and readers stay wired).
