@@ -39,8 +39,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -266,8 +266,12 @@ def prepare_artifacts(arch: str, *, work: Path, embed: int, layers: int, seq: in
     config = {"model": {"embed": embed, "layers": layers}, "seq": seq, "batch": 1, "seed": seed}
     forms = {}
     for form, p in prepare(arch, work, config).items():
-        entry = {"dir": p.directory, "onnx": p.onnx, "manifest": p.manifest,
-                 "nodes": {"before": p.nodes_before, "after": p.nodes_after}}
+        entry = {
+            "dir": p.directory,
+            "onnx": p.onnx,
+            "manifest": p.manifest,
+            "nodes": {"before": p.nodes_before, "after": p.nodes_after},
+        }
         if p.fused is not None:
             entry["fused"] = p.fused
             entry["fused_ops"] = p.fused_ops
@@ -277,7 +281,9 @@ def prepare_artifacts(arch: str, *, work: Path, embed: int, layers: int, seq: in
     return forms
 
 
-def bench_row(arch: str, form: str, entry: dict, *, model, iters: int, warmup: int, device, compile_forms, replays) -> dict:
+def bench_row(
+    arch: str, form: str, entry: dict, *, model, iters: int, warmup: int, device, compile_forms, replays
+) -> dict:
     import onnxruntime as ort
     import torch
 
@@ -315,14 +321,29 @@ def bench_row(arch: str, form: str, entry: dict, *, model, iters: int, warmup: i
         makers.append(("framefuse", lambda: make_framefuse(entry["fused"], form=form, pool=pool, device=device)))
         if dev.type == "cuda" and "driver" in replays:
             makers.append(
-                ("framefuse_driver", lambda: make_framefuse(entry["fused"], form=form, pool=pool, device=device, replay="driver"))
+                (
+                    "framefuse_driver",
+                    lambda: make_framefuse(entry["fused"], form=form, pool=pool, device=device, replay="driver"),
+                )
             )
     makers.append(("framefuse_unfused", lambda: make_framefuse(entry["onnx"], form=form, pool=pool, device=device)))
-    makers.append(("torch_eager", lambda: make_torch_eager(model, form=form, pool=pool, out_shape=out_shape, device=dev)))
+    makers.append(
+        ("torch_eager", lambda: make_torch_eager(model, form=form, pool=pool, out_shape=out_shape, device=dev))
+    )
     if dev.type == "cuda":
-        makers.append(("torch_cuda_graph", lambda: make_torch_cuda_graph(model, form=form, pool=pool, out_shape=out_shape, device=dev)))
+        makers.append(
+            (
+                "torch_cuda_graph",
+                lambda: make_torch_cuda_graph(model, form=form, pool=pool, out_shape=out_shape, device=dev),
+            )
+        )
         if form in compile_forms:
-            makers.append(("torch_compile", lambda: make_torch_compile(model, form=form, pool=pool, out_shape=out_shape, device=dev)))
+            makers.append(
+                (
+                    "torch_compile",
+                    lambda: make_torch_compile(model, form=form, pool=pool, out_shape=out_shape, device=dev),
+                )
+            )
         else:
             row["engines"]["torch_compile"] = {"skipped": f"not asked for the {form} form (--compile)"}
     else:
@@ -345,8 +366,10 @@ def bench_row(arch: str, form: str, entry: dict, *, model, iters: int, warmup: i
                 result["replays"] = engine.replays
                 result["captures"] = engine.captures
             row["engines"][name] = result
-            say(f"  {arch:10s} T={T:<3d} {ENGINE_LABELS[name]:32s} p50 {result['p50_us']:9.1f} us  "
-                f"p99 {result['p99_us']:9.1f} us  err {result['max_abs_err_vs_ort']:.1e}  (setup {setup_s:.1f} s)")
+            say(
+                f"  {arch:10s} T={T:<3d} {ENGINE_LABELS[name]:32s} p50 {result['p50_us']:9.1f} us  "
+                f"p99 {result['p99_us']:9.1f} us  err {result['max_abs_err_vs_ort']:.1e}  (setup {setup_s:.1f} s)"
+            )
         except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
             message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             row["engines"][name] = {"error": message, "traceback": traceback.format_exc(limit=6)}
@@ -411,7 +434,8 @@ def markdown(results: dict) -> str:
     lines = [
         "# framefuse end-to-end benchmark",
         "",
-        f"GPU: **{gpu}**" + (f" (compute capability {env['compute_capability']})" if env.get("compute_capability") else "")
+        f"GPU: **{gpu}**"
+        + (f" (compute capability {env['compute_capability']})" if env.get("compute_capability") else "")
         + f" · torch {env['torch_version']} · onnxruntime {env['onnxruntime_version']} · framefuse {env['framefuse_version']}",
         "",
         f"embed {cfg['embed']}, {cfg['layers']} layers, batch 1; {cfg['iters']} timed calls after {cfg['warmup']} warm-up "
@@ -425,8 +449,12 @@ def markdown(results: dict) -> str:
     for T in sorted({r["T"] for r in rows}):
         subset = [r for r in rows if r["T"] == T]
         title = "T = 1 (step form: one frame in, state kept on the device)" if T == 1 else f"T = {T} (sequence form)"
-        lines += [f"## {title}", "", "| rank | architecture | category | ms | p99 ms | FPS | viable at 60 FPS | best peer | peer ms | speedup |",
-                  "|---:|---|---|---:|---:|---:|:---:|---|---:|---:|"]
+        lines += [
+            f"## {title}",
+            "",
+            "| rank | architecture | category | ms | p99 ms | FPS | viable at 60 FPS | best peer | peer ms | speedup |",
+            "|---:|---|---|---:|---:|---:|:---:|---|---:|---:|",
+        ]
         ranked = sorted(subset, key=lambda r: r["engines"].get("framefuse", {}).get("p50_us", float("inf")))
         for rank, r in enumerate(ranked, 1):
             ff = r["engines"].get("framefuse", {})
@@ -444,9 +472,12 @@ def markdown(results: dict) -> str:
             )
         lines.append("")
     names = ["framefuse", *ABLATIONS, *PEERS]
-    lines += ["## Every engine (p50 µs; max abs error vs ONNX Runtime in the JSON)", "",
-              "| architecture | T | " + " | ".join(ENGINE_LABELS[n] for n in names) + " |",
-              "|---|---:|" + "---:|" * len(names)]
+    lines += [
+        "## Every engine (p50 µs; max abs error vs ONNX Runtime in the JSON)",
+        "",
+        "| architecture | T | " + " | ".join(ENGINE_LABELS[n] for n in names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
     for r in sorted(rows, key=lambda r: (r["T"], r["arch"])):
         cells = []
         for n in names:
@@ -484,7 +515,9 @@ def plot(results: dict, path: Path) -> str | None:
     rows = results["rows"]
     Ts = sorted({r["T"] for r in rows})
     names = ["framefuse", "framefuse_unfused", *PEERS]
-    fig, axes = plt.subplots(1, len(Ts), figsize=(7 * len(Ts), 0.5 * max(len(rows) // max(len(Ts), 1), 4) + 3), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(Ts), figsize=(7 * len(Ts), 0.5 * max(len(rows) // max(len(Ts), 1), 4) + 3), squeeze=False
+    )
     for ax, T in zip(axes[0], Ts):
         subset = sorted([r for r in rows if r["T"] == T], key=lambda r: r["arch"])
         y = np.arange(len(subset))
@@ -544,8 +577,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=32, help="T of the sequence form (default 32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is a GPU")
-    parser.add_argument("--compile", choices=["all", "step", "none"], default=None,
-                        help="which forms get a torch.compile peer (default all; --quick: step)")
+    parser.add_argument(
+        "--compile",
+        choices=["all", "step", "none"],
+        default=None,
+        help="which forms get a torch.compile peer (default all; --quick: step)",
+    )
     parser.add_argument("--no-driver-replay", action="store_true", help="skip the driver-replay ablation")
     parser.add_argument("--work", default=None, help="folder for the exported artifacts (default: a temporary folder)")
     parser.add_argument("--merge", nargs="+", metavar="E2E_JSON", help="merge earlier e2e.json files into one report")
@@ -599,8 +636,17 @@ def run(args) -> int:
         "benchmark": "framefuse e2e",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "environment": environment(device),
-        "config": {"embed": args.embed, "layers": args.layers, "seq": args.seq, "batch": 1, "iters": iters,
-                   "warmup": warmup, "compile": compile_choice, "archs": archs, "seed": args.seed},
+        "config": {
+            "embed": args.embed,
+            "layers": args.layers,
+            "seq": args.seq,
+            "batch": 1,
+            "iters": iters,
+            "warmup": warmup,
+            "compile": compile_choice,
+            "archs": archs,
+            "seed": args.seed,
+        },
         "rows": [],
         "errors": [],
     }
@@ -610,7 +656,9 @@ def run(args) -> int:
         for n, arch in enumerate(archs, 1):
             say(f"[{n}/{len(archs)}] {arch}: export → rewrite")
             try:
-                forms = prepare_artifacts(arch, work=work, embed=args.embed, layers=args.layers, seq=args.seq, seed=args.seed)
+                forms = prepare_artifacts(
+                    arch, work=work, embed=args.embed, layers=args.layers, seq=args.seq, seed=args.seed
+                )
             except Exception as exc:  # noqa: BLE001
                 message = f"{arch}: export failed: {type(exc).__name__}: {exc}"
                 results["errors"].append(message)
@@ -623,12 +671,23 @@ def run(args) -> int:
                 for key in ("fused_ops", "fused_error"):
                     if key in forms[form]:
                         say(f"  {arch} {form}: {key} = {forms[form][key]}")
-                row = bench_row(arch, form, forms[form], model=model, iters=iters, warmup=warmup, device=device,
-                                compile_forms=compile_forms, replays=replays)
+                row = bench_row(
+                    arch,
+                    form,
+                    forms[form],
+                    model=model,
+                    iters=iters,
+                    warmup=warmup,
+                    device=device,
+                    compile_forms=compile_forms,
+                    replays=replays,
+                )
                 results["rows"].append(row)
                 if "speedup_vs_best_peer" in row:
-                    say(f"  {arch} T={row['T']}: framefuse {row['speedup_vs_best_peer']:.2f}× vs best peer "
-                        f"({ENGINE_LABELS[row['best_peer']]})")
+                    say(
+                        f"  {arch} T={row['T']}: framefuse {row['speedup_vs_best_peer']:.2f}× vs best peer "
+                        f"({ENGINE_LABELS[row['best_peer']]})"
+                    )
                 write_reports(results, out)
             del model
             if device == "cuda":

@@ -75,8 +75,12 @@ def build_lstm_seq(batch, steps, dtype, large):
     h = HIDDEN
     s = 1 / math.sqrt(h)
     inputs = [
-        _r(steps, batch, h, dtype=dtype), _r(4 * h, h, dtype=dtype, scale=s), _r(4 * h, h, dtype=dtype, scale=s),
-        _r(8 * h, dtype=dtype, scale=s), torch.zeros(batch, h, device="cuda"), torch.zeros(batch, h, device="cuda"),
+        _r(steps, batch, h, dtype=dtype),
+        _r(4 * h, h, dtype=dtype, scale=s),
+        _r(4 * h, h, dtype=dtype, scale=s),
+        _r(8 * h, dtype=dtype, scale=s),
+        torch.zeros(batch, h, device="cuda"),
+        torch.zeros(batch, h, device="cuda"),
     ]
     return inputs, {}, f"T{steps} B{batch} I{h} H{h}"
 
@@ -85,8 +89,11 @@ def build_gru_seq(batch, steps, dtype, large):
     h = HIDDEN
     s = 1 / math.sqrt(h)
     inputs = [
-        _r(steps, batch, h, dtype=dtype), _r(3 * h, h, dtype=dtype, scale=s), _r(3 * h, h, dtype=dtype, scale=s),
-        _r(6 * h, dtype=dtype, scale=s), torch.zeros(batch, h, device="cuda"),
+        _r(steps, batch, h, dtype=dtype),
+        _r(3 * h, h, dtype=dtype, scale=s),
+        _r(3 * h, h, dtype=dtype, scale=s),
+        _r(6 * h, dtype=dtype, scale=s),
+        torch.zeros(batch, h, device="cuda"),
     ]
     return inputs, {}, f"T{steps} B{batch} I{h} H{h}"
 
@@ -114,7 +121,8 @@ def build_mlstm_scan(batch, steps, dtype, large):
     i_pre = _r(batch, heads, steps, dtype=dtype)
     f_pre = (torch.randn(batch, heads, steps, device="cuda") + 3).to(dtype)
     states = [
-        torch.zeros(batch, heads, dh, dh, device="cuda"), torch.zeros(batch, heads, dh, device="cuda"),
+        torch.zeros(batch, heads, dh, dh, device="cuda"),
+        torch.zeros(batch, heads, dh, device="cuda"),
         torch.zeros(batch, heads, device="cuda"),
     ]
     return [q, k, v, i_pre, f_pre, *states], {}, f"B{batch} H{heads} T{steps} Dh{dh}"
@@ -123,7 +131,8 @@ def build_mlstm_scan(batch, steps, dtype, large):
 def build_liquid_scan(batch, steps, dtype, large):
     h = HIDDEN
     inputs = [
-        _r(batch, steps, 4 * h, dtype=dtype), _r(4 * h, h, dtype=dtype, scale=1 / math.sqrt(h)),
+        _r(batch, steps, 4 * h, dtype=dtype),
+        _r(4 * h, h, dtype=dtype, scale=1 / math.sqrt(h)),
         torch.zeros(batch, h, device="cuda"),
     ]
     return inputs, {"ts": 1.0}, f"B{batch} T{steps} H{h}"
@@ -250,6 +259,7 @@ def bench_case(op_type, module, batch, steps, dtype, large, args):
     attempt("eager", eager)
     attempt("eager graph", lambda: graphed(eager()))
     if steps <= args.compile_max_steps or op_type == "Attention":  # Attention's reference has no time loop
+
         def compiled():
             fn = torch.compile(lambda: module.reference(*inputs, **attrs), mode="reduce-overhead")
             for _ in range(3):
@@ -258,7 +268,9 @@ def bench_case(op_type, module, batch, steps, dtype, large, args):
 
         attempt("compile", compiled)
     else:
-        variants["compile"] = {"error": f"skipped: T={steps} > {args.compile_max_steps} (the unrolled loop takes too long to compile)"}
+        variants["compile"] = {
+            "error": f"skipped: T={steps} > {args.compile_max_steps} (the unrolled loop takes too long to compile)"
+        }
     peer = library_peer(op_type, inputs, attrs)
     if peer is not None:
         name, fn = peer
@@ -283,8 +295,12 @@ COLUMNS = ["framefuse graph", "framefuse launch", "eager", "eager graph", "compi
 
 
 def markdown(results, header):
-    lines = [header, "", "| op | shape | " + " | ".join(COLUMNS) + " | best peer | speed-up | GB/s |",
-             "|" + "---|" * (len(COLUMNS) + 5)]
+    lines = [
+        header,
+        "",
+        "| op | shape | " + " | ".join(COLUMNS) + " | best peer | speed-up | GB/s |",
+        "|" + "---|" * (len(COLUMNS) + 5),
+    ]
     notes = []
     for r in results:
         if "error" in r:
@@ -306,8 +322,11 @@ def markdown(results, header):
         speed = f"{r['speedup_vs_best_peer']:.2f}×" if "speedup_vs_best_peer" in r else ""
         gbps = f"{r['gbps']:.0f}" if "gbps" in r else ""
         lines.append(f"| {r['op']} | {r['shape']} | " + " | ".join(cells) + f" | {best} | {speed} | {gbps} |")
-    lines += ["", "Times are µs per call, median (p99), CUDA events around each call. speed-up = best peer / best "
-              "framefuse variant (> 1: framefuse faster)."]
+    lines += [
+        "",
+        "Times are µs per call, median (p99), CUDA events around each call. speed-up = best peer / best "
+        "framefuse variant (> 1: framefuse faster).",
+    ]
     if notes:
         lines += ["", "Notes:", *notes]
     return "\n".join(lines) + "\n"
@@ -332,8 +351,10 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name()
-    header = (f"# framefuse kernels — {gpu}, {args.dtype}, torch {torch.__version__}, "
-              f"{datetime.datetime.now().isoformat(timespec='seconds')}")
+    header = (
+        f"# framefuse kernels — {gpu}, {args.dtype}, torch {torch.__version__}, "
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}"
+    )
     print(header, flush=True)
     results = []
     skipped = []
@@ -365,8 +386,15 @@ def main(argv=None) -> int:
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels.md").write_text(table)
-    meta = {"gpu": gpu, "dtype": args.dtype, "torch": torch.__version__, "python": platform.python_version(),
-            "time": datetime.datetime.now().isoformat(timespec="seconds"), "skipped": skipped, "results": results}
+    meta = {
+        "gpu": gpu,
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "time": datetime.datetime.now().isoformat(timespec="seconds"),
+        "skipped": skipped,
+        "results": results,
+    }
     (args.out / "kernels.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {args.out / 'kernels.md'} and {args.out / 'kernels.json'}")
     return 0

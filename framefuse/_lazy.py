@@ -4,7 +4,7 @@ name is used."""
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 
 def lazy_getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], object]:

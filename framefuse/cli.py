@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import importlib.util
 import sys
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from framefuse import __version__
 from framefuse.errors import FrameFuseError
@@ -149,7 +149,10 @@ def _add_common_options(parser: argparse.ArgumentParser, top_level: bool) -> Non
     default = False if top_level else argparse.SUPPRESS
     if "--quiet" not in parser._option_string_actions:
         parser.add_argument(
-            "-q", "--quiet", action="store_true", default=default,
+            "-q",
+            "--quiet",
+            action="store_true",
+            default=default,
             help="no progress or summary table (errors still go to stderr)",
         )
 

@@ -24,8 +24,9 @@ import copy
 import difflib
 import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from framefuse.errors import FrameFuseError
 
@@ -89,7 +90,7 @@ def _suggest(word: str, choices) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _yaml_loader():
     """PyYAML's SafeLoader, reading ``1e-4`` as a float (YAML 1.2) rather than a string."""
     import re
@@ -218,7 +219,9 @@ def zoo_model_keys(arch: str | None) -> tuple[set[str] | None, dict]:
         return None, {}
     if arch not in getattr(models, "ARCHITECTURES", ()):
         return None, {}
-    defaults = {k: v for k, v in models.default_config(arch).items() if k not in ("in_features", "out_features", "arch")}
+    defaults = {
+        k: v for k, v in models.default_config(arch).items() if k not in ("in_features", "out_features", "arch")
+    }
     return set(defaults), defaults
 
 
@@ -252,7 +255,9 @@ def _apply_overrides(cfg: dict, overrides: Mapping[str, Any], model_keys: set[st
             cfg[section] = {**cfg.get(section, {}), sub: value}
         elif key in DEFAULTS and key != "model":
             cfg[key] = value
-        elif key in cfg.get("model", {}) or (model_keys is not None and key in model_keys) or key in ("embed", "layers"):
+        elif (
+            key in cfg.get("model", {}) or (model_keys is not None and key in model_keys) or key in ("embed", "layers")
+        ):
             cfg["model"] = {**cfg.get("model", {}), key: value}
         else:
             raise ConfigError(

@@ -121,7 +121,21 @@ def test_help_lists_every_command_with_examples(capsys):
 def test_export_help_explains_the_options(capsys):
     assert main(["export", "--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("--arch", "--model", "--input-shape", "--form", "--config", "--out-dir", "--name", "--opset", "--seed", "--embed", "--layers", "--seq", "--batch"):
+    for option in (
+        "--arch",
+        "--model",
+        "--input-shape",
+        "--form",
+        "--config",
+        "--out-dir",
+        "--name",
+        "--opset",
+        "--seed",
+        "--embed",
+        "--layers",
+        "--seq",
+        "--batch",
+    ):
         assert option in out, option
     assert "min_gru" in out and "mamba" in out  # the architectures are listed
     assert "examples:" in out
@@ -226,10 +240,26 @@ def test_export_zoo_model_both_forms(tmp_path, capsys):
 
 def test_export_user_model_with_options(model_file, tmp_path, capsys):
     out = tmp_path / "art"
-    rc = main([
-        "export", "--model", f"{model_file}:make", "--input-shape", "2,5,8", "--out-features", "3",
-        "--name", "mine", "--opset", "18", "--seed", "4", "-o", str(out), "--quiet",
-    ])
+    rc = main(
+        [
+            "export",
+            "--model",
+            f"{model_file}:make",
+            "--input-shape",
+            "2,5,8",
+            "--out-features",
+            "3",
+            "--name",
+            "mine",
+            "--opset",
+            "18",
+            "--seed",
+            "4",
+            "-o",
+            str(out),
+            "--quiet",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     # --quiet prints only the artifact path; no step form: the sequence form alone
@@ -248,7 +278,19 @@ def test_export_user_model_default_form_notes_the_missing_step(model_file, tmp_p
 
 
 def test_export_user_step_model(model_file, tmp_path, capsys):
-    rc = main(["export", "--model", f"{model_file}:make_step", "--form", "step", "--in-features", "8", "-o", str(tmp_path / "a")])
+    rc = main(
+        [
+            "export",
+            "--model",
+            f"{model_file}:make_step",
+            "--form",
+            "step",
+            "--in-features",
+            "8",
+            "-o",
+            str(tmp_path / "a"),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "a" / "TinyStep-step" / "manifest.json").read_text())
     assert [i["name"] for i in manifest["inputs"]] == ["x", "state.h"]
@@ -273,8 +315,17 @@ def test_export_user_step_model(model_file, tmp_path, capsys):
         ("{file}:make_lgamma", [], ["aten::lgamma"]),
         ("{file}:make", ["--form", "step"], ["TinyNet", "step form"]),
     ],
-    ids=["missing-factory", "not-a-module", "not-callable", "no-factory", "missing-file", "shape-clash",
-         "wrong-shape", "unsupported-op", "no-step"],
+    ids=[
+        "missing-factory",
+        "not-a-module",
+        "not-callable",
+        "no-factory",
+        "missing-file",
+        "shape-clash",
+        "wrong-shape",
+        "unsupported-op",
+        "no-step",
+    ],
 )
 def test_export_bad_user_model(model_file, tmp_path, capsys, spec, extra, needles):
     out = tmp_path / "art"
@@ -290,10 +341,18 @@ def test_export_syntax_error_and_import_error_files(tmp_path, capsys):
     bad_import = tmp_path / "bad_import.py"
     bad_import.write_text("import framefuse_no_such_module_xyz\n\ndef make():\n    pass\n")
     out = tmp_path / "art"
-    assert_one_error(capsys, main(["export", "--model", f"{bad_syntax}:make", "-o", str(out)]), "syntax error at line 1", "bad_syntax.py")
     assert_one_error(
-        capsys, main(["export", "--model", f"{bad_import}:make", "-o", str(out)]),
-        "ModuleNotFoundError", "framefuse_no_such_module_xyz", "bad_import.py",
+        capsys,
+        main(["export", "--model", f"{bad_syntax}:make", "-o", str(out)]),
+        "syntax error at line 1",
+        "bad_syntax.py",
+    )
+    assert_one_error(
+        capsys,
+        main(["export", "--model", f"{bad_import}:make", "-o", str(out)]),
+        "ModuleNotFoundError",
+        "framefuse_no_such_module_xyz",
+        "bad_import.py",
     )
     assert not out.exists()
 
@@ -340,7 +399,9 @@ def _run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_python_dash_m_framefuse_export_and_errors(model_file, tmp_path):
-    ok = _run_module("export", "--model", f"{model_file}:make_fixed", "--input-shape", "1,4,8", "-o", "art", cwd=tmp_path)
+    ok = _run_module(
+        "export", "--model", f"{model_file}:make_fixed", "--input-shape", "1,4,8", "-o", "art", cwd=tmp_path
+    )
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "art" / "TinyNet" / "model.onnx").is_file()
     assert "TinyNet" in ok.stdout

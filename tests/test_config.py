@@ -129,7 +129,15 @@ def test_overrides_win_over_the_file(tmp_path):
     path = write(tmp_path, "arch: mamba\nmodel:\n  embed: 64\n  d_state: 8\nseq: 16\n")
     cfg = load_config(
         path,
-        overrides={"embed": 128, "layers": 3, "seq": 8, "batch": 2, "model.d_state": 4, "tolerance.fp32": 1e-5, "opset": 18},
+        overrides={
+            "embed": 128,
+            "layers": 3,
+            "seq": 8,
+            "batch": 2,
+            "model.d_state": 4,
+            "tolerance.fp32": 1e-5,
+            "opset": 18,
+        },
     )
     assert cfg["model"]["embed"] == 128 and cfg["model"]["layers"] == 3 and cfg["model"]["d_state"] == 4
     assert cfg["model"]["d_conv"] == 4  # untouched keys keep the zoo default

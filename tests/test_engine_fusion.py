@@ -20,9 +20,31 @@ from framefuse.engines.executor import GraphExecutor, optimization_enabled
 from framefuse.models import ARCHITECTURES
 
 # Ops that launch no kernel: allocations and metadata-only ops (views are recognised by schema).
-_NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "alias", "_unsafe_view", "view",
-              "as_strided", "expand", "permute", "t", "transpose", "unsqueeze", "squeeze", "slice", "select",
-              "split", "split_with_sizes", "narrow", "unbind", "_reshape_alias", "resize_"}
+_NO_KERNEL = {
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "detach",
+    "lift_fresh",
+    "alias",
+    "_unsafe_view",
+    "view",
+    "as_strided",
+    "expand",
+    "permute",
+    "t",
+    "transpose",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "split",
+    "split_with_sizes",
+    "narrow",
+    "unbind",
+    "_reshape_alias",
+    "resize_",
+}
 
 
 class _KernelCounter(TorchDispatchMode):
@@ -88,8 +110,9 @@ def fused_models():
 def _feeds(plan, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return {
-        name: (torch.randn(spec.shape, generator=generator) if spec.dtype.is_floating_point
-               else torch.zeros(spec.shape)).to(spec.dtype)
+        name: (
+            torch.randn(spec.shape, generator=generator) if spec.dtype.is_floating_point else torch.zeros(spec.shape)
+        ).to(spec.dtype)
         for name, spec in plan.input_specs.items()
     }
 

@@ -240,7 +240,9 @@ def test_both_forms_write_nothing_when_the_step_form_fails(tmp_path):
 
 def test_wrong_input_shape_names_the_shape(tmp_path):
     with pytest.raises(ShapeError) as err:
-        export_model(SequenceOnly(in_features=8), form="sequence", config={**SMALL, "in_features": 5}, out_dir=tmp_path / "o")
+        export_model(
+            SequenceOnly(in_features=8), form="sequence", config={**SMALL, "in_features": 5}, out_dir=tmp_path / "o"
+        )
     assert "[1, 6, 5]" in str(err.value)
     assert not (tmp_path / "o").exists()
 
@@ -404,7 +406,8 @@ def _mha() -> nn.Module:
 def _static_dims(values) -> list[str]:
     """Names of values with a missing or symbolic dim."""
     return [
-        v.name for v in values
+        v.name
+        for v in values
         if not v.type.tensor_type.HasField("shape")
         or any(not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
     ]
@@ -463,8 +466,9 @@ def test_multihead_attention_exports_with_its_fast_path_off_and_restored(exporte
         assert "Softmax" in ops and result.manifest["exporter"]["used"] == exporter
         # Restored after a failure too.
         with pytest.raises(ShapeError):
-            export_model(_mha(), form="sequence", config={**SMALL, "in_features": 5}, out_dir=tmp_path / "bad",
-                         exporter=exporter)
+            export_model(
+                _mha(), form="sequence", config={**SMALL, "in_features": 5}, out_dir=tmp_path / "bad", exporter=exporter
+            )
         assert mha.get_fastpath_enabled() is True
     finally:
         mha.set_fastpath_enabled(before)

@@ -41,10 +41,16 @@ def test_reference_matches_transformers_qwen3_next(B, H, T, Dk, Dv):
         return x.transpose(1, 2).contiguous()
 
     o_hf, S_hf = qwen.torch_recurrent_gated_delta_rule(
-        seq_major(q), seq_major(k), seq_major(v), seq_major(g), seq_major(beta),
-        initial_state=S0, output_final_state=True)
+        seq_major(q),
+        seq_major(k),
+        seq_major(v),
+        seq_major(g),
+        seq_major(beta),
+        initial_state=S0,
+        output_final_state=True,
+    )
     # transformers scales q by 1/√Dk inside; the op takes q already scaled (done in the graph).
-    o, S = GD.reference(q / Dk ** 0.5, k, v, g, beta, S0)
+    o, S = GD.reference(q / Dk**0.5, k, v, g, beta, S0)
     torch.testing.assert_close(o.float(), o_hf.transpose(1, 2).float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(S, S_hf.float(), rtol=1e-5, atol=1e-5)
 
@@ -76,7 +82,7 @@ def test_step_form_chains_into_sequence_form():
     o_full, S_full = GD.reference(q, k, v, g, beta)
     S, outs = None, []
     for t in range(9):
-        o_t, S = GD.reference(*(x[:, :, t:t + 1] for x in (q, k, v, g, beta)), S)
+        o_t, S = GD.reference(*(x[:, :, t : t + 1] for x in (q, k, v, g, beta)), S)
         outs.append(o_t)
     torch.testing.assert_close(torch.cat(outs, 2), o_full, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(S, S_full, rtol=1e-6, atol=1e-6)
@@ -104,7 +110,9 @@ def test_schema_shapes_and_errors():
     assert schema.name == "GatedDeltaRuleScan" and schema.domain == "framefuse"
     assert schema.input_names == ("q", "k", "v", "g", "beta", "S0")
     assert schema.infer_shapes([(2, 3, 5, 8), (2, 3, 5, 8), (2, 3, 5, 4), (2, 3, 5), (2, 3, 5)], {}) == [
-        (2, 3, 5, 4), (2, 3, 8, 4)]
+        (2, 3, 5, 4),
+        (2, 3, 8, 4),
+    ]
     with pytest.raises(SchemaError, match=r"GatedDeltaRuleScan: input S0 must have shape \[B, H, Dk, Dv\]"):
         schema.infer_shapes([(2, 3, 5, 8), (2, 3, 5, 8), (2, 3, 5, 4), (2, 3, 5), (2, 3, 5), (2, 3, 4, 8)], {})
     with pytest.raises(SchemaError, match="GatedDeltaRuleScan.*sequence lengths"):
@@ -121,7 +129,9 @@ def test_runs_through_onnx_runtime_bridge():
     f = TensorProto.FLOAT
     ins = (("q", [B, H, T, Dk]), ("k", [B, H, T, Dk]), ("v", [B, H, T, Dv]), ("g", [B, H, T]), ("beta", [B, H, T]))
     graph = helper.make_graph(
-        [node], "gdr", [helper.make_tensor_value_info(n, f, s) for n, s in ins],
+        [node],
+        "gdr",
+        [helper.make_tensor_value_info(n, f, s) for n, s in ins],
         [helper.make_tensor_value_info("o", f, [B, H, T, Dv]), helper.make_tensor_value_info("S", f, [B, H, Dk, Dv])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)])

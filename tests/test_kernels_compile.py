@@ -32,9 +32,7 @@ def test_gencode_flags_cover_default_archs_and_ptx_for_newest():
 @needs_nvcc
 def test_every_kernel_compiles_for_every_arch():
     records = build_kernels.build(check=True, jobs=2, log=lambda *_: None)
-    failures = [
-        f"{r['op']}: archs {r['failed_archs']}\n{r['command']}\n{r['error']}" for r in records if not r["ok"]
-    ]
+    failures = [f"{r['op']}: archs {r['failed_archs']}\n{r['command']}\n{r['error']}" for r in records if not r["ok"]]
     assert not failures, "kernels that do not compile:\n" + "\n\n".join(failures)
     assert len(records) == len(build_kernels.kernel_sources())
 

@@ -15,7 +15,17 @@ from framefuse.models.mamba import selective_scan_ref
 from framefuse.models.xlstm import MLSTMMixer
 
 EXPECTED_ARCHS = [
-    "attention", "delta_net", "gated_ssm", "gru", "jamba", "liquid", "lstm", "mamba", "min_gru", "min_lstm", "xlstm",
+    "attention",
+    "delta_net",
+    "gated_ssm",
+    "gru",
+    "jamba",
+    "liquid",
+    "lstm",
+    "mamba",
+    "min_gru",
+    "min_lstm",
+    "xlstm",
 ]
 CATEGORIES = {"rnn", "linear-rnn", "linear-attention", "ssm", "attention", "hybrid", "liquid"}
 HEADED = [a for a in EXPECTED_ARCHS if "heads" in default_config(a)]
@@ -129,8 +139,16 @@ def test_state_layouts_of_named_architectures():
     assert [tuple(s.shape) for s in attn.init_state(2)][:3] == [(2, 2, 32, 6), (2, 2, 32, 6), (2, 32)]
     jamba = small_model("jamba", embed=24, layers=4)
     assert jamba.state_names() == [
-        "l0_conv", "l0_ssm", "l1_k_cache", "l1_v_cache", "l1_valid",
-        "l2_conv", "l2_ssm", "l3_k_cache", "l3_v_cache", "l3_valid",
+        "l0_conv",
+        "l0_ssm",
+        "l1_k_cache",
+        "l1_v_cache",
+        "l1_valid",
+        "l2_conv",
+        "l2_ssm",
+        "l3_k_cache",
+        "l3_v_cache",
+        "l3_valid",
     ]
     xl = small_model("xlstm", embed=24)
     assert [tuple(s.shape) for s in xl.init_state(2)][:3] == [(2, 4, 6, 6), (2, 4, 6), (2, 4)]
@@ -202,9 +220,16 @@ def test_default_config(arch):
 
 def test_arch_specific_defaults():
     assert {k: default_config("mamba")[k] for k in ("d_state", "d_conv", "expand", "dt_rank")} == {
-        "d_state": 16, "d_conv": 4, "expand": 2, "dt_rank": "auto"}
+        "d_state": 16,
+        "d_conv": 4,
+        "expand": 2,
+        "dt_rank": "auto",
+    }
     assert {k: default_config("attention")[k] for k in ("heads", "kv_heads", "window")} == {
-        "heads": 4, "kv_heads": 2, "window": 32}
+        "heads": 4,
+        "kv_heads": 2,
+        "window": 32,
+    }
     assert default_config("delta_net")["heads"] == 4 and default_config("xlstm")["heads"] == 4
     assert set(default_config("jamba")) >= set(default_config("mamba")) | set(default_config("attention"))
     assert set(default_config("lstm")) == set(BASE_DEFAULTS)
@@ -337,8 +362,14 @@ def test_mlstm_stabilised_scan_equals_unstabilised_form():
     f_pre = 2 * torch.randn(b, h, length, generator=g, dtype=torch.float64)
     zeros = torch.zeros
     hs, C_s, n_s, m_s = MLSTMMixer.mlstm_scan(
-        q, k, v, i_pre, f_pre,
-        zeros(b, h, d, d, dtype=torch.float64), zeros(b, h, d, dtype=torch.float64), zeros(b, h, dtype=torch.float64),
+        q,
+        k,
+        v,
+        i_pre,
+        f_pre,
+        zeros(b, h, d, d, dtype=torch.float64),
+        zeros(b, h, d, dtype=torch.float64),
+        zeros(b, h, dtype=torch.float64),
     )
     C = zeros(b, h, d, d, dtype=torch.float64)
     n = zeros(b, h, d, dtype=torch.float64)

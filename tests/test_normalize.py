@@ -61,7 +61,9 @@ def test_leftovers_are_removed_counted_and_semantics_kept():
     assert _ops(out) == ["Tanh", "Cast", "Cast"]
     assert [n.attribute[0].i for n in out.graph.node if n.op_type == "Cast"] == [F16, F32]
     assert counts == {"no-op Cast": 1, "Identity": 2, "inference Dropout": 1, "identity Transpose": 1}
-    assert notes == ["normalized before the passes: 2 Identity, 1 identity Transpose, 1 inference Dropout, 1 no-op Cast"]
+    assert notes == [
+        "normalized before the passes: 2 Identity, 1 identity Transpose, 1 inference Dropout, 1 no-op Cast"
+    ]
     onnx.checker.check_model(out, full_check=True)
     x = np.random.default_rng(0).standard_normal((1, 4, 3)).astype(np.float32)
     np.testing.assert_array_equal(_run(out, {"x": x})[0], _run(model, {"x": x})[0])
@@ -119,7 +121,10 @@ def test_a_subgraph_reading_a_removed_identity_reads_its_source():
             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
             helper.make_tensor_value_info("s_in", F32, [2]),
         ],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("s_out", F32, [2])],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("s_out", F32, [2]),
+        ],
     )
     nodes = [
         helper.make_node("Identity", ["x"], ["i0"]),

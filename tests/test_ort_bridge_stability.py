@@ -31,8 +31,10 @@ def linear_scan_model(with_h0: bool, dtype: int = TensorProto.FLOAT) -> onnx.Mod
     if with_h0:
         inputs.append(helper.make_tensor_value_info("h0", TensorProto.FLOAT, [2, 3]))
     node = helper.make_node("LinearScan", [i.name for i in inputs], ["h", "h_last"], name="scan", domain="framefuse")
-    outputs = [helper.make_tensor_value_info("h", dtype, shape),
-               helper.make_tensor_value_info("h_last", TensorProto.FLOAT, [2, 3])]
+    outputs = [
+        helper.make_tensor_value_info("h", dtype, shape),
+        helper.make_tensor_value_info("h_last", TensorProto.FLOAT, [2, 3]),
+    ]
     graph = helper.make_graph([node], "scan", inputs, outputs)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)])
 
@@ -129,16 +131,23 @@ CHILD = textwrap.dedent(
 
 def run_child(mode: str, iterations: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-    return subprocess.run([sys.executable, "-c", CHILD, mode, str(iterations), str(ROOT)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(iterations), str(ROOT)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_sessions_survive_later_registrations():
     # 4 processes × 10 patterns; the unfixed bridge crashed in every process on its first pattern.
     for attempt in range(4):
         proc = run_child("per-signature-domain", 10)
-        assert proc.returncode == 0, (f"child {attempt} failed (rc {proc.returncode}):\n"
-                                      f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        assert proc.returncode == 0, (
+            f"child {attempt} failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
         assert "PASSED 10" in proc.stdout
 
 

@@ -36,12 +36,17 @@ def fused_linear_scan_model(*, with_h0=True, dtype=TP.FLOAT, scale_b=1.0):
         inputs.append(oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, D]))
         scan_inputs.append("h0")
     np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
-    nodes = [oh.make_node("Mul", ["b", "k"], ["b_scaled"]),
-             oh.make_node("LinearScan", scan_inputs, ["h", "h_last"], domain="framefuse", name="scan")]
-    graph = oh.make_graph(nodes, "g", inputs,
-                          [oh.make_tensor_value_info("h", dtype, [Bt, T, D]),
-                           oh.make_tensor_value_info("h_last", TP.FLOAT, [Bt, D])],
-                          initializer=[nh.from_array(np.asarray(scale_b, np_dtype), "k")])
+    nodes = [
+        oh.make_node("Mul", ["b", "k"], ["b_scaled"]),
+        oh.make_node("LinearScan", scan_inputs, ["h", "h_last"], domain="framefuse", name="scan"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [oh.make_tensor_value_info("h", dtype, [Bt, T, D]), oh.make_tensor_value_info("h_last", TP.FLOAT, [Bt, D])],
+        initializer=[nh.from_array(np.asarray(scale_b, np_dtype), "k")],
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("framefuse", 1)])
     model.ir_version = 9
     return model
@@ -50,19 +55,31 @@ def fused_linear_scan_model(*, with_h0=True, dtype=TP.FLOAT, scale_b=1.0):
 def plain_linear_scan_model():
     """The same recurrence as an ONNX Scan (the 'original' side of a comparison)."""
     body = oh.make_graph(
-        [oh.make_node("Mul", ["a_t", "h_in"], ["ah"]), oh.make_node("Add", ["ah", "b_t"], ["h_out"]),
-         oh.make_node("Identity", ["h_out"], ["y_t"])], "body",
+        [
+            oh.make_node("Mul", ["a_t", "h_in"], ["ah"]),
+            oh.make_node("Add", ["ah", "b_t"], ["h_out"]),
+            oh.make_node("Identity", ["h_out"], ["y_t"]),
+        ],
+        "body",
         [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, D]) for n in ("h_in", "a_t", "b_t")],
-        [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, D]) for n in ("h_out", "y_t")])
-    nodes = [oh.make_node("Transpose", ["a"], ["a_tm"], perm=[1, 0, 2]),
-             oh.make_node("Transpose", ["b"], ["b_tm"], perm=[1, 0, 2]),
-             oh.make_node("Scan", ["h0", "a_tm", "b_tm"], ["h_last", "h_tm"], num_scan_inputs=2, body=body),
-             oh.make_node("Transpose", ["h_tm"], ["h"], perm=[1, 0, 2])]
-    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("a", TP.FLOAT, [Bt, T, D]),
-                                       oh.make_tensor_value_info("b", TP.FLOAT, [Bt, T, D]),
-                                       oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, D])],
-                          [oh.make_tensor_value_info("h", TP.FLOAT, [Bt, T, D]),
-                           oh.make_tensor_value_info("h_last", TP.FLOAT, [Bt, D])])
+        [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, D]) for n in ("h_out", "y_t")],
+    )
+    nodes = [
+        oh.make_node("Transpose", ["a"], ["a_tm"], perm=[1, 0, 2]),
+        oh.make_node("Transpose", ["b"], ["b_tm"], perm=[1, 0, 2]),
+        oh.make_node("Scan", ["h0", "a_tm", "b_tm"], ["h_last", "h_tm"], num_scan_inputs=2, body=body),
+        oh.make_node("Transpose", ["h_tm"], ["h"], perm=[1, 0, 2]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [
+            oh.make_tensor_value_info("a", TP.FLOAT, [Bt, T, D]),
+            oh.make_tensor_value_info("b", TP.FLOAT, [Bt, T, D]),
+            oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, D]),
+        ],
+        [oh.make_tensor_value_info("h", TP.FLOAT, [Bt, T, D]), oh.make_tensor_value_info("h_last", TP.FLOAT, [Bt, D])],
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 9
     return model
@@ -106,8 +123,12 @@ def test_prepare_for_ort_leaves_original_untouched():
 
 
 def test_compare_passes_and_writes_report(tmp_path):
-    report = compare(plain_linear_scan_model(), fused_linear_scan_model(), tolerance=1e-5,
-                     report_path=tmp_path / "parity-report.json")
+    report = compare(
+        plain_linear_scan_model(),
+        fused_linear_scan_model(),
+        tolerance=1e-5,
+        report_path=tmp_path / "parity-report.json",
+    )
     assert report.passed
     assert {o.name for o in report.outputs} == {"h", "h_last"}
     assert all(o.max_abs < 1e-5 for o in report.outputs)
@@ -118,8 +139,12 @@ def test_compare_passes_and_writes_report(tmp_path):
 
 def test_compare_detects_mismatch(tmp_path):
     # The fused side computes b·1.01 instead of b: a 1 % error must fail a 1e-4 tolerance.
-    report = compare(plain_linear_scan_model(), fused_linear_scan_model(scale_b=1.01), tolerance=1e-4,
-                     report_path=tmp_path / "parity-report.json")
+    report = compare(
+        plain_linear_scan_model(),
+        fused_linear_scan_model(scale_b=1.01),
+        tolerance=1e-4,
+        report_path=tmp_path / "parity-report.json",
+    )
     assert not report.passed
     assert all(not o.passed for o in report.outputs)
     assert max(o.max_abs for o in report.outputs) > 1e-3

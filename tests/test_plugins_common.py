@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
-import os
 import pathlib
 import subprocess
 import sys
@@ -78,8 +76,16 @@ def test_attrs_with_defaults_casts_and_rejects_unknown():
 def test_registry_lists_the_eight_ops_and_loads_ours():
     assert registry.DOMAIN == "framefuse"
     assert set(registry.OP_TYPES) == {
-        "LinearScan", "SelectiveScan", "LSTMSeq", "GRUSeq", "Attention", "DeltaRuleScan", "MLSTMScan", "LiquidScan",
-        "WKVScan", "GatedDeltaRuleScan",
+        "LinearScan",
+        "SelectiveScan",
+        "LSTMSeq",
+        "GRUSeq",
+        "Attention",
+        "DeltaRuleScan",
+        "MLSTMScan",
+        "LiquidScan",
+        "WKVScan",
+        "GatedDeltaRuleScan",
     }
     for op_type in ("LinearScan", "SelectiveScan"):
         module = registry.get_op(op_type)
@@ -307,7 +313,9 @@ def test_linear_scan_validation_errors():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("batch,steps,channels", [(1, 1, 1), (1, 32, 256), (1, 4096, 256), (64, 4096, 257), (7, 1000, 33), (1, 64, 1)])
+@pytest.mark.parametrize(
+    "batch,steps,channels", [(1, 1, 1), (1, 32, 256), (1, 4096, 256), (64, 4096, 257), (7, 1000, 33), (1, 64, 1)]
+)
 def test_linear_scan_plan_invariants(dtype, batch, steps, channels):
     from framefuse.plugins.linear_scan import interface
 
@@ -505,7 +513,9 @@ def test_kernel_launch_packs_ctypes_params_and_reports_errors(monkeypatch):
 
     fake.launch_error = 1
     with pytest.raises(cuda.KernelLaunchError) as info:
-        kernel.launch(1, 32, [cuda.ptr(None), cuda.i32(1), cuda.f32(1.0)], stream=5, op="LinearScan", detail="a=[1, 2, 3]")
+        kernel.launch(
+            1, 32, [cuda.ptr(None), cuda.i32(1), cuda.f32(1.0)], stream=5, op="LinearScan", detail="a=[1, 2, 3]"
+        )
     message = str(info.value)
     assert "LinearScan kernel toy_f32 launch failed [a=[1, 2, 3]]" in message
     assert "CUDA_ERROR_INVALID_VALUE: invalid argument" in message

@@ -34,8 +34,9 @@ def export(module, args, path):
     names = [f"in{i}" for i in range(len(args))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, str(path), dynamo=False, opset_version=17,
-                          input_names=names, output_names=["out"])
+        torch.onnx.export(
+            module.eval(), args, str(path), dynamo=False, opset_version=17, input_names=names, output_names=["out"]
+        )
     return path, {n: a.numpy() for n, a in zip(names, args)}
 
 
@@ -66,8 +67,11 @@ class SDPA(torch.nn.Module):
 
 def qkv(hkv=H, tq=T, tk=T, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, tq, D, generator=g), torch.randn(B, hkv, tk, D, generator=g),
-            torch.randn(B, hkv, tk, D, generator=g))
+    return (
+        torch.randn(B, H, tq, D, generator=g),
+        torch.randn(B, hkv, tk, D, generator=g),
+        torch.randn(B, hkv, tk, D, generator=g),
+    )
 
 
 def check(path, feeds, fused):
@@ -173,7 +177,7 @@ class HandWritten(torch.nn.Module):
     def forward(self, x, keep, scale=None):
         q, k, v = self.proj(x).chunk(3, dim=-1)  # [B, T, D] each: rank-3 attention
         s = q @ k.transpose(-1, -2)
-        s = s * scale if self.scale_input else s / (D ** 0.5)
+        s = s * scale if self.scale_input else s / (D**0.5)
         s = s.masked_fill(~keep, float("-inf"))
         return torch.softmax(s, dim=self.softmax_dim) @ v
 
@@ -197,7 +201,9 @@ def test_softmax_over_other_axis_declined(tmp_path):
 
 def test_runtime_scale_declined(tmp_path):
     keep = torch.ones(T, T, dtype=torch.bool)
-    path, _ = export(HandWritten(scale_input=True), (torch.randn(B, T, D), keep, torch.tensor(0.3)), tmp_path / "a.onnx")
+    path, _ = export(
+        HandWritten(scale_input=True), (torch.randn(B, T, D), keep, torch.tensor(0.3)), tmp_path / "a.onnx"
+    )
     fused, report = rewrite_model(path)
     assert not fused_nodes(fused)
     assert "scale" in report.declined[0].reason and "constant" in report.declined[0].reason
@@ -212,16 +218,24 @@ class ProbsToo(torch.nn.Module):
 def test_probabilities_used_elsewhere_declined(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(ProbsToo(), qkv(), str(tmp_path / "a.onnx"), dynamo=False, opset_version=17,
-                          input_names=["q", "k", "v"], output_names=["o", "p"])
+        torch.onnx.export(
+            ProbsToo(),
+            qkv(),
+            str(tmp_path / "a.onnx"),
+            dynamo=False,
+            opset_version=17,
+            input_names=["q", "k", "v"],
+            output_names=["o", "p"],
+        )
     fused, report = rewrite_model(tmp_path / "a.onnx")
     assert not fused_nodes(fused)
     assert "probabilities" in report.declined[0].reason
 
 
 def test_classifier_softmax_is_not_a_candidate(tmp_path):
-    path, _ = export(torch.nn.Sequential(torch.nn.Linear(D, 5), torch.nn.Softmax(dim=-1)), (torch.randn(B, D),),
-                     tmp_path / "a.onnx")
+    path, _ = export(
+        torch.nn.Sequential(torch.nn.Linear(D, 5), torch.nn.Softmax(dim=-1)), (torch.randn(B, D),), tmp_path / "a.onnx"
+    )
     fused, report = rewrite_model(path)
     assert not report.matches and not report.declined
 
@@ -242,14 +256,26 @@ class WindowStep(torch.nn.Module):
 def test_step_form_window_attention(tmp_path, attention_op):
     W = 8
     g = torch.Generator().manual_seed(1)
-    args = (torch.randn(B, H, 1, D, generator=g), torch.randn(B, H, 1, D, generator=g), torch.randn(B, H, 1, D, generator=g),
-            torch.randn(B, H, W, D, generator=g), torch.randn(B, H, W, D, generator=g),
-            (torch.arange(W) >= 5).float().expand(B, W).contiguous())
+    args = (
+        torch.randn(B, H, 1, D, generator=g),
+        torch.randn(B, H, 1, D, generator=g),
+        torch.randn(B, H, 1, D, generator=g),
+        torch.randn(B, H, W, D, generator=g),
+        torch.randn(B, H, W, D, generator=g),
+        (torch.arange(W) >= 5).float().expand(B, W).contiguous(),
+    )
     names = ["q", "k_new", "v_new", "k_cache", "v_cache", "valid"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(WindowStep(), args, str(tmp_path / "s.onnx"), dynamo=False, opset_version=17,
-                          input_names=names, output_names=["o", "k_next", "v_next", "valid_next"])
+        torch.onnx.export(
+            WindowStep(),
+            args,
+            str(tmp_path / "s.onnx"),
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            output_names=["o", "k_next", "v_next", "valid_next"],
+        )
     fused, report = rewrite_model(tmp_path / "s.onnx")
     (node,) = fused_nodes(fused)
     assert len(node.input) == 4, "the valid mask must reach the node as its mask input"
@@ -288,10 +314,20 @@ def onnx_attention_model(*, rank=4, causal=0, mask=None, past=0, hq=4, hkv=2, tq
     return model
 
 
-@pytest.mark.parametrize("kwargs", [
-    {}, {"causal": 1}, {"mask": TP.FLOAT}, {"mask": TP.BOOL}, {"rank": 3}, {"past": 3, "causal": 1},
-    {"causal": 1, "tq": 2, "tk": 5}, {"hkv": 4, "mask": TP.FLOAT, "causal": 1},
-], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"causal": 1},
+        {"mask": TP.FLOAT},
+        {"mask": TP.BOOL},
+        {"rank": 3},
+        {"past": 3, "causal": 1},
+        {"causal": 1, "tq": 2, "tk": 5},
+        {"hkv": 4, "mask": TP.FLOAT, "causal": 1},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain",
+)
 def test_opset23_attention(attention_op, kwargs):
     model = onnx_attention_model(**kwargs)
     fused, report = rewrite_model(model)

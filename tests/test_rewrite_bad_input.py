@@ -81,12 +81,19 @@ def test_unknown_framefuse_op():
 
 
 def test_unknown_op_inside_a_loop_body():
-    inner = oh.make_graph([oh.make_node("Mystery", ["h_in"], ["h_out"], name="inner_mystery", domain="x.y")], "body",
-                          [oh.make_tensor_value_info("h_in", TP.FLOAT, [3]), oh.make_tensor_value_info("s", TP.FLOAT, [3])],
-                          [oh.make_tensor_value_info("h_out", TP.FLOAT, [3])])
+    inner = oh.make_graph(
+        [oh.make_node("Mystery", ["h_in"], ["h_out"], name="inner_mystery", domain="x.y")],
+        "body",
+        [oh.make_tensor_value_info("h_in", TP.FLOAT, [3]), oh.make_tensor_value_info("s", TP.FLOAT, [3])],
+        [oh.make_tensor_value_info("h_out", TP.FLOAT, [3])],
+    )
     scan = oh.make_node("Scan", ["h0", "xs"], ["hT"], num_scan_inputs=1, body=inner, name="scan")
-    model = _model([scan], [oh.make_tensor_value_info("h0", TP.FLOAT, [3]), oh.make_tensor_value_info("xs", TP.FLOAT, [4, 3])],
-                   [oh.make_tensor_value_info("hT", TP.FLOAT, [3])], opsets=(("", 17), ("x.y", 1)))
+    model = _model(
+        [scan],
+        [oh.make_tensor_value_info("h0", TP.FLOAT, [3]), oh.make_tensor_value_info("xs", TP.FLOAT, [4, 3])],
+        [oh.make_tensor_value_info("hT", TP.FLOAT, [3])],
+        opsets=(("", 17), ("x.y", 1)),
+    )
     with pytest.raises(RewriteError) as err:
         rewrite_model(model)
     assert "inner_mystery" in str(err.value) and "scan" in str(err.value)

@@ -26,8 +26,15 @@ def export(module: nn.Module, args: tuple, input_names, output_names) -> onnx.Mo
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=17,
-                          input_names=list(input_names), output_names=list(output_names))
+        torch.onnx.export(
+            module.eval(),
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=list(input_names),
+            output_names=list(output_names),
+        )
     model = onnx.load_from_string(buffer.getvalue())
     model.ir_version = min(model.ir_version, 10)
     return model
@@ -65,6 +72,7 @@ def fuse(model, op_type, count=1):
 
 
 # --- WKV ---------------------------------------------------------------------------------------
+
 
 class WKVLoop(nn.Module):
     """RWKV-4 time mixing written as transformers' CPU path, with outputs stacked; the state
@@ -114,8 +122,12 @@ def test_wkv_loop_fuses_and_node_count_does_not_grow_with_T(B):
 def test_wkv_with_state_inputs_and_outputs(T):
     torch.manual_seed(1)
     B, C = 2, 6
-    model = export(WKVLoop(C), (torch.randn(B, T, F), torch.randn(B, C), torch.rand(B, C) + 0.5, torch.randn(B, C)),
-                   ["x", "state.num", "state.den", "state.max"], ["y", "next_state.num", "next_state.den", "next_state.max"])
+    model = export(
+        WKVLoop(C),
+        (torch.randn(B, T, F), torch.randn(B, C), torch.rand(B, C) + 0.5, torch.randn(B, C)),
+        ["x", "state.num", "state.den", "state.max"],
+        ["y", "next_state.num", "next_state.den", "next_state.max"],
+    )
     fused, _ = fuse(model, "WKVScan")
     node = next(n for n in fused.graph.node if n.op_type == "WKVScan")
     assert list(node.input[4:]) == ["state.num", "state.den", "state.max"]
@@ -158,8 +170,14 @@ def test_transformers_rwkv_model_fuses_every_wkv_recurrence():
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            config = transformers.RwkvConfig(vocab_size=50, hidden_size=64, num_hidden_layers=2,
-                                             attention_hidden_size=64, intermediate_size=128, context_length=64)
+            config = transformers.RwkvConfig(
+                vocab_size=50,
+                hidden_size=64,
+                num_hidden_layers=2,
+                attention_hidden_size=64,
+                intermediate_size=128,
+                context_length=64,
+            )
             self.model = transformers.RwkvModel(config).eval()
 
         def forward(self, ids):
@@ -181,8 +199,14 @@ def test_transformers_rwkv_step_form_with_state_fuses():
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            config = transformers.RwkvConfig(vocab_size=50, hidden_size=64, num_hidden_layers=2,
-                                             attention_hidden_size=64, intermediate_size=128, context_length=64)
+            config = transformers.RwkvConfig(
+                vocab_size=50,
+                hidden_size=64,
+                num_hidden_layers=2,
+                attention_hidden_size=64,
+                intermediate_size=128,
+                context_length=64,
+            )
             self.model = transformers.RwkvModel(config).eval()
 
         def forward(self, ids, *state):
@@ -190,8 +214,12 @@ def test_transformers_rwkv_step_form_with_state_fuses():
             return (out.last_hidden_state, *out.state)
 
     state = [torch.randn(1, 64, 2) for _ in range(5)]
-    model = export(Step(), (torch.randint(0, 50, (1, 1)), *state), ["ids"] + [f"state.s{i}" for i in range(5)],
-                   ["hidden"] + [f"next_state.s{i}" for i in range(5)])
+    model = export(
+        Step(),
+        (torch.randint(0, 50, (1, 1)), *state),
+        ["ids"] + [f"state.s{i}" for i in range(5)],
+        ["hidden"] + [f"next_state.s{i}" for i in range(5)],
+    )
     fused, report = fuse(model, "WKVScan", count=2)
     assert not [n for n in fused.graph.node if n.op_type in ("Max", "Exp", "Div")]
     assert remaining_recurrence_ops(gs.import_onnx(fused)) == 0
@@ -204,6 +232,7 @@ def test_transformers_rwkv_step_form_with_state_fuses():
 
 
 # --- gated delta rule --------------------------------------------------------------------------
+
 
 class GatedDeltaLoop(nn.Module):
     """Gated DeltaNet written as transformers' recurrent form, read-outs stacked, state in and out."""
@@ -236,8 +265,9 @@ def test_gated_delta_loop_fuses_and_node_count_does_not_grow_with_T(B):
     counts = []
     for T in (5, 9):
         torch.manual_seed(3)
-        model = export(GatedDeltaLoop(), (torch.randn(B, T, F), torch.randn(B, 2, 4, 3)),
-                       ["x", "state.S"], ["o", "next_state.S"])
+        model = export(
+            GatedDeltaLoop(), (torch.randn(B, T, F), torch.randn(B, 2, 4, 3)), ["x", "state.S"], ["o", "next_state.S"]
+        )
         fused, report = fuse(model, "GatedDeltaRuleScan")
         assert remaining_recurrence_ops(gs.import_onnx(fused)) == 0
         assert report.remaining_per_timestep_ops.get("unrolled", 0) == 0
@@ -260,7 +290,7 @@ class GatedDeltaFLA(nn.Module):
 
     def forward(self, x):
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.H, self.dk) * self.dk ** -0.5
+        q = self.q(x).view(B, T, self.H, self.dk) * self.dk**-0.5
         k = nn.functional.normalize(self.k(x).view(B, T, self.H, self.dk), dim=-1)
         v = self.v(x).view(B, T, self.H, self.dv)
         g, beta = nn.functional.logsigmoid(self.a(x)), torch.sigmoid(self.b(x))
@@ -291,8 +321,9 @@ def test_gated_delta_fla_naive_form_with_einsum_readout():
 
 def test_gated_delta_step_form():
     torch.manual_seed(4)
-    model = export(GatedDeltaLoop(), (torch.randn(1, 1, F), torch.randn(1, 2, 4, 3)), ["x", "state.S"],
-                   ["o", "next_state.S"])
+    model = export(
+        GatedDeltaLoop(), (torch.randn(1, 1, F), torch.randn(1, 2, 4, 3)), ["x", "state.S"], ["o", "next_state.S"]
+    )
     fused, _ = fuse(model, "GatedDeltaRuleScan")
     assert_parity(model, fused)
 
@@ -300,8 +331,12 @@ def test_gated_delta_step_form():
 def test_gated_delta_summed_over_the_wrong_axis_is_declined():
     torch.manual_seed(5)
     # Σ over Dv instead of Dk: shapes only work when Dk = Dv, and it is not the gated delta rule.
-    model = export(GatedDeltaLoop(dk=3, dv=3, sum_axis=-1), (torch.randn(2, 4, F), torch.randn(2, 2, 3, 3)),
-                   ["x", "state.S"], ["o", "next_state.S"])
+    model = export(
+        GatedDeltaLoop(dk=3, dv=3, sum_axis=-1),
+        (torch.randn(2, 4, F), torch.randn(2, 2, 3, 3)),
+        ["x", "state.S"],
+        ["o", "next_state.S"],
+    )
     fused, report = rewrite_model(model, passes=PASSES)
     assert "GatedDeltaRuleScan" not in framefuse_ops(fused)
     reasons = [d.reason for d in report.declined if d.pass_name == "unrolled-gated-delta-rule-scan"]
@@ -327,8 +362,9 @@ def test_transformers_qwen3_next_recurrent_gated_delta_rule_fuses():
             v = self.v(x).view(B, T, self.H, self.dv)
             g = -self.A_log.exp() * nn.functional.softplus(self.a(x))
             beta = torch.sigmoid(self.b(x))
-            return qwen.torch_recurrent_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
-                                                         use_qk_l2norm_in_kernel=True)
+            return qwen.torch_recurrent_gated_delta_rule(
+                q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True
+            )
 
     torch.manual_seed(6)
     with warnings.catch_warnings():
@@ -345,13 +381,20 @@ def test_transformers_qwen3_next_recurrent_gated_delta_rule_fuses():
 
 # --- the engine runs the fused graphs ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("which", ["wkv", "gated_delta"])
 def test_cpu_executor_runs_fused_graph_like_torch(which):
     from framefuse.engines.executor import GraphExecutor
 
     torch.manual_seed(7)
     if which == "wkv":
-        module, args, names, outs, op_type = WKVLoop(), (torch.randn(2, 7, F),), ["x"], ["y", "num", "den", "max"], "WKVScan"
+        module, args, names, outs, op_type = (
+            WKVLoop(),
+            (torch.randn(2, 7, F),),
+            ["x"],
+            ["y", "num", "den", "max"],
+            "WKVScan",
+        )
     else:
         module, args = GatedDeltaLoop(), (torch.randn(2, 7, F), torch.randn(2, 2, 4, 3))
         names, outs, op_type = ["x", "state.S"], ["o", "next_state.S"], "GatedDeltaRuleScan"

@@ -59,8 +59,15 @@ def export_user_model(path):
     model = GruAttentionNet().eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.randn(2, 9, 12),), str(path), dynamo=False, opset_version=17,
-                          input_names=["x"], output_names=["y"])
+        torch.onnx.export(
+            model,
+            (torch.randn(2, 9, 12),),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["x"],
+            output_names=["y"],
+        )
     proto = onnx.load(str(path))
     proto.metadata_props.add(key="framefuse.arch", value="user-net")
     onnx.save(proto, str(path))
@@ -118,20 +125,37 @@ T, Bt, D = 6, 2, 4
 def scan_model(body_kind="linear"):
     """Scan over (g, x): h' = sigmoid(g)·h + tanh(x)·w (linear), or an LSTM-ish tanh(h) body."""
     h_term = "h_in" if body_kind == "linear" else "th"
-    nodes = [oh.make_node("Sigmoid", ["g_t"], ["a"]), oh.make_node("Tanh", ["x_t"], ["tx"]),
-             oh.make_node("Mul", ["tx", "w"], ["b"]), oh.make_node("Mul", ["a", h_term], ["ah"]),
-             oh.make_node("Add", ["ah", "b"], ["h_out"]), oh.make_node("Identity", ["h_out"], ["y_t"])]
+    nodes = [
+        oh.make_node("Sigmoid", ["g_t"], ["a"]),
+        oh.make_node("Tanh", ["x_t"], ["tx"]),
+        oh.make_node("Mul", ["tx", "w"], ["b"]),
+        oh.make_node("Mul", ["a", h_term], ["ah"]),
+        oh.make_node("Add", ["ah", "b"], ["h_out"]),
+        oh.make_node("Identity", ["h_out"], ["y_t"]),
+    ]
     if body_kind != "linear":
         nodes.insert(0, oh.make_node("Tanh", ["h_in"], ["th"]))
-    body = oh.make_graph(nodes, "body", [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, D]) for n in ("h_in", "g_t", "x_t")],
-                         [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, D]) for n in ("h_out", "y_t")],
-                         initializer=[nh.from_array(np.linspace(0.5, 1.5, D).astype(np.float32), "w")])
+    body = oh.make_graph(
+        nodes,
+        "body",
+        [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, D]) for n in ("h_in", "g_t", "x_t")],
+        [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, D]) for n in ("h_out", "y_t")],
+        initializer=[nh.from_array(np.linspace(0.5, 1.5, D).astype(np.float32), "w")],
+    )
     scan = oh.make_node("Scan", ["h0", "g", "x"], ["h_final", "ys"], num_scan_inputs=2, body=body, name="my_scan")
-    graph = oh.make_graph([scan], "g", [oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, D]),
-                                        oh.make_tensor_value_info("g", TP.FLOAT, [T, Bt, D]),
-                                        oh.make_tensor_value_info("x", TP.FLOAT, [T, Bt, D])],
-                          [oh.make_tensor_value_info("h_final", TP.FLOAT, [Bt, D]),
-                           oh.make_tensor_value_info("ys", TP.FLOAT, [T, Bt, D])])
+    graph = oh.make_graph(
+        [scan],
+        "g",
+        [
+            oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, D]),
+            oh.make_tensor_value_info("g", TP.FLOAT, [T, Bt, D]),
+            oh.make_tensor_value_info("x", TP.FLOAT, [T, Bt, D]),
+        ],
+        [
+            oh.make_tensor_value_info("h_final", TP.FLOAT, [Bt, D]),
+            oh.make_tensor_value_info("ys", TP.FLOAT, [T, Bt, D]),
+        ],
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 9
     return model
@@ -140,20 +164,41 @@ def scan_model(body_kind="linear"):
 def loop_model():
     """Loop over t with a_t = A[t], x_t = X[t] (Gather by the iteration number): h' = h·a_t + x_t."""
     body = oh.make_graph(
-        [oh.make_node("Gather", ["A", "i"], ["a_t"], axis=0), oh.make_node("Gather", ["X", "i"], ["x_t"], axis=0),
-         oh.make_node("Mul", ["h_in", "a_t"], ["ah"]), oh.make_node("Add", ["x_t", "ah"], ["h_out"]),
-         oh.make_node("Identity", ["cond_in"], ["cond_out"]), oh.make_node("Identity", ["h_out"], ["y_t"])], "body",
-        [oh.make_tensor_value_info("i", TP.INT64, []), oh.make_tensor_value_info("cond_in", TP.BOOL, []),
-         oh.make_tensor_value_info("h_in", TP.FLOAT, [Bt, D])],
-        [oh.make_tensor_value_info("cond_out", TP.BOOL, []), oh.make_tensor_value_info("h_out", TP.FLOAT, [Bt, D]),
-         oh.make_tensor_value_info("y_t", TP.FLOAT, [Bt, D])])
+        [
+            oh.make_node("Gather", ["A", "i"], ["a_t"], axis=0),
+            oh.make_node("Gather", ["X", "i"], ["x_t"], axis=0),
+            oh.make_node("Mul", ["h_in", "a_t"], ["ah"]),
+            oh.make_node("Add", ["x_t", "ah"], ["h_out"]),
+            oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+            oh.make_node("Identity", ["h_out"], ["y_t"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", TP.INT64, []),
+            oh.make_tensor_value_info("cond_in", TP.BOOL, []),
+            oh.make_tensor_value_info("h_in", TP.FLOAT, [Bt, D]),
+        ],
+        [
+            oh.make_tensor_value_info("cond_out", TP.BOOL, []),
+            oh.make_tensor_value_info("h_out", TP.FLOAT, [Bt, D]),
+            oh.make_tensor_value_info("y_t", TP.FLOAT, [Bt, D]),
+        ],
+    )
     loop = oh.make_node("Loop", ["M", "", "h0"], ["h_final", "ys"], body=body, name="my_loop")
-    graph = oh.make_graph([loop], "g", [oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, D]),
-                                        oh.make_tensor_value_info("A", TP.FLOAT, [T, Bt, D]),
-                                        oh.make_tensor_value_info("X", TP.FLOAT, [T, Bt, D])],
-                          [oh.make_tensor_value_info("h_final", TP.FLOAT, [Bt, D]),
-                           oh.make_tensor_value_info("ys", TP.FLOAT, [T, Bt, D])],
-                          initializer=[nh.from_array(np.array(T, np.int64), "M")])
+    graph = oh.make_graph(
+        [loop],
+        "g",
+        [
+            oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, D]),
+            oh.make_tensor_value_info("A", TP.FLOAT, [T, Bt, D]),
+            oh.make_tensor_value_info("X", TP.FLOAT, [T, Bt, D]),
+        ],
+        [
+            oh.make_tensor_value_info("h_final", TP.FLOAT, [Bt, D]),
+            oh.make_tensor_value_info("ys", TP.FLOAT, [T, Bt, D]),
+        ],
+        initializer=[nh.from_array(np.array(T, np.int64), "M")],
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 9
     return model
@@ -262,24 +307,44 @@ def test_lstm_like_scan_body_recognised_and_declined():
     rng = np.random.default_rng(0)
     w = nh.from_array(rng.standard_normal((I, 4 * H)).astype(np.float32), "Wx")
     r = nh.from_array(rng.standard_normal((H, 4 * H)).astype(np.float32), "Rh")
-    nodes = [oh.make_node("MatMul", ["x_t", "Wx"], ["gx"]), oh.make_node("MatMul", ["h_in", "Rh"], ["gh"]),
-             oh.make_node("Add", ["gx", "gh"], ["g"]),
-             oh.make_node("Split", ["g"], ["gi", "go", "gf", "gc"], axis=-1, num_outputs=4),
-             oh.make_node("Sigmoid", ["gi"], ["i"]), oh.make_node("Sigmoid", ["go"], ["o"]),
-             oh.make_node("Sigmoid", ["gf"], ["f"]), oh.make_node("Tanh", ["gc"], ["c_hat"]),
-             oh.make_node("Mul", ["f", "c_in"], ["fc"]), oh.make_node("Mul", ["i", "c_hat"], ["ic"]),
-             oh.make_node("Add", ["fc", "ic"], ["c_out"]), oh.make_node("Tanh", ["c_out"], ["tc"]),
-             oh.make_node("Mul", ["o", "tc"], ["h_out"]), oh.make_node("Identity", ["h_out"], ["y_t"])]
-    body = oh.make_graph(nodes, "cell", [oh.make_tensor_value_info("h_in", TP.FLOAT, [Bt, H]),
-                                         oh.make_tensor_value_info("c_in", TP.FLOAT, [Bt, H]),
-                                         oh.make_tensor_value_info("x_t", TP.FLOAT, [Bt, I])],
-                         [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, H]) for n in ("h_out", "c_out", "y_t")],
-                         initializer=[w, r])
+    nodes = [
+        oh.make_node("MatMul", ["x_t", "Wx"], ["gx"]),
+        oh.make_node("MatMul", ["h_in", "Rh"], ["gh"]),
+        oh.make_node("Add", ["gx", "gh"], ["g"]),
+        oh.make_node("Split", ["g"], ["gi", "go", "gf", "gc"], axis=-1, num_outputs=4),
+        oh.make_node("Sigmoid", ["gi"], ["i"]),
+        oh.make_node("Sigmoid", ["go"], ["o"]),
+        oh.make_node("Sigmoid", ["gf"], ["f"]),
+        oh.make_node("Tanh", ["gc"], ["c_hat"]),
+        oh.make_node("Mul", ["f", "c_in"], ["fc"]),
+        oh.make_node("Mul", ["i", "c_hat"], ["ic"]),
+        oh.make_node("Add", ["fc", "ic"], ["c_out"]),
+        oh.make_node("Tanh", ["c_out"], ["tc"]),
+        oh.make_node("Mul", ["o", "tc"], ["h_out"]),
+        oh.make_node("Identity", ["h_out"], ["y_t"]),
+    ]
+    body = oh.make_graph(
+        nodes,
+        "cell",
+        [
+            oh.make_tensor_value_info("h_in", TP.FLOAT, [Bt, H]),
+            oh.make_tensor_value_info("c_in", TP.FLOAT, [Bt, H]),
+            oh.make_tensor_value_info("x_t", TP.FLOAT, [Bt, I]),
+        ],
+        [oh.make_tensor_value_info(n, TP.FLOAT, [Bt, H]) for n in ("h_out", "c_out", "y_t")],
+        initializer=[w, r],
+    )
     scan = oh.make_node("Scan", ["h0", "c0", "x"], ["hT", "cT", "ys"], num_scan_inputs=1, body=body, name="lstm_scan")
-    graph = oh.make_graph([scan], "g", [oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, H]),
-                                        oh.make_tensor_value_info("c0", TP.FLOAT, [Bt, H]),
-                                        oh.make_tensor_value_info("x", TP.FLOAT, [T, Bt, I])],
-                          [oh.make_tensor_value_info("ys", TP.FLOAT, [T, Bt, H])])
+    graph = oh.make_graph(
+        [scan],
+        "g",
+        [
+            oh.make_tensor_value_info("h0", TP.FLOAT, [Bt, H]),
+            oh.make_tensor_value_info("c0", TP.FLOAT, [Bt, H]),
+            oh.make_tensor_value_info("x", TP.FLOAT, [T, Bt, I]),
+        ],
+        [oh.make_tensor_value_info("ys", TP.FLOAT, [T, Bt, H])],
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
     model.ir_version = 9
     fused, report = rewrite_model(model)

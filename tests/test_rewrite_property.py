@@ -131,8 +131,15 @@ def export(module, args, input_names, output_names):
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=17,
-                          input_names=input_names, output_names=output_names)
+        torch.onnx.export(
+            module.eval(),
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=input_names,
+            output_names=output_names,
+        )
     model = onnx.load_from_string(buffer.getvalue())
     model.ir_version = min(model.ir_version, 10)
     return model
@@ -159,8 +166,10 @@ def test_random_linear_recurrence_becomes_one_linear_scan(case):
     # Nothing per-step is left: no node reads one frame of the input.
     assert not any(n.op_type == "Gather" and "x" in n.input for n in fused.graph.node)
     rng = np.random.default_rng(seed)
-    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-             for i in model.graph.input}
+    feeds = {
+        i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+        for i in model.graph.input
+    }
     expected = ort_session(model, fused=False).run(None, feeds)
     actual = ort_session(fused).run(None, feeds)
     for e, a in zip(expected, actual):

@@ -28,8 +28,15 @@ def export(module: nn.Module, args: tuple) -> onnx.ModelProto:
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=17,
-                          input_names=[f"in{i}" for i in range(len(args))], output_names=["y"])
+        torch.onnx.export(
+            module.eval(),
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=[f"in{i}" for i in range(len(args))],
+            output_names=["y"],
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -200,8 +207,12 @@ def test_loop_after_an_unfused_loop_is_fused_and_the_first_is_counted():
     assert any("Tanh" in d.reason for d in report.declined), report.declined
     assert report.remaining_per_timestep_ops["unrolled"] > 0
     feeds = feeds_for(model)
-    np.testing.assert_allclose(ort_session(fused, fused=True).run(None, feeds)[0],
-                               ort_session(model, fused=True).run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        ort_session(fused, fused=True).run(None, feeds)[0],
+        ort_session(model, fused=True).run(None, feeds)[0],
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_loop_no_pass_sees_is_still_counted():
@@ -260,8 +271,9 @@ def _mamba(cls_name: str):
     cfg_cls = getattr(transformers, cls_name + "Config")
     model_cls = getattr(transformers, cls_name + "Model")
     torch.manual_seed(0)
-    cfg = cfg_cls(hidden_size=32, num_hidden_layers=2, vocab_size=50, state_size=4, expand=2, conv_kernel=4,
-                  use_cache=False)
+    cfg = cfg_cls(
+        hidden_size=32, num_hidden_layers=2, vocab_size=50, state_size=4, expand=2, conv_kernel=4, use_cache=False
+    )
     return _LastHidden(model_cls(cfg).eval())
 
 
@@ -282,9 +294,16 @@ def test_transformers_mamba_slow_path_fuses_into_selective_scans(cls_name, batch
 def test_transformers_eager_attention_with_two_casts_is_fused():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, vocab_size=50, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=64, attn_implementation="eager",
-                                   use_cache=False)
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        vocab_size=50,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        attn_implementation="eager",
+        use_cache=False,
+    )
     llama = transformers.LlamaModel(cfg).eval()
 
     class WithMask(nn.Module):

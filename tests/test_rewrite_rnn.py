@@ -31,8 +31,15 @@ def require_ops(*ops):
 def export(module, args, path, input_names, output_names):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, str(path), dynamo=False, opset_version=17,
-                          input_names=input_names, output_names=output_names)
+        torch.onnx.export(
+            module.eval(),
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=input_names,
+            output_names=output_names,
+        )
     return path
 
 
@@ -62,12 +69,15 @@ class StepLSTM(torch.nn.Module):
         return y, h, c
 
 
-@pytest.mark.parametrize("cell,kw,fused_op,n_nodes", [
-    (torch.nn.LSTM, dict(num_layers=2), "LSTMSeq", 2),
-    (torch.nn.GRU, dict(), "GRUSeq", 1),
-    (torch.nn.LSTM, dict(bidirectional=True), "LSTMSeq", 2),  # one node per direction
-    (torch.nn.GRU, dict(bidirectional=True, num_layers=2), "GRUSeq", 4),
-])
+@pytest.mark.parametrize(
+    "cell,kw,fused_op,n_nodes",
+    [
+        (torch.nn.LSTM, dict(num_layers=2), "LSTMSeq", 2),
+        (torch.nn.GRU, dict(), "GRUSeq", 1),
+        (torch.nn.LSTM, dict(bidirectional=True), "LSTMSeq", 2),  # one node per direction
+        (torch.nn.GRU, dict(bidirectional=True, num_layers=2), "GRUSeq", 4),
+    ],
+)
 def test_torch_rnn_rewritten_with_parity(tmp_path, cell, kw, fused_op, n_nodes):
     require_ops(fused_op)
     path = export(SeqRNN(cell, **kw), (torch.randn(2, 5, 6),), tmp_path / "m.onnx", ["x"], ["y"])
@@ -95,8 +105,9 @@ def test_lstm_states_in_and_out(tmp_path):
     assert {o.name for o in parity.outputs} == {"y", "h", "c"}
 
 
-def _onnx_rnn_model(op="LSTM", *, layout=0, direction="forward", extra_attrs=None, peephole=False, seq_lens=None,
-                    bias=True):
+def _onnx_rnn_model(
+    op="LSTM", *, layout=0, direction="forward", extra_attrs=None, peephole=False, seq_lens=None, bias=True
+):
     """An ONNX LSTM/GRU node built by hand, with all outputs as graph outputs."""
     rng = np.random.default_rng(0)
     T, B, I, H = 5, 2, 3, 4
@@ -109,7 +120,10 @@ def _onnx_rnn_model(op="LSTM", *, layout=0, direction="forward", extra_attrs=Non
     x_shape = [B, T, I] if layout else [T, B, I]
     s_shape = [B, D, H] if layout else [D, B, H]
     inputs = ["X", "W", "R", "B" if bias else "", "", "h0"]
-    graph_inputs = [oh.make_tensor_value_info("X", TP.FLOAT, x_shape), oh.make_tensor_value_info("h0", TP.FLOAT, s_shape)]
+    graph_inputs = [
+        oh.make_tensor_value_info("X", TP.FLOAT, x_shape),
+        oh.make_tensor_value_info("h0", TP.FLOAT, s_shape),
+    ]
     if seq_lens is not None:
         inits.append(nh.from_array(np.asarray(seq_lens, np.int32), "seq_lens"))
         inputs[4] = "seq_lens"
@@ -125,18 +139,29 @@ def _onnx_rnn_model(op="LSTM", *, layout=0, direction="forward", extra_attrs=Non
         attrs.setdefault("linear_before_reset", 1)
     node = oh.make_node(op, inputs, outs, name=f"my_{op.lower()}", **attrs)
     y_shape = [B, T, D, H] if layout else [T, D, B, H]
-    graph = oh.make_graph([node], "g", graph_inputs,
-                          [oh.make_tensor_value_info("Y", TP.FLOAT, y_shape)]
-                          + [oh.make_tensor_value_info(o, TP.FLOAT, s_shape) for o in outs[1:]], initializer=inits)
+    graph = oh.make_graph(
+        [node],
+        "g",
+        graph_inputs,
+        [oh.make_tensor_value_info("Y", TP.FLOAT, y_shape)]
+        + [oh.make_tensor_value_info(o, TP.FLOAT, s_shape) for o in outs[1:]],
+        initializer=inits,
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 9
     return model
 
 
-@pytest.mark.parametrize("op,layout,direction", [
-    ("LSTM", 1, "forward"), ("LSTM", 0, "reverse"), ("LSTM", 1, "bidirectional"),
-    ("GRU", 1, "forward"), ("GRU", 0, "reverse"),
-])
+@pytest.mark.parametrize(
+    "op,layout,direction",
+    [
+        ("LSTM", 1, "forward"),
+        ("LSTM", 0, "reverse"),
+        ("LSTM", 1, "bidirectional"),
+        ("GRU", 1, "forward"),
+        ("GRU", 0, "reverse"),
+    ],
+)
 def test_layouts_and_directions(op, layout, direction):
     fused_op = "LSTMSeq" if op == "LSTM" else "GRUSeq"
     require_ops(fused_op)
@@ -171,13 +196,16 @@ def test_sequence_lens_equal_to_T_is_accepted():
     assert compare(model, fused, tolerance=TOL).passed
 
 
-@pytest.mark.parametrize("kwargs,reason", [
-    (dict(peephole=True), "peephole"),
-    (dict(extra_attrs={"clip": 3.0}), "clip"),
-    (dict(extra_attrs={"input_forget": 1}), "input_forget"),
-    (dict(extra_attrs={"activations": ["Sigmoid", "Relu", "Tanh"]}), "activations"),
-    (dict(seq_lens=[5, 3]), "sequence_lens"),
-])
+@pytest.mark.parametrize(
+    "kwargs,reason",
+    [
+        (dict(peephole=True), "peephole"),
+        (dict(extra_attrs={"clip": 3.0}), "clip"),
+        (dict(extra_attrs={"input_forget": 1}), "input_forget"),
+        (dict(extra_attrs={"activations": ["Sigmoid", "Relu", "Tanh"]}), "activations"),
+        (dict(seq_lens=[5, 3]), "sequence_lens"),
+    ],
+)
 def test_lstm_declined_with_reason(kwargs, reason):
     model = _onnx_rnn_model("LSTM", **kwargs)
     fused, report = rewrite_model(model)
@@ -212,11 +240,18 @@ def test_weights_are_folded_per_direction():
 
 def test_onnx_rnn_node_declined():
     rng = np.random.default_rng(0)
-    inits = [nh.from_array(rng.standard_normal((1, 4, 3)).astype(np.float32), "W"),
-             nh.from_array(rng.standard_normal((1, 4, 4)).astype(np.float32), "R")]
+    inits = [
+        nh.from_array(rng.standard_normal((1, 4, 3)).astype(np.float32), "W"),
+        nh.from_array(rng.standard_normal((1, 4, 4)).astype(np.float32), "R"),
+    ]
     node = oh.make_node("RNN", ["X", "W", "R"], ["Y"], hidden_size=4, name="elman")
-    graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("X", TP.FLOAT, [5, 2, 3])],
-                          [oh.make_tensor_value_info("Y", TP.FLOAT, [5, 1, 2, 4])], initializer=inits)
+    graph = oh.make_graph(
+        [node],
+        "g",
+        [oh.make_tensor_value_info("X", TP.FLOAT, [5, 2, 3])],
+        [oh.make_tensor_value_info("Y", TP.FLOAT, [5, 1, 2, 4])],
+        initializer=inits,
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 9
     fused, report = rewrite_model(model)

@@ -25,8 +25,15 @@ def export(module: nn.Module, args: tuple, input_names, output_names) -> onnx.Mo
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=17,
-                          input_names=list(input_names), output_names=list(output_names))
+        torch.onnx.export(
+            module.eval(),
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=list(input_names),
+            output_names=list(output_names),
+        )
     model = onnx.load_from_string(buffer.getvalue())
     model.ir_version = min(model.ir_version, 10)
     return model
@@ -69,6 +76,7 @@ def check_fused(model: onnx.ModelProto, op_type: str, count: int = 1, atol: floa
 
 
 # --- models written the way authors write them -------------------------------------------------
+
 
 class MinGRULoop(nn.Module):
     """Projections for all t, recurrence in a loop, zeros initial state, stacked outputs."""
@@ -200,8 +208,12 @@ def seq_input(T: int = 5):
 
 # --- tests --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", [MinGRULoop, MinGRUPerStepLinear, MinLSTMLoop, GatedSSMLoop],
-                         ids=["min_gru", "min_gru_per_step_linear", "min_lstm", "gated_ssm"])
+
+@pytest.mark.parametrize(
+    "module",
+    [MinGRULoop, MinGRUPerStepLinear, MinLSTMLoop, GatedSSMLoop],
+    ids=["min_gru", "min_gru_per_step_linear", "min_lstm", "gated_ssm"],
+)
 def test_sequence_form_fuses_into_one_linear_scan(module):
     torch.manual_seed(0)
     model = export(module(), (seq_input(),), ["x"], ["y"])
@@ -222,8 +234,9 @@ def test_no_op_count_grows_with_T():
 
 def test_sequence_form_with_state_input_and_output():
     torch.manual_seed(0)
-    model = export(MinGRULoop(state_input=True), (seq_input(), torch.randn(B, D)),
-                   ["x", "state.h"], ["y", "next_state.h"])
+    model = export(
+        MinGRULoop(state_input=True), (seq_input(), torch.randn(B, D)), ["x", "state.h"], ["y", "next_state.h"]
+    )
     fused, report = check_fused(model, "LinearScan")
     scan = [n for n in fused.graph.node if n.op_type == "LinearScan"][0]
     assert len(scan.input) == 3 and scan.input[2]  # h0 is the state input, not the zeros default
@@ -232,8 +245,7 @@ def test_sequence_form_with_state_input_and_output():
 @pytest.mark.parametrize("kind", ["min_gru", "lerp", "decay_only"])
 def test_step_form_fuses_into_one_linear_scan(kind):
     torch.manual_seed(0)
-    model = export(StepCell(kind), (torch.randn(B, F), torch.randn(B, D)), ["x", "state.h"],
-                   ["y", "next_state.h"])
+    model = export(StepCell(kind), (torch.randn(B, F), torch.randn(B, D)), ["x", "state.h"], ["y", "next_state.h"])
     fused, report = check_fused(model, "LinearScan")
     assert report.matches[0].detail == {"steps": 1, "state_shape": [B, D], "form": "step"}
 
@@ -260,10 +272,14 @@ def test_quadratic_recurrence_is_declined_with_reason():
 # --- the zoo, exported by the exporter (both forms, small configs) ------------------------------
 
 ZOO_OPS = {
-    "min_gru": "LinearScan", "min_lstm": "LinearScan", "gated_ssm": "LinearScan",
+    "min_gru": "LinearScan",
+    "min_lstm": "LinearScan",
+    "gated_ssm": "LinearScan",
     "mamba": "SelectiveScan",
     "jamba": "SelectiveScan",  # its Mamba layer (the attention layer's KV cache is not a recurrence)
-    "liquid": "LiquidScan", "delta_net": "DeltaRuleScan", "xlstm": "MLSTMScan",
+    "liquid": "LiquidScan",
+    "delta_net": "DeltaRuleScan",
+    "xlstm": "MLSTMScan",
 }
 
 
@@ -273,8 +289,9 @@ def zoo_export(arch: str, form: str, seq: int = 5) -> onnx.ModelProto:
     model_cfg = {"embed": 16, "layers": 2}
     if arch in ("mamba", "jamba"):
         model_cfg["d_state"] = 4
-    cfg = resolve_config({"arch": arch, "model": model_cfg, "batch": 1, "seq": seq, "in_features": 8,
-                          "out_features": 4}, arch)
+    cfg = resolve_config(
+        {"arch": arch, "model": model_cfg, "batch": 1, "seq": seq, "in_features": 8, "out_features": 4}, arch
+    )
     model, label = resolve_model(arch, cfg)
     return onnx.load_from_string(prepare_export(model, form=form, config=cfg, arch=label).onnx_bytes)
 
@@ -297,6 +314,7 @@ def test_zoo_model_is_fully_fused(arch, form):
 
 
 # --- the non-linear recurrences, written differently from the zoo ---------------------------------
+
 
 class CfCVariant(nn.Module):
     """CfC with cat([h, x_t]) (state first), timespan 0.5, and optionally ReLU instead of tanh."""
@@ -357,7 +375,7 @@ class MLSTMVariant(nn.Module):
         hs = []
         for t in range(T):
             q, k, v = self.qkv(x[:, t]).view(Bsz, 3, H, d).unbind(1)
-            k = k / d ** 0.5
+            k = k / d**0.5
             i_pre, f_pre = self.gates(x[:, t]).view(Bsz, 2, H).unbind(1)
             log_f = -nn.functional.softplus(-f_pre)
             m_new = torch.maximum(log_f + m, i_pre)
@@ -455,7 +473,7 @@ class RichPerStepGate(nn.Module):
             u = self.lin(x_t).view(x.shape[0], 2, D).transpose(1, 2)
             g = torch.softmax(u, dim=-1)[..., 0]
             nrm = nn.functional.layer_norm(self.lin2(x_t), (D,)) @ self.w
-            b = torch.cat([nrm[:, D // 2:], nrm[:, :D // 2]], 1)
+            b = torch.cat([nrm[:, D // 2 :], nrm[:, : D // 2]], 1)
             a = g * torch.sigmoid(b.mean(-1, keepdim=True))
             h = a * h + b
             hs.append(h)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pathlib
 import re
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -29,7 +28,9 @@ def _run_onnx_rnn(op_type: str, gates: int, X, W, R, bias, h0, c0=None, **attrs)
     T, B, I = X.shape
     H = R.shape[1]
     names = ["X", "W", "R", "B", "", "initial_h"] + (["initial_c"] if op_type == "LSTM" else [])
-    node = helper.make_node(op_type, names, ["Y", "Y_h"] + (["Y_c"] if op_type == "LSTM" else []), hidden_size=H, **attrs)
+    node = helper.make_node(
+        op_type, names, ["Y", "Y_h"] + (["Y_c"] if op_type == "LSTM" else []), hidden_size=H, **attrs
+    )
     inputs = [
         helper.make_tensor_value_info("X", TensorProto.FLOAT, [T, B, I]),
         helper.make_tensor_value_info("W", TensorProto.FLOAT, [1, gates * H, I]),
@@ -286,13 +287,15 @@ A100 = {"cc": (8, 0), "sm_count": 108, "max_shared_per_block_optin": 163 * 1024,
 def _entries_in(source: pathlib.Path) -> set[str]:
     text = source.read_text()
     names = set()
-    for kind, name in re.findall(r"FFRNN_(SINGLE|CLUSTER)_ENTRIES\((\w+),", text):
+    for _kind, name in re.findall(r"FFRNN_(SINGLE|CLUSTER)_ENTRIES\((\w+),", text):
         names |= {name, name + "_rg"}
     return names
 
 
 @pytest.mark.parametrize("props", [H100, A100], ids=["H100", "A100"])
-@pytest.mark.parametrize("op,prefix,G", [("LSTMSeq", "lstm_seq", 4), ("GRUSeq", "gru_seq", 3), ("LiquidScan", "liquid_scan", 4)])
+@pytest.mark.parametrize(
+    "op,prefix,G", [("LSTMSeq", "lstm_seq", 4), ("GRUSeq", "gru_seq", 3), ("LiquidScan", "liquid_scan", 4)]
+)
 def test_plans_name_existing_entries_and_fit_shared_memory(props, op, prefix, G):
     entries = _entries_in(PLUGINS / prefix / f"{prefix}.cu")
     for H in (1, 33, 64, 256, 257, 330, 1024):

@@ -218,9 +218,15 @@ def delta_error_correction_form(q, k, v, beta, S0):
     return torch.stack(outs, dim=2), S
 
 
-@pytest.mark.parametrize("B,H,T,Dk,Dv,with_state", [
-    (1, 1, 1, 4, 4, False), (2, 3, 9, 8, 8, True), (1, 2, 17, 16, 5, True), (3, 1, 6, 5, 12, False),
-])
+@pytest.mark.parametrize(
+    "B,H,T,Dk,Dv,with_state",
+    [
+        (1, 1, 1, 4, 4, False),
+        (2, 3, 9, 8, 8, True),
+        (1, 2, 17, 16, 5, True),
+        (3, 1, 6, 5, 12, False),
+    ],
+)
 def test_delta_reference_matches_error_correction_form(B, H, T, Dk, Dv, with_state):
     from framefuse.plugins.delta_rule_scan import reference
 
@@ -251,7 +257,7 @@ def test_delta_step_chaining_equals_sequence():
     o_seq, S_seq = reference(q, k, v, beta, S0)
     S, outs = S0, []
     for t in range(11):
-        o_t, S = reference(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], beta[:, :, t:t + 1], S)
+        o_t, S = reference(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], beta[:, :, t : t + 1], S)
         outs.append(o_t)
     torch.testing.assert_close(torch.cat(outs, dim=2), o_seq, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(S, S_seq, rtol=1e-6, atol=1e-6)
@@ -276,9 +282,15 @@ def test_delta_schema_and_shape_rule():
     assert SCHEMA.input_names == ("q", "k", "v", "beta", "S0") and SCHEMA.output_names == ("o", "S_last")
     assert SCHEMA.output_dtypes(torch.float16) == [torch.float16, torch.float32]
     assert SCHEMA.infer_shapes([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), None], {}) == [
-        (2, 4, 7, 32), (2, 4, 32, 16)]
+        (2, 4, 7, 32),
+        (2, 4, 32, 16),
+    ]
     assert SCHEMA.infer_shapes([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), (2, 4, 32, 16)], {})[1] == (
-        2, 4, 32, 16)
+        2,
+        4,
+        32,
+        16,
+    )
     bad = [
         ([(2, 4, 7, 16), (2, 4, 7, 15), (2, 4, 7, 32), (2, 4, 7), None], r"key dims of q and k disagree"),
         ([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 6), None], r"sequence lengths disagree"),
@@ -324,7 +336,8 @@ def mlstm_unstabilised(q, k, v, i_pre, f_pre, C0, n0, m0):
     hs = []
     for t in range(T):
         C = forget[:, :, t, None, None] * C + torch.exp(i_pre[:, :, t])[..., None, None] * torch.einsum(
-            "bhv,bhk->bhvk", v[:, :, t], k[:, :, t])
+            "bhv,bhk->bhvk", v[:, :, t], k[:, :, t]
+        )
         n = forget[:, :, t, None] * n + torch.exp(i_pre[:, :, t])[..., None] * k[:, :, t]
         num = torch.einsum("bhvk,bhk->bhv", C, q[:, :, t])
         den = torch.einsum("bhk,bhk->bh", n, q[:, :, t]).abs().clamp_min(1.0)
@@ -337,9 +350,15 @@ def mlstm_unstabilised(q, k, v, i_pre, f_pre, C0, n0, m0):
     return torch.stack(hs, dim=2), C * scale[..., None, None], n * scale[..., None], m_T
 
 
-@pytest.mark.parametrize("B,H,T,Dk,Dv,with_state", [
-    (1, 1, 1, 4, 4, False), (2, 3, 9, 8, 8, True), (1, 2, 17, 16, 5, True), (3, 1, 6, 5, 12, False),
-])
+@pytest.mark.parametrize(
+    "B,H,T,Dk,Dv,with_state",
+    [
+        (1, 1, 1, 4, 4, False),
+        (2, 3, 9, 8, 8, True),
+        (1, 2, 17, 16, 5, True),
+        (3, 1, 6, 5, 12, False),
+    ],
+)
 def test_mlstm_reference_matches_unstabilised_form(B, H, T, Dk, Dv, with_state):
     from framefuse.plugins.mlstm_scan import reference
 
@@ -373,7 +392,7 @@ def test_mlstm_step_chaining_equals_sequence():
     C, n, m = inputs[5:]
     hs = []
     for t in range(10):
-        h_t, C, n, m = reference(*[x[:, :, t:t + 1] for x in inputs[:5]], C, n, m)
+        h_t, C, n, m = reference(*[x[:, :, t : t + 1] for x in inputs[:5]], C, n, m)
         hs.append(h_t)
     torch.testing.assert_close(torch.cat(hs, dim=2), h_seq, rtol=1e-6, atol=1e-6)
     for a, b in zip((C, n, m), (C_seq, n_seq, m_seq)):
@@ -443,11 +462,17 @@ def test_launch_rejects_cpu_tensors_naming_op_and_argument():
 KERNEL_SOURCES = {
     "attention/attention.cu": [
         f"attention_{kind}_{dt}_d{dh}"
-        for kind, dts in (("simt", ("f32", "f16", "bf16")), ("decode", ("f32", "f16", "bf16")), ("mma", ("f16", "bf16")))
+        for kind, dts in (
+            ("simt", ("f32", "f16", "bf16")),
+            ("decode", ("f32", "f16", "bf16")),
+            ("mma", ("f16", "bf16")),
+        )
         for dt in dts
         for dh in (32, 64, 128)
     ],
-    "delta_rule_scan/delta_rule_scan.cu": [f"delta_rule_scan_{dt}_k{dk}" for dt in ("f32", "f16", "bf16") for dk in (32, 64, 128)],
+    "delta_rule_scan/delta_rule_scan.cu": [
+        f"delta_rule_scan_{dt}_k{dk}" for dt in ("f32", "f16", "bf16") for dk in (32, 64, 128)
+    ],
     "mlstm_scan/mlstm_scan.cu": [f"mlstm_scan_{dt}_k{dk}" for dt in ("f32", "f16", "bf16") for dk in (32, 64, 128)],
 }
 
@@ -461,9 +486,21 @@ def test_kernels_compile_for_sm90_without_spills(source, tmp_path):
     if nvcc is None:
         pytest.skip("nvcc not found")
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90", "-cubin", "-std=c++17", "-w", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-         str(PLUGINS_DIR / source)],
-        capture_output=True, text=True, check=False,
+        [
+            nvcc,
+            "-arch=sm_90",
+            "-cubin",
+            "-std=c++17",
+            "-w",
+            "-Xptxas",
+            "-v",
+            "-o",
+            str(tmp_path / "k.cubin"),
+            str(PLUGINS_DIR / source),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     compiled = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)

@@ -21,8 +21,10 @@ trt = pytest.importorskip("tensorrt_rtx")
 fft = pytest.importorskip("framefuse.engines.tensorrt")
 
 SMALL = {"model": {"embed": 64, "layers": 1}, "seq": 8, "seed": 0}
-pytestmark = pytest.mark.skipif(fft._find_trt() is None or fft._find_trt()[1] != "tensorrt_rtx",
-                                reason="these facts are about tensorrt_rtx (full tensorrt is imported first here)")
+pytestmark = pytest.mark.skipif(
+    fft._find_trt() is None or fft._find_trt()[1] != "tensorrt_rtx",
+    reason="these facts are about tensorrt_rtx (full tensorrt is imported first here)",
+)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -160,8 +162,9 @@ def _parse_in_subprocess(mode: str) -> subprocess.CompletedProcess:
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-    return subprocess.run([sys.executable, "-c", _PARSE, mode], capture_output=True, text=True, timeout=120,
-                          preexec_fn=no_core_dump)
+    return subprocess.run(
+        [sys.executable, "-c", _PARSE, mode], capture_output=True, text=True, timeout=120, preexec_fn=no_core_dump
+    )
 
 
 def test_rtx_parser_without_creators_names_the_missing_plugin():
@@ -199,11 +202,22 @@ def test_runner_uses_only_api_the_installed_library_has():
     # the runtime path cannot run; at least every call it makes must exist in this TensorRT
     for cls, names in (
         (trt.Runtime, ["deserialize_cuda_engine"]),
-        (trt.ICudaEngine, ["create_execution_context", "num_io_tensors", "get_tensor_name", "get_tensor_shape",
-                           "get_tensor_dtype"]),
+        (
+            trt.ICudaEngine,
+            ["create_execution_context", "num_io_tensors", "get_tensor_name", "get_tensor_shape", "get_tensor_dtype"],
+        ),
         (trt.IExecutionContext, ["set_input_shape", "set_tensor_address", "execute_async_v3"]),
-        (trt.IBuilderConfig, ["set_memory_pool_limit", "create_timing_cache", "set_timing_cache",
-                              "builder_optimization_level", "num_compute_capabilities", "set_compute_capability"]),
+        (
+            trt.IBuilderConfig,
+            [
+                "set_memory_pool_limit",
+                "create_timing_cache",
+                "set_timing_cache",
+                "builder_optimization_level",
+                "num_compute_capabilities",
+                "set_compute_capability",
+            ],
+        ),
     ):
         missing = [n for n in names if not hasattr(cls, n)]
         assert not missing, (cls.__name__, missing)

@@ -38,8 +38,9 @@ def test_dtypes_follow_the_schema(op_type):
         linear = [True] * len(dtypes)
         assert all(tp.supports_combination(op_type, pos, dtypes, linear, n) for pos in range(len(dtypes)))
         # a non-row-major format is refused at every position
-        assert not any(tp.supports_combination(op_type, pos, dtypes, [False] * len(dtypes), n)
-                       for pos in range(len(dtypes)))
+        assert not any(
+            tp.supports_combination(op_type, pos, dtypes, [False] * len(dtypes), n) for pos in range(len(dtypes))
+        )
 
 
 def test_format_combination_rejects_mixed_storage_and_wrong_state_dtype():
@@ -76,11 +77,29 @@ def test_none_attribute_is_left_out_and_restored():
 def test_enqueue_core_checks_shapes_before_touching_pointers():
     # wrong output shape: refused before any device pointer is wrapped (so this runs without a GPU)
     with pytest.raises(tp.PluginError, match="output shapes"):
-        tp.enqueue_core("LinearScan", {}, [1, 2], [(1, 4, 8), (1, 4, 8)], ["float32"] * 2,
-                        [3, 4], [(1, 4, 8), (1, 9)], ["float32"] * 2, 0)
+        tp.enqueue_core(
+            "LinearScan",
+            {},
+            [1, 2],
+            [(1, 4, 8), (1, 4, 8)],
+            ["float32"] * 2,
+            [3, 4],
+            [(1, 4, 8), (1, 9)],
+            ["float32"] * 2,
+            0,
+        )
     with pytest.raises(tp.PluginError, match="dtypes"):
-        tp.enqueue_core("LinearScan", {}, [1, 2], [(1, 4, 8), (1, 4, 8)], ["float32"] * 2,
-                        [3, 4], [(1, 4, 8), (1, 8)], ["float32", "float16"], 0)
+        tp.enqueue_core(
+            "LinearScan",
+            {},
+            [1, 2],
+            [(1, 4, 8), (1, 4, 8)],
+            ["float32"] * 2,
+            [3, 4],
+            [(1, 4, 8), (1, 8)],
+            ["float32", "float16"],
+            0,
+        )
 
 
 def test_plugin_classes_for_tensorrt_rtx_follow_the_registry():

@@ -82,7 +82,7 @@ def test_step_form_chains_into_sequence_form():
     state = [None, None, None]
     ys = []
     for t in range(10):
-        y_t, *state = WKV.reference(k[:, t:t + 1], v[:, t:t + 1], w, u, *state)
+        y_t, *state = WKV.reference(k[:, t : t + 1], v[:, t : t + 1], w, u, *state)
         ys.append(y_t)
     assert torch.equal(torch.cat(ys, 1), y_full)
     for a, b in zip(state, last_full):
@@ -123,7 +123,11 @@ def test_schema_shapes_and_errors():
     assert schema.input_names == ("k", "v", "w", "u", "num0", "den0", "max0")
     assert schema.required_inputs == ("k", "v", "w", "u")
     assert schema.infer_shapes([(2, 5, 7), (2, 5, 7), (7,), (7,), None, None, None], {}) == [
-        (2, 5, 7), (2, 7), (2, 7), (2, 7)]
+        (2, 5, 7),
+        (2, 7),
+        (2, 7),
+        (2, 7),
+    ]
     with pytest.raises(SchemaError, match="WKVScan.*channel counts"):
         schema.infer_shapes([(2, 5, 7), (2, 5, 7), (6,), (7,)], {})
     with pytest.raises(SchemaError, match=r"WKVScan: input den0 must have shape \[B, C\] = \[2, 7\], got \[7\]"):
@@ -139,14 +143,21 @@ def test_runs_through_onnx_runtime_bridge():
     B, T, C = 2, 6, 5
     k, v, time_decay, u = inputs(B, T, C, seed=9)
     w = -torch.exp(time_decay)
-    node = helper.make_node("WKVScan", ["k", "v", "w", "u", "", "", "max0"], ["y", "num", "den", "mx"], domain="framefuse")
+    node = helper.make_node(
+        "WKVScan", ["k", "v", "w", "u", "", "", "max0"], ["y", "num", "den", "mx"], domain="framefuse"
+    )
     f = TensorProto.FLOAT
     graph = helper.make_graph(
-        [node], "wkv",
-        [helper.make_tensor_value_info(n, f, s) for n, s in
-         (("k", [B, T, C]), ("v", [B, T, C]), ("w", [C]), ("u", [C]), ("max0", [B, C]))],
-        [helper.make_tensor_value_info(n, f, s) for n, s in
-         (("y", [B, T, C]), ("num", [B, C]), ("den", [B, C]), ("mx", [B, C]))],
+        [node],
+        "wkv",
+        [
+            helper.make_tensor_value_info(n, f, s)
+            for n, s in (("k", [B, T, C]), ("v", [B, T, C]), ("w", [C]), ("u", [C]), ("max0", [B, C]))
+        ],
+        [
+            helper.make_tensor_value_info(n, f, s)
+            for n, s in (("y", [B, T, C]), ("num", [B, C]), ("den", [B, C]), ("mx", [B, C]))
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)])
     onnx.checker.check_model(model)

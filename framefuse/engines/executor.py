@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -188,7 +189,9 @@ class GraphExecutor:
             raise EngineBuildError("framefuse kernels need a CUDA device; on the CPU use framefuse_impl='reference'")
         self.framefuse_impl = framefuse_impl
         graph = model.graph
-        self.initializers: dict[str, np.ndarray] = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        self.initializers: dict[str, np.ndarray] = {
+            init.name: numpy_helper.to_array(init) for init in graph.initializer
+        }
         self.input_decl: dict[str, tuple[tuple[int | None, ...] | None, torch.dtype]] = {}
         for vi in graph.input:
             if vi.name in self.initializers:
@@ -386,8 +389,16 @@ class GraphExecutor:
                 if name:
                     env[name] = value
             steps.append(
-                Step(info.label, node.op_type, fn, template, env_args, outputs,
-                     attrs=info.attrs, standard=info.opdef is not None)
+                Step(
+                    info.label,
+                    node.op_type,
+                    fn,
+                    template,
+                    env_args,
+                    outputs,
+                    attrs=info.attrs,
+                    standard=info.opdef is not None,
+                )
             )
 
         if self.optimize:
@@ -470,10 +481,12 @@ class GraphExecutor:
                 initializers.append(tensor_to_proto(plan.constants[name], name))
         elem = {v: k for k, v in _ONNX_ELEM.items()}
         inputs = [
-            helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape)) for spec in plan.input_specs.values()
+            helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape))
+            for spec in plan.input_specs.values()
         ]
         outputs = [
-            helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape)) for spec in plan.output_specs.values()
+            helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape))
+            for spec in plan.output_specs.values()
         ]
         graph = helper.make_graph(nodes, self.model.graph.name or "framefuse", inputs, outputs, initializers)
         model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
@@ -484,8 +497,16 @@ class GraphExecutor:
 
 
 _ONNX_ELEM = {
-    1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32, 7: torch.int64,
-    9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16,
+    1: torch.float32,
+    2: torch.uint8,
+    3: torch.int8,
+    5: torch.int16,
+    6: torch.int32,
+    7: torch.int64,
+    9: torch.bool,
+    10: torch.float16,
+    11: torch.float64,
+    16: torch.bfloat16,
 }
 
 
@@ -545,7 +566,7 @@ def _matmul_bias(matmul: Step, add: Step, env: dict) -> Callable | None:
     if x.dim() < 2 or not x.dtype.is_floating_point or weight.dtype != x.dtype:
         return None
     product_name = matmul.outputs[0]
-    (position, _), = [(p, n) for p, n in add.env_args if n == product_name] or [(None, None)]
+    ((position, _),) = [(p, n) for p, n in add.env_args if n == product_name] or [(None, None)]
     if position is None or len(add.env_args) != 1:
         return None
     bias = _constant_arg(add, 1 - position)
@@ -583,8 +604,9 @@ def _optimize_steps(steps: list[Step], env: dict, graph_outputs: set, device) ->
             fn = _gather_with_constant_indices(step, env, graph_outputs, device)
             if fn is not None:
                 _check_same(step, fn, env)
-                result[i] = Step(step.label, step.op_type, fn, step.template, step.env_args, step.outputs,
-                                 attrs=step.attrs)
+                result[i] = Step(
+                    step.label, step.op_type, fn, step.template, step.env_args, step.outputs, attrs=step.attrs
+                )
         elif step.op_type == "MatMul" and step.outputs[0] not in graph_outputs:
             users = readers.get(step.outputs[0], [])
             if len(users) != 1 or result[users[0]] is None:
@@ -601,15 +623,28 @@ def _optimize_steps(steps: list[Step], env: dict, graph_outputs: set, device) ->
             _check_same(fused, fn, env)
             position = [p for p, n in add.env_args if n == step.outputs[0]][0]
             result[i] = fused
-            result[users[0]] = Step(add.label, "Add(in MatMul)", lambda args, p=position: [args[p]],
-                                    add.template, add.env_args, add.outputs)
+            result[users[0]] = Step(
+                add.label, "Add(in MatMul)", lambda args, p=position: [args[p]], add.template, add.env_args, add.outputs
+            )
     steps = [s for s in result if s is not None]
     return _merge_sibling_matmuls(steps, env, graph_outputs)
 
 
 # Ops that read strided (sliced) inputs without a copy: torch's elementwise kernels.
 _STRIDE_TOLERANT = {
-    "Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Exp", "Neg", "Softplus", "Erf", "Sqrt", "Abs",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Sigmoid",
+    "Tanh",
+    "Relu",
+    "Exp",
+    "Neg",
+    "Softplus",
+    "Erf",
+    "Sqrt",
+    "Abs",
 }
 
 
@@ -630,8 +665,12 @@ def _merge_sibling_matmuls(steps: list[Step], env: dict, graph_outputs: set) -> 
         x = env[step.env_args[0][1]]
         out = step.outputs[0]
         if (
-            weight is None or weight.dim() != 2 or x.dim() < 2 or weight.dtype != x.dtype
-            or not x.dtype.is_floating_point or out in graph_outputs
+            weight is None
+            or weight.dim() != 2
+            or x.dim() < 2
+            or weight.dtype != x.dtype
+            or not x.dtype.is_floating_point
+            or out in graph_outputs
             or not readers.get(out)
             or any(not r.standard or r.op_type not in _STRIDE_TOLERANT for r in readers[out])
         ):
@@ -664,8 +703,14 @@ def _merge_sibling_matmuls(steps: list[Step], env: dict, graph_outputs: set) -> 
         _check_same(merged, run, env)
         replace[members[0]] = merged
         for i, offset, width in zip(members[1:], offsets[1:], widths[1:]):
-            take = Step(steps[i].label, "MatMul(slice)", lambda args, o=offset, w=width: [args[0].narrow(-1, o, w)],
-                        [None], [(0, merged_name)], steps[i].outputs)
+            take = Step(
+                steps[i].label,
+                "MatMul(slice)",
+                lambda args, o=offset, w=width: [args[0].narrow(-1, o, w)],
+                [None],
+                [(0, merged_name)],
+                steps[i].outputs,
+            )
             _check_same(take, take.fn, env)
             replace[i] = take
     return [replace.get(i, step) for i, step in enumerate(steps)]

@@ -163,18 +163,35 @@ def compile_plan(plan: Plan, *, mode: str = "default", backend: str = "inductor"
             fn = _as_step_fn(compiled)
             label = f"{seg.labels[0]}..{seg.labels[-1]}" if len(seg.labels) > 1 else seg.labels[0]
             new_steps.append(
-                Step(label, f"Compiled[{len(seg.labels)}]", fn, [None] * len(seg.inputs),
-                     list(enumerate(seg.inputs)), list(seg.outputs), standard=True)
+                Step(
+                    label,
+                    f"Compiled[{len(seg.labels)}]",
+                    fn,
+                    [None] * len(seg.inputs),
+                    list(enumerate(seg.inputs)),
+                    list(seg.outputs),
+                    standard=True,
+                )
             )
-            report_segments.append({"steps": len(seg.labels), "first": seg.labels[0], "last": seg.labels[-1],
-                                    "inputs": len(seg.inputs), "outputs": len(seg.outputs),
-                                    "graph_nodes": sum(1 for n in graph_module.graph.nodes
-                                                       if n.op == "call_function")})
+            report_segments.append(
+                {
+                    "steps": len(seg.labels),
+                    "first": seg.labels[0],
+                    "last": seg.labels[-1],
+                    "inputs": len(seg.inputs),
+                    "outputs": len(seg.outputs),
+                    "graph_nodes": sum(1 for n in graph_module.graph.nodes if n.op == "call_function"),
+                }
+            )
             position = seg.last + 1
         new_steps.extend(plan.steps[position:])
     compiled_plan = _with_steps(plan, new_steps)
-    return compiled_plan, {"mode": mode, "backend": backend, "segments": report_segments,
-                           "compile_s": round(time.perf_counter() - start, 3)}
+    return compiled_plan, {
+        "mode": mode,
+        "backend": backend,
+        "segments": report_segments,
+        "compile_s": round(time.perf_counter() - start, 3),
+    }
 
 
 def _as_step_fn(compiled: Callable) -> Callable[[list], list]:
@@ -186,8 +203,10 @@ def _as_step_fn(compiled: Callable) -> Callable[[list], list]:
 
 def _with_steps(plan: Plan, steps: list[Step]) -> Plan:
     """The plan with another run list; liveness (frees) recomputed for it."""
-    fresh = [Step(s.label, s.op_type, s.fn, s.template, s.env_args, s.outputs, attrs=s.attrs, standard=s.standard)
-             for s in steps]
+    fresh = [
+        Step(s.label, s.op_type, s.fn, s.template, s.env_args, s.outputs, attrs=s.attrs, standard=s.standard)
+        for s in steps
+    ]
     last_use: dict[str, int] = {}
     for i, step in enumerate(fresh):
         for _, name in step.env_args:
@@ -196,8 +215,9 @@ def _with_steps(plan: Plan, steps: list[Step]) -> Plan:
     for name, i in last_use.items():
         if name not in keep:
             fresh[i].frees.append(name)
-    return Plan(plan.input_specs, plan.output_specs, fresh, plan.constants, plan.output_sources, plan.folded,
-                plan.device)
+    return Plan(
+        plan.input_specs, plan.output_specs, fresh, plan.constants, plan.output_sources, plan.folded, plan.device
+    )
 
 
 def max_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
@@ -241,8 +261,13 @@ def time_plan_graph(plan: Plan, feeds: Mapping[str, torch.Tensor], *, replays: i
     return {"us_per_step": round(statistics.median(samples), 2), "samples_us": [round(s, 2) for s in samples]}
 
 
-def select_plan(plan: Plan, *, alternatives: Mapping[str, Plan] | None = None,
-                modes: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None) -> tuple[Plan, dict]:
+def select_plan(
+    plan: Plan,
+    *,
+    alternatives: Mapping[str, Plan] | None = None,
+    modes: Mapping[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Plan, dict]:
     """Build-time selection (TensorRT-style tactic timing) among ``plan`` (named "plan"), the given
     ``alternatives`` (e.g. the unoptimised plan) and one compiled copy of ``plan`` per entry of
     ``modes`` (candidate name -> torch.compile mode; default :data:`COMPILE_MODES`).
@@ -290,14 +315,19 @@ def select_plan(plan: Plan, *, alternatives: Mapping[str, Plan] | None = None,
     chosen = min(timings, key=timings.get) if timings else "plan"
     for name, entry in report.items():
         detail = f"{entry['us_per_step']:.1f} us/step" if "us_per_step" in entry else entry.get("error", "not timed")
-        say(f"selection: {name:<18} {entry.get('steps', '?'):>4} steps  {detail}" + ("  <- chosen" if name == chosen else ""))
+        say(
+            f"selection: {name:<18} {entry.get('steps', '?'):>4} steps  {detail}"
+            + ("  <- chosen" if name == chosen else "")
+        )
     return candidates[chosen], {"chosen": chosen, "candidates": report}
 
 
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *COMPILE_MODES)
 
 
-def apply_selection(executor, plan: Plan, select: str, *, log: Callable[[str], None] | None = None) -> tuple[Plan, dict]:
+def apply_selection(
+    executor, plan: Plan, select: str, *, log: Callable[[str], None] | None = None
+) -> tuple[Plan, dict]:
     """The engine's hook: ``select`` is "time" (time the plan, the unoptimised plan and the
     inductor-compiled plan; "time-autotune" adds ``max-autotune-no-cudagraphs``) or a candidate
     name recorded by an earlier build (the artifact's metadata), applied without timing again.
@@ -341,5 +371,14 @@ def apply_selection(executor, plan: Plan, select: str, *, log: Callable[[str], N
     return chosen, report
 
 
-__all__ = ["COMPILE_MODES", "SELECT_CHOICES", "apply_selection", "Segment", "compile_plan", "example_feeds", "find_segments", "select_plan",
-           "time_plan_graph"]
+__all__ = [
+    "COMPILE_MODES",
+    "SELECT_CHOICES",
+    "apply_selection",
+    "Segment",
+    "compile_plan",
+    "example_feeds",
+    "find_segments",
+    "select_plan",
+    "time_plan_graph",
+]

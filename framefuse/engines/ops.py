@@ -21,8 +21,9 @@ so is an attribute value an entry cannot honour (``check``): nothing is silently
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -170,7 +171,10 @@ def _hard_sigmoid(ins, attrs, n):
     return [torch.clamp(alpha * ins[0] + beta, 0, 1)]
 
 
-@_op("Gelu", check=lambda a, n: None if a.get("approximate", "none") in ("none", "tanh") else "approximate must be none|tanh")
+@_op(
+    "Gelu",
+    check=lambda a, n: None if a.get("approximate", "none") in ("none", "tanh") else "approximate must be none|tanh",
+)
 def _gelu(ins, attrs, n):
     return [F.gelu(ins[0], approximate=attrs.get("approximate", "none"))]
 
@@ -342,8 +346,17 @@ def _conv(ins, attrs, n):
     else:
         padding = [int(p) for p in begin]
     conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[dims]
-    return [conv(x, w, bias, stride=[int(s) for s in strides], padding=padding,
-                 dilation=[int(d) for d in dilations], groups=groups)]
+    return [
+        conv(
+            x,
+            w,
+            bias,
+            stride=[int(s) for s in strides],
+            padding=padding,
+            dilation=[int(d) for d in dilations],
+            groups=groups,
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -786,7 +799,7 @@ def _lstm(ins, attrs, n):
         h = h0[d] if h0 is not None else x.new_zeros(batch, hidden)
         c = c0[d] if c0 is not None else x.new_zeros(batch, hidden)
         outs = [None] * steps
-        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        for t in range(steps - 1, -1, -1) if reverse else range(steps):
             g = xw[t] + h @ r[d].t()
             i, o, f, cc = g.split(hidden, dim=-1)  # ONNX gate order i, o, f, c
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(cc)
@@ -817,7 +830,7 @@ def _gru(ins, attrs, n):
         rb_z, rb_r, rb_h = rb.split(hidden) if rb is not None else (0.0, 0.0, 0.0)
         h = h0[d] if h0 is not None else x.new_zeros(batch, hidden)
         outs = [None] * steps
-        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        for t in range(steps - 1, -1, -1) if reverse else range(steps):
             xz, xr, xh = xw[t].split(hidden, dim=-1)
             z = torch.sigmoid(xz + h @ r_z.t() + rb_z)
             rr = torch.sigmoid(xr + h @ r_r.t() + rb_r)

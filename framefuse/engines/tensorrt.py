@@ -44,7 +44,9 @@ FORMAT = "framefuse-tensorrt-plan"
 FORMAT_VERSION = 1
 DEFAULT_WORKSPACE = 1 << 30
 TIMING_CACHE_NAME = "timing.cache"
-INSTALL_HINT = "`pip install tensorrt` (full TensorRT, datacenter GPUs) or `pip install tensorrt-rtx` (TensorRT for RTX)"
+INSTALL_HINT = (
+    "`pip install tensorrt` (full TensorRT, datacenter GPUs) or `pip install tensorrt-rtx` (TensorRT for RTX)"
+)
 # keys `options` may hold; anything else is an error (a typo must not be silently ignored)
 OPTIONS = ("workspace", "timing_cache", "builder_optimization_level", "compute_capabilities", "cuda_graph", "verbose")
 
@@ -97,8 +99,12 @@ def library_info() -> dict:
 
 # -- dtypes -----------------------------------------------------------------------------------------
 def _dtype_table(trt) -> dict:
-    table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16, trt.DataType.INT32: torch.int32,
-             trt.DataType.BOOL: torch.bool}
+    table = {
+        trt.DataType.FLOAT: torch.float32,
+        trt.DataType.HALF: torch.float16,
+        trt.DataType.INT32: torch.int32,
+        trt.DataType.BOOL: torch.bool,
+    }
     for attr, dt in (("BF16", torch.bfloat16), ("INT64", torch.int64), ("INT8", torch.int8), ("UINT8", torch.uint8)):
         if hasattr(trt.DataType, attr):
             table[getattr(trt.DataType, attr)] = dt
@@ -257,8 +263,15 @@ def build(
     target = _artifact.artifact_path(out, ARTIFACT_NAME) if out is not None else None
     plan, facts = build_plan(model, options=options, timing_cache=_timing_cache_path(options, target), log=log)
     inputs, outputs = _io_specs_from_onnx(model)
-    runner = TensorRTRunner(plan, inputs, outputs, precision=precision, facts=facts, device=device,
-                            cuda_graph=bool(options.get("cuda_graph", True)))
+    runner = TensorRTRunner(
+        plan,
+        inputs,
+        outputs,
+        precision=precision,
+        facts=facts,
+        device=device,
+        cuda_graph=bool(options.get("cuda_graph", True)),
+    )
     runner.source_path = source_path
     if target is not None:
         source_for_meta = source_path
@@ -286,8 +299,13 @@ def save(runner: TensorRTRunner, path, *, source=None) -> Path:
     is never taken for a complete artifact)."""
     target = _artifact.artifact_path(path, ARTIFACT_NAME)
     metadata = _artifact.common_metadata(
-        fmt=FORMAT, format_version=FORMAT_VERSION, engine=NAME, device=torch.device("cpu"),
-        precision=runner.precision, source=source, target=target,
+        fmt=FORMAT,
+        format_version=FORMAT_VERSION,
+        engine=NAME,
+        device=torch.device("cpu"),
+        precision=runner.precision,
+        source=source,
+        target=target,
     )
     metadata.update(_gpu_description())  # a plan is always for a GPU, even when built on a CPU-only machine
     metadata.update(runner.facts)
@@ -325,8 +343,11 @@ def read_artifact(path) -> tuple[Path, dict, bytes]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _artifact.ArtifactError(f"{meta_file}: unreadable metadata ({exc})") from exc
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
-        raise _artifact.ForeignArtifactError(f"{meta_file}: not framefuse TensorRT plan metadata (format {metadata.get('format')!r})"
-                                             if isinstance(metadata, dict) else f"{meta_file}: not a JSON object")
+        raise _artifact.ForeignArtifactError(
+            f"{meta_file}: not framefuse TensorRT plan metadata (format {metadata.get('format')!r})"
+            if isinstance(metadata, dict)
+            else f"{meta_file}: not a JSON object"
+        )
     plan = target.read_bytes()
     if _sha256_bytes(plan) != metadata.get("plan_sha256"):
         raise _artifact.ArtifactError(
@@ -359,10 +380,23 @@ def load(artifact, *, device=None, check_source: bool = True) -> TensorRTRunner:
         _artifact.check_fresh(metadata, target)
     inputs = {d["name"]: IOSpec(d["name"], tuple(d["shape"]), getattr(torch, d["dtype"])) for d in metadata["inputs"]}
     outputs = {d["name"]: IOSpec(d["name"], tuple(d["shape"]), getattr(torch, d["dtype"])) for d in metadata["outputs"]}
-    facts = {k: metadata.get(k) for k in ("flavour", "tensorrt_version", "strongly_typed", "workspace",
-                                           "build_seconds", "plan_bytes", "plugins", "timing_cache", "layers")}
-    runner = TensorRTRunner(plan, inputs, outputs, precision=metadata.get("precision", "fp32"), facts=facts,
-                            device=device)
+    facts = {
+        k: metadata.get(k)
+        for k in (
+            "flavour",
+            "tensorrt_version",
+            "strongly_typed",
+            "workspace",
+            "build_seconds",
+            "plan_bytes",
+            "plugins",
+            "timing_cache",
+            "layers",
+        )
+    }
+    runner = TensorRTRunner(
+        plan, inputs, outputs, precision=metadata.get("precision", "fp32"), facts=facts, device=device
+    )
     runner.artifact_path = target
     runner.artifact_metadata = metadata
     runner.metadata = metadata
@@ -391,8 +425,17 @@ class TensorRTRunner(EngineRunner):
     ENGINE = NAME
     DEVICE_FRAMES = True
 
-    def __init__(self, plan: bytes, inputs: dict[str, IOSpec], outputs: dict[str, IOSpec], *, precision: str,
-                 facts: dict, device=None, cuda_graph: bool = True):
+    def __init__(
+        self,
+        plan: bytes,
+        inputs: dict[str, IOSpec],
+        outputs: dict[str, IOSpec],
+        *,
+        precision: str,
+        facts: dict,
+        device=None,
+        cuda_graph: bool = True,
+    ):
         super().__init__(name="tensorrt-runner")
         self.plan = plan
         self._inputs, self._outputs = inputs, outputs
@@ -446,7 +489,9 @@ class TensorRTRunner(EngineRunner):
             with torch.cuda.device(self.device):
                 engine = self._runtime.deserialize_cuda_engine(self.plan)
             if engine is None:
-                raise EngineRunError(f"{where}: TensorRT could not deserialize the plan on {torch.cuda.get_device_name(self.device)}")
+                raise EngineRunError(
+                    f"{where}: TensorRT could not deserialize the plan on {torch.cuda.get_device_name(self.device)}"
+                )
             self._check_engine_io(engine, trt, where)
             self._engine = engine
         return self._engine
@@ -481,8 +526,9 @@ class TensorRTRunner(EngineRunner):
         binding.sync()
         return {name: binding.host_out[name].copy() for name in self.output_names}
 
-    def create_binding(self, *, input_shapes=None, host_inputs=None, host_outputs=None, state_pairs=None,
-                       input_buffers=None):
+    def create_binding(
+        self, *, input_shapes=None, host_inputs=None, host_outputs=None, state_pairs=None, input_buffers=None
+    ):
         host_inputs = list(self.input_names if host_inputs is None else host_inputs)
         host_outputs = list(self.output_names if host_outputs is None else host_outputs)
         state_pairs = dict(state_pairs or {})
@@ -520,8 +566,15 @@ class TrtBinding:
         for name, spec in ins.items():
             buf = given.get(name)
             if buf is not None:
-                if tuple(buf.shape) != spec.shape or buf.dtype != spec.dtype or buf.device.type != "cuda" or not buf.is_contiguous():
-                    raise EngineBuildError(f"input buffer for '{name}' must be a contiguous {list(spec.shape)} {spec.dtype} CUDA tensor")
+                if (
+                    tuple(buf.shape) != spec.shape
+                    or buf.dtype != spec.dtype
+                    or buf.device.type != "cuda"
+                    or not buf.is_contiguous()
+                ):
+                    raise EngineBuildError(
+                        f"input buffer for '{name}' must be a contiguous {list(spec.shape)} {spec.dtype} CUDA tensor"
+                    )
                 self.dev_in[name] = buf
             else:
                 self.dev_in[name] = torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)

@@ -36,7 +36,9 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     try:
         shape = tuple(int(p) for p in parts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected B,T,F (three positive integers, e.g. 1,32,64), got '{text}'") from None
+        raise argparse.ArgumentTypeError(
+            f"expected B,T,F (three positive integers, e.g. 1,32,64), got '{text}'"
+        ) from None
     if len(shape) != 3 or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"expected B,T,F (three positive integers, e.g. 1,32,64), got '{text}'")
     return shape  # type: ignore[return-value]
@@ -77,21 +79,30 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     source = parser.add_argument_group("model (one of)").add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--arch", metavar="NAME",
+        "--arch",
+        metavar="NAME",
         help="a zoo architecture" + (f": {', '.join(archs)}" if archs else ""),
     )
-    source.add_argument("--model", metavar="FILE.py:FACTORY", help="your own model: a factory function or class in a Python file")
+    source.add_argument(
+        "--model", metavar="FILE.py:FACTORY", help="your own model: a factory function or class in a Python file"
+    )
 
     out = parser.add_argument_group("output")
     out.add_argument(
-        "--form", choices=["sequence", "step", "both"], default=None,
+        "--form",
+        choices=["sequence", "step", "both"],
+        default=None,
         help="which graph(s) to export (default: both when the model has a step form, else sequence)",
     )
-    out.add_argument("-o", "--out-dir", metavar="DIR", default="artifacts", help="artifacts folder (default: artifacts)")
+    out.add_argument(
+        "-o", "--out-dir", metavar="DIR", default="artifacts", help="artifacts folder (default: artifacts)"
+    )
     out.add_argument("--name", metavar="NAME", help="artifact name (default: <arch>; the step form adds -step)")
     out.add_argument("--opset", type=int, metavar="N", help="ONNX opset, 17..20 (default: the config's, 17)")
     out.add_argument(
-        "--exporter", choices=["torchscript", "dynamo", "auto"], default="auto",
+        "--exporter",
+        choices=["torchscript", "dynamo", "auto"],
+        default="auto",
         help="torch's ONNX exporter: torchscript (dynamo=False), dynamo (dynamo=True, opset >= 18) or auto "
         "(default: torchscript, then dynamo when it fails; the manifest and the output say which and why)",
     )
@@ -107,7 +118,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     cfg.add_argument("--layers", type=_positive_int, metavar="N", help="number of layers (default 2)")
     cfg.add_argument("--seed", type=_non_negative_int, metavar="N", help="seed of the weights and the check inputs")
     cfg.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any other config key, e.g. --set model.heads=8 --set tolerance.fp32=1e-5 (repeatable)",
     )
     parser.set_defaults(func=run)
@@ -178,7 +192,9 @@ def run(args) -> int:
             exporter=args.exporter,
         )
     if args.form is None and [r.form for r in results] == ["sequence"]:
-        note(args, f"'{results[0].arch}' has no step form (step/init_state/state_names): exported the sequence form only")
+        note(
+            args, f"'{results[0].arch}' has no step form (step/init_state/state_names): exported the sequence form only"
+        )
     for result in results:
         for warning in result.warnings:
             note(args, f"{result.name}: {warning}")

@@ -187,7 +187,9 @@ def _step_signature(model, label: str, batch: int) -> tuple[list[str], tuple]:
     except NotImplementedError:
         raise NoStepFormError(f"model '{label}' does not implement state_names()/init_state(): no step form") from None
     except Exception as exc:
-        raise ExportError(f"model '{label}': init_state({batch}) / state_names() failed: {type(exc).__name__}: {exc}") from exc
+        raise ExportError(
+            f"model '{label}': init_state({batch}) / state_names() failed: {type(exc).__name__}: {exc}"
+        ) from exc
     if len(names) != len(state):
         raise ExportError(
             f"model '{label}': state_names() gives {len(names)} names {names} but init_state() "
@@ -197,7 +199,9 @@ def _step_signature(model, label: str, batch: int) -> tuple[list[str], tuple]:
         raise ExportError(f"model '{label}': state_names() has duplicates: {names}")
     for name, tensor in zip(names, state):
         if not isinstance(tensor, torch.Tensor):
-            raise ExportError(f"model '{label}': init_state() entry '{name}' is a {type(tensor).__name__}, not a tensor")
+            raise ExportError(
+                f"model '{label}': init_state() entry '{name}' is a {type(tensor).__name__}, not a tensor"
+            )
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
             raise ExportError(f"model '{label}': state name '{name}' must use letters, digits, '_', '.' or '-'")
     return names, state
@@ -300,7 +304,9 @@ def _torch_to_onnx_bytes(module, args: tuple, input_names, output_names, opset: 
                 raise UnsupportedOperatorError(
                     f"cannot export '{label}' ({form} form) at opset {opset}: operator '{op}' is not supported: {message}"
                 ) from exc
-            raise ExportError(f"torch.onnx.export failed for '{label}' ({form} form): {type(exc).__name__}: {message}") from exc
+            raise ExportError(
+                f"torch.onnx.export failed for '{label}' ({form} form): {type(exc).__name__}: {message}"
+            ) from exc
     # Keep warnings about the user's code (e.g. a TracerWarning on data-dependent control flow
     # in their forward); drop torch's own (nn.LSTM/GRU internals warn on every trace).
     torch_dir = os.path.dirname(torch.__file__)
@@ -313,7 +319,6 @@ def _torch_to_onnx_bytes(module, args: tuple, input_names, output_names, opset: 
         if note not in notes:
             notes.append(note)
     return buffer.getvalue(), notes
-
 
 
 @contextlib.contextmanager
@@ -396,7 +401,8 @@ def _make_static(proto, shapes: Mapping[str, tuple]) -> None:
             for d in shapes[value.name]:
                 dims.add().dim_value = int(d)
     symbolic = [
-        v for v in [*proto.graph.value_info, *proto.graph.output]
+        v
+        for v in [*proto.graph.value_info, *proto.graph.output]
         if any(d.HasField("dim_param") or not d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
     ]
     if not symbolic:
@@ -472,9 +478,7 @@ def _parity_failure_message(label: str, form: str, report: dict, tol: float) -> 
             parts.append(f"output '{name}' of the torch model is not finite (NaN/inf)")
         else:
             parts.append(f"output '{name}' differs: max abs {r['max_abs']:.3g}, max rel {r['max_rel']:.3g}")
-    return (
-        f"'{label}' ({form} form): ONNX Runtime does not match torch within {tol:g}: " + "; ".join(parts)
-    )
+    return f"'{label}' ({form} form): ONNX Runtime does not match torch within {tol:g}: " + "; ".join(parts)
 
 
 def _versions() -> dict:
@@ -589,7 +593,9 @@ def prepare_export(
                 f"(an input the model never reads is dropped by the exporter)"
             )
         if graph_outputs != output_names:
-            raise ExportError(f"'{label}' ({form} form): the exported graph has outputs {graph_outputs}, expected {output_names}")
+            raise ExportError(
+                f"'{label}' ({form} form): the exported graph has outputs {graph_outputs}, expected {output_names}"
+            )
         proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
         # torch's permute(..., -1) reaches the graph as a negative perm the ONNX checker rejects.
         fixed = fix_negative_transpose_perms(proto)
@@ -613,7 +619,9 @@ def prepare_export(
         try:
             onnx.checker.check_model(proto, full_check=True)
         except Exception as exc:
-            raise ExportError(f"'{label}' ({form} form): the exported graph fails the ONNX checker: {str(exc).strip().splitlines()[0]}") from exc
+            raise ExportError(
+                f"'{label}' ({form} form): the exported graph fails the ONNX checker: {str(exc).strip().splitlines()[0]}"
+            ) from exc
         final = proto.SerializeToString()
 
         say(f"{label} {form}: ONNX Runtime vs torch")

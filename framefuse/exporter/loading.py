@@ -117,7 +117,11 @@ def load_user_model(spec: str, model_config: Mapping[str, Any], seed: int):
     path, factory_name = split_model_spec(spec)
     module = load_module_from_file(path)
     if not hasattr(module, factory_name):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        names = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
         hint = f"; it defines: {', '.join(names)}" if names else ""
         raise ModelLoadError(f"model file {path} has no '{factory_name}'{hint}")
     factory = getattr(module, factory_name)
@@ -125,7 +129,9 @@ def load_user_model(spec: str, model_config: Mapping[str, Any], seed: int):
         model = factory
     else:
         if not callable(factory):
-            raise ModelLoadError(f"'{factory_name}' in {path} is of type {type(factory).__name__}, not a factory function or class")
+            raise ModelLoadError(
+                f"'{factory_name}' in {path} is of type {type(factory).__name__}, not a factory function or class"
+            )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             try:

@@ -29,7 +29,9 @@ def model_class(arch: str) -> type[StackedModel]:
     try:
         return registry()[arch]
     except KeyError:
-        raise ModelConfigError(f"unknown architecture '{arch}'; valid architectures: {', '.join(ARCHITECTURES)}") from None
+        raise ModelConfigError(
+            f"unknown architecture '{arch}'; valid architectures: {', '.join(ARCHITECTURES)}"
+        ) from None
 
 
 def default_config(arch: str) -> dict:

@@ -12,7 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framefuse.models.base import Mixer, ModelConfigError, State, StackedModel, register, require_positive_int, split_heads
+from framefuse.models.base import (
+    Mixer,
+    ModelConfigError,
+    StackedModel,
+    State,
+    register,
+    require_positive_int,
+    split_heads,
+)
 
 ATTENTION_DEFAULTS = {"heads": 4, "kv_heads": 2, "window": 32}
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framefuse.models.base import Mixer, RMSNorm, State, StackedModel, register, require_positive_int, split_heads
+from framefuse.models.base import Mixer, RMSNorm, StackedModel, State, register, require_positive_int, split_heads
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

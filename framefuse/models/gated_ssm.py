@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framefuse.models.base import Mixer, State, StackedModel, register
+from framefuse.models.base import Mixer, StackedModel, State, register
 
 
 class GatedSSMMixer(Mixer):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from framefuse.models.base import Mixer, ModelConfigError, State, StackedModel, register
+from framefuse.models.base import Mixer, ModelConfigError, StackedModel, State, register
 
 
 class CfCMixer(Mixer):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framefuse.models.base import Mixer, ModelConfigError, State, StackedModel, register, require_positive_int
+from framefuse.models.base import Mixer, ModelConfigError, StackedModel, State, register, require_positive_int
 
 MAMBA_DEFAULTS = {"d_state": 16, "d_conv": 4, "expand": 2, "dt_rank": "auto"}
 
@@ -39,8 +39,17 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, h0=None):
 
 
 class MambaMixer(Mixer):
-    def __init__(self, embed: int, d_state: int, d_conv: int, expand: int, dt_rank,
-                 dt_min: float = 0.001, dt_max: float = 0.1, dt_init_floor: float = 1e-4):
+    def __init__(
+        self,
+        embed: int,
+        d_state: int,
+        d_conv: int,
+        expand: int,
+        dt_rank,
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4,
+    ):
         super().__init__()
         self.embed = embed
         self.d_state = d_state
@@ -49,15 +58,16 @@ class MambaMixer(Mixer):
         self.dt_rank = math.ceil(embed / 16) if dt_rank == "auto" else dt_rank
 
         self.in_proj = nn.Linear(embed, self.d_inner * 2, bias=False)
-        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, kernel_size=d_conv, groups=self.d_inner,
-                                padding=d_conv - 1, bias=True)
+        self.conv1d = nn.Conv1d(
+            self.d_inner, self.d_inner, kernel_size=d_conv, groups=self.d_inner, padding=d_conv - 1, bias=True
+        )
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
         self.out_proj = nn.Linear(self.d_inner, embed, bias=False)
 
         # Initialisation as mamba_simple.Mamba: dt_proj so that softplus(bias) ∈ [dt_min, dt_max],
         # S4D-real A, D = 1.
-        dt_init_std = self.dt_rank ** -0.5
+        dt_init_std = self.dt_rank**-0.5
         nn.init.uniform_(self.dt_proj.weight, -dt_init_std, dt_init_std)
         dt = torch.exp(torch.rand(self.d_inner) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         dt = dt.clamp(min=dt_init_floor)
@@ -112,7 +122,9 @@ def make_mamba_mixer(arch: str, config: dict) -> MambaMixer:
     for key in ("d_state", "d_conv", "expand"):
         require_positive_int(arch, config, key)
     if config["d_conv"] < 2:
-        raise ModelConfigError(f"model '{arch}': config 'd_conv' must be >= 2 (causal conv with a window), got {config['d_conv']}")
+        raise ModelConfigError(
+            f"model '{arch}': config 'd_conv' must be >= 2 (causal conv with a window), got {config['d_conv']}"
+        )
     dt_rank = config["dt_rank"]
     if dt_rank != "auto":
         require_positive_int(arch, config, "dt_rank")

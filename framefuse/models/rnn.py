@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from framefuse.models.base import Mixer, State, StackedModel, register
+from framefuse.models.base import Mixer, StackedModel, State, register
 
 
 class LSTMMixer(Mixer):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framefuse.models.base import Mixer, State, StackedModel, register, require_positive_int, split_heads
+from framefuse.models.base import Mixer, StackedModel, State, register, require_positive_int, split_heads
 
 
 class MLSTMMixer(Mixer):

@@ -6,6 +6,13 @@ from framefuse.parity.ort_bridge import ParitySetupError, ort_session, prepare_f
 from framefuse.parity.runners import OnnxReferenceRunner
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "OnnxReferenceRunner", "OutputParity", "ParityReport", "ParitySetupError", "compare", "ort_session",
-    "prepare_for_ort", "tolerance_for",
+    "DEFAULT_TOLERANCE",
+    "OnnxReferenceRunner",
+    "OutputParity",
+    "ParityReport",
+    "ParitySetupError",
+    "compare",
+    "ort_session",
+    "prepare_for_ort",
+    "tolerance_for",
 ]

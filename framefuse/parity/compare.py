@@ -55,8 +55,16 @@ class ParityReport:
             d = asdict(o)
             d["max_abs"], d["max_rel"], d["mean_abs"] = (clean(d["max_abs"]), clean(d["max_rel"]), clean(d["mean_abs"]))
             outs.append(d)
-        return {"original": self.original, "fused": self.fused, "passed": self.passed, "tolerance": self.tolerance,
-                "seed": self.seed, "iterations": self.iterations, "outputs": outs, "notes": self.notes}
+        return {
+            "original": self.original,
+            "fused": self.fused,
+            "passed": self.passed,
+            "tolerance": self.tolerance,
+            "seed": self.seed,
+            "iterations": self.iterations,
+            "outputs": outs,
+            "notes": self.notes,
+        }
 
     def write(self, path) -> Path:
         path = Path(path)
@@ -68,14 +76,17 @@ class ParityReport:
         state = "PASS" if self.passed else "FAIL"
         if worst is None:
             return f"parity {state}: no outputs compared"
-        return (f"parity {state}: {len(self.outputs)} outputs, worst {worst.name} max abs {worst.max_abs:.3g} "
-                f"rel {worst.max_rel:.3g} (atol {worst.atol:g}, rtol {worst.rtol:g})")
+        return (
+            f"parity {state}: {len(self.outputs)} outputs, worst {worst.name} max abs {worst.max_abs:.3g} "
+            f"rel {worst.max_rel:.3g} (atol {worst.atol:g}, rtol {worst.rtol:g})"
+        )
 
     def raise_if_failed(self) -> None:
         if not self.passed:
             failed = [o for o in self.outputs if not o.passed]
-            listing = "; ".join(f"{o.name}: max abs {o.max_abs:.3g}, max rel {o.max_rel:.3g} > tol {o.atol:g}"
-                                for o in failed)
+            listing = "; ".join(
+                f"{o.name}: max abs {o.max_abs:.3g}, max rel {o.max_rel:.3g} > tol {o.atol:g}" for o in failed
+            )
             raise ParityError(f"{self.fused} does not match {self.original}: {listing or 'see report'}")
 
 
@@ -116,7 +127,9 @@ def _feeds(inputs, runner, seed: int, iterations: int, val_range):
         if shape is None or any(not isinstance(d, int) or d < 0 for d in shape):
             from framefuse.parity.ort_bridge import ParitySetupError
 
-            raise ParitySetupError(f"input {name} has a dynamic shape {shape}: pass `inputs` or export with static shapes")
+            raise ParitySetupError(
+                f"input {name} has a dynamic shape {shape}: pass `inputs` or export with static shapes"
+            )
         dt = str(m.dtype).lower()
         ranges[name] = val_range if "float" in dt else (0, 1)
     loader = DataLoader(seed=seed, iterations=iterations, input_metadata=meta, val_range=ranges)
@@ -137,8 +150,17 @@ def _simple_compare_func(atol: dict, rtol: dict):
         return CompareFunc.simple(atol=atol, rtol=rtol, infinities_compare_equal=True)
 
 
-def compare(original, fused, *, inputs=None, tolerance=None, seed: int = 0, iterations: int = 1,
-            val_range=(-1.0, 1.0), report_path=None) -> ParityReport:
+def compare(
+    original,
+    fused,
+    *,
+    inputs=None,
+    tolerance=None,
+    seed: int = 0,
+    iterations: int = 1,
+    val_range=(-1.0, 1.0),
+    report_path=None,
+) -> ParityReport:
     """Run `original` and `fused` on the same inputs and compare every output.
 
     original/fused: ONNX ModelProto, path, or a Polygraphy runner. inputs: a feed dict or a list
@@ -159,7 +181,7 @@ def compare(original, fused, *, inputs=None, tolerance=None, seed: int = 0, iter
 
     per_output: dict[str, tuple[float, float]] = {}
     stats: dict[str, dict] = {}
-    for it, (ref, test) in enumerate(zip(ref_outputs, test_outputs)):
+    for _it, (ref, test) in enumerate(zip(ref_outputs, test_outputs)):
         for name in ref.keys():
             a = np.asarray(ref[name])
             if name not in test:
@@ -169,8 +191,14 @@ def compare(original, fused, *, inputs=None, tolerance=None, seed: int = 0, iter
             tol = tolerance_for(dtype, tolerance)
             per_output[name] = (tol, tol)
             if a.shape != b.shape:
-                stats[name] = dict(dtype=dtype, shape=list(a.shape), max_abs=float("inf"), max_rel=float("inf"),
-                                   mean_abs=float("inf"), shape_mismatch=list(b.shape))
+                stats[name] = dict(
+                    dtype=dtype,
+                    shape=list(a.shape),
+                    max_abs=float("inf"),
+                    max_rel=float("inf"),
+                    mean_abs=float("inf"),
+                    shape_mismatch=list(b.shape),
+                )
                 continue
             if a.dtype.kind in "fc":
                 a64, b64 = a.astype(np.float64), b.astype(np.float64)
@@ -184,13 +212,21 @@ def compare(original, fused, *, inputs=None, tolerance=None, seed: int = 0, iter
                 diff = np.abs(a.astype(np.int64) - b.astype(np.int64)).astype(np.float64)
                 rel = diff
             prev = stats.get(name)
-            cur = dict(dtype=dtype, shape=list(a.shape), max_abs=float(diff.max(initial=0.0)),
-                       max_rel=float(rel.max(initial=0.0)), mean_abs=float(diff.mean()) if diff.size else 0.0)
+            cur = dict(
+                dtype=dtype,
+                shape=list(a.shape),
+                max_abs=float(diff.max(initial=0.0)),
+                max_rel=float(rel.max(initial=0.0)),
+                mean_abs=float(diff.mean()) if diff.size else 0.0,
+            )
             if prev is None or "shape_mismatch" not in prev:
                 if prev is not None:
-                    cur = dict(cur, max_abs=max(cur["max_abs"], prev["max_abs"]),
-                               max_rel=max(cur["max_rel"], prev["max_rel"]),
-                               mean_abs=max(cur["mean_abs"], prev["mean_abs"]))
+                    cur = dict(
+                        cur,
+                        max_abs=max(cur["max_abs"], prev["max_abs"]),
+                        max_rel=max(cur["max_rel"], prev["max_rel"]),
+                        mean_abs=max(cur["mean_abs"], prev["mean_abs"]),
+                    )
                 stats[name] = cur
 
     atol = {n: t[0] for n, t in per_output.items()}
@@ -202,11 +238,28 @@ def compare(original, fused, *, inputs=None, tolerance=None, seed: int = 0, iter
     for name, s in stats.items():
         # Polygraphy's rule per element: |a−b| ≤ atol or |a−b|/|a| ≤ rtol; summarised per output here.
         ok = "shape_mismatch" not in s and (s["max_abs"] <= atol[name] or s["max_rel"] <= rtol[name])
-        outputs.append(OutputParity(name=name, dtype=s["dtype"], shape=s["shape"], max_abs=s["max_abs"],
-                                    max_rel=s["max_rel"], mean_abs=s["mean_abs"], atol=atol[name], rtol=rtol[name],
-                                    passed=bool(ok)))
-    report = ParityReport(original=ref_label, fused=test_label, passed=poly_passed and all(o.passed for o in outputs),
-                          outputs=outputs, tolerance={n: atol[n] for n in atol}, seed=seed, iterations=len(feeds))
+        outputs.append(
+            OutputParity(
+                name=name,
+                dtype=s["dtype"],
+                shape=s["shape"],
+                max_abs=s["max_abs"],
+                max_rel=s["max_rel"],
+                mean_abs=s["mean_abs"],
+                atol=atol[name],
+                rtol=rtol[name],
+                passed=bool(ok),
+            )
+        )
+    report = ParityReport(
+        original=ref_label,
+        fused=test_label,
+        passed=poly_passed and all(o.passed for o in outputs),
+        outputs=outputs,
+        tolerance={n: atol[n] for n in atol},
+        seed=seed,
+        iterations=len(feeds),
+    )
     if not poly_passed:
         report.notes.append("Polygraphy's CompareFunc.simple reported a mismatch")
     if report_path is not None:

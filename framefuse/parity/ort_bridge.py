@@ -53,8 +53,15 @@ def _ortx():
 
 def _pyop_type(dtype_name: str):
     defs = _ortx().PyCustomOpDef
-    table = {"float32": defs.dt_float, "float16": defs.dt_float16, "float64": defs.dt_double,
-             "bfloat16": defs.dt_bfloat16, "int64": defs.dt_int64, "int32": defs.dt_int32, "bool": defs.dt_bool}
+    table = {
+        "float32": defs.dt_float,
+        "float16": defs.dt_float16,
+        "float64": defs.dt_double,
+        "bfloat16": defs.dt_bfloat16,
+        "int64": defs.dt_int64,
+        "int32": defs.dt_int32,
+        "bool": defs.dt_bool,
+    }
     if dtype_name not in table:
         raise ParitySetupError(f"dtype {dtype_name} cannot cross the onnxruntime-extensions Python-op boundary")
     return table[dtype_name]
@@ -122,8 +129,9 @@ def _registered_elsewhere(ortx, qualified: str):
     return None
 
 
-def _register(op_type: str, present: tuple[bool, ...], in_dtypes: list[str], out_dtypes: list[str],
-              attrs: dict) -> tuple[str, str]:
+def _register(
+    op_type: str, present: tuple[bool, ...], in_dtypes: list[str], out_dtypes: list[str], attrs: dict
+) -> tuple[str, str]:
     """Register (once per process) the Python op for this signature; its (domain, op name)."""
     key = repr((op_type, present, in_dtypes, out_dtypes, sorted((k, type(v).__name__) for k, v in attrs.items())))
     name = f"FF_{op_type}_{hashlib.sha1(key.encode()).hexdigest()[:10]}"
@@ -165,8 +173,10 @@ def prepare_for_ort(model: onnx.ModelProto) -> onnx.ModelProto:
         module = get_op(node.op_type)
         schema = module.SCHEMA
         if len(node.input) > len(schema.inputs):
-            raise ParitySetupError(f"node {node.name!r} ({node.op_type}) has {len(node.input)} inputs, the op takes "
-                                   f"at most {len(schema.inputs)}")
+            raise ParitySetupError(
+                f"node {node.name!r} ({node.op_type}) has {len(node.input)} inputs, the op takes "
+                f"at most {len(schema.inputs)}"
+            )
         present = tuple(i < len(node.input) and node.input[i] != "" for i in range(len(schema.inputs)))
         for spec, p in zip(schema.inputs, present):
             if not p and not spec.optional:

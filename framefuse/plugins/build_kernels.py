@@ -92,14 +92,24 @@ def compile_one(nvcc: str, source: pathlib.Path, archs, out_dir: pathlib.Path, q
         if proc.returncode != 0:
             failed = _failing_archs(nvcc, source, archs, out_dir)
             return {
-                "op": op, "source": str(source), "ok": False, "seconds": seconds,
-                "failed_archs": failed, "command": " ".join(cmd),
+                "op": op,
+                "source": str(source),
+                "ok": False,
+                "seconds": seconds,
+                "failed_archs": failed,
+                "command": " ".join(cmd),
                 "error": (proc.stderr or proc.stdout).strip(),
             }
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; installed fatbins must be world-readable
         os.replace(tmp, final)
-        return {"op": op, "source": str(source), "ok": True, "seconds": seconds, "output": str(final),
-                "warnings": proc.stderr.strip()}
+        return {
+            "op": op,
+            "source": str(source),
+            "ok": True,
+            "seconds": seconds,
+            "output": str(final),
+            "warnings": proc.stderr.strip(),
+        }
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -110,15 +120,24 @@ def _failing_archs(nvcc: str, source: pathlib.Path, archs, out_dir: pathlib.Path
     failed = []
     for arch in archs:
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            cmd = [nvcc, "-w", *NVCC_FLAGS, "-gencode", f"arch=compute_{arch},code=sm_{arch}",
-                   "-o", os.path.join(tmp, "x.fatbin"), str(source)]
+            cmd = [
+                nvcc,
+                "-w",
+                *NVCC_FLAGS,
+                "-gencode",
+                f"arch=compute_{arch},code=sm_{arch}",
+                "-o",
+                os.path.join(tmp, "x.fatbin"),
+                str(source),
+            ]
             if subprocess.run(cmd, capture_output=True, check=False).returncode != 0:
                 failed.append(arch)
     return failed
 
 
-def build(archs=DEFAULT_ARCHS, *, check: bool = False, jobs: int = 2, sources=None, out_dir=None,
-          log=print) -> list[dict]:
+def build(
+    archs=DEFAULT_ARCHS, *, check: bool = False, jobs: int = 2, sources=None, out_dir=None, log=print
+) -> list[dict]:
     """Compile every kernel source. check=True: into a temporary folder, nothing kept.
 
     Returns one record per source (ok, seconds, error, failed_archs). Raises FileNotFoundError
@@ -167,10 +186,17 @@ def build(archs=DEFAULT_ARCHS, *, check: bool = False, jobs: int = 2, sources=No
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m framefuse.plugins.build_kernels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", action="append", type=lambda s: int(s.removeprefix("sm_")),
-                        help="compute capability to build for, e.g. 90 or sm_90 (repeatable; default: "
-                        + ", ".join(map(str, DEFAULT_ARCHS)) + ")")
+    parser = argparse.ArgumentParser(
+        prog="python -m framefuse.plugins.build_kernels", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--arch",
+        action="append",
+        type=lambda s: int(s.removeprefix("sm_")),
+        help="compute capability to build for, e.g. 90 or sm_90 (repeatable; default: "
+        + ", ".join(map(str, DEFAULT_ARCHS))
+        + ")",
+    )
     parser.add_argument("--check", action="store_true", help="compile into a temporary folder only (CI)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes (default 2)")
     parser.add_argument("--op", action="append", help="only this op folder (repeatable)")
@@ -194,9 +220,14 @@ def main(argv=None) -> int:
             where = "checked" if args.check else f"-> {r['output']}"
             print(f"ok     {r['op']:<20} {r['seconds']:6.1f} s  {where}")
         else:
-            archs = ", ".join(f"sm_{a}" for a in r["failed_archs"]) or "(every arch alone compiles; the combined call failed)"
-            print(f"FAILED {r['op']:<20} {r['seconds']:6.1f} s  arch {archs}\n  {r['command']}\n{r['error']}",
-                  file=sys.stderr)
+            archs = (
+                ", ".join(f"sm_{a}" for a in r["failed_archs"])
+                or "(every arch alone compiles; the combined call failed)"
+            )
+            print(
+                f"FAILED {r['op']:<20} {r['seconds']:6.1f} s  arch {archs}\n  {r['command']}\n{r['error']}",
+                file=sys.stderr,
+            )
     print(f"{len(results) - len(failed)}/{len(results)} kernels compiled in {time.perf_counter() - start:.1f} s")
     return 1 if failed else 0
 

@@ -3,7 +3,8 @@ expected and what was given."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from framefuse.errors import FrameFuseError
 

@@ -26,7 +26,8 @@ import re
 import tempfile
 import threading
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from framefuse.errors import FrameFuseError
 
@@ -240,7 +241,9 @@ def device_pointer(t: Any) -> int:
         import torch
 
         return int(torch.from_dlpack(t).data_ptr())
-    raise CudaError(f"cannot get a device pointer from {type(t).__name__} (no data_ptr, __cuda_array_interface__ or DLPack)")
+    raise CudaError(
+        f"cannot get a device pointer from {type(t).__name__} (no data_ptr, __cuda_array_interface__ or DLPack)"
+    )
 
 
 def stream_handle(stream: Any = None) -> int:
@@ -532,8 +535,12 @@ class Kernel:
         driver = _driver()
         err = driver.cuLaunchKernel(
             self._function,
-            grid3[0], grid3[1], grid3[2],
-            block3[0], block3[1], block3[2],
+            grid3[0],
+            grid3[1],
+            grid3[2],
+            block3[0],
+            block3[1],
+            block3[2],
             int(shared_mem),
             handle,
             ctypes.addressof(pointers),

@@ -7,8 +7,9 @@ signature is written down exactly once.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from framefuse.errors import FrameFuseError
 
@@ -31,10 +32,16 @@ def dtype_name(dtype: Any) -> str:
     dtype, ONNX element type (int) or string ("fp16", "half", "bf16" are accepted)."""
     if isinstance(dtype, str):
         aliases = {
-            "fp32": "float32", "float": "float32", "f32": "float32",
-            "fp16": "float16", "half": "float16", "f16": "float16",
+            "fp32": "float32",
+            "float": "float32",
+            "f32": "float32",
+            "fp16": "float16",
+            "half": "float16",
+            "f16": "float16",
             "bf16": "bfloat16",
-            "fp64": "float64", "double": "float64", "f64": "float64",
+            "fp64": "float64",
+            "double": "float64",
+            "f64": "float64",
         }
         name = dtype.lower().removeprefix("torch.")
         return aliases.get(name, name)

@@ -132,8 +132,10 @@ def fields_to_attrs(op_type: str, fields: Mapping[str, Any]) -> dict:
             continue
         typ = schema.attributes[name][0]
         if typ is str:
-            attrs[name] = bytes(np.asarray(raw, dtype=np.int8).tobytes()).decode() if not isinstance(raw, (str, bytes)) else (
-                raw.decode() if isinstance(raw, bytes) else raw
+            attrs[name] = (
+                bytes(np.asarray(raw, dtype=np.int8).tobytes()).decode()
+                if not isinstance(raw, (str, bytes))
+                else (raw.decode() if isinstance(raw, bytes) else raw)
             )
             continue
         arr = np.asarray(raw).reshape(-1)
@@ -276,8 +278,11 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                 return other
 
             def get_fields_to_serialize(self):
-                kinds = {np.dtype(np.int32): trt.PluginFieldType.INT32, np.dtype(np.float32): trt.PluginFieldType.FLOAT32,
-                         np.dtype(np.int8): trt.PluginFieldType.CHAR}
+                kinds = {
+                    np.dtype(np.int32): trt.PluginFieldType.INT32,
+                    np.dtype(np.float32): trt.PluginFieldType.FLOAT32,
+                    np.dtype(np.int8): trt.PluginFieldType.CHAR,
+                }
                 return trt.PluginFieldCollection(
                     [trt.PluginField(n, a, kinds[a.dtype]) for n, a in attrs_to_fields(op_type, self.attrs)]
                 )
@@ -298,8 +303,11 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
             def supports_format_combination(self, pos, in_out, num_inputs):
                 descs = [io.desc for io in in_out]
                 return supports_combination(
-                    op_type, pos, [names.get(d.type) for d in descs],
-                    [d.format == trt.TensorFormat.LINEAR for d in descs], num_inputs,
+                    op_type,
+                    pos,
+                    [names.get(d.type) for d in descs],
+                    [d.format == trt.TensorFormat.LINEAR for d in descs],
+                    num_inputs,
                 )
 
             def configure_plugin(self, inp, out):
@@ -321,9 +329,14 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
 
             def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
                 enqueue_core(
-                    op_type, self.attrs,
-                    list(inputs), [tuple(d.dims) for d in input_desc], [names.get(d.type) for d in input_desc],
-                    list(outputs), [tuple(d.dims) for d in output_desc], [names.get(d.type) for d in output_desc],
+                    op_type,
+                    self.attrs,
+                    list(inputs),
+                    [tuple(d.dims) for d in input_desc],
+                    [names.get(d.type) for d in input_desc],
+                    list(outputs),
+                    [tuple(d.dims) for d in output_desc],
+                    [names.get(d.type) for d in output_desc],
                     stream,
                 )
 
@@ -333,11 +346,16 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                 self.name = op_type
                 self.plugin_namespace = NAMESPACE
                 self.plugin_version = PLUGIN_VERSION
-                kinds = {int: (np.int32, trt.PluginFieldType.INT32), float: (np.float32, trt.PluginFieldType.FLOAT32),
-                         str: (np.int8, trt.PluginFieldType.CHAR)}
+                kinds = {
+                    int: (np.int32, trt.PluginFieldType.INT32),
+                    float: (np.float32, trt.PluginFieldType.FLOAT32),
+                    str: (np.int8, trt.PluginFieldType.CHAR),
+                }
                 self.field_names = trt.PluginFieldCollection(
-                    [trt.PluginField(n, np.array([], dtype=kinds[t][0]), kinds[t][1])
-                     for n, (t, _) in _schema(op_type).attributes.items()]
+                    [
+                        trt.PluginField(n, np.array([], dtype=kinds[t][0]), kinds[t][1])
+                        for n, (t, _) in _schema(op_type).attributes.items()
+                    ]
                 )
 
             def create_plugin(self, name, fc, phase):
@@ -369,7 +387,9 @@ def register_creators(trt, namespaces: Sequence[str] = (NAMESPACE,)) -> list:
                 creator = creator_cls()
                 creator.plugin_namespace = ns
                 if not registry_.register_creator(creator, ns):
-                    raise PluginError(f"TensorRT refused to register the framefuse creator {creator.name} in namespace {ns!r}")
+                    raise PluginError(
+                        f"TensorRT refused to register the framefuse creator {creator.name} in namespace {ns!r}"
+                    )
                 made.append(creator)
             _REGISTERED[key] = made
         creators.extend(_REGISTERED[key])

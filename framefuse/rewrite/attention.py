@@ -198,8 +198,10 @@ class _MaskBuilder:
         values = [U.const_value(t) for t, _ in self.terms]
         if all(v is not None for v in values):
             with np.errstate(invalid="ignore", over="ignore"):
-                total = sum(np.broadcast_to(v.astype(np.float32) * np.float32(f), full_shape)
-                            for v, (_, f) in zip(values, self.terms))
+                total = sum(
+                    np.broadcast_to(v.astype(np.float32) * np.float32(f), full_shape)
+                    for v, (_, f) in zip(values, self.terms)
+                )
             total = np.asarray(total, dtype=np.float32)
             if np.isnan(total).any():
                 raise _Decline("constant mask contains NaN")
@@ -212,8 +214,7 @@ class _MaskBuilder:
                     return None, 1, {"mask": "constant causal mask → causal=1"}
                 return U.new_const(ctx, "attn_mask", m2.astype(dtype)), 0, {"mask": "constant [Tq,Tk]"}
             if np.all(total == total[:, :1]):
-                return (U.new_const(ctx, "attn_mask", total[:, :1].astype(dtype)), 0,
-                        {"mask": "constant [B,1,Tq,Tk]"})
+                return (U.new_const(ctx, "attn_mask", total[:, :1].astype(dtype)), 0, {"mask": "constant [B,1,Tq,Tk]"})
             return U.new_const(ctx, "attn_mask", total.astype(dtype)), 0, {"mask": "constant [B,Hq,Tq,Tk]"}
         # Variable mask terms: sum them in the graph, then bring the sum to a layout the op takes.
         mask = None
@@ -221,13 +222,22 @@ class _MaskBuilder:
             if U.np_dtype(t) is None or U.np_dtype(t).kind != "f":
                 raise _Decline(f"mask {t.name} has dtype {U.np_dtype(t)}, expected a float additive mask")
             if f != 1.0:
-                t = U.add_op(graph, ctx, "Mul", [t, U.new_const(ctx, "mask_scale", np.asarray(f, dtype=U.np_dtype(t)))],
-                             dtype=t.dtype, shape=U.static_shape(t))
+                t = U.add_op(
+                    graph,
+                    ctx,
+                    "Mul",
+                    [t, U.new_const(ctx, "mask_scale", np.asarray(f, dtype=U.np_dtype(t)))],
+                    dtype=t.dtype,
+                    shape=U.static_shape(t),
+                )
             if mask is None:
                 mask = t
             else:
-                shape = np.broadcast_shapes(U.static_shape(mask), U.static_shape(t)) \
-                    if U.static_shape(mask) and U.static_shape(t) else None
+                shape = (
+                    np.broadcast_shapes(U.static_shape(mask), U.static_shape(t))
+                    if U.static_shape(mask) and U.static_shape(t)
+                    else None
+                )
                 mask = U.add_op(graph, ctx, "Add", [mask, t], dtype=mask.dtype, shape=shape)
         mask = U.cast(graph, ctx, mask, dtype)
         shape = U.static_shape(mask)
@@ -244,9 +254,14 @@ class _MaskBuilder:
         # Broadcast explicitly, keeping a head axis of 1 when the mask has no per-head values.
         per_head = len(shape) >= 3 and shape[-3] != 1
         target = (b, h if per_head else 1, tq, tk)
-        expanded = U.add_op(graph, ctx, "Expand",
-                            [mask, U.new_const(ctx, "mask_shape", np.asarray(target, dtype=np.int64))],
-                            dtype=mask.dtype, shape=target)
+        expanded = U.add_op(
+            graph,
+            ctx,
+            "Expand",
+            [mask, U.new_const(ctx, "mask_shape", np.asarray(target, dtype=np.int64))],
+            dtype=mask.dtype,
+            shape=target,
+        )
         return expanded, 0, {"mask": f"input {list(shape)} expanded to {list(target)}"}
 
 
@@ -275,8 +290,13 @@ class AttentionPass:
         # --- downstream: Softmax → [Where(IsNaN(p), 0, p)] → MatMul(p, V)
         readers = list(probs.outputs)
         pv = None
-        while len(readers) == 1 and readers[0].op == "Cast" and _is_float_cast(readers[0]) \
-                and len(readers[0].outputs[0].outputs) == 1 and not U.is_graph_output(graph, probs):
+        while (
+            len(readers) == 1
+            and readers[0].op == "Cast"
+            and _is_float_cast(readers[0])
+            and len(readers[0].outputs[0].outputs) == 1
+            and not U.is_graph_output(graph, probs)
+        ):
             # Softmax computed in a wider type, cast back before P·V (mixed-precision exports);
             # transformers' eager attention writes two (softmax(dtype=float32).to(q.dtype), then
             # dropout's), which stay in the graph as float→float Casts.
@@ -289,20 +309,28 @@ class AttentionPass:
             isnan = next(r for r in readers if r.op == "IsNaN")
             guard = next(r for r in readers if r.op == "Where")
             zero = U.scalar_value(guard.inputs[1])
-            if guard.inputs[0] is isnan.outputs[0] and zero == 0 and guard.inputs[2] is probs \
-                    and len(guard.outputs[0].outputs) == 1 and guard.outputs[0].outputs[0].op == "MatMul" \
-                    and guard.outputs[0].outputs[0].inputs[0] is guard.outputs[0]:
+            if (
+                guard.inputs[0] is isnan.outputs[0]
+                and zero == 0
+                and guard.inputs[2] is probs
+                and len(guard.outputs[0].outputs) == 1
+                and guard.outputs[0].outputs[0].op == "MatMul"
+                and guard.outputs[0].outputs[0].inputs[0] is guard.outputs[0]
+            ):
                 pv = guard.outputs[0].outputs[0]
                 removed += [isnan, guard]
         if pv is None:
             if any(r.op == "MatMul" for r in readers):
                 names = ", ".join(U.node_label(r) for r in readers)
-                raise _Decline(f"attention probabilities are also read by other nodes ({names}); fusing would "
-                               f"not remove them")
+                raise _Decline(
+                    f"attention probabilities are also read by other nodes ({names}); fusing would not remove them"
+                )
             path = _path_to_matmul(probs)
             if path:
-                raise _Decline(f"the probabilities reach P·V ({path[-1]}) through {' → '.join(path[:-1])}, which the "
-                               "attention pattern does not cover (only float Casts and the IsNaN guard)")
+                raise _Decline(
+                    f"the probabilities reach P·V ({path[-1]}) through {' → '.join(path[:-1])}, which the "
+                    "attention pattern does not cover (only float Casts and the IsNaN guard)"
+                )
             raise _NotACandidate
         if U.is_graph_output(graph, probs) or U.is_graph_output(graph, softmax.outputs[0]):
             raise _Decline("attention probabilities are a graph output")
@@ -419,8 +447,10 @@ class AttentionPass:
             raise _Decline(f"Q has dtype {dtype}, expected a float type")
         mask_full = (B, Hq, Tq, Tk)
         if rank == 3:
-            masks.terms = [(U.unsqueeze(graph, ctx, m, 0) if (U.static_shape(m) and len(U.static_shape(m)) == 3) else m, f)
-                           for m, f in masks.terms]
+            masks.terms = [
+                (U.unsqueeze(graph, ctx, m, 0) if (U.static_shape(m) and len(U.static_shape(m)) == 3) else m, f)
+                for m, f in masks.terms
+            ]
         mask, causal, mdetail = masks.build(graph, ctx, mask_full, dtype)
         detail.update(mdetail)
 
@@ -432,8 +462,14 @@ class AttentionPass:
         else:
             o4 = U.new_var(ctx, "Attention_o", dtype, (B, Hq, Tq, dh))
             fused = make_framefuse_node(graph, ctx, "Attention", [q, k, v, mask], [o4], attrs)
-            graph.nodes.append(gs.Node("Squeeze", name=ctx.unique_name("Squeeze"),
-                                       inputs=[o4, U.new_const(ctx, "axes", np.asarray([0], np.int64))], outputs=[out]))
+            graph.nodes.append(
+                gs.Node(
+                    "Squeeze",
+                    name=ctx.unique_name("Squeeze"),
+                    inputs=[o4, U.new_const(ctx, "axes", np.asarray([0], np.int64))],
+                    outputs=[out],
+                )
+            )
         detail.update({"q": [B, Hq, Tq, dh], "kv_heads": Hk, "Tk": Tk, "scale": float(scale), "causal": causal})
         names = []
         for n in removed:
@@ -449,8 +485,15 @@ class AttentionPass:
         x, y = (zero, neg) if keep_if else (neg, zero)
         if value is not None:
             return U.new_const(ctx, "fill_mask", np.where(value.astype(bool), x, y).astype(np.float32))
-        return U.where(graph, ctx, cond, U.new_const(ctx, "zero_or_inf", np.asarray(x)),
-                       U.new_const(ctx, "zero_or_inf", np.asarray(y)), dtype=np.float32, shape=U.static_shape(cond))
+        return U.where(
+            graph,
+            ctx,
+            cond,
+            U.new_const(ctx, "zero_or_inf", np.asarray(x)),
+            U.new_const(ctx, "zero_or_inf", np.asarray(y)),
+            dtype=np.float32,
+            shape=U.static_shape(cond),
+        )
 
 
 class OnnxAttentionPass:
@@ -560,6 +603,7 @@ class OnnxAttentionPass:
             if y_old is not None:
                 merged = U.reshape(graph, ctx, U.transpose(graph, ctx, o, [0, 2, 1, 3]), (B, Tq, Hq * Dh))
                 U.replace_tensor(graph, y_old, merged)
-        detail.update({"q": [B, Hq, Tq, Dh], "kv_heads": Hk, "Tk": Tk, "scale": scale, "causal": causal,
-                       "past_len": past_len})
+        detail.update(
+            {"q": [B, Hq, Tq, Dh], "kv_heads": Hk, "Tk": Tk, "scale": scale, "causal": causal, "past_len": past_len}
+        )
         return Match(self.name, "Attention", fused.name, [U.node_label(node)], detail)

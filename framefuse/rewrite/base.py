@@ -66,7 +66,8 @@ def make_framefuse_node(
     # Trailing absent optionals are dropped, as ONNX allows.
     while ins and isinstance(ins[-1], gs.Variable) and ins[-1].name == "":
         ins.pop()
-    node = gs.Node(op=op_type, name=ctx.unique_name(op_type), domain=DOMAIN, attrs=dict(attrs or {}),
-                   inputs=ins, outputs=outputs)
+    node = gs.Node(
+        op=op_type, name=ctx.unique_name(op_type), domain=DOMAIN, attrs=dict(attrs or {}), inputs=ins, outputs=outputs
+    )
     graph.nodes.append(node)
     return node

@@ -25,14 +25,22 @@ EXAMPLES = """examples:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("rewrite", help="fuse recurrences and attention into framefuse ops",
-                              description=DESCRIPTION, epilog=EXAMPLES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "rewrite",
+        help="fuse recurrences and attention into framefuse ops",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("model", help="exported ONNX graph, e.g. artifacts/<name>/model.onnx")
     p.add_argument("-o", "--output", help="where to write the fused graph (default: model.fused.onnx beside the input)")
-    p.add_argument("--tolerance", type=float, default=None,
-                   help="parity tolerance (atol and rtol) for every output; default: the fp32 tolerance of "
-                        "the artifact's manifest.json, else 1e-4")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="parity tolerance (atol and rtol) for every output; default: the fp32 tolerance of "
+        "the artifact's manifest.json, else 1e-4",
+    )
     p.set_defaults(func=run)
 
 
@@ -79,9 +87,13 @@ def run(args) -> int:
         print(parity.summary())
     if not parity.passed:
         failed = [o for o in parity.outputs if not o.passed]
-        listing = "; ".join(f"{o.name}: max abs {o.max_abs:.3g}, max rel {o.max_rel:.3g} (tol {o.atol:g})" for o in failed)
-        raise ParityError(f"fused graph of {src} does not match the original ({listing}); "
-                          f"not written. See {out.parent / 'parity-report.json'}")
+        listing = "; ".join(
+            f"{o.name}: max abs {o.max_abs:.3g}, max rel {o.max_rel:.3g} (tol {o.atol:g})" for o in failed
+        )
+        raise ParityError(
+            f"fused graph of {src} does not match the original ({listing}); "
+            f"not written. See {out.parent / 'parity-report.json'}"
+        )
     write_bytes_atomic(out, fused.SerializeToString())
     if not quiet:
         print(f"wrote {out}")

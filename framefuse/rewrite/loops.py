@@ -23,9 +23,33 @@ from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, 
 # Ops that act on each time step independently and keep their meaning when a leading time axis
 # is added to their operands (numpy broadcasting aligns from the right).
 ELEMENTWISE = {
-    "Identity", "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Relu", "Abs", "Sqrt", "Reciprocal", "Softplus",
-    "Erf", "Sin", "Cos", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Cast", "HardSigmoid", "LeakyRelu",
-    "Elu", "Selu", "Softsign",
+    "Identity",
+    "Sigmoid",
+    "Tanh",
+    "Exp",
+    "Log",
+    "Neg",
+    "Relu",
+    "Abs",
+    "Sqrt",
+    "Reciprocal",
+    "Softplus",
+    "Erf",
+    "Sin",
+    "Cos",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Cast",
+    "HardSigmoid",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Softsign",
 }
 
 
@@ -44,8 +68,15 @@ def _strip_identity(t: gs.Tensor) -> gs.Tensor:
 class _Hoister:
     """Rebuilds body expressions that do not depend on the state in the outer graph, over all T."""
 
-    def __init__(self, graph: gs.Graph, ctx: RewriteContext, body: gs.Graph, state: gs.Tensor,
-                 slices: dict[int, gs.Tensor], T: int):
+    def __init__(
+        self,
+        graph: gs.Graph,
+        ctx: RewriteContext,
+        body: gs.Graph,
+        state: gs.Tensor,
+        slices: dict[int, gs.Tensor],
+        T: int,
+    ):
         self.graph, self.ctx, self.body, self.state, self.slices, self.T = graph, ctx, body, state, slices, T
         self.body_inputs = {id(t) for t in body.inputs}
         self.memo: dict[int, gs.Tensor] = {}
@@ -55,8 +86,9 @@ class _Hoister:
         if key in self.memo:
             return self.memo[key]
         if t is self.state:
-            raise _Decline("the update is not affine in the state (the state appears inside a nonlinear term "
-                           "or in A / B)")
+            raise _Decline(
+                "the update is not affine in the state (the state appears inside a nonlinear term or in A / B)"
+            )
         if key in self.slices:
             result = self.slices[key]
         elif isinstance(t, gs.Constant):
@@ -70,14 +102,24 @@ class _Hoister:
                 if key in self.body_inputs:
                     raise _Decline(f"body input {t.name} is not a scanned slice")
                 result = t  # an outer-scope tensor: the same for every step
-            elif node.op in ELEMENTWISE or (node.op == "MatMul" and U.const_value(node.inputs[1]) is not None
-                                           and U.static_shape(node.inputs[1]) is not None
-                                           and len(U.static_shape(node.inputs[1])) == 2):
+            elif node.op in ELEMENTWISE or (
+                node.op == "MatMul"
+                and U.const_value(node.inputs[1]) is not None
+                and U.static_shape(node.inputs[1]) is not None
+                and len(U.static_shape(node.inputs[1])) == 2
+            ):
                 ins = [self.outer(i) for i in node.inputs]
                 shape = U.static_shape(t)
-                result = U.add_op(self.graph, self.ctx, node.op, ins, dtype=t.dtype,
-                                  shape=(self.T,) + shape if shape is not None else None, attrs=dict(node.attrs),
-                                  prefix=f"hoisted_{node.op}")
+                result = U.add_op(
+                    self.graph,
+                    self.ctx,
+                    node.op,
+                    ins,
+                    dtype=t.dtype,
+                    shape=(self.T,) + shape if shape is not None else None,
+                    attrs=dict(node.attrs),
+                    prefix=f"hoisted_{node.op}",
+                )
             else:
                 raise _Decline(f"op {node.op} ({U.node_label(node)}) in the recurrence body is not elementwise")
         self.memo[key] = result
@@ -154,8 +196,20 @@ class LoopScanPass:
         T = shapes[0][0]
         slices = {id(bi): outer for bi, outer in zip(body.inputs[1:], scanned)}
         h_in, h_out = body.inputs[0], body.outputs[0]
-        return self._fuse(graph, ctx, node, body, T, node.inputs[0], h_in, h_out, slices,
-                          final_out=node.outputs[0], scan_body_outs=body.outputs[1:], scan_outs=node.outputs[1:])
+        return self._fuse(
+            graph,
+            ctx,
+            node,
+            body,
+            T,
+            node.inputs[0],
+            h_in,
+            h_out,
+            slices,
+            final_out=node.outputs[0],
+            scan_body_outs=body.outputs[1:],
+            scan_outs=node.outputs[1:],
+        )
 
     # -- Loop -----------------------------------------------------------------------------
 
@@ -181,8 +235,12 @@ class LoopScanPass:
         # Per-step slices: Gather(X, iteration, axis=0) of an outer tensor X of length T.
         slices = {}
         for bnode in body.nodes:
-            if bnode.op == "Gather" and len(bnode.inputs) == 2 and bnode.inputs[1] is iter_in \
-                    and int(bnode.attrs.get("axis", 0)) == 0:
+            if (
+                bnode.op == "Gather"
+                and len(bnode.inputs) == 2
+                and bnode.inputs[1] is iter_in
+                and int(bnode.attrs.get("axis", 0)) == 0
+            ):
                 src = bnode.inputs[0]
                 shape = U.static_shape(src)
                 if shape is None or shape[0] != T:
@@ -190,8 +248,20 @@ class LoopScanPass:
                 slices[id(bnode.outputs[0])] = src
         if not slices:
             raise _Decline("no per-iteration input (Gather(X, iteration_num, axis=0)) in the body")
-        return self._fuse(graph, ctx, node, body, T, carried[0], h_in, body.outputs[1], slices,
-                          final_out=node.outputs[0], scan_body_outs=body.outputs[2:], scan_outs=node.outputs[1:])
+        return self._fuse(
+            graph,
+            ctx,
+            node,
+            body,
+            T,
+            carried[0],
+            h_in,
+            body.outputs[1],
+            slices,
+            final_out=node.outputs[0],
+            scan_body_outs=body.outputs[2:],
+            scan_outs=node.outputs[1:],
+        )
 
     # -- shared -------------------------------------------------------------------------
 
@@ -223,8 +293,14 @@ class LoopScanPass:
                             raise _Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}")
                     except ValueError:
                         raise _Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}") from None
-                x = U.add_op(graph, ctx, "Expand", [x, U.new_const(ctx, "shape", np.asarray(full, np.int64))],
-                             dtype=dtype, shape=full)
+                x = U.add_op(
+                    graph,
+                    ctx,
+                    "Expand",
+                    [x, U.new_const(ctx, "shape", np.asarray(full, np.int64))],
+                    dtype=dtype,
+                    shape=full,
+                )
             x = U.cast(graph, ctx, x, dtype)
             return U.transpose(graph, ctx, U.reshape(graph, ctx, x, (T, bt, d)), [1, 0, 2])
 
@@ -240,5 +316,10 @@ class LoopScanPass:
                 stacked = U.reshape(graph, ctx, U.transpose(graph, ctx, h_all, [1, 0, 2]), full)
                 U.replace_tensor(graph, so, stacked)
         U.detach_outputs(node)
-        return Match(self.name, "LinearScan", fused.name, [U.node_label(node)],
-                     {"source_op": node.op, "T": T, "state_shape": list(h_shape)})
+        return Match(
+            self.name,
+            "LinearScan",
+            fused.name,
+            [U.node_label(node)],
+            {"source_op": node.op, "T": T, "state_shape": list(h_shape)},
+        )

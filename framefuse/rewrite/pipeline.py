@@ -51,7 +51,9 @@ def load_model(model_or_path) -> tuple[onnx.ModelProto, str]:
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001 - protobuf DecodeError, OSError, ...
-        raise RewriteError(f"cannot read ONNX model {path}: not a valid ONNX protobuf ({type(exc).__name__}: {exc})") from exc
+        raise RewriteError(
+            f"cannot read ONNX model {path}: not a valid ONNX protobuf ({type(exc).__name__}: {exc})"
+        ) from exc
     if len(model.graph.node) == 0 and not model.graph.output:
         raise RewriteError(f"cannot read ONNX model {path}: the file holds no graph (empty or not an ONNX model)")
     return model, str(path)
@@ -78,8 +80,10 @@ def check_known_ops(model: onnx.ModelProto, label: str) -> None:
             elif domain in _ONNX_DOMAINS:
                 version = versions.get("" if domain == "ai.onnx" else domain)
                 if version is None:
-                    raise RewriteError(f"{label}: node {name!r} uses domain {domain or 'ai.onnx'!r} but the model "
-                                       f"does not import it (opset_import)")
+                    raise RewriteError(
+                        f"{label}: node {name!r} uses domain {domain or 'ai.onnx'!r} but the model "
+                        f"does not import it (opset_import)"
+                    )
                 try:
                     onnx.defs.get_schema(node.op_type, version, domain)
                 except Exception:  # noqa: BLE001 - SchemaError when unknown
@@ -163,8 +167,10 @@ def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str
     counter = getattr(unrolled, "remaining_recurrence_ops", None) if unrolled is not None else None
     if counter is None:
         if notes is not None:
-            notes.append("framefuse.rewrite.unrolled.remaining_recurrence_ops is not available: unrolled "
-                         "per-timestep chains were not counted (taken as 0)")
+            notes.append(
+                "framefuse.rewrite.unrolled.remaining_recurrence_ops is not available: unrolled "
+                "per-timestep chains were not counted (taken as 0)"
+            )
         counts["unrolled"] = 0
     else:
         found = counter(graph)
@@ -190,8 +196,10 @@ def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str
         counts["unrolled"] = counts.get("unrolled", 0) + len(independent) - passes_count
         if notes is not None:
             names = ", ".join(sorted({n.name for n in independent})[:3])
-            notes.append(f"{len(independent)} ops are chained copies of one step (e.g. {names}) although no pass "
-                         "recognised their loop: counted as per-timestep ops left")
+            notes.append(
+                f"{len(independent)} ops are chained copies of one step (e.g. {names}) although no pass "
+                "recognised their loop: counted as per-timestep ops left"
+            )
     return counts
 
 

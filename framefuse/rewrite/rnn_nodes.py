@@ -57,8 +57,9 @@ class RnnNodePass:
             if node.domain not in ("", "ai.onnx", None):
                 continue
             if node.op == "RNN":
-                result.declined.append(Declined(self.name, U.node_label(node),
-                                                "ONNX RNN (Elman) node: framefuse has no fused op for it"))
+                result.declined.append(
+                    Declined(self.name, U.node_label(node), "ONNX RNN (Elman) node: framefuse has no fused op for it")
+                )
                 continue
             if node.op not in _FUSED_OP:
                 continue
@@ -133,7 +134,7 @@ class RnnNodePass:
         hidden = int(attrs["hidden_size"])
         x = node.inputs[0]
         x_dtype = U.np_dtype(x)
-        x_shape = U.static_shape(x)
+        U.static_shape(x)
 
         # Time-major input [T, B, I].
         x_tbi = U.transpose(graph, ctx, x, [1, 0, 2]) if layout == 1 else x
@@ -151,14 +152,21 @@ class RnnNodePass:
         for d in range(n_dirs):
             backwards = direction == "reverse" or d == 1
             x_d = U.reverse(graph, ctx, x_tbi, 0, T) if backwards else x_tbi
-            inputs = [x_d, U.take(graph, ctx, w, d), U.take(graph, ctx, r, d),
-                      U.take(graph, ctx, bias, d) if bias is not None else None]
+            inputs = [
+                x_d,
+                U.take(graph, ctx, w, d),
+                U.take(graph, ctx, r, d),
+                U.take(graph, ctx, bias, d) if bias is not None else None,
+            ]
             for state in (h0_all, c0_all) if op == "LSTM" else (h0_all,):
                 zeros = U.const_value(state) if state is not None else None
                 if zeros is not None and not np.any(zeros):
                     state = None  # an all-zero initial state is the op's default: leave it out
-                inputs.append(U.cast(graph, ctx, U.take(graph, ctx, state, d, axis=state_axis), np.float32)
-                              if state is not None else None)
+                inputs.append(
+                    U.cast(graph, ctx, U.take(graph, ctx, state, d, axis=state_axis), np.float32)
+                    if state is not None
+                    else None
+                )
             y_d = U.new_var(ctx, f"{fused_op}_Y", x_dtype, (T, B, hidden) if T else None)
             outs = [y_d, U.new_var(ctx, f"{fused_op}_h_last", np.float32, (B, hidden) if B else None)]
             if op == "LSTM":
@@ -168,9 +176,21 @@ class RnnNodePass:
             hs.append(outs[1])
             if op == "LSTM":
                 cs.append(outs[2])
-            matches.append(Match(self.name, fused_op, fused.name, [U.node_label(node)],
-                                 {"source_op": op, "direction": direction, "part": "backward" if backwards else "forward",
-                                  "hidden_size": hidden, "layout": layout}))
+            matches.append(
+                Match(
+                    self.name,
+                    fused_op,
+                    fused.name,
+                    [U.node_label(node)],
+                    {
+                        "source_op": op,
+                        "direction": direction,
+                        "part": "backward" if backwards else "forward",
+                        "hidden_size": hidden,
+                        "layout": layout,
+                    },
+                )
+            )
 
         if y_out is not None:
             if layout == 1:

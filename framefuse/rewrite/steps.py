@@ -32,9 +32,29 @@ from framefuse.rewrite.util import const_value
 ROUNDS = 2
 MIN_CHAINED = 3
 SMALL_CONSTANT = 16  # elements; larger constants are parameters, keyed by identity
-DATA_MOVEMENT = {"Concat", "Slice", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Cast", "Identity",
-                 "Gather", "Expand", "Split", "Flatten", "Pad", "Constant", "Shape", "Size", "ScatterND",
-                 "ScatterElements", "GatherElements", "GatherND", "Tile"}
+DATA_MOVEMENT = {
+    "Concat",
+    "Slice",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Transpose",
+    "Cast",
+    "Identity",
+    "Gather",
+    "Expand",
+    "Split",
+    "Flatten",
+    "Pad",
+    "Constant",
+    "Shape",
+    "Size",
+    "ScatterND",
+    "ScatterElements",
+    "GatherElements",
+    "GatherND",
+    "Tile",
+}
 
 
 # A stack's Concat reads step t at position t: the position must not tell the steps apart.
@@ -94,8 +114,12 @@ def chained_step_nodes(graph: gs.Graph) -> list[gs.Node]:
     for node in nodes:
         attrs = tuple(sorted((k, _attr_repr(v)) for k, v in node.attrs.items()))
         base.append(_digest(node.op, node.domain or "", attrs))
-        leaf_parts.append([None if (t.name in producer_of) else
-                           ("" if not t.name else _leaf_key(t, graph_inputs)) for t in node.inputs])
+        leaf_parts.append(
+            [
+                None if (t.name in producer_of) else ("" if not t.name else _leaf_key(t, graph_inputs))
+                for t in node.inputs
+            ]
+        )
     hashes = [_digest(b, tuple(lp)) for b, lp in zip(base, leaf_parts)]
     for _ in range(ROUNDS):
         new = []

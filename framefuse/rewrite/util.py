@@ -116,11 +116,11 @@ def new_const(ctx: RewriteContext, prefix: str, value) -> gs.Constant:
     return gs.Constant(ctx.unique_name(prefix), np.array(value, order="C"))
 
 
-def add_op(graph: gs.Graph, ctx: RewriteContext, op: str, inputs: list, *, dtype, shape, attrs=None,
-           prefix: str | None = None) -> gs.Variable:
+def add_op(
+    graph: gs.Graph, ctx: RewriteContext, op: str, inputs: list, *, dtype, shape, attrs=None, prefix: str | None = None
+) -> gs.Variable:
     out = new_var(ctx, prefix or op, dtype, shape)
-    graph.nodes.append(gs.Node(op=op, name=ctx.unique_name(op), attrs=dict(attrs or {}), inputs=inputs,
-                               outputs=[out]))
+    graph.nodes.append(gs.Node(op=op, name=ctx.unique_name(op), attrs=dict(attrs or {}), inputs=inputs, outputs=[out]))
     return out
 
 
@@ -134,7 +134,7 @@ def squeeze(graph, ctx, t: gs.Tensor, axis: int) -> gs.Tensor:
     if value is not None:
         return new_const(ctx, "squeezed", np.squeeze(value, axis=axis))
     shape = static_shape(t)
-    out_shape = None if shape is None else shape[:axis] + shape[axis + 1:]
+    out_shape = None if shape is None else shape[:axis] + shape[axis + 1 :]
     return add_op(graph, ctx, "Squeeze", [t, new_const(ctx, "axes", _i64([axis]))], dtype=t.dtype, shape=out_shape)
 
 
@@ -168,18 +168,35 @@ def take(graph, ctx, t: gs.Tensor, index: int, axis: int = 0) -> gs.Tensor:
     if value is not None:
         return new_const(ctx, "taken", np.take(value, index, axis=axis))
     shape = static_shape(t)
-    out_shape = None if shape is None else shape[:axis] + shape[axis + 1:]
-    return add_op(graph, ctx, "Gather", [t, new_const(ctx, "index", np.asarray(index, dtype=np.int64))],
-                  dtype=t.dtype, shape=out_shape, attrs={"axis": axis})
+    out_shape = None if shape is None else shape[:axis] + shape[axis + 1 :]
+    return add_op(
+        graph,
+        ctx,
+        "Gather",
+        [t, new_const(ctx, "index", np.asarray(index, dtype=np.int64))],
+        dtype=t.dtype,
+        shape=out_shape,
+        attrs={"axis": axis},
+    )
 
 
 def reverse(graph, ctx, t: gs.Tensor, axis: int, length: int) -> gs.Tensor:
     """`t` reversed along `axis` (of static size `length`), via Slice with step -1."""
     shape = static_shape(t)
-    return add_op(graph, ctx, "Slice", [t, new_const(ctx, "starts", _i64([length - 1])),
-                                        new_const(ctx, "ends", _i64([-length - 1])),
-                                        new_const(ctx, "axes", _i64([axis])), new_const(ctx, "steps", _i64([-1]))],
-                  dtype=t.dtype, shape=shape)
+    return add_op(
+        graph,
+        ctx,
+        "Slice",
+        [
+            t,
+            new_const(ctx, "starts", _i64([length - 1])),
+            new_const(ctx, "ends", _i64([-length - 1])),
+            new_const(ctx, "axes", _i64([axis])),
+            new_const(ctx, "steps", _i64([-1])),
+        ],
+        dtype=t.dtype,
+        shape=shape,
+    )
 
 
 def concat(graph, ctx, tensors: list[gs.Tensor], axis: int) -> gs.Tensor:
@@ -214,7 +231,7 @@ def replace_tensor(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
         for i, t in enumerate(node.inputs):
             if t is old:
                 node.inputs[i] = new
-    for i, t in enumerate(graph.outputs):
+    for t in graph.outputs:
         if t is old:
             # Keep the graph output's name: the producer of `old` is about to die, so `old` gets
             # an Identity from `new` as its new writer.

@@ -94,8 +94,15 @@ def kc():
 
 
 _HELPERS = SimpleNamespace(
-    assert_close=assert_close, poison_=poison_, poisoned_like=poisoned_like, randn=randn, rand=rand,
-    cpu_or_none=cpu_or_none, RTOL=RTOL, DTYPES=DTYPES, DTYPE_IDS=DTYPE_IDS,
+    assert_close=assert_close,
+    poison_=poison_,
+    poisoned_like=poisoned_like,
+    randn=randn,
+    rand=rand,
+    cpu_or_none=cpu_or_none,
+    RTOL=RTOL,
+    DTYPES=DTYPES,
+    DTYPE_IDS=DTYPE_IDS,
 )
 
 

@@ -41,8 +41,12 @@ def reference_o(q, k, v, mask, scale=None, causal=0):
     from framefuse.plugins.attention import reference
 
     (o,) = reference(
-        q.cpu().double(), k.cpu().double(), v.cpu().double(),
-        None if mask is None else mask.cpu().double(), scale=scale, causal=causal,
+        q.cpu().double(),
+        k.cpu().double(),
+        v.cpu().double(),
+        None if mask is None else mask.cpu().double(),
+        scale=scale,
+        causal=causal,
     )
     return o
 

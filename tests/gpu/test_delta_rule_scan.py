@@ -40,7 +40,10 @@ def check(kc, q, k, v, beta, S0, o, S_last, name=""):
     from framefuse.plugins.delta_rule_scan import reference
 
     o_ref, S_ref = reference(
-        q.cpu().double(), k.cpu().double(), v.cpu().double(), beta.cpu().double(),
+        q.cpu().double(),
+        k.cpu().double(),
+        v.cpu().double(),
+        beta.cpu().double(),
         None if S0 is None else S0.cpu().double(),
     )
     assert o.dtype == q.dtype and S_last.dtype == torch.float32
@@ -104,8 +107,16 @@ def test_step_chaining_equals_sequence(kc, gen, dtype):
     steps = []
     for t in range(q.shape[2]):
         sl = slice(t, t + 1)
-        o_t, S = launch([q[:, :, sl].contiguous(), k[:, :, sl].contiguous(), v[:, :, sl].contiguous(),
-                         beta[:, :, sl].contiguous(), S], {})
+        o_t, S = launch(
+            [
+                q[:, :, sl].contiguous(),
+                k[:, :, sl].contiguous(),
+                v[:, :, sl].contiguous(),
+                beta[:, :, sl].contiguous(),
+                S,
+            ],
+            {},
+        )
         steps.append(o_t)
     torch.cuda.synchronize()
     # same arithmetic in the same order: equal to the last bit

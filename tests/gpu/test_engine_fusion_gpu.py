@@ -44,8 +44,9 @@ def test_selection_keeps_the_fastest_and_never_the_slower():
     plan = GraphExecutor(model, "cuda", optimize=True).plan()
     plain = GraphExecutor(model, "cuda", optimize=False).plan()
     logged = []
-    chosen, report = fusion.select_plan(plan, alternatives={"unoptimized": plain},
-                                        modes={"inductor": "default"}, log=logged.append)
+    chosen, report = fusion.select_plan(
+        plan, alternatives={"unoptimized": plain}, modes={"inductor": "default"}, log=logged.append
+    )
     timed = {n: e["us_per_step"] for n, e in report["candidates"].items() if "us_per_step" in e}
     assert {"plan", "unoptimized"} <= set(timed)
     assert report["chosen"] == min(timed, key=timed.get)

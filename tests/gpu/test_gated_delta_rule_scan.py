@@ -42,7 +42,11 @@ def check(kc, q, k, v, g, beta, S0, o, S_last, name=""):
     from framefuse.plugins.gated_delta_rule_scan import reference
 
     o_ref, S_ref = reference(
-        q.cpu().double(), k.cpu().double(), v.cpu().double(), g.cpu().double(), beta.cpu().double(),
+        q.cpu().double(),
+        k.cpu().double(),
+        v.cpu().double(),
+        g.cpu().double(),
+        beta.cpu().double(),
         None if S0 is None else S0.cpu().double(),
     )
     assert o.dtype == q.dtype and S_last.dtype == torch.float32
@@ -106,8 +110,17 @@ def test_step_chaining_equals_sequence(kc, gen, dtype):
     steps = []
     for t in range(q.shape[2]):
         sl = slice(t, t + 1)
-        o_t, S = launch([q[:, :, sl].contiguous(), k[:, :, sl].contiguous(), v[:, :, sl].contiguous(),
-                         g[:, :, sl].contiguous(), beta[:, :, sl].contiguous(), S], {})
+        o_t, S = launch(
+            [
+                q[:, :, sl].contiguous(),
+                k[:, :, sl].contiguous(),
+                v[:, :, sl].contiguous(),
+                g[:, :, sl].contiguous(),
+                beta[:, :, sl].contiguous(),
+                S,
+            ],
+            {},
+        )
         steps.append(o_t)
     torch.cuda.synchronize()
     # same arithmetic in the same order: equal to the last bit
@@ -203,8 +216,16 @@ def test_gpu_validation_errors(kc, gen):
         launch([q, k, v, g, beta[:, :, :7].contiguous(), S0], {})
     with pytest.raises(OpArgumentError, match=r"GatedDeltaRuleScan: key dim Dk=129 is larger than the kernel supports"):
         big = torch.zeros(1, 1, 2, 129, device="cuda")
-        launch([big, big, torch.zeros(1, 1, 2, 4, device="cuda"), torch.zeros(1, 1, 2, device="cuda"),
-                torch.zeros(1, 1, 2, device="cuda")], {})
+        launch(
+            [
+                big,
+                big,
+                torch.zeros(1, 1, 2, 4, device="cuda"),
+                torch.zeros(1, 1, 2, device="cuda"),
+                torch.zeros(1, 1, 2, device="cuda"),
+            ],
+            {},
+        )
     with pytest.raises(OpArgumentError, match=r"GatedDeltaRuleScan: argument output S_last: expected shape"):
         launch([q, k, v, g, beta, S0], {}, outputs=[torch.empty_like(v), torch.empty(2, 2, 15, 16, device="cuda")])
 
@@ -250,8 +271,15 @@ def test_engine_runs_fused_loop_like_torch():
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x, S0), buffer, dynamo=False, opset_version=17, input_names=["x", "state.S"],
-                          output_names=["o", "next_state.S"])
+        torch.onnx.export(
+            module,
+            (x, S0),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=["x", "state.S"],
+            output_names=["o", "next_state.S"],
+        )
     fused, _ = rewrite_model(onnx.load_from_string(buffer.getvalue()))
     assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == ["GatedDeltaRuleScan"]
     executor = GraphExecutor(fused, device="cuda")

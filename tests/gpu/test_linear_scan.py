@@ -21,8 +21,10 @@ def make_inputs(kc, gen, batch, steps, channels, dtype, h0_kind):
     # a in (0.5, 1): the decays gated recurrences produce; b ~ N(0, 1)
     a = kc.rand(gen, batch, steps, channels, dtype=dtype, low=0.5, high=1.0)
     b = kc.randn(gen, batch, steps, channels, dtype=dtype)
-    h0 = None if h0_kind == "none" else (
-        torch.zeros(batch, channels, device="cuda") if h0_kind == "zero" else kc.randn(gen, batch, channels)
+    h0 = (
+        None
+        if h0_kind == "none"
+        else (torch.zeros(batch, channels, device="cuda") if h0_kind == "zero" else kc.randn(gen, batch, channels))
     )
     return a, b, h0
 
@@ -216,7 +218,9 @@ def test_fatbin_path(kc, gen, tmp_path, monkeypatch):
     if build_kernels.find_nvcc() is None:
         pytest.skip("nvcc not found: cannot build a fatbin here")
     major, minor = cuda.device_properties()["cc"]
-    records = build_kernels.build([major * 10 + minor], sources=[interface.SOURCE], out_dir=tmp_path, log=lambda *_: None)
+    records = build_kernels.build(
+        [major * 10 + minor], sources=[interface.SOURCE], out_dir=tmp_path, log=lambda *_: None
+    )
     assert records[0]["ok"], records[0].get("error")
     monkeypatch.setattr(cuda, "KERNELS_DIR", tmp_path)
     cuda.clear_kernel_cache()

@@ -127,8 +127,11 @@ def test_lstm_seq_on_a_side_stream_and_in_a_cuda_graph():
 
     T, B, I, H = 32, 1, 64, 256
     inputs = _inputs(T, B, I, H, torch.float16, seed=5)
-    outs = [torch.empty(T, B, H, dtype=torch.float16, device="cuda"), torch.empty(B, H, device="cuda"),
-            torch.empty(B, H, device="cuda")]
+    outs = [
+        torch.empty(T, B, H, dtype=torch.float16, device="cuda"),
+        torch.empty(B, H, device="cuda"),
+        torch.empty(B, H, device="cuda"),
+    ]
     ws = torch.empty(workspace_size(T, B, I, H, torch.float16), device="cuda")
 
     side = torch.cuda.Stream()

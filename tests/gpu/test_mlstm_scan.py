@@ -33,8 +33,11 @@ def make_inputs(kc, gen, B, H, T, Dk, Dv, dtype, state_kind):
     if state_kind == "none":
         states = [None, None, None]
     elif state_kind == "zero":
-        states = [torch.zeros(B, H, Dv, Dk, device="cuda"), torch.zeros(B, H, Dk, device="cuda"),
-                  torch.zeros(B, H, device="cuda")]
+        states = [
+            torch.zeros(B, H, Dv, Dk, device="cuda"),
+            torch.zeros(B, H, Dk, device="cuda"),
+            torch.zeros(B, H, device="cuda"),
+        ]
     else:
         states = [kc.randn(gen, B, H, Dv, Dk, scale=0.3), kc.randn(gen, B, H, Dk, scale=0.3), kc.randn(gen, B, H)]
     return [q, k, v, i_pre, f_pre, *states]
@@ -150,8 +153,12 @@ def test_cuda_graph_capture_and_replay(kc, gen):
     from framefuse.plugins.mlstm_scan import launch
 
     inputs = make_inputs(kc, gen, 1, 4, 32, 64, 64, F16, "rand")
-    outs = [torch.empty_like(inputs[2]), torch.empty(1, 4, 64, 64, device="cuda"),
-            torch.empty(1, 4, 64, device="cuda"), torch.empty(1, 4, device="cuda")]
+    outs = [
+        torch.empty_like(inputs[2]),
+        torch.empty(1, 4, 64, 64, device="cuda"),
+        torch.empty(1, 4, 64, device="cuda"),
+        torch.empty(1, 4, device="cuda"),
+    ]
     launch(inputs, {}, outputs=outs)  # warm-up: loads the kernel
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

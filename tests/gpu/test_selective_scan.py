@@ -21,8 +21,11 @@ ALL = ("D", "z", "dt_bias", "h0")
 def make_inputs(kc, gen, batch, steps, channels, nstate, dtype, optional=ALL, softplus=True):
     x = kc.randn(gen, batch, steps, channels, dtype=dtype)
     # Δ ≈ 0.05..1 after softplus; without softplus dt must already be a positive step size
-    dt = kc.randn(gen, batch, steps, channels, dtype=dtype, scale=0.5, shift=-1.5) if softplus else \
-        kc.rand(gen, batch, steps, channels, dtype=dtype, low=0.01, high=0.2)
+    dt = (
+        kc.randn(gen, batch, steps, channels, dtype=dtype, scale=0.5, shift=-1.5)
+        if softplus
+        else kc.rand(gen, batch, steps, channels, dtype=dtype, low=0.01, high=0.2)
+    )
     A = -torch.exp(kc.randn(gen, channels, nstate, scale=0.5))  # negative: a stable scan
     Bm = kc.randn(gen, batch, steps, nstate, dtype=dtype)
     Cm = kc.randn(gen, batch, steps, nstate, dtype=dtype)
@@ -130,10 +133,28 @@ def test_state_carries_across_calls(kc, gen):
 
     x, dt, A, Bm, Cm, Dskip, z, dt_bias, h0 = make_inputs(kc, gen, 2, 34, 40, 16, torch.float32)
     y_full, last_full = selective_scan(x, dt, A, Bm, Cm, Dskip, z, dt_bias, h0)
-    y1, last1 = selective_scan(x[:, :17].contiguous(), dt[:, :17].contiguous(), A, Bm[:, :17].contiguous(),
-                               Cm[:, :17].contiguous(), Dskip, z[:, :17].contiguous(), dt_bias, h0)
-    y2, last2 = selective_scan(x[:, 17:].contiguous(), dt[:, 17:].contiguous(), A, Bm[:, 17:].contiguous(),
-                               Cm[:, 17:].contiguous(), Dskip, z[:, 17:].contiguous(), dt_bias, last1)
+    y1, last1 = selective_scan(
+        x[:, :17].contiguous(),
+        dt[:, :17].contiguous(),
+        A,
+        Bm[:, :17].contiguous(),
+        Cm[:, :17].contiguous(),
+        Dskip,
+        z[:, :17].contiguous(),
+        dt_bias,
+        h0,
+    )
+    y2, last2 = selective_scan(
+        x[:, 17:].contiguous(),
+        dt[:, 17:].contiguous(),
+        A,
+        Bm[:, 17:].contiguous(),
+        Cm[:, 17:].contiguous(),
+        Dskip,
+        z[:, 17:].contiguous(),
+        dt_bias,
+        last1,
+    )
     torch.cuda.synchronize()
     kc.assert_close(torch.cat([y1, y2], dim=1), y_full, 1e-6, name="chained y")
     kc.assert_close(last2, last_full, 1e-6, name="chained h_last")
@@ -153,5 +174,8 @@ def test_gpu_validation_errors(kc, gen):
     with pytest.raises(OpArgumentError, match=r"SelectiveScan: argument z: expected dtype float16"):
         launch(bad, {})
     with pytest.raises(OpArgumentError, match=r"SelectiveScan: argument output y: expected shape"):
-        launch(inputs, {}, outputs=[torch.empty(2, 8, 15, device="cuda", dtype=torch.float16),
-                                    torch.empty(2, 16, 4, device="cuda")])
+        launch(
+            inputs,
+            {},
+            outputs=[torch.empty(2, 8, 15, device="cuda", dtype=torch.float16), torch.empty(2, 16, 4, device="cuda")],
+        )

@@ -32,7 +32,13 @@ SHAPES = {
     "MLSTMScan": {"q": (B, H, T, DK), "k": (B, H, T, DK), "v": (B, H, T, DV), "i_pre": (B, H, T), "f_pre": (B, H, T)},
     "LiquidScan": {"xg": (B, T, 4 * RNN_H), "R": (4 * RNN_H, RNN_H)},
     "WKVScan": {"k": (B, T, D), "v": (B, T, D), "w": (D,), "u": (D,)},
-    "GatedDeltaRuleScan": {"q": (B, H, T, DK), "k": (B, H, T, DK), "v": (B, H, T, DV), "g": (B, H, T), "beta": (B, H, T)},
+    "GatedDeltaRuleScan": {
+        "q": (B, H, T, DK),
+        "k": (B, H, T, DK),
+        "v": (B, H, T, DV),
+        "g": (B, H, T),
+        "beta": (B, H, T),
+    },
 }
 
 
@@ -69,9 +75,14 @@ def test_enqueue_core_matches_reference(op_type, dtype, kc):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     views = tp.enqueue_core(
-        op_type, attrs,
-        [t.data_ptr() for t in inputs], in_shapes, [t.dtype for t in inputs],
-        [t.data_ptr() for t in outputs], out_shapes, out_dtypes,
+        op_type,
+        attrs,
+        [t.data_ptr() for t in inputs],
+        in_shapes,
+        [t.dtype for t in inputs],
+        [t.data_ptr() for t in outputs],
+        out_shapes,
+        out_dtypes,
         stream.cuda_stream,
     )
     stream.synchronize()
@@ -89,10 +100,17 @@ def test_enqueue_core_with_optional_state_input(kc):
     b = torch.randn(B, T, D, generator=gen).cuda()
     h0 = torch.randn(B, D, generator=gen).cuda()
     h, h_last = torch.empty_like(b), torch.empty(B, D, device="cuda")
-    tp.enqueue_core("LinearScan", {}, [a.data_ptr(), b.data_ptr(), h0.data_ptr()],
-                    [(B, T, D), (B, T, D), (B, D)], ["float32"] * 3,
-                    [h.data_ptr(), h_last.data_ptr()], [(B, T, D), (B, D)], ["float32"] * 2,
-                    torch.cuda.current_stream().cuda_stream)
+    tp.enqueue_core(
+        "LinearScan",
+        {},
+        [a.data_ptr(), b.data_ptr(), h0.data_ptr()],
+        [(B, T, D), (B, T, D), (B, D)],
+        ["float32"] * 3,
+        [h.data_ptr(), h_last.data_ptr()],
+        [(B, T, D), (B, D)],
+        ["float32"] * 2,
+        torch.cuda.current_stream().cuda_stream,
+    )
     torch.cuda.synchronize()
     ref_h, ref_last = registry.get_op("LinearScan").reference(a, b, h0)
     kc.assert_close(h, ref_h, 1e-5, name="h")

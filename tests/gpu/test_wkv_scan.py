@@ -28,7 +28,11 @@ def make_inputs(kc, gen, B, T, C, dtype, state_kind):
     if state_kind == "none":
         states = [None, None, None]
     elif state_kind == "zero":
-        states = [torch.zeros(B, C, device="cuda"), torch.zeros(B, C, device="cuda"), torch.full((B, C), -1e38, device="cuda")]
+        states = [
+            torch.zeros(B, C, device="cuda"),
+            torch.zeros(B, C, device="cuda"),
+            torch.full((B, C), -1e38, device="cuda"),
+        ]
     else:
         states = [kc.randn(gen, B, C), kc.rand(gen, B, C, low=0.5, high=2.0), kc.randn(gen, B, C)]
     return k, v, w, u, states
@@ -37,8 +41,13 @@ def make_inputs(kc, gen, B, T, C, dtype, state_kind):
 def check(kc, k, v, w, u, states, outs, name=""):
     from framefuse.plugins.wkv_scan import reference
 
-    expected = reference(k.cpu().double(), v.cpu().double(), w.cpu().double(), u.cpu().double(),
-                         *(None if s is None else s.cpu().double() for s in states))
+    expected = reference(
+        k.cpu().double(),
+        v.cpu().double(),
+        w.cpu().double(),
+        u.cpu().double(),
+        *(None if s is None else s.cpu().double() for s in states),
+    )
     y, *last = outs
     assert y.dtype == k.dtype and all(s.dtype == torch.float32 for s in last)
     kc.assert_close(y, expected[0], TOL[k.dtype], name=f"y {name}")
@@ -71,7 +80,8 @@ CASES = [
 
 
 @pytest.mark.parametrize(
-    "B,T,C,dtype,state_kind", CASES, ids=[f"B{c[0]}-T{c[1]}-C{c[2]}-{IDS[c[3]]}-{c[4]}" for c in CASES])
+    "B,T,C,dtype,state_kind", CASES, ids=[f"B{c[0]}-T{c[1]}-C{c[2]}-{IDS[c[3]]}-{c[4]}" for c in CASES]
+)
 def test_matches_reference(kc, gen, B, T, C, dtype, state_kind):
     from framefuse.plugins.wkv_scan import launch
 
@@ -107,7 +117,7 @@ def test_step_chaining_equals_sequence(kc, gen, dtype):
     state = states
     steps = []
     for t in range(k.shape[1]):
-        y_t, *state = launch([k[:, t:t + 1].contiguous(), v[:, t:t + 1].contiguous(), w, u, *state], {})
+        y_t, *state = launch([k[:, t : t + 1].contiguous(), v[:, t : t + 1].contiguous(), w, u, *state], {})
         steps.append(y_t)
     torch.cuda.synchronize()
     # same arithmetic in the same order: equal to the last bit
@@ -199,8 +209,16 @@ def test_gpu_validation_errors(kc, gen):
     with pytest.raises(FrameFuseError, match=r"WKVScan: sequence lengths disagree"):
         launch([k, v[:, :7].contiguous(), w, u], {})
     with pytest.raises(OpArgumentError, match=r"WKVScan: argument output den_last: expected shape"):
-        launch([k, v, w, u], {}, outputs=[torch.empty_like(k), torch.empty(2, 16, device="cuda"),
-                                          torch.empty(2, 15, device="cuda"), torch.empty(2, 16, device="cuda")])
+        launch(
+            [k, v, w, u],
+            {},
+            outputs=[
+                torch.empty_like(k),
+                torch.empty(2, 16, device="cuda"),
+                torch.empty(2, 15, device="cuda"),
+                torch.empty(2, 16, device="cuda"),
+            ],
+        )
 
 
 def test_engine_runs_fused_loop_like_torch():
@@ -242,8 +260,15 @@ def test_engine_runs_fused_loop_like_torch():
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), buffer, dynamo=False, opset_version=17, input_names=["x"],
-                          output_names=["y", "num", "den", "max"])
+        torch.onnx.export(
+            module,
+            (x,),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=["x"],
+            output_names=["y", "num", "den", "max"],
+        )
     fused, _ = rewrite_model(onnx.load_from_string(buffer.getvalue()))
     assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == ["WKVScan"]
     executor = GraphExecutor(fused, device="cuda")

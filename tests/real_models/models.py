@@ -96,40 +96,78 @@ MODELS: list[RealModel] = [
     RealModel("falcon_mamba", _hf("FalconMambaModel", "FalconMambaConfig", **_MAMBA), {"SelectiveScan": LAYERS}),
     RealModel(
         "mamba2",
-        _hf("Mamba2Model", "Mamba2Config", **_COMMON, state_size=8, expand=2, num_heads=8, head_dim=16,
-            n_groups=1, chunk_size=8),
+        _hf(
+            "Mamba2Model",
+            "Mamba2Config",
+            **_COMMON,
+            state_size=8,
+            expand=2,
+            num_heads=8,
+            head_dim=16,
+            n_groups=1,
+            chunk_size=8,
+        ),
         {"SelectiveScan": LAYERS},
     ),
     RealModel(
         "jamba",
-        _hf("JambaModel", "JambaConfig", **_GQA, num_experts=1, num_experts_per_tok=1, attn_layer_period=2,
-            attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_expand=2,
-            mamba_dt_rank=8, use_mamba_kernels=False),
+        _hf(
+            "JambaModel",
+            "JambaConfig",
+            **_GQA,
+            num_experts=1,
+            num_experts_per_tok=1,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            mamba_d_state=8,
+            mamba_expand=2,
+            mamba_dt_rank=8,
+            use_mamba_kernels=False,
+        ),
         {"SelectiveScan": 1, "Attention": 1},
     ),
     *[
-        RealModel(f"gpt2_{attn}{'_mask' if mask else ''}", _hf("GPT2Model", "GPT2Config", attn=attn, mask=mask, **_GPT2),
-                  {"Attention": LAYERS})
+        RealModel(
+            f"gpt2_{attn}{'_mask' if mask else ''}",
+            _hf("GPT2Model", "GPT2Config", attn=attn, mask=mask, **_GPT2),
+            {"Attention": LAYERS},
+        )
         for attn in ("sdpa", "eager")
         for mask in (False, True)
     ],
     *[
-        RealModel(f"{family}_gqa_{attn}", _hf(f"{family.capitalize()}Model", f"{family.capitalize()}Config",
-                                             attn=attn, **_GQA), {"Attention": LAYERS})
+        RealModel(
+            f"{family}_gqa_{attn}",
+            _hf(f"{family.capitalize()}Model", f"{family.capitalize()}Config", attn=attn, **_GQA),
+            {"Attention": LAYERS},
+        )
         for family in ("llama", "qwen2")
         for attn in ("sdpa", "eager")
     ],
     RealModel(
         "xlstm",
-        _hf("xLSTMModel", "xLSTMConfig", hidden_size=HIDDEN, embedding_dim=HIDDEN, num_hidden_layers=LAYERS,
-            num_blocks=LAYERS, num_heads=4, vocab_size=32, mode="inference",
-            autocast_kernel_dtype="float32", inference_state_dtype="float32"),
+        _hf(
+            "xLSTMModel",
+            "xLSTMConfig",
+            hidden_size=HIDDEN,
+            embedding_dim=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_blocks=LAYERS,
+            num_heads=4,
+            vocab_size=32,
+            mode="inference",
+            autocast_kernel_dtype="float32",
+            inference_state_dtype="float32",
+        ),
         {"MLSTMScan": LAYERS},
     ),
     RealModel(
         "rwkv",
-        _hf("RwkvModel", "RwkvConfig", **_COMMON, attention_hidden_size=HIDDEN, intermediate_size=128,
-            context_length=64),
+        _hf(
+            "RwkvModel", "RwkvConfig", **_COMMON, attention_hidden_size=HIDDEN, intermediate_size=128, context_length=64
+        ),
         {"WKVScan": LAYERS},
     ),
     RealModel("torch_mha", _seeded(TorchAttention), {"Attention": 1}),

@@ -68,7 +68,10 @@ SCHEMA = OpSchema(
         TensorSpec("k", 4, "T", doc="keys [B, Hkv, Tk, Dh]"),
         TensorSpec("v", 4, "T", doc="values [B, Hkv, Tk, Dh]"),
         TensorSpec(
-            "mask", 4, "T", optional=True,
+            "mask",
+            4,
+            "T",
+            optional=True,
             doc="additive mask (−inf masks out): [Tq, Tk] (rank 2), [B, 1, Tq, Tk] or [B, Hq, Tq, Tk]; "
             "storage dtype or float32",
         ),

@@ -45,8 +45,9 @@ def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
     S0 = inputs[4]
     if S0 is not None:
         S0 = check_tensor(OP, "S0", S0, dtype=torch.float32, device=device)
-    s = check_shapes([tuple(q.shape), tuple(k.shape), tuple(v.shape), tuple(beta.shape),
-                      None if S0 is None else tuple(S0.shape)])
+    s = check_shapes(
+        [tuple(q.shape), tuple(k.shape), tuple(v.shape), tuple(beta.shape), None if S0 is None else tuple(S0.shape)]
+    )
     B, H, T, Dk, Dv = s["B"], s["H"], s["T"], s["Dk"], s["Dv"]
     max_dk, rows = variant(Dk)
 
@@ -62,8 +63,17 @@ def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
         (B * H, (Dv + rows - 1) // rows),
         (THREADS,),
         [
-            cuda.ptr(q), cuda.ptr(k), cuda.ptr(v), cuda.ptr(beta), cuda.ptr(S0), cuda.ptr(o), cuda.ptr(S_last),
-            cuda.i32(B * H), cuda.i32(T), cuda.i32(Dk), cuda.i32(Dv),
+            cuda.ptr(q),
+            cuda.ptr(k),
+            cuda.ptr(v),
+            cuda.ptr(beta),
+            cuda.ptr(S0),
+            cuda.ptr(o),
+            cuda.ptr(S_last),
+            cuda.i32(B * H),
+            cuda.i32(T),
+            cuda.i32(Dk),
+            cuda.i32(Dv),
         ],
         stream=stream,
         op=OP,

@@ -12,8 +12,9 @@ from framefuse.plugins.delta_rule_scan.schema import check_shapes
 
 def reference(q, k, v, beta, S0=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Computes in float32 (float64 if q is float64); returns (o in q's dtype, S_last float32)."""
-    sizes = check_shapes([tuple(q.shape), tuple(k.shape), tuple(v.shape), tuple(beta.shape),
-                          None if S0 is None else tuple(S0.shape)])
+    sizes = check_shapes(
+        [tuple(q.shape), tuple(k.shape), tuple(v.shape), tuple(beta.shape), None if S0 is None else tuple(S0.shape)]
+    )
     B, H, T, Dk, Dv = sizes["B"], sizes["H"], sizes["T"], sizes["Dk"], sizes["Dv"]
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     S = torch.zeros(B, H, Dv, Dk, dtype=compute, device=q.device) if S0 is None else S0.to(compute)

@@ -127,7 +127,9 @@ def _check_inputs(inputs, *, cuda_required: bool = True):
     batch, steps, channels = a.shape
     b = check_tensor(OP, "b", b, cuda=cuda_required, shape=(batch, steps, channels), dtype=a.dtype, device=a.device)
     if h0 is not None:
-        h0 = check_tensor(OP, "h0", h0, cuda=cuda_required, shape=(batch, channels), dtype=torch.float32, device=a.device)
+        h0 = check_tensor(
+            OP, "h0", h0, cuda=cuda_required, shape=(batch, channels), dtype=torch.float32, device=a.device
+        )
     return a, b, h0
 
 
@@ -164,17 +166,33 @@ def launch(inputs, attrs=None, outputs=None, stream=None, *, algorithm=None, chu
     props = cuda.device_properties(device)
     dtype = str(a.dtype).removeprefix("torch.")
     p = plan(
-        batch, steps, channels, dtype, props["sm_count"],
-        algorithm=algorithm, chunk_len=chunk_len, alignment=_alignment(a, b, h),
+        batch,
+        steps,
+        channels,
+        dtype,
+        props["sm_count"],
+        algorithm=algorithm,
+        chunk_len=chunk_len,
+        alignment=_alignment(a, b, h),
     )
     kernel = cuda.get_kernel(SOURCE, p["kernel"], device=device)
     args = [
-        cuda.ptr(a), cuda.ptr(b), cuda.ptr(h0), cuda.ptr(h), cuda.ptr(h_last),
-        cuda.i32(batch), cuda.i32(steps), cuda.i32(channels),
+        cuda.ptr(a),
+        cuda.ptr(b),
+        cuda.ptr(h0),
+        cuda.ptr(h),
+        cuda.ptr(h_last),
+        cuda.i32(batch),
+        cuda.i32(steps),
+        cuda.i32(channels),
         *[cuda.i32(v) for v in p["extra"]],
     ]
     kernel.launch(
-        p["grid"], p["block"], args, stream=stream, op=OP,
+        p["grid"],
+        p["block"],
+        args,
+        stream=stream,
+        op=OP,
         detail=f"a={list(a.shape)} {dtype}, h0={'given' if h0 is not None else 'zeros'}, {p['algorithm']}",
     )
     return [h, h_last]

@@ -48,12 +48,26 @@ def launch(inputs, attrs=None, outputs=None, stream=None):
     else:
         outputs = checks.check_outputs(OP, list(outputs), specs, device)
     persistent.launch_recurrence(
-        OP, SOURCE, "liquid_scan", 4,
-        xg=xg, xg_sb=T * 4 * H, xg_st=4 * H,
-        R=R, bias=None, h0=h0, c0=None,
-        y=outputs[0], y_sb=T * H, y_st=H,
-        h_last=outputs[1], c_last=None,
-        T=T, B=B, H=H, ts=ts,
+        OP,
+        SOURCE,
+        "liquid_scan",
+        4,
+        xg=xg,
+        xg_sb=T * 4 * H,
+        xg_st=4 * H,
+        R=R,
+        bias=None,
+        h0=h0,
+        c0=None,
+        y=outputs[0],
+        y_sb=T * H,
+        y_st=H,
+        h_last=outputs[1],
+        c_last=None,
+        T=T,
+        B=B,
+        H=H,
+        ts=ts,
         stream=stream,
     )
     return outputs

@@ -160,15 +160,34 @@ def launch_recurrence(
     p = cached_plan(op, prefix, G, B, H, R.dtype, device_index)
     kernel = ffcuda.get_kernel(source, p.entry, device=device_index)
     args = [
-        ffcuda.ptr(xg), ffcuda.i64(xg_sb), ffcuda.i64(xg_st),
-        ffcuda.ptr(R), ffcuda.ptr(bias), ffcuda.ptr(h0), ffcuda.ptr(c0),
-        ffcuda.ptr(y), ffcuda.i64(y_sb), ffcuda.i64(y_st),
-        ffcuda.ptr(h_last), ffcuda.ptr(c_last),
-        ffcuda.i32(T), ffcuda.i32(B), ffcuda.i32(H), ffcuda.i32(p.BB), ffcuda.i32(p.HB),
-        ffcuda.i32(p.KS), ffcuda.i32(p.KC), ffcuda.f32(ts),
+        ffcuda.ptr(xg),
+        ffcuda.i64(xg_sb),
+        ffcuda.i64(xg_st),
+        ffcuda.ptr(R),
+        ffcuda.ptr(bias),
+        ffcuda.ptr(h0),
+        ffcuda.ptr(c0),
+        ffcuda.ptr(y),
+        ffcuda.i64(y_sb),
+        ffcuda.i64(y_st),
+        ffcuda.ptr(h_last),
+        ffcuda.ptr(c_last),
+        ffcuda.i32(T),
+        ffcuda.i32(B),
+        ffcuda.i32(H),
+        ffcuda.i32(p.BB),
+        ffcuda.i32(p.HB),
+        ffcuda.i32(p.KS),
+        ffcuda.i32(p.KC),
+        ffcuda.f32(ts),
     ]
     kernel.launch(
-        p.grid, p.block, args, shared_mem=p.shared_mem, stream=stream, op=op,
+        p.grid,
+        p.block,
+        args,
+        shared_mem=p.shared_mem,
+        stream=stream,
+        op=op,
         detail=f"T={T} B={B} H={H} dtype={str(R.dtype).removeprefix('torch.')} path={p.entry}",
     )
     return p

@@ -70,9 +70,13 @@ def _check_inputs(inputs, *, cuda_required: bool = True):
     if z is not None:
         z = check_tensor(OP, "z", z, cuda=cuda_required, shape=(batch, steps, channels), dtype=x.dtype, device=dev)
     if dt_bias is not None:
-        dt_bias = check_tensor(OP, "dt_bias", dt_bias, cuda=cuda_required, shape=(channels,), dtype=torch.float32, device=dev)
+        dt_bias = check_tensor(
+            OP, "dt_bias", dt_bias, cuda=cuda_required, shape=(channels,), dtype=torch.float32, device=dev
+        )
     if h0 is not None:
-        h0 = check_tensor(OP, "h0", h0, cuda=cuda_required, shape=(batch, channels, nstate), dtype=torch.float32, device=dev)
+        h0 = check_tensor(
+            OP, "h0", h0, cuda=cuda_required, shape=(batch, channels, nstate), dtype=torch.float32, device=dev
+        )
     return x, dt, A, Bm, Cm, Dskip, z, dt_bias, h0
 
 
@@ -107,12 +111,30 @@ def launch(inputs, attrs=None, outputs=None, stream=None):
     p = plan(batch, steps, channels, nstate, dtype)
     kernel = cuda.get_kernel(SOURCE, p["kernel"], device=device)
     args = [
-        cuda.ptr(x), cuda.ptr(dt), cuda.ptr(A), cuda.ptr(Bm), cuda.ptr(Cm), cuda.ptr(Dskip), cuda.ptr(z),
-        cuda.ptr(dt_bias), cuda.ptr(h0), cuda.ptr(y), cuda.ptr(h_last),
-        cuda.i32(batch), cuda.i32(steps), cuda.i32(channels), cuda.i32(nstate), cuda.i32(delta_softplus),
+        cuda.ptr(x),
+        cuda.ptr(dt),
+        cuda.ptr(A),
+        cuda.ptr(Bm),
+        cuda.ptr(Cm),
+        cuda.ptr(Dskip),
+        cuda.ptr(z),
+        cuda.ptr(dt_bias),
+        cuda.ptr(h0),
+        cuda.ptr(y),
+        cuda.ptr(h_last),
+        cuda.i32(batch),
+        cuda.i32(steps),
+        cuda.i32(channels),
+        cuda.i32(nstate),
+        cuda.i32(delta_softplus),
     ]
     kernel.launch(
-        p["grid"], p["block"], args, shared_mem=p["shared_mem"], stream=stream, op=OP,
+        p["grid"],
+        p["block"],
+        args,
+        shared_mem=p["shared_mem"],
+        stream=stream,
+        op=OP,
         detail=f"x={list(x.shape)} {dtype}, N={nstate}, z={'yes' if z is not None else 'no'}",
     )
     return [y, h_last]

@@ -35,8 +35,15 @@ def infer_shapes(shapes, attrs):
     require_equal(OP, "batch sizes", ("x", x[0]), ("dt", dt[0]), ("B", bm[0]), ("C", cm[0]), ("z", z[0]), ("h0", h0[0]))
     require_equal(OP, "sequence lengths", ("x", x[1]), ("dt", dt[1]), ("B", bm[1]), ("C", cm[1]), ("z", z[1]))
     require_equal(
-        OP, "channel counts", ("x", x[2]), ("dt", dt[2]), ("A", a[0]), ("D", dskip[0]), ("z", z[2]),
-        ("dt_bias", bias[0]), ("h0", h0[1]),
+        OP,
+        "channel counts",
+        ("x", x[2]),
+        ("dt", dt[2]),
+        ("A", a[0]),
+        ("D", dskip[0]),
+        ("z", z[2]),
+        ("dt_bias", bias[0]),
+        ("h0", h0[1]),
     )
     require_equal(OP, "state sizes", ("A", a[1]), ("B", bm[2]), ("C", cm[2]), ("h0", h0[2]))
     state = _first_known(a[1], bm[2], cm[2], h0[2])

@@ -25,10 +25,25 @@ from framefuse.rewrite.unrolled.wkv import WKVScanPass
 # SelectiveScan before LinearScan: a Mamba recurrence is also linear, the more specific op wins.
 # WKVScan first: its running max is a Max chain that MLSTMScan would otherwise try and decline.
 # OutputStackingPass first: in-place writes out[:, t] = h are a stack, not a recurrence to try.
-PASSES = [OutputStackingPass(), WKVScanPass(), LiquidScanPass(), GatedDeltaRuleScanPass(), DeltaRuleScanPass(), MLSTMScanPass(), SelectiveScanPass(), LinearScanPass(),
-          ChunkedScanReportPass()]
+PASSES = [
+    OutputStackingPass(),
+    WKVScanPass(),
+    LiquidScanPass(),
+    GatedDeltaRuleScanPass(),
+    DeltaRuleScanPass(),
+    MLSTMScanPass(),
+    SelectiveScanPass(),
+    LinearScanPass(),
+    ChunkedScanReportPass(),
+]
 
 __all__ = [
-    "PASSES", "DeltaRuleScanPass", "LinearScanPass", "LiquidScanPass", "MLSTMScanPass", "SelectiveScanPass",
-    "remaining_recurrence_ops", "restack",
+    "PASSES",
+    "DeltaRuleScanPass",
+    "LinearScanPass",
+    "LiquidScanPass",
+    "MLSTMScanPass",
+    "SelectiveScanPass",
+    "remaining_recurrence_ops",
+    "restack",
 ]

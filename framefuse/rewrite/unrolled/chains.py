@@ -22,15 +22,36 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_key, const_value, descendants, is_framefuse, producer
+from framefuse.rewrite.unrolled.graphutil import (
+    NotLiftable,
+    const_key,
+    const_value,
+    descendants,
+    is_framefuse,
+    producer,
+)
 from framefuse.rewrite.unrolled.lift import Lifter, node_key
 from framefuse.rewrite.unrolled.timeline import Timeline
 
 STATE_IN_PREFIX = "state."
 # Ops that only move data; a state path through nothing else (a causal-conv shift register, a
 # KV-cache append, the plumbing around a fused node) is not a per-step recurrent computation.
-DATA_MOVEMENT = {"Concat", "Slice", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Cast", "Identity",
-                 "Gather", "Expand", "Split", "Flatten", "Pad", "Constant"}
+DATA_MOVEMENT = {
+    "Concat",
+    "Slice",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Transpose",
+    "Cast",
+    "Identity",
+    "Gather",
+    "Expand",
+    "Split",
+    "Flatten",
+    "Pad",
+    "Constant",
+}
 STATE_OUT_PREFIX = "next_state."
 
 
@@ -39,9 +60,9 @@ class Tmpl:
     kind: str  # "hole" | "leaf" | "node"
     tensor: gs.Tensor
     node: gs.Node | None = None
-    children: list["Tmpl"] = field(default_factory=list)
+    children: list[Tmpl] = field(default_factory=list)
 
-    def walk(self) -> list["Tmpl"]:
+    def walk(self) -> list[Tmpl]:
         """Every distinct sub-template once (templates share sub-templates: a DAG)."""
         seen: dict[int, Tmpl] = {}
         stack = [self]
@@ -120,8 +141,12 @@ def _signature(tm: Tmpl, lifter: Lifter, memo: dict):
             return ("L", lifter.key(tm.tensor))
         except NotLiftable:
             return ("L!", tm.tensor.name)
-    return ("N", node_key(tm.node), tm.node.outputs.index(tm.tensor),
-            tuple(signature(c, lifter, memo) for c in tm.children))
+    return (
+        "N",
+        node_key(tm.node),
+        tm.node.outputs.index(tm.tensor),
+        tuple(signature(c, lifter, memo) for c in tm.children),
+    )
 
 
 def match_backward(tm: Tmpl, w: gs.Tensor, lifter: Lifter, binding: dict) -> bool:
@@ -167,9 +192,19 @@ def _is_noop_cast(tm: Tmpl, lifter: Lifter) -> bool:
 
 FOLDED_ZEROS_SUFFIX = "/initial_state_zeros"
 _NUMPY_OPS = {
-    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Neg": np.negative,
-    "Identity": lambda v: v, "Exp": np.exp, "Tanh": np.tanh, "Log": np.log, "Sqrt": np.sqrt,
-    "Reciprocal": np.reciprocal, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0),
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.divide,
+    "Neg": np.negative,
+    "Identity": lambda v: v,
+    "Exp": np.exp,
+    "Tanh": np.tanh,
+    "Log": np.log,
+    "Sqrt": np.sqrt,
+    "Reciprocal": np.reciprocal,
+    "Sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+    "Relu": lambda v: np.maximum(v, 0),
     "Softplus": lambda v: np.log1p(np.exp(v)),
 }
 
@@ -336,7 +371,8 @@ def _collected(tl: Timeline, t: gs.Tensor) -> bool:
         if tl.is_collector(node):
             return True
         if node.op in ("Unsqueeze", "Reshape", "Identity") and any(
-                tl.is_collector(n) for out in node.outputs for n in out.outputs):
+            tl.is_collector(n) for out in node.outputs for n in out.outputs
+        ):
             return True
     return False
 
@@ -401,8 +437,9 @@ def _anchors(tl: Timeline, c: gs.Tensor, depth: int = 8):
         yield c
 
 
-def _complete(tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last: bool = False
-              ) -> tuple[Chain | None, ChainProblem | None]:
+def _complete(
+    tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last: bool = False
+) -> tuple[Chain | None, ChainProblem | None]:
     """Chain through the loop-carried tensors ``seq`` (h_1 ...), completed with h_0 and h_T, trying
     the other phases of the step when the carried tensors are not the loop variable;
     ``has_last``: ``seq`` already ends with h_T (the states a collector stacks)."""
@@ -428,8 +465,9 @@ def _complete(tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last: bool
     return None, first_problem
 
 
-def _complete_once(tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last: bool
-                   ) -> tuple[Chain | None, ChainProblem | None]:
+def _complete_once(
+    tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last: bool
+) -> tuple[Chain | None, ChainProblem | None]:
     where = f"{seq[0].name} … {seq[-1].name}"
     found_pair = False
     if len(seq) >= 2:
@@ -439,8 +477,11 @@ def _complete_once(tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last:
         for i in range(1, len(seq) - 1):
             link = template(seq[i + 1], seq[i])
             if signature(link, lifter) != ref_sig:
-                return None, ChainProblem(where, f"step {i + 1} ({seq[i + 1].name}) is not computed like step 1 "
-                                                 f"({seq[1].name}): the unrolled steps are not copies of one step")
+                return None, ChainProblem(
+                    where,
+                    f"step {i + 1} ({seq[i + 1].name}) is not computed like step 1 "
+                    f"({seq[1].name}): the unrolled steps are not copies of one step",
+                )
             links.append(link)
     else:
         found = {}
@@ -463,8 +504,11 @@ def _complete_once(tl: Timeline, lifter: Lifter, seq: list[gs.Tensor], has_last:
     # h_0: the tensor the first step uses where later steps use h_{t-1}.
     binding: dict = {}
     if not match_backward(ref, seq[0], lifter, binding) or "hole" not in binding:
-        return None, ChainProblem(where, f"the first step ({seq[0].name}) is not computed like the later steps "
-                                         "(no initial state h_0 found in the same position)")
+        return None, ChainProblem(
+            where,
+            f"the first step ({seq[0].name}) is not computed like the later steps "
+            "(no initial state h_0 found in the same position)",
+        )
     h0 = binding["hole"]
     # The step that produced h_0 may itself be a copy (the loop's first state was not a
     # candidate): walk back while it is.
@@ -524,7 +568,7 @@ def _state_pairs(tl: Timeline, lifter: Lifter, used: set[str]) -> tuple[list[Cha
     for gi in tl.graph.inputs:
         if not gi.name.startswith(STATE_IN_PREFIX):
             continue
-        go = outputs.get(STATE_OUT_PREFIX + gi.name[len(STATE_IN_PREFIX):])
+        go = outputs.get(STATE_OUT_PREFIX + gi.name[len(STATE_IN_PREFIX) :])
         if go is None or go.name not in descendants(gi):
             continue
         link = template(go, gi)
@@ -543,11 +587,18 @@ def _state_pairs(tl: Timeline, lifter: Lifter, used: set[str]) -> tuple[list[Cha
         chain = Chain([gi, go], [link], "step")
         if any(is_framefuse(n) for n in chain.nodes()):
             continue  # already fused
-        chain.coupled_with = sorted(other for other, down in recurrent.items() if other != gi.name
-                                    and any(leaf.name in down for leaf in link.leaves()))
+        chain.coupled_with = sorted(
+            other
+            for other, down in recurrent.items()
+            if other != gi.name and any(leaf.name in down for leaf in link.leaves())
+        )
         if not _same_shape(tl, gi, go):
-            problems.append(ChainProblem(chain.where(), f"state {gi.name} {tl.shapes.shape(gi)} and "
-                                                        f"{go.name} {tl.shapes.shape(go)} differ in shape"))
+            problems.append(
+                ChainProblem(
+                    chain.where(),
+                    f"state {gi.name} {tl.shapes.shape(gi)} and {go.name} {tl.shapes.shape(go)} differ in shape",
+                )
+            )
             continue
         problem = check_frames(tl, chain)
         if problem:

@@ -18,8 +18,23 @@ from framefuse.rewrite.unrolled.graphutil import is_framefuse
 
 # What may sit between the CumSum and the Exp of a segment sum (broadcasts, the pairwise
 # difference, the causal mask, a transpose of the chunk axes).
-_SEGSUM_PATH = {"Sub", "Where", "Unsqueeze", "Expand", "Reshape", "Transpose", "Slice", "Gather", "Mul",
-                "CumSum", "Cast", "Identity", "Squeeze", "Add", "Neg"}
+_SEGSUM_PATH = {
+    "Sub",
+    "Where",
+    "Unsqueeze",
+    "Expand",
+    "Reshape",
+    "Transpose",
+    "Slice",
+    "Gather",
+    "Mul",
+    "CumSum",
+    "Cast",
+    "Identity",
+    "Squeeze",
+    "Add",
+    "Neg",
+}
 _DEPTH = 8
 
 
@@ -36,12 +51,16 @@ class ChunkedScanReportPass:
             if exp is None or exp.name in seen_exp:
                 continue
             seen_exp.add(exp.name)
-            result.declined.append(Declined(
-                self.name, f"CumSum {node.name!r} → Exp {exp.name!r}",
-                "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum (the Mamba2 "
-                "SSD form) rather than a per-step recurrence. It is not mapped to SelectiveScan: proving the "
-                "chunked form equal to the per-step recurrence is not implemented; export the model's "
-                "per-step path (a loop over time) to fuse it"))
+            result.declined.append(
+                Declined(
+                    self.name,
+                    f"CumSum {node.name!r} → Exp {exp.name!r}",
+                    "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum (the Mamba2 "
+                    "SSD form) rather than a per-step recurrence. It is not mapped to SelectiveScan: proving the "
+                    "chunked form equal to the per-step recurrence is not implemented; export the model's "
+                    "per-step path (a loop over time) to fuse it",
+                )
+            )
         return result
 
 

@@ -80,8 +80,9 @@ class UnrolledPass:
         return result
 
 
-def emit_state_outputs(graph: gs.Graph, emit: Emitter, chain: Chain, per_step: gs.Tensor | None,
-                       last: gs.Tensor, state_shape) -> None:
+def emit_state_outputs(
+    graph: gs.Graph, emit: Emitter, chain: Chain, per_step: gs.Tensor | None, last: gs.Tensor, state_shape
+) -> None:
     """Re-wire h_1 .. h_T: h_i becomes slice i−1 of the fused op's time-major output ``per_step``
     and h_T its final state, so every old consumer (the stack, per-step read-outs, ``next_state``
     outputs) now reads the fused result and the old chain is dead."""
@@ -166,7 +167,7 @@ def remaining_recurrence_ops(graph: gs.Graph) -> int:
     for gi in graph.inputs:
         if not gi.name.startswith("state."):
             continue
-        go = outputs.get("next_state." + gi.name[len("state."):])
+        go = outputs.get("next_state." + gi.name[len("state.") :])
         if go is None:
             continue
         nodes = tensors_between(gi, go)[1]
@@ -190,4 +191,3 @@ def lift_leaf(lifter: Lifter, emit: Emitter, leaf: gs.Tensor) -> tuple[gs.Tensor
     if lifter.steps != 1:
         lifted = emit.expand(lifted, full, dtype)
     return lifted, full
-

@@ -81,8 +81,10 @@ class DeltaRuleScanPass(UnrolledPass):
             raise NotLiftable(f"delta-rule state must be float32 [B, H, Dv, Dk], got {state_shape}")
         b, h, dv, dk = state_shape
         if shapes.need_shape(k_col) != (b, h, dk, 1) or shapes.need_shape(v_col) != (b, h, dv, 1):
-            raise NotLiftable(f"key/value columns {shapes.shape(k_col)}, {shapes.shape(v_col)} are not "
-                              f"[{b}, {h}, {dk}, 1] / [{b}, {h}, {dv}, 1]")
+            raise NotLiftable(
+                f"key/value columns {shapes.shape(k_col)}, {shapes.shape(v_col)} are not "
+                f"[{b}, {h}, {dk}, 1] / [{b}, {h}, {dv}, 1]"
+            )
         if shapes.need_shape(beta) != (b, h, 1, 1):
             raise NotLiftable(f"β has shape {shapes.shape(beta)}, expected [{b}, {h}, 1, 1]")
         link_nodes = {id(n) for link in chain.links for n in link.nodes()}
@@ -94,10 +96,16 @@ class DeltaRuleScanPass(UnrolledPass):
                 if id(node) in link_nodes:
                     continue
                 q = node.inputs[1] if node.op == "MatMul" and node.inputs[0] is state else None
-                if q is None or found_readout is not None or shapes.shape(q) != (b, h, dk, 1) \
-                        or tl.time_of(q) - {chain.first_frame + i - 1}:
-                    raise NotLiftable(f"state {state.name!r} is read by {node.op} node {node.name!r}, "
-                                      "not only by the next step and the read-out S_t q_t")
+                if (
+                    q is None
+                    or found_readout is not None
+                    or shapes.shape(q) != (b, h, dk, 1)
+                    or tl.time_of(q) - {chain.first_frame + i - 1}
+                ):
+                    raise NotLiftable(
+                        f"state {state.name!r} is read by {node.op} node {node.name!r}, "
+                        "not only by the next step and the read-out S_t q_t"
+                    )
                 found_readout = node.outputs[0]
                 q_cols.append(q)
             if i < len(chain.states) - 1 and state in graph.outputs:
@@ -118,8 +126,9 @@ class DeltaRuleScanPass(UnrolledPass):
         v = heads_major(v_col, dv)
         q = heads_major(q_cols[0], dk) if q_cols else emit.const(np.zeros((b, h, steps, dk), np.float32))
         beta_lifted, _ = lift_leaf(lifter, emit, beta)
-        beta_bht = emit.transpose(emit.reshape(beta_lifted, (steps, b, h), np.float32), [1, 2, 0],
-                                  (b, h, steps), np.float32)
+        beta_bht = emit.transpose(
+            emit.reshape(beta_lifted, (steps, b, h), np.float32), [1, 2, 0], (b, h, steps), np.float32
+        )
         s0 = chain.states[0]
         s0_value = const_value(s0)
         s0_in = None if s0_value is not None and not np.any(s0_value) else s0

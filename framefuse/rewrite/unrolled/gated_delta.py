@@ -93,7 +93,8 @@ def _same_tmpl(a: Tmpl, b: Tmpl) -> bool:
     if a.node.op != b.node.op or len(a.children) != len(b.children):
         return False
     return all(_same_tmpl(x, y) for x, y in zip(a.children, b.children)) or (
-        a.node.op in ("Mul", "Add") and all(_same_tmpl(x, y) for x, y in zip(a.children, b.children[::-1])))
+        a.node.op in ("Mul", "Add") and all(_same_tmpl(x, y) for x, y in zip(a.children, b.children[::-1]))
+    )
 
 
 def match_gated_delta(root: Tmpl, same_leaf=lambda a, b: a.name == b.name):
@@ -135,6 +136,7 @@ class GatedDeltaRuleScanPass(UnrolledPass):
     def rewrite_chain(self, graph, ctx, chain, lifter, emit) -> dict:
         shapes = lifter.shapes
         tl = lifter.tl
+
         def same_leaf(x, y):  # one tensor, or k_t[..., None] written twice (axis 3 or −1)
             if x.name == y.name:
                 return True
@@ -168,7 +170,9 @@ class GatedDeltaRuleScanPass(UnrolledPass):
         if int(np.prod(shapes.need_shape(beta))) != b * h or int(np.prod(shapes.need_shape(beta_t))) != b * h:
             raise NotLiftable(f"β has shape {shapes.shape(beta)}, not one value per (batch, head)")
         if int(np.prod(shapes.need_shape(alpha))) != b * h:
-            raise NotLiftable(f"the decay {alpha.name!r} has shape {shapes.shape(alpha)}, not one value per (batch, head)")
+            raise NotLiftable(
+                f"the decay {alpha.name!r} has shape {shapes.shape(alpha)}, not one value per (batch, head)"
+            )
         exp_node = producer(_strip(alpha))
         log_needed = exp_node is None or exp_node.op != "Exp"
         g_t = _strip(alpha) if log_needed else exp_node.inputs[0]
@@ -184,8 +188,11 @@ class GatedDeltaRuleScanPass(UnrolledPass):
                     continue
                 q_t = _einsum_readout_query(node, state)
                 if q_t is not None:  # flash-linear-attention's einsum('bhd,bhdm->bhm', q_t, S)
-                    if found_readout is not None or shapes.shape(q_t) != (b, h, dk) \
-                            or tl.time_of(q_t) - {chain.first_frame + i - 1}:
+                    if (
+                        found_readout is not None
+                        or shapes.shape(q_t) != (b, h, dk)
+                        or tl.time_of(q_t) - {chain.first_frame + i - 1}
+                    ):
                         raise NotLiftable(f"state {state.name!r} is read by more than one read-out")
                     found_readout = node.outputs[0]
                     q_ts.append(q_t)
@@ -194,10 +201,18 @@ class GatedDeltaRuleScanPass(UnrolledPass):
                     other = node.inputs[1] if node.inputs[0] is state else node.inputs[0]
                     q_t = _unsqueezed_at(other, -1, 4)
                 sums = [n for n in node.outputs[0].outputs if _reduce_axis(n, 4) == 2] if q_t is not None else []
-                if q_t is None or len(sums) != 1 or len(node.outputs[0].outputs) != 1 or found_readout is not None \
-                        or shapes.shape(q_t) != (b, h, dk) or tl.time_of(q_t) - {chain.first_frame + i - 1}:
-                    raise NotLiftable(f"state {state.name!r} is read by {node.op} node {node.name!r}, not only by the "
-                                      "next step and the read-out Σ S_t·q_t[..., None]")
+                if (
+                    q_t is None
+                    or len(sums) != 1
+                    or len(node.outputs[0].outputs) != 1
+                    or found_readout is not None
+                    or shapes.shape(q_t) != (b, h, dk)
+                    or tl.time_of(q_t) - {chain.first_frame + i - 1}
+                ):
+                    raise NotLiftable(
+                        f"state {state.name!r} is read by {node.op} node {node.name!r}, not only by the "
+                        "next step and the read-out Σ S_t·q_t[..., None]"
+                    )
                 found_readout = sums[0].outputs[0]
                 q_ts.append(q_t)
             if i < len(chain.states) - 1 and state in graph.outputs:
@@ -216,7 +231,9 @@ class GatedDeltaRuleScanPass(UnrolledPass):
 
         for t in (k_t, v_t, beta_t, g_t):
             if shapes.dtype(t) != F32:
-                raise NotLiftable(f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)")
+                raise NotLiftable(
+                    f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)"
+                )
         q = heads_major(q_ts[0], (dk,)) if q_ts else emit.const(np.zeros((b, h, steps, dk), F32))
         k = heads_major(k_t, (dk,))
         v = heads_major(v_t, (dv,))

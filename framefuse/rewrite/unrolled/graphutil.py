@@ -127,13 +127,24 @@ class Emitter:
     def ints(self, values) -> gs.Constant:
         return self.const(np.asarray(list(values), dtype=np.int64))
 
-    def node(self, op: str, inputs: list, shape=None, dtype=None, attrs=None, n_out: int = 1,
-             out_shapes=None, domain: str | None = None) -> gs.Variable | list[gs.Variable]:
+    def node(
+        self,
+        op: str,
+        inputs: list,
+        shape=None,
+        dtype=None,
+        attrs=None,
+        n_out: int = 1,
+        out_shapes=None,
+        domain: str | None = None,
+    ) -> gs.Variable | list[gs.Variable]:
         name = self.ctx.unique_name(f"{self.prefix}/{op}")
         if out_shapes is None:
             out_shapes = [shape] * n_out
-        outs = [gs.Variable(f"{name}_out{i}", dtype=dtype, shape=None if s is None else list(s))
-                for i, s in enumerate(out_shapes)]
+        outs = [
+            gs.Variable(f"{name}_out{i}", dtype=dtype, shape=None if s is None else list(s))
+            for i, s in enumerate(out_shapes)
+        ]
         node = gs.Node(op=op, name=name, attrs=dict(attrs or {}), inputs=list(inputs), outputs=outs)
         if domain is not None:
             node.domain = domain
@@ -164,13 +175,19 @@ def replace_producer(target: gs.Variable, new_source: gs.Variable, graph: gs.Gra
     by an Identity of ``new_source`` instead of by its old producer."""
     target.inputs.clear()
     source_node = producer(new_source)
-    if source_node is not None and source_node in emit.new_nodes and not new_source.outputs \
-            and len(source_node.outputs) == 1 and new_source not in graph.outputs:
+    if (
+        source_node is not None
+        and source_node in emit.new_nodes
+        and not new_source.outputs
+        and len(source_node.outputs) == 1
+        and new_source not in graph.outputs
+    ):
         target.dtype = target.dtype or new_source.dtype
         source_node.outputs[0] = target  # the new node computes ``target`` directly
         return
-    node = gs.Node(op="Identity", name=emit.ctx.unique_name(f"{emit.prefix}/Identity"),
-                   inputs=[new_source], outputs=[target])
+    node = gs.Node(
+        op="Identity", name=emit.ctx.unique_name(f"{emit.prefix}/Identity"), inputs=[new_source], outputs=[target]
+    )
     graph.nodes.append(node)
     emit.new_nodes.append(node)
 

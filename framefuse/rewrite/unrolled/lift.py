@@ -19,16 +19,72 @@ from framefuse.rewrite.unrolled.graphutil import Emitter, NotLiftable, const_key
 from framefuse.rewrite.unrolled.timeline import Timeline
 
 ELEMENTWISE = {
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Mod", "Sum", "Mean",
-    "Sigmoid", "Tanh", "Exp", "Log", "Neg", "Abs", "Relu", "Softplus", "Sqrt", "Reciprocal", "Erf",
-    "Cast", "Identity", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Softsign", "Sin",
-    "Cos", "Floor", "Ceil", "Round", "Sign", "Not", "And", "Or", "Xor", "Equal", "Less", "Greater",
-    "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf", "Gelu", "Mish", "Celu", "ThresholdedRelu",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Where",
+    "Mod",
+    "Sum",
+    "Mean",
+    "Sigmoid",
+    "Tanh",
+    "Exp",
+    "Log",
+    "Neg",
+    "Abs",
+    "Relu",
+    "Softplus",
+    "Sqrt",
+    "Reciprocal",
+    "Erf",
+    "Cast",
+    "Identity",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "HardSigmoid",
+    "HardSwish",
+    "Softsign",
+    "Sin",
+    "Cos",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sign",
+    "Not",
+    "And",
+    "Or",
+    "Xor",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "IsNaN",
+    "IsInf",
+    "Gelu",
+    "Mish",
+    "Celu",
+    "ThresholdedRelu",
 }
 # Elementwise in input 0 only; the other inputs must be static (Clip bounds, PRelu slope).
 ELEMENTWISE_FIRST = {"Clip", "PRelu", "Dropout"}
-REDUCE = {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-          "ReduceLogSumExp", "ReduceSumSquare", "ReduceLogSum"}
+REDUCE = {
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+}
 
 
 def _attr_key(value):
@@ -74,8 +130,10 @@ class Lifter:
         if not times:
             key = ("static", self.static_key(t))
         elif len(times) > 1:
-            raise NotLiftable(f"tensor {t.name!r} depends on several time steps {sorted(times)}: "
-                              "it is state of a recurrence, not a per-step input")
+            raise NotLiftable(
+                f"tensor {t.name!r} depends on several time steps {sorted(times)}: "
+                "it is state of a recurrence, not a per-step input"
+            )
         elif t.name in self.tl.slices:
             src = self.tl.slices[t.name]
             key = ("slice", self.static_key(src.source), src.axis, src.keepdim)
@@ -135,15 +193,25 @@ class Lifter:
         src = self.tl.slices[t.name]
         shape = self.shape(src.source)
         if shape[src.axis] < self.first_frame + self.steps:
-            raise NotLiftable(f"{t.name!r} slices a time axis of length {shape[src.axis]} of {src.source.name!r} "
-                              f"but the recurrence reads frames {self.first_frame}..{self.first_frame + self.steps - 1}")
+            raise NotLiftable(
+                f"{t.name!r} slices a time axis of length {shape[src.axis]} of {src.source.name!r} "
+                f"but the recurrence reads frames {self.first_frame}..{self.first_frame + self.steps - 1}"
+            )
         rank = len(shape)
         data = src.source
         if shape[src.axis] != self.steps:  # the recurrence covers part of the frames
             shape = tuple(self.steps if a == src.axis else d for a, d in enumerate(shape))
-            data = self.emit.node("Slice", [data, self.emit.ints([self.first_frame]),
-                                            self.emit.ints([self.first_frame + self.steps]),
-                                            self.emit.ints([src.axis])], shape, self.dtype(t))
+            data = self.emit.node(
+                "Slice",
+                [
+                    data,
+                    self.emit.ints([self.first_frame]),
+                    self.emit.ints([self.first_frame + self.steps]),
+                    self.emit.ints([src.axis]),
+                ],
+                shape,
+                self.dtype(t),
+            )
         perm = [src.axis] + [a for a in range(rank) if a != src.axis]
         moved = self.emit.transpose(data, perm, [shape[p] for p in perm], self.dtype(t))
         if src.keepdim:  # x[:, t:t+1] keeps a size-1 axis where the time axis was
@@ -158,8 +226,9 @@ class Lifter:
         rank = len(self.shape(t))
         if rank < out_rank:
             pad = out_rank - rank
-            lifted = self.emit.unsqueeze(lifted, list(range(1, pad + 1)),
-                                         (self.steps,) + (1,) * pad + self.shape(t), self.dtype(t))
+            lifted = self.emit.unsqueeze(
+                lifted, list(range(1, pad + 1)), (self.steps,) + (1,) * pad + self.shape(t), self.dtype(t)
+            )
         return lifted
 
     def _const_ints(self, t: gs.Tensor | None, what: str, node: gs.Node) -> list[int] | None:
@@ -179,8 +248,15 @@ class Lifter:
         attrs = dict(node.attrs)
 
         def emit_same(inputs, new_attrs=None):
-            result = self.emit.node(op, inputs, dtype=dtype, attrs=attrs if new_attrs is None else new_attrs,
-                                    n_out=len(outs), out_shapes=out_shapes, domain=node.domain or None)
+            result = self.emit.node(
+                op,
+                inputs,
+                dtype=dtype,
+                attrs=attrs if new_attrs is None else new_attrs,
+                n_out=len(outs),
+                out_shapes=out_shapes,
+                domain=node.domain or None,
+            )
             return result if isinstance(result, list) else [result]
 
         if op in ELEMENTWISE or op in ELEMENTWISE_FIRST:
@@ -262,8 +338,17 @@ class Lifter:
         if op == "Flatten":
             return [self.emit.node("Reshape", [data, self.emit.ints(out_shapes[0])], out_shapes[0], dtype)]
 
-        if op in ("Softmax", "LogSoftmax", "Hardmax", "LayerNormalization",
-                  "Gather", "Split", "Concat", "ArgMax", "ArgMin"):
+        if op in (
+            "Softmax",
+            "LogSoftmax",
+            "Hardmax",
+            "LayerNormalization",
+            "Gather",
+            "Split",
+            "Concat",
+            "ArgMax",
+            "ArgMin",
+        ):
             axis = int(attrs.get("axis", -1 if op in ("Softmax", "LogSoftmax", "Hardmax", "LayerNormalization") else 0))
             new_attrs = dict(attrs)
             new_attrs["axis"] = axis % (in_rank if op != "Concat" else out_rank) + 1
@@ -274,8 +359,9 @@ class Lifter:
                         inputs.append(self.lift(t))
                     else:
                         shape = self.shape(t)
-                        expanded = self.emit.expand(self.emit.unsqueeze(t, [0], (1, *shape), self.dtype(t)),
-                                                    (self.steps, *shape), self.dtype(t))
+                        expanded = self.emit.expand(
+                            self.emit.unsqueeze(t, [0], (1, *shape), self.dtype(t)), (self.steps, *shape), self.dtype(t)
+                        )
                         inputs.append(expanded)
                 return emit_same(inputs, new_attrs)
             return emit_same([data, *node.inputs[1:]], new_attrs)
@@ -286,7 +372,12 @@ class Lifter:
             axes = self._const_ints(node.inputs[3], "axes", node) if len(node.inputs) > 3 else None
             steps = self._const_ints(node.inputs[4], "steps", node) if len(node.inputs) > 4 else None
             axes = list(range(len(starts))) if axes is None else axes
-            inputs = [data, self.emit.ints(starts), self.emit.ints(ends), self.emit.ints([a % in_rank + 1 for a in axes])]
+            inputs = [
+                data,
+                self.emit.ints(starts),
+                self.emit.ints(ends),
+                self.emit.ints([a % in_rank + 1 for a in axes]),
+            ]
             if steps is not None:
                 inputs.append(self.emit.ints(steps))
             return emit_same(inputs, {})

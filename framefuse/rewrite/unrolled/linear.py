@@ -118,14 +118,18 @@ def _passthrough(tm: Tmpl) -> Tmpl | None:
 
 def _layout_reason(tm: Tmpl) -> str:
     before = _shape_of(tm.children[0].tensor) if tm.children else None
-    return (f"it changes the layout of the state ({before} → {_shape_of(tm.tensor)}) inside the step, so h_t is "
-            "not an elementwise function of h_(t-1) in its own layout; ")
+    return (
+        f"it changes the layout of the state ({before} → {_shape_of(tm.tensor)}) inside the step, so h_t is "
+        "not an elementwise function of h_(t-1) in its own layout; "
+    )
 
 
 def _cast_reason(tm: Tmpl) -> str:
     src = _type_of(tm.children[0].tensor) if tm.children else None
-    return (f"it converts the state from {src} to {_type_of(tm.tensor)} inside the step (the fused scan keeps "
-            "float32 throughout and would skip that rounding); ")
+    return (
+        f"it converts the state from {src} to {_type_of(tm.tensor)} inside the step (the fused scan keeps "
+        "float32 throughout and would skip that rounding); "
+    )
 
 
 def _diagonal_scale(tm: Tmpl):
@@ -167,8 +171,12 @@ def _apply_node(node, data: np.ndarray) -> np.ndarray | None:
     names = ["x"] + [f"c{i}" if c is not None else "" for i, c in enumerate(consts)]
     attrs = {k: v for k, v in node.attrs.items() if isinstance(v, (int, float, str, list, tuple))}
     # Every unrolled step repeats the same op on the same shape: evaluate it once.
-    cache_key = (node.op, repr(sorted(attrs.items())), data.shape,
-                 tuple(None if c is None else const_key(c) for c in consts))
+    cache_key = (
+        node.op,
+        repr(sorted(attrs.items())),
+        data.shape,
+        tuple(None if c is None else const_key(c) for c in consts),
+    )
     if cache_key in _APPLY_CACHE:
         cached = _APPLY_CACHE[cache_key]
         return None if cached is None else cached.copy()
@@ -189,10 +197,13 @@ def _evaluate_node(op, names, attrs, data, consts):
     try:
         onnx_node = onnx.helper.make_node(op, names, ["y"], **attrs)
         feeds = {"x": data, **{f"c{i}": c for i, c in enumerate(consts) if c is not None}}
-        inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-                  for n, v in feeds.items()]
-        graph = onnx.helper.make_graph([onnx_node], "view", inputs,
-                                       [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, None)])
+        inputs = [
+            onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            for n, v in feeds.items()
+        ]
+        graph = onnx.helper.make_graph(
+            [onnx_node], "view", inputs, [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, None)]
+        )
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
         return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])
     except Exception:  # noqa: BLE001 - an op the evaluator cannot run is simply not a provable view
@@ -210,8 +221,10 @@ def _common_view(tm: Tmpl, parts, memo: dict):
     first = views[0] if views else None
     for other in views[1:]:
         if (first is None) != (other is None) or first is not None and not np.array_equal(first, other):
-            raise NotAffine(f"{tm.node.op} node {tm.node.name!r} combines h_(t-1) in two different layouts: "
-                            "not an elementwise function of h_(t-1)")
+            raise NotAffine(
+                f"{tm.node.op} node {tm.node.name!r} combines h_(t-1) in two different layouts: "
+                "not an elementwise function of h_(t-1)"
+            )
     return first
 
 
@@ -254,8 +267,10 @@ def affine(tm: Tmpl, memo: dict | None = None):
         result = affine(tm, memo)
         if _view(tm, memo) is not None:
             moved_by = ", ".join(memo.get("_view_nodes", [])) or "a layout op"
-            raise NotAffine(f"h_t depends on h_(t-1) rearranged ({moved_by}): its elements do not return to "
-                            "their places within the step, so it is not an elementwise recurrence: not affine")
+            raise NotAffine(
+                f"h_t depends on h_(t-1) rearranged ({moved_by}): its elements do not return to "
+                "their places within the step, so it is not an elementwise recurrence: not affine"
+            )
         return result
     key = tm.tensor.name
     if key in memo:
@@ -295,17 +310,25 @@ def affine(tm: Tmpl, memo: dict | None = None):
                 memo[key] = result
                 return result
         if op not in _AFFINE_OPS:  # named before looking inside, so the outermost culprit is reported
-            why = ("a matrix product mixes the channels, it is not an elementwise recurrence (no framefuse op "
-                   "carries a matrix-valued transition); " if op in ("MatMul", "Gemm", "Einsum", "Conv") else
-                   _layout_reason(tm) if op in _LAYOUT_OPS else
-                   _cast_reason(tm) if op == "Cast" else "")
+            why = (
+                "a matrix product mixes the channels, it is not an elementwise recurrence (no framefuse op "
+                "carries a matrix-valued transition); "
+                if op in ("MatMul", "Gemm", "Einsum", "Conv")
+                else _layout_reason(tm)
+                if op in _LAYOUT_OPS
+                else _cast_reason(tm)
+                if op == "Cast"
+                else ""
+            )
             raise NotAffine(f"h_t depends on h_(t-1) through {op} (node {node.name!r}): {why}not affine")
         parts = [affine(c, memo) for c in tm.children]
         memo[("view", key)] = view = _common_view(tm, parts, memo)
         out_shape = _shape_of(tm.tensor)
         if view is not None and out_shape is not None and out_shape != view.shape:
-            raise NotAffine(f"{op} node {node.name!r} broadcasts the rearranged h_(t-1) {view.shape} to {out_shape}: "
-                            "not an elementwise recurrence")
+            raise NotAffine(
+                f"{op} node {node.name!r} broadcasts the rearranged h_(t-1) {view.shape} to {out_shape}: "
+                "not an elementwise recurrence"
+            )
         depends = [a is not None for a, _ in parts]
         where = f"{op} node {node.name!r}"
         if op == "Add":
@@ -318,8 +341,10 @@ def affine(tm: Tmpl, memo: dict | None = None):
             result = parts[0]
         elif op == "Mul":
             if all(depends):
-                raise NotAffine(f"h_t depends on h_(t-1) through a product of two terms that both depend on it "
-                                f"({where}): not affine")
+                raise NotAffine(
+                    f"h_t depends on h_(t-1) through a product of two terms that both depend on it "
+                    f"({where}): not affine"
+                )
             (a0, b0), (a1, b1) = parts
             if depends[0]:
                 result = (_mul(a0, b1), _mul(b0, b1))
@@ -351,25 +376,33 @@ class LinearScanPass(UnrolledPass):
     op_type = "LinearScan"
     report_problems = True  # the last pass: it reports the candidates no pass could use
 
-    def rewrite_chain(self, graph: gs.Graph, ctx: RewriteContext, chain: Chain, lifter: Lifter,
-                      emit: Emitter) -> dict:
+    def rewrite_chain(self, graph: gs.Graph, ctx: RewriteContext, chain: Chain, lifter: Lifter, emit: Emitter) -> dict:
         tl = lifter.tl
         shapes = tl.shapes
         if chain.coupled_with:
-            raise NotLiftable(f"the step reads another recurrent state ({', '.join(chain.coupled_with)}): a coupled "
-                              "recurrence, not one LinearScan")
+            raise NotLiftable(
+                f"the step reads another recurrent state ({', '.join(chain.coupled_with)}): a coupled "
+                "recurrence, not one LinearScan"
+            )
         state_shape = shapes.need_shape(chain.states[-1], "final state")
         dtype = shapes.dtype(chain.states[-1])
         if dtype != np.float32:
-            raise NotLiftable(f"state {chain.states[-1].name!r} is {dtype}, only float32 graphs are rewritten "
-                              "(lower the precision after the rewrite)")
+            raise NotLiftable(
+                f"state {chain.states[-1].name!r} is {dtype}, only float32 graphs are rewritten "
+                "(lower the precision after the rewrite)"
+            )
         for h in chain.states[1:]:
             if shapes.shape(h) != state_shape:
                 raise NotLiftable(f"state {h.name!r} has shape {shapes.shape(h)}, expected {state_shape}")
         coeffs = [affine(link) for link in chain.structural_links]
         sigs = [[expr_signature(e, lifter) for e in pair] for pair in coeffs]
-        if len(sigs) > 2 and sigs[0] != sigs[1] and all(sig == sigs[1] for sig in sigs[2:]) \
-                and const_value(chain.states[0]) is not None and not chain.folded_first:
+        if (
+            len(sigs) > 2
+            and sigs[0] != sigs[1]
+            and all(sig == sigs[1] for sig in sigs[2:])
+            and const_value(chain.states[0]) is not None
+            and not chain.folded_first
+        ):
             # Constant folding rewrote the first step around the constant h_0 (-h_0 became a
             # constant). The step is the same function of its frame as the others: their
             # coefficients, lifted over every frame, give it too (ORT parity is checked).
@@ -384,8 +417,11 @@ class LinearScanPass(UnrolledPass):
         rank = len(state_shape)
         full = (steps, *state_shape)
         a = emit.expand(self._emit_expr(a_expr, lifter, emit, rank), full, np.float32)
-        b = (emit.expand(self._emit_expr(b_expr, lifter, emit, rank), full, np.float32) if b_expr is not None
-             else emit.const(np.zeros(full, np.float32)))
+        b = (
+            emit.expand(self._emit_expr(b_expr, lifter, emit, rank), full, np.float32)
+            if b_expr is not None
+            else emit.const(np.zeros(full, np.float32))
+        )
         batch = state_shape[0] if rank >= 2 else 1
         width = int(np.prod(state_shape[1:])) if rank >= 2 else int(np.prod(state_shape))
         perm = [1, 0, *range(2, rank + 1)] if rank >= 2 else list(range(rank + 1))
@@ -432,8 +468,9 @@ class LinearScanPass(UnrolledPass):
             value = self._emit_expr(inner, lifter, emit, len(in_shape))
             value = emit.node("Expand", [value, emit.ints((1, *in_shape))], None, np.float32)
             flat = emit.node("Reshape", [value, emit.ints((0, -1))], None, np.float32)
-            picked = emit.node("Gather", [flat, emit.const(index.astype(np.int64))], None, np.float32,
-                               attrs={"axis": 1})
+            picked = emit.node(
+                "Gather", [flat, emit.const(index.astype(np.int64))], None, np.float32, attrs={"axis": 1}
+            )
             if index.ndim > rank:
                 raise NotLiftable(f"a rearranged coefficient has rank {index.ndim}, the state {rank}")
             if index.ndim < rank:  # broadcast from the right, after the time axis

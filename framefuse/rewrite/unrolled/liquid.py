@@ -50,7 +50,8 @@ class LiquidScanPass(UnrolledPass):
 
     def accepts(self, chain: Chain, tl) -> bool:
         return op(chain.structural_links[0]) == "Add" and any(
-            n.op == "Concat" for n in chain.structural_links[0].nodes())
+            n.op == "Concat" for n in chain.structural_links[0].nodes()
+        )
 
     def rewrite_chain(self, graph, ctx, chain, lifter, emit) -> dict:
         shapes = lifter.shapes
@@ -83,8 +84,9 @@ class LiquidScanPass(UnrolledPass):
         w_x, w_h, bias = [], [], []
         for _, w, b in heads:
             if w.shape != (hidden, in_features + hidden):
-                raise NotLiftable(f"a CfC head weight has shape {list(w.shape)}, expected "
-                                  f"[{hidden}, {in_features + hidden}]")
+                raise NotLiftable(
+                    f"a CfC head weight has shape {list(w.shape)}, expected [{hidden}, {in_features + hidden}]"
+                )
             w_h.append(w[:, :hidden] if hole_first else w[:, in_features:])
             w_x.append(w[:, hidden:] if hole_first else w[:, :in_features])
             bias.append(b)
@@ -92,8 +94,9 @@ class LiquidScanPass(UnrolledPass):
         x_tm, _ = lift_leaf(lifter, emit, x_part.tensor)  # [T, B, I]
         w_x_all = emit.const(np.ascontiguousarray(np.concatenate(w_x, 0).T.astype(np.float32)))  # [I, 4H]
         xg = emit.node("MatMul", [x_tm, w_x_all], (steps, batch, 4 * hidden), np.float32)
-        xg = emit.node("Add", [xg, emit.const(np.concatenate(bias).astype(np.float32))],
-                       (steps, batch, 4 * hidden), np.float32)
+        xg = emit.node(
+            "Add", [xg, emit.const(np.concatenate(bias).astype(np.float32))], (steps, batch, 4 * hidden), np.float32
+        )
         xg = emit.transpose(xg, [1, 0, 2], (batch, steps, 4 * hidden), np.float32)
         recurrent = emit.const(np.ascontiguousarray(np.concatenate(w_h, 0).astype(np.float32)))  # [4H, H]
         h0 = chain.states[0]
@@ -103,8 +106,7 @@ class LiquidScanPass(UnrolledPass):
             h0_in = emit.expand(h0_in, state_shape, np.float32)
         h_all = gs.Variable(ctx.unique_name("liquid_scan_h"), dtype=np.float32, shape=[batch, steps, hidden])
         h_last = gs.Variable(ctx.unique_name("liquid_scan_h_last"), dtype=np.float32, shape=[batch, hidden])
-        node = make_framefuse_node(graph, ctx, "LiquidScan", [xg, recurrent, h0_in], [h_all, h_last],
-                                   {"ts": float(ts)})
+        node = make_framefuse_node(graph, ctx, "LiquidScan", [xg, recurrent, h0_in], [h_all, h_last], {"ts": float(ts)})
         emit.new_nodes.append(node)
         h_tm = emit.transpose(h_all, [1, 0, 2], (steps, batch, hidden), np.float32) if steps > 1 else None
         emit_state_outputs(graph, emit, chain, h_tm, h_last, state_shape)

@@ -136,12 +136,16 @@ class MLSTMScanPass(UnrolledPass):
         eps = self._denominator_eps(chain.states[-1])
         if eps is not None:
             value, node = eps
-            raise NotLiftable(f"the read-out divides by max(|n_t·q_t|, exp(−m_t)) + ε with ε = {value:g} ({node.op} node "
-                              f"{node.name!r}); MLSTMScan's read-out has no ε, so this is not its recurrence "
-                              "(MLSTMScan would need an eps attribute)")
+            raise NotLiftable(
+                f"the read-out divides by max(|n_t·q_t|, exp(−m_t)) + ε with ε = {value:g} ({node.op} node "
+                f"{node.name!r}); MLSTMScan's read-out has no ε, so this is not its recurrence "
+                "(MLSTMScan would need an eps attribute)"
+            )
         if len(m_shape) == 3 and m_shape[2] == 1:
-            raise NotLiftable(f"mLSTM stabiliser m is {m_shape} ([B, H, 1], transformers' layout): only the [B, H] "
-                              "layout with C = v⊗k is matched; this step's C/n/read-out layout was not proven")
+            raise NotLiftable(
+                f"mLSTM stabiliser m is {m_shape} ([B, H, 1], transformers' layout): only the [B, H] "
+                "layout with C = v⊗k is matched; this step's C/n/read-out layout was not proven"
+            )
         if len(m_shape) != 2:
             raise NotLiftable(f"mLSTM stabiliser m must be [B, H], got {m_shape}")
         b, h = m_shape
@@ -226,8 +230,15 @@ class MLSTMScanPass(UnrolledPass):
         c0 = initial(c_states[0][0], (b, h, dv, dk))
         n0 = initial(n_states[0][0], (b, h, dk))
         m0 = initial(chain.states[0], (b, h))
-        outs = [gs.Variable(ctx.unique_name(f"mlstm_{n}"), dtype=np.float32, shape=list(s)) for n, s in
-                (("h", (b, h, steps, dv)), ("C_last", (b, h, dv, dk)), ("n_last", (b, h, dk)), ("m_last", (b, h)))]
+        outs = [
+            gs.Variable(ctx.unique_name(f"mlstm_{n}"), dtype=np.float32, shape=list(s))
+            for n, s in (
+                ("h", (b, h, steps, dv)),
+                ("C_last", (b, h, dv, dk)),
+                ("n_last", (b, h, dk)),
+                ("m_last", (b, h)),
+            )
+        ]
         node = make_framefuse_node(graph, ctx, "MLSTMScan", [q, k, v, i_gate, f_gate, c0, n0, m0], outs)
         emit.new_nodes.append(node)
         for i, readout in enumerate(readouts):
@@ -315,8 +326,9 @@ class MLSTMScanPass(UnrolledPass):
         if whole is None:
             raise NotLiftable(f"the forget gate {logf.name!r} is not logσ(f_pre)")
         # logf_t = Gather(logσ(F), t): the same frame of F.
-        sliced = emit.node("Gather", [whole, node.inputs[1]], lifter.shapes.shape(logf), np.float32,
-                           attrs=dict(node.attrs))
+        sliced = emit.node(
+            "Gather", [whole, node.inputs[1]], lifter.shapes.shape(logf), np.float32, attrs=dict(node.attrs)
+        )
         src = lifter.tl.slices.get(logf.name)
         if src is not None:
             lifter.tl.slices[sliced.name] = type(src)(whole, src.axis, src.time, src.keepdim)

@@ -54,8 +54,10 @@ class _Factors:
         # A size-1 axis broadcasts when the product is wider there; when both are 1 (B = 1) only
         # provenance tells: a tensor computed from constants alone has no batch axis at all.
         constant = self.tl.is_constant(t)
-        return tuple(None if d == 1 and (out_shape[offset + i] != 1 or constant) else out_labels[offset + i]
-                     for i, d in enumerate(shape))
+        return tuple(
+            None if d == 1 and (out_shape[offset + i] != 1 or constant) else out_labels[offset + i]
+            for i, d in enumerate(shape)
+        )
 
     def split(self, t: gs.Tensor, labels: tuple) -> list[tuple[gs.Tensor, tuple]]:
         src = self.tl.slices.get(t.name)
@@ -95,8 +97,9 @@ class _Factors:
         if node.op == "Expand" and shape is not None:
             inner = self.shapes.shape(node.inputs[0])
             if inner is not None and len(inner) == len(shape):
-                return self.split(node.inputs[0], tuple(None if d == 1 and shape[i] != 1 else labels[i]
-                                                        for i, d in enumerate(inner)))
+                return self.split(
+                    node.inputs[0], tuple(None if d == 1 and shape[i] != 1 else labels[i] for i, d in enumerate(inner))
+                )
         if node.op == "Cast" and self.shapes.dtype(node.inputs[0]) == self.shapes.dtype(t):
             return self.split(node.inputs[0], labels)
         if node.op == "Transpose":
@@ -137,8 +140,11 @@ class SelectiveScanPass(UnrolledPass):
             a_expr, _ = affine(chain.structural_links[0])
         except NotLiftable:
             return False
-        return a_expr is not None and a_expr[0] == "leaf" and _Factors(tl, tl.shapes).exp_argument(
-            a_expr[1], ("b", "d", "n")) is not None
+        return (
+            a_expr is not None
+            and a_expr[0] == "leaf"
+            and _Factors(tl, tl.shapes).exp_argument(a_expr[1], ("b", "d", "n")) is not None
+        )
 
     def rewrite_chain(self, graph, ctx, chain, lifter, emit) -> dict:
         tl, shapes = lifter.tl, lifter.shapes
@@ -165,8 +171,13 @@ class SelectiveScanPass(UnrolledPass):
 
         deltas = [f for f in exponent if kind(f[1]) in ({"b", "d"}, {"d"})]
         a_mats = [f for f in exponent if kind(f[1]) == {"d", "n"}]
-        if len(exponent) != 2 or len(deltas) != 1 or len(a_mats) != 1 or TIME in a_mats[0][1] \
-                or tl.time_of(a_mats[0][0]):
+        if (
+            len(exponent) != 2
+            or len(deltas) != 1
+            or len(a_mats) != 1
+            or TIME in a_mats[0][1]
+            or tl.time_of(a_mats[0][0])
+        ):
             raise NotLiftable("a_t is not exp(Δ_t[b,d] · A[d,n]) with A constant over time")
         delta, a_mat = deltas[0], a_mats[0]
         same_delta = [f for f in b_factors if f[1] == delta[1] and self._same(f[0], delta[0], lifter)]
@@ -192,8 +203,14 @@ class SelectiveScanPass(UnrolledPass):
             h0_in = emit.expand(h0_in, state_shape, np.float32)
         y = gs.Variable(ctx.unique_name("selective_scan_y"), dtype=np.float32, shape=[bsz, steps, dim])
         h_last = gs.Variable(ctx.unique_name("selective_scan_h_last"), dtype=np.float32, shape=list(state_shape))
-        node = make_framefuse_node(graph, ctx, "SelectiveScan", [x, dt, a_dn, b_seq, c_seq, None, None, None, h0_in],
-                                   [y, h_last], {"delta_softplus": 0})
+        node = make_framefuse_node(
+            graph,
+            ctx,
+            "SelectiveScan",
+            [x, dt, a_dn, b_seq, c_seq, None, None, None, h0_in],
+            [y, h_last],
+            {"delta_softplus": 0},
+        )
         emit.new_nodes.append(node)
         for i, (form, readout) in enumerate(readouts):
             y_i = emit.gather(y, i, 1, (bsz, dim), np.float32)
@@ -201,7 +218,12 @@ class SelectiveScanPass(UnrolledPass):
                 y_i = emit.unsqueeze(y_i, [2], (bsz, dim, 1), np.float32)
             replace_producer(readout, y_i, graph, emit)
         replace_producer(chain.states[-1], h_last, graph, emit)
-        return {"node": node, "steps": steps, "state_shape": list(state_shape), "absorbed": ["discretisation", "C read-out"]}
+        return {
+            "node": node,
+            "steps": steps,
+            "state_shape": list(state_shape),
+            "absorbed": ["discretisation", "C read-out"],
+        }
 
     @staticmethod
     def _same(a, b, lifter) -> bool:
@@ -232,19 +254,28 @@ class SelectiveScanPass(UnrolledPass):
                     c = node.inputs[1]
                     c_shape = shapes.shape(c)
                     if c_shape is None or len(c_shape) not in (2, 3) or c_shape[-2:] != (nstate, 1):
-                        raise NotLiftable(f"MatMul {node.name!r} multiplies the state by {c.name!r} {c_shape}, not by a "
-                                          f"column C_t[..., {nstate}, 1]")
-                    batch = () if len(c_shape) == 2 else (("b" if c_shape[0] == bsz and not (
-                        bsz != 1 and c_shape[0] == 1) else None),)
+                        raise NotLiftable(
+                            f"MatMul {node.name!r} multiplies the state by {c.name!r} {c_shape}, not by a "
+                            f"column C_t[..., {nstate}, 1]"
+                        )
+                    batch = (
+                        ()
+                        if len(c_shape) == 2
+                        else (("b" if c_shape[0] == bsz and not (bsz != 1 and c_shape[0] == 1) else None),)
+                    )
                     found = ("matmul", node.outputs[0])
                     c_factors.append((c, (*batch, "n", None)))
                     continue
                 if terms is None or len(node.inputs) != 2 or node.inputs[0] is not h:
-                    raise NotLiftable(f"state {state.name!r} is read by {node.op} node {node.name!r}, not only by "
-                                      "the next step and the read-out Σ_n h[b,d,n] C[b,n]")
+                    raise NotLiftable(
+                        f"state {state.name!r} is read by {node.op} node {node.name!r}, not only by "
+                        "the next step and the read-out Σ_n h[b,d,n] C[b,n]"
+                    )
                 (h_term, c_term), out_term = terms
                 if len(h_term) != 3 or out_term != h_term[:2] or set(c_term) != {h_term[0], h_term[2]}:
-                    raise NotLiftable(f"Einsum {node.name!r} ({','.join(terms[0])}->{out_term}) is not Σ_n h[b,d,n] C[b,n]")
+                    raise NotLiftable(
+                        f"Einsum {node.name!r} ({','.join(terms[0])}->{out_term}) is not Σ_n h[b,d,n] C[b,n]"
+                    )
                 mapping = dict(zip(h_term, ("b", "d", "n")))
                 found = ("einsum", node.outputs[0])
                 c_factors.append((node.inputs[1], tuple(mapping[c] for c in c_term)))

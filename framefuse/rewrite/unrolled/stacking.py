@@ -47,8 +47,9 @@ class OutputStackingPass:
             shapes = shapes or Shapes(graph)
             replaced = _replace_chain(graph, ctx, chain, shapes)
             if replaced is not None:
-                result.matches.append(Match(self.name, "ScatterND", replaced.name, [n.name for n in chain],
-                                            {"writes": len(chain)}))
+                result.matches.append(
+                    Match(self.name, "ScatterND", replaced.name, [n.name for n in chain], {"writes": len(chain)})
+                )
         graph.cleanup().toposort()
         return result
 
@@ -63,8 +64,11 @@ def _merge_concats(graph: gs.Graph) -> int:
                 continue
             axis = int(node.attrs.get("axis", 0))
             # torch.cat([empty, h]) starts a growing concat from a zero-length buffer: drop it.
-            empty = [t for t in node.inputs if t.shape is not None and len(t.shape) > 0
-                     and isinstance(t.shape[axis], int) and t.shape[axis] == 0]
+            empty = [
+                t
+                for t in node.inputs
+                if t.shape is not None and len(t.shape) > 0 and isinstance(t.shape[axis], int) and t.shape[axis] == 0
+            ]
             if empty and len(empty) < len(node.inputs):
                 kept = [t for t in node.inputs if all(t is not e for e in empty)]
                 node.inputs.clear()
@@ -74,14 +78,20 @@ def _merge_concats(graph: gs.Graph) -> int:
                 break
             for k, t in enumerate(node.inputs):
                 inner = producer(t)
-                if inner is None or inner.op != "Concat" or is_framefuse(inner) or len(t.outputs) != 1 \
-                        or t in graph.outputs or int(inner.attrs.get("axis", 0)) != axis:
+                if (
+                    inner is None
+                    or inner.op != "Concat"
+                    or is_framefuse(inner)
+                    or len(t.outputs) != 1
+                    or t in graph.outputs
+                    or int(inner.attrs.get("axis", 0)) != axis
+                ):
                     continue
                 rank_out = len(node.outputs[0].shape or [])
                 rank_in = len(t.shape or [])
                 if axis < 0 and (not rank_out or rank_out != rank_in):
                     continue  # a negative axis is the same axis only at the same rank
-                spliced = [*node.inputs[:k], *inner.inputs, *node.inputs[k + 1:]]
+                spliced = [*node.inputs[:k], *inner.inputs, *node.inputs[k + 1 :]]
                 node.inputs.clear()
                 node.inputs.extend(spliced)
                 merged += 1
@@ -152,7 +162,7 @@ def _static_value(t: gs.Tensor, shapes: Shapes):
                 nodes.append(node)
                 return True
             start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
-            inits[x.name] = np.asarray(shape[start:None if end is None else int(end)], dtype=np.int64)
+            inits[x.name] = np.asarray(shape[start : None if end is None else int(end)], dtype=np.int64)
             return True
         if not all(visit(i) for i in node.inputs):
             return False
@@ -162,13 +172,22 @@ def _static_value(t: gs.Tensor, shapes: Shapes):
     if not visit(t) or len(nodes) > 64:
         return None
     try:
-        onnx_nodes = [onnx.helper.make_node(n.op, [i.name for i in n.inputs], [o.name for o in n.outputs],
-                                            **{k: v for k, v in n.attrs.items()
-                                               if isinstance(v, (int, float, str, list, tuple))})
-                      for n in nodes]
-        graph = onnx.helper.make_graph(onnx_nodes, "index", [],
-                                       [onnx.helper.make_tensor_value_info(t.name, onnx.TensorProto.UNDEFINED, None)],
-                                       [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+        onnx_nodes = [
+            onnx.helper.make_node(
+                n.op,
+                [i.name for i in n.inputs],
+                [o.name for o in n.outputs],
+                **{k: v for k, v in n.attrs.items() if isinstance(v, (int, float, str, list, tuple))},
+            )
+            for n in nodes
+        ]
+        graph = onnx.helper.make_graph(
+            onnx_nodes,
+            "index",
+            [],
+            [onnx.helper.make_tensor_value_info(t.name, onnx.TensorProto.UNDEFINED, None)],
+            [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()],
+        )
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
         return np.asarray(ReferenceEvaluator(model).run(None, {})[0])
     except Exception:  # noqa: BLE001 - not evaluable: the chain is left alone
@@ -181,8 +200,13 @@ def _scatter_chain(graph: gs.Graph, last: gs.Node) -> list[gs.Node]:
     while True:
         data = chain[-1].inputs[0]
         prev = producer(data)
-        if prev is None or prev.op != "ScatterND" or is_framefuse(prev) or data in graph.outputs \
-                or _shape_readers(data, chain[-1]) is None:
+        if (
+            prev is None
+            or prev.op != "ScatterND"
+            or is_framefuse(prev)
+            or data in graph.outputs
+            or _shape_readers(data, chain[-1]) is None
+        ):
             break
         chain.append(prev)
     return chain[::-1]

@@ -66,8 +66,9 @@ class Timeline:
             return self._constant_memo[t.name]
         node = producer(t)
         # Shapes are static here (the exporter fixes every dimension): a Shape is a constant.
-        result = node is not None and (node.op in _STATIC_OUTPUT_OPS
-                                       or all(self.is_constant(i) for i in node.inputs if i.name))
+        result = node is not None and (
+            node.op in _STATIC_OUTPUT_OPS or all(self.is_constant(i) for i in node.inputs if i.name)
+        )
         self._constant_memo[t.name] = result
         return result
 

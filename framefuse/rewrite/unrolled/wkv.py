@@ -38,10 +38,19 @@ F32 = np.float32
 def _prod(t: gs.Tensor, op_type: str, shapes=None):
     """The ``op_type`` node producing ``t``, looking through Identity and same-type Casts."""
     node = producer(t)
-    while node is not None and node.inputs and (
-            node.op == "Identity" or (node.op == "Cast" and shapes is not None
-                                      and shapes.dtype(node.inputs[0]) is not None
-                                      and shapes.dtype(node.inputs[0]) == shapes.dtype(t))):
+    while (
+        node is not None
+        and node.inputs
+        and (
+            node.op == "Identity"
+            or (
+                node.op == "Cast"
+                and shapes is not None
+                and shapes.dtype(node.inputs[0]) is not None
+                and shapes.dtype(node.inputs[0]) == shapes.dtype(t)
+            )
+        )
+    ):
         t = node.inputs[0]
         node = producer(t)
     return node if node is not None and node.op == op_type else None
@@ -91,9 +100,14 @@ class _Same:
                 result = False
             if not result and depth > 0:
                 na, nb = producer(a), producer(b)
-                result = (na is not None and nb is not None and node_key(na) == node_key(nb)
-                          and len(na.inputs) == len(nb.inputs) and na.outputs.index(a) == nb.outputs.index(b)
-                          and all(self(x, y, depth - 1) for x, y in zip(na.inputs, nb.inputs)))
+                result = (
+                    na is not None
+                    and nb is not None
+                    and node_key(na) == node_key(nb)
+                    and len(na.inputs) == len(nb.inputs)
+                    and na.outputs.index(a) == nb.outputs.index(b)
+                    and all(self(x, y, depth - 1) for x, y in zip(na.inputs, nb.inputs))
+                )
         self._memo[memo_key] = result
         return result
 
@@ -190,8 +204,15 @@ class WKVScanPass(UnrolledPass):
                     continue
                 # p + w, or its value when the exporter folded a constant first p + w
                 folded = const_value(a) is not None and const_value(step.p_old) is not None
-                options = [(None, None)] if folded else [
-                    (w, add_w) for pp, w, add_w in self._both(a, "Add") if not tl.time_of(w) and same(pp, step.p_old)]
+                options = (
+                    [(None, None)]
+                    if folded
+                    else [
+                        (w, add_w)
+                        for pp, w, add_w in self._both(a, "Add")
+                        if not tl.time_of(w) and same(pp, step.p_old)
+                    ]
+                )
                 for w, add_w in options:
                     p_new = mx.outputs[0]
                     e1 = e2 = None
@@ -219,8 +240,11 @@ class WKVScanPass(UnrolledPass):
                             if add.op != "Add":
                                 continue
                             rest = add.inputs[1] if add.inputs[0] is mul.outputs[0] else add.inputs[0]
-                            if num_new is None and same(old, step.num_old) and any(
-                                    same(e, e2) and same(v, step.v) for e, v, _ in self._both(rest, "Mul")):
+                            if (
+                                num_new is None
+                                and same(old, step.num_old)
+                                and any(same(e, e2) and same(v, step.v) for e, v, _ in self._both(rest, "Mul"))
+                            ):
                                 num_new = add.outputs[0]
                                 nodes += [mul, add, producer(rest)]
                             elif den_new is None and same(old, step.den_old) and same(rest, e2):
@@ -258,8 +282,13 @@ class WKVScanPass(UnrolledPass):
             while seq[-1].p_new is not None and seq[-1].p_new.name in by_p_old:
                 nxt = by_p_old[seq[-1].p_new.name]
                 if nxt.num_old.name != seq[-1].num_new.name or nxt.den_old.name != seq[-1].den_new.name:
-                    problems.append(Declined(self.name, f"{start.y.name} …",
-                                             f"step at frame {nxt.frame} does not read num/den of the step before"))
+                    problems.append(
+                        Declined(
+                            self.name,
+                            f"{start.y.name} …",
+                            f"step at frame {nxt.frame} does not read num/den of the step before",
+                        )
+                    )
                     break
                 seq.append(nxt)
             sequences.append(seq)
@@ -342,7 +371,9 @@ class WKVScanPass(UnrolledPass):
                 raise NotLiftable(f"{t.name!r} has shape {shapes.shape(t)}, expected [{b}, {c}]")
         for t in (seq[0].k, seq[0].v, seq[0].y):
             if shapes.dtype(t) != F32:
-                raise NotLiftable(f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)")
+                raise NotLiftable(
+                    f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)"
+                )
         # Intermediate states must be read only by the matched steps.
         inside = {id(n) for s in seq for n in s.nodes}
         for s in seq[:-1]:
@@ -351,8 +382,9 @@ class WKVScanPass(UnrolledPass):
                     raise NotLiftable(f"intermediate state {t.name!r} is a graph output")
                 for consumer in t.outputs:
                     if id(consumer) not in inside:
-                        raise NotLiftable(f"intermediate state {t.name!r} is also read by {consumer.op} node "
-                                          f"{consumer.name!r}")
+                        raise NotLiftable(
+                            f"intermediate state {t.name!r} is also read by {consumer.op} node {consumer.name!r}"
+                        )
 
         def channels(t, what):  # a [C] float32 vector of a time-free tensor
             shape = shapes.need_shape(t)
@@ -378,8 +410,12 @@ class WKVScanPass(UnrolledPass):
                 raise NotLiftable(f"{name} source {x.name!r} has shape {list(x_shape)}, expected [{b}, T, {c}]")
             if x_shape[1] != steps:
                 start = seq[0].frame
-                x = emit.node("Slice", [x, emit.ints([start]), emit.ints([start + steps]), emit.ints([1])],
-                              (b, steps, c), shapes.dtype(x))
+                x = emit.node(
+                    "Slice",
+                    [x, emit.ints([start]), emit.ints([start + steps]), emit.ints([1])],
+                    (b, steps, c),
+                    shapes.dtype(x),
+                )
             if shapes.dtype(whole[name]) != F32:
                 x = emit.node("Cast", [x], (b, steps, c), F32, attrs={"to": 1})
             return x
@@ -406,8 +442,10 @@ class WKVScanPass(UnrolledPass):
 
         first = seq[0]
         states = [initial(first.num_old, 0.0), initial(first.den_old, 0.0), initial(first.p_old, MAX_INIT)]
-        outs = [gs.Variable(ctx.unique_name(f"wkv_{n}"), dtype=F32, shape=list(s)) for n, s in
-                (("y", (b, steps, c)), ("num_last", (b, c)), ("den_last", (b, c)), ("max_last", (b, c)))]
+        outs = [
+            gs.Variable(ctx.unique_name(f"wkv_{n}"), dtype=F32, shape=list(s))
+            for n, s in (("y", (b, steps, c)), ("num_last", (b, c)), ("den_last", (b, c)), ("max_last", (b, c)))
+        ]
         node = make_framefuse_node(graph, ctx, "WKVScan", [k_in, v_in, w_in, u_in, *states], outs)
         emit.new_nodes.append(node)
         for i, step in enumerate(seq):
