@@ -196,6 +196,7 @@ def test_side_stream_and_friendly_entry(kc, gen):
     stream.synchronize()
     check(kc, q, k, v, g, beta, S0, o, S_last, name="current stream")
     out = poisoned_outputs(kc, q, v)
+    torch.cuda.synchronize()  # the poison is written on the default stream; the launch below is not ordered after it
     o2, S2 = gated_delta_rule_scan(q, k, v, g, beta, S0, out=out, stream=stream.cuda_stream)
     stream.synchronize()
     assert o2 is out[0] and S2 is out[1]

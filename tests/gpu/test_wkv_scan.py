@@ -154,7 +154,15 @@ def test_large_keys_stay_finite(kc, gen):
     outs = launch([k, v, w, u, *states], {})
     torch.cuda.synchronize()
     assert all(torch.isfinite(o).all() for o in outs)
-    check(kc, k, v, w, u, states, outs)
+    # |k| reaches ~500 here: float32 represents k - max to ~|k|·2^-24 ≈ 3e-5, which is the
+    # relative error of every exp() weight; the float64 reference does not share it, so this
+    # case is held to 1e-3 (the other cases, |k| ~ 10, to 1e-5).
+    from framefuse.plugins.wkv_scan import reference
+
+    expected = reference(*(t.cpu().double() for t in (k, v, w, u)))
+    kc.assert_close(outs[0], expected[0], 1e-3, name="y (|k| ~ 500)")
+    for label, got, exp in zip(("num", "den", "max"), outs[1:], expected[1:]):
+        kc.assert_close(got, exp, 1e-3, name=f"{label}_last (|k| ~ 500)")
 
 
 def test_cuda_graph_capture_and_replay(kc, gen):
@@ -188,6 +196,7 @@ def test_side_stream_and_friendly_entry(kc, gen):
     stream.synchronize()
     check(kc, k, v, w, u, states, outs, name="current stream")
     given = poisoned_outputs(kc, k)
+    torch.cuda.synchronize()  # the poison is written on the default stream; the launch below is not ordered after it
     outs2 = wkv_scan(k, v, w, u, *states, out=given, stream=stream.cuda_stream)
     stream.synchronize()
     assert all(a is b for a, b in zip(outs2, given))
