@@ -253,3 +253,34 @@ def test_selection_is_skipped_without_a_gpu_and_recorded(tmp_path, fused_models)
     assert engine.metadata["selection"]["chosen"] == "plan"
     unoptimized, report = fusion.apply_selection(executor, plan, "unoptimized")
     assert report["chosen"] == "unoptimized" and len(unoptimized.steps) == len(plan.steps)
+
+
+def test_cli_offers_the_unfused_graph_to_the_selection(tmp_path, monkeypatch):
+    """`framefuse build model.fused.onnx --engine cuda-graph` hands model.onnx beside it to the
+    build as the unfused candidate (timed on a GPU; on the CPU the selection is skipped)."""
+    import shutil
+
+    from framefuse.engines import cli, cuda_graph
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached("min_gru", {"seq": 32, "seed": 0})["step"]
+    shutil.copy(prepared.onnx, tmp_path / "model.onnx")
+    shutil.copy(prepared.fused, tmp_path / "model.fused.onnx")
+    seen = {}
+    real_build = cuda_graph.build
+
+    def spy(source, **kwargs):
+        seen.update(kwargs["options"])
+        return real_build(source, **kwargs)
+
+    monkeypatch.setattr(cuda_graph, "build", spy)
+    parser = __import__("argparse").ArgumentParser()
+    sub = parser.add_subparsers()
+    cli.register(sub)
+    args = parser.parse_args(["build", str(tmp_path), "--engine", "cuda-graph", "--device", "cpu"])
+    assert args.func(args) == 0
+    assert seen["unfused"] == tmp_path / "model.onnx"
+    assert (tmp_path / "engine.ffe").is_file()
+    args = parser.parse_args(["build", str(tmp_path), "--engine", "onnxruntime", "--select", "plan"])
+    with pytest.raises(Exception, match="--select is an option of the cuda-graph engine"):
+        args.func(args)

@@ -78,6 +78,14 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="cuda-graph: how framefuse nodes run, CUDA kernels (default on cuda) or their torch references",
     )
     parser.add_argument(
+        "--select",
+        choices=["time", "time-autotune", "plan", "unoptimized", "inductor", "inductor-autotune"],
+        default=None,
+        help="cuda-graph: build-time selection. time (default) times the plan, the unoptimised plan, the "
+        "inductor-compiled plan and, when model.onnx sits beside model.fused.onnx, the unfused graph (plain and "
+        "compiled) on the GPU and keeps the fastest; time-autotune adds max-autotune; a name forces that candidate",
+    )
+    parser.add_argument(
         "--fused",
         action="store_true",
         help="onnxruntime: run the fused graph (framefuse nodes through their Python references) "
@@ -224,6 +232,19 @@ def run(args) -> int:
         if args.providers:
             options["providers"] = [p.strip() for p in args.providers.split(",") if p.strip()]
     source = resolve_source(args.source, engine, args.fused)
+    select = getattr(args, "select", None)
+    if select is not None:
+        if engine != "cuda-graph":
+            raise EngineBuildError(f"--select is an option of the cuda-graph engine, not of {engine}")
+        options["select"] = select
+    unfused = source.with_name(source.name.removesuffix(".fused.onnx") + ".onnx")
+    if (
+        engine == "cuda-graph"
+        and args.precision == "fp32"
+        and source.name.endswith(".fused.onnx")
+        and unfused.is_file()
+    ):
+        options["unfused"] = unfused  # a candidate of the build-time selection: a fused op must never cost time
     out = Path(args.out) if args.out else source.parent
     out_dir = out if out.suffix != kind.suffix else out.parent
     gate = (getattr(args, "accuracy_frames", 1000), getattr(args, "accuracy_tolerance", None))

@@ -271,6 +271,7 @@ class CudaGraphEngine(EngineRunner):
         metadata: dict | None = None,
         optimize: bool | None = None,
         select: str | None = None,
+        unfused=None,
     ):
         super().__init__(name=name, prefix="framefuse-cuda-graph")
         model, path = load_onnx(onnx_path_or_model)
@@ -297,7 +298,15 @@ class CudaGraphEngine(EngineRunner):
         if select is not None:  # build-time selection (engines/fusion.py); its report is saved in the artifact
             from framefuse.engines.fusion import apply_selection
 
-            self.default_plan, report = apply_selection(self.executor, self.default_plan, select)
+            unfused_executor = None
+            if unfused is not None and select.startswith("time") and self.device.type == "cuda":
+                unfused_model, _ = load_onnx(unfused)
+                unfused_executor = GraphExecutor(unfused_model, self.device, framefuse_impl, optimize=optimize)
+            self.default_plan, report = apply_selection(
+                self.executor, self.default_plan, select, unfused_executor=unfused_executor
+            )
+            if report.get("graph") == "unfused":  # the graph before the rewrite won the timing: run (and save) it
+                self.executor = unfused_executor
             if select.startswith("time") or "selection" not in self.metadata:  # a load keeps the build's timings
                 self.metadata["selection"] = report
         self.captures = 0
@@ -467,6 +476,13 @@ def read_artifact(path) -> tuple[dict, onnx.ModelProto]:
     return metadata, graph
 
 
+def _recorded_choice(metadata: dict) -> str | None:
+    """The build's selection to re-apply to the saved graph (which is already the unfused one
+    when that won: its choice is then "apply")."""
+    selection = (metadata.get("extra") or {}).get("selection") or {}
+    return selection.get("apply") or selection.get("chosen")
+
+
 def load_engine(path, *, device: str | torch.device | None = None, check_source: bool = True) -> CudaGraphEngine:
     """Load an ``engine.ffe`` after checking it is neither foreign nor stale."""
     target = _artifact.artifact_path(path, ARTIFACT_NAME)
@@ -479,7 +495,7 @@ def load_engine(path, *, device: str | torch.device | None = None, check_source:
         device=device if device is not None else metadata["device"],
         framefuse_impl=metadata.get("framefuse_impl"),
         metadata=metadata.get("extra") or {},
-        select=((metadata.get("extra") or {}).get("selection") or {}).get("chosen"),
+        select=_recorded_choice(metadata),
     )
     engine.precision = metadata.get("precision", "fp32")
     engine.artifact_metadata = metadata
@@ -539,13 +555,13 @@ def build(
     source, *, out=None, precision: str = "fp32", device=None, options: dict | None = None, log=None
 ) -> CudaGraphEngine:
     """Backend ``build``: options ``framefuse_impl`` ("kernel" | "reference"), ``input_shapes``,
-    ``optimize`` (bool)."""
+    ``optimize`` (bool), ``select`` (build-time selection, engines/fusion.py; default "time"),
+    ``unfused`` (the graph before the rewrite, timed as a candidate too)."""
     options = dict(options or {})
-    unknown = sorted(set(options) - {"framefuse_impl", "input_shapes", "optimize", "select"})
+    known = {"framefuse_impl", "input_shapes", "optimize", "select", "unfused"}
+    unknown = sorted(set(options) - known)
     if unknown:
-        raise EngineBuildError(
-            f"cuda-graph engine: unknown option(s) {unknown} (known: framefuse_impl, input_shapes, optimize, select)"
-        )
+        raise EngineBuildError(f"cuda-graph engine: unknown option(s) {unknown} (known: {', '.join(sorted(known))})")
     device = _default_device(device)
     options.setdefault("select", "time")  # time the candidate plans on the GPU (skipped with a note on the CPU)
     start = time.perf_counter()

@@ -266,11 +266,13 @@ def select_plan(
     *,
     alternatives: Mapping[str, Plan] | None = None,
     modes: Mapping[str, str] | None = None,
+    compile_also: tuple[str, ...] = (),
     log: Callable[[str], None] | None = None,
 ) -> tuple[Plan, dict]:
     """Build-time selection (TensorRT-style tactic timing) among ``plan`` (named "plan"), the given
     ``alternatives`` (e.g. the unoptimised plan) and one compiled copy of ``plan`` per entry of
-    ``modes`` (candidate name -> torch.compile mode; default :data:`COMPILE_MODES`).
+    ``modes`` (candidate name -> torch.compile mode; default :data:`COMPILE_MODES`); the
+    alternatives named in ``compile_also`` get compiled copies too ("<alternative>+<mode name>").
 
     Each candidate is checked against ``plan`` on random inputs (max |diff| <= PARITY_TOLERANCE,
     else rejected) and timed captured in a CUDA graph; the fastest is returned with a report
@@ -289,12 +291,15 @@ def select_plan(
     report: dict[str, dict] = {}
     for name, other in (alternatives or {}).items():
         candidates[name] = other
-    for name, mode in modes.items():
-        try:
-            candidates[name], info = compile_plan(plan, mode=mode)
-            report[name] = {"compile_s": info["compile_s"], "segments": len(info["segments"])}
-        except Exception as exc:  # a candidate that cannot be built is reported, never fatal
-            report[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    bases = {"plan": plan, **{name: candidates[name] for name in compile_also if name in candidates}}
+    for base_name, base in bases.items():
+        for mode_name, mode in modes.items():
+            name = mode_name if base_name == "plan" else f"{base_name}+{mode_name}"
+            try:
+                candidates[name], info = compile_plan(base, mode=mode)
+                report[name] = {"compile_s": info["compile_s"], "segments": len(info["segments"])}
+            except Exception as exc:  # a candidate that cannot be built is reported, never fatal
+                report[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     timings: dict[str, float] = {}
     for name, candidate in candidates.items():
         entry = report.setdefault(name, {})
@@ -323,14 +328,25 @@ def select_plan(
 
 
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *COMPILE_MODES)
+UNFUSED = "unfused"  # the candidates made from the graph before the rewrite ("unfused", "unfused+inductor")
 
 
 def apply_selection(
-    executor, plan: Plan, select: str, *, log: Callable[[str], None] | None = None
+    executor,
+    plan: Plan,
+    select: str,
+    *,
+    unfused_executor=None,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[Plan, dict]:
     """The engine's hook: ``select`` is "time" (time the plan, the unoptimised plan and the
     inductor-compiled plan; "time-autotune" adds ``max-autotune-no-cudagraphs``) or a candidate
     name recorded by an earlier build (the artifact's metadata), applied without timing again.
+
+    With ``unfused_executor`` (a GraphExecutor of the graph before the rewrite, same inputs and
+    outputs), timing also runs that graph, plain and compiled: a fused op that makes the model
+    slower is never kept. When one of those wins, report["graph"] is "unfused" (the caller then
+    runs that executor) and report["apply"] is the choice to re-apply to it at load.
     Returns (plan, report); report["log"] holds the lines logged."""
     from framefuse.engines.executor import GraphExecutor
 
@@ -353,8 +369,25 @@ def apply_selection(
         chosen, report = select_plan(plan, log=say)  # skipped with a note
     elif select.startswith("time"):
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
+        if unfused_executor is not None:
+            shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
+            try:
+                alternatives[UNFUSED] = unfused_executor.plan(shapes)
+            except Exception as exc:  # e.g. an op outside the table: reported, the fused plans still compete
+                say(f"selection: {UNFUSED} graph not a candidate ({type(exc).__name__}: {str(exc)[:200]})")
         modes = dict(COMPILE_MODES) if select == "time-autotune" else {"inductor": COMPILE_MODES["inductor"]}
-        chosen, report = select_plan(plan, alternatives=alternatives, modes=modes, log=say)
+        chosen, report = select_plan(
+            plan,
+            alternatives=alternatives,
+            modes=modes,
+            compile_also=(UNFUSED,) if UNFUSED in alternatives else (),
+            log=say,
+        )
+        name = report["chosen"]
+        if name == UNFUSED or name.startswith(UNFUSED + "+"):
+            report["graph"] = UNFUSED
+            report["apply"] = name.partition("+")[2] or "plan"
+            say(f"selection: the unfused graph is faster than the fused one here: the engine runs it ({name})")
     elif select == "plan":
         chosen, report = plan, {"chosen": "plan"}
     elif select == "unoptimized":
@@ -374,6 +407,7 @@ def apply_selection(
 __all__ = [
     "COMPILE_MODES",
     "SELECT_CHOICES",
+    "UNFUSED",
     "apply_selection",
     "Segment",
     "compile_plan",

@@ -52,3 +52,41 @@ def test_selection_keeps_the_fastest_and_never_the_slower():
     assert report["chosen"] == min(timed, key=timed.get)
     assert any("<- chosen" in line for line in logged)
     assert chosen.output_specs == plan.output_specs
+
+
+@pytest.mark.parametrize("arch", ["gru", "min_gru"])
+def test_build_times_the_unfused_graph_and_keeps_the_faster(arch, tmp_path):
+    """`framefuse build` of model.fused.onnx with model.onnx beside: the unfused graph (plain and
+    compiled) is a candidate; the engine runs whichever was fastest, saves it and loads it back."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached(arch, {"seq": 32, "seed": 0})["step"]
+    logged = []
+    engine = cuda_graph.build(
+        prepared.fused, device="cuda", options={"unfused": prepared.onnx}, out=tmp_path, log=logged.append
+    )
+    selection = engine.metadata["selection"]
+    timed = {n: e["us_per_step"] for n, e in selection["candidates"].items() if "us_per_step" in e}
+    assert {"plan", "unfused"} <= set(timed), selection["candidates"]
+    assert "unfused+inductor" in selection["candidates"]
+    assert selection["chosen"] == min(timed, key=timed.get)
+    assert (selection.get("graph") == "unfused") == selection["chosen"].startswith("unfused")
+    assert any("<- chosen" in line for line in logged)
+
+    feeds = {
+        name: np.random.default_rng(3).standard_normal(spec.shape).astype(np.float32)
+        for name, spec in engine.input_specs.items()
+    }
+    session = ort.InferenceSession(str(prepared.onnx), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    expected = session.run(names, feeds)
+    loaded = cuda_graph.load(tmp_path)
+    assert loaded.metadata["selection"]["chosen"] == selection["chosen"]
+    for runner in (engine, loaded):
+        got = runner.run({k: v.copy() for k, v in feeds.items()})
+        for name, want in zip(names, expected):
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=f"{arch} {name}")
