@@ -6,7 +6,7 @@
 >>> report.passed, report.rows()
 
 Precision is a transformation of the ONNX graph, so every engine sees the same numbers. See
-``framefuse/precision/README.md`` for what stays fp32 and why. Names are loaded lazily.
+README.md (section "Precision") for what stays fp32 and why. Names are loaded lazily.
 """
 
 from __future__ import annotations
