@@ -688,6 +688,30 @@ def _gather_elements(ins, attrs, n):
     return [torch.gather(data, axis, indices)]
 
 
+def _scatter_nd_check(attrs, n_inputs):
+    reduction = attrs.get("reduction", "none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in ("none", "add"):
+        return f"ScatterND reduction={reduction} is not supported (none, add are)"
+    return None
+
+
+@_op("ScatterND", check=_scatter_nd_check)
+def _scatter_nd(ins, attrs, n):
+    # Output-stacking writes (`out[:, t] = h`) reach the engine as ScatterND; index_put_ keeps
+    # them inside the captured graph (no host round trip for the indices).
+    data, indices, updates = ins
+    indices = indices.long()
+    k = indices.shape[-1]
+    dims = torch.tensor(data.shape[:k], device=indices.device, dtype=torch.long)
+    indices = torch.where(indices < 0, indices + dims, indices)  # negative indices count from the end
+    reduction = attrs.get("reduction", "none")
+    accumulate = (reduction.decode() if isinstance(reduction, bytes) else reduction) == "add"
+    out = data.clone()
+    out.index_put_(tuple(indices[..., j] for j in range(k)), updates.to(out.dtype), accumulate=accumulate)
+    return [out]
+
+
 @_op("Expand", host_inputs=(1,))
 def _expand(ins, attrs, n):
     x, shape = ins[0], _ints(ins[1])
