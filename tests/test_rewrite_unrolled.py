@@ -362,9 +362,12 @@ class DeltaVariant(nn.Module):
 class MLSTMVariant(nn.Module):
     """mLSTM with logσ written as −softplus(−f) and the gates projected inside the loop."""
 
-    def __init__(self, heads=2, d=3):
+    def __init__(self, heads=2, d=3, eps=None, eps_step=0.0):
         super().__init__()
         self.heads, self.d = heads, d
+        # eps: added to the read-out's denominator as transformers' xLSTM does (None: not at all);
+        # eps_step: grows it per step (a recurrence MLSTMScan's single eps cannot express).
+        self.eps, self.eps_step = eps, eps_step
         self.qkv = nn.Linear(F, 3 * heads * d)
         self.gates = nn.Linear(F, 2 * heads)
 
@@ -385,6 +388,8 @@ class MLSTMVariant(nn.Module):
             m = m_new
             num = torch.matmul(C, q.unsqueeze(-1)).squeeze(-1)
             den = torch.maximum((n * q).sum(-1).abs(), torch.exp(-m))
+            if self.eps is not None:
+                den = den + (self.eps + self.eps_step * t)
             hs.append(num / den.unsqueeze(-1))
         return torch.stack(hs, dim=2)
 
@@ -435,6 +440,27 @@ def test_delta_rule_variant_fuses_into_delta_rule_scan():
 def test_mlstm_variant_fuses_into_mlstm_scan():
     torch.manual_seed(0)
     check_fused(export(MLSTMVariant(), (seq_input(),), ["x"], ["y"]), "MLSTMScan")
+
+
+def test_mlstm_with_eps_fuses_with_the_eps_attribute():
+    """The read-out max(|n·q|, exp(−m)) + ε (transformers' xLSTM, ε = 1e-6) becomes the op's eps.
+    ε = 0.25 here so that parity would fail if the attribute were lost (1e-6 is below tolerance)."""
+    torch.manual_seed(0)
+    fused, report = check_fused(export(MLSTMVariant(eps=0.25), (seq_input(),), ["x"], ["y"]), "MLSTMScan")
+    (node,) = [n for n in fused.graph.node if n.op_type == "MLSTMScan"]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"eps": 0.25}
+    torch.manual_seed(0)
+    plain, _ = check_fused(export(MLSTMVariant(), (seq_input(),), ["x"], ["y"]), "MLSTMScan")
+    (node,) = [n for n in plain.graph.node if n.op_type == "MLSTMScan"]
+    assert not node.attribute  # no ε in the model: the node stays as before the attribute existed
+
+
+def test_mlstm_with_eps_varying_per_step_is_declined_with_reason():
+    torch.manual_seed(0)
+    fused, report = rewrite(export(MLSTMVariant(eps=0.25, eps_step=0.5), (seq_input(),), ["x"], ["y"]))
+    assert "MLSTMScan" not in ops(fused, "framefuse")
+    reasons = [d.reason for d in report.declined if d.pass_name == "unrolled-mlstm-scan"]
+    assert reasons and "ε differs between steps" in reasons[0], report.declined
 
 
 def test_mamba_variant_fuses_into_selective_scan():

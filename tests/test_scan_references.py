@@ -411,6 +411,65 @@ def test_mlstm_dtypes_and_nan():
     assert torch.isnan(m[0, 1]) and torch.isfinite(m[0, 0])
 
 
+def test_mlstm_eps_matches_transformers_recurrent_step():
+    """eps = 1e-6 (transformers' xLSTM) against transformers' own mlstm_recurrent_step_native, which
+    keeps C as [Dk, Dv] (k⊗v), m as [B, H, 1] and scales q inside: the same recurrence in other
+    layouts. Small gates make exp(−m_t) the larger side of the max, where eps matters most."""
+    xlstm = pytest.importorskip("transformers.models.xlstm.modeling_xlstm")
+    from framefuse.plugins.mlstm_scan import reference
+
+    B, H, T, Dk, Dv, eps = 2, 3, 7, 8, 5, 1e-6
+    q, k, v, i_pre, f_pre, C0, n0, m0 = mlstm_inputs(seeded(17), B, H, T, Dk, Dv)
+    k = k * math.sqrt(Dk)  # transformers scales q instead; the products k·q are the same
+    i_pre = i_pre - 20.0  # e^{i − m} tiny: |n·q| < exp(−m), the floor side of the max
+    h, C, n, m = reference(q / math.sqrt(Dk), k, v, i_pre, f_pre, C0, n0, m0, eps=eps)
+    C_t, n_t, m_t = C0.transpose(-1, -2), n0, m0[..., None]
+    hs = []
+    for t in range(T):
+        h_t, (C_t, n_t, m_t) = xlstm.mlstm_recurrent_step_native(
+            q[:, :, t],
+            k[:, :, t],
+            v[:, :, t],
+            i_pre[:, :, t, None],
+            f_pre[:, :, t, None],
+            C_t,
+            n_t,
+            m_t,
+            eps=eps,
+            dtype_state=F64,
+        )
+        hs.append(h_t)
+    torch.testing.assert_close(h, torch.stack(hs, dim=2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(C, C_t.transpose(-1, -2).float())
+    torch.testing.assert_close(n, n_t.float())
+    torch.testing.assert_close(m, m_t[..., 0].float())
+    # eps is visible here (else the comparison would not test it): without it h differs.
+    h0, *_ = reference(q / math.sqrt(Dk), k, v, i_pre, f_pre, C0, n0, m0)
+    assert (h0 - h).abs().max() > 1e-9
+
+
+def test_mlstm_eps_only_changes_the_readout():
+    """eps enters h's denominator only: the states are bitwise those of eps = 0, eps = 0 is bitwise
+    the call without it, and h is h(eps=0) · d / (d + eps) with d the eps-free denominator."""
+    from framefuse.plugins.mlstm_scan import reference
+
+    inputs = mlstm_inputs(seeded(18), 2, 2, 9, 6, 4, dtype=torch.float32)
+    plain = reference(*inputs)
+    zero = reference(*inputs, eps=0.0)
+    with_eps = reference(*inputs, eps=0.5)
+    for a, b in zip(plain, zero):
+        assert torch.equal(a, b)
+    for a, b in zip(plain[1:], with_eps[1:]):
+        assert torch.equal(a, b)
+    # d per step from the float64 reference: h(eps=0) = num / d, h(eps) = num / (d + eps).
+    h64, *_ = reference(*[x.double() for x in inputs[:5]], *inputs[5:])
+    h64_eps, *_ = reference(*[x.double() for x in inputs[:5]], *inputs[5:], eps=0.5)
+    ratio = h64 / h64_eps  # (d + eps) / d, the same for every channel of a (b, h, t)
+    assert (ratio > 1).all()
+    torch.testing.assert_close(ratio.amax(-1), ratio.amin(-1))  # one denominator per (b, h, t)
+    torch.testing.assert_close(with_eps[0], h64_eps.float())
+
+
 def test_mlstm_schema_and_shape_rule():
     from framefuse.plugins.mlstm_scan import SCHEMA
 
@@ -418,6 +477,8 @@ def test_mlstm_schema_and_shape_rule():
     assert SCHEMA.input_names == ("q", "k", "v", "i_pre", "f_pre", "C0", "n0", "m0")
     assert SCHEMA.output_names == ("h", "C_last", "n_last", "m_last")
     assert SCHEMA.output_dtypes(torch.bfloat16) == [torch.bfloat16, torch.float32, torch.float32, torch.float32]
+    assert SCHEMA.attrs_with_defaults(None) == {"eps": 0.0}
+    assert SCHEMA.attrs_with_defaults({"eps": 1e-6}) == {"eps": 1e-6}
     seq = [(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), (2, 4, 7)]
     expected = [(2, 4, 7, 32), (2, 4, 32, 16), (2, 4, 16), (2, 4)]
     assert SCHEMA.infer_shapes(seq, {}) == expected
@@ -453,7 +514,9 @@ def test_launch_rejects_cpu_tensors_naming_op_and_argument():
         get_op("DeltaRuleScan").launch([dq, dk, dv, dbeta, dS0], {"chunk": 4})
     m_inputs = mlstm_inputs(seeded(16), 1, 1, 2, 4, 4, dtype=torch.float32)
     with pytest.raises(OpArgumentError, match=r"^MLSTMScan: argument q: expected a CUDA tensor"):
-        get_op("MLSTMScan").launch(m_inputs, {})
+        get_op("MLSTMScan").launch(m_inputs, {"eps": 1e-6})
+    with pytest.raises(OpArgumentError, match=r"^MLSTMScan: attribute eps=nan must be finite"):
+        get_op("MLSTMScan").launch(m_inputs, {"eps": float("nan")})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ The cases sub-sample T ∈ {1, 2, 17, 31, 32, 33, 40, 1024} × B ∈ {1, 2, 7, 6
 100, 128} (each instantiation k32/k64/k128, with and without padded columns) × Dv (one or
 several row blocks, ragged) × dtype × initial state (none, zeros, random C0/n0/m0). Inputs follow
 xLSTM: k scaled by 1/√Dk, forget gate biased open (f_pre ~ N(3, 1)), i_pre ~ N(0, 1).
-The reference runs on the CPU in float64 from the kernel's own (rounded) inputs.
+The reference runs on the CPU in float64 from the kernel's own (rounded) inputs. The eps
+attribute (transformers' xLSTM: 1e-6) has its own cases.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def make_inputs(kc, gen, B, H, T, Dk, Dv, dtype, state_kind):
     return [q, k, v, i_pre, f_pre, *states]
 
 
-def check(kc, inputs, outs, name=""):
+def check(kc, inputs, outs, name="", eps=0.0):
     from framefuse.plugins.mlstm_scan import reference
 
-    refs = reference(*[None if x is None else x.cpu().double() for x in inputs])
+    refs = reference(*[None if x is None else x.cpu().double() for x in inputs], eps=eps)
     h = outs[0]
     assert h.dtype == inputs[0].dtype and all(o.dtype == torch.float32 for o in outs[1:])
     kc.assert_close(h, refs[0], TOL[h.dtype], name=f"h {name}")
@@ -103,6 +104,42 @@ def test_matches_reference(kc, gen, B, H, T, Dk, Dv, dtype, state_kind):
     assert all(r is o for r, o in zip(result, outs))
     torch.cuda.synchronize()
     check(kc, inputs, outs)
+
+
+EPS_CASES = [
+    # B, H, T, Dk, Dv, dtype, states, eps, i_pre shift
+    (1, 4, 1, 64, 64, F32, "none", 1e-6, 0.0),  # transformers' xLSTM eps, the game-loop step
+    (2, 4, 33, 64, 64, F32, "rand", 1e-6, -8.0),  # tiny input gates: exp(−m) is the larger side
+    (2, 4, 33, 64, 64, BF16, "rand", 1e-6, 0.0),
+    (3, 2, 40, 33, 24, F32, "rand", 0.5, 0.0),  # a large eps moves every h: padded k64 columns
+    (3, 2, 40, 128, 20, F16, "zero", 0.5, -8.0),  # two row blocks
+    (1, 2, 17, 16, 100, BF16, "none", 0.25, 0.0),  # k32, Dv over two row blocks
+]
+
+
+@pytest.mark.parametrize(
+    "B,H,T,Dk,Dv,dtype,state_kind,eps,i_shift",
+    EPS_CASES,
+    ids=[f"B{c[0]}-H{c[1]}-T{c[2]}-Dk{c[3]}-Dv{c[4]}-{IDS[c[5]]}-state{c[6]}-eps{c[7]:g}" for c in EPS_CASES],
+)
+def test_eps_matches_reference(kc, gen, B, H, T, Dk, Dv, dtype, state_kind, eps, i_shift):
+    """The eps attribute is added to the read-out's denominator after the max, as the reference;
+    it changes h only: C, n, m are bitwise those of eps = 0."""
+    from framefuse.plugins.mlstm_scan import launch, mlstm_scan
+
+    inputs = make_inputs(kc, gen, B, H, T, Dk, Dv, dtype, state_kind)
+    inputs[3] += i_shift
+    outs = poisoned_outputs(kc, inputs)
+    launch(inputs, {"eps": eps}, outputs=outs)
+    plain = launch(inputs, {})
+    via_entry = mlstm_scan(*inputs, eps=eps)
+    torch.cuda.synchronize()
+    check(kc, inputs, outs, name=f"eps={eps:g}", eps=eps)
+    assert all(torch.equal(a, b) for a, b in zip(via_entry, outs))
+    for a, b in zip(outs[1:], plain[1:]):
+        assert torch.equal(a, b)
+    if eps >= 0.25:  # large enough to be seen through the storage dtype's rounding
+        assert not torch.equal(outs[0], plain[0])
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=IDS.get)
@@ -206,5 +243,7 @@ def test_gpu_validation_errors(kc, gen):
         big = torch.zeros(1, 1, 2, 200, device="cuda")
         gate = torch.zeros(1, 1, 2, device="cuda")
         launch([big, big, torch.zeros(1, 1, 2, 4, device="cuda"), gate, gate], {})
+    with pytest.raises(OpArgumentError, match=r"MLSTMScan: attribute eps=inf must be finite"):
+        launch([q, k, v, i_pre, f_pre], {"eps": float("inf")})
     with pytest.raises(OpArgumentError, match=r"MLSTMScan: expected 4 preallocated outputs"):
         launch([q, k, v, i_pre, f_pre], {}, outputs=[torch.empty_like(v)])

@@ -6,6 +6,7 @@ C (and a copy of n) in registers; grid (B·H, ⌈Dv / rows⌉) with 64, 32, 16 r
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import torch
@@ -27,12 +28,14 @@ def variant(Dk: int) -> tuple[int, int]:
 
 
 def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
-    """[h, C_last, n_last, m_last] = MLSTMScan(q, k, v, i_pre, f_pre[, C0, n0, m0]) on the GPU.
-    outputs: the four preallocated, or None to allocate. Never synchronises."""
+    """[h, C_last, n_last, m_last] = MLSTMScan(q, k, v, i_pre, f_pre[, C0, n0, m0]) on the GPU;
+    attrs: eps. outputs: the four preallocated, or None to allocate. Never synchronises."""
     inputs = list(inputs)
     SCHEMA.check_arity(len(inputs))
     inputs += [None] * (len(SCHEMA.inputs) - len(inputs))
-    SCHEMA.attrs_with_defaults(attrs)
+    eps = float(SCHEMA.attrs_with_defaults(attrs)["eps"])
+    if not math.isfinite(eps):
+        raise OpArgumentError(f"{OP}: attribute eps={eps!r} must be finite")
     q = check_tensor(OP, "q", inputs[0])
     check_storage_dtype(OP, "q", q)
     dtype, device = q.dtype, q.device
@@ -75,6 +78,7 @@ def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
             cuda.i32(T),
             cuda.i32(Dk),
             cuda.i32(Dv),
+            cuda.f32(eps),
         ],
         stream=stream,
         op=OP,
@@ -83,8 +87,13 @@ def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
     return outs
 
 
-def mlstm_scan(q, k, v, i_pre, f_pre, C0=None, n0=None, m0=None, *, out=None, stream=None):
+def mlstm_scan(q, k, v, i_pre, f_pre, C0=None, n0=None, m0=None, *, eps=0.0, out=None, stream=None):
     """Stabilised mLSTM recurrence on the GPU; returns (h, C_last, n_last, m_last).
-    out: optional preallocated (h, C_last, n_last, m_last)."""
-    h, C, n, m = launch([q, k, v, i_pre, f_pre, C0, n0, m0], outputs=None if out is None else list(out), stream=stream)
+    eps: added to the read-out's denominator. out: optional preallocated (h, C_last, n_last, m_last)."""
+    h, C, n, m = launch(
+        [q, k, v, i_pre, f_pre, C0, n0, m0],
+        {"eps": eps},
+        outputs=None if out is None else list(out),
+        stream=stream,
+    )
     return h, C, n, m

@@ -3,7 +3,7 @@
 // Per (batch, head), with f̃ = logsigmoid(f_pre):
 //   m_t = max(f̃_t + m_{t−1}, i_pre_t);  i' = exp(i_pre_t − m_t);  f' = exp(f̃_t + m_{t−1} − m_t)
 //   C_t = f'·C_{t−1} + i'·v_t k_tᵀ  ([Dv, Dk]);   n_t = f'·n_{t−1} + i'·k_t  ([Dk])
-//   h_t = C_t q_t / max(|n_tᵀ q_t|, exp(−m_t))
+//   h_t = C_t q_t / (max(|n_tᵀ q_t|, exp(−m_t)) + eps)
 // all in fp32 on chip for the whole sequence.
 //
 // Layout (as DeltaRuleScan): a block owns ROWS rows of C of one (batch, head); P consecutive lanes
@@ -16,7 +16,8 @@
 // max() propagates NaN like torch.maximum (fmaxf would drop it).
 //
 // Entries mlstm_scan_<f32|f16|bf16>_k<32|64|128> (P = 2, 4, 8). Arguments: q, k, v, i_pre, f_pre,
-// C0, n0, m0 (each nullable: zeros), h, C_last, n_last, m_last, BH, T, Dk, Dv.
+// C0, n0, m0 (each nullable: zeros), h, C_last, n_last, m_last, BH, T, Dk, Dv, eps (the attribute;
+// 0 adds exactly nothing: the denominator is never −0, so the result is bitwise that of no eps).
 
 #include "../common.cuh"
 
@@ -39,7 +40,8 @@ __device__ __forceinline__ void mlstm_scan(const T* __restrict__ q, const T* __r
                                            const float* __restrict__ C0, const float* __restrict__ n0,
                                            const float* __restrict__ m0, T* __restrict__ h,
                                            float* __restrict__ C_last, float* __restrict__ n_last,
-                                           float* __restrict__ m_last, int BH, int T_len, int Dk, int Dv) {
+                                           float* __restrict__ m_last, int BH, int T_len, int Dk, int Dv,
+                                           float eps) {
     constexpr int DK = P * kCols;
     constexpr int ROWS = kThreads / P;
     constexpr int QK_PER_THREAD = kChunk * DK / kThreads;
@@ -158,7 +160,8 @@ __device__ __forceinline__ void mlstm_scan(const T* __restrict__ q, const T* __r
             }
             const float cq = ff::group_sum<P>(cq0 + cq1);
             const float nq = ff::group_sum<P>(nq0 + nq1);
-            const float denominator = nan_max(fabsf(nq), expf(-m_new));
+            // eps after the max, as the reference (and transformers' xLSTM) add it.
+            const float denominator = nan_max(fabsf(nq), expf(-m_new)) + eps;
             if (sub == 0 && row_valid) ff::store(h + ((long long)bh * T_len + t0 + s) * Dv + row, cq / denominator);
         }
 
@@ -191,8 +194,8 @@ __device__ __forceinline__ void mlstm_scan(const T* __restrict__ q, const T* __r
         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ i_pre, \
         const T* __restrict__ f_pre, const float* __restrict__ C0, const float* __restrict__ n0,           \
         const float* __restrict__ m0, T* __restrict__ h, float* __restrict__ C_last, float* __restrict__ n_last, \
-        float* __restrict__ m_last, int BH, int T_len, int Dk, int Dv) {                                   \
-        mlstm_scan<T, P>(q, k, v, i_pre, f_pre, C0, n0, m0, h, C_last, n_last, m_last, BH, T_len, Dk, Dv);  \
+        float* __restrict__ m_last, int BH, int T_len, int Dk, int Dv, float eps) {                        \
+        mlstm_scan<T, P>(q, k, v, i_pre, f_pre, C0, n0, m0, h, C_last, n_last, m_last, BH, T_len, Dk, Dv, eps); \
     }
 #define FF_MLSTM_ALL(SUFFIX, T) FF_MLSTM_ENTRY(SUFFIX, T, 32, 2) FF_MLSTM_ENTRY(SUFFIX, T, 64, 4) FF_MLSTM_ENTRY(SUFFIX, T, 128, 8)
 

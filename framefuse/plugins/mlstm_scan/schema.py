@@ -2,9 +2,10 @@
 
 Per head, with f̃ = logsigmoid(f_pre):
   m_t = max(f̃_t + m_{t−1}, i_pre_t);  i' = exp(i_pre_t − m_t);  f' = exp(f̃_t + m_{t−1} − m_t)
-  C_t = f'·C_{t−1} + i'·v_t k_tᵀ;  n_t = f'·n_{t−1} + i'·k_t;  h_t = C_t q_t / max(|n_tᵀ q_t|, exp(−m_t))
+  C_t = f'·C_{t−1} + i'·v_t k_tᵀ;  n_t = f'·n_{t−1} + i'·k_t;  h_t = C_t q_t / (max(|n_tᵀ q_t|, exp(−m_t)) + eps)
 Shapes: q, k [B,H,T,Dk], v [B,H,T,Dv], i_pre, f_pre [B,H,T], C0 [B,H,Dv,Dk], n0 [B,H,Dk], m0 [B,H]
-(states f32, optional: zeros); outputs h [B,H,T,Dv], C_last, n_last, m_last (f32).
+(states f32, optional: zeros); outputs h [B,H,T,Dv], C_last, n_last, m_last (f32). Attribute eps
+(float, default 0: the plain xLSTM read-out; transformers' xLSTM uses 1e-6).
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ SCHEMA = OpSchema(
         TensorSpec("n_last", 3, "float32", doc="[B, H, Dk]"),
         TensorSpec("m_last", 2, "float32", doc="[B, H]"),
     ),
-    attributes={},
+    # eps is added after the max (transformers' mlstm_recurrent_step_native); 0 keeps graphs fused
+    # before the attribute existed bitwise unchanged.
+    attributes={"eps": (float, 0.0)},
     infer_shapes=infer_shapes,
     doc="Stabilised mLSTM recurrence (fp32 state C, n, m).",
 )

@@ -5,7 +5,7 @@ own); each step must then have exactly, with f' = exp(logσ(f_t) + m_{t−1} −
 i' = exp(i_t − m_t) broadcast over the trailing axes:
 
     C_t = f'·C_{t−1} + i'·(v_t ⊗ k_t)      n_t = f'·n_{t−1} + i'·k_t
-    h_t = (C_t q_t) / max(|n_t · q_t|, exp(−m_t))
+    h_t = (C_t q_t) / (max(|n_t · q_t|, exp(−m_t)) + ε)     (ε a scalar constant, 0 when absent)
 
 (commutative operand orders accepted; logσ as Log(Sigmoid(f)) or −Softplus(−f)). The read-outs
 h_t become the op's output h, the last C, n, m its final states. Anything else is declined with
@@ -133,14 +133,6 @@ class MLSTMScanPass(UnrolledPass):
         m_shape = shapes.need_shape(chain.states[-1])
         if shapes.dtype(chain.states[-1]) != np.float32:
             raise NotLiftable("the mLSTM state is not float32 (lower the precision after the rewrite)")
-        eps = self._denominator_eps(chain.states[-1])
-        if eps is not None:
-            value, node = eps
-            raise NotLiftable(
-                f"the read-out divides by max(|n_t·q_t|, exp(−m_t)) + ε with ε = {value:g} ({node.op} node "
-                f"{node.name!r}); MLSTMScan's read-out has no ε, so this is not its recurrence "
-                "(MLSTMScan would need an eps attribute)"
-            )
         if len(m_shape) == 3 and m_shape[2] == 1:
             raise NotLiftable(
                 f"mLSTM stabiliser m is {m_shape} ([B, H, 1], transformers' layout): only the [B, H] "
@@ -151,7 +143,7 @@ class MLSTMScanPass(UnrolledPass):
         b, h = m_shape
         steps = chain.steps
         per_step = {"q": [], "k": [], "v": [], "i": [], "logf": []}
-        c_states, n_states, readouts = [], [], []
+        c_states, n_states, readouts, epsilons = [], [], [], []
         c_prev = n_prev = None
         for i, link in enumerate(chain.links):
             m_old, m_new = chain.states[i], chain.states[i + 1]
@@ -193,7 +185,7 @@ class MLSTMScanPass(UnrolledPass):
             v_t, k_t = _node(v_col, "Unsqueeze").inputs[0], _node(k_row, "Unsqueeze").inputs[0]
             if not keys.same(k_t, k_n):
                 raise NotLiftable(f"step {i}: C and n are updated with different keys")
-            readout, q_t = self._readout(c_new, n_new, m_new, shapes, keys, (b, h, dv, dk))
+            readout, q_t, eps = self._readout(c_new, n_new, m_new, shapes, keys, (b, h, dv, dk))
             per_step["q"].append(q_t)
             per_step["k"].append(k_t)
             per_step["v"].append(v_t)
@@ -202,10 +194,15 @@ class MLSTMScanPass(UnrolledPass):
             c_states.append((c_old, c_new))
             n_states.append((n_old, n_new))
             readouts.append(readout)
+            epsilons.append(eps)
             c_prev, n_prev = c_new, n_new
         for name, tensors in per_step.items():
             if len({lifter.key(t) for t in tensors}) != 1:
                 raise NotLiftable(f"the per-step {name} is not the same computation at every step")
+        if len(set(epsilons)) != 1:
+            raise NotLiftable(
+                f"the read-out's ε differs between steps ({sorted(set(epsilons))}); MLSTMScan has one eps"
+            )
         for state in [c for _, c in c_states[:-1]] + [n for _, n in n_states[:-1]] + chain.states[1:-1]:
             if state in graph.outputs:
                 raise NotLiftable(f"intermediate state {state.name!r} is a graph output")
@@ -239,7 +236,9 @@ class MLSTMScanPass(UnrolledPass):
                 ("m_last", (b, h)),
             )
         ]
-        node = make_framefuse_node(graph, ctx, "MLSTMScan", [q, k, v, i_gate, f_gate, c0, n0, m0], outs)
+        # eps only when the model has one, so graphs without it keep the attribute-free node.
+        attrs = {"eps": epsilons[0]} if epsilons[0] != 0.0 else {}
+        node = make_framefuse_node(graph, ctx, "MLSTMScan", [q, k, v, i_gate, f_gate, c0, n0, m0], outs, attrs)
         emit.new_nodes.append(node)
         for i, readout in enumerate(readouts):
             replace_producer(readout, emit.gather(outs[0], i, 2, (b, h, dv), np.float32), graph, emit)
@@ -247,27 +246,6 @@ class MLSTMScanPass(UnrolledPass):
         replace_producer(n_states[-1][1], outs[2], graph, emit)
         replace_producer(chain.states[-1], outs[3], graph, emit)
         return {"node": node, "steps": steps, "state_shape": [b, h, dv, dk]}
-
-    @staticmethod
-    def _denominator_eps(m_new):
-        """(ε, node) when exp(−m_t) feeds max(·, ·) + ε (a stabilised read-out with an epsilon)."""
-        for neg in m_new.outputs:
-            if neg.op != "Neg":
-                continue
-            for ex in neg.outputs[0].outputs:
-                if ex.op != "Exp":
-                    continue
-                for mx in ex.outputs[0].outputs:
-                    if mx.op != "Max":
-                        continue
-                    for add in mx.outputs[0].outputs:
-                        if add.op != "Add":
-                            continue
-                        other = add.inputs[1] if add.inputs[0] is mx.outputs[0] else add.inputs[0]
-                        value = const_value(other)
-                        if value is not None and value.size == 1 and float(value.reshape(-1)[0]) != 0.0:
-                            return float(value.reshape(-1)[0]), add
-        return None
 
     def _state_shapes(self, f_act, shapes, b, h):
         """The shapes of the states that f' gates (via its broadcast Muls)."""
@@ -301,7 +279,7 @@ class MLSTMScanPass(UnrolledPass):
                 for div in sq.outputs[0].outputs:
                     if div.op != "Div" or not _same(div.inputs[0], sq.outputs[0]):
                         continue
-                    den = _strip(div.inputs[1])
+                    den, eps = self._split_eps(_strip(div.inputs[1]))
                     for absval, floor in _both(den, "Max"):
                         ab = _node(absval, "Abs")
                         ex = _node(floor, "Exp")
@@ -313,8 +291,18 @@ class MLSTMScanPass(UnrolledPass):
                             continue
                         if shapes.shape(red.outputs[0]) != (b, h):
                             continue
-                        return div.outputs[0], q_t
-        raise NotLiftable("no read-out h_t = (C_t q_t) / max(|n_t·q_t|, exp(−m_t)) of the state")
+                        return div.outputs[0], q_t, eps
+        raise NotLiftable("no read-out h_t = (C_t q_t) / (max(|n_t·q_t|, exp(−m_t)) [+ ε]) of the state")
+
+    @staticmethod
+    def _split_eps(den: gs.Tensor) -> tuple[gs.Tensor, float]:
+        """(max, ε) when ``den`` = max + ε with ε a scalar constant (transformers' xLSTM adds 1e-6);
+        (den, 0.0) otherwise (the Max match that follows then decides)."""
+        for x, c in _both(den, "Add"):
+            value = const_value(c)
+            if value is not None and value.size == 1 and _node(x, "Max") is not None:
+                return x, float(value.reshape(-1)[0])
+        return den, 0.0
 
     def _f_pre(self, logf: gs.Tensor, lifter, emit) -> gs.Tensor:
         """The per-step f_pre whose logσ the step uses (MLSTMScan applies logσ itself)."""
