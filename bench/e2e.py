@@ -1,30 +1,45 @@
 #!/usr/bin/env python
-"""End-to-end benchmark: every zoo architecture, framefuse's engine against its peers, one process.
+"""End-to-end benchmark: framefuse's engine against its peers and against the floor, one process.
 
-For each architecture (embed 256, 2 layers, batch 1 by default) and T ∈ {1 (step form), 32
-(sequence form)}: export → rewrite → build, then time host input → host output per call for
+Sections (``--section``, comma-separated or ``all``; default ``zoo``):
 
-  framefuse            the cuda-graph engine on model.fused.onnx (Session.step for T=1: state stays
-                       on the GPU, one replay + one sync per frame)
-  torch eager          the zoo's torch model (pinned host buffers, async copies, one sync)
-  torch eager + graph  the same torch code captured in one CUDA graph with the same pinned copies
-                       (and, for T=1, the state hand-off) inside
-  torch.compile        mode="reduce-overhead" (failures are reported, not fatal)
-  ORT CPU              ONNX Runtime (CPU) on the original, unfused graph
+  zoo        every zoo architecture (embed 256, 2 layers, batch 1), T = 1 (step form: state carried
+             on the device) and T = --seq (sequence form)
+  real       models written by others (tests/real_models: transformers GPT-2 sdpa, Llama with grouped
+             KV heads, Mamba, Jamba; torch.nn LSTM bidirectional, GRU stacked), T = --seq and T = 1.
+             These models have only a sequence form: T = 1 is a length-1 sequence, not a step.
+  precision  the framefuse engine of each zoo architecture's step form at fp32 / fp16 / bf16 / int8
+             (graphs from framefuse.precision, as ``framefuse build --precision`` makes them), with
+             the accuracy report's max abs error and argmax agreement over a 1000-frame rollout
 
-plus two ablations that do not count as peers: the framefuse engine on the *unfused* graph (graph
-capture without the fused kernels) and framefuse with "driver" replay (cuGraphLaunch through
-cuda-python). Each engine's first output is compared with ONNX Runtime's (max abs error in the
-JSON). Ratios are to the best peer of the same row, so they compare numbers from one run.
+Every row times host input → host output per call (the same ``measure`` for every engine) for
 
-Outputs under --out: e2e.json (everything, GPU name included), e2e.md (the seed project's table:
-rank, architecture, category, ms, FPS, viable at 60 FPS, plus all engines) and e2e.png.
-Results are rewritten after every architecture, so a run cut short keeps what it measured.
+  framefuse                  the cuda-graph engine as ``framefuse build`` makes it: build-time
+                             selection ``select="time"`` with model.onnx as the unfused candidate
+                             (the chosen candidate and the selection timings are in the row)
+  framefuse (unfused graph)  ablation: the engine on the graph before the rewrite, no selection
+  framefuse (driver replay)  ablation: the built engine replayed with cuGraphLaunch (cuda-python)
+and the peers (the best peer = the lowest p50 among them, per row):
+  torch eager                the torch module, pinned host buffers, async copies, one sync
+  torch eager + CUDA graph   the same torch code captured in one CUDA graph, copies inside
+  torch.compile RO           torch.compile(mode="reduce-overhead") (inductor's own cudagraphs)
+  torch.compile AT + graph   torch.compile(mode="max-autotune-no-cudagraphs") kernels captured by
+                             hand in a torch.cuda.CUDAGraph with static input/output buffers
+  ONNX Runtime CPU           the original, unfused graph
+and the floor: a CUDA graph holding only the pinned host→device input copy, one trivial kernel and
+the device→host output copy, replayed and synchronised. Every p50 is also given as a multiple of it.
 
-    python bench/e2e.py --out bench/results                 # all archs, 1000 timed calls each
-    python bench/e2e.py --quick --archs mamba,lstm --out /tmp/b
-    python bench/e2e.py --merge run1/e2e.json run2/e2e.json --out bench/results
-    python bench/e2e.py --device cpu --embed 32 --seq 4 --iters 20 --out /tmp/b   # smoke test, no GPU
+Per row the JSON also holds, for framefuse and the best torch peer, the kernels per call and the
+summed kernel time per call (torch.profiler, CUDA activity, over --profile-calls replays).
+
+Outputs under --out: e2e.json (everything), e2e.md, e2e.png. Results are rewritten after every
+row, so a run cut short keeps what it measured; --time-budget stops starting new work after N s.
+
+    python bench/e2e.py --section zoo --out /tmp/zoo                    # full run: every peer, every T
+    python bench/e2e.py --section real --out /tmp/real
+    python bench/e2e.py --section precision --archs mamba,lstm --out /tmp/prec
+    python bench/e2e.py --merge /tmp/zoo/e2e.json /tmp/real/e2e.json /tmp/prec/e2e.json --out bench/h100
+    python bench/e2e.py --device cpu --quick --archs min_gru --iters 5 --out /tmp/b   # smoke test
 """
 
 from __future__ import annotations
@@ -50,8 +65,14 @@ if str(REPO) not in sys.path:
 
 BUDGET_MS = 1000.0 / 60.0
 POOL = 64  # distinct random inputs cycled through the timed calls
-PEERS = ("torch_eager", "torch_cuda_graph", "torch_compile", "ort_cpu")
+SECTIONS = ("zoo", "real", "precision")
+ROW_KEYS = {"zoo": "rows", "real": "real_rows", "precision": "precision_rows"}
+TORCH_PEERS = ("torch_eager", "torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph")
+PEERS = (*TORCH_PEERS, "ort_cpu")
+GPU_ONLY = ("torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph", "floor")
+COMPILE_PEERS = ("torch_compile", "torch_compile_autotune_graph")
 ABLATIONS = ("framefuse_unfused", "framefuse_driver")
+FLOOR = "floor"
 ENGINE_LABELS = {
     "framefuse": "framefuse",
     "framefuse_unfused": "framefuse (unfused graph)",
@@ -59,12 +80,23 @@ ENGINE_LABELS = {
     "torch_eager": "torch eager",
     "torch_cuda_graph": "torch eager + CUDA graph",
     "torch_compile": "torch.compile reduce-overhead",
+    "torch_compile_autotune_graph": "torch.compile max-autotune + CUDA graph",
     "ort_cpu": "ONNX Runtime CPU",
+    "floor": "floor (H2D + 1 kernel + D2H graph)",
 }
+# tests/real_models entries benchmarked by --section real (--models overrides)
+REAL_MODELS = ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+QUICK_NOTE = "quick: not for publication"
 
 
 def say(message: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,15 +133,70 @@ def max_abs_err(actual, expected) -> float:
     return float(np.abs(a - e).max()) if a.size else 0.0
 
 
+_PROFILER_READY = False
+
+
+def init_profiler(device) -> None:
+    """Start CUPTI once before any graph is captured (cheap; kernels of graphs captured before the
+    profiler first ran are then reported like the others)."""
+    global _PROFILER_READY
+    if _PROFILER_READY or device.type != "cuda":
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with contextlib.suppress(Exception), profile(activities=[ProfilerActivity.CUDA]):
+        torch.zeros(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+    _PROFILER_READY = True
+
+
+def kernel_profile(call: Callable[[int], object], *, calls: int, device) -> dict:
+    """Kernels per call and summed kernel time per call (µs) of ``calls`` calls, from
+    torch.profiler's CUDA activity; memcpy/memset are counted apart."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            call(i)
+        torch.cuda.synchronize(device)
+    kernels = copies = 0
+    kernel_us = copy_us = 0.0
+    names: dict[str, int] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        duration = float(event.time_range.elapsed_us())
+        if event.name.startswith(("Memcpy", "Memset", "memcpy", "memset")):
+            copies += 1
+            copy_us += duration
+        else:
+            kernels += 1
+            kernel_us += duration
+            names[event.name] = names.get(event.name, 0) + 1
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "calls": calls,
+        "kernels_per_call": kernels / calls,
+        "kernel_us_per_call": kernel_us / calls,
+        "copies_per_call": copies / calls,
+        "copy_us_per_call": copy_us / calls,
+        "top_kernels": [{"name": n[:120], "per_call": c / calls} for n, c in top],
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # the engines: each make_* returns call(i) -> host output of input i (numpy), state carried over
 
 
-def make_framefuse(path, *, form: str, pool: np.ndarray, device: str, replay: str = "torch"):
-    from framefuse.engines.cuda_graph import build_engine
+def _engine_call(engine, *, form: str, pool: np.ndarray, in_name: str, out_name: str, replay: str = "torch"):
+    """call(i) over a built cuda-graph engine: Session.step for the step form (state stays on the
+    device: one replay + one sync per frame), one all-host binding for the sequence form."""
     from framefuse.runtime.session import Session
 
-    engine = build_engine(path, device=device)
     if form == "step":
         session = Session(engine, replay=replay)
 
@@ -118,9 +205,9 @@ def make_framefuse(path, *, form: str, pool: np.ndarray, device: str, replay: st
 
         call.engine = engine  # type: ignore[attr-defined]
         return call
-    binding = engine.create_binding(host_inputs=["x"], host_outputs=["y"])
+    binding = engine.create_binding(host_inputs=[in_name], host_outputs=[out_name])
     binding.set_replay_mode(replay)
-    host_in, host_out = binding.host_in["x"], binding.host_out["y"]
+    host_in, host_out = binding.host_in[in_name], binding.host_out[out_name]
 
     def call(i):
         np.copyto(host_in, pool[i % POOL])
@@ -130,6 +217,36 @@ def make_framefuse(path, *, form: str, pool: np.ndarray, device: str, replay: st
 
     call.engine = engine  # type: ignore[attr-defined]
     return call
+
+
+def selection_summary(engine) -> dict:
+    """The build-time selection as the artifact records it: the chosen candidate, which graph
+    (fused / unfused) and every candidate's timing (µs per replay) or error."""
+    selection = (getattr(engine, "metadata", None) or {}).get("selection") or {}
+    out = {"chosen": selection.get("chosen"), "graph": selection.get("graph", "fused")}
+    if "skipped" in selection:
+        out["skipped"] = selection["skipped"]
+    candidates = {}
+    for name, entry in (selection.get("candidates") or {}).items():
+        candidates[name] = {
+            k: entry[k] for k in ("us_per_step", "error", "compile_s", "steps", "max_abs_diff") if k in entry
+        }
+    if candidates:
+        out["candidates"] = candidates
+    return out
+
+
+def build_framefuse(source, *, device: str, precision: str = "fp32", unfused=None):
+    """The cuda-graph engine as ``framefuse build`` makes it (engines/cli.py: select="time", the
+    unfused model.onnx as a candidate for fp32 fused graphs). Returns (engine, seconds)."""
+    from framefuse.engines import cuda_graph
+
+    options: dict = {"select": "time"}
+    if unfused is not None and precision == "fp32" and Path(unfused).is_file():
+        options["unfused"] = Path(unfused)
+    start = time.perf_counter()
+    engine = cuda_graph.build(Path(source), precision=precision, device=device, options=options)
+    return engine, time.perf_counter() - start
 
 
 class _TorchIO:
@@ -147,11 +264,15 @@ class _TorchIO:
         self.sync = torch.cuda.current_stream(device).synchronize if on_gpu else (lambda: None)
 
 
+def _initial_state(model, form: str, pool: np.ndarray, device):
+    return [s.to(device) for s in model.init_state(pool.shape[1])] if form == "step" else None
+
+
 def make_torch_eager(model, *, form: str, pool: np.ndarray, out_shape, device):
     import torch
 
     io = _TorchIO(torch, pool, out_shape, device)
-    state = [s.to(device) for s in model.init_state(pool.shape[1])] if form == "step" else None
+    state = _initial_state(model, form, pool, device)
 
     def call(i):
         nonlocal state
@@ -168,21 +289,9 @@ def make_torch_eager(model, *, form: str, pool: np.ndarray, out_shape, device):
     return call
 
 
-def make_torch_cuda_graph(model, *, form: str, pool: np.ndarray, out_shape, device):
+def _capture(body: Callable[[], None], device, *, reset: Callable[[], None] | None = None):
+    """``body`` warmed up on a side stream, then captured into one CUDA graph; returns the graph."""
     import torch
-
-    io = _TorchIO(torch, pool, out_shape, device)
-    state = [s.to(device) for s in model.init_state(pool.shape[1])] if form == "step" else None
-
-    def body():
-        io.x.copy_(io.pin_in, non_blocking=True)
-        if form == "step":
-            y, new_state = model.step(io.x, tuple(state))
-            for buffer, value in zip(state, new_state):
-                buffer.copy_(value)
-        else:
-            y = model(io.x)
-        io.pin_out.copy_(y, non_blocking=True)
 
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
@@ -194,10 +303,43 @@ def make_torch_cuda_graph(model, *, form: str, pool: np.ndarray, out_shape, devi
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         body()
-    if state is not None:
-        for buffer in state:
-            buffer.zero_()
+    if reset is not None:
+        reset()
     torch.cuda.synchronize(device)
+    return graph
+
+
+def make_torch_cuda_graph(model, *, form: str, pool: np.ndarray, out_shape, device, compile_mode: str | None = None):
+    """The torch code captured in one CUDA graph with static buffers, copies and (step form) the
+    state hand-off inside. ``compile_mode``: the code is ``torch.compile(mode=compile_mode)``'s
+    (compiled and autotuned on the default stream first, then captured by hand)."""
+    import torch
+
+    io = _TorchIO(torch, pool, out_shape, device)
+    state = _initial_state(model, form, pool, device)
+    fn = model.step if form == "step" else model
+    if compile_mode is not None:
+        torch._dynamo.reset()  # every zoo model shares StackedModel.step: do not hit the recompile limit
+        fn = torch.compile(fn, mode=compile_mode)
+
+    def body():
+        io.x.copy_(io.pin_in, non_blocking=True)
+        if form == "step":
+            y, new_state = fn(io.x, tuple(state))
+            for buffer, value in zip(state, new_state):
+                buffer.copy_(value)
+        else:
+            y = fn(io.x)
+        io.pin_out.copy_(y, non_blocking=True)
+
+    def reset():
+        for buffer in state or ():
+            buffer.zero_()
+
+    if compile_mode is not None:  # compile + autotune outside the capture stream, then warm up
+        body()
+        torch.cuda.synchronize(device)
+    graph = _capture(body, device, reset=reset)
 
     def call(i):
         np.copyto(io.pin_in_np, pool[i % POOL])
@@ -205,6 +347,7 @@ def make_torch_cuda_graph(model, *, form: str, pool: np.ndarray, out_shape, devi
         io.sync()
         return io.pin_out_np
 
+    call.graph = graph  # type: ignore[attr-defined]
     return call
 
 
@@ -213,7 +356,7 @@ def make_torch_compile(model, *, form: str, pool: np.ndarray, out_shape, device)
 
     torch._dynamo.reset()  # every zoo model shares StackedModel.step: do not hit the recompile limit
     io = _TorchIO(torch, pool, out_shape, device)
-    state = [s.to(device) for s in model.init_state(pool.shape[1])] if form == "step" else None
+    state = _initial_state(model, form, pool, device)
     compiled = torch.compile(model.step if form == "step" else model, mode="reduce-overhead")
 
     def call(i):
@@ -233,20 +376,47 @@ def make_torch_compile(model, *, form: str, pool: np.ndarray, out_shape, device)
     return call
 
 
-def make_ort(model_path, *, form: str, pool: np.ndarray, state_names: list[str]):
+def make_floor(*, pool: np.ndarray, out_shape, device):
+    """The floor: one CUDA graph of pinned H2D input copy → one trivial kernel (the output filled
+    from the input's first element) → D2H output copy, replayed and synchronised."""
+    import torch
+
+    io = _TorchIO(torch, pool, out_shape, device)
+    y = torch.zeros(out_shape, dtype=torch.float32, device=device)
+    first = io.x.reshape(-1)[:1].reshape([1] * len(out_shape))
+
+    def body():
+        io.x.copy_(io.pin_in, non_blocking=True)
+        y.copy_(first.expand(y.shape))
+        io.pin_out.copy_(y, non_blocking=True)
+
+    graph = _capture(body, device)
+
+    def call(i):
+        np.copyto(io.pin_in_np, pool[i % POOL])
+        graph.replay()
+        io.sync()
+        return io.pin_out_np
+
+    return call
+
+
+def make_ort(model_path, *, pool: np.ndarray, manifest: dict):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    state_names = manifest.get("state_names") or []
     inputs = {i.name: i for i in session.get_inputs()}
     state = {
         f"state.{n}": np.zeros([int(d) for d in inputs[f"state.{n}"].shape], dtype=np.float32) for n in state_names
     }
-    outputs = ["y"] + [f"next_state.{n}" for n in state_names]
+    outputs = [out_name] + [f"next_state.{n}" for n in state_names]
 
     def call(i):
-        feeds = {"x": pool[i % POOL], **state}
+        feeds = {in_name: pool[i % POOL], **state}
         results = session.run(outputs, feeds)
         for n, value in zip(state_names, results[1:]):
             state[f"state.{n}"] = value
@@ -255,8 +425,224 @@ def make_ort(model_path, *, form: str, pool: np.ndarray, state_names: list[str])
     return call
 
 
+def ort_reference(onnx_path, manifest: dict, x: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's output for input ``x`` with zero state (the correctness column's reference)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    feeds = {in_name: x}
+    for n in manifest.get("state_names") or []:
+        spec = next(i for i in manifest["inputs"] if i["name"] == f"state.{n}")
+        feeds[f"state.{n}"] = np.zeros(spec["shape"], dtype=np.float32)
+    return sess.run([out_name], feeds)[0]
+
+
 # ---------------------------------------------------------------------------------------------
-# one architecture
+# one row (one model at one T)
+
+
+class Settings:
+    """What every row needs from the command line."""
+
+    def __init__(self, *, iters, warmup, device, compile_forms, replays, profile_calls, quick):
+        self.iters = iters
+        self.warmup = warmup
+        self.device = device
+        self.compile_forms = compile_forms
+        self.replays = replays
+        self.profile_calls = profile_calls
+        self.quick = quick
+
+
+def bench_row(
+    arch: str,
+    form: str,
+    entry: dict,
+    *,
+    model,
+    settings: Settings,
+    section: str = "zoo",
+    category: str | None = None,
+) -> dict:
+    """Time framefuse, its ablations, the peers and the floor on one model/form; ``entry`` holds
+    onnx (the original graph), manifest and fused (or fused_error)."""
+    import torch
+
+    manifest = entry["manifest"]
+    in_shape = manifest["inputs"][0]["shape"]
+    out_shape = manifest["outputs"][0]["shape"]
+    in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    rng = np.random.default_rng(0)
+    pool = rng.standard_normal((POOL, *in_shape)).astype(np.float32)
+    T = 1 if form == "step" else in_shape[1]
+    row = {
+        "section": section,
+        "arch": arch,
+        "category": category or getattr(model, "category", "other"),
+        "form": form,
+        "T": T,
+        "input_shape": in_shape,
+        "fused_ops": entry.get("fused_ops"),
+        "nodes": entry.get("nodes"),
+        "engines": {},
+    }
+    if "fused_error" in entry:
+        row["rewrite_error"] = entry["fused_error"]
+    reference = ort_reference(entry["onnx"], manifest, pool[0])
+    dev = torch.device(settings.device)
+    on_gpu = dev.type == "cuda"
+    init_profiler(dev)
+    torch_args = {"form": form, "pool": pool, "out_shape": out_shape, "device": dev}
+    built: dict = {}
+
+    def framefuse_call():
+        engine, seconds = build_framefuse(entry["fused"], device=settings.device, unfused=entry["onnx"])
+        built["engine"] = engine
+        call = _engine_call(engine, form=form, pool=pool, in_name=in_name, out_name=out_name)
+        call.extra = {"build_s": seconds, "selection": selection_summary(engine)}  # type: ignore[attr-defined]
+        return call
+
+    def unfused_call():
+        from framefuse.engines.cuda_graph import build_engine
+
+        engine = build_engine(entry["onnx"], device=settings.device)
+        return _engine_call(engine, form=form, pool=pool, in_name=in_name, out_name=out_name)
+
+    makers: list[tuple[str, Callable[[], Callable]]] = []
+    if on_gpu:
+        makers.append((FLOOR, lambda: make_floor(pool=pool, out_shape=out_shape, device=dev)))
+    else:
+        row["engines"][FLOOR] = {"skipped": "no GPU"}
+    if "fused" in entry:
+        makers.append(("framefuse", framefuse_call))
+        if on_gpu and "driver" in settings.replays:
+
+            def driver_call():
+                if "engine" not in built:
+                    raise RuntimeError("the framefuse build failed (see the framefuse row)")
+                return _engine_call(
+                    built["engine"], form=form, pool=pool, in_name=in_name, out_name=out_name, replay="driver"
+                )
+
+            makers.append(("framefuse_driver", driver_call))
+    else:
+        row["engines"]["framefuse"] = {"error": f"no fused graph: {entry.get('fused_error')}"}
+    makers.append(("framefuse_unfused", unfused_call))
+    makers.append(("torch_eager", lambda: make_torch_eager(model, **torch_args)))
+    if on_gpu:
+        makers.append(("torch_cuda_graph", lambda: make_torch_cuda_graph(model, **torch_args)))
+        if form in settings.compile_forms:
+            makers.append(("torch_compile", lambda: make_torch_compile(model, **torch_args)))
+            makers.append(
+                (
+                    "torch_compile_autotune_graph",
+                    lambda: make_torch_cuda_graph(model, **torch_args, compile_mode="max-autotune-no-cudagraphs"),
+                )
+            )
+        else:
+            for name in COMPILE_PEERS:
+                row["engines"][name] = {"skipped": f"{QUICK_NOTE}: not asked for the {form} form (--compile)"}
+    else:
+        for name in GPU_ONLY:
+            row["engines"].setdefault(name, {"skipped": "no GPU"})
+    makers.append(("ort_cpu", lambda: make_ort(entry["onnx"], pool=pool, manifest=manifest)))
+
+    for name, make in makers:
+        try:
+            start = time.perf_counter()
+            with torch.no_grad():
+                call = make()
+                first = np.array(call(0), copy=True)  # zero state, input 0: compared with ORT
+                setup_s = time.perf_counter() - start
+                result = measure(call, iters=settings.iters, warmup=settings.warmup)
+            result["setup_s"] = setup_s
+            if name != FLOOR:
+                result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
+            result.update(getattr(call, "extra", {}))
+            engine = getattr(call, "engine", None)
+            if engine is not None:
+                result["replays"] = engine.replays
+                result["captures"] = engine.captures
+            if on_gpu and settings.profile_calls > 0 and name != FLOOR and name != "ort_cpu":
+                try:  # kernels per call right after the timing, while only this engine is fresh
+                    result["kernels"] = kernel_profile(call, calls=settings.profile_calls, device=dev)
+                except Exception as exc:  # noqa: BLE001
+                    result["kernels"] = {"error": _error(exc)}
+            row["engines"][name] = result
+            err = f"  err {result['max_abs_err_vs_ort']:.1e}" if "max_abs_err_vs_ort" in result else ""
+            chosen = f"  [{result['selection'].get('chosen')}]" if "selection" in result else ""
+            say(
+                f"  {arch:16s} T={T:<3d} {ENGINE_LABELS[name]:40s} p50 {result['p50_us']:9.1f} us  "
+                f"p99 {result['p99_us']:9.1f} us{err}  (setup {setup_s:.1f} s){chosen}"
+            )
+        except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
+            message = _error(exc)
+            row["engines"][name] = {"error": message, "traceback": traceback.format_exc(limit=6)}
+            say(f"  {arch:16s} T={T:<3d} {ENGINE_LABELS[name]:40s} FAILED: {message}")
+        finally:
+            call = None  # each peer is released before the next is built
+            if on_gpu:
+                torch.cuda.synchronize(dev)
+    finish_row(row)
+    profile_row(row, settings, dev)
+    built.clear()
+    if on_gpu:
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return row
+
+
+def profile_row(row: dict, settings: Settings, dev) -> None:
+    """row["kernels"]: kernels and kernel time per call of framefuse and of the best torch peer
+    (each profiled right after its own timing; every GPU engine's profile stays in its entry)."""
+    if dev.type != "cuda":
+        row["kernels"] = {"skipped": "no GPU"}
+        return
+    if settings.profile_calls <= 0:
+        row["kernels"] = {"skipped": "--profile-calls 0"}
+        return
+    engines = row["engines"]
+    torch_peers = {k: engines[k]["p50_us"] for k in TORCH_PEERS if "p50_us" in engines.get(k, {})}
+    targets = ["framefuse"] if "kernels" in engines.get("framefuse", {}) else []
+    if torch_peers:
+        best = min(torch_peers, key=torch_peers.get)
+        row["best_torch_peer"] = best
+        targets.append(best)
+    row["kernels"] = {name: engines[name].get("kernels", {"error": "not profiled"}) for name in targets}
+
+
+def finish_row(row: dict) -> None:
+    """Best peer, and per engine the ratio to the best peer and the multiple of the floor."""
+    engines = row["engines"]
+    peers = {k: v for k, v in engines.items() if k in PEERS and "p50_us" in v}
+    ff = engines.get("framefuse", {})
+    floor = engines.get(FLOOR, {}).get("p50_us")
+    if floor:
+        row["floor_p50_us"] = floor
+    best_p50 = None
+    if peers:
+        best = min(peers, key=lambda k: peers[k]["p50_us"])
+        best_p50 = peers[best]["p50_us"]
+        row["best_peer"] = best
+        row["best_peer_p50_us"] = best_p50
+    for name, e in engines.items():
+        if "p50_us" not in e:
+            continue
+        if best_p50 is not None and name != FLOOR:
+            e["speedup_vs_best_peer"] = best_p50 / e["p50_us"]  # > 1: faster than the best peer
+        if floor:
+            e["floor_multiple"] = e["p50_us"] / floor
+    if "speedup_vs_best_peer" in ff:
+        row["speedup_vs_best_peer"] = ff["speedup_vs_best_peer"]
+        row["below_best_peer"] = ff["speedup_vs_best_peer"] < 1.0
+    if "floor_multiple" in ff:
+        row["floor_multiple"] = ff["floor_multiple"]
+    row["viable_60fps"] = bool("p99_us" in ff and ff["p99_us"] <= BUDGET_MS * 1000)
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
 
 
 def prepare_artifacts(arch: str, *, work: Path, embed: int, layers: int, seq: int, seed: int) -> dict:
@@ -281,118 +667,284 @@ def prepare_artifacts(arch: str, *, work: Path, embed: int, layers: int, seq: in
     return forms
 
 
-def bench_row(
-    arch: str, form: str, entry: dict, *, model, iters: int, warmup: int, device, compile_forms, replays
-) -> dict:
-    import onnxruntime as ort
+class Runner:
+    """Holds the results, writes them after every row, and keeps the time budget."""
+
+    def __init__(self, results: dict, out: Path, args, settings: Settings):
+        self.results = results
+        self.out = out
+        self.args = args
+        self.settings = settings
+        self.start = time.perf_counter()
+        self.budget = args.time_budget
+
+    def over_budget(self, what: str) -> bool:
+        if self.budget and time.perf_counter() - self.start > self.budget:
+            note = f"--time-budget {self.budget:.0f} s spent: not run: {what}"
+            self.results.setdefault("not_run", []).append(what)
+            say(note)
+            return True
+        return False
+
+    def add(self, section: str, row: dict) -> None:
+        self.results[ROW_KEYS[section]].append(row)
+        write_reports(self.results, self.out)
+
+    def error(self, message: str) -> None:
+        self.results["errors"].append(message)
+        say(message)
+        write_reports(self.results, self.out)
+
+
+def run_zoo(runner: Runner, archs: list[str], work: Path) -> None:
     import torch
 
-    manifest = entry["manifest"]
-    in_shape = manifest["inputs"][0]["shape"]
-    out_shape = manifest["outputs"][0]["shape"]
-    state_names = manifest.get("state_names") or []
-    rng = np.random.default_rng(0)
-    pool = rng.standard_normal((POOL, *in_shape)).astype(np.float32)
-    T = 1 if form == "step" else in_shape[1]
-    row = {
-        "arch": arch,
-        "category": getattr(model, "category", "other"),
-        "form": form,
-        "T": T,
-        "input_shape": in_shape,
-        "fused_ops": entry.get("fused_ops"),
-        "nodes": entry.get("nodes"),
-        "engines": {},
-    }
-    if "fused_error" in entry:
-        row["rewrite_error"] = entry["fused_error"]
+    from framefuse.config import model_config
+    from framefuse.exporter.loading import build_zoo_model
 
-    # Reference for the correctness column: ONNX Runtime, zero state, first input.
-    sess = ort.InferenceSession(str(entry["onnx"]), providers=["CPUExecutionProvider"])
-    feeds = {"x": pool[0]}
-    for n in state_names:
-        spec = next(i for i in manifest["inputs"] if i["name"] == f"state.{n}")
-        feeds[f"state.{n}"] = np.zeros(spec["shape"], dtype=np.float32)
-    reference = sess.run(["y"], feeds)[0]
-
-    dev = torch.device(device)
-    makers: list[tuple[str, Callable[[], Callable]]] = []
-    if "fused" in entry:
-        makers.append(("framefuse", lambda: make_framefuse(entry["fused"], form=form, pool=pool, device=device)))
-        if dev.type == "cuda" and "driver" in replays:
-            makers.append(
-                (
-                    "framefuse_driver",
-                    lambda: make_framefuse(entry["fused"], form=form, pool=pool, device=device, replay="driver"),
-                )
-            )
-    makers.append(("framefuse_unfused", lambda: make_framefuse(entry["onnx"], form=form, pool=pool, device=device)))
-    makers.append(
-        ("torch_eager", lambda: make_torch_eager(model, form=form, pool=pool, out_shape=out_shape, device=dev))
-    )
-    if dev.type == "cuda":
-        makers.append(
-            (
-                "torch_cuda_graph",
-                lambda: make_torch_cuda_graph(model, form=form, pool=pool, out_shape=out_shape, device=dev),
-            )
-        )
-        if form in compile_forms:
-            makers.append(
-                (
-                    "torch_compile",
-                    lambda: make_torch_compile(model, form=form, pool=pool, out_shape=out_shape, device=dev),
-                )
-            )
-        else:
-            row["engines"]["torch_compile"] = {"skipped": f"not asked for the {form} form (--compile)"}
-    else:
-        row["engines"]["torch_cuda_graph"] = {"skipped": "no GPU"}
-        row["engines"]["torch_compile"] = {"skipped": "no GPU"}
-    makers.append(("ort_cpu", lambda: make_ort(entry["onnx"], form=form, pool=pool, state_names=state_names)))
-
-    for name, make in makers:
+    args, settings = runner.args, runner.settings
+    for n, arch in enumerate(archs, 1):
+        if runner.over_budget(f"zoo {arch}"):
+            continue
+        say(f"[zoo {n}/{len(archs)}] {arch}: export → rewrite")
         try:
-            start = time.perf_counter()
-            with torch.no_grad():
-                call = make()
-                first = np.array(call(0), copy=True)  # zero state, input 0: compared with ORT
-                setup_s = time.perf_counter() - start
-                result = measure(call, iters=iters, warmup=warmup)
-            result["setup_s"] = setup_s
-            result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
-            engine = getattr(call, "engine", None)
-            if engine is not None:
-                result["replays"] = engine.replays
-                result["captures"] = engine.captures
-            row["engines"][name] = result
-            say(
-                f"  {arch:10s} T={T:<3d} {ENGINE_LABELS[name]:32s} p50 {result['p50_us']:9.1f} us  "
-                f"p99 {result['p99_us']:9.1f} us  err {result['max_abs_err_vs_ort']:.1e}  (setup {setup_s:.1f} s)"
+            forms = prepare_artifacts(
+                arch, work=work / "zoo", embed=args.embed, layers=args.layers, seq=args.seq, seed=args.seed
             )
-        except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
-            message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            row["engines"][name] = {"error": message, "traceback": traceback.format_exc(limit=6)}
-            say(f"  {arch:10s} T={T:<3d} {ENGINE_LABELS[name]:32s} FAILED: {message}")
-        finally:
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-    finish_row(row)
-    return row
+        except Exception as exc:  # noqa: BLE001
+            runner.error(f"zoo {arch}: export failed: {_error(exc)}")
+            continue
+        cfg = forms["step"]["manifest"]["config"]
+        model = build_zoo_model(arch, model_config(cfg), int(cfg["seed"])).to(settings.device).eval()
+        for form in ("step", "sequence"):
+            for key in ("fused_ops", "fused_error"):
+                if key in forms[form]:
+                    say(f"  {arch} {form}: {key} = {forms[form][key]}")
+            row = bench_row(arch, form, forms[form], model=model, settings=settings)
+            runner.add("zoo", row)
+            _say_ratio(row)
+        del model
+        if settings.device == "cuda":
+            torch.cuda.empty_cache()
 
 
-def finish_row(row: dict) -> None:
-    """best peer and the framefuse ratio of one row."""
-    engines = row["engines"]
-    peers = {k: v for k, v in engines.items() if k in PEERS and "p50_us" in v}
-    ff = engines.get("framefuse", {})
-    if peers:
-        best = min(peers, key=lambda k: peers[k]["p50_us"])
-        row["best_peer"] = best
-        row["best_peer_p50_us"] = peers[best]["p50_us"]
-        if "p50_us" in ff:
-            row["speedup_vs_best_peer"] = peers[best]["p50_us"] / ff["p50_us"]
-    row["viable_60fps"] = bool("p99_us" in ff and ff["p99_us"] <= BUDGET_MS * 1000)
+def _say_ratio(row: dict) -> None:
+    if "speedup_vs_best_peer" in row:
+        floor = f", {row['floor_multiple']:.2f}× the floor" if "floor_multiple" in row else ""
+        say(
+            f"  {row['arch']} T={row['T']}: framefuse {row['speedup_vs_best_peer']:.2f}× vs best peer "
+            f"({ENGINE_LABELS[row['best_peer']]}){floor}"
+        )
+
+
+def load_real_models():
+    """tests/real_models (models.py, flow.py) as a package: the builders and the export flow."""
+    import importlib
+
+    models = importlib.import_module("tests.real_models.models")
+    flow = importlib.import_module("tests.real_models.flow")
+    return models, flow
+
+
+def run_real(runner: Runner, names: list[str], work: Path) -> None:
+    import torch
+
+    settings = runner.settings
+    try:
+        models, flow = load_real_models()
+    except Exception as exc:  # noqa: BLE001 - e.g. transformers missing
+        runner.error(f"real: tests/real_models cannot be imported: {_error(exc)}")
+        return
+    unknown = [n for n in names if n not in models.BY_NAME]
+    if unknown:
+        raise SystemExit(f"unknown real model(s) {unknown}; available: {', '.join(models.BY_NAME)}")
+    seqs = [runner.args.seq] + ([1] if runner.args.seq != 1 else [])
+    for n, name in enumerate(names, 1):
+        spec = models.BY_NAME[name]
+        try:
+            module = spec.build().to(settings.device).eval()
+        except Exception as exc:  # noqa: BLE001
+            runner.error(f"real {name}: building the torch module failed: {_error(exc)}")
+            continue
+        for seq in seqs:
+            if runner.over_budget(f"real {name} T={seq}"):
+                continue
+            say(f"[real {n}/{len(names)}] {name} T={seq}: export → rewrite")
+            try:
+                fused = flow.fuse_real_model(name, seq, work / "real")
+            except Exception as exc:  # noqa: BLE001
+                runner.add(
+                    "real",
+                    {
+                        "section": "real",
+                        "arch": name,
+                        "category": "real",
+                        "form": "sequence",
+                        "T": seq,
+                        "export_error": _error(exc),
+                        "engines": {},
+                    },
+                )
+                say(f"  {name} T={seq}: export/rewrite failed: {_error(exc)}")
+                continue
+            entry = {
+                "onnx": fused.source,
+                "manifest": fused.manifest,
+                "fused": fused.fused_path,
+                "fused_ops": sorted(fused.framefuse_ops.elements()),
+                "nodes": {"before": None, "after": len(fused.fused.graph.node)},
+            }
+            with contextlib.suppress(Exception):
+                entry["nodes"]["before"] = len(_load_graph(fused.source).node)
+            row = bench_row(name, "sequence", entry, model=module, settings=settings, section="real", category="real")
+            row["parity_passed"] = bool(getattr(fused.parity, "passed", getattr(fused.parity, "ok", True)))
+            runner.add("real", row)
+            _say_ratio(row)
+        del module
+        if settings.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _load_graph(path):
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False).graph
+
+
+def run_precision(runner: Runner, archs: list[str], precisions: list[str], work: Path) -> None:
+    import onnx
+    import torch
+
+    args, settings = runner.args, runner.settings
+    dev = torch.device(settings.device)
+    for n, arch in enumerate(archs, 1):
+        if runner.over_budget(f"precision {arch}"):
+            continue
+        say(f"[precision {n}/{len(archs)}] {arch}: export → rewrite (step form)")
+        try:
+            forms = prepare_artifacts(
+                arch, work=work / "precision", embed=args.embed, layers=args.layers, seq=args.seq, seed=args.seed
+            )
+        except Exception as exc:  # noqa: BLE001
+            runner.error(f"precision {arch}: export failed: {_error(exc)}")
+            continue
+        entry = forms["step"]
+        manifest = entry["manifest"]
+        in_shape = manifest["inputs"][0]["shape"]
+        in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+        pool = np.random.default_rng(0).standard_normal((POOL, *in_shape)).astype(np.float32)
+        floor = None
+        if dev.type == "cuda":
+            try:
+                floor = measure(
+                    make_floor(pool=pool, out_shape=manifest["outputs"][0]["shape"], device=dev),
+                    iters=settings.iters,
+                    warmup=settings.warmup,
+                )["p50_us"]
+            except Exception as exc:  # noqa: BLE001
+                say(f"  {arch}: floor failed: {_error(exc)}")
+        if "fused" not in entry:
+            runner.error(f"precision {arch}: no fused graph: {entry.get('fused_error')}")
+            continue
+        config = manifest.get("config") or {}
+        fp32_p50 = None
+        for precision in precisions:
+            row = {
+                "section": "precision",
+                "arch": arch,
+                "category": _zoo_category(arch),
+                "form": "step",
+                "T": 1,
+                "precision": precision,
+            }
+            if floor:
+                row["floor_p50_us"] = floor
+            try:
+                source = entry["fused"]
+                if precision != "fp32":
+                    from framefuse.precision import accuracy_report, convert_model, unsupported_reason
+
+                    reason = unsupported_reason("cuda-graph", precision)
+                    if reason:
+                        raise RuntimeError(reason)
+                    start = time.perf_counter()
+                    converted = convert_model(onnx.load(str(source)), precision, config=config)
+                    row["convert_s"] = time.perf_counter() - start
+                    tolerance = (config.get("tolerance") or {}).get(precision)
+                    start = time.perf_counter()
+                    report = accuracy_report(
+                        source, converted, frames=args.accuracy_frames, precision=precision, tolerance=tolerance
+                    )
+                    row["accuracy_s"] = time.perf_counter() - start
+                    row["accuracy"] = accuracy_summary(report)
+                    target = Path(source).with_name(f"model.fused.{precision}.onnx")
+                    onnx.save(converted, str(target))
+                    source = target
+                engine, build_s = build_framefuse(
+                    source, device=settings.device, precision=precision, unfused=entry["onnx"]
+                )
+                call = _engine_call(engine, form="step", pool=pool, in_name=in_name, out_name=out_name)
+                with torch.no_grad():
+                    call(0)
+                    result = measure(call, iters=settings.iters, warmup=settings.warmup)
+                row.update(
+                    {k: result[k] for k in ("p50_us", "p99_us", "mean_us", "max_us", "fps", "iters")},
+                    build_s=build_s,
+                    selection=selection_summary(engine),
+                )
+                if floor:
+                    row["floor_multiple"] = row["p50_us"] / floor
+                if precision == "fp32":
+                    fp32_p50 = row["p50_us"]
+                if fp32_p50:
+                    row["speedup_vs_fp32"] = fp32_p50 / row["p50_us"]
+                acc = row.get("accuracy", {})
+                say(
+                    f"  {arch:10s} {precision:5s} p50 {row['p50_us']:8.1f} us  p99 {row['p99_us']:8.1f} us"
+                    + (
+                        f"  max abs {acc['max_abs_policy']:.2e}  argmax {100 * acc['argmax_agreement']:.2f}%"
+                        if acc.get("argmax_agreement") is not None
+                        else ""
+                    )
+                )
+                del call, engine
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = _error(exc)
+                row["traceback"] = traceback.format_exc(limit=6)
+                say(f"  {arch:10s} {precision:5s} FAILED: {row['error']}")
+            finally:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                    torch.cuda.empty_cache()
+            runner.add("precision", row)
+
+
+def _zoo_category(arch: str) -> str:
+    try:
+        from framefuse.models import model_class
+
+        return str(getattr(model_class(arch), "category", None) or "other")
+    except Exception:  # noqa: BLE001
+        return "other"
+
+
+def accuracy_summary(report) -> dict:
+    """The figures of framefuse.precision's accuracy report the table shows."""
+    policy = report.policy_output
+    by_name = {o.name: o for o in report.outputs}
+    finite = [o.max_abs for o in report.outputs]
+    return {
+        "frames": report.frames,
+        "form": report.form,
+        "tolerance": report.tolerance,
+        "policy_output": policy,
+        "max_abs_policy": by_name[policy].max_abs if policy in by_name else None,
+        "max_abs_all": max(finite) if finite else None,
+        "argmax_agreement": report.argmax_agreement,
+        "passed": report.passed,
+        "failures": report.failures(),
+        "engines": report.engines,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +967,12 @@ def environment(device: str) -> dict:
         "device": device,
         "gpu": None,
         "compute_capability": None,
+        "cuda": getattr(torch.version, "cuda", None),
     }
+    with contextlib.suppress(Exception):
+        import transformers
+
+        info["transformers_version"] = transformers.__version__
     if device == "cuda":
         major, minor = torch.cuda.get_device_capability()
         info["gpu"] = torch.cuda.get_device_name()
@@ -427,84 +984,247 @@ def _ms(us) -> str:
     return f"{us / 1000:.3f}" if us is not None else "—"
 
 
-def markdown(results: dict) -> str:
-    env = results["environment"]
-    cfg = results["config"]
-    gpu = env.get("gpu") or "no GPU (CPU executor)"
-    lines = [
-        "# framefuse end-to-end benchmark",
-        "",
-        f"GPU: **{gpu}**"
-        + (f" (compute capability {env['compute_capability']})" if env.get("compute_capability") else "")
-        + f" · torch {env['torch_version']} · onnxruntime {env['onnxruntime_version']} · framefuse {env['framefuse_version']}",
-        "",
-        f"embed {cfg['embed']}, {cfg['layers']} layers, batch 1; {cfg['iters']} timed calls after {cfg['warmup']} warm-up "
-        f"calls; {results['created']}.",
-        "Latency is host input → host output per call (p50; p99 in the next column). FPS = 1 / p50 calls per "
-        "second. Viable at 60 FPS: framefuse p99 ≤ 16.67 ms. Speedup = best peer p50 / framefuse p50 "
-        "(peers: torch eager, torch eager + CUDA graph, torch.compile reduce-overhead, ONNX Runtime CPU).",
-        "",
+def _us(us) -> str:
+    return f"{us:.1f}" if us is not None else "—"
+
+
+def _x(value) -> str:
+    return f"{value:.2f}×" if value is not None else "—"
+
+
+def _cell(e: dict | None, key: str, fmt: Callable) -> str:
+    if e is None:
+        return "—"
+    if key in e:
+        return fmt(e[key])
+    if "error" in e:
+        return "failed"
+    if "skipped" in e:
+        return "skipped"
+    return "—"
+
+
+def _engine_names(rows: list[dict]) -> list[str]:
+    names = ["framefuse", *ABLATIONS, *PEERS, FLOOR]
+    return [n for n in names if any(n in r.get("engines", {}) for r in rows)]
+
+
+def _below_line(rows: list[dict], what: str) -> str:
+    below = [
+        f"{r['arch']} T={r['T']} ({r['speedup_vs_best_peer']:.2f}× vs {ENGINE_LABELS[r['best_peer']]})"
+        for r in sorted(rows, key=lambda r: (r["T"], r["arch"]))
+        if r.get("speedup_vs_best_peer") is not None and r["speedup_vs_best_peer"] < 1.0
     ]
-    rows = results["rows"]
+    missing = [f"{r['arch']} T={r['T']}" for r in rows if r.get("speedup_vs_best_peer") is None]
+    line = f"**{what}: rows where framefuse is below 1.0× of the best peer ({len(below)} of {len(rows)}):** " + (
+        ", ".join(below) if below else "none"
+    )
+    if missing:
+        line += f". No ratio (framefuse or every peer failed): {', '.join(missing)}"
+    return line + "."
+
+
+def engine_section(rows: list[dict], *, title: str, seed_table: bool) -> list[str]:
+    """Tables of one section (zoo / real): per T the ranking, then µs, ratios, floor multiples, kernels."""
+    lines: list[str] = [f"## {title}", ""]
+    if not rows:
+        return [*lines, "(no rows)", ""]
+    lines += [_below_line(rows, title), ""]
     for T in sorted({r["T"] for r in rows}):
         subset = [r for r in rows if r["T"] == T]
-        title = "T = 1 (step form: one frame in, state kept on the device)" if T == 1 else f"T = {T} (sequence form)"
+        if seed_table:
+            head = "T = 1 (step form: one frame in, state kept on the device)" if T == 1 else f"T = {T} (sequence form)"
+        else:
+            head = f"T = {T}" + (" (a length-1 sequence: these models have no step form)" if T == 1 else "")
         lines += [
-            f"## {title}",
+            f"### {head}",
             "",
-            "| rank | architecture | category | ms | p99 ms | FPS | viable at 60 FPS | best peer | peer ms | speedup |",
-            "|---:|---|---|---:|---:|---:|:---:|---|---:|---:|",
+            "| rank | architecture | category | ms | p99 ms | FPS | viable at 60 FPS | best peer | peer ms | speedup "
+            "| × floor | selection |",
+            "|---:|---|---|---:|---:|---:|:---:|---|---:|---:|---:|---|",
         ]
-        ranked = sorted(subset, key=lambda r: r["engines"].get("framefuse", {}).get("p50_us", float("inf")))
+        ranked = sorted(subset, key=lambda r: r.get("engines", {}).get("framefuse", {}).get("p50_us", float("inf")))
         for rank, r in enumerate(ranked, 1):
-            ff = r["engines"].get("framefuse", {})
+            ff = r.get("engines", {}).get("framefuse", {})
             if "p50_us" in ff:
                 ms, p99, fps = _ms(ff["p50_us"]), _ms(ff["p99_us"]), f"{ff['fps']:,.0f}"
             else:
                 ms = p99 = fps = "—"
             best = r.get("best_peer")
             peer = ENGINE_LABELS[best] if best else "—"
-            speedup = f"{r['speedup_vs_best_peer']:.2f}×" if "speedup_vs_best_peer" in r else "—"
             viable = "yes" if r.get("viable_60fps") else "no"
+            selection = ff.get("selection", {})
+            chosen = selection.get("chosen") or "—"
+            if selection.get("graph") == "unfused" and "unfused" not in chosen:
+                chosen = f"unfused+{chosen}"
             lines.append(
                 f"| {rank} | {r['arch']} | {r['category']} | {ms} | {p99} | {fps} | {viable} | {peer} "
-                f"| {_ms(r.get('best_peer_p50_us'))} | {speedup} |"
+                f"| {_ms(r.get('best_peer_p50_us'))} | {_x(r.get('speedup_vs_best_peer'))} "
+                f"| {_x(r.get('floor_multiple'))} | {chosen} |"
             )
         lines.append("")
-    names = ["framefuse", *ABLATIONS, *PEERS]
-    lines += [
-        "## Every engine (p50 µs; max abs error vs ONNX Runtime in the JSON)",
-        "",
-        "| architecture | T | " + " | ".join(ENGINE_LABELS[n] for n in names) + " |",
-        "|---|---:|" + "---:|" * len(names),
+    names = _engine_names(rows)
+    header = "| architecture | T | " + " | ".join(ENGINE_LABELS[n] for n in names) + " |"
+    rule = "|---|---:|" + "---:|" * len(names)
+    ordered = sorted(rows, key=lambda r: (r["T"], r["arch"]))
+    tables = [
+        ("p50 µs per call (host → host)", "p50_us", _us),
+        ("p99 µs per call", "p99_us", _us),
+        ("speedup vs the best peer of the row (best peer p50 / engine p50; < 1 is slower)", "speedup_vs_best_peer", _x),
+        ("p50 as a multiple of the floor", "floor_multiple", _x),
     ]
-    for r in sorted(rows, key=lambda r: (r["T"], r["arch"])):
-        cells = []
-        for n in names:
-            e = r["engines"].get(n)
-            if e is None:
-                cells.append("—")
-            elif "p50_us" in e:
-                cells.append(f"{e['p50_us']:.1f}")
-            elif "error" in e:
-                cells.append("failed")
-            else:
-                cells.append("skipped")
-        lines.append(f"| {r['arch']} | {r['T']} | " + " | ".join(cells) + " |")
-    failures = [(r, n, e["error"]) for r in rows for n, e in r["engines"].items() if "error" in e]
-    rewrite_errors = [r for r in rows if "rewrite_error" in r]
-    if failures or rewrite_errors:
-        lines += ["", "## Failures", ""]
-        for r in rewrite_errors:
-            lines.append(f"- {r['arch']} T={r['T']}: rewrite failed: {r['rewrite_error']}")
+    for caption, key, fmt in tables:
+        lines += [f"#### {caption}", "", header, rule]
+        for r in ordered:
+            cells = [_cell(r.get("engines", {}).get(n), key, fmt) for n in names]
+            lines.append(f"| {r['arch']} | {r['T']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
+        "#### GPU kernels per call (torch.profiler, CUDA activity; memcpy apart)",
+        "",
+        "| architecture | T | framefuse kernels | framefuse kernel µs | best torch peer | its kernels | its kernel µs |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in ordered:
+        k = r.get("kernels") or {}
+        if "skipped" in k:
+            lines.append(f"| {r['arch']} | {r['T']} | skipped: {k['skipped']} | | | | |")
+            continue
+        ff = k.get("framefuse", {})
+        peer = r.get("best_torch_peer")
+        pk = k.get(peer, {}) if peer else {}
+
+        def num(d, key, fmt="{:.1f}"):
+            return fmt.format(d[key]) if key in d else ("failed" if "error" in d else "—")
+
+        lines.append(
+            f"| {r['arch']} | {r['T']} | {num(ff, 'kernels_per_call')} | {num(ff, 'kernel_us_per_call')} "
+            f"| {ENGINE_LABELS.get(peer, '—') if peer else '—'} | {num(pk, 'kernels_per_call')} "
+            f"| {num(pk, 'kernel_us_per_call')} |"
+        )
+    lines.append("")
+    return lines
+
+
+def precision_section(rows: list[dict]) -> list[str]:
+    lines = [
+        "## Precision: the framefuse engine at fp32 / fp16 / bf16 / int8 (step form, T = 1)",
+        "",
+        "Graphs from framefuse.precision (`framefuse build --precision`: fp16/bf16 storage conversion, int8 Q/DQ "
+        'calibrated on the config\'s seeded inputs); the engine built with select="time". Accuracy: the accuracy '
+        "report against the fp32 graph over a rollout (each side carries its own state); max abs error of the "
+        "policy output y and of every output (next state included); argmax agreement of y. Gate: the build's "
+        "accuracy gate (a `no` means `framefuse build` would refuse this graph; it is timed anyway).",
+        "",
+    ]
+    if not rows:
+        return [*lines, "(no rows)", ""]
+    lines += [
+        "| architecture | precision | p50 µs | p99 µs | × floor | speedup vs fp32 | max abs err (y) "
+        "| max abs err (all outputs) | argmax agreement | frames | gate | selection |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---|",
+    ]
+    order = {p: i for i, p in enumerate(PRECISIONS)}
+    for r in sorted(rows, key=lambda r: (r["arch"], order.get(r["precision"], 9))):
+        acc = r.get("accuracy") or {}
+        if "error" in r:
+            lines.append(f"| {r['arch']} | {r['precision']} | failed: {r['error'][:120]} | | | | | | | | | |")
+            continue
+        if r["precision"] == "fp32":
+            err_y = err_all = agree = frames = "reference"
+            gate = "—"
+        else:
+            err_y = f"{acc['max_abs_policy']:.2e}" if acc.get("max_abs_policy") is not None else "—"
+            err_all = f"{acc['max_abs_all']:.2e}" if acc.get("max_abs_all") is not None else "—"
+            agree = f"{100 * acc['argmax_agreement']:.2f}%" if acc.get("argmax_agreement") is not None else "—"
+            frames = str(acc.get("frames", "—"))
+            gate = "yes" if acc.get("passed") else "no"
+        chosen = (r.get("selection") or {}).get("chosen") or "—"
+        lines.append(
+            f"| {r['arch']} | {r['precision']} | {_us(r.get('p50_us'))} | {_us(r.get('p99_us'))} "
+            f"| {_x(r.get('floor_multiple'))} | {_x(r.get('speedup_vs_fp32'))} | {err_y} | {err_all} | {agree} "
+            f"| {frames} | {gate} | {chosen} |"
+        )
+    lines.append("")
+    return lines
+
+
+def markdown(results: dict) -> str:
+    env = results["environment"]
+    cfg = results["config"]
+    gpu = env.get("gpu") or "no GPU (CPU executor)"
+    lines = ["# framefuse end-to-end benchmark", ""]
+    if results.get("quick"):
+        lines += [f"> **{QUICK_NOTE}** (--quick: fewer calls; compile peers may be skipped).", ""]
+    lines += [
+        f"GPU: **{gpu}**"
+        + (f" (compute capability {env['compute_capability']})" if env.get("compute_capability") else "")
+        + f" · torch {env['torch_version']} · onnxruntime {env['onnxruntime_version']}"
+        + (f" · transformers {env['transformers_version']}" if env.get("transformers_version") else "")
+        + f" · framefuse {env['framefuse_version']} · {results['created']}",
+        "",
+        f"Settings: sections {', '.join(results.get('sections', ['zoo']))}; zoo embed {cfg['embed']}, "
+        f"{cfg['layers']} layers, batch 1, T = 1 and {cfg['seq']}; {cfg['iters']} timed calls after {cfg['warmup']} "
+        f"warm-up calls per engine; kernel profile over {cfg.get('profile_calls', '—')} calls; fp32 everywhere "
+        "(TF32 off).",
+    ]
+    if results.get("merged_from"):
+        lines.append(f"Merged from {len(results['merged_from'])} runs of one GPU: {', '.join(results['merged_from'])}.")
+    lines += [
+        "",
+        "Latency is host input → host output per call, measured the same way for every engine (p50; p99 beside). "
+        'Peers: torch eager; torch eager captured in a CUDA graph; torch.compile(mode="reduce-overhead"); '
+        'torch.compile(mode="max-autotune-no-cudagraphs") captured by hand in a CUDA graph with static buffers; '
+        "ONNX Runtime CPU. Best peer = the lowest p50 among them in the same row. Speedup = best peer p50 / "
+        "framefuse p50 (< 1.00× means framefuse is slower). The floor is a CUDA graph of only the pinned H2D "
+        "input copy, one trivial kernel and the D2H output copy, replayed and synchronised: × floor = p50 / floor "
+        'p50. framefuse is the engine `framefuse build` makes (build-time selection select="time"; the chosen '
+        "candidate is in the selection column, its timings in the JSON). Viable at 60 FPS: framefuse p99 ≤ 16.67 ms.",
+        "",
+    ]
+    if results.get("rows") or "zoo" in results.get("sections", ["zoo"]):
+        lines += engine_section(results.get("rows", []), title="Zoo architectures", seed_table=True)
+    if results.get("real_rows") or "real" in results.get("sections", []):
+        lines += engine_section(
+            results.get("real_rows", []),
+            title="Real models (tests/real_models: transformers, torch.nn)",
+            seed_table=False,
+        )
+        lines += [
+            "The real models are exported in their sequence form only; T = 1 is a length-1 sequence (no state "
+            "carried between calls), not a step.",
+            "",
+        ]
+    if results.get("precision_rows") or "precision" in results.get("sections", []):
+        lines += precision_section(results.get("precision_rows", []))
+    every = [*results.get("rows", []), *results.get("real_rows", [])]
+    failures = [(r, n, e["error"]) for r in every for n, e in r.get("engines", {}).items() if "error" in e]
+    problems = [r for r in every if "rewrite_error" in r or "export_error" in r]
+    prec_fail = [r for r in results.get("precision_rows", []) if "error" in r]
+    if failures or problems or prec_fail or results.get("errors") or results.get("not_run"):
+        lines += ["## Failures and gaps", ""]
+        for r in problems:
+            what = "export failed" if "export_error" in r else "rewrite failed"
+            lines.append(
+                f"- {r['section']} {r['arch']} T={r['T']}: {what}: {r.get('export_error') or r['rewrite_error']}"
+            )
         for r, n, err in failures:
-            lines.append(f"- {r['arch']} T={r['T']} {ENGINE_LABELS[n]}: {err}")
+            lines.append(f"- {r.get('section', 'zoo')} {r['arch']} T={r['T']} {ENGINE_LABELS[n]}: {err}")
+        for r in prec_fail:
+            lines.append(f"- precision {r['arch']} {r['precision']}: {r['error']}")
+        for message in results.get("errors", []):
+            lines.append(f"- {message}")
+        for what in results.get("not_run", []):
+            lines.append(f"- not run (time budget): {what}")
     lines.append("")
     return "\n".join(lines)
 
 
 def plot(results: dict, path: Path) -> str | None:
-    """The PNG; returns an error message instead of raising when matplotlib is missing."""
+    """The PNG (zoo rows); returns an error message instead of raising when matplotlib is missing."""
+    rows = results.get("rows") or []
+    if not rows:
+        return None
     try:
         import matplotlib
 
@@ -512,11 +1232,10 @@ def plot(results: dict, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         return f"no plot: matplotlib is not installed ({exc})"
-    rows = results["rows"]
     Ts = sorted({r["T"] for r in rows})
-    names = ["framefuse", "framefuse_unfused", *PEERS]
+    names = ["framefuse", "framefuse_unfused", *PEERS, FLOOR]
     fig, axes = plt.subplots(
-        1, len(Ts), figsize=(7 * len(Ts), 0.5 * max(len(rows) // max(len(Ts), 1), 4) + 3), squeeze=False
+        1, len(Ts), figsize=(7 * len(Ts), 0.6 * max(len(rows) // max(len(Ts), 1), 4) + 3), squeeze=False
     )
     for ax, T in zip(axes[0], Ts):
         subset = sorted([r for r in rows if r["T"] == T], key=lambda r: r["arch"])
@@ -535,7 +1254,8 @@ def plot(results: dict, path: Path) -> str | None:
     axes[0][0].legend(loc="lower right", fontsize=7)
     gpu = results["environment"].get("gpu") or "CPU only"
     cfg = results["config"]
-    fig.suptitle(f"framefuse e2e — {gpu} — embed {cfg['embed']}, {cfg['layers']} layers, batch 1")
+    quick = f" — {QUICK_NOTE}" if results.get("quick") else ""
+    fig.suptitle(f"framefuse e2e — {gpu} — embed {cfg['embed']}, {cfg['layers']} layers, batch 1{quick}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -568,10 +1288,30 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench/results", help="folder for e2e.json / e2e.md / e2e.png")
-    parser.add_argument("--archs", default=None, help="comma-separated zoo architectures (default: all)")
+    parser.add_argument(
+        "--section",
+        default="zoo",
+        help="zoo, real, precision (comma-separated) or all (default zoo)",
+    )
+    parser.add_argument(
+        "--archs", default=None, help="comma-separated zoo architectures for zoo and precision (default: all)"
+    )
+    parser.add_argument(
+        "--models", default=None, help=f"comma-separated tests/real_models names (default: {','.join(REAL_MODELS)})"
+    )
+    parser.add_argument(
+        "--precisions", default=",".join(PRECISIONS), help="precision section: which (default fp32,fp16,bf16,int8)"
+    )
+    parser.add_argument(
+        "--accuracy-frames", type=int, default=1000, help="precision section: rollout frames of the accuracy report"
+    )
     parser.add_argument("--iters", type=int, default=None, help="timed calls per engine (default 1000; --quick 200)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 100; --quick 20)")
-    parser.add_argument("--quick", action="store_true", help="fewer calls, torch.compile only for the step form")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"fewer calls, compile peers only for the step form; marked '{QUICK_NOTE}'",
+    )
     parser.add_argument("--embed", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32, help="T of the sequence form (default 32)")
@@ -581,27 +1321,149 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compile",
         choices=["all", "step", "none"],
         default=None,
-        help="which forms get a torch.compile peer (default all; --quick: step)",
+        help="which forms get the torch.compile peers (default all; only --quick may skip: then default step)",
+    )
+    parser.add_argument(
+        "--profile-calls", type=int, default=20, help="calls profiled for the kernel counts (0: no profile)"
     )
     parser.add_argument("--no-driver-replay", action="store_true", help="skip the driver-replay ablation")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop starting new architectures/models after S seconds (what was measured is kept)",
+    )
+    parser.add_argument(
+        "--no-isolate",
+        action="store_true",
+        help="GPU: run every architecture/model in this process (default: one child process each, so that a "
+        "sticky CUDA error in one peer cannot end the whole run)",
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", default=None, help="folder for the exported artifacts (default: a temporary folder)")
     parser.add_argument("--merge", nargs="+", metavar="E2E_JSON", help="merge earlier e2e.json files into one report")
 
 
 def merge(paths: list[str], out: Path) -> dict:
+    """One report of several runs of one GPU: rows by (arch, T) (zoo, real) and (arch, precision);
+    a later file's row replaces an earlier one's. Quick if any part was quick."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     gpus = {p["environment"].get("gpu") for p in parts}
     if len(gpus) > 1:
         raise SystemExit(f"refusing to merge results from different GPUs: {sorted(map(str, gpus))}")
     merged = dict(parts[0])
-    rows = {}
+    keys = {
+        "rows": lambda r: (r["arch"], r["T"]),
+        "real_rows": lambda r: (r["arch"], r["T"]),
+        "precision_rows": lambda r: (r["arch"], r["precision"]),
+    }
+    for field, key in keys.items():
+        rows: dict = {}
+        for part in parts:
+            for row in part.get(field, []):
+                rows[key(row)] = row
+        merged[field] = list(rows.values())
+    sections: list[str] = []
     for part in parts:
-        for row in part["rows"]:
-            rows[(row["arch"], row["T"])] = row
-    merged["rows"] = list(rows.values())
+        for s in part.get("sections", ["zoo"] if part.get("rows") else []):
+            if s not in sections:
+                sections.append(s)
+    merged["sections"] = sections
+    merged["errors"] = [e for part in parts for e in part.get("errors", [])]
+    merged["not_run"] = [e for part in parts for e in part.get("not_run", [])]
+    merged["quick"] = any(part.get("quick") for part in parts)
+    if merged["quick"]:
+        merged["publication"] = QUICK_NOTE
+    else:
+        merged.pop("publication", None)
+    merged["configs"] = [
+        dict(part["config"], created=part.get("created"), file=str(p)) for part, p in zip(parts, paths)
+    ]
+    comparable = ("embed", "layers", "seq", "iters", "warmup", "compile")
+    differing = [k for k in comparable if len({json.dumps(part["config"].get(k)) for part in parts}) > 1]
+    if differing:
+        merged.setdefault("notes", []).append(f"merged runs differ in {', '.join(differing)} (see configs)")
+        say(f"warning: merged runs differ in {', '.join(differing)}")
     merged["merged_from"] = [str(p) for p in paths]
     write_reports(merged, out)
     return merged
+
+
+def _sections(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if names == ["all"]:
+        return list(SECTIONS)
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown or not names:
+        raise SystemExit(f"--section: unknown {unknown or text!r}; use {', '.join(SECTIONS)} or all")
+    return names
+
+
+def child_argv(args, section: str, item: str, out: Path, work: Path) -> list[str]:
+    """The command line of one isolated unit (one section, one architecture or real model)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--section", section, "--out", str(out)]
+    argv += ["--models" if section == "real" else "--archs", item, "--work", str(work)]
+    for flag in ("iters", "warmup", "embed", "layers", "seq", "seed", "compile", "device", "accuracy_frames"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+    argv += ["--profile-calls", str(getattr(args, "profile_calls", 20))]
+    argv += ["--precisions", getattr(args, "precisions", None) or ",".join(PRECISIONS)]
+    if args.quick:
+        argv.append("--quick")
+    if args.no_driver_replay:
+        argv.append("--no-driver-replay")
+    return argv
+
+
+def _take_over(runner: Runner, committed: dict, out: Path) -> tuple[dict, int]:
+    """The rows of a child's e2e.json after the rows committed before it; (its JSON, its row count)."""
+    part: dict = {}
+    with contextlib.suppress(Exception):
+        part = json.loads((out / "e2e.json").read_text())
+    for key in ROW_KEYS.values():
+        runner.results[key] = committed[key] + list(part.get(key, []))
+    return part, sum(len(part.get(k, [])) for k in ROW_KEYS.values())
+
+
+def run_isolated(runner: Runner, units: list[tuple[str, str]], work: Path) -> None:
+    """Each (section, item) in a child process; its rows are taken over when it ends (the child
+    rewrites its e2e.json after every row), a crash is recorded with the end of its output."""
+    import subprocess
+
+    for n, (section, item) in enumerate(units, 1):
+        if runner.over_budget(f"{section} {item}"):
+            continue
+        out = work / "units" / f"{section}-{item}"
+        say(f"[{n}/{len(units)}] {section} {item}: child process")
+        argv = child_argv(runner.args, section, item, out, work / "artifacts" / f"{section}-{item}")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        committed = {key: list(runner.results[key]) for key in ROW_KEYS.values()}
+        part: dict = {}
+        seen = 0
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("[e2e"):
+                print(line, end="", flush=True)
+                if "× vs best peer" in line or (" p50 " in line and section == "precision"):
+                    part, count = _take_over(runner, committed, out)  # rows survive a parent killed at its limit
+                    if count != seen:
+                        seen = count
+                        write_reports(runner.results, runner.out)
+            tail = (tail + [line.rstrip()])[-40:]
+        rc = proc.wait()
+        part, rows = _take_over(runner, committed, out)
+        runner.results["errors"].extend(part.get("errors", []))
+        runner.results.setdefault("not_run", []).extend(part.get("not_run", []))
+        if rc != 0:
+            lines = [t for t in tail if t.strip()]
+            cause = next((t for t in reversed(lines) if "rror" in t), lines[-1] if lines else "")
+            message = f"{section} {item}: the child process ended with status {rc} after {rows} row(s): {cause[:300]}"
+            runner.results["errors"].append(message)
+            say(f"  {message}")
+        write_reports(runner.results, runner.out)
 
 
 def run(args) -> int:
@@ -612,10 +1474,9 @@ def run(args) -> int:
         return 0
     import torch
 
-    from framefuse.config import model_config
-    from framefuse.exporter.loading import build_zoo_model
     from framefuse.models import ARCHITECTURES
 
+    sections = _sections(getattr(args, "section", None) or "zoo")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch sees no GPU")
@@ -623,19 +1484,37 @@ def run(args) -> int:
     unknown = [a for a in archs if a not in ARCHITECTURES]
     if unknown:
         raise SystemExit(f"unknown architecture(s) {unknown}; available: {', '.join(ARCHITECTURES)}")
+    models = args.models.split(",") if getattr(args, "models", None) else list(REAL_MODELS)
+    precisions = [p.strip() for p in (getattr(args, "precisions", None) or ",".join(PRECISIONS)).split(",")]
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad:
+        raise SystemExit(f"--precisions: unknown {bad}; use {', '.join(PRECISIONS)}")
     iters = args.iters or (200 if args.quick else 1000)
     warmup = args.warmup if args.warmup is not None else (20 if args.quick else 100)
+    if args.compile not in (None, "all") and not args.quick:
+        raise SystemExit("a full run never skips a compile peer: --compile step|none needs --quick")
     compile_choice = args.compile or ("step" if args.quick else "all")
     compile_forms = {"all": {"step", "sequence"}, "step": {"step"}, "none": set()}[compile_choice]
     replays = set() if args.no_driver_replay else {"driver"}
     # fp32 everywhere: no TF32 in any engine (framefuse's own contract; the peers match it).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    settings = Settings(
+        iters=iters,
+        warmup=warmup,
+        device=device,
+        compile_forms=compile_forms,
+        replays=replays,
+        profile_calls=max(0, getattr(args, "profile_calls", 20)),
+        quick=args.quick,
+    )
     work_ctx = contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory(prefix="ffbench-")
     results = {
         "benchmark": "framefuse e2e",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "quick": bool(args.quick),
         "environment": environment(device),
+        "sections": sections,
         "config": {
             "embed": args.embed,
             "layers": args.layers,
@@ -645,56 +1524,49 @@ def run(args) -> int:
             "warmup": warmup,
             "compile": compile_choice,
             "archs": archs,
+            "models": models,
+            "precisions": precisions,
+            "accuracy_frames": args.accuracy_frames,
+            "profile_calls": settings.profile_calls,
             "seed": args.seed,
+            "quick": bool(args.quick),
         },
         "rows": [],
+        "real_rows": [],
+        "precision_rows": [],
         "errors": [],
     }
-    say(f"{len(archs)} architectures on {results['environment']['gpu'] or 'CPU'}; {iters} timed calls per engine")
+    if args.quick:
+        results["publication"] = QUICK_NOTE
+    label = results["environment"]["gpu"] or "CPU"
+    say(
+        f"sections {', '.join(sections)} on {label}; {iters} timed calls per engine"
+        + (f" ({QUICK_NOTE})" if args.quick else "")
+    )
+    write_reports(results, out)
     with work_ctx as work:
         work = Path(work)
-        for n, arch in enumerate(archs, 1):
-            say(f"[{n}/{len(archs)}] {arch}: export → rewrite")
-            try:
-                forms = prepare_artifacts(
-                    arch, work=work, embed=args.embed, layers=args.layers, seq=args.seq, seed=args.seed
-                )
-            except Exception as exc:  # noqa: BLE001
-                message = f"{arch}: export failed: {type(exc).__name__}: {exc}"
-                results["errors"].append(message)
-                say(message)
-                write_reports(results, out)
-                continue
-            cfg = forms["step"]["manifest"]["config"]
-            model = build_zoo_model(arch, model_config(cfg), int(cfg["seed"])).to(device).eval()
-            for form in ("step", "sequence"):
-                for key in ("fused_ops", "fused_error"):
-                    if key in forms[form]:
-                        say(f"  {arch} {form}: {key} = {forms[form][key]}")
-                row = bench_row(
-                    arch,
-                    form,
-                    forms[form],
-                    model=model,
-                    iters=iters,
-                    warmup=warmup,
-                    device=device,
-                    compile_forms=compile_forms,
-                    replays=replays,
-                )
-                results["rows"].append(row)
-                if "speedup_vs_best_peer" in row:
-                    say(
-                        f"  {arch} T={row['T']}: framefuse {row['speedup_vs_best_peer']:.2f}× vs best peer "
-                        f"({ENGINE_LABELS[row['best_peer']]})"
-                    )
-                write_reports(results, out)
-            del model
-            if device == "cuda":
-                torch.cuda.empty_cache()
+        runner = Runner(results, out, args, settings)
+        if device == "cuda" and not args.no_isolate and not args.child:
+            units = [("zoo", a) for a in archs] if "zoo" in sections else []
+            units += [("real", m) for m in models] if "real" in sections else []
+            units += [("precision", a) for a in archs] if "precision" in sections else []
+            run_isolated(runner, units, work)
+        else:
+            run_sections(runner, sections, archs, models, precisions, work)
+    results["elapsed_s"] = round(time.perf_counter() - runner.start, 1)
     write_reports(results, out)
-    say(f"wrote {out}/e2e.json, e2e.md, e2e.png")
+    say(f"wrote {out}/e2e.json, e2e.md, e2e.png ({results['elapsed_s']:.0f} s)")
     return 0
+
+
+def run_sections(runner: Runner, sections, archs, models, precisions, work: Path) -> None:
+    if "zoo" in sections:
+        run_zoo(runner, archs, work)
+    if "real" in sections:
+        run_real(runner, models, work)
+    if "precision" in sections:
+        run_precision(runner, archs, precisions, work)
 
 
 def main(argv=None) -> int:

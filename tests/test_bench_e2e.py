@@ -1,0 +1,140 @@
+"""bench/e2e.py on the CPU: every section that runs without a GPU, --quick, tiny sizes; the JSON
+fields the published report relies on, the GPU-only peers skipped with a reason, and --merge."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from framefuse.runtime.bench_cli import load_e2e
+
+PRECISIONS = ["fp32", "fp16", "bf16", "int8"]
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    return load_e2e()
+
+
+@pytest.fixture(scope="module")
+def smoke(e2e, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_e2e")
+    out = root / "out"
+    status = e2e.main(
+        [
+            "--device",
+            "cpu",
+            "--quick",
+            "--section",
+            "all",
+            "--archs",
+            "min_gru",
+            "--models",
+            "torch_gru_bidir",
+            "--embed",
+            "16",
+            "--seq",
+            "3",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--accuracy-frames",
+            "20",
+            "--out",
+            str(out),
+            "--work",
+            str(root / "work"),
+        ]
+    )
+    assert status == 0
+    return out, json.loads((out / "e2e.json").read_text())
+
+
+def test_quick_run_is_marked_not_for_publication(smoke):
+    out, results = smoke
+    assert results["quick"] is True and results["publication"] == "quick: not for publication"
+    assert "quick: not for publication" in (out / "e2e.md").read_text()
+    assert results["sections"] == ["zoo", "real", "precision"]
+    for key in ("gpu", "torch_version", "onnxruntime_version"):
+        assert key in results["environment"]
+    assert results["created"] and results["config"]["iters"] == 3
+
+
+def _check_engine_rows(e2e, rows, expected_T):
+    assert {r["T"] for r in rows} == expected_T
+    for row in rows:
+        engines = row["engines"]
+        for name in ("framefuse", "framefuse_unfused", "torch_eager", "ort_cpu"):
+            assert "p50_us" in engines[name] and "p99_us" in engines[name], f"{name}: {engines[name]}"
+            assert engines[name]["max_abs_err_vs_ort"] < 1e-4
+            assert "speedup_vs_best_peer" in engines[name]
+        for name in e2e.GPU_ONLY:  # CUDA graph, both compile peers, the floor
+            assert engines[name] == {"skipped": "no GPU"}, name
+        selection = engines["framefuse"]["selection"]
+        assert selection["chosen"] == "plan" and "skipped" in selection  # no timing without a GPU
+        assert "build_s" in engines["framefuse"]
+        assert row["best_peer"] in e2e.PEERS and row["best_peer_p50_us"] > 0
+        assert isinstance(row["speedup_vs_best_peer"], float) and isinstance(row["below_best_peer"], bool)
+        assert row["kernels"] == {"skipped": "no GPU"}
+
+
+def test_zoo_rows(e2e, smoke):
+    _, results = smoke
+    _check_engine_rows(e2e, results["rows"], {1, 3})
+    assert {r["form"] for r in results["rows"]} == {"step", "sequence"}
+
+
+def test_real_rows(e2e, smoke):
+    out, results = smoke
+    _check_engine_rows(e2e, results["real_rows"], {3, 1})
+    assert all(r["section"] == "real" and r["arch"] == "torch_gru_bidir" for r in results["real_rows"])
+    assert "length-1 sequence" in (out / "e2e.md").read_text()
+
+
+def test_precision_rows(smoke):
+    out, results = smoke
+    rows = {r["precision"]: r for r in results["precision_rows"]}
+    assert sorted(rows) == sorted(PRECISIONS)
+    for precision, row in rows.items():
+        assert "error" not in row, f"{precision}: {row.get('error')}"
+        assert row["p50_us"] > 0 and row["p99_us"] >= row["p50_us"]
+        if precision != "fp32":
+            acc = row["accuracy"]
+            assert acc["frames"] == 20 and acc["policy_output"] == "y"
+            assert acc["max_abs_policy"] is not None and 0.0 <= acc["argmax_agreement"] <= 1.0
+            assert isinstance(acc["passed"], bool)
+    table = (out / "e2e.md").read_text()
+    assert "| min_gru | bf16 |" in table and "argmax agreement" in table
+
+
+def test_markdown_states_rows_below_the_best_peer(smoke):
+    out, _ = smoke
+    table = (out / "e2e.md").read_text()
+    assert "| rank | architecture | category | ms |" in table
+    assert "below 1.0× of the best peer" in table
+    assert "floor" in table
+
+
+def test_merge_keeps_every_section(e2e, smoke, tmp_path):
+    _, results = smoke
+    zoo = dict(results, sections=["zoo"], real_rows=[], precision_rows=[], quick=False)
+    zoo.pop("publication")
+    rest = dict(results, sections=["real", "precision"], rows=[])
+    paths = []
+    for name, part in (("zoo", zoo), ("rest", rest)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(part))
+        paths.append(str(path))
+    merged = e2e.merge(paths, tmp_path / "merged")
+    assert merged["sections"] == ["zoo", "real", "precision"]
+    assert len(merged["rows"]) == len(results["rows"]) and len(merged["real_rows"]) == len(results["real_rows"])
+    assert len(merged["precision_rows"]) == len(results["precision_rows"])
+    assert merged["quick"] is True and merged["publication"] == "quick: not for publication"
+    assert (tmp_path / "merged" / "e2e.md").is_file()
+
+
+def test_a_full_run_never_skips_a_compile_peer(e2e, tmp_path):
+    with pytest.raises(SystemExit, match="never skips"):
+        e2e.main(["--device", "cpu", "--compile", "step", "--archs", "min_gru", "--out", str(tmp_path)])
