@@ -394,6 +394,50 @@ class MLSTMVariant(nn.Module):
         return torch.stack(hs, dim=2)
 
 
+class TransformersMLSTM(nn.Module):
+    """transformers' xLSTM mLSTM step (`mlstm_recurrent_step_native`, called as its sequence form
+    does): m and the gates [B, H, 1], C = k⊗v [Dk, Dv] by MatMul, q scaled inside, read-outs as
+    MatMuls, `.to(dtype_state)` Casts, ε = 1e-6. Dk ≠ Dv so a C left untransposed cannot pass."""
+
+    def __init__(self, heads=2, dk=3, dv=5):
+        super().__init__()
+        self.heads, self.dk, self.dv = heads, dk, dv
+        self.qk = nn.Linear(F, 2 * heads * dk)
+        self.v = nn.Linear(F, heads * dv)
+        self.gates = nn.Linear(F, 2 * heads)
+
+    def forward(self, x, C, n, m):
+        from transformers.models.xlstm.modeling_xlstm import mlstm_recurrent_step_native
+
+        Bsz, T, _ = x.shape
+        H = self.heads
+        q, k = self.qk(x).view(Bsz, T, 2, H, self.dk).permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, Dk]
+        v = self.v(x).view(Bsz, T, H, self.dv).transpose(1, 2)
+        i_pre, f_pre = self.gates(x).view(Bsz, T, 2, H).permute(2, 0, 3, 1).unbind(0)  # [B, H, T]
+        hs = []
+        for t in range(T):
+            h_t, (C, n, m) = mlstm_recurrent_step_native(
+                q[:, :, t], k[:, :, t], v[:, :, t], i_pre[:, :, t, None], f_pre[:, :, t, None], C, n, m
+            )
+            hs.append(h_t)
+        return torch.stack(hs, dim=2), C, n, m
+
+
+def test_transformers_mlstm_layout_fuses_with_eps():
+    """transformers' layout: C transposed into and out of the op, m reshaped, ε as the attribute;
+    all outputs (h and the final C, n, m) match the unfused graph."""
+    pytest.importorskip("transformers.models.xlstm.modeling_xlstm")
+    torch.manual_seed(0)
+    H, dk, dv = 2, 3, 5
+    states = (torch.randn(B, H, dk, dv), torch.randn(B, H, dk), torch.randn(B, H, 1))
+    model = export(TransformersMLSTM(H, dk, dv), (seq_input(), *states), ["x", "C0", "n0", "m0"], ["y", "C", "n", "m"])
+    fused, report = check_fused(model, "MLSTMScan")
+    (node,) = [n for n in fused.graph.node if n.op_type == "MLSTMScan"]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"eps": np.float32(1e-6)}
+    assert report.matches[0].detail["layout"] == "m [B, H, 1], C = k⊗v"
+    assert report.matches[0].detail["state_shape"] == [B, H, dv, dk]
+
+
 class MambaVariant(nn.Module):
     """S6 discretised inside the loop with broadcast Muls (no einsum for a_t, b_t)."""
 
