@@ -96,6 +96,15 @@ def register(subparsers) -> argparse.ArgumentParser:
         metavar="EP[,EP]",
         help="onnxruntime: execution providers, e.g. CUDAExecutionProvider (default: by --device)",
     )
+    parser.add_argument(
+        "--check",
+        dest="check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="after writing, compare the engine with ONNX Runtime on the original model.onnx (as `framefuse "
+        "check`); a mismatch removes the artifact and fails the build (exit 3). Default: on for tensorrt (a plan "
+        "that cannot run here is reported as not checked), off for the others",
+    )
     parser.add_argument("--json", action="store_true", help="print the artifact's metadata as JSON")
     parser.set_defaults(func=run)
     return parser
@@ -192,6 +201,38 @@ def convert_precision(
     return target
 
 
+def _parity_gate(runner, target: Path | None, source: Path, engine: str, log) -> None:
+    """The built engine against ONNX Runtime on the original graph beside ``source``. A mismatch
+    removes what the build wrote and raises ParityError; an engine that cannot run on this machine
+    (a TensorRT plan without a GPU) is reported as not checked, never as passing."""
+    from framefuse.engines.base import EngineRunError
+    from framefuse.parity import compare
+    from framefuse.rewrite.cli import manifest_tolerance
+
+    original = source.parent / "model.onnx"
+    if not original.is_file():
+        log(f"parity: not checked ({original} not found: nothing to compare the engine with)")
+        return
+    tolerance = manifest_tolerance(original)
+    precision = getattr(runner, "precision", "fp32")
+    if isinstance(tolerance, dict) and precision in tolerance:
+        tolerance = float(tolerance[precision])
+    report_path = source.parent / f"parity-report.{engine}.json"
+    try:
+        report = compare(original, runner, tolerance=tolerance, report_path=report_path)
+    except EngineRunError as exc:
+        log(f"parity: NOT CHECKED here ({exc}); run `framefuse check {target}` where the engine runs")
+        return
+    log(f"parity: {report.summary()}")
+    if not report.passed:
+        written = [target] if target is not None else []
+        if target is not None:
+            written += [target.with_name(target.name + suffix) for suffix in (".json", ".onnx")]
+        for path in written:
+            path.unlink(missing_ok=True)
+        report.raise_if_failed()
+
+
 def _describe(summary: dict) -> list[str]:
     lines = []
     width = max((len(key) for key in summary), default=0) + 2
@@ -255,6 +296,9 @@ def run(args) -> int:
     runner = backend.build(source, out=out, precision=args.precision, device=args.device, options=options, log=log)
     seconds = time.perf_counter() - start
     target = runner.artifact_path
+    check = getattr(args, "check", None)
+    if check if check is not None else engine == "tensorrt":
+        _parity_gate(runner, target, source, engine, log)
     if args.json:
         if target is not None and target.suffix == ".ort":
             metadata = json.loads(target.read_text())
