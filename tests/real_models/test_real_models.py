@@ -18,8 +18,6 @@ from .models import BY_NAME, MODELS
 XFAIL: dict[str, str] = {
     "mamba2": "unrolled-chunked-scan: Mamba2's chunked SSD form (exp of segment sums of a cumulative sum) is "
     "reported but not mapped to SelectiveScan (equality with the per-step recurrence not proved)",
-    "rwkv": "unrolled-linear-scan: step 2 (ScatterND_2) is not computed like step 1: no WKVScan match "
-    "for transformers' rwkv_linear_attention_cpu with inputs_embeds; 132 per-step ops left",
 }
 
 

@@ -24,6 +24,8 @@ from framefuse.rewrite.base import Match, PassResult, RewriteContext
 from framefuse.rewrite.unrolled.graphutil import Emitter, Shapes, const_value, is_framefuse, producer
 
 MIN_WRITES = 2
+# The pipeline's folding limit: larger tensors stay computed at run time.
+FOLD_SIZE_THRESHOLD = 64 << 20
 
 
 class OutputStackingPass:
@@ -36,6 +38,7 @@ class OutputStackingPass:
             result.matches.append(Match(self.name, "Concat", "(merged)", [], {"merged_concats": merged}))
         graph.cleanup().toposort()
         shapes = None
+        refold = False
         for node in list(graph.nodes):
             if node.op != "ScatterND" or is_framefuse(node) or node not in graph.nodes:
                 continue
@@ -47,11 +50,26 @@ class OutputStackingPass:
             shapes = shapes or Shapes(graph)
             replaced = _replace_chain(graph, ctx, chain, shapes)
             if replaced is not None:
-                result.matches.append(
-                    Match(self.name, "ScatterND", replaced.name, [n.name for n in chain], {"writes": len(chain)})
-                )
+                new_node, shape_reads = replaced
+                detail = {"writes": len(chain), "shape_reads": shape_reads}
+                result.matches.append(Match(self.name, "ScatterND", new_node.name, [n.name for n in chain], detail))
+                refold = refold or shape_reads > 0
         graph.cleanup().toposort()
+        if refold:
+            _refold(graph)
         return result
+
+
+def _refold(graph: gs.Graph) -> None:
+    """Constant-fold again once the intermediate buffers' shapes are constants: the exporter's
+    index arithmetic for ``out[:, t]`` (Range/Reshape/Shape feeding each write's Expand and Reshape
+    targets) read those shapes, so it was not constant when the pipeline folded first. Folded, every
+    step's update is the same computation on its frame, which ``restack`` lifts once the recurrence
+    is fused; left unfolded, T copies of that arithmetic would stay in the graph."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)  # folding runs ORT; its optimiser warnings are noise
+    graph.fold_constants(fold_shapes=True, error_ok=True, size_threshold=FOLD_SIZE_THRESHOLD).cleanup().toposort()
 
 
 def _merge_concats(graph: gs.Graph) -> int:
@@ -212,7 +230,11 @@ def _scatter_chain(graph: gs.Graph, last: gs.Node) -> list[gs.Node]:
     return chain[::-1]
 
 
-def _replace_chain(graph: gs.Graph, ctx: RewriteContext, chain: list[gs.Node], shapes: Shapes) -> gs.Node | None:
+def _replace_chain(
+    graph: gs.Graph, ctx: RewriteContext, chain: list[gs.Node], shapes: Shapes
+) -> tuple[gs.Node, int] | None:
+    """(the one ScatterND now writing the chain's output, how many Shape reads of the intermediate
+    buffers became constants), or None when the chain is left as it was."""
     if any(n.attrs.get("reduction", "none") not in ("none", b"none") for n in chain):
         return None
     indices = [_static_value(n.inputs[1], shapes) for n in chain]
@@ -229,6 +251,20 @@ def _replace_chain(graph: gs.Graph, ctx: RewriteContext, chain: list[gs.Node], s
     flat = np.where(flat < 0, flat + np.asarray(base_shape[:depth]), flat)
     if len({tuple(row) for row in flat.tolist()}) != len(flat):
         return None
+    # Readers of the intermediate buffers only take their (static) shape: they get constants, so
+    # the old writes are dead once the chain is replaced. Each intermediate buffer is also read by
+    # the next write of the chain, which is skipped here. All values are found before anything is
+    # changed, so a chain left alone is left as it was.
+    static_shapes = []
+    for node, nxt in zip(chain[:-1], chain[1:]):
+        readers = _shape_readers(node.outputs[0], nxt)
+        if readers is None:
+            return None
+        for shape_node in readers:
+            value = _static_value(shape_node.outputs[0], shapes)
+            if value is None:
+                return None
+            static_shapes.append((shape_node, value))
     emit = Emitter(graph, ctx, prefix=ctx.unique_name("output_stack"))
     (update_shape,) = update_shapes
     dtype = shapes.dtype(chain[0].inputs[2])
@@ -236,23 +272,15 @@ def _replace_chain(graph: gs.Graph, ctx: RewriteContext, chain: list[gs.Node], s
     stacked = emit.node("Concat", pieces, (len(chain), *update_shape), dtype, attrs={"axis": 0})
     all_indices = emit.const(np.stack([np.asarray(i, dtype=np.int64) for i in indices]))
     out = chain[-1].outputs[0]
-    # Readers of the intermediate buffers only took their (static) shape: give them constants, so
-    # the old writes are dead once the chain is replaced.
-    for node in chain[:-1]:
-        for shape_node in _shape_readers(node.outputs[0], None) or []:
-            if shape_node.op != "Shape":
-                continue
-            value = _static_value(shape_node.outputs[0], shapes)
-            if value is None:
-                return None
-            const = emit.const(value.astype(np.int64))
-            for reader in list(shape_node.outputs[0].outputs):
-                for k, t in enumerate(reader.inputs):
-                    if t is shape_node.outputs[0]:
-                        reader.inputs[k] = const
+    for shape_node, value in static_shapes:
+        const = emit.const(value.astype(np.int64))
+        for reader in list(shape_node.outputs[0].outputs):
+            for k, t in enumerate(reader.inputs):
+                if t is shape_node.outputs[0]:
+                    reader.inputs[k] = const
     node_out = emit.node("ScatterND", [base, all_indices, stacked], tuple(base_shape), shapes.dtype(out))
     new_node = producer(node_out)
     # The fused write takes over the chain's output tensor (graph outputs and readers stay wired).
     chain[-1].outputs.clear()
     new_node.outputs[0] = out
-    return new_node
+    return new_node, len(static_shapes)
