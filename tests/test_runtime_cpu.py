@@ -269,3 +269,17 @@ def test_load_a_modelproto_picks_an_engine_that_runs_it(monkeypatch):
     assert original.engine_name == "onnxruntime" and fused.engine_name == "cuda-graph"
     frame = np.ones(original.engine.input_specs["x"].shape, np.float32)
     np.testing.assert_allclose(original.step(frame), fused.step(frame), rtol=1e-5, atol=1e-5)
+
+
+def test_prepare_cached_removes_its_folder_at_exit(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "from framefuse.runtime.pipeline import prepare_cached\n"
+        "p = prepare_cached('min_gru', {'seq': 4, 'seed': 0}, rewrite=False)['step']\n"
+        "print(p.onnx.parent.parent.parent)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    root = out.stdout.strip().splitlines()[-1]
+    assert "framefuse-prepared-" in root and not __import__("os").path.exists(root), root

@@ -8,7 +8,9 @@ recorded (``fused_error``), not raised: the unfused graph still runs everywhere.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,12 +69,14 @@ _ROOT: Path | None = None
 
 
 def prepare_cached(arch: str, config: dict | None = None, *, rewrite: bool = True) -> dict[str, PreparedForm]:
-    """``prepare`` once per (arch, config) in this process, under one temporary folder."""
+    """``prepare`` once per (arch, config) in this process, under one temporary folder (removed
+    when the process exits)."""
     global _ROOT
     key = json.dumps([arch, config, rewrite], sort_keys=True, default=str)
     if key not in _CACHE:
         if _ROOT is None:
             _ROOT = Path(tempfile.mkdtemp(prefix="framefuse-prepared-"))
+            atexit.register(shutil.rmtree, _ROOT, True)  # the exports live as long as the process
         folder = _ROOT / f"{len(_CACHE):03d}"
         folder.mkdir()
         _CACHE[key] = prepare(arch, folder, config, rewrite=rewrite)
