@@ -1,5 +1,6 @@
-"""``framefuse bench``: the end-to-end benchmark of ``bench/e2e.py`` (every zoo architecture,
-framefuse against torch eager / CUDA graph / torch.compile / ONNX Runtime, one process)."""
+"""``framefuse bench``: the end-to-end benchmark of ``bench/e2e.py`` (sections zoo / real /
+precision: framefuse against torch eager, torch eager in a CUDA graph, torch.compile
+reduce-overhead, torch.compile max-autotune in a CUDA graph and ONNX Runtime CPU, and the floor)."""
 
 from __future__ import annotations
 
@@ -34,10 +35,12 @@ def load_e2e() -> ModuleType:
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "bench",
-        help="end-to-end benchmark: every architecture, framefuse vs torch / torch.compile / ONNX Runtime",
-        description="Export, rewrite and build every zoo architecture (embed 256, 2 layers, batch 1, T in {1, 32}) "
-        "and time host input -> host output per call for the framefuse engine and its peers in one process; "
-        "writes e2e.json, e2e.md and e2e.png under --out.",
+        help="end-to-end benchmark: framefuse vs torch eager / CUDA graph / torch.compile / ONNX Runtime and the floor",
+        description="Time host input -> host output per call for the framefuse engine (as `framefuse build` makes "
+        "it) and its peers, measured the same way in one run: --section zoo (every zoo architecture, embed 256, "
+        "2 layers, batch 1, T in {1, 32}), real (models written by others: transformers, torch.nn) and precision "
+        "(fp32/fp16/bf16/int8 with their accuracy). Reports ratios to the best peer and to the floor (a CUDA graph "
+        "with only the copies and one kernel); writes e2e.json, e2e.md and e2e.png under --out.",
     )
     if _e2e_path().is_file():
         load_e2e().add_arguments(parser)
