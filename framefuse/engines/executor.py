@@ -37,7 +37,15 @@ from onnx import helper, numpy_helper
 
 # IOSpec and the errors live in base.py (shared by every backend); re-exported for old imports.
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec  # noqa: F401
-from framefuse.engines.ops import OPS, OpDef, UnsupportedOpError, tensor_from_numpy, tensor_to_proto, torch_dtype
+from framefuse.engines.ops import (
+    OPS,
+    TORCH_TO_ONNX,
+    OpDef,
+    UnsupportedOpError,
+    tensor_from_numpy,
+    tensor_to_proto,
+    torch_dtype,
+)
 from framefuse.errors import FrameFuseError
 
 FRAMEFUSE_DOMAIN = "framefuse"
@@ -479,7 +487,7 @@ class GraphExecutor:
         for name in sorted(used):
             if name in plan.constants and name not in plan.input_specs:
                 initializers.append(tensor_to_proto(plan.constants[name], name))
-        elem = {v: k for k, v in _ONNX_ELEM.items()}
+        elem = TORCH_TO_ONNX
         inputs = [
             helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.shape))
             for spec in plan.input_specs.values()
@@ -494,20 +502,6 @@ class GraphExecutor:
         for prop in self.model.metadata_props:
             model.metadata_props.add(key=prop.key, value=prop.value)
         return model
-
-
-_ONNX_ELEM = {
-    1: torch.float32,
-    2: torch.uint8,
-    3: torch.int8,
-    5: torch.int16,
-    6: torch.int32,
-    7: torch.int64,
-    9: torch.bool,
-    10: torch.float16,
-    11: torch.float64,
-    16: torch.bfloat16,
-}
 
 
 # -- plan-time optimisation ------------------------------------------------------------------------

@@ -86,27 +86,9 @@ def find_segments(plan: Plan) -> list[Segment]:
     return segments
 
 
-def _segment_runner(steps: list[Step], inputs: list[str], outputs: list[str]) -> Callable:
-    def run(*tensors):
-        env = dict(zip(inputs, tensors))
-        for step in steps:
-            args = list(step.template)
-            for position, name in step.env_args:
-                args[position] = env[name]
-            for name, value in zip(step.outputs, step.fn(args)):
-                if name:
-                    env[name] = value
-        # Outputs are returned as fresh tensors when they alias an input, so that the compiled
-        # graph never hands back a view of the caller's buffers under a new name by accident.
-        return tuple(env[name] for name in outputs)
-
-    return run
-
-
-def _planning_env(plan: Plan, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every env value of one eager run of the plan (the example inputs of each segment)."""
-    env: dict[str, torch.Tensor] = dict(feeds)
-    for step in plan.steps:
+def _run_steps(steps: list[Step], env: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Plan.execute's loop without freeing: every value stays in ``env`` (tracing needs them all)."""
+    for step in steps:
         args = list(step.template)
         for position, name in step.env_args:
             args[position] = env[name]
@@ -114,6 +96,19 @@ def _planning_env(plan: Plan, feeds: Mapping[str, torch.Tensor]) -> dict[str, to
             if name:
                 env[name] = value
     return env
+
+
+def _segment_runner(steps: list[Step], inputs: list[str], outputs: list[str]) -> Callable:
+    def run(*tensors):
+        env = _run_steps(steps, dict(zip(inputs, tensors)))
+        return tuple(env[name] for name in outputs)
+
+    return run
+
+
+def _planning_env(plan: Plan, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every env value of one eager run of the plan (the example inputs of each segment)."""
+    return _run_steps(plan.steps, dict(feeds))
 
 
 def example_feeds(plan: Plan, seed: int = 0) -> dict[str, torch.Tensor]:

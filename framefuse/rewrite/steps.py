@@ -27,26 +27,15 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.plugins.registry import DOMAIN
+from framefuse.rewrite.unrolled.chains import DATA_MOVEMENT as CHAIN_DATA_MOVEMENT
 from framefuse.rewrite.util import const_value
 
 ROUNDS = 2
 MIN_CHAINED = 3
 SMALL_CONSTANT = 16  # elements; larger constants are parameters, keyed by identity
-DATA_MOVEMENT = {
-    "Concat",
-    "Slice",
-    "Reshape",
-    "Unsqueeze",
-    "Squeeze",
-    "Transpose",
-    "Cast",
-    "Identity",
-    "Gather",
-    "Expand",
-    "Split",
-    "Flatten",
-    "Pad",
-    "Constant",
+# What only moves data, as the passes see it, plus the shape and indexing plumbing of stacked
+# outputs: none of it is a per-step computation.
+DATA_MOVEMENT = CHAIN_DATA_MOVEMENT | {
     "Shape",
     "Size",
     "ScatterND",
