@@ -18,30 +18,44 @@ EXTRAS ?= dev,gpu
 PIP_ARGS ?=
 # Wheels kept beside the checkout (gitignored .whl/) are used when present.
 LOCAL_WHEELS := $(if $(wildcard .whl/*.whl),--find-links .whl)
+# The tested versions of every dependency (constraints.txt); `make upgrade-deps` moves them on.
+# CONSTRAINTS= (empty) installs the newest versions pyproject.toml allows instead.
+CONSTRAINTS ?= constraints.txt
+CONSTRAINT_ARGS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PIP := $(PY) -m pip install --disable-pip-version-check $(LOCAL_WHEELS) $(PIP_ARGS)
 
-# The install is redone only when pyproject.toml changes: the stamp's name carries its hash.
-PYPROJECT_HASH := $(shell $(PYTHON) -c "import hashlib;print(hashlib.sha256(open('pyproject.toml','rb').read()).hexdigest()[:16])")
+# The install is redone only when pyproject.toml or the constraints change: the stamp's name
+# carries their hash.
+PYPROJECT_HASH := $(shell $(PYTHON) -c "import hashlib;print(hashlib.sha256(b''.join(open(f,'rb').read() for f in ['pyproject.toml'] + '$(CONSTRAINTS)'.split())).hexdigest()[:16])")
 STAMP := $(VENV)/.framefuse-installed-$(PYPROJECT_HASH)
 
 PYTEST_ARGS ?= -q
 DEMO_ARCH ?= min_gru
 ARTIFACTS ?= artifacts
 
-.PHONY: help venv test lint demo demo-export demo-rewrite demo-build demo-run kernels clean distclean
+.PHONY: help venv upgrade-deps test lint demo demo-export demo-rewrite demo-build demo-run kernels clean distclean
 
 help: ## list every target
 	@echo "make TARGET (variables: DEMO_ARCH=$(DEMO_ARCH) DEMO_ENGINE=$(or $(DEMO_ENGINE),<default>) DEMO_FRAMES=$(DEMO_FRAMES) PYTEST_ARGS=...)"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z_-]+):.*## (.*)/\1|\2/' | awk -F'|' '{printf "  %-14s %s\n", $$1, $$2}'
 
-venv: $(STAMP) ## create .venv and install framefuse with its dev/gpu extras (redone when pyproject.toml changes)
+venv: $(STAMP) ## create .venv and install framefuse with its dev/gpu extras at the tested versions (constraints.txt)
 
 $(STAMP):
 	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
-	$(PIP) '$(TORCH_SPEC)'
-	$(PIP) -e '.[$(EXTRAS)]'
+	$(PIP) $(CONSTRAINT_ARGS) '$(TORCH_SPEC)'
+	$(PIP) $(CONSTRAINT_ARGS) -e '.[$(EXTRAS)]'
 	@rm -f $(VENV)/.framefuse-installed-*
 	@touch $@
+
+upgrade-deps: venv ## re-resolve the newest dependency versions, rewrite constraints.txt, run the tests
+	$(PIP) --upgrade --upgrade-strategy eager -e '.[$(EXTRAS)]'
+	@{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable --disable-pip-version-check \
+	   | grep -viE '^(torch|nvidia-|triton|framefuse)([=_-]|$$)'; } > constraints.txt.new
+	@mv constraints.txt.new constraints.txt
+	@rm -f $(VENV)/.framefuse-installed-*
+	@$(MAKE) --no-print-directory venv test
+	@echo "upgrade-deps: constraints.txt rewritten and the tests passed; review 'git diff constraints.txt' and commit it"
 
 test: venv ## run the test suite (GPU tests skip without a GPU)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -248,12 +248,20 @@ def test_int8_qdq_graph_matches_onnxruntime(arch):
     feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()}
     from framefuse.parity.ort_bridge import ort_session
 
-    session = ort_session(converted)
-    names = [o.name for o in session.get_outputs()]
-    expected = dict(zip(names, session.run(names, feeds)))
+    # The engine runs the Q/DQ graph as written (fake quantisation); so does ONNX Runtime with its
+    # optimiser off. Optimised, ORT fuses the QDQ GEMMs into integer kernels whose rounding (and, on
+    # CPUs without VNNI, u8s8 saturation) depends on the CPU: that is compared at int8 tolerance.
+    plain = ort_session(converted, optimize=False)
+    names = [o.name for o in plain.get_outputs()]
+    expected = dict(zip(names, plain.run(names, feeds)))
     actual = CudaGraphEngine(converted, device="cpu").run(feeds)
     for name in names:
         np.testing.assert_allclose(actual[name], expected[name], atol=1e-5, rtol=1e-5, err_msg=name)
+    optimised = ort_session(converted)
+    fused_int = dict(zip(names, optimised.run(names, feeds)))
+    tol = prepared.manifest["config"]["tolerance"]["int8"]
+    for name in names:
+        np.testing.assert_allclose(fused_int[name], expected[name], atol=tol, rtol=tol, err_msg=name)
     report = accuracy_report(model, converted, frames=100, precision="int8")
     assert report.outputs and all(np.isfinite(o.max_abs) and o.max_abs > 0 for o in report.outputs)
 

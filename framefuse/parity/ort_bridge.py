@@ -251,15 +251,20 @@ def load_any(model_or_path) -> tuple[onnx.ModelProto, str]:
         raise ParitySetupError(f"cannot read ONNX model {path}: {exc}") from exc
 
 
-def ort_session(model, *, fused: bool = True):
+def ort_session(model, *, fused: bool = True, optimize: bool = True):
     """An ONNX Runtime CPU InferenceSession for `model` (ModelProto or path). With ``fused``,
-    framefuse nodes run through their reference implementations."""
+    framefuse nodes run through their reference implementations. ``optimize=False`` turns ONNX
+    Runtime's graph optimiser off, so the graph runs exactly as written (its QDQ fusions replace
+    DequantizeLinear -> MatMul -> QuantizeLinear with integer kernels whose rounding depends on the
+    CPU's instruction set)."""
     import onnxruntime as ort
 
     proto, label = load_any(model)
     ort.set_default_logger_severity(3)  # ORT's optimiser warnings are noise here
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if fused and any(n.domain == DOMAIN for n in proto.graph.node):
         proto = prepare_for_ort(proto)
         options.register_custom_ops_library(_ortx().get_library_path())
