@@ -359,7 +359,7 @@ class CudaGraphEngine(EngineRunner):
 
     # -- bindings -----------------------------------------------------------------------------------
     def plan(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Plan:
-        if input_shapes is None:
+        if input_shapes is None or {k: tuple(v) for k, v in input_shapes.items()} == self.default_shapes:
             return self.default_plan
         return self.executor.plan({k: tuple(v) for k, v in input_shapes.items()})
 
@@ -378,6 +378,14 @@ class CudaGraphEngine(EngineRunner):
         host_inputs = list(plan.input_specs) if host_inputs is None else list(host_inputs)
         host_outputs = list(plan.output_specs) if host_outputs is None else list(host_outputs)
         self.check_binding_args(host_inputs, host_outputs, state_pairs or {}, plan.input_specs, plan.output_specs)
+        if hasattr(plan, "create_binding"):  # the step compiler's kernel: mapped host memory, no copies
+            return plan.create_binding(
+                self,
+                host_inputs=host_inputs,
+                host_outputs=host_outputs,
+                state_pairs=state_pairs or {},
+                input_buffers=input_buffers,
+            )
         return Binding(self, plan, host_inputs, host_outputs, state_pairs or {}, input_buffers)
 
     def binding(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Binding:

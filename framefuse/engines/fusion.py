@@ -322,7 +322,24 @@ def select_plan(
     return candidates[chosen], {"chosen": chosen, "candidates": report}
 
 
-SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *COMPILE_MODES)
+STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/compiler)
+SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", STEPKERNEL, *COMPILE_MODES)
+
+
+def stepkernel_candidate(executor, plan: Plan, say: Callable[[str], None], *, required: bool = False):
+    """The step compiler's kernel for the engine's graph, as a Plan-like candidate; None (with the
+    reason logged) when the graph cannot be compiled, or EngineBuildError when ``required``."""
+    from framefuse.compiler.engine import StepKernelPlan, compile_step
+
+    try:
+        compiled = compile_step(executor.model, device=plan.device, log=say)
+        return StepKernelPlan(compiled, plan.input_specs, plan.output_specs)
+    except Exception as exc:  # a graph the compiler declines is reported, never fatal to the build
+        reason = f"{type(exc).__name__}: {str(exc)[:400]}"
+        if required:
+            raise EngineBuildError(f"--select {STEPKERNEL}: the step compiler cannot build this graph ({reason})") from exc
+        say(f"selection: {STEPKERNEL} not a candidate ({reason})")
+        return None
 UNFUSED = "unfused"  # the candidates made from the graph before the rewrite ("unfused", "unfused+inductor")
 
 
@@ -364,6 +381,9 @@ def apply_selection(
         chosen, report = select_plan(plan, log=say)  # skipped with a note
     elif select.startswith("time"):
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
+        step = stepkernel_candidate(executor, plan, say)
+        if step is not None:
+            alternatives[STEPKERNEL] = step
         if unfused_executor is not None:
             shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
             try:
@@ -379,6 +399,8 @@ def apply_selection(
             log=say,
         )
         name = report["chosen"]
+        if step is not None:
+            report.setdefault("candidates", {}).setdefault(STEPKERNEL, {})["kernel"] = step.compiled.describe()
         if name == UNFUSED or name.startswith(UNFUSED + "+"):
             report["graph"] = UNFUSED
             report["apply"] = name.partition("+")[2] or "plan"
@@ -387,6 +409,9 @@ def apply_selection(
         chosen, report = plan, {"chosen": "plan"}
     elif select == "unoptimized":
         chosen, report = unoptimized(), {"chosen": "unoptimized"}
+    elif select == STEPKERNEL and plan.device.type == "cuda":
+        chosen = stepkernel_candidate(executor, plan, say, required=True)
+        report = {"chosen": STEPKERNEL}
     elif plan.device.type != "cuda":
         note = f"recorded choice {select!r} needs a CUDA device: the plan is used as planned"
         say(note)
@@ -395,6 +420,8 @@ def apply_selection(
         chosen, info = compile_plan(plan, mode=COMPILE_MODES[select])
         report = {"chosen": select, "compile_s": info["compile_s"]}
         say(f"selection: {select} (recorded at build) compiled in {info['compile_s']:.1f} s")
+    if getattr(chosen, "compiled", None) is not None:
+        report["stepkernel"] = chosen.compiled.describe()
     report["log"] = lines
     return chosen, report
 
@@ -402,6 +429,7 @@ def apply_selection(
 __all__ = [
     "COMPILE_MODES",
     "SELECT_CHOICES",
+    "STEPKERNEL",
     "UNFUSED",
     "apply_selection",
     "Segment",
@@ -409,5 +437,6 @@ __all__ = [
     "example_feeds",
     "find_segments",
     "select_plan",
+    "stepkernel_candidate",
     "time_plan_graph",
 ]

@@ -1,0 +1,306 @@
+#!/usr/bin/env python
+"""The step compiler on a GPU: parity and latency of the one-kernel step, every zoo architecture.
+
+For each architecture (configs/<arch>.yaml: embed 256, 2 layers, batch 1) the step form is
+exported and rewritten, then built by the cuda-graph engine with ``select="stepkernel"`` and run
+through ``Session.step`` (host frame in, host output back, state on the GPU):
+
+  parity     --steps chained steps against ONNX Runtime (CPU) on the original model.onnx, each side
+             carrying its own state; max |diff| of y per step and of every final state, relative
+             to 1 + |reference|
+  latency    Session.step p50 / p99 over --iters frames; the raw replay + sync of the same graph
+             (no Session, no frame copy) for the host work Session.step adds; the engine's
+             previous best plan (``select="plan"``) in the same process
+  floors     mapped: a CUDA graph of one kernel reading its input from and writing its output to
+             pinned mapped host memory, replayed and synchronised with the same host loop;
+             copy: the H2D copy + one kernel + D2H copy graph bench/e2e.py calls its floor
+  schedule   tasks, dependency levels, shared memory, registers (from the compiled kernel)
+
+--sweep times the raw kernel (CUDA events over back-to-back replays) at several grid sizes and
+block sizes for the architectures named, so the defaults are chosen by measurement.
+
+    python bench/stepkernel.py --out /tmp/sk                       # every zoo architecture
+    python bench/stepkernel.py --archs min_gru,mamba --sweep min_gru,mamba --out /tmp/sk
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+ARCHS = ("min_gru", "min_lstm", "lstm", "gru", "attention", "mamba", "gated_ssm", "liquid", "delta_net", "xlstm", "jamba")
+TOL = 1e-4
+
+
+def say(message: str) -> None:
+    print(f"[stepkernel {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def percentiles(ns: np.ndarray) -> dict:
+    us = ns / 1e3
+    p50, p99 = np.percentile(us, [50, 99])
+    return {"p50_us": round(float(p50), 2), "p99_us": round(float(p99), 2), "max_us": round(float(us.max()), 2)}
+
+
+def timed(call, iters: int, warmup: int) -> dict:
+    for i in range(warmup):
+        call(i)
+    ns = np.empty(iters, dtype=np.int64)
+    clock = time.perf_counter_ns
+    for i in range(iters):
+        start = clock()
+        call(i)
+        ns[i] = clock() - start
+    return percentiles(ns)
+
+
+FLOOR_SOURCE = r"""
+extern "C" __global__ void floor_mapped(const float* x, float* y, int n_in, int n_out) {
+    const int i = threadIdx.x;
+    float v = 0.0f;
+    if (i < n_in) v = *(volatile const float*)(x + i);
+    if (i < n_out) y[i] = v * 2.0f;
+}
+"""
+
+
+def mapped_floor(in_shape, out_shape, pool, iters: int, warmup: int) -> dict:
+    """One kernel that reads the frame from and writes the output to pinned mapped host memory, in
+    a CUDA graph, replayed and synchronised with the host loop Session.step uses."""
+    import torch
+
+    from framefuse.compiler.engine import MappedHostBuffer, _FastLaunch
+    from framefuse.plugins import cuda
+
+    folder = Path(tempfile.mkdtemp(prefix="ff-floor-"))
+    src = folder / "floor_mapped.cu"
+    src.write_text(FLOOR_SOURCE)
+    fn = cuda.get_kernel(src, "floor_mapped")
+    x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
+    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    import ctypes
+
+    args = [ctypes.c_void_p(x.device_ptr), ctypes.c_void_p(y.device_ptr), ctypes.c_int(n_in), ctypes.c_int(n_out)]
+    with torch.cuda.graph(graph, stream=stream):
+        fn.launch(1, max(32, -(-max(n_in, n_out) // 32) * 32), args)
+    launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
+    launch, sync, exe, st = launcher.launch_fn, launcher.sync_fn, launcher.exec_handle, launcher.stream
+
+    def call(i):
+        np.copyto(x.array, pool[i % len(pool)])
+        launch(exe, st)
+        sync(st)
+        return y.array
+
+    result = timed(call, iters, warmup)
+    call(0)
+    ok = np.allclose(y.array.reshape(-1)[: min(n_in, n_out)], 2 * pool[0].reshape(-1)[: min(n_in, n_out)])
+    result["output_correct"] = bool(ok)
+    graph_keep = graph  # noqa: F841 - the graph must outlive the timing
+    return result
+
+
+def copy_floor(in_shape, out_shape, pool, iters: int, warmup: int) -> dict:
+    sys.path.insert(0, str(REPO / "bench"))
+    import torch
+
+    from e2e import make_floor
+
+    call = make_floor(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
+    return timed(call, iters, warmup)
+
+
+def ort_rollout(onnx_path, manifest: dict, frames: np.ndarray):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    names = manifest.get("state_names") or []
+    shapes = {i["name"]: i["shape"] for i in manifest["inputs"]}
+    state = {f"state.{n}": np.zeros(shapes[f"state.{n}"], dtype=np.float32) for n in names}
+    outs = []
+    wanted = [out_name] + [f"next_state.{n}" for n in names]
+    for frame in frames:
+        result = sess.run(wanted, {in_name: frame, **state})
+        outs.append(result[0])
+        for n, value in zip(names, result[1:]):
+            state[f"state.{n}"] = value
+    return np.stack(outs), state
+
+
+def bench_arch(arch: str, args, root: Path) -> dict:
+    import torch
+
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.pipeline import prepare
+    from framefuse.runtime.session import Session
+
+    row: dict = {"arch": arch}
+    start = time.perf_counter()
+    prepared = prepare(arch, root / arch)["step"]
+    if prepared.fused is None:
+        row["error"] = f"rewrite failed: {prepared.fused_error}"
+        return row
+    manifest = prepared.manifest
+    in_shape = manifest["inputs"][0]["shape"]
+    out_shape = manifest["outputs"][0]["shape"]
+    row["export_s"] = round(time.perf_counter() - start, 2)
+    lines: list[str] = []
+    start = time.perf_counter()
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"}, log=lines.append)
+    row["build_s"] = round(time.perf_counter() - start, 2)
+    row["build_log"] = lines
+    row["kernel"] = engine.default_plan.compiled.describe()
+    session = Session(engine, budget_ms=None)
+    rng = np.random.default_rng(0)
+    frames = rng.standard_normal((args.steps, *in_shape)).astype(np.float32)
+    # parity: chained steps against ONNX Runtime
+    ref_y, ref_state = ort_rollout(prepared.onnx, manifest, frames)
+    worst_y = 0.0
+    for i, frame in enumerate(frames):
+        y = session.step(frame)
+        worst_y = max(worst_y, float((np.abs(y - ref_y[i]) / (1 + np.abs(ref_y[i]))).max()))
+    state = session.get_state()
+    worst_state = {
+        name: float((np.abs(state[name] - ref_state[name]) / (1 + np.abs(ref_state[name]))).max()) for name in ref_state
+    }
+    row["parity"] = {
+        "steps": args.steps,
+        "max_rel_diff_y": worst_y,
+        "max_rel_diff_state": worst_state,
+        "passed": worst_y <= TOL and all(v <= TOL for v in worst_state.values()),
+    }
+    say(f"{arch}: parity over {args.steps} steps: y {worst_y:.2e}, state {max(worst_state.values()):.2e}")
+    # latency
+    pool = rng.standard_normal((64, *in_shape)).astype(np.float32)
+    session.reset()
+    row["session_step"] = timed(lambda i: session.step(pool[i % 64]), args.iters, args.warmup)
+    binding = session._host_step
+    row["replay_sync"] = timed(lambda i: (binding.launch(), binding.sync()), args.iters, args.warmup)
+    row["session_host_us"] = round(row["session_step"]["p50_us"] - row["replay_sync"]["p50_us"], 2)
+    row["floor_mapped"] = mapped_floor(in_shape, out_shape, pool, args.iters, args.warmup)
+    row["floor_copy"] = copy_floor(in_shape, out_shape, pool, args.iters, args.warmup)
+    # device time of one step: back-to-back replays timed with events
+    from framefuse.engines.fusion import example_feeds, time_plan_graph
+
+    plan = engine.default_plan
+    row["device_us_per_step"] = time_plan_graph(plan, example_feeds(plan))["us_per_step"]
+    levels = row["kernel"]["levels"]
+    floor = row["floor_mapped"]["p50_us"]
+    row["us_per_level"] = round((row["session_step"]["p50_us"] - floor) / max(levels, 1), 2)
+    if not args.no_plan:
+        other = cuda_graph.build(prepared.fused, device="cuda", options={"select": "plan"})
+        other_session = Session(other, budget_ms=None)
+        row["cuda_graph_plan"] = timed(lambda i: other_session.step(pool[i % 64]), args.iters, args.warmup)
+        row["cuda_graph_plan"]["kernels"] = len(other.default_plan.steps)
+        del other_session, other
+    say(
+        f"{arch}: step p50 {row['session_step']['p50_us']} us p99 {row['session_step']['p99_us']} us "
+        f"(mapped floor {floor} us, {levels} levels, device {row['device_us_per_step']} us)"
+    )
+    del session, engine
+    torch.cuda.synchronize()
+    return row
+
+
+def sweep(arch: str, root: Path, grids, threads_list) -> list:
+    import torch
+
+    from framefuse.compiler import lower_program
+    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.engines.base import IOSpec
+    from framefuse.engines.fusion import example_feeds, time_plan_graph
+    from framefuse.runtime.pipeline import prepare
+
+    prepared = prepare(arch, root / f"sweep-{arch}")["step"]
+    program = lower_program(prepared.fused)
+    rows = []
+    for grid in grids:
+        for threads in threads_list:
+            entry = {"arch": arch, "grid": grid, "threads": threads}
+            try:
+                compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, threads=threads)
+                ins = {n: IOSpec(n, s.shape, torch.float32) for n, s in compiled.input_specs.items()}
+                outs = {n: IOSpec(n, s.shape, torch.float32) for n, s in compiled.output_specs.items()}
+                plan = StepKernelPlan(compiled, ins, outs)
+                entry.update(time_plan_graph(plan, example_feeds(plan), replays=500))
+                entry["levels"] = compiled.schedule.levels()
+                entry["registers"] = compiled.fn.attribute("NUM_REGS")
+            except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is reported
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            say(f"sweep {arch} grid {grid} threads {threads}: {entry.get('us_per_step', entry.get('error'))}")
+            rows.append(entry)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--archs", default=",".join(ARCHS))
+    parser.add_argument("--steps", type=int, default=1000, help="chained steps of the parity check")
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--sweep", default="", help="architectures whose grid/block sizes are swept")
+    parser.add_argument("--grids", default="16,33,66,132")
+    parser.add_argument("--threads", default="128,256,512")
+    parser.add_argument("--no-plan", action="store_true", help="skip the cuda-graph plan comparison")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="ff-stepkernel-"))
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "settings": {"steps": args.steps, "iters": args.iters, "warmup": args.warmup},
+        "rows": [],
+        "sweep": [],
+    }
+    for arch in [a for a in args.archs.split(",") if a]:
+        try:
+            result["rows"].append(bench_arch(arch, args, root))
+        except Exception as exc:  # noqa: BLE001 - a failing architecture is a row with its error
+            traceback.print_exc()
+            result["rows"].append({"arch": arch, "error": f"{type(exc).__name__}: {str(exc)[:1000]}"})
+        (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
+    for arch in [a for a in args.sweep.split(",") if a]:
+        grids = [int(g) for g in args.grids.split(",")]
+        threads = [int(t) for t in args.threads.split(",")]
+        result["sweep"] += sweep(arch, root, grids, threads)
+        (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
+    print("\narch        levels  step p50/p99 us   mapped floor  x floor  device us  parity y   plan p50")
+    for row in result["rows"]:
+        if "error" in row:
+            print(f"{row['arch']:<11} ERROR {row['error'][:150]}")
+            continue
+        s = row["session_step"]
+        f = row["floor_mapped"]["p50_us"]
+        plan = row.get("cuda_graph_plan", {}).get("p50_us", float("nan"))
+        print(
+            f"{row['arch']:<11} {row['kernel']['levels']:>6}  {s['p50_us']:>7.1f}/{s['p99_us']:<7.1f}  {f:>10.1f}  "
+            f"{s['p50_us'] / f:>6.2f}x  {row['device_us_per_step']:>8.1f}  {row['parity']['max_rel_diff_y']:.1e}  {plan:>8.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""The step compiler: a fused step graph as ONE persistent CUDA kernel per model and shape.
+
+    model.fused.onnx ─lower─▶ IR ─simplify─▶ IR ─schedule─▶ tasks ─codegen─▶ CUDA source ─NVRTC─▶ kernel
+
+- :mod:`.lower`     ONNX (after the engine's constant folding) → the IR of :mod:`.ir`;
+- :mod:`.simplify`  composes index maps, sinks slices into products, merges common subexpressions;
+- :mod:`.naive`     the reference interpreter of the IR (numpy), checked against ONNX Runtime;
+- :mod:`.schedule`  what is materialized, what is recomputed, what each block computes;
+- :mod:`.codegen`   the kernel's CUDA source; :mod:`.emulate` runs that source on the CPU;
+- :mod:`.engine`    the compiled kernel on a GPU: buffers, mapped host memory, the step binding.
+
+``README.md`` in this folder has the design and the measured cost of each choice.
+"""
+
+from __future__ import annotations
+
+from framefuse.compiler.ir import CompileError, Program
+
+
+def lower_program(model_or_path, *, simplified: bool = True) -> Program:
+    """The step IR of a fused ONNX graph (path or ModelProto), simplified unless asked not to."""
+    from framefuse.compiler.lower import lower_onnx
+    from framefuse.compiler.simplify import simplify
+
+    program = lower_onnx(model_or_path)
+    return simplify(program) if simplified else program
+
+
+def generate_source(model_or_path, *, grid: int, threads: int = 256, smem_limit_bytes: int = 200 * 1024):
+    """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
+    ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel`."""
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.schedule import schedule
+
+    program = lower_program(model_or_path)
+    sched = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit_bytes // 8)
+    return generate(sched, smem_limit_bytes=smem_limit_bytes)
+
+
+__all__ = ["CompileError", "Program", "generate_source", "lower_program"]

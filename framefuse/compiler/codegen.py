@@ -1,0 +1,641 @@
+"""CUDA source for a scheduled step program: one persistent kernel, ``ffk_step``.
+
+Layout of the generated kernel (one thread block per SM, all blocks run the same task list):
+
+    start     each block reads its launch counter (the epoch), copies its row of the range
+              table into shared memory, issues cp.async copies of every weight row its dot
+              products will read (one commit group per task), and stages the graph inputs it
+              reads from pinned host memory into shared memory
+    task i    skipped by blocks with no elements in it; otherwise phases separated by
+              __syncthreads: shared-memory arrays (thread per element, warp per reduction, warp
+              per dot product), then the root: each thread computes its elements with
+              everything else inlined, and stores them (graph outputs to mapped host memory,
+              next states to device memory, values other blocks read as flag-tagged words)
+    end       the block's launch counter is advanced
+
+Expressions are generated from the IR with loop-invariant values hoisted: each value is
+declared in the innermost loop whose variable its index uses (never outside a Concat's branch
+test), so ``Σ_k S[v,k]·k_k`` inside the loop over the state's columns is computed once per row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from framefuse.compiler import iexpr as ix
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Reduce
+from framefuse.compiler.ops import EW, c_float
+from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branches
+
+RUNTIME = Path(__file__).resolve().parent / "runtime.cuh"
+KERNEL_NAME = "ffk_step"
+REDUCE_INIT = {"sum": "0.0f", "prod": "1.0f", "max": "-__int_as_float(0x7f800000)", "min": "__int_as_float(0x7f800000)"}
+STAGE_LIMIT = 8192  # graph inputs up to this many floats are staged in shared memory
+
+
+class Code:
+    """A block of C: ``head`` (None for a plain list) then items (lines or nested blocks)."""
+
+    def __init__(self, head: str | None = None):
+        self.head = head
+        self.items: list = []
+
+    def render(self, indent: int, out: list[str]) -> None:
+        pad = "    " * indent
+        if self.head is None:
+            for item in self.items:
+                if isinstance(item, Code):
+                    item.render(indent, out)
+                else:
+                    out.append(pad + item)
+            return
+        out.append(pad + self.head + " {")
+        for item in self.items:
+            if isinstance(item, Code):
+                item.render(indent + 1, out)
+            else:
+                out.append(pad + "    " + item)
+        out.append(pad + "}")
+
+
+@dataclass
+class Scope:
+    code: Code
+    var: ix.Var | None = None
+    guard: bool = False
+    memo: dict = field(default_factory=dict)
+    pos: int = 0
+
+    def insert(self, item) -> None:
+        self.code.items.insert(self.pos, item)
+        self.pos += 1
+
+    def open_child(self, child: Code) -> None:
+        self.code.items.insert(self.pos, child)  # later statements of this scope go before it
+
+    def close_child(self, child: Code) -> None:
+        self.pos = next(i for i, item in enumerate(self.code.items) if item is child) + 1
+
+
+@dataclass
+class Val:
+    text: str
+    free: frozenset
+
+
+@dataclass
+class Layout:
+    """Where everything lives: offsets in the weight buffer (floats), the flag-tagged buffer
+    (64-bit words), shared memory (floats) and the range table (ints per block)."""
+
+    weights: dict = field(default_factory=dict)  # leaf id -> offset
+    weight_arrays: list = field(default_factory=list)  # (offset, array)
+    weight_floats: int = 0
+    ll: dict = field(default_factory=dict)  # node id -> offset
+    ll_words: int = 0
+    staged: dict = field(default_factory=dict)  # input name -> (smem offset, blocks that stage it)
+    columns: list = field(default_factory=list)  # range-table columns: (task, unit id, "lo" | "hi" | "nlo")
+    column_of: dict = field(default_factory=dict)
+    table: np.ndarray | None = None  # [grid, columns] int32
+    prefetch: dict = field(default_factory=dict)  # (task index, dot id) -> (smem offset, rows)
+    prefetch_floats: int = 0
+    arena: dict = field(default_factory=dict)  # (task index, unit id) -> smem offset
+    arena_floats: int = 0
+    smem_floats: int = 0
+
+
+def _align4(n: int) -> int:
+    return -(-int(n) // 4) * 4
+
+
+class Generator:
+    def __init__(self, sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True):
+        self.sched = sched
+        self.program = sched.program
+        self.grid = sched.grid
+        self.threads = sched.threads
+        self.layout = Layout()
+        self.smem_limit = smem_limit_bytes // 4
+        self.want_prefetch = prefetch
+        self.headers: list[Path] = []
+        self.input_names = list(self.program.inputs)
+        self.state_names = list(self.program.states)
+        self.output_names = [n for n in self.program.outputs if n not in self.program.state_of.values()]
+        self._plan()
+
+    # -- layout -------------------------------------------------------------------------------------
+    def _plan(self) -> None:
+        lay = self.layout
+        for leaf in self.program.weights():
+            lay.weights[leaf.id] = lay.weight_floats
+            lay.weight_arrays.append((lay.weight_floats, leaf.array.reshape(-1)))
+            lay.weight_floats += _align4(leaf.size)
+        for nid, node in self.sched.ll_nodes.items():
+            lay.ll[nid] = lay.ll_words
+            lay.ll_words += node.size
+        # range-table columns: per block, each array's [lo, hi) and each product's first weight row
+        columns: list[np.ndarray] = []
+        dots: list[tuple[int, Unit, int]] = []
+        for t, task in enumerate(self.sched.tasks):
+            for unit in task.arrays():
+                lo = (unit.lo // 4) * 4  # aligned, so float4 reads of rows stay aligned
+                unit.lo = np.where(unit.hi > unit.lo, lo, 0)
+                self._column(t, unit.node.id, "lo", unit.lo, columns)
+                self._column(t, unit.node.id, "hi", unit.hi, columns)
+                if unit.how == "dot":
+                    nlo, nhi = self._rows(unit)
+                    self._column(t, unit.node.id, "nlo", nlo, columns)
+                    dots.append((t, unit, int((nhi - nlo).max()) if len(nlo) else 0))
+        lay.table = (
+            np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
+        )
+        # shared memory: staged inputs, the range row, weight prefetch, the task arena
+        used = 0
+        readers: dict[str, int] = {}
+        for task in self.sched.tasks:
+            for unit in task.units.values():
+                for occ in unit.occurrences:
+                    node = occ.node
+                    if isinstance(node, Leaf) and node.role == "input":
+                        readers[node.name] = max(readers.get(node.name, 0), task.blocks)
+        for name in self.input_names:
+            leaf = self.program.inputs[name]
+            if name in readers and leaf.size <= STAGE_LIMIT:
+                lay.staged[name] = (used, readers[name])
+                used += _align4(leaf.size)
+        self.range_offset = used
+        used += _align4(lay.table.shape[1])
+        arena = 0
+        for t, task in enumerate(self.sched.tasks):
+            offset = 0
+            for unit in sorted(task.arrays(), key=lambda u: u.node.id):
+                lay.arena[(t, unit.node.id)] = offset
+                offset += _align4(max(unit.span, 1))
+            arena = max(arena, offset)
+        lay.arena_floats = arena
+        budget = self.smem_limit - used - arena
+        if budget < 0:
+            raise CompileError(f"the step kernel needs {4 * (used + arena)} bytes of shared memory a block")
+        self.prefetch_offset = used
+        if self.want_prefetch:
+            for t, unit, rows in dots:
+                need = _align4(rows * unit.node.k)
+                if rows == 0 or need > budget - lay.prefetch_floats:
+                    continue
+                lay.prefetch[(t, unit.node.id)] = (lay.prefetch_floats, rows)
+                lay.prefetch_floats += need
+        self.arena_offset = self.prefetch_offset + lay.prefetch_floats
+        lay.smem_floats = self.arena_offset + arena
+
+    def _column(self, t: int, uid: int, what: str, values: np.ndarray, columns: list) -> None:
+        self.layout.column_of[(t, uid, what)] = len(columns)
+        self.layout.columns.append((t, uid, what))
+        columns.append(np.asarray(values, dtype=np.int64))
+
+    def _rows(self, unit: Unit) -> tuple[np.ndarray, np.ndarray]:
+        """Per block, the weight rows [nlo, nhi) a dot unit's elements use."""
+        n = unit.node.n
+        nlo = np.zeros(self.grid, dtype=np.int64)
+        nhi = np.zeros(self.grid, dtype=np.int64)
+        for b in range(self.grid):
+            lo, hi = int(unit.lo[b]), int(unit.hi[b])
+            if hi <= lo:
+                continue
+            if hi - lo >= n:
+                nlo[b], nhi[b] = 0, n
+            else:
+                cols = np.arange(lo, hi) % n
+                nlo[b], nhi[b] = int(cols.min()), int(cols.max()) + 1
+        return nlo, nhi
+
+    # -- source ---------------------------------------------------------------------------------------
+    def source(self) -> str:
+        body = Code()
+        self._prologue(body)
+        for t, task in enumerate(self.sched.tasks):
+            self._task(body, t, task)
+        body.items.append("if (tid == 0) ffk_counters[b] = ffk_count + 1;")
+        lines: list[str] = []
+        body.render(1, lines)
+        params = []
+        for i, name in enumerate(self.input_names):
+            params.append(f"const float* __restrict__ in{i} /* {name} */")
+        for i, name in enumerate(self.output_names):
+            params.append(f"float* __restrict__ out{i} /* {name} */")
+        for i, name in enumerate(self.state_names):
+            params.append(f"const float* __restrict__ sin{i} /* {name} */")
+        for i, name in enumerate(self.state_names):
+            params.append(f"float* __restrict__ sout{i} /* {self.program.state_of[name]} */")
+        params += [
+            "const float* __restrict__ ffk_w",
+            "unsigned long long* ffk_ll",
+            "unsigned long long* __restrict__ ffk_counters",
+            "const int* __restrict__ ffk_ranges",
+        ]
+        header = self._header_comment()
+        includes = []
+        for path in [RUNTIME] + self.headers:
+            includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
+        signature = f'extern "C" __global__ void __launch_bounds__({self.threads}, 1) {KERNEL_NAME}(\n    '
+        signature += ",\n    ".join(params) + ") {"
+        return "\n".join([header, *includes, "", signature, *lines, "}", ""])
+
+    def _header_comment(self) -> str:
+        d = self.sched.describe()
+        lines = [
+            "// framefuse step kernel (generated by framefuse.compiler; edit the compiler, not this file)",
+            f"// source: {self.program.source}",
+            f"// grid {self.grid} x {self.threads} threads, {d['tasks']} tasks, {d['levels']} dependency levels, "
+            f"{4 * self.layout.smem_floats} B shared memory a block",
+        ]
+        for t, task in enumerate(self.sched.tasks):
+            arrays = ", ".join(f"{u.how}:{u.node.label or u.node.id}" for u in task.arrays())
+            side = f"; side stores {[s.label for s in task.side]}" if task.side else ""
+            lines.append(
+                f"//   task {t}: {task.root.label or task.root} {list(task.root.shape)} on {task.blocks} blocks"
+                f"{'; arrays ' + arrays if arrays else ''}{side}"
+            )
+        for note in self.sched.notes:
+            lines.append(f"//   {note}")
+        return "\n".join(lines)
+
+    def _prologue(self, body: Code) -> None:
+        lay = self.layout
+        ncol = lay.table.shape[1]
+        body.items += [
+            "FFK_SHARED_DECL",
+            "const int tid = threadIdx.x, b = blockIdx.x;",
+            "const int lane = tid & 31, warp = tid >> 5;",
+            f"constexpr int NT = {self.threads}, NWARPS = NT / 32;",
+            "(void)lane; (void)warp;",
+            "unsigned long long ffk_count = 0;",
+            "if (tid == 0) {",
+            "    ffk_count = ffk_counters[b];",
+            "    ffk_epoch_s = (unsigned)(ffk_count % 0xffffffffull) + 1u;  // never 0: the buffers start at 0",
+            "}",
+            f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
+            f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
+        ]
+        for name, (offset, blocks) in lay.staged.items():
+            i = self.input_names.index(name)
+            size = self.program.inputs[name].size
+            body.items.append(
+                f"if (b < {blocks}) for (int i = tid; i < {size}; i += NT) ffk_smem[{offset} + i] = ffk_load_host(in{i} + i);"
+            )
+        body.items.append("__syncthreads();")
+        body.items.append("const unsigned epoch = ffk_epoch_s;")
+        # weight prefetch, one commit group per task that has any
+        self.groups: list[int] = []
+        for t, task in enumerate(self.sched.tasks):
+            entries = [(uid, v) for (tt, uid), v in lay.prefetch.items() if tt == t]
+            if not entries:
+                continue
+            self.groups.append(t)
+            block = Code(f"if (b < {task.blocks})")
+            for uid, (offset, _rows) in entries:
+                unit = task.units[uid]
+                node = unit.node
+                col = lay.column_of[(t, uid, "nlo")]
+                lo_col = lay.column_of[(t, uid, "lo")]
+                hi_col = lay.column_of[(t, uid, "hi")]
+                woff = lay.weights[node.weight.id]
+                block.items.append(
+                    f"if (ffk_r[{hi_col}] > ffk_r[{lo_col}]) {{ const int nlo = ffk_r[{col}]; "
+                    f"const int nrows = min({node.n} - nlo, {_rows_bound(lay, t, uid)}); "
+                    f"ffk_prefetch(ffk_smem + {self.prefetch_offset + offset}, ffk_w + {woff} + nlo * {node.k}, "
+                    f"nrows * {node.k}); }}"
+                )
+            body.items.append(block)
+            body.items.append("ffk_prefetch_commit();")
+
+    # -- tasks -------------------------------------------------------------------------------------------
+    def _task(self, body: Code, t: int, task: Task) -> None:
+        code = Code(f"if (b < {task.blocks})")
+        body.items.append(f"// task {t}: {task.root.label or task.root} {list(task.root.shape)}")
+        body.items.append(code)
+        arrays = task.arrays()
+        if arrays:
+            code.items.append("__syncthreads();  // the previous task's readers of shared memory are done")
+        if t in self.groups:
+            later = len([g for g in self.groups if g > t])
+            code.items.append(f"ffk_prefetch_wait<{later}>();  // this task's weight rows have landed")
+        for unit in arrays:
+            lo_col = self.layout.column_of[(t, unit.node.id, "lo")]
+            hi_col = self.layout.column_of[(t, unit.node.id, "hi")]
+            code.items.append(f"const int lo{unit.node.id} = ffk_r[{lo_col}], hi{unit.node.id} = ffk_r[{hi_col}];")
+        root = task.units[ROOT]
+        code.items.append(f"const int lo_root = b * {task.chunk}, hi_root = min(lo_root + {task.chunk}, {task.root.size});")
+        phases = sorted({u.phase for u in task.units.values()})
+        for phase in phases:
+            if phase != phases[0]:
+                code.items.append("__syncthreads();")
+            for unit in sorted(task.units.values(), key=lambda u: u.node.id):
+                if unit.phase != phase:
+                    continue
+                if unit is root:
+                    self._root(code, t, task, unit)
+                elif unit.how == "dot":
+                    self._dot(code, t, task, unit)
+                elif unit.how == "reduce":
+                    self._reduce(code, t, task, unit)
+                else:
+                    self._thread(code, t, task, unit)
+
+    def arr(self, t: int, uid: int) -> str:
+        return f"(ffk_smem + {self.arena_offset + self.layout.arena[(t, uid)]})"
+
+    def _thread(self, code: Code, t: int, task: Task, unit: Unit) -> None:
+        uid = unit.node.id
+        loop = Code(f"for (int e = lo{uid} + tid; e < hi{uid}; e += NT)")
+        code.items.append(f"// array {unit.node.label or unit.node} {list(unit.node.shape)}, a thread per element")
+        code.items.append(loop)
+        em = Emitter(self, t, task, loop)
+        var = ix.Var("e", max(unit.node.size, 1))
+        value = em.value(unit.node, ix.unflatten(var, unit.node.shape), expand_self=True)
+        em.top.insert(f"{self.arr(t, uid)}[e - lo{uid}] = {value.text};")
+
+    def _reduce(self, code: Code, t: int, task: Task, unit: Unit) -> None:
+        node: Reduce = unit.node
+        uid = node.id
+        code.items.append(f"// array {node.label or node} {list(node.shape)}: {node.op} over {node.extent}, a warp per element")
+        loop = Code(f"for (int e = lo{uid} + warp; e < hi{uid}; e += NWARPS)")
+        code.items.append(loop)
+        em = Emitter(self, t, task, loop)
+        var = ix.Var("e", max(node.size, 1))
+        acc = em.fresh("acc")
+        em.top.insert(f"float {acc} = {REDUCE_INIT[node.op]};")
+        r = ix.Var(em.fresh("r"), node.extent)
+        inner = Code(f"for (int {r.name} = lane; {r.name} < {node.extent}; {r.name} += 32)")
+        em.top.open_child(inner)
+        em.stack.append(Scope(inner, var=r))
+        value = em.value(node.src, node.source_index(ix.unflatten(var, node.shape), r))
+        em.stack[-1].insert(_accumulate(node.op, acc, value.text))
+        em.stack.pop()
+        em.top.close_child(inner)
+        em.top.insert(f"{acc} = ffk_warp_{node.op}({acc});")
+        em.top.insert(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
+
+    def _dot(self, code: Code, t: int, task: Task, unit: Unit) -> None:
+        node: Dot = unit.node
+        uid = node.id
+        src = task.units[node.src.id]
+        k = node.k
+        lay = self.layout
+        code.items.append(f"// array {node.label or node} {list(node.shape)}: dot products of {k}, a warp per element")
+        loop = Code(f"for (int e = lo{uid} + warp; e < hi{uid}; e += NWARPS)")
+        code.items.append(loop)
+        loop.items.append(f"const int m = e / {node.n}, n = e % {node.n};")
+        loop.items.append(f"const float* x = {self.arr(t, src.node.id)} + (m * {k} - lo{src.node.id});")
+        pf = lay.prefetch.get((t, uid))
+        if pf is not None:
+            col = lay.column_of[(t, uid, "nlo")]
+            loop.items.append(f"const float* w = ffk_smem + {self.prefetch_offset + pf[0]} + (n - ffk_r[{col}]) * {k};")
+        else:
+            loop.items.append(f"const float* w = ffk_w + {lay.weights[node.weight.id]} + n * {k};")
+        aligned = "true" if k % 4 == 0 else "false"
+        loop.items.append(f"const float acc = ffk_warp_dot<{k}, {aligned}>(x, w, lane);")
+        loop.items.append(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = acc;")
+
+    def _root(self, code: Code, t: int, task: Task, unit: Unit) -> None:
+        node = task.root
+        loop = Code("for (int e = lo_root + tid; e < hi_root; e += NT)")
+        code.items.append(f"// root {node.label or node} {list(node.shape)}, a thread per element")
+        code.items.append(loop)
+        em = Emitter(self, t, task, loop, side={s.id for s in task.side})
+        var = ix.Var("e", max(node.size, 1))
+        value = em.value(node, ix.unflatten(var, node.shape))
+        for stmt in self.stores(node, "e", value.text):
+            em.top.insert(stmt)
+
+    def stores(self, node: Node, flat: str, value: str) -> list[str]:
+        out = []
+        for name in self.sched.destinations.get(node.id, []):
+            if name in self.output_names:
+                out.append(f"out{self.output_names.index(name)}[{flat}] = {value};")
+            else:
+                state = next(s for s, o in self.program.state_of.items() if o == name)
+                out.append(f"sout{self.state_names.index(state)}[{flat}] = {value};")
+        if node.id in self.layout.ll:
+            out.append(f"ffk_ll_store(ffk_ll + {self.layout.ll[node.id]} + {flat}, {value}, epoch);")
+        return out
+
+    def need_header(self, path: Path | None) -> None:
+        if path is not None and path not in self.headers:
+            self.headers.append(path)
+
+
+def _rows_bound(lay: Layout, t: int, uid: int) -> int:
+    return lay.prefetch[(t, uid)][1]
+
+
+def _accumulate(op: str, acc: str, value: str) -> str:
+    if op == "sum":
+        return f"{acc} += {value};"
+    if op == "prod":
+        return f"{acc} *= {value};"
+    return f"{acc} = ffk_{op}({acc}, {value});"
+
+
+class Emitter:
+    """C for the values of one unit's element, with hoisting (see the module docstring)."""
+
+    def __init__(self, gen: Generator, t: int, task: Task, top: Code, side: set | None = None):
+        self.gen = gen
+        self.t = t
+        self.task = task
+        self.view = task.view
+        self.stack: list[Scope] = [Scope(top)]
+        self.side = side or set()
+        self.names = itertools.count()
+
+    @property
+    def top(self) -> Scope:
+        return self.stack[0]
+
+    def fresh(self, prefix: str) -> str:
+        return f"{prefix}{next(self.names)}"
+
+    def target(self, free: frozenset) -> int:
+        level = 0
+        for i, scope in enumerate(self.stack):
+            if scope.guard or (scope.var is not None and scope.var in free):
+                level = i
+        return level
+
+    def lookup(self, key):
+        for scope in reversed(self.stack):
+            if key in scope.memo:
+                return scope.memo[key]
+        return None
+
+    def bind(self, key, text: str, free: frozenset, *, node: Node | None = None, flat: ix.IExpr | None = None) -> Val:
+        level = self.target(free)
+        scope = self.stack[level]
+        name = self.fresh("v")
+        scope.insert(f"const float {name} = {text};")
+        val = Val(name, free)
+        scope.memo[key] = val
+        if node is not None and node.id in self.side:
+            for stmt in self.gen.stores(node, ix.to_c(flat), name):
+                scope.insert(stmt)
+        return val
+
+    def value(self, node: Node, index: list, *, expand_self: bool = False) -> Val:
+        flat = ix.flatten(index, node.shape)
+        key = (node.id, repr(flat))
+        found = self.lookup(key)
+        if found is not None:
+            return found
+        free = ix.free_vars(flat)
+        gen = self.gen
+        kind = self.view.source_kind(node) if expand_self else self.view.kind(node)
+        if isinstance(node, Leaf):
+            return self._leaf(node, flat, free, key)
+        if kind == "materialized":
+            return self.bind(key, f"ffk_ll_wait(ffk_ll + {gen.layout.ll[node.id]} + {ix.to_c(flat)}, epoch)", free)
+        if kind in ("array", "dot"):
+            text = f"{gen.arr(self.t, node.id)}[{ix.to_c(flat)} - lo{node.id}]"
+            return self.bind(key, text, free, node=node, flat=flat)
+        if isinstance(node, Map):
+            val = self.value(node.src, node.source_index(index))
+            if node.id in self.side:
+                return self.bind(key, val.text, val.free | free, node=node, flat=flat)
+            return val
+        if isinstance(node, Concat):
+            return self._concat(node, index, flat, free, key)
+        if isinstance(node, Ew):
+            spec = EW[node.op]
+            gen.need_header(spec.header)
+            args = [self.value(a, index) for a in node.args]
+            deps = frozenset().union(free, *[a.free for a in args])
+            return self.bind(key, spec.c([a.text for a in args], node.params), deps, node=node, flat=flat)
+        if isinstance(node, Reduce):
+            return self._reduce(node, index, flat, free, key)
+        if isinstance(node, Dot):
+            raise CompileError(f"{node}: a product reached inline (the scheduler makes every product a unit)")
+        raise CompileError(f"{node}: no code for {type(node).__name__}")
+
+    def _leaf(self, node: Leaf, flat: ix.IExpr, free: frozenset, key) -> Val:
+        gen = self.gen
+        c = ix.to_c(flat)
+        if node.role == "const":
+            return Val(c_float(float(node.array)), frozenset())
+        if node.role == "weight":
+            return self.bind(key, f"__ldg(ffk_w + {gen.layout.weights[node.id] } + {c})", free)
+        if node.role == "state":
+            return self.bind(key, f"__ldg(sin{gen.state_names.index(node.name)} + {c})", free)
+        staged = gen.layout.staged.get(node.name)
+        if staged is not None:
+            return self.bind(key, f"ffk_smem[{staged[0]} + {c}]", free)
+        return self.bind(key, f"ffk_load_host(in{gen.input_names.index(node.name)} + {c})", free)
+
+    def _reduce(self, node: Reduce, index: list, flat, free: frozenset, key) -> Val:
+        level = self.target(free)
+        saved = self.stack
+        self.stack = saved[: level + 1]
+        scope = self.stack[-1]
+        acc = self.fresh("acc")
+        scope.insert(f"float {acc} = {REDUCE_INIT[node.op]};")
+        r = ix.Var(self.fresh("r"), node.extent)
+        loop = Code(f"for (int {r.name} = 0; {r.name} < {node.extent}; ++{r.name})")
+        scope.open_child(loop)
+        self.stack.append(Scope(loop, var=r))
+        val = self.value(node.src, node.source_index(index, r))
+        self.stack[-1].insert(_accumulate(node.op, acc, val.text))
+        self.stack.pop()
+        scope.close_child(loop)
+        result = Val(acc, free)
+        scope.memo[key] = result
+        self.stack = saved
+        if node.id in self.side:
+            return self.bind(("side", key), acc, free, node=node, flat=flat)
+        return result
+
+    def _concat(self, node: Concat, index: list, flat, free: frozenset, key) -> Val:
+        branches = list(concat_branches(node, index))
+        if len(branches) == 1 and branches[0][2] is None:
+            src, sub, _ = branches[0]
+            val = self.value(src, sub)
+            if node.id in self.side:
+                return self.bind(key, val.text, val.free | free, node=node, flat=flat)
+            return val
+        level = self.target(free)
+        saved = self.stack
+        self.stack = saved[: level + 1]
+        scope = self.stack[-1]
+        out = self.fresh("cat")
+        scope.insert(f"float {out};")
+        for i, (src, sub, guard) in enumerate(branches):
+            if i == len(branches) - 1:
+                head = "else"
+            else:
+                pos, _start, stop = guard
+                head = f"{'else ' if i else ''}if ({ix.to_c(pos)} < {stop})"
+            block = Code(head)
+            scope.insert(block)  # branch bodies never hoist out of their test (see target())
+            self.stack.append(Scope(block, guard=True))
+            val = self.value(src, sub)
+            self.stack[-1].insert(f"{out} = {val.text};")
+            self.stack.pop()
+        result = Val(out, free)
+        scope.memo[key] = result
+        self.stack = saved
+        if node.id in self.side:
+            return self.bind(("side", key), out, free, node=node, flat=flat)
+        return result
+
+
+@dataclass
+class Kernel:
+    """A generated step kernel: the source, its layout and the data its launch needs."""
+
+    source: str
+    schedule: Schedule
+    layout: Layout
+    input_names: list
+    output_names: list
+    state_names: list
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.layout.smem_floats
+
+    def weights(self) -> np.ndarray:
+        buffer = np.zeros(max(self.layout.weight_floats, 4), dtype=np.float32)
+        for offset, array in self.layout.weight_arrays:
+            buffer[offset : offset + array.size] = array
+        return buffer
+
+    def ranges(self) -> np.ndarray:
+        return np.ascontiguousarray(self.layout.table, dtype=np.int32)
+
+    def describe(self) -> dict:
+        info = self.schedule.describe()
+        info.update(
+            {
+                "source_sha256": self.digest,
+                "smem_bytes": self.smem_bytes,
+                "weight_bytes": 4 * self.layout.weight_floats,
+                "flagged_bytes": 8 * self.layout.ll_words,
+                "prefetched_products": len(self.layout.prefetch),
+            }
+        )
+        return info
+
+
+def generate(sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True) -> Kernel:
+    gen = Generator(sched, smem_limit_bytes=smem_limit_bytes, prefetch=prefetch)
+    source = gen.source()
+    return Kernel(source, sched, gen.layout, gen.input_names, gen.output_names, gen.state_names)
+
+
+__all__ = ["KERNEL_NAME", "Kernel", "generate"]

@@ -1,0 +1,146 @@
+// CPU emulation of the CUDA features a generated step kernel uses (compiler/emulate.py).
+//
+// Not a GPU: a test harness. Every CUDA thread of the launch is a std::thread; __syncthreads is a
+// block barrier, __shfl_xor_sync an exchange through a per-warp array between two warp barriers,
+// flag-tagged loads and stores are relaxed std::atomic_ref accesses (a waiting thread yields),
+// cp.async copies are plain copies. It runs the generated source itself, so the scheduling, index
+// arithmetic, shared-memory layout and the flag protocol are exercised without a GPU; timing,
+// the memory model of real hardware and the compiler's code generation for sm_XY are not.
+#pragma once
+#define FFK_EMULATE 1
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+using std::isinf;
+using std::isnan;
+using std::max;
+using std::min;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__
+#define __align__(n)
+
+struct dim3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+struct float4 {
+    float x, y, z, w;
+};
+
+inline thread_local dim3 threadIdx;
+inline thread_local dim3 blockIdx;
+inline dim3 blockDim;
+inline dim3 gridDim;
+
+struct FfkEmuBlock {
+    std::vector<float> smem;
+    unsigned epoch = 0;
+    std::unique_ptr<std::barrier<>> bar;
+    std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+    std::vector<float> shuffle;  // one slot per thread
+};
+inline std::vector<FfkEmuBlock>* ffk_emu_blocks = nullptr;
+inline FfkEmuBlock& ffk_emu_block() { return (*ffk_emu_blocks)[blockIdx.x]; }
+
+#define FFK_SHARED_DECL                             \
+    float* ffk_smem = ffk_emu_block().smem.data(); \
+    unsigned& ffk_epoch_s = ffk_emu_block().epoch;
+
+inline void __syncthreads() { ffk_emu_block().bar->arrive_and_wait(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int offset) {
+    FfkEmuBlock& blk = ffk_emu_block();
+    const unsigned t = threadIdx.x, warp = t / 32, lane = t % 32;
+    auto& bar = *blk.warp_bars[warp];
+    blk.shuffle[t] = v;
+    bar.arrive_and_wait();
+    const float r = blk.shuffle[warp * 32 + (lane ^ (unsigned)offset)];
+    bar.arrive_and_wait();
+    return r;
+}
+
+inline unsigned __float_as_uint(float v) {
+    unsigned u;
+    std::memcpy(&u, &v, 4);
+    return u;
+}
+inline float __uint_as_float(unsigned u) {
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+inline float __int_as_float(int i) {
+    float v;
+    std::memcpy(&v, &i, 4);
+    return v;
+}
+template <typename T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+
+inline void ffk_ll_store(unsigned long long* p, float v, unsigned epoch) {
+    const unsigned long long word = ((unsigned long long)epoch << 32) | (unsigned long long)__float_as_uint(v);
+    std::atomic_ref<unsigned long long>(*p).store(word, std::memory_order_relaxed);
+}
+inline const unsigned long long* ffk_emu_ll_base = nullptr;
+inline float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
+    auto& word_ref = *const_cast<unsigned long long*>(p);
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+        const unsigned long long word = std::atomic_ref<unsigned long long>(word_ref).load(std::memory_order_relaxed);
+        if ((unsigned)(word >> 32) == epoch) return __uint_as_float((unsigned)word);
+        std::this_thread::yield();
+        if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
+            std::fprintf(stderr, "deadlock: block %u thread %u waits for flagged word %lld (epoch %u, holds %u)\n",
+                         blockIdx.x, threadIdx.x, (long long)(p - ffk_emu_ll_base), epoch, (unsigned)(word >> 32));
+            std::abort();
+        }
+    }
+}
+inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
+inline void ffk_prefetch(float* dst, const float* src, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+inline void ffk_prefetch_commit() {}
+template <int N>
+inline void ffk_prefetch_wait() {}
+
+// one launch of `kernel` over grid x threads std::threads
+template <typename F>
+void ffk_emu_launch(int grid, int threads, size_t smem_floats, F kernel) {
+    std::vector<FfkEmuBlock> blocks(grid);
+    for (auto& blk : blocks) {
+        blk.smem.assign(smem_floats + 4, std::nanf(""));  // uninitialised shared memory reads as NaN
+        blk.bar = std::make_unique<std::barrier<>>(threads);
+        for (int w = 0; w < threads / 32; ++w) blk.warp_bars.push_back(std::make_unique<std::barrier<>>(32));
+        blk.shuffle.assign(threads, 0.0f);
+    }
+    ffk_emu_blocks = &blocks;
+    blockDim.x = threads;
+    gridDim.x = grid;
+    std::vector<std::thread> pool;
+    pool.reserve((size_t)grid * threads);
+    for (int b = 0; b < grid; ++b)
+        for (int t = 0; t < threads; ++t)
+            pool.emplace_back([=] {
+                blockIdx.x = b;
+                threadIdx.x = t;
+                kernel();
+            });
+    for (auto& th : pool) th.join();
+    ffk_emu_blocks = nullptr;
+}

@@ -1,0 +1,173 @@
+"""Run a generated step kernel on the CPU: the generated CUDA source itself, compiled with g++
+against ``emu.h`` (one std::thread per CUDA thread). A test harness for machines without a GPU:
+it checks the schedule, the index arithmetic, the shared-memory layout and the flag protocol of
+the real source against the reference interpreter. It says nothing about speed, and it is not
+a GPU (see emu.h for what it does not model).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from framefuse.compiler.codegen import KERNEL_NAME, Kernel
+from framefuse.compiler.ir import CompileError
+
+EMU_HEADER = Path(__file__).resolve().parent / "emu.h"
+
+
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def _harness(kernel: Kernel) -> str:
+    n_in, n_out, n_state = len(kernel.input_names), len(kernel.output_names), len(kernel.state_names)
+    args = [f"ins[{i}] + step * in_sizes[{i}]" for i in range(n_in)]
+    args += [f"outs[{i}] + step * out_sizes[{i}]" for i in range(n_out)]
+    args += [f"state[{i}][step % 2]" for i in range(n_state)]
+    args += [f"state[{i}][(step + 1) % 2]" for i in range(n_state)]
+    args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()"]
+    call = f"{KERNEL_NAME}({', '.join(args)})"
+    return f"""
+#include <cstdio>
+#include <cstdlib>
+static std::vector<char> slurp(const char* path) {{
+    FILE* f = std::fopen(path, "rb");
+    if (!f) {{ std::perror(path); std::exit(2); }}
+    std::fseek(f, 0, SEEK_END);
+    long n = std::ftell(f);
+    std::fseek(f, 0, SEEK_SET);
+    std::vector<char> data(n);
+    if (n && std::fread(data.data(), 1, n, f) != (size_t)n) std::exit(3);
+    std::fclose(f);
+    return data;
+}}
+template <typename T> static std::vector<T> as(const std::vector<char>& raw) {{
+    std::vector<T> v(raw.size() / sizeof(T));
+    std::memcpy(v.data(), raw.data(), raw.size());
+    return v;
+}}
+int main(int argc, char** argv) {{
+    const char* dir = argv[1];
+    const int steps = std::atoi(argv[2]), grid = std::atoi(argv[3]), threads = std::atoi(argv[4]);
+    const size_t smem_floats = std::strtoull(argv[5], nullptr, 10);
+    char path[4096];
+    auto file = [&](const char* name) {{ std::snprintf(path, sizeof path, "%s/%s", dir, name); return slurp(path); }};
+    std::vector<float> weights = as<float>(file("weights.bin"));
+    std::vector<int> ranges = as<int>(file("ranges.bin"));
+    std::vector<unsigned long long> ll(std::max<size_t>({max(kernel.layout.ll_words, 1)}, 1), 0ull);
+    std::vector<unsigned long long> counters(grid, 0ull);
+    std::vector<std::vector<float>> in_data, out_data;
+    std::vector<size_t> in_sizes, out_sizes;
+    float* ins[{max(n_in, 1)}]; float* outs[{max(n_out, 1)}]; float* state[{max(n_state, 1)}][2];
+    std::vector<std::vector<float>> state_data;
+    for (int i = 0; i < {n_in}; ++i) {{
+        std::snprintf(path, sizeof path, "%s/in%d.bin", dir, i);
+        in_data.push_back(as<float>(slurp(path)));
+        in_sizes.push_back(in_data.back().size() / steps);
+    }}
+    const size_t out_size[] = {{{", ".join(str(kernel.schedule.program.outputs[n].size) for n in kernel.output_names) or "0"}}};
+    for (int i = 0; i < {n_out}; ++i) {{
+        out_data.emplace_back(out_size[i] * steps, std::nanf(""));
+        out_sizes.push_back(out_size[i]);
+    }}
+    for (int i = 0; i < {n_state}; ++i) {{
+        std::snprintf(path, sizeof path, "%s/state%d.bin", dir, i);
+        std::vector<float> s0 = as<float>(slurp(path));
+        state_data.push_back(s0);
+        state_data.push_back(std::vector<float>(s0.size(), std::nanf("")));
+    }}
+    for (int i = 0; i < {n_in}; ++i) ins[i] = in_data[i].data();
+    for (int i = 0; i < {n_out}; ++i) outs[i] = out_data[i].data();
+    for (int i = 0; i < {n_state}; ++i) {{ state[i][0] = state_data[2 * i].data(); state[i][1] = state_data[2 * i + 1].data(); }}
+    ffk_emu_ll_base = ll.data();
+    for (int step = 0; step < steps; ++step) {{
+        if (step > 0)  // the next half is poisoned, so an element the kernel forgets to write shows up
+            for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
+        ffk_emu_launch(grid, threads, smem_floats, [&] {{ {call}; }});
+    }}
+    for (int i = 0; i < {n_out}; ++i) {{
+        std::snprintf(path, sizeof path, "%s/out%d.bin", dir, i);
+        FILE* f = std::fopen(path, "wb"); std::fwrite(out_data[i].data(), 4, out_data[i].size(), f); std::fclose(f);
+    }}
+    for (int i = 0; i < {n_state}; ++i) {{
+        std::snprintf(path, sizeof path, "%s/final%d.bin", dir, i);
+        FILE* f = std::fopen(path, "wb"); std::fwrite(state[i][steps % 2], 4, state_data[2 * i].size(), f); std::fclose(f);
+    }}
+    return 0;
+}}
+"""
+
+
+def emulate(
+    kernel: Kernel,
+    frames: Mapping[str, np.ndarray],
+    state: Mapping[str, np.ndarray],
+    *,
+    steps: int,
+    workdir: str | os.PathLike | None = None,
+    timeout: float = 600.0,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Run ``steps`` chained launches. ``frames[name]`` is [steps, *shape] for each graph input;
+    ``state`` the initial state by input name. Returns (outputs [steps, *shape] by name, final
+    state by name)."""
+    cxx = compiler()
+    if cxx is None:
+        raise CompileError("no C++ compiler (g++) to run the step kernel's CPU emulation")
+    program = kernel.schedule.program
+    sched = kernel.schedule
+    own = workdir is None
+    folder = Path(tempfile.mkdtemp(prefix="framefuse-emu-")) if own else Path(workdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        source = '#include "emu.h"\n' + kernel.source + _harness(kernel)
+        (folder / "kernel.cpp").write_text(source)
+        shutil.copy(EMU_HEADER, folder / "emu.h")
+        binary = folder / "kernel"
+        result = subprocess.run(
+            [cxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", str(binary), str(folder / "kernel.cpp")],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if result.returncode != 0:
+            raise CompileError(f"g++ could not compile the emulated kernel:\n{result.stderr[-4000:]}")
+        kernel.weights().tofile(folder / "weights.bin")
+        kernel.ranges().tofile(folder / "ranges.bin")
+        for i, name in enumerate(kernel.input_names):
+            array = np.ascontiguousarray(frames[name], dtype=np.float32)
+            if array.shape != (steps,) + program.inputs[name].shape:
+                raise CompileError(f"frames for '{name}' must be [steps, *{list(program.inputs[name].shape)}]")
+            array.tofile(folder / f"in{i}.bin")
+        for i, name in enumerate(kernel.state_names):
+            np.ascontiguousarray(state[name], dtype=np.float32).reshape(program.states[name].shape).tofile(
+                folder / f"state{i}.bin"
+            )
+        run = subprocess.run(
+            [str(binary), str(folder), str(steps), str(sched.grid), str(sched.threads), str(kernel.layout.smem_floats)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if run.returncode != 0:
+            raise CompileError(f"the emulated kernel failed (exit {run.returncode}): {run.stderr[-2000:]}")
+        outputs = {}
+        for i, name in enumerate(kernel.output_names):
+            shape = program.outputs[name].shape
+            outputs[name] = np.fromfile(folder / f"out{i}.bin", dtype=np.float32).reshape((steps,) + shape)
+        final = {}
+        for i, name in enumerate(kernel.state_names):
+            final[name] = np.fromfile(folder / f"final{i}.bin", dtype=np.float32).reshape(program.states[name].shape)
+        return outputs, final
+    finally:
+        if own:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+__all__ = ["compiler", "emulate"]

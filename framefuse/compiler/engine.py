@@ -1,0 +1,425 @@
+"""The step kernel on the GPU: compile, hold its buffers, launch it, bind it to host memory.
+
+:class:`CompiledStep` is a lowered, scheduled, generated and NVRTC-compiled program with its
+device buffers (weights, flag-tagged values, per-block launch counters, the range table).
+:class:`StepKernelPlan` is that kernel behind the executor's ``Plan`` interface (device tensors
+in, device tensors out), so the cuda-graph engine's build-time selection times it against the
+other candidates like any plan. :class:`StepBinding` is the per-frame path ``Session.step`` uses:
+graph inputs are read by the kernel straight from pinned, mapped host memory and graph outputs
+written straight to it, the recurrent state stays in device memory in two halves (the kernel
+reads one and writes the other; two captured graphs, one per parity), so a step is one kernel
+node in a CUDA graph and nothing else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from framefuse.compiler import lower_program
+from framefuse.compiler.codegen import KERNEL_NAME, Kernel, generate
+from framefuse.compiler.ir import CompileError, Program
+from framefuse.compiler.schedule import THREADS, schedule
+from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec
+
+CANDIDATE = "stepkernel"
+# Shared memory kept back from the opt-in limit for the kernel's static shared variables.
+STATIC_SMEM_RESERVE = 1024
+
+
+def _cuda():
+    from framefuse.plugins import cuda
+
+    return cuda
+
+
+def write_source(kernel: Kernel) -> Path:
+    """The generated source in the kernel cache (named by its hash), written atomically once."""
+    cuda = _cuda()
+    path = cuda.cache_dir() / f"stepkernel-{kernel.digest[:24]}.cu"
+    if not path.exists():
+        cuda._atomic_write(path, kernel.source.encode())
+    return path
+
+
+class MappedHostBuffer:
+    """Pinned host memory the GPU reads and writes directly (cuMemHostAlloc, DEVICEMAP): a numpy
+    view, a torch CPU view and the device address of the same bytes."""
+
+    def __init__(self, shape: Sequence[int], dtype=np.float32):
+        cuda = _cuda()
+        driver = cuda._driver()
+        cuda.ensure_context()
+        self.shape = tuple(int(d) for d in shape)
+        self.nbytes = max(int(np.prod(self.shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 4)
+        flags = driver.CU_MEMHOSTALLOC_DEVICEMAP | driver.CU_MEMHOSTALLOC_PORTABLE
+        self._host = int(cuda._check(driver.cuMemHostAlloc(self.nbytes, flags), "cuMemHostAlloc"))
+        self.device_ptr = int(cuda._check(driver.cuMemHostGetDevicePointer(self._host, 0), "cuMemHostGetDevicePointer"))
+        raw = (ctypes.c_byte * self.nbytes).from_address(self._host)
+        self.array = np.frombuffer(raw, dtype=dtype, count=int(np.prod(self.shape, dtype=np.int64))).reshape(self.shape)
+        self.array[...] = 0
+        self.tensor = torch.from_numpy(self.array)
+        self._driver = driver
+
+    def __del__(self):
+        host = getattr(self, "_host", 0)
+        if host:
+            try:
+                self._driver.cuMemFreeHost(host)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+            self._host = 0
+
+
+class CompiledStep:
+    """A step program compiled for one CUDA device, with its device buffers."""
+
+    def __init__(
+        self,
+        program: Program,
+        *,
+        device: torch.device,
+        grid: int | None = None,
+        threads: int = THREADS,
+        prefetch: bool = True,
+        log=None,
+    ):
+        cuda = _cuda()
+        self.device = torch.device(device)
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.device_index = index
+        torch.zeros(1, device=self.device)  # torch's primary context first (see DESIGN.md gotchas)
+        props = cuda.device_properties(index)
+        self.props = props
+        major, minor = props["cc"]
+        if major < 8:
+            raise CompileError(
+                f"the step kernel needs compute capability 8.0+ (cp.async); {props['name']} is {major}.{minor}"
+            )
+        self.program = program
+        grid = int(grid or props["sm_count"])
+        smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
+        start = time.perf_counter()
+        self.schedule = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
+        self.kernel = generate(self.schedule, smem_limit_bytes=smem_limit, prefetch=prefetch)
+        self.schedule_s = time.perf_counter() - start
+        path = write_source(self.kernel)
+        start = time.perf_counter()
+        self.fn = cuda.get_kernel(path, KERNEL_NAME, device=index)
+        self.compile_s = time.perf_counter() - start
+        if self.kernel.smem_bytes > 48 * 1024:
+            self.fn.set_max_dynamic_shared_memory(self.kernel.smem_bytes)
+        self._check_residency(grid, threads)
+        self.grid, self.threads = grid, threads
+        k = self.kernel
+        self.weights = torch.from_numpy(k.weights()).to(self.device)
+        self.flags = torch.zeros(max(k.layout.ll_words, 1), dtype=torch.int64, device=self.device)
+        self.counters = torch.zeros(grid, dtype=torch.int64, device=self.device)
+        self.ranges = torch.from_numpy(k.ranges()).to(self.device)
+        self.input_specs = {
+            n: IOSpec(n, program.inputs[n].shape if n in program.inputs else program.states[n].shape, torch.float32)
+            for n in list(program.inputs) + list(program.states)
+        }
+        self.output_specs = {n: IOSpec(n, node.shape, torch.float32) for n, node in program.outputs.items()}
+        if log is not None:
+            d = self.describe()
+            log(
+                f"stepkernel: {d['tasks']} tasks, {d['levels']} dependency levels, grid {grid} x {threads}, "
+                f"{d['smem_bytes']} B shared memory, source {d['source_sha256'][:12]} "
+                f"(scheduled in {self.schedule_s:.2f} s, NVRTC {self.compile_s:.2f} s)"
+            )
+
+    def _check_residency(self, grid: int, threads: int) -> None:
+        """Every block must be resident at once (they wait on one another): one block per SM."""
+        cuda = _cuda()
+        driver = cuda._driver()
+        per_sm = int(
+            cuda._check(
+                driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.fn._function, threads, self.kernel.smem_bytes),
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            )
+        )
+        if per_sm < 1 or grid > per_sm * self.props["sm_count"]:
+            raise CompileError(
+                f"the step kernel's {grid} blocks of {threads} threads and {self.kernel.smem_bytes} B shared memory "
+                f"cannot all be resident on {self.props['name']} ({per_sm} per SM x {self.props['sm_count']} SMs)"
+            )
+
+    def describe(self) -> dict:
+        info = self.kernel.describe()
+        info.update(
+            {
+                "gpu": self.props["name"],
+                "arch": self.props["arch"],
+                "registers": self.fn.attribute("NUM_REGS"),
+                "local_bytes": self.fn.attribute("LOCAL_SIZE_BYTES"),
+            }
+        )
+        return info
+
+    def args(self, inputs: Sequence[int], outputs: Sequence[int], states_in: Sequence[int], states_out: Sequence[int]):
+        ptr = ctypes.c_void_p
+        return (
+            [ptr(p) for p in inputs]
+            + [ptr(p) for p in outputs]
+            + [ptr(p) for p in states_in]
+            + [ptr(p) for p in states_out]
+            + [
+                ptr(self.weights.data_ptr()),
+                ptr(self.flags.data_ptr()),
+                ptr(self.counters.data_ptr()),
+                ptr(self.ranges.data_ptr()),
+            ]
+        )
+
+    def launch(self, args, stream=None) -> None:
+        self.fn.launch(
+            self.grid,
+            self.threads,
+            args,
+            shared_mem=self.kernel.smem_bytes,
+            stream=stream,
+            op="stepkernel",
+            detail=f"source {self.kernel.digest[:12]}",
+        )
+
+
+def compile_step(model_or_path, *, device, grid=None, threads=THREADS, log=None) -> CompiledStep:
+    """Lower, schedule, generate and compile a fused step graph for ``device``."""
+    program = lower_program(model_or_path)
+    return CompiledStep(program, device=device, grid=grid, threads=threads, log=log)
+
+
+class StepKernelPlan:
+    """The compiled step behind the executor's Plan interface: ``execute(feeds)`` launches the
+    kernel on torch's current stream over device tensors (capturable), for build-time selection."""
+
+    def __init__(self, compiled: CompiledStep, input_specs: Mapping[str, IOSpec], output_specs: Mapping[str, IOSpec]):
+        from framefuse.engines.executor import Step
+
+        self.compiled = compiled
+        self.device = compiled.device
+        self.input_specs = dict(input_specs)
+        self.output_specs = dict(output_specs)
+        self._check_specs()
+        self.steps = [Step("stepkernel", "StepKernel", None, [], [], list(self.output_specs))]
+        self.folded: list[str] = []
+        self.constants: dict = {}
+        self.output_sources = {n: ("env", n) for n in self.output_specs}
+        self._outputs: dict[str, torch.Tensor] | None = None
+
+    def _check_specs(self) -> None:
+        c = self.compiled
+        for name, spec in self.input_specs.items():
+            mine = c.input_specs.get(name)
+            if mine is None or tuple(mine.shape) != tuple(spec.shape) or spec.dtype != torch.float32:
+                raise EngineBuildError(f"stepkernel: input '{name}' {list(spec.shape)} {spec.dtype} does not match")
+        for name, spec in self.output_specs.items():
+            mine = c.output_specs.get(name)
+            if mine is None or tuple(mine.shape) != tuple(spec.shape) or spec.dtype != torch.float32:
+                raise EngineBuildError(f"stepkernel: output '{name}' {list(spec.shape)} {spec.dtype} does not match")
+
+    def execute(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        c = self.compiled
+        k = c.kernel
+        if self._outputs is None:
+            self._outputs = {n: torch.empty(s.shape, dtype=torch.float32, device=self.device) for n, s in self.output_specs.items()}
+        program = c.program
+        args = c.args(
+            [feeds[n].data_ptr() for n in k.input_names],
+            [self._outputs[n].data_ptr() for n in k.output_names],
+            [feeds[n].data_ptr() for n in k.state_names],
+            [self._outputs[program.state_of[n]].data_ptr() for n in k.state_names],
+        )
+        c.launch(args)
+        return self._outputs
+
+    def create_binding(self, engine, *, host_inputs, host_outputs, state_pairs, input_buffers=None) -> StepBinding:
+        return StepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+
+
+class _FastLaunch:
+    """cuGraphLaunch and cuStreamSynchronize straight from libcuda through ctypes: the per-frame
+    host cost is two foreign calls (cuda-python's wrappers convert their arguments on every call)."""
+
+    _lib = None
+
+    def __init__(self, exec_handle: int, stream_handle: int):
+        if _FastLaunch._lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.cuGraphLaunch.restype = ctypes.c_int
+            lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+            lib.cuStreamSynchronize.restype = ctypes.c_int
+            _FastLaunch._lib = lib
+        self.launch_fn = _FastLaunch._lib.cuGraphLaunch
+        self.sync_fn = _FastLaunch._lib.cuStreamSynchronize
+        self.exec_handle = ctypes.c_void_p(exec_handle)
+        self.stream = ctypes.c_void_p(stream_handle)
+
+
+class StepBinding:
+    """Fixed buffers and captured graphs for repeated steps (the engines' Binding protocol, see
+    engines/base.py). Host inputs and outputs live in pinned mapped memory the kernel reads and
+    writes itself; a state handed to the next step lives in two device halves."""
+
+    def __init__(self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
+        c = plan.compiled
+        k = c.kernel
+        self.plan = plan
+        self.engine = engine
+        self.device = plan.device
+        self.host_input_names = tuple(host_inputs)
+        self.host_output_names = tuple(host_outputs)
+        self.state_pairs = dict(state_pairs or {})
+        given = dict(input_buffers or {})
+        paired_inputs = set(self.state_pairs.values())
+        self._mapped: dict[str, MappedHostBuffer] = {}
+        self._dev_inputs: dict[str, torch.Tensor] = {}
+        self._halves: dict[str, list[torch.Tensor]] = {}
+        for name, spec in plan.input_specs.items():
+            if name in paired_inputs:
+                first = given.get(name)
+                if first is None:
+                    first = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
+                self._halves[name] = [first, torch.zeros_like(first)]
+            elif name in self.host_input_names:
+                self._mapped[name] = MappedHostBuffer(spec.shape)
+            else:
+                buffer = given.get(name)
+                if buffer is None:
+                    buffer = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
+                self._dev_inputs[name] = buffer
+        self.host_in = {n: self._mapped[n].array for n in self.host_input_names}
+        self.host_in_t = {n: self._mapped[n].tensor for n in self.host_input_names}
+        self._out_mapped: dict[str, MappedHostBuffer] = {}
+        self._dev_outputs: dict[str, torch.Tensor] = {}
+        paired_outputs = set(self.state_pairs)
+        for name, spec in plan.output_specs.items():
+            if name in paired_outputs:
+                continue
+            if name in self.host_output_names:
+                self._out_mapped[name] = MappedHostBuffer(spec.shape)
+            else:
+                self._dev_outputs[name] = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
+        self.host_out = {n: self._out_mapped[n].array for n in self.host_output_names}
+        self.host_out_t = {n: self._out_mapped[n].tensor for n in self.host_output_names}
+        self.parity = 0
+        self.replays = 0
+        self.stream = torch.cuda.Stream(self.device)
+        program = c.program
+        state_of = program.state_of
+        out_of_state = {v: k for k, v in self.state_pairs.items()}  # input -> its next output
+
+        def pointer_in(name: str, parity: int) -> int:
+            if name in self._halves:
+                return self._halves[name][parity].data_ptr()
+            if name in self._mapped:
+                return self._mapped[name].device_ptr
+            return self._dev_inputs[name].data_ptr()
+
+        def pointer_out(name: str, parity: int) -> int:
+            state = next((s for s, o in state_of.items() if o == name), None)
+            if state is not None and state in self._halves and out_of_state.get(state) == name:
+                return self._halves[state][1 - parity].data_ptr()
+            if name in self._out_mapped:
+                return self._out_mapped[name].device_ptr
+            return self._dev_outputs[name].data_ptr()
+
+        self._graphs = []
+        self._launchers = []
+        for parity in range(2 if self._halves else 1):
+            args = c.args(
+                [pointer_in(n, parity) for n in k.input_names],
+                [pointer_out(n, parity) for n in k.output_names],
+                [pointer_in(n, parity) for n in k.state_names],
+                [pointer_out(state_of[n], parity) for n in k.state_names],
+            )
+            graph = torch.cuda.CUDAGraph()
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+                c.launch(args)
+            raw = getattr(graph, "raw_cuda_graph_exec", None)
+            if raw is None:
+                raise EngineBuildError(f"stepkernel needs torch.cuda.CUDAGraph.raw_cuda_graph_exec (torch {torch.__version__})")
+            self._graphs.append(graph)
+            self._launchers.append(_FastLaunch(int(raw()), int(self.stream.cuda_stream)))
+        self._launch_fn = self._launchers[0].launch_fn
+        self._sync_fn = self._launchers[0].sync_fn
+        self._stream_handle = self._launchers[0].stream
+        self._execs = [launcher.exec_handle for launcher in self._launchers]
+        torch.cuda.synchronize(self.device)
+
+    # -- the protocol ------------------------------------------------------------------------------------
+    @property
+    def dev_in(self) -> dict[str, torch.Tensor]:
+        current = {n: halves[self.parity] for n, halves in self._halves.items()}
+        return {**self._dev_inputs, **current}
+
+    @property
+    def dev_out(self) -> dict[str, torch.Tensor]:
+        nxt = {out: self._halves[inp][self.parity] for out, inp in self.state_pairs.items()}
+        return {**self._dev_outputs, **nxt}
+
+    def set_replay_mode(self, mode: str) -> None:
+        if mode not in ("torch", "driver"):
+            raise EngineRunError(f"replay mode must be 'torch' or 'driver', got {mode!r}")
+
+    def order_after_current(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def launch(self) -> None:
+        err = self._launch_fn(self._execs[self.parity], self._stream_handle)
+        if err:
+            raise EngineRunError(f"stepkernel: cuGraphLaunch failed: CUresult {err}")
+        if len(self._execs) == 2:
+            self.parity ^= 1
+        self.replays += 1
+        if self.engine is not None:
+            self.engine.replays += 1
+
+    def sync(self) -> None:
+        err = self._sync_fn(self._stream_handle)
+        if err:
+            raise EngineRunError(f"stepkernel: the step kernel failed: CUresult {err} ({_error_name(err)})")
+
+    def wait_idle(self) -> None:
+        self.sync()
+        torch.cuda.current_stream(self.device).synchronize()
+
+    def run_host(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        for name in self.host_input_names:
+            value = feeds[name]
+            if isinstance(value, torch.Tensor):
+                self.host_in_t[name].copy_(value)
+            else:
+                np.copyto(self.host_in[name], np.asarray(value), casting="same_kind")
+        self.launch()
+        self.sync()
+        return {name: self.host_out[name].copy() for name in self.host_output_names}
+
+
+def _error_name(err: int) -> str:
+    try:
+        from cuda.bindings import driver
+
+        return _cuda().cuda_error_text(driver.CUresult(err))
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def dump_source(compiled: CompiledStep, folder) -> Path:
+    folder = Path(os.fspath(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"stepkernel-{compiled.kernel.digest[:12]}.cu"
+    _cuda()._atomic_write(target, compiled.kernel.source.encode())
+    return target
+
+
+__all__ = ["CANDIDATE", "CompiledStep", "MappedHostBuffer", "StepBinding", "StepKernelPlan", "compile_step", "dump_source"]

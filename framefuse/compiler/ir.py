@@ -1,0 +1,445 @@
+"""The step program IR: a graph of a few kinds of nodes over static shapes, all float32.
+
+    Leaf    a graph input (host, mapped), a recurrent state (device), a weight or a constant
+    Map     data movement: out[i] = src[f(i)], f an index function (Reshape, Transpose, Slice,
+            Expand, Squeeze, Gather with constant indices ... all become one of these)
+    Concat  out[..., i, ...] = the source that holds position i along ``axis``
+    Ew      an elementwise op over inputs of its own shape (:mod:`framefuse.compiler.ops`)
+    Reduce  sum / max / min / prod over some axes (the output drops them)
+    Dot     out[..., n] = Σ_k src[..., k] · rows[n, k] with ``rows`` a constant matrix (a GEMV /
+            small GEMM by a weight; the weight kept as [N, K] so a row is contiguous)
+
+Everything a model does at one step — LayerNorm, softmax, attention over the KV window, the
+single-step body of every framefuse op — is built from these six; the reference interpreter
+(:mod:`framefuse.compiler.naive`) gives each its meaning, and the code generator
+(:mod:`framefuse.compiler.codegen`) turns a whole program into one CUDA kernel.
+
+A :class:`Program` is the lowered graph: its inputs, states and outputs by ONNX name, and for
+each state the output that carries its next value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from framefuse.compiler import iexpr as ix
+from framefuse.errors import FrameFuseError
+
+
+class CompileError(FrameFuseError):
+    """A graph the step compiler cannot lower or schedule (the message names the node)."""
+
+
+_ids = itertools.count()
+
+
+class Node:
+    """A value with a static shape. ``label`` says where it came from (an ONNX node / value)."""
+
+    __slots__ = ("shape", "id", "label")
+    kind = "node"
+
+    def __init__(self, shape: Sequence[int], label: str = ""):
+        self.shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in self.shape):
+            raise CompileError(f"{label}: negative dimension in shape {list(self.shape)}")
+        self.id = next(_ids)
+        self.label = label
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}#{self.id}{list(self.shape)}({self.label})"
+
+
+class Leaf(Node):
+    """``role``: "input" (graph input, host), "state" (recurrent state input, device),
+    "weight" (a constant array kept in device memory) or "const" (a scalar, inlined)."""
+
+    __slots__ = ("role", "name", "array")
+    kind = "leaf"
+
+    def __init__(self, role: str, name: str, shape, array: np.ndarray | None = None, label: str = ""):
+        super().__init__(shape, label or name)
+        assert role in ("input", "state", "weight", "const"), role
+        self.role = role
+        self.name = name
+        if array is None:
+            self.array = None
+        elif role == "const":  # one value, broadcast to the shape (kept as a scalar)
+            values = np.asarray(array, dtype=np.float32).reshape(-1)
+            if values.size == 0 or not (values == values[0]).all() and not np.isnan(values).all():
+                raise CompileError(f"{label or name}: a const leaf holds one value, not {values.size} different ones")
+            self.array = np.asarray(values[0], dtype=np.float32)
+        else:
+            self.array = np.ascontiguousarray(array, dtype=np.float32).reshape(self.shape)
+
+
+class Map(Node):
+    """out[index] = src[fn(index)]; ``fn`` maps a multi-index of ``shape`` (IExprs) to one of
+    ``src.shape``. ``what`` names the op for printing."""
+
+    __slots__ = ("src", "fn", "what", "slice")
+    kind = "map"
+
+    def __init__(self, src: Node, shape, fn: Callable[[list], list], what: str, label: str = "", slice=None):
+        super().__init__(shape, label)
+        self.src = src
+        self.fn = fn
+        self.what = what
+        self.slice = slice  # (axis, start, step) when this is a slice along one axis
+
+    def inputs(self):
+        return (self.src,)
+
+    def source_index(self, index: list) -> list:
+        result = self.fn(list(index))
+        if len(result) != self.src.rank:
+            raise CompileError(f"{self.label}: {self.what} gave a rank-{len(result)} index for {self.src}")
+        return result
+
+
+class Concat(Node):
+    __slots__ = ("srcs", "axis", "offsets")
+    kind = "concat"
+
+    def __init__(self, srcs: Sequence[Node], axis: int, label: str = ""):
+        srcs = list(srcs)
+        shape = list(srcs[0].shape)
+        shape[axis] = sum(s.shape[axis] for s in srcs)
+        super().__init__(shape, label)
+        self.srcs = tuple(srcs)
+        self.axis = axis
+        self.offsets = tuple(int(v) for v in np.cumsum([0] + [s.shape[axis] for s in srcs]))
+
+    def inputs(self):
+        return self.srcs
+
+
+class Ew(Node):
+    """An elementwise op of :data:`framefuse.compiler.ops.EW` over inputs of this node's shape."""
+
+    __slots__ = ("op", "args", "params")
+    kind = "ew"
+
+    def __init__(self, op: str, args: Sequence[Node], params: tuple = (), label: str = ""):
+        from framefuse.compiler.ops import EW
+
+        spec = EW.get(op)
+        if spec is None:
+            raise CompileError(f"{label}: elementwise op {op!r} is not in the compiler's table")
+        args = tuple(args)
+        if len(args) != spec.arity:
+            raise CompileError(f"{label}: {op} takes {spec.arity} inputs, got {len(args)}")
+        shape = args[0].shape
+        for a in args[1:]:
+            if a.shape != shape:
+                raise CompileError(f"{label}: {op} inputs have shapes {[list(x.shape) for x in args]}")
+        super().__init__(shape, label)
+        self.op = op
+        self.args = args
+        self.params = tuple(params)
+
+    def inputs(self):
+        return self.args
+
+
+REDUCE_OPS = ("sum", "max", "min", "prod")
+
+
+class Reduce(Node):
+    __slots__ = ("op", "src", "axes")
+    kind = "reduce"
+
+    def __init__(self, op: str, src: Node, axes: Sequence[int], label: str = ""):
+        if op not in REDUCE_OPS:
+            raise CompileError(f"{label}: reduction {op!r} is not supported (only {REDUCE_OPS})")
+        axes = tuple(sorted({a % src.rank for a in axes})) if src.rank else ()
+        shape = [d for i, d in enumerate(src.shape) if i not in axes]
+        super().__init__(shape, label)
+        self.op = op
+        self.src = src
+        self.axes = axes
+
+    def inputs(self):
+        return (self.src,)
+
+    @property
+    def extent(self) -> int:
+        return int(np.prod([self.src.shape[a] for a in self.axes], dtype=np.int64))
+
+    def source_index(self, out_index: list, r: ix.IExpr) -> list:
+        """The source multi-index for output index ``out_index`` and reduction counter ``r``
+        (``r`` runs over the reduced axes' row-major positions)."""
+        reduced = ix.unflatten(r, [self.src.shape[a] for a in self.axes])
+        out_iter = iter(out_index)
+        red_iter = iter(reduced)
+        return [next(red_iter) if i in self.axes else next(out_iter) for i in range(self.src.rank)]
+
+
+class Dot(Node):
+    """out[..., n] = Σ_k src[..., k] · rows[n, k]."""
+
+    __slots__ = ("src", "rows", "weight")
+    kind = "dot"
+
+    def __init__(self, src: Node, rows: np.ndarray, label: str = ""):
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if rows.ndim != 2 or src.rank < 1 or rows.shape[1] != src.shape[-1]:
+            raise CompileError(
+                f"{label}: a product of {list(src.shape)} by a weight of {list(rows.shape)} (as [N, K]) does not fit"
+            )
+        super().__init__(src.shape[:-1] + (rows.shape[0],), label)
+        self.src = src
+        self.rows = rows
+        self.weight = Leaf("weight", f"{label or 'dot'}.rows", rows.shape, rows, label=f"{label}.rows")
+
+    def inputs(self):
+        return (self.src,)
+
+    @property
+    def k(self) -> int:
+        return self.rows.shape[1]
+
+    @property
+    def n(self) -> int:
+        return self.rows.shape[0]
+
+
+# -- builders ---------------------------------------------------------------------------------------
+
+
+def constant(value, label: str = "") -> Leaf:
+    array = np.asarray(value, dtype=np.float32)
+    if array.size == 1:
+        return Leaf("const", label or "const", array.shape, array, label=label)
+    return Leaf("weight", label or "weight", array.shape, array, label=label)
+
+
+def broadcast_to(node: Node, shape: Sequence[int], label: str = "") -> Node:
+    shape = tuple(int(d) for d in shape)
+    if node.shape == shape:
+        return node
+    src_shape = node.shape
+    if len(src_shape) > len(shape):
+        raise CompileError(f"{label}: cannot broadcast {list(src_shape)} to {list(shape)}")
+    pad = len(shape) - len(src_shape)
+    for d_src, d_out in zip(src_shape, shape[pad:]):
+        if d_src not in (1, d_out):
+            raise CompileError(f"{label}: cannot broadcast {list(src_shape)} to {list(shape)}")
+    if node.kind == "leaf" and node.role == "const":
+        return Leaf("const", node.name, shape, node.array, label=node.label)
+
+    def fn(index, src_shape=src_shape, pad=pad):
+        return [ix.const(0) if d == 1 else i for i, d in zip(index[pad:], src_shape)]
+
+    return Map(node, shape, fn, f"broadcast{list(src_shape)}->{list(shape)}", label=label)
+
+
+def broadcast_shape(*shapes: Sequence[int], label: str = "") -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError as exc:
+        raise CompileError(f"{label}: shapes {[list(s) for s in shapes]} do not broadcast") from exc
+
+
+def ew(op: str, *args: Node, params: tuple = (), label: str = "") -> Node:
+    shape = broadcast_shape(*[a.shape for a in args], label=label)
+    return Ew(op, [broadcast_to(a, shape, label) for a in args], params, label=label)
+
+
+def reshape(node: Node, shape: Sequence[int], label: str = "") -> Node:
+    shape = tuple(int(d) for d in shape)
+    if int(np.prod(shape, dtype=np.int64)) != node.size:
+        raise CompileError(f"{label}: cannot reshape {list(node.shape)} to {list(shape)}")
+    if shape == node.shape:
+        return node
+    src_shape = node.shape
+    if node.kind == "leaf" and node.role == "const":
+        return Leaf("const", node.name, shape, node.array, label=node.label)
+
+    def fn(index, shape=shape, src_shape=src_shape):
+        return ix.unflatten(ix.flatten(index, shape), src_shape)
+
+    return Map(node, shape, fn, f"reshape{list(src_shape)}->{list(shape)}", label=label)
+
+
+def transpose(node: Node, perm: Sequence[int], label: str = "") -> Node:
+    perm = [int(p) % node.rank for p in perm]
+    if sorted(perm) != list(range(node.rank)):
+        raise CompileError(f"{label}: {perm} is not a permutation of {node.rank} axes")
+    if perm == list(range(node.rank)):
+        return node
+    shape = [node.shape[p] for p in perm]
+    kept = [p for p in perm if node.shape[p] != 1]
+    if kept == sorted(kept):  # the axes longer than 1 keep their order: so does every element
+        return reshape(node, shape, label)
+    inverse = [perm.index(i) for i in range(node.rank)]
+
+    def fn(index, inverse=inverse):
+        return [index[j] for j in inverse]
+
+    return Map(node, shape, fn, f"transpose{perm}", label=label)
+
+
+def slice_axis(node: Node, axis: int, start: int, step: int, length: int, label: str = "") -> Node:
+    axis %= node.rank
+    if length == node.shape[axis] and step == 1 and start == 0:
+        return node
+    shape = list(node.shape)
+    shape[axis] = length
+    last = start + step * (length - 1) if length else start
+    if length and not (0 <= start < node.shape[axis] and 0 <= last < node.shape[axis]):
+        raise CompileError(f"{label}: slice {start}:{last}:{step} outside axis {axis} of {list(node.shape)}")
+
+    def fn(index, axis=axis, start=start, step=step):
+        out = list(index)
+        out[axis] = ix.add(ix.mul(index[axis], step), ix.const(start))
+        return out
+
+    return Map(node, shape, fn, f"slice(axis {axis}, {start}::{step}, {length})", label=label, slice=(axis, start, step))
+
+
+def take(node: Node, axis: int, indices: np.ndarray, label: str = "") -> Node:
+    """Gather with constant indices (already non-negative): an arithmetic progression is a Map
+    of affine indices; anything else is refused (no data-dependent or table indexing)."""
+    axis %= node.rank
+    idx = np.asarray(indices, dtype=np.int64)
+    flat = idx.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= node.shape[axis]):
+        raise CompileError(f"{label}: gather index outside axis {axis} of {list(node.shape)}")
+    if flat.size > 1:
+        steps = np.diff(flat)
+        if not (steps == steps[0]).all():
+            raise CompileError(f"{label}: gather with indices {flat.tolist()[:8]}... that are not a progression")
+        step = int(steps[0])
+    else:
+        step = 1
+    start = int(flat[0]) if flat.size else 0
+    shape = list(node.shape[:axis]) + list(idx.shape) + list(node.shape[axis + 1 :])
+    nidx = idx.ndim
+    counts = list(idx.shape)
+
+    def fn(index, axis=axis, start=start, step=step, nidx=nidx, counts=counts):
+        position = ix.flatten(index[axis : axis + nidx], counts) if nidx else ix.const(0)
+        src = list(index[:axis]) + [ix.add(ix.mul(position, step), ix.const(start))] + list(index[axis + nidx :])
+        return src
+
+    return Map(node, shape, fn, f"gather(axis {axis}, {start}::{step})", label=label)
+
+
+def concat(nodes: Sequence[Node], axis: int, label: str = "") -> Node:
+    nodes = [n for n in nodes if n.shape[axis % n.rank] != 0] or list(nodes[:1])
+    if len(nodes) == 1:
+        return nodes[0]
+    axis %= nodes[0].rank
+    for n in nodes:
+        if n.rank != nodes[0].rank or any(a != b for i, (a, b) in enumerate(zip(n.shape, nodes[0].shape)) if i != axis):
+            raise CompileError(f"{label}: concat of shapes {[list(x.shape) for x in nodes]} along axis {axis}")
+    return Concat(nodes, axis, label=label)
+
+
+def reduce(op: str, node: Node, axes: Sequence[int], keepdims: bool, label: str = "") -> Node:
+    axes = sorted({int(a) % node.rank for a in axes}) if node.rank else []
+    if not axes:
+        return node
+    out = Reduce(op, node, axes, label=label)
+    if keepdims:
+        kept = [1 if i in axes else d for i, d in enumerate(node.shape)]
+        return reshape(out, kept, label)
+    return out
+
+
+def mean(node: Node, axes: Sequence[int], keepdims: bool, label: str = "") -> Node:
+    total = reduce("sum", node, axes, keepdims, label)
+    count = int(np.prod([node.shape[a % node.rank] for a in axes], dtype=np.int64))
+    return ew("mul", total, constant(1.0 / count), label=label)
+
+
+# -- the program ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Program:
+    """A lowered step graph. ``outputs`` holds every graph output by ONNX name (``next_state.*``
+    included); ``state_of`` maps a state input name to the output holding its next value."""
+
+    inputs: dict[str, Leaf]
+    states: dict[str, Leaf]
+    outputs: dict[str, Node]
+    state_of: dict[str, str]
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def nodes(self) -> list[Node]:
+        """Every node the outputs depend on, in topological order (inputs before users)."""
+        order: list[Node] = []
+        seen: set[int] = set()
+        stack: list[tuple[Node, bool]] = [(n, False) for n in reversed(list(self.outputs.values()))]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node.id in seen:
+                continue
+            seen.add(node.id)
+            stack.append((node, True))
+            for child in reversed(node.inputs()):
+                if child.id not in seen:
+                    stack.append((child, False))
+        return order
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.nodes():
+            key = node.op if isinstance(node, Ew) else node.kind
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def weights(self) -> list[Leaf]:
+        seen: dict[int, Leaf] = {}
+        for node in self.nodes():
+            if isinstance(node, Dot):
+                seen[node.weight.id] = node.weight
+            elif isinstance(node, Leaf) and node.role == "weight":
+                seen[node.id] = node
+        return list(seen.values())
+
+
+__all__ = [
+    "CompileError",
+    "Concat",
+    "Dot",
+    "Ew",
+    "Leaf",
+    "Map",
+    "Node",
+    "Program",
+    "REDUCE_OPS",
+    "Reduce",
+    "broadcast_shape",
+    "broadcast_to",
+    "concat",
+    "constant",
+    "ew",
+    "mean",
+    "reduce",
+    "reshape",
+    "slice_axis",
+    "take",
+    "transpose",
+]

@@ -1,0 +1,1018 @@
+"""Lower a fused ONNX graph (one step, static shapes) into the step IR.
+
+One small function per op type, in the tables :data:`STANDARD` (ONNX ops) and :data:`FRAMEFUSE`
+(the framefuse ops' single-step bodies); :func:`lower_model` is the driver. Values are either IR
+nodes (they depend on the graph's inputs or states) or numpy arrays (constants: initializers and
+everything computed from them alone, evaluated here). A node the compiler cannot lower raises
+:class:`CompileError` naming the node and the reason; nothing is approximated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from framefuse.compiler import ir
+from framefuse.compiler.ir import CompileError, Leaf, Node, Program
+
+FLOAT, BOOL = 1, 9
+FLOAT_LIKE = {FLOAT}
+INT_TYPES = {2, 3, 5, 6, 7, 12, 13}  # uint8, int8, int16, int32, int64, uint32, uint64
+STATE_PREFIX, NEXT_STATE_PREFIX = "state.", "next_state."
+WKV_MAX_INIT = -1e38
+
+
+@dataclass
+class Ctx:
+    node: onnx.NodeProto
+    label: str
+    attrs: dict
+    types: list  # ONNX elem types of the inputs (None for absent)
+    out_types: list = field(default_factory=list)
+
+    def fail(self, reason: str) -> CompileError:
+        return CompileError(f"{self.label}: {reason}")
+
+    def attr(self, name: str, default=None):
+        return self.attrs.get(name, default)
+
+
+Value = Node | np.ndarray
+
+
+def as_node(value: Value, label: str = "") -> Node:
+    if isinstance(value, Node):
+        return value
+    return ir.constant(np.asarray(value, dtype=np.float32), label=label)
+
+
+def const_of(ctx: Ctx, value: Value | None, what: str) -> np.ndarray:
+    if value is None:
+        raise ctx.fail(f"{what} is missing")
+    if isinstance(value, Node):
+        raise ctx.fail(f"{what} must be a constant (it depends on the graph's inputs)")
+    return np.asarray(value)
+
+
+def shape_of(value: Value) -> tuple[int, ...]:
+    return tuple(value.shape)
+
+
+def _decode(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+
+NUMPY_FOLD: dict[str, Callable] = {}
+
+
+def _ew(op: str, *values: Value, params: tuple = (), ctx: Ctx) -> Value:
+    if all(not isinstance(v, Node) for v in values):
+        # every input constant: fold with the op's numpy meaning (the interpreter's)
+        from framefuse.compiler.ops import EW
+
+        with np.errstate(all="ignore"):
+            return np.asarray(
+                EW[op].numpy(*[np.asarray(v, dtype=np.float64) for v in values], params), dtype=np.float32
+            )
+    return ir.ew(op, *[as_node(v, ctx.label) for v in values], params=params, label=ctx.label)
+
+
+def _unary(op: str, params: tuple = ()):
+    def lower(ctx, ins):
+        return [_ew(op, ins[0], params=params, ctx=ctx)]
+
+    return lower
+
+
+def _binary(op: str):
+    def lower(ctx, ins):
+        return [_ew(op, ins[0], ins[1], ctx=ctx)]
+
+    return lower
+
+
+def _variadic(op: str):
+    def lower(ctx, ins):
+        values = [v for v in ins if v is not None]
+        out = values[0]
+        for v in values[1:]:
+            out = _ew(op, out, v, ctx=ctx)
+        return [out]
+
+    return lower
+
+
+def _mean_of(ctx, ins):
+    values = [v for v in ins if v is not None]
+    out = _variadic("add")(ctx, values)[0]
+    return [_ew("mul", out, np.float32(1.0 / len(values)), ctx=ctx)]
+
+
+def _pow(ctx, ins):
+    base, exponent = ins
+    if not isinstance(exponent, Node) and np.asarray(exponent).size == 1:
+        e = float(np.asarray(exponent).reshape(()))
+        if e == 2.0:
+            return [_ew("square", base, ctx=ctx)]
+        if e == 1.0:
+            return [base]
+        if e == 0.5:
+            return [_ew("sqrt", base, ctx=ctx)]
+    return [_ew("pow", base, exponent, ctx=ctx)]
+
+
+def _clip(ctx, ins):
+    x = ins[0]
+    lo = ctx.attr("min", -np.inf)
+    hi = ctx.attr("max", np.inf)
+    if len(ins) > 1 and ins[1] is not None:
+        lo = float(const_of(ctx, ins[1], "Clip's min").reshape(()))
+    if len(ins) > 2 and ins[2] is not None:
+        hi = float(const_of(ctx, ins[2], "Clip's max").reshape(()))
+    return [_ew("clip", x, params=(float(lo), float(hi)), ctx=ctx)]
+
+
+def _cast(ctx, ins):
+    to = int(ctx.attr("to"))
+    src = ctx.types[0]
+    if to == BOOL:
+        return [_ew("tobool", ins[0], ctx=ctx)]
+    if to == FLOAT:
+        return [ins[0]]  # float -> float, bool (0/1) -> float: the value is unchanged
+    if to in INT_TYPES and src == BOOL:
+        return [ins[0]]
+    if not isinstance(ins[0], Node):
+        return [np.asarray(ins[0]).astype(helper.tensor_dtype_to_np_dtype(to))]
+    raise ctx.fail(
+        f"Cast to {helper.tensor_dtype_to_string(to)}: the step compiler computes in float32 "
+        f"(fp16/bf16/int graphs are not lowered; build fp32 or use the cuda-graph plan)"
+    )
+
+
+def _where(ctx, ins):
+    cond, a, b = ins
+    return [_ew("where", cond, a, b, ctx=ctx)]
+
+
+def _act(op: str, param_names: tuple = (), defaults: tuple = ()):
+    def lower(ctx, ins):
+        params = tuple(float(ctx.attr(n, d)) for n, d in zip(param_names, defaults))
+        return [_ew(op, ins[0], params=params, ctx=ctx)]
+
+    return lower
+
+
+def _gelu(ctx, ins):
+    approximate = ctx.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ctx.fail(f"Gelu approximate={approximate!r}")
+    return [_ew("gelu", ins[0], params=(1.0 if approximate == "tanh" else 0.0,), ctx=ctx)]
+
+
+def _selu(ctx, ins):
+    alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
+    gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
+    x = ins[0]
+    return [_ew("mul", _ew("elu", x, params=(alpha,), ctx=ctx), np.float32(gamma), ctx=ctx)]
+
+
+def _hard_swish(ctx, ins):
+    x = ins[0]
+    return [_ew("mul", x, _ew("hard_sigmoid", x, params=(1.0 / 6.0, 0.5), ctx=ctx), ctx=ctx)]
+
+
+def _mish(ctx, ins):
+    x = ins[0]
+    return [_ew("mul", x, _ew("tanh", _ew("softplus", x, ctx=ctx), ctx=ctx), ctx=ctx)]
+
+
+# -- data movement ----------------------------------------------------------------------------------
+
+
+def _movement(ctx, ins, fn_node, fn_numpy):
+    x = ins[0]
+    if isinstance(x, Node):
+        return [fn_node(x)]
+    return [fn_numpy(np.asarray(x))]
+
+
+def _reshape(ctx, ins):
+    x = ins[0]
+    target = [int(v) for v in const_of(ctx, ins[1], "Reshape's shape").reshape(-1)]
+    shape = list(shape_of(x))
+    allowzero = int(ctx.attr("allowzero", 0))
+    out = []
+    for i, d in enumerate(target):
+        out.append(shape[i] if (d == 0 and not allowzero) else d)
+    if out.count(-1) > 1:
+        raise ctx.fail(f"Reshape to {target}: more than one -1")
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        total = int(np.prod(shape, dtype=np.int64))
+        out[out.index(-1)] = total // known if known else 0
+    return _movement(ctx, ins, lambda n: ir.reshape(n, out, ctx.label), lambda a: a.reshape(out))
+
+
+def _flatten(ctx, ins):
+    shape = shape_of(ins[0])
+    axis = int(ctx.attr("axis", 1)) % (len(shape) + 1) if shape else 0
+    out = [int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))]
+    return _movement(ctx, ins, lambda n: ir.reshape(n, out, ctx.label), lambda a: a.reshape(out))
+
+
+def _axes(ctx, ins, position: int, attr: str = "axes"):
+    if len(ins) > position and ins[position] is not None:
+        return [int(v) for v in const_of(ctx, ins[position], "axes").reshape(-1)]
+    value = ctx.attr(attr)
+    return None if value is None else [int(v) for v in value]
+
+
+def _squeeze(ctx, ins):
+    shape = list(shape_of(ins[0]))
+    axes = _axes(ctx, ins, 1)
+    if axes is None:
+        axes = [i for i, d in enumerate(shape) if d == 1]
+    axes = {a % len(shape) for a in axes}
+    out = [d for i, d in enumerate(shape) if i not in axes]
+    return _movement(ctx, ins, lambda n: ir.reshape(n, out, ctx.label), lambda a: a.reshape(out))
+
+
+def _unsqueeze(ctx, ins):
+    shape = list(shape_of(ins[0]))
+    axes = _axes(ctx, ins, 1)
+    rank = len(shape) + len(axes)
+    axes = sorted(a % rank for a in axes)
+    out = list(shape)
+    for a in axes:
+        out.insert(a, 1)
+    return _movement(ctx, ins, lambda n: ir.reshape(n, out, ctx.label), lambda a: a.reshape(out))
+
+
+def _transpose(ctx, ins):
+    rank = len(shape_of(ins[0]))
+    perm = ctx.attr("perm")
+    perm = list(reversed(range(rank))) if perm is None else [int(p) % rank for p in perm]
+    return _movement(ctx, ins, lambda n: ir.transpose(n, perm, ctx.label), lambda a: a.transpose(perm))
+
+
+def _expand(ctx, ins):
+    target = [int(v) for v in const_of(ctx, ins[1], "Expand's shape").reshape(-1)]
+    out = ir.broadcast_shape(shape_of(ins[0]), target, label=ctx.label)
+    return _movement(ctx, ins, lambda n: ir.broadcast_to(n, out, ctx.label), lambda a: np.broadcast_to(a, out))
+
+
+def _tile(ctx, ins):
+    reps = [int(v) for v in const_of(ctx, ins[1], "Tile's repeats").reshape(-1)]
+    x = ins[0]
+    if not isinstance(x, Node):
+        return [np.tile(np.asarray(x), reps)]
+    src_shape = x.shape
+    out = [d * r for d, r in zip(src_shape, reps)]
+    from framefuse.compiler import iexpr as ix
+
+    def fn(index, src_shape=src_shape):
+        return [ix.mod(i, d) for i, d in zip(index, src_shape)]
+
+    return [ir.Map(x, out, fn, f"tile{reps}", label=ctx.label)]
+
+
+def _slice_params(ctx, ins, shape):
+    if len(ins) > 1:  # opset >= 10: starts, ends, axes, steps as inputs
+        starts = [int(v) for v in const_of(ctx, ins[1], "Slice's starts").reshape(-1)]
+        ends = [int(v) for v in const_of(ctx, ins[2], "Slice's ends").reshape(-1)]
+        axes = _axes(ctx, ins, 3) or list(range(len(starts)))
+        steps = (
+            [int(v) for v in const_of(ctx, ins[4], "Slice's steps").reshape(-1)]
+            if len(ins) > 4 and ins[4] is not None
+            else [1] * len(starts)
+        )
+    else:
+        starts = [int(v) for v in ctx.attr("starts")]
+        ends = [int(v) for v in ctx.attr("ends")]
+        axes = [int(v) for v in ctx.attr("axes", list(range(len(starts))))]
+        steps = [1] * len(starts)
+    result = []
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis %= len(shape)
+        dim = shape[axis]
+        if step == 0:
+            raise ctx.fail("Slice step 0")
+        if start < 0:
+            start += dim
+        if end < 0:
+            end += dim
+        if step > 0:
+            start = min(max(start, 0), dim)
+            end = min(max(end, 0), dim)
+            length = max(0, -(-(end - start) // step))
+        else:
+            start = min(max(start, -1), dim - 1)
+            end = min(max(end, -1), dim - 1)
+            length = max(0, -(-(start - end) // -step))
+        result.append((axis, start, step, length))
+    return result
+
+
+def _slice(ctx, ins):
+    x = ins[0]
+    params = _slice_params(ctx, ins, shape_of(x))
+    if not isinstance(x, Node):
+        out = np.asarray(x)
+        for axis, start, step, length in params:
+            idx = start + step * np.arange(length)
+            out = np.take(out, idx, axis=axis)
+        return [out]
+    for axis, start, step, length in params:
+        x = ir.slice_axis(x, axis, start, step, length, ctx.label)
+    return [x]
+
+
+def _gather(ctx, ins):
+    data = ins[0]
+    indices = const_of(ctx, ins[1], "Gather's indices").astype(np.int64)
+    axis = int(ctx.attr("axis", 0)) % len(shape_of(data))
+    dim = shape_of(data)[axis]
+    indices = np.where(indices < 0, indices + dim, indices)
+    if not isinstance(data, Node):
+        return [np.take(np.asarray(data), indices, axis=axis)]
+    return [ir.take(data, axis, indices, ctx.label)]
+
+
+def _concat(ctx, ins):
+    axis = int(ctx.attr("axis"))
+    values = [v for v in ins if v is not None]
+    if all(not isinstance(v, Node) for v in values):
+        return [np.concatenate([np.asarray(v) for v in values], axis=axis)]
+    return [ir.concat([as_node(v, ctx.label) for v in values], axis, ctx.label)]
+
+
+def _split(ctx, ins):
+    x = ins[0]
+    shape = shape_of(x)
+    axis = int(ctx.attr("axis", 0)) % len(shape)
+    n_out = len(ctx.node.output)
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = [int(v) for v in const_of(ctx, ins[1], "Split's sizes").reshape(-1)]
+    elif ctx.attr("split") is not None:
+        sizes = [int(v) for v in ctx.attr("split")]
+    else:
+        chunk = -(-shape[axis] // n_out)
+        sizes = [min(chunk, shape[axis] - chunk * i) for i in range(n_out)]
+    outs, start = [], 0
+    for size in sizes:
+        if isinstance(x, Node):
+            outs.append(ir.slice_axis(x, axis, start, 1, size, ctx.label))
+        else:
+            outs.append(np.take(np.asarray(x), np.arange(start, start + size), axis=axis))
+        start += size
+    return outs
+
+
+def _constant(ctx, ins):
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in ctx.attrs:
+            value = ctx.attrs[key]
+            if isinstance(value, onnx.TensorProto):
+                return [numpy_helper.to_array(value)]
+            return [np.asarray(value)]
+    raise ctx.fail("Constant without a supported value attribute")
+
+
+def _shape(ctx, ins):
+    shape = np.asarray(shape_of(ins[0]), dtype=np.int64)
+    start = int(ctx.attr("start", 0))
+    end = ctx.attr("end")
+    return [shape[start : (int(end) if end is not None else None)]]
+
+
+def _constant_of_shape(ctx, ins):
+    shape = [int(v) for v in const_of(ctx, ins[0], "ConstantOfShape's shape").reshape(-1)]
+    value = ctx.attr("value")
+    fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
+    return [np.full(shape, fill)]
+
+
+# -- reductions and normalisations --------------------------------------------------------------------
+
+
+def _reduce(op: str, post: str | None = None, pre: str | None = None):
+    def lower(ctx, ins):
+        x = ins[0]
+        shape = shape_of(x)
+        axes = _axes(ctx, ins, 1)
+        if not axes:
+            if int(ctx.attr("noop_with_empty_axes", 0)):
+                return [x]
+            axes = list(range(len(shape)))
+        keepdims = bool(int(ctx.attr("keepdims", 1)))
+        x = as_node(x, ctx.label)
+        if pre:
+            x = ir.ew(pre, x, label=ctx.label)
+        if op == "mean":
+            out = ir.mean(x, axes, keepdims, ctx.label)
+        else:
+            out = ir.reduce(op, x, axes, keepdims, ctx.label)
+        if post:
+            out = ir.ew(post, out, label=ctx.label)
+        return [out]
+
+    return lower
+
+
+def _layer_norm(ctx, ins):
+    x, scale = as_node(ins[0], ctx.label), ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    axis = int(ctx.attr("axis", -1)) % x.rank
+    eps = float(ctx.attr("epsilon", 1e-5))
+    axes = list(range(axis, x.rank))
+    mean = ir.mean(x, axes, True, ctx.label)
+    centred = ir.ew("sub", x, mean, label=ctx.label)
+    var = ir.mean(ir.ew("square", centred, label=ctx.label), axes, True, ctx.label)
+    inv = ir.ew("reciprocal", ir.ew("sqrt", ir.ew("add", var, ir.constant(eps), label=ctx.label), label=ctx.label))
+    y = ir.ew("mul", ir.ew("mul", centred, inv, label=ctx.label), as_node(scale, ctx.label), label=ctx.label)
+    if bias is not None:
+        y = ir.ew("add", y, as_node(bias, ctx.label), label=ctx.label)
+    outs = [y]
+    if len(ctx.node.output) > 1:
+        outs.append(mean)
+    if len(ctx.node.output) > 2:
+        outs.append(inv)
+    return outs
+
+
+def _softmax(log: bool):
+    def lower(ctx, ins):
+        x = as_node(ins[0], ctx.label)
+        axis = int(ctx.attr("axis", -1)) % x.rank
+        top = ir.reduce("max", x, [axis], True, ctx.label)
+        shifted = ir.ew("sub", x, top, label=ctx.label)
+        e = ir.ew("exp", shifted, label=ctx.label)
+        total = ir.reduce("sum", e, [axis], True, ctx.label)
+        if log:
+            return [ir.ew("sub", shifted, ir.ew("log", total, label=ctx.label), label=ctx.label)]
+        return [ir.ew("div", e, total, label=ctx.label)]
+
+    return lower
+
+
+# -- products -------------------------------------------------------------------------------------------
+
+
+def matmul(a: Value, b: Value, label: str) -> Value:
+    """ONNX MatMul (numpy semantics) of two values, one or both of them nodes."""
+    if not isinstance(a, Node) and not isinstance(b, Node):
+        return np.matmul(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    a_shape, b_shape = shape_of(a), shape_of(b)
+    if not isinstance(b, Node) and len(b_shape) == 2:
+        w = np.asarray(b, dtype=np.float32)
+        a_node = as_node(a, label)
+        return ir.Dot(a_node, w.T, label=label)
+    if not isinstance(a, Node) and len(a_shape) == 2 and len(b_shape) >= 2:
+        # W·B: the product of Bᵀ by W as rows, transposed back
+        w = np.asarray(a, dtype=np.float32)
+        rank = len(b_shape)
+        perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+        bt = ir.transpose(b, perm, label)
+        return ir.transpose(ir.Dot(bt, w, label=label), perm, label)
+    # activation × activation (or a batched constant): Σ_k A[..., m, k] · B[..., k, n]
+    a_node, b_node = as_node(a, label), as_node(b, label)
+    squeeze_a = a_node.rank == 1
+    squeeze_b = b_node.rank == 1
+    if squeeze_a:
+        a_node = ir.reshape(a_node, (1,) + a_node.shape, label)
+    if squeeze_b:
+        b_node = ir.reshape(b_node, b_node.shape + (1,), label)
+    m, k = a_node.shape[-2:]
+    k2, n = b_node.shape[-2:]
+    if k != k2:
+        raise CompileError(f"{label}: MatMul of {list(a_shape)} by {list(b_shape)}")
+    batch = ir.broadcast_shape(a_node.shape[:-2], b_node.shape[:-2], label=label)
+    a5 = ir.broadcast_to(ir.reshape(a_node, a_node.shape + (1,), label), batch + (m, k, n), label)
+    b5 = ir.broadcast_to(ir.reshape(b_node, b_node.shape[:-2] + (1, k, n), label), batch + (m, k, n), label)
+    out = ir.reduce("sum", ir.ew("mul", a5, b5, label=label), [len(batch) + 1], False, label)
+    shape = list(out.shape)
+    if squeeze_b:
+        shape.pop(-1)
+    if squeeze_a:
+        shape.pop(-2 if not squeeze_b else -1)
+    return ir.reshape(out, shape, label)
+
+
+def _matmul(ctx, ins):
+    return [matmul(ins[0], ins[1], ctx.label)]
+
+
+def _gemm(ctx, ins):
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    if int(ctx.attr("transA", 0)):
+        a = ir.transpose(a, [1, 0], ctx.label) if isinstance(a, Node) else np.asarray(a).T
+    if int(ctx.attr("transB", 0)):
+        b = ir.transpose(b, [1, 0], ctx.label) if isinstance(b, Node) else np.asarray(b).T
+    y = matmul(a, b, ctx.label)
+    if alpha != 1.0:
+        y = _ew("mul", y, np.float32(alpha), ctx=ctx)
+    if c is not None:
+        if beta != 1.0:
+            c = _ew("mul", c, np.float32(beta), ctx=ctx)
+        y = _ew("add", y, c, ctx=ctx)
+    return [y]
+
+
+STANDARD: dict[str, Callable] = {
+    "Add": _binary("add"),
+    "Sub": _binary("sub"),
+    "Mul": _binary("mul"),
+    "Div": _binary("div"),
+    "Pow": _pow,
+    "Neg": _unary("neg"),
+    "Abs": _unary("abs"),
+    "Sqrt": _unary("sqrt"),
+    "Exp": _unary("exp"),
+    "Log": _unary("log"),
+    "Reciprocal": _unary("reciprocal"),
+    "Floor": _unary("floor"),
+    "Ceil": _unary("ceil"),
+    "Round": _unary("round"),
+    "Sign": _unary("sign"),
+    "Sin": _unary("sin"),
+    "Cos": _unary("cos"),
+    "Erf": _unary("erf"),
+    "Sigmoid": _unary("sigmoid"),
+    "Tanh": _unary("tanh"),
+    "Relu": _unary("relu"),
+    "Softplus": _unary("softplus"),
+    "Softsign": _unary("softsign"),
+    "LeakyRelu": _act("leaky_relu", ("alpha",), (0.01,)),
+    "Elu": _act("elu", ("alpha",), (1.0,)),
+    "HardSigmoid": _act("hard_sigmoid", ("alpha", "beta"), (0.2, 0.5)),
+    "HardSwish": _hard_swish,
+    "Mish": _mish,
+    "Selu": _selu,
+    "Gelu": _gelu,
+    "Clip": _clip,
+    "Max": _variadic("max"),
+    "Min": _variadic("min"),
+    "Sum": _variadic("add"),
+    "Mean": _mean_of,
+    "Where": _where,
+    "Greater": _binary("gt"),
+    "GreaterOrEqual": _binary("ge"),
+    "Less": _binary("lt"),
+    "LessOrEqual": _binary("le"),
+    "Equal": _binary("eq"),
+    "Not": _unary("not"),
+    "And": _binary("and"),
+    "Or": _binary("or"),
+    "IsNaN": _unary("isnan"),
+    "IsInf": lambda ctx, ins: [_ew("isinf", ins[0], ctx=ctx)],
+    "Cast": _cast,
+    "Identity": lambda ctx, ins: [ins[0]],
+    "Dropout": lambda ctx, ins: [ins[0]],
+    "Reshape": _reshape,
+    "Flatten": _flatten,
+    "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze,
+    "Transpose": _transpose,
+    "Expand": _expand,
+    "Tile": _tile,
+    "Slice": _slice,
+    "Gather": _gather,
+    "Concat": _concat,
+    "Split": _split,
+    "Constant": _constant,
+    "Shape": _shape,
+    "Size": lambda ctx, ins: [np.asarray(int(np.prod(shape_of(ins[0]), dtype=np.int64)))],
+    "ConstantOfShape": _constant_of_shape,
+    "ReduceSum": _reduce("sum"),
+    "ReduceMean": _reduce("mean"),
+    "ReduceMax": _reduce("max"),
+    "ReduceMin": _reduce("min"),
+    "ReduceProd": _reduce("prod"),
+    "ReduceSumSquare": _reduce("sum", pre="square"),
+    "ReduceL2": _reduce("sum", pre="square", post="sqrt"),
+    "LayerNormalization": _layer_norm,
+    "Softmax": _softmax(False),
+    "LogSoftmax": _softmax(True),
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+}
+
+BOOL_OUTPUT = {"Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equal", "Not", "And", "Or", "IsNaN", "IsInf"}
+
+
+# -- framefuse ops: one step -----------------------------------------------------------------------------
+
+
+def _one_step(ctx: Ctx, value: Value, axis: int, what: str) -> Node:
+    node = as_node(value, ctx.label)
+    if node.shape[axis] != 1:
+        raise ctx.fail(
+            f"{what} has {node.shape[axis]} time steps: the step compiler lowers the single-step form "
+            f"(T = 1); sequence forms go through the cuda-graph plan"
+        )
+    shape = list(node.shape)
+    shape.pop(axis)
+    return ir.reshape(node, shape, ctx.label)
+
+
+def _state_or(ctx: Ctx, value: Value | None, shape, fill: float = 0.0) -> Node:
+    if value is None:
+        return ir.constant(np.full(shape, fill, dtype=np.float32), label=ctx.label)
+    return as_node(value, ctx.label)
+
+
+def _weight(ctx: Ctx, value: Value | None, what: str) -> np.ndarray:
+    if isinstance(value, Node):
+        raise ctx.fail(f"{what} must be a constant weight (it depends on the graph's inputs)")
+    return np.asarray(value, dtype=np.float32)
+
+
+def _unsq(node: Node, axes: list[int], label: str) -> Node:
+    shape = list(node.shape)
+    for a in sorted(a % (node.rank + len(axes)) for a in axes):
+        shape.insert(a, 1)
+    return ir.reshape(node, shape, label)
+
+
+def _step_ew(ctx: Ctx, op: str, *args: Node, params: tuple = ()) -> Node:
+    return ir.ew(op, *args, params=params, label=ctx.label)
+
+
+def _linear_scan(ctx, ins):
+    a, b = _one_step(ctx, ins[0], 1, "a"), _one_step(ctx, ins[1], 1, "b")
+    h0 = _state_or(ctx, ins[2] if len(ins) > 2 else None, a.shape)
+    h = _step_ew(ctx, "linear_scan_step", a, b, h0)
+    return [_unsq(h, [1], ctx.label), h]
+
+
+def _selective_scan(ctx, ins):
+    ins = list(ins) + [None] * (9 - len(ins))
+    x, dt = _one_step(ctx, ins[0], 1, "x"), _one_step(ctx, ins[1], 1, "dt")
+    A = as_node(ins[2], ctx.label)  # [D, N]
+    Bm, Cm = _one_step(ctx, ins[3], 1, "B"), _one_step(ctx, ins[4], 1, "C")  # [B, N]
+    batch, d = x.shape
+    n = A.shape[1]
+    dt_bias = _state_or(ctx, ins[7], (d,))
+    delta = _step_ew(ctx, "ssm_delta", dt, dt_bias, params=(int(ctx.attr("delta_softplus", 1)),))
+    h0 = _state_or(ctx, ins[8], (batch, d, n))
+    delta_x = _step_ew(ctx, "mul", delta, x)
+    h = _step_ew(
+        ctx,
+        "ssm_state",
+        h0,
+        _unsq(delta, [-1], ctx.label),
+        _unsq(A, [0], ctx.label),
+        _unsq(delta_x, [-1], ctx.label),
+        _unsq(Bm, [1], ctx.label),
+    )
+    y = ir.reduce("sum", _step_ew(ctx, "mul", h, _unsq(Cm, [1], ctx.label)), [-1], False, ctx.label)
+    if ins[5] is not None:
+        y = _step_ew(ctx, "add", y, _step_ew(ctx, "mul", as_node(ins[5], ctx.label), x))
+    if ins[6] is not None:
+        y = _step_ew(ctx, "ssm_gate", y, _one_step(ctx, ins[6], 1, "z"))
+    return [_unsq(y, [1], ctx.label), h]
+
+
+def _rnn_inputs(ctx, ins, gates: int):
+    x = _one_step(ctx, ins[0], 0, "X")  # [B, I]
+    W = _weight(ctx, ins[1], "W")
+    R = _weight(ctx, ins[2], "R")
+    hidden = R.shape[1]
+    bias = ins[3] if len(ins) > 3 else None
+    bias = np.zeros(2 * gates * hidden, np.float32) if bias is None else _weight(ctx, bias, "bias")
+    h0 = _state_or(ctx, ins[4] if len(ins) > 4 else None, (x.shape[0], hidden))
+    return x, W, R, bias[: gates * hidden], bias[gates * hidden :], h0, hidden
+
+
+def _gate(node: Node, g: int, hidden: int, label: str) -> Node:
+    return ir.slice_axis(node, -1, g * hidden, 1, hidden, label)
+
+
+def _lstm(ctx, ins):
+    x, W, R, wb, rb, h0, H = _rnn_inputs(ctx, ins, 4)
+    c0 = _state_or(ctx, ins[5] if len(ins) > 5 else None, h0.shape)
+    pre = _step_ew(ctx, "add", _step_ew(ctx, "add", ir.Dot(x, W, ctx.label), ir.Dot(h0, R, ctx.label)), ir.constant(wb + rb))
+    i, o, f, g = (_gate(pre, k, H, ctx.label) for k in range(4))
+    c = _step_ew(ctx, "lstm_cell", i, f, g, c0)
+    h = _step_ew(ctx, "lstm_hidden", o, c)
+    return [_unsq(h, [0], ctx.label), h, c]
+
+
+def _gru(ctx, ins):
+    if int(ctx.attr("linear_before_reset", 1)) != 1:
+        raise ctx.fail("GRUSeq with linear_before_reset = 0")
+    x, W, R, wb, rb, h0, H = _rnn_inputs(ctx, ins, 3)
+    gx = _step_ew(ctx, "add", ir.Dot(x, W, ctx.label), ir.constant(wb))
+    gh = _step_ew(ctx, "add", ir.Dot(h0, R, ctx.label), ir.constant(rb))
+    parts = [_gate(gx, k, H, ctx.label) for k in range(3)] + [_gate(gh, k, H, ctx.label) for k in range(3)]
+    xz, xr, xh, hz, hr, hh = parts
+    h = _step_ew(ctx, "gru_hidden", xz, hz, xr, hr, xh, hh, h0)
+    return [_unsq(h, [0], ctx.label), h]
+
+
+def _liquid(ctx, ins):
+    xg = _one_step(ctx, ins[0], 1, "xg")  # [B, 4H]
+    R = _weight(ctx, ins[1], "R")
+    H = R.shape[1]
+    h0 = _state_or(ctx, ins[2] if len(ins) > 2 else None, (xg.shape[0], H))
+    g = _step_ew(ctx, "add", xg, ir.Dot(h0, R, ctx.label))
+    g1, g2, ga, gb = (_gate(g, k, H, ctx.label) for k in range(4))
+    h = _step_ew(ctx, "liquid_hidden", g1, g2, ga, gb, params=(float(ctx.attr("ts", 1.0)),))
+    return [_unsq(h, [1], ctx.label), h]
+
+
+def _wkv(ctx, ins):
+    ins = list(ins) + [None] * (7 - len(ins))
+    k, v = _one_step(ctx, ins[0], 1, "k"), _one_step(ctx, ins[1], 1, "v")
+    w, u = as_node(ins[2], ctx.label), as_node(ins[3], ctx.label)
+    num = _state_or(ctx, ins[4], k.shape)
+    den = _state_or(ctx, ins[5], k.shape)
+    p = _state_or(ctx, ins[6], k.shape, WKV_MAX_INIT)
+    y = ir.ew("wkv_output", num, den, p, k, v, u, label=ctx.label)
+    p_next = ir.ew("wkv_max", p, w, k, label=ctx.label)
+    num_next = ir.ew("wkv_carry", num, p, w, k, v, p_next, label=ctx.label)
+    den_next = ir.ew("wkv_carry", den, p, w, k, ir.constant(1.0), p_next, label=ctx.label)
+    return [_unsq(y, [1], ctx.label), num_next, den_next, p_next]
+
+
+def _delta_rule(ctx, ins):
+    q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))  # [B, H, D]
+    beta = _one_step(ctx, ins[3], 2, "beta")  # [B, H]
+    batch, heads, dk = k.shape
+    dv = v.shape[-1]
+    S = _state_or(ctx, ins[4] if len(ins) > 4 else None, (batch, heads, dv, dk))
+    label = ctx.label
+    sk = ir.reduce("sum", ir.ew("mul", S, _unsq(k, [2], label), label=label), [-1], False, label)  # [B, H, Dv]
+    S_new = ir.ew(
+        "delta_rule_state",
+        S,
+        _unsq(beta, [2, 3], label),
+        _unsq(k, [2], label),
+        _unsq(v, [3], label),
+        _unsq(sk, [3], label),
+        label=label,
+    )
+    o = ir.reduce("sum", ir.ew("mul", S_new, _unsq(q, [2], label), label=label), [-1], False, label)
+    return [_unsq(o, [2], label), S_new]
+
+
+def _gated_delta_rule(ctx, ins):
+    q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))
+    g, beta = _one_step(ctx, ins[3], 2, "g"), _one_step(ctx, ins[4], 2, "beta")  # [B, H]
+    batch, heads, dk = k.shape
+    dv = v.shape[-1]
+    S = _state_or(ctx, ins[5] if len(ins) > 5 else None, (batch, heads, dk, dv))
+    label = ctx.label
+    ks = ir.reduce("sum", ir.ew("mul", S, _unsq(k, [3], label), label=label), [-2], False, label)  # [B, H, Dv]
+    S_new = ir.ew(
+        "gated_delta_state",
+        S,
+        _unsq(g, [2, 3], label),
+        _unsq(beta, [2, 3], label),
+        _unsq(k, [3], label),
+        _unsq(v, [2], label),
+        _unsq(ks, [2], label),
+        label=label,
+    )
+    o = ir.reduce("sum", ir.ew("mul", S_new, _unsq(q, [3], label), label=label), [-2], False, label)
+    return [_unsq(o, [2], label), S_new]
+
+
+def _mlstm(ctx, ins):
+    ins = list(ins) + [None] * (8 - len(ins))
+    q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))
+    i_pre, f_pre = _one_step(ctx, ins[3], 2, "i_pre"), _one_step(ctx, ins[4], 2, "f_pre")  # [B, H]
+    batch, heads, dk = k.shape
+    dv = v.shape[-1]
+    label = ctx.label
+    C = _state_or(ctx, ins[5], (batch, heads, dv, dk))
+    n = _state_or(ctx, ins[6], (batch, heads, dk))
+    m = _state_or(ctx, ins[7], (batch, heads))
+    eps = float(ctx.attr("eps", 0.0))
+    m_new = ir.ew("mlstm_m", f_pre, m, i_pre, label=label)
+    fg = ir.ew("mlstm_fgate", f_pre, m, m_new, label=label)
+    ig = ir.ew("mlstm_igate", i_pre, m_new, label=label)
+    vk = ir.ew("mul", _unsq(v, [3], label), _unsq(k, [2], label), label=label)
+    C_new = ir.ew(
+        "add",
+        ir.ew("mul", _unsq(fg, [2, 3], label), C, label=label),
+        ir.ew("mul", _unsq(ig, [2, 3], label), vk, label=label),
+        label=label,
+    )
+    n_new = ir.ew(
+        "add",
+        ir.ew("mul", _unsq(fg, [2], label), n, label=label),
+        ir.ew("mul", _unsq(ig, [2], label), k, label=label),
+        label=label,
+    )
+    numerator = ir.reduce("sum", ir.ew("mul", C_new, _unsq(q, [2], label), label=label), [-1], False, label)
+    nq = ir.reduce("sum", ir.ew("mul", n_new, q, label=label), [-1], False, label)
+    denominator = ir.ew("mlstm_denominator", nq, m_new, params=(eps,), label=label)
+    h = ir.ew("div", numerator, _unsq(denominator, [2], label), label=label)
+    return [_unsq(h, [2], label), C_new, n_new, m_new]
+
+
+def _attention(ctx, ins):
+    label = ctx.label
+    q, k, v = (as_node(ins[i], label) for i in range(3))
+    mask = ins[3] if len(ins) > 3 else None
+    batch, hq, tq, dh = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    if hq % hkv:
+        raise ctx.fail(f"{hq} query heads do not group over {hkv} KV heads")
+    groups = hq // hkv
+    scale = ctx.attr("scale")
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    from framefuse.compiler import iexpr as ix
+
+    def by_query_head(node: Node) -> Node:  # [B, Hkv, Tk, Dh] -> [B, Hq, Tk, Dh], head h reads h // groups
+        if groups == 1:
+            return node
+        return ir.Map(
+            node,
+            (batch, hq, tk, dh),
+            lambda index: [index[0], ix.floordiv(index[1], groups), index[2], index[3]],
+            f"kv head of query head (groups {groups})",
+            label=label,
+        )
+
+    kq, vq = by_query_head(k), by_query_head(v)
+    shape5 = (batch, hq, tq, tk, dh)
+    prod = ir.ew(
+        "mul",
+        ir.broadcast_to(_unsq(q, [3], label), shape5, label),
+        ir.broadcast_to(_unsq(kq, [2], label), shape5, label),
+        label=label,
+    )
+    scores = ir.ew("mul", ir.reduce("sum", prod, [-1], False, label), ir.constant(scale), label=label)
+    if mask is not None:
+        scores = ir.ew("add", scores, as_node(mask, label), label=label)
+    if int(ctx.attr("causal", 0)):
+        visible = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + (tk - tq)
+        scores = ir.ew(
+            "where", ir.constant(visible.astype(np.float32)), scores, ir.constant(-np.inf), label=label
+        )
+    row_max = ir.reduce("max", scores, [-1], True, label)
+    p = ir.ew("attention_weight", scores, row_max, label=label)
+    pv = ir.ew(
+        "mul",
+        ir.broadcast_to(_unsq(p, [-1], label), shape5, label),
+        ir.broadcast_to(_unsq(vq, [2], label), shape5, label),
+        label=label,
+    )
+    acc = ir.reduce("sum", pv, [3], False, label)  # [B, Hq, Tq, Dh]
+    total = ir.reduce("sum", p, [-1], True, label)
+    return [ir.ew("attention_finish", acc, total, row_max, label=label)]
+
+
+FRAMEFUSE: dict[str, Callable] = {
+    "LinearScan": _linear_scan,
+    "SelectiveScan": _selective_scan,
+    "LSTMSeq": _lstm,
+    "GRUSeq": _gru,
+    "LiquidScan": _liquid,
+    "WKVScan": _wkv,
+    "DeltaRuleScan": _delta_rule,
+    "GatedDeltaRuleScan": _gated_delta_rule,
+    "MLSTMScan": _mlstm,
+    "Attention": _attention,
+}
+
+
+# -- the driver -----------------------------------------------------------------------------------------
+
+
+def _label(node: onnx.NodeProto, index: int) -> str:
+    domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
+    return f"node '{node.name or f'#{index}'}' ({domain}{node.op_type})"
+
+
+def _static_shape(vi: onnx.ValueInfoProto, what: str) -> tuple[int, ...]:
+    dims = vi.type.tensor_type.shape.dim
+    shape = []
+    for d in dims:
+        if not d.HasField("dim_value") or d.dim_value <= 0:
+            raise CompileError(f"{what} '{vi.name}' has a dynamic shape: the step compiler needs static shapes")
+        shape.append(int(d.dim_value))
+    return tuple(shape)
+
+
+def lower_model(model: onnx.ModelProto, *, source: str = "") -> Program:
+    """The step IR of ``model`` (a step-form graph: ``x`` + ``state.*`` in, ``y`` + ``next_state.*``
+    out, fp32, static shapes). Raises CompileError naming the first node that cannot be lowered."""
+    graph = model.graph
+    values: dict[str, Value] = {}
+    types: dict[str, int] = {}
+    for init in graph.initializer:
+        values[init.name] = numpy_helper.to_array(init)
+        types[init.name] = init.data_type
+    inputs: dict[str, Leaf] = {}
+    states: dict[str, Leaf] = {}
+    for vi in graph.input:
+        if vi.name in values:
+            continue
+        elem = vi.type.tensor_type.elem_type
+        if elem != FLOAT:
+            raise CompileError(
+                f"graph input '{vi.name}' is {helper.tensor_dtype_to_string(elem)}: the step compiler takes float32 inputs"
+            )
+        shape = _static_shape(vi, "graph input")
+        role = "state" if vi.name.startswith(STATE_PREFIX) else "input"
+        leaf = Leaf(role, vi.name, shape)
+        (states if role == "state" else inputs)[vi.name] = leaf
+        values[vi.name] = leaf
+        types[vi.name] = elem
+    for index, node in enumerate(graph.node):
+        label = _label(node, index)
+        attrs = {a.name: _decode(helper.get_attribute_value(a)) for a in node.attribute}
+        if node.domain in ("", "ai.onnx"):
+            fn = STANDARD.get(node.op_type)
+        elif node.domain == "framefuse":
+            fn = FRAMEFUSE.get(node.op_type)
+        else:
+            fn = None
+        if fn is None:
+            raise CompileError(f"{label}: op {node.op_type} has no lowering in the step compiler")
+        ins: list = []
+        in_types: list = []
+        for name in node.input:
+            if not name:
+                ins.append(None)
+                in_types.append(None)
+                continue
+            if name not in values:
+                raise CompileError(f"{label}: input '{name}' is produced by no earlier node")
+            ins.append(values[name])
+            in_types.append(types.get(name))
+        ctx = Ctx(node, label, attrs, in_types)
+        try:
+            outs = fn(ctx, ins)
+        except CompileError as exc:
+            if str(exc).startswith(label):
+                raise
+            raise CompileError(f"{label}: {exc}") from exc
+        for name, value in zip(node.output, outs):
+            if not name:
+                continue
+            values[name] = value
+            if node.op_type in BOOL_OUTPUT:
+                types[name] = BOOL
+            elif node.op_type == "Cast":
+                types[name] = int(attrs["to"])
+            elif isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+                types[name] = 7
+            else:
+                types[name] = in_types[0] if in_types and in_types[0] is not None else FLOAT
+    outputs: dict[str, Node] = {}
+    for vi in graph.output:
+        value = values.get(vi.name)
+        if value is None:
+            raise CompileError(f"graph output '{vi.name}' is produced by no node")
+        node = as_node(value, vi.name)
+        declared = vi.type.tensor_type
+        if declared.elem_type not in (FLOAT, 0):
+            raise CompileError(
+                f"graph output '{vi.name}' is {helper.tensor_dtype_to_string(declared.elem_type)}: "
+                "the step compiler writes float32 outputs"
+            )
+        if node.kind == "leaf" and node.role == "const":
+            node = ir.Leaf("weight", vi.name, node.shape, node.array, label=vi.name)
+        outputs[vi.name] = node
+    state_of: dict[str, str] = {}
+    for name, leaf in states.items():
+        out = NEXT_STATE_PREFIX + name[len(STATE_PREFIX) :]
+        if out not in outputs:
+            raise CompileError(f"state input '{name}' has no output '{out}' (a step graph needs both)")
+        if outputs[out].shape != leaf.shape:
+            raise CompileError(f"'{out}' is {list(outputs[out].shape)}, '{name}' is {list(leaf.shape)}")
+        state_of[name] = out
+    return Program(inputs, states, outputs, state_of, source=source)
+
+
+def lower_onnx(path_or_model, *, fold: bool = True) -> Program:
+    """Load (a path or a ModelProto), fold shape computations and constant subgraphs with the
+    engine's planner (so Shape/Gather/Concat chains become constants), and lower."""
+    from framefuse.engines.base import load_onnx
+
+    model, path = load_onnx(path_or_model)
+    if fold:
+        from framefuse.engines.executor import GraphExecutor
+
+        model = GraphExecutor(model, "cpu", "reference").folded_model()
+    return lower_model(model, source=str(path) if path else "<ModelProto>")
+
+
+__all__ = ["FRAMEFUSE", "STANDARD", "lower_model", "lower_onnx", "matmul"]

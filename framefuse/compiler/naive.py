@@ -1,0 +1,81 @@
+"""The reference interpreter of the step IR: every node evaluated whole, with numpy, in float64.
+
+This is the meaning of each instruction (``naive.py`` beside the generated kernel, as each fused
+op keeps one beside its CUDA kernel): CI runs it on every lowered zoo graph against ONNX Runtime on
+the original graph, without a GPU, and the generated kernel is checked against the same outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from framefuse.compiler import iexpr as ix
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce
+from framefuse.compiler.ops import EW
+
+
+def index_grid(shape) -> tuple[list[ix.Var], dict]:
+    """Vars for each axis of ``shape`` and an env binding them to the full row-major grid."""
+    variables = [ix.Var(f"i{a}", max(int(d), 1)) for a, d in enumerate(shape)]
+    if not shape:
+        return [], {}
+    grids = np.meshgrid(*[np.arange(int(d)) for d in shape], indexing="ij")
+    return variables, {v: g.reshape(-1) for v, g in zip(variables, grids)}
+
+
+def _gather(src: np.ndarray, index: list, env: dict, size: int) -> np.ndarray:
+    coords = [np.broadcast_to(ix.evaluate(e, env), (size,)) for e in index]
+    if not coords:
+        return np.broadcast_to(src.reshape(()), (size,))
+    return src[tuple(coords)]
+
+
+def evaluate_node(node: Node, values: Mapping[int, np.ndarray]) -> np.ndarray:
+    """The value of ``node`` from its inputs' values (keyed by node id)."""
+    shape = node.shape
+    if isinstance(node, Leaf):
+        raise CompileError(f"{node}: leaves are fed, not evaluated")
+    if isinstance(node, Map):
+        variables, env = index_grid(shape)
+        source = values[node.src.id]
+        return _gather(source, node.source_index(variables), env, node.size).reshape(shape)
+    if isinstance(node, Concat):
+        return np.concatenate([values[s.id] for s in node.srcs], axis=node.axis)
+    if isinstance(node, Ew):
+        spec = EW[node.op]
+        with np.errstate(all="ignore"):
+            return np.asarray(spec.numpy(*[values[a.id] for a in node.args], node.params), dtype=np.float64).reshape(
+                shape
+            )
+    if isinstance(node, Reduce):
+        src = values[node.src.id]
+        fn = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}[node.op]
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(src, axis=node.axes), dtype=np.float64).reshape(shape)
+    if isinstance(node, Dot):
+        return np.asarray(values[node.src.id] @ node.rows.astype(np.float64).T).reshape(shape)
+    raise CompileError(f"{node}: no reference for {type(node).__name__}")
+
+
+def run(program: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of ``program`` (float32) for graph inputs and states given by name."""
+    values: dict[int, np.ndarray] = {}
+    for node in program.nodes():
+        if isinstance(node, Leaf):
+            if node.role in ("input", "state"):
+                if node.name not in feeds:
+                    raise CompileError(f"no value given for {node.role} '{node.name}'")
+                value = np.asarray(feeds[node.name], dtype=np.float64)
+                if value.shape != node.shape:
+                    raise CompileError(f"{node.role} '{node.name}' is {list(value.shape)}, the program takes {list(node.shape)}")
+                values[node.id] = value
+            else:
+                values[node.id] = np.broadcast_to(node.array.astype(np.float64), node.shape)
+            continue
+        values[node.id] = evaluate_node(node, values)
+    return {name: values[node.id].astype(np.float32) for name, node in program.outputs.items()}
+
+
+__all__ = ["evaluate_node", "index_grid", "run"]

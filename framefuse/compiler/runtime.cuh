@@ -1,0 +1,132 @@
+// The step compiler's device runtime: what every generated step kernel uses.
+//
+// Flag-tagged values ("LL", as NCCL's low-latency protocol): a value that crosses thread blocks is
+// stored as one 64-bit word, the float's bits in the low half and the launch's epoch in the high
+// half. A reader spins until the high half is the current epoch, so it waits for exactly the
+// element it reads, and one 8-byte store is the whole handshake (single-copy atomic: the reader
+// never sees a new flag with an old value). Relaxed, GPU-scope accesses: they bypass the
+// non-coherent L1 and need no fence, since the flag and the value travel together.
+//
+// FFK_EMULATE builds the same source for the CPU (compiler/emulate.py), with these primitives
+// defined by the emulator.
+#pragma once
+
+#ifndef FFK_EMULATE
+#define FFK_DEVICE __device__ __forceinline__
+#else
+#define FFK_DEVICE inline
+#endif
+
+FFK_DEVICE float ffk_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+FFK_DEVICE float ffk_relu(float x) { return (x > 0.0f || x != x) ? x : 0.0f; }
+FFK_DEVICE float ffk_max(float a, float b) { return (a != a || a > b) ? a : b; }  // NaN-propagating
+FFK_DEVICE float ffk_min(float a, float b) { return (a != a || a < b) ? a : b; }
+FFK_DEVICE float ffk_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+FFK_DEVICE float ffk_softsign(float x) { return x / (1.0f + fabsf(x)); }
+FFK_DEVICE float ffk_sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
+FFK_DEVICE float ffk_leaky_relu(float x, float alpha) { return x >= 0.0f ? x : alpha * x; }
+FFK_DEVICE float ffk_elu(float x, float alpha) { return x > 0.0f ? x : alpha * (expf(x) - 1.0f); }
+FFK_DEVICE float ffk_hard_sigmoid(float x, float alpha, float beta) {
+    return fminf(fmaxf(alpha * x + beta, 0.0f), 1.0f);
+}
+FFK_DEVICE float ffk_clip(float x, float lo, float hi) { return x != x ? x : fminf(fmaxf(x, lo), hi); }
+FFK_DEVICE float ffk_gelu(float x, float tanh_form) {
+    if (tanh_form != 0.0f) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+}
+FFK_DEVICE float ffk_pow(float x, float y) { return powf(x, y); }
+
+#ifndef FFK_EMULATE
+// the shared memory of a block: the dynamic arena and the launch's epoch
+#define FFK_SHARED_DECL                             \
+    extern __shared__ __align__(16) float ffk_smem[]; \
+    __shared__ unsigned ffk_epoch_s;
+
+// -- flag-tagged values ------------------------------------------------------------------------------
+FFK_DEVICE void ffk_ll_store(unsigned long long* p, float v, unsigned epoch) {
+    const unsigned long long word = ((unsigned long long)epoch << 32) | (unsigned long long)__float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(word) : "memory");
+}
+// A value that never arrives is a compiler bug; after ~2^31 cycles (about a second) the kernel
+// traps, so the launch fails with an error instead of hanging the GPU.
+FFK_DEVICE float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
+    unsigned long long word;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
+    if ((unsigned)(word >> 32) != epoch) {
+        const long long start = clock64();
+        do {
+            asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
+            if (clock64() - start > (1ll << 31)) __trap();
+        } while ((unsigned)(word >> 32) != epoch);
+    }
+    return __uint_as_float((unsigned)word);
+}
+// a graph input in pinned, mapped host memory: read once per launch, never from a cache
+FFK_DEVICE float ffk_load_host(const float* p) {
+    float v;
+    asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// -- weight prefetch into shared memory (cp.async, sm_80+) ----------------------------------------------
+// Copies `n` floats from global `src` to shared `dst`, spread over the block's threads; 16-byte
+// copies when both addresses and `n` allow it.
+FFK_DEVICE void ffk_prefetch(float* dst, const float* src, int n) {
+    const unsigned base = (unsigned)__cvta_generic_to_shared(dst);
+    if ((((unsigned long long)src | (unsigned long long)base) & 15) == 0 && (n & 3) == 0) {
+        for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 16u * i), "l"(src + 4 * i) : "memory");
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(base + 4u * i), "l"(src + i) : "memory");
+    }
+}
+FFK_DEVICE void ffk_prefetch_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+FFK_DEVICE void ffk_prefetch_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
+
+
+// -- warp reductions (every lane gets the result) -------------------------------------------------------
+FFK_DEVICE float ffk_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+FFK_DEVICE float ffk_warp_prod(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+FFK_DEVICE float ffk_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = ffk_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+FFK_DEVICE float ffk_warp_min(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = ffk_min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Σ_k x[k]·w[k] over a warp (K floats; float4 loads when ALIGNED4: both 16-byte aligned, K % 4 == 0)
+template <int K, bool ALIGNED4>
+FFK_DEVICE float ffk_warp_dot(const float* x, const float* w, int lane) {
+    float acc = 0.0f;
+    if (ALIGNED4) {
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll 4
+        for (int k = lane; k < K / 4; k += 32) {
+            const float4 a = x4[k];
+            const float4 b = w4[k];
+            acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+    } else {
+#pragma unroll 4
+        for (int k = lane; k < K; k += 32) acc += x[k] * w[k];
+    }
+    return ffk_warp_sum(acc);
+}

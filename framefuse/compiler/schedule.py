@@ -1,0 +1,817 @@
+"""Schedule a step program onto one persistent kernel: which values go through global memory,
+which are recomputed, which are computed once per thread block into shared memory, and which
+block does what.
+
+The kernel is a grid of G blocks that all run the same list of **tasks** in the same order. A
+task produces one *materialized* value (a graph output, a next state, or an intermediate that
+several blocks read whole) and splits its elements across the blocks. Inside a task a block
+works in phases separated by ``__syncthreads``:
+
+- **arrays**: values the block needs whole or reads from many of its elements, computed once
+  into shared memory for the index range the block needs (a Dot's input rows; a LayerNorm's
+  mean; the attention scores of the heads the block serves). An array element is computed by a
+  thread (elementwise), or by a warp (a reduction, or a dot product with a weight row);
+- **root**: each thread computes some of the task's elements, everything else inlined
+  (elementwise ops, data movement as index arithmetic, small reductions as loops), and stores
+  them.
+
+A value read across blocks is *materialized*: its task stores each element with the launch's
+epoch beside it in one 64-bit word and a reader spins on that word until the epoch is the
+current one (flag-tagged data: a block waits only for what it reads; there is no grid barrier).
+What to materialize is decided from the graph outputs down, on concrete indices: each occurrence
+of a value in a task has a symbolic index (:mod:`framefuse.compiler.iexpr`) that is evaluated with
+numpy over the whole task, which says how many elements read each value element and which index
+range each block needs. The rules:
+
+- a Dot computed many times over by the blocks (every block needs its whole result) is
+  materialized at the top of the single-reader elementwise chain above it (the residual sum
+  rather than the bare product); when its only reader is one replicated array that reads each
+  product element once, that array is materialized instead (the SSM output, not its Δ);
+- a replicated array that costs more than ``REPLICATE_OPS`` operations per thread is materialized;
+- a task over its shared-memory budget materializes its largest array.
+
+A materialized value that is pure data movement over materialized values and leaves (a KV cache
+shifted by one slot) is still read inline by other tasks, so nobody waits for its copy. A graph
+output computed exactly once per element inside another task (an LSTM's c beside its h, the SSM
+state beside its output) is stored there as a side store and has no task of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from framefuse.compiler import iexpr as ix
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce
+
+# An inline value read by more than one element is cached in shared memory when its inline cost
+# (elementwise ops; a reduction counts its extent) reaches this, or when it is a reduction.
+CACHE_COST = 3
+# A Dot computed more than this many times over by the blocks ...
+DOT_REDUNDANCY = 2.0
+# ... is materialized, unless its whole redundant work is this small (multiply-adds).
+DOT_SMALL_MACS = 1 << 14
+# A replicated array (several blocks compute it) costing more operations per thread than this
+# is materialized.
+REPLICATE_OPS = 512
+ENUM_LIMIT = 1 << 23  # index combinations enumerated per occurrence before assuming the worst
+THREADS = 256
+WARP = 32
+ROOT = -1  # the key of a task's root unit (array units are keyed by their node's id)
+
+
+@dataclass
+class Occurrence:
+    """``node`` read at ``flat`` (an IExpr over the unit's element var and loop vars), under
+    ``guards`` (IExpr, lo, hi): lo ≤ g < hi."""
+
+    node: Node
+    flat: ix.IExpr
+    loops: tuple
+    guards: tuple
+
+
+@dataclass
+class Unit:
+    """A value computed block-wide inside a task: ``how`` is "root" (thread per element,
+    stored), "thread" (thread per element, into shared memory), "reduce" (warp per element) or
+    "dot" (warp per element: a dot product with a weight row)."""
+
+    node: Node
+    how: str
+    var: ix.Var
+    occurrences: list = field(default_factory=list)
+    lo: np.ndarray | None = None  # per block: first element needed (arrays) / computed (root)
+    hi: np.ndarray | None = None  # per block: one past the last
+    deps: set = field(default_factory=set)  # node ids of the units this unit reads
+    phase: int = 0
+
+    @property
+    def span(self) -> int:
+        if self.lo is None or not len(self.lo):
+            return 0
+        return int(max(0, int((self.hi - self.lo).max())))
+
+    @property
+    def total(self) -> int:
+        return int(np.maximum(self.hi - self.lo, 0).sum()) if self.lo is not None else 0
+
+
+@dataclass
+class Task:
+    root: Node
+    units: dict  # node id -> Unit (the root included)
+    chunk: int  # root elements per block
+    blocks: int  # blocks that have root elements
+    view: TaskView
+    side: list = field(default_factory=list)  # absorbed output nodes, stored while computing the root
+    reads: set = field(default_factory=set)  # ids of the materialized nodes read
+
+    @property
+    def root_unit(self) -> Unit:
+        return self.units[ROOT]
+
+    def arrays(self) -> list[Unit]:
+        return [u for u in self.units.values() if u.how != "root"]
+
+    def phases(self) -> int:
+        return 1 + max((u.phase for u in self.units.values()), default=0)
+
+
+@dataclass
+class Schedule:
+    program: Program
+    grid: int
+    threads: int
+    tasks: list
+    materialized: dict  # node id -> Node
+    destinations: dict  # node id -> [graph output names]
+    ll_nodes: dict  # node id -> Node: materialized values read inside the launch (flag-tagged)
+    producer: dict  # node id -> index of the task that stores it
+    notes: list = field(default_factory=list)
+
+    def levels(self) -> int:
+        """Dependency levels: the longest chain of tasks that wait on one another."""
+        depth: dict[int, int] = {}
+        for i, task in enumerate(self.tasks):
+            before = [depth[self.producer[n]] for n in task.reads if n in self.producer]
+            depth[i] = 1 + max(before, default=0)
+        return max(depth.values(), default=0)
+
+    def describe(self) -> dict:
+        return {
+            "grid": self.grid,
+            "threads": self.threads,
+            "tasks": len(self.tasks),
+            "levels": self.levels(),
+            "phases": sum(t.phases() for t in self.tasks),
+            "flagged_values": len(self.ll_nodes),
+            "side_stores": sum(len(t.side) for t in self.tasks),
+            "notes": list(self.notes),
+        }
+
+
+# -- how a task sees each node -----------------------------------------------------------------------
+
+
+def is_pure_view(node: Node, materialized: dict, memo: dict | None = None) -> bool:
+    """Map/Concat all the way down to leaves or materialized values (no arithmetic)."""
+    memo = {} if memo is None else memo
+    if node.id in memo:
+        return memo[node.id]
+    if isinstance(node, Map):
+        src = node.src
+        result = isinstance(src, Leaf) or src.id in materialized or is_pure_view(src, materialized, memo)
+    elif isinstance(node, Concat):
+        result = all(isinstance(s, Leaf) or s.id in materialized or is_pure_view(s, materialized, memo) for s in node.srcs)
+    else:
+        result = False
+    memo[node.id] = result
+    return result
+
+
+class TaskView:
+    """How a task sees each node: its root, one of its arrays, a materialized value read from
+    global memory, a leaf, a product computed by warps, or inline."""
+
+    def __init__(self, root: Node, materialized: dict, arrays: set, inline_through: Iterable[int] = ()):
+        self.root = root
+        self.materialized = materialized
+        self.arrays = arrays
+        self.inline_through = set(inline_through)
+        self._views: dict = {}
+
+    def kind(self, node: Node) -> str:
+        if node.id == self.root.id:
+            return "dot" if isinstance(node, Dot) else "root"
+        if node.id in self.arrays:
+            return "array"
+        return self.source_kind(node)
+
+    def source_kind(self, node: Node) -> str:
+        """Where the value comes from when it is not one of the task's arrays: an array of a
+        materialized value or a leaf is a staged copy, loaded rather than recomputed."""
+        if isinstance(node, Leaf):
+            return "leaf"
+        if node.id in self.materialized and node.id not in self.inline_through and node.id != self.root.id:
+            if is_pure_view(node, self.materialized, self._views):
+                return "inline"
+            return "materialized"
+        if isinstance(node, Dot):
+            return "dot"
+        return "inline"
+
+
+def inline_cost(node: Node, view: TaskView, memo: dict) -> int:
+    if node.id in memo:
+        return memo[node.id]
+    kind = view.kind(node)
+    if kind not in ("inline", "root"):
+        cost = 0
+    elif isinstance(node, Map):
+        cost = inline_cost(node.src, view, memo)
+    elif isinstance(node, Concat):
+        cost = max(inline_cost(s, view, memo) for s in node.srcs)
+    elif isinstance(node, Ew):
+        cost = 1 + sum(inline_cost(a, view, memo) for a in node.args)
+    elif isinstance(node, Reduce):
+        cost = node.extent * (1 + inline_cost(node.src, view, memo))
+    else:
+        cost = 0
+    memo[node.id] = cost
+    return cost
+
+
+# -- the symbolic walk -----------------------------------------------------------------------------------
+
+
+def concat_branches(node: Concat, index: list):
+    """(source, its index, guard or None) for each source a position along the axis can reach."""
+    axis = node.axis
+    pos = index[axis]
+    for src, start, stop in zip(node.srcs, node.offsets[:-1], node.offsets[1:]):
+        if pos.hi < start or pos.lo >= stop:
+            continue
+        sub = list(index)
+        shifted = ix.add(pos, ix.const(-start))
+        if pos.lo >= start and pos.hi < stop:
+            sub[axis] = shifted
+            yield src, sub, None
+        else:
+            sub[axis] = ix.Known(shifted, 0, stop - start - 1)
+            yield src, sub, (pos, start, stop)
+
+
+class Walk:
+    """Collect every value occurrence reached from a unit's element: inline values are walked
+    through; anything else (leaf, materialized, array, product) ends the walk there."""
+
+    def __init__(self, view: TaskView, unit: Unit):
+        self.view = view
+        self.unit = unit
+        self.seen: set = set()
+        self.counter = 0
+
+    def new_var(self, extent: int) -> ix.Var:
+        self.counter += 1
+        return ix.Var(f"r{self.counter}", max(int(extent), 1))
+
+    def run(self) -> None:
+        unit, node = self.unit, self.unit.node
+        if unit.how == "dot":  # element (m, n) reads row m of the input whole
+            k = self.new_var(node.k)
+            flat = ix.add(ix.mul(ix.floordiv(unit.var, node.n), node.k), k)
+            self.visit(node.src, ix.unflatten(flat, node.src.shape), (k,), ())
+        elif unit.how == "reduce":
+            r = self.new_var(node.extent)
+            self.visit(node.src, node.source_index(ix.unflatten(unit.var, node.shape), r), (r,), ())
+        elif unit.how == "root" and isinstance(node, Dot):
+            self.visit(node, ix.unflatten(unit.var, node.shape), (), ())  # the product's own unit
+        elif self.view.source_kind(node) in ("leaf", "materialized"):  # a staged copy
+            self.unit.occurrences.append(Occurrence(node, unit.var, (), ()))
+        else:
+            self.expand(node, ix.unflatten(unit.var, node.shape), (), ())
+
+    def visit(self, node: Node, index: list, loops: tuple, guards: tuple) -> None:
+        flat = ix.flatten(index, node.shape)
+        key = (node.id, repr(flat), repr(guards))
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.unit.occurrences.append(Occurrence(node, flat, loops, guards))
+        if self.view.kind(node) == "inline":
+            self.expand(node, index, loops, guards)
+
+    def expand(self, node: Node, index: list, loops: tuple, guards: tuple) -> None:
+        if isinstance(node, Map):
+            self.visit(node.src, node.source_index(index), loops, guards)
+        elif isinstance(node, Concat):
+            for src, sub, guard in concat_branches(node, index):
+                self.visit(src, sub, loops, guards + ((guard,) if guard else ()))
+        elif isinstance(node, Ew):
+            for arg in node.args:
+                self.visit(arg, index, loops, guards)
+        elif isinstance(node, Reduce):
+            r = self.new_var(node.extent)
+            self.visit(node.src, node.source_index(index, r), loops + (r,), guards)
+
+
+# -- numeric analysis -------------------------------------------------------------------------------------
+
+
+def enumerate_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(element, flat index) for every combination of the occurrence's variables that passes its
+    guards; None when there are too many to enumerate."""
+    free = set(ix.free_vars(occ.flat))
+    for g, _, _ in occ.guards:
+        free |= set(ix.free_vars(g))
+    others = sorted((v for v in free if v != var), key=lambda v: v.name)
+    total = elements
+    for v in others:
+        total *= v.extent
+    if total > ENUM_LIMIT:
+        return None
+    grids = np.meshgrid(np.arange(elements), *[np.arange(v.extent) for v in others], indexing="ij")
+    env = {var: grids[0].reshape(-1)}
+    for v, g in zip(others, grids[1:]):
+        env[v] = g.reshape(-1)
+    elems = env[var]
+    flat = np.broadcast_to(ix.evaluate(occ.flat, env), elems.shape)
+    mask = np.ones(elems.shape, dtype=bool)
+    for g, lo, hi in occ.guards:
+        value = np.broadcast_to(ix.evaluate(g, env), elems.shape)
+        mask &= (value >= lo) & (value < hi)
+    return elems[mask], flat[mask]
+
+
+def max_readers(pairs: list, size: int) -> int:
+    """The most distinct elements reading one value element, over (element, flat) pair arrays."""
+    if not pairs:
+        return 0
+    elems = np.concatenate([p[0] for p in pairs]).astype(np.int64)
+    flat = np.concatenate([p[1] for p in pairs]).astype(np.int64)
+    if flat.size == 0:
+        return 0
+    key = unique_sorted(elems * max(size, 1) + flat)
+    return int(np.bincount(key % max(size, 1), minlength=size).max())
+
+
+def unique_sorted(values: np.ndarray) -> np.ndarray:
+    """np.unique by sorting (numpy 2's hash-based unique is pathologically slow on these keys)."""
+    values = np.sort(values, kind="stable")
+    if values.size < 2:
+        return values
+    keep = np.empty(values.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
+def root_ranges(elements: int, grid: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    blocks = max(1, min(grid, elements))
+    chunk = -(-elements // blocks) if elements else 1
+    blocks = -(-elements // chunk) if elements else 0
+    lo = np.minimum(np.arange(grid, dtype=np.int64) * chunk, elements)
+    hi = np.minimum(lo + chunk, elements)
+    return chunk, blocks, lo, hi
+
+
+def needed_ranges(pairs, unit_lo: np.ndarray, unit_hi: np.ndarray, elements: int, size: int):
+    """Per block, [min, max + 1) of the flat indices read by the reading unit's elements in that
+    block's range (lo = hi = 0 where nothing is read). ``pairs`` None: the whole value."""
+    grid = len(unit_lo)
+    active = unit_hi > unit_lo
+    if pairs is None:
+        return np.zeros(grid, dtype=np.int64), np.where(active, size, 0).astype(np.int64)
+    elems, flat = pairs
+    lo = np.zeros(grid, dtype=np.int64)
+    hi = np.zeros(grid, dtype=np.int64)
+    if elems.size == 0:
+        return lo, hi
+    big = np.iinfo(np.int64).max
+    per_min = np.full(elements, big, dtype=np.int64)
+    per_max = np.full(elements, -1, dtype=np.int64)
+    np.minimum.at(per_min, elems, flat)
+    np.maximum.at(per_max, elems, flat)
+    for b in np.nonzero(active)[0]:
+        a, z = int(unit_lo[b]), int(unit_hi[b])
+        mx = int(per_max[a:z].max())
+        if mx >= 0:
+            lo[b], hi[b] = int(per_min[a:z].min()), mx + 1
+    return lo, hi
+
+
+def hull(pieces: list, grid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block, the smallest range holding every non-empty piece."""
+    lo = np.full(grid, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.zeros(grid, dtype=np.int64)
+    for plo, phi in pieces:
+        nonempty = phi > plo
+        lo = np.where(nonempty, np.minimum(lo, plo), lo)
+        hi = np.where(nonempty, np.maximum(hi, phi), hi)
+    empty = hi == 0
+    return np.where(empty, 0, lo), hi
+
+
+# -- one task ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Problem:
+    node: Node  # what to materialize
+    reason: str
+    priority: int  # lower first: 0 redundant products, 1 costly replicated arrays, 2 shared memory,
+    # 3 products computed by two tasks
+
+
+def build_task(root: Node, materialized: dict, grid: int, threads: int, users: dict, outputs: set, *,
+               inline_through: Iterable[int] = ()) -> tuple[Task, list[Problem]]:
+    """The units of the task producing ``root``, their per-block ranges, and what should be
+    materialized so that it runs well."""
+    arrays: set[int] = set()
+    for _ in range(64):
+        view = TaskView(root, materialized, arrays, inline_through)
+        units = _collect_units(view, root)
+        extra = _cache_candidates(view, units)
+        if not extra - arrays:
+            break
+        arrays |= extra
+    else:
+        raise CompileError(f"{root.label or root}: the shared-memory arrays did not settle")
+    chunk, blocks, lo, hi = root_ranges(root.size, grid)
+    task = Task(root, units, chunk, blocks, view)
+    task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
+    problems = _ranges(task, grid, threads, users, outputs)
+    task.reads = {
+        o.node.id for u in units.values() for o in u.occurrences if view.kind(o.node) == "materialized"
+    } | {u.node.id for u in task.arrays() if u.how == "thread" and view.source_kind(u.node) == "materialized"}
+    return task, problems
+
+
+def _collect_units(view: TaskView, root: Node) -> dict:
+    units: dict[int, Unit] = {}
+    pending = [(root, "root")]
+    while pending:
+        node, how = pending.pop()
+        key = ROOT if how == "root" else node.id
+        if key in units:
+            continue
+        if how == "dot" and view.kind(node.src) not in ("array", "dot"):
+            view.arrays.add(node.src.id)  # a product's input rows always come from shared memory
+        unit = Unit(node, how, ix.Var(f"e{len(units)}", max(node.size, 1)))
+        units[key] = unit
+        Walk(view, unit).run()
+        for occ in unit.occurrences:
+            kind = view.kind(occ.node)
+            if kind in ("array", "dot"):
+                unit.deps.add(occ.node.id)
+                if occ.node.id not in units:
+                    target = occ.node
+                    child = "dot" if kind == "dot" else "reduce" if isinstance(target, Reduce) else "thread"
+                    pending.append((target, child))
+    return units
+
+
+def _cache_candidates(view: TaskView, units: dict) -> set:
+    """Inline values read by more than one element of a unit and costly enough to compute once.
+    Only the lowest are returned (none of them reads another inline): a value above a cached
+    reduction is cheap once the reduction is an array, so costs are judged again next round."""
+    found: set[int] = set()
+    memo: dict = {}
+    for unit in units.values():
+        elements = max(unit.node.size, 1)
+        by_node: dict[int, list] = {}
+        for occ in unit.occurrences:
+            if view.kind(occ.node) == "inline" and not isinstance(occ.node, (Map, Concat)):
+                by_node.setdefault(occ.node.id, []).append(occ)
+        for node_id, occs in by_node.items():
+            node = occs[0].node
+            if inline_cost(node, view, memo) < CACHE_COST and not isinstance(node, Reduce):
+                continue
+            pairs = [enumerate_pairs(o, unit.var, elements) for o in occs]
+            if any(p is None for p in pairs) or max_readers(pairs, node.size) > 1:
+                found.add(node_id)
+    nodes = {}
+    for unit in units.values():
+        for occ in unit.occurrences:
+            nodes[occ.node.id] = occ.node
+    return {nid for nid in found if not _reads_inline(nodes[nid], found - {nid}, view, {})}
+
+
+def _reads_inline(node: Node, targets: set, view: TaskView, memo: dict) -> bool:
+    """Whether ``node``'s inline computation reaches one of ``targets``."""
+    if node.id in memo:
+        return memo[node.id]
+    result = False
+    for child in node.inputs():
+        if child.id in targets:
+            result = True
+        elif view.kind(child) == "inline" and _reads_inline(child, targets, view, memo):
+            result = True
+        if result:
+            break
+    memo[node.id] = result
+    return result
+
+
+def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> list[Problem]:
+    units, view = task.units, task.view
+    order = _order_units(units)  # readers before what they read
+    needs: dict[int, list] = {}
+    reads_by: dict[int, list] = {}  # dot id -> [(reader unit, pairs)]
+    for unit in order:
+        if unit.how != "root":
+            unit.lo, unit.hi = hull(needs.get(unit.node.id, []), grid)
+        elements = max(unit.node.size, 1)
+        for occ in unit.occurrences:
+            kind = view.kind(occ.node)
+            if kind not in ("array", "dot"):
+                continue
+            pairs = enumerate_pairs(occ, unit.var, elements)
+            needs.setdefault(occ.node.id, []).append(needed_ranges(pairs, unit.lo, unit.hi, elements, occ.node.size))
+            if kind == "dot":
+                reads_by.setdefault(occ.node.id, []).append((unit, pairs))
+    problems: list[Problem] = []
+    memo: dict = {}
+    for unit in units.values():
+        if unit.how == "root":
+            continue
+        node = unit.node
+        replication = unit.total / max(node.size, 1)
+        if unit.how == "dot":
+            redundant = (unit.total - node.size) * node.k
+            if replication > DOT_REDUNDANCY and redundant > DOT_SMALL_MACS:
+                readers = {id(u): u for u, _ in reads_by.get(node.id, [])}
+                target = materialize_point(node, users, outputs)
+                if len(readers) == 1:
+                    (reader,) = readers.values()
+                    pairs = [p for u, p in reads_by[node.id] if u is reader]
+                    if (
+                        reader.how != "root"
+                        and reader.total > 2 * max(reader.node.size, 1)
+                        and all(p is not None for p in pairs)
+                        and max_readers(pairs, node.size) <= 1
+                    ):
+                        target = reader.node
+                problems.append(
+                    Problem(target, f"{node.label or node} computed {replication:.1f} times over by the blocks", 0)
+                )
+        elif replication > 2:
+            per_thread = unit.span * max(inline_cost_of_unit(unit, view, memo), 1) / threads
+            if per_thread > REPLICATE_OPS:
+                problems.append(Problem(node, f"replicated in {int(replication)} blocks, {per_thread:.0f} ops a thread", 1))
+    return problems
+
+
+def inline_cost_of_unit(unit: Unit, view: TaskView, memo: dict) -> int:
+    node = unit.node
+    if unit.how == "reduce":
+        return node.extent * (1 + inline_cost(node.src, view, memo))
+    if unit.how == "dot":
+        return node.k
+    if isinstance(node, Map):
+        return inline_cost(node.src, view, memo)
+    if isinstance(node, Concat):
+        return max(inline_cost(s, view, memo) for s in node.srcs)
+    if isinstance(node, Ew):
+        return 1 + sum(inline_cost(a, view, memo) for a in node.args)
+    return 1
+
+
+def _order_units(units: dict) -> list[Unit]:
+    """Units ordered readers first (the root first); each unit's phase is one more than the
+    latest phase of what it reads."""
+    order: list[Unit] = []
+    state: dict[int, int] = {}
+
+    def visit(uid: int) -> None:
+        if state.get(uid) == 2:
+            return
+        if state.get(uid) == 1:
+            raise CompileError(f"{units[uid].node}: shared-memory arrays read one another in a cycle")
+        state[uid] = 1
+        for dep in sorted(units[uid].deps):
+            if dep != uid:
+                visit(dep)
+        state[uid] = 2
+        order.append(units[uid])
+
+    for uid in sorted(units):
+        visit(uid)
+    for unit in order:  # dependencies first
+        unit.phase = 1 + max((units[d].phase for d in unit.deps), default=-1)
+    order.reverse()
+    return order
+
+
+def task_smem_floats(task: Task) -> int:
+    """Shared memory of a task's arrays, in floats (each array padded to 4 floats)."""
+    return sum(-(-u.span // 4) * 4 for u in task.arrays())
+
+
+# -- the whole program ---------------------------------------------------------------------------------------
+
+
+def consumers(program: Program) -> dict[int, list[Node]]:
+    users: dict[int, list[Node]] = {}
+    for node in program.nodes():
+        for child in node.inputs():
+            users.setdefault(child.id, []).append(node)
+    return users
+
+
+def materialize_point(node: Node, users: dict, outputs: set) -> Node:
+    """Climb from a product through the elementwise chain above it while each step has one
+    reader of the same shape: the residual sum rather than the bare product."""
+    current = node
+    while current.id not in outputs:
+        readers = users.get(current.id, [])
+        if len(readers) != 1:
+            break
+        up = readers[0]
+        if not isinstance(up, Ew) or up.shape != current.shape:
+            break
+        current = up
+    return current
+
+
+def canonical_output(node: Node) -> Node:
+    """An output that is a reshape of a value is that value (the same elements in the same
+    order): one task and one stored copy serve both."""
+    while isinstance(node, Map) and node.what.startswith("reshape"):
+        node = node.src
+    return node
+
+
+def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats: int = 40 * 1024) -> Schedule:
+    """Tasks, arrays and per-block ranges for a grid of ``grid`` blocks of ``threads`` threads;
+    ``smem_floats`` bounds each task's arrays."""
+    if threads % WARP or threads <= 0:
+        raise CompileError(f"threads per block must be a positive multiple of {WARP}, got {threads}")
+    users = consumers(program)
+    destinations: dict[int, list[str]] = {}
+    materialized: dict[int, Node] = {}
+    for name, node in program.outputs.items():
+        node = canonical_output(node)
+        destinations.setdefault(node.id, []).append(name)
+        materialized[node.id] = node
+    outputs = set(destinations)
+    notes: list[str] = []
+    for _ in range(512):
+        tasks: dict[int, Task] = {}
+        problems: list[Problem] = []
+        for node in list(materialized.values()):
+            task, found = build_task(node, materialized, grid, threads, users, outputs)
+            tasks[node.id] = task
+            problems += found
+            if task_smem_floats(task) > smem_floats:
+                arrays = [u for u in task.arrays() if u.node.id not in materialized]
+                if not arrays:
+                    raise CompileError(
+                        f"{node.label or node}: needs {4 * task_smem_floats(task)} bytes of shared memory a block"
+                    )
+                largest = max(arrays, key=lambda u: u.span)
+                problems.append(Problem(largest.node, f"shared memory ({4 * task_smem_floats(task)} B)", 2))
+        problems += _shared_products(tasks, users, outputs)
+        problems = [p for p in problems if p.node.id not in materialized]
+        if not problems:
+            break
+        first = min(p.priority for p in problems)
+        for p in problems:
+            if p.priority == first and p.node.id not in materialized:
+                materialized[p.node.id] = p.node
+                notes.append(f"materialized {p.node.label or p.node}: {p.reason}")
+    else:
+        raise CompileError("the choice of materialized values did not settle")
+
+    side_of = _absorb(tasks, materialized, outputs, grid, threads, users)
+    for nid in side_of:
+        notes.append(f"{materialized[nid].label or materialized[nid]} stored by the task of "
+                     f"{materialized[side_of[nid]].label or materialized[side_of[nid]]}")
+    for host_id in set(side_of.values()):
+        absorbed = [o for o, h in side_of.items() if h == host_id]
+        task, _ = build_task(tasks[host_id].root, materialized, grid, threads, users, outputs, inline_through=absorbed)
+        task.side = [materialized[o] for o in absorbed]
+        tasks[host_id] = task
+    for out_id in side_of:
+        tasks.pop(out_id, None)
+    ordered = _order_tasks(tasks, side_of)
+    producer: dict[int, int] = {}
+    for i, task in enumerate(ordered):
+        producer[task.root.id] = i
+        for s in task.side:
+            producer[s.id] = i
+    read_ids = set().union(*(t.reads for t in ordered)) if ordered else set()
+    ll_nodes = {nid: materialized[nid] for nid in sorted(read_ids)}
+    return Schedule(program, grid, threads, ordered, materialized, destinations, ll_nodes, producer, notes)
+
+
+def _shared_products(tasks: dict, users: dict, outputs: set) -> list[Problem]:
+    """A product computed inside two tasks is materialized: one of them stores it (a side store,
+    see _absorb) and the other reads it, instead of both computing it."""
+    seen: dict[int, int] = {}
+    problems = []
+    for tid, task in tasks.items():
+        for unit in task.arrays():
+            if unit.how == "dot" and unit.node.id != task.root.id:
+                seen[unit.node.id] = seen.get(unit.node.id, 0) + 1
+    for tid, task in tasks.items():
+        for unit in task.arrays():
+            if unit.how == "dot" and seen.get(unit.node.id, 0) > 1:
+                point = materialize_point(unit.node, users, outputs)
+                problems.append(Problem(point, f"{unit.node.label or unit.node} computed in {seen[unit.node.id]} tasks", 3))
+    return problems
+
+
+def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: int, users: dict) -> dict:
+    """materialized value id -> id of the task that stores it as a side store (it computes every
+    element exactly once anyway)."""
+    side_of: dict[int, int] = {}
+    current = dict(tasks)  # host id -> its task as built with what it absorbed so far
+
+    def absorbed_by(host_id: int) -> list[int]:
+        return [o for o, h in side_of.items() if h == host_id]
+
+    changed = True
+    while changed:
+        changed = False
+        for out_id in sorted(tasks):
+            if out_id in side_of or out_id in side_of.values():
+                continue
+            node = materialized[out_id]
+            for host_id in sorted(current):
+                host = current[host_id]
+                if host_id == out_id or host_id in side_of or out_id not in host.reads:
+                    continue
+                trial, problems = build_task(
+                    host.root, materialized, grid, threads, users, outputs, inline_through=absorbed_by(host_id) + [out_id]
+                )
+                if problems or not _computes_once(trial, node):
+                    continue
+                side_of[out_id] = host_id
+                if _has_cycle(current, side_of, trial, host_id):
+                    del side_of[out_id]
+                    continue
+                current[host_id] = trial
+                current.pop(out_id, None)
+                changed = True
+                break
+    return side_of
+
+
+def _computes_once(task: Task, node: Node) -> bool:
+    """Whether ``task``'s root computes every element of ``node`` exactly once, across blocks."""
+    root_unit = task.root_unit
+    pairs = []
+    for unit in task.units.values():
+        for occ in unit.occurrences:
+            if occ.node.id != node.id:
+                continue
+            if unit.how != "root":
+                return False
+            p = enumerate_pairs(occ, root_unit.var, max(task.root.size, 1))
+            if p is None:
+                return False
+            pairs.append(p)
+    if not pairs:
+        return False
+    flat = np.concatenate([p[1] for p in pairs]).astype(np.int64)
+    return flat.size == node.size and bool((np.bincount(flat, minlength=node.size) == 1).all())
+
+
+def _has_cycle(current: dict, side_of: dict, trial: Task, host_id: int) -> bool:
+    """Whether storing the side stores in their hosts makes tasks wait on one another in a loop."""
+    tasks = {tid: (trial if tid == host_id else task) for tid, task in current.items() if tid not in side_of}
+    try:
+        _order_tasks(tasks, side_of)
+    except CompileError:
+        return True
+    return False
+
+
+def _order_tasks(tasks: dict, side_of: dict) -> list:
+    produced_by = {tid: tid for tid in tasks}
+    for out_id, host in side_of.items():
+        produced_by[out_id] = host
+    order: list = []
+    state: dict[int, int] = {}
+
+    def visit(tid: int) -> None:
+        if state.get(tid) == 2:
+            return
+        if state.get(tid) == 1:
+            raise CompileError("tasks depend on one another in a cycle")
+        state[tid] = 1
+        for nid in sorted(tasks[tid].reads):
+            dep = produced_by.get(nid)
+            if dep is not None and dep != tid and dep in tasks:
+                visit(dep)
+        state[tid] = 2
+        order.append(tasks[tid])
+
+    for tid in sorted(tasks):
+        visit(tid)
+    # as soon as possible: by dependency level, so work that waits on nothing is not left at the end
+    level: dict[int, int] = {}
+    index = {id(task): i for i, task in enumerate(order)}
+    by_id = {id(task): tid for tid, task in tasks.items()}
+    for task in order:
+        tid = by_id[id(task)]
+        deps = [produced_by.get(nid) for nid in task.reads]
+        level[tid] = 1 + max((level[d] for d in deps if d is not None and d != tid and d in level), default=0)
+    return sorted(order, key=lambda task: (level[by_id[id(task)]], index[id(task)]))
+
+
+__all__ = [
+    "ROOT",
+    "Schedule",
+    "Task",
+    "TaskView",
+    "Unit",
+    "canonical_output",
+    "concat_branches",
+    "schedule",
+    "task_smem_floats",
+]

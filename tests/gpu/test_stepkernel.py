@@ -1,0 +1,146 @@
+"""The step compiler's kernel on the GPU against ONNX Runtime on the original graph: every zoo
+architecture over chained steps, batch > 1, odd sizes, NaN frames, zero state, and the Session
+API (reset / get_state / set_state) over the double-buffered state.
+
+bench/stepkernel.py runs the benchmark configuration (embed 256, 1000 chained steps) and times it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from framefuse.runtime.pipeline import prepare_cached
+
+pytestmark = pytest.mark.gpu
+
+ARCHS = ["min_gru", "min_lstm", "lstm", "gru", "attention", "mamba", "gated_ssm", "liquid", "delta_net", "xlstm", "jamba"]
+SMALL = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
+TOL = 1e-4
+
+
+def _session(prepared):
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.session import Session
+
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    return Session(engine, budget_ms=None)
+
+
+def _ort(prepared):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(prepared.onnx), providers=["CPUExecutionProvider"])
+    return sess
+
+
+def _rollout(prepared, frames, state=None):
+    sess = _ort(prepared)
+    manifest = prepared.manifest
+    shapes = {i["name"]: i["shape"] for i in manifest["inputs"]}
+    names = prepared.state_names
+    state = dict(state) if state is not None else {}
+    for n in names:
+        state.setdefault(f"state.{n}", np.zeros(shapes[f"state.{n}"], dtype=np.float32))
+    in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    ys = []
+    for frame in frames:
+        result = sess.run([out_name] + [f"next_state.{n}" for n in names], {in_name: frame, **state})
+        ys.append(result[0])
+        state = {f"state.{n}": v for n, v in zip(names, result[1:])}
+    return np.stack(ys), state
+
+
+def _close(actual, expected, what):
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, what
+    assert np.array_equal(np.isnan(actual), np.isnan(expected)), f"{what}: NaN positions differ"
+    finite = np.isfinite(expected)
+    assert np.array_equal(actual[~finite], expected[~finite]), f"{what}: Inf differs"
+    err = np.abs(actual[finite] - expected[finite]) / (1 + np.abs(expected[finite]))
+    assert err.size == 0 or err.max() <= TOL, f"{what}: max rel diff {err.max():.3g}"
+
+
+def _check(prepared, frames):
+    session = _session(prepared)
+    ref_y, ref_state = _rollout(prepared, frames)
+    for i, frame in enumerate(frames):
+        _close(session.step(frame), ref_y[i], f"y at step {i}")
+    state = session.get_state()
+    for name, value in ref_state.items():
+        _close(state[name], value, name)
+    return session
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
+    prepared = prepare_cached(arch, SMALL)["step"]
+    frames = np.random.default_rng(1).standard_normal((200, *prepared.input_shapes()["x"])).astype(np.float32)
+    _check(prepared, frames)
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention", "mamba", "delta_net"])
+def test_stepkernel_batch_of_three(arch):
+    prepared = prepare_cached(arch, {**SMALL, "batch": 3})["step"]
+    frames = np.random.default_rng(2).standard_normal((50, *prepared.input_shapes()["x"])).astype(np.float32)
+    _check(prepared, frames)
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "gru", "mamba", "xlstm"])
+def test_stepkernel_odd_sizes(arch):
+    config = {"model": {"embed": 48, "layers": 3}, "in_features": 17, "out_features": 5, "seq": 4, "seed": 3}
+    if arch == "xlstm":
+        config["model"]["embed"] = 64
+    prepared = prepare_cached(arch, config)["step"]
+    frames = np.random.default_rng(3).standard_normal((50, *prepared.input_shapes()["x"])).astype(np.float32)
+    _check(prepared, frames)
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "lstm", "mamba"])
+def test_stepkernel_nan_and_inf_frames_propagate_as_onnxruntime(arch):
+    prepared = prepare_cached(arch, SMALL)["step"]
+    frames = np.random.default_rng(4).standard_normal((6, *prepared.input_shapes()["x"])).astype(np.float32)
+    frames[2, 0, 3] = np.nan
+    frames[4, 0, 1] = np.inf
+    session = _session(prepared)
+    ref_y, _ = _rollout(prepared, frames)
+    for i, frame in enumerate(frames):
+        y = session.step(frame)
+        assert np.array_equal(np.isnan(y), np.isnan(ref_y[i])), f"NaN pattern at step {i}"
+
+
+def test_stepkernel_state_api_reset_get_set():
+    prepared = prepare_cached("gru", SMALL)["step"]
+    frames = np.random.default_rng(5).standard_normal((20, *prepared.input_shapes()["x"])).astype(np.float32)
+    session = _session(prepared)
+    first = [session.step(f).copy() for f in frames[:5]]
+    saved = session.get_state()
+    later = [session.step(f).copy() for f in frames[5:10]]
+    session.reset()  # zero state: the same outputs as a fresh session
+    again = [session.step(f).copy() for f in frames[:5]]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    session.set_state(saved)  # back to the saved state: the same continuation
+    for a, f in zip(later, frames[5:10]):
+        np.testing.assert_array_equal(session.step(f), a)
+
+
+def test_stepkernel_is_one_kernel_per_step():
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    session = _session(prepared)
+    frame = np.zeros(prepared.input_shapes()["x"], dtype=np.float32)
+    session.step(frame)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            session.step(frame)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels = [e for e in events if "ffk_step" in e.name]
+    others = [e.name for e in events if "ffk_step" not in e.name]
+    assert len(kernels) == 10 and not others, others[:5]
