@@ -35,7 +35,6 @@ from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branc
 RUNTIME = Path(__file__).resolve().parent / "runtime.cuh"
 KERNEL_NAME = "ffk_step"
 REDUCE_INIT = {"sum": "0.0f", "prod": "1.0f", "max": "-__int_as_float(0x7f800000)", "min": "__int_as_float(0x7f800000)"}
-STAGE_LIMIT = 8192  # graph inputs up to this many floats are staged in shared memory
 
 
 class Code:
@@ -98,7 +97,6 @@ class Layout:
     weight_floats: int = 0
     ll: dict = field(default_factory=dict)  # node id -> offset
     ll_words: int = 0
-    staged: dict = field(default_factory=dict)  # input name -> (smem offset, blocks that stage it)
     columns: list = field(default_factory=list)  # range-table columns: (task, unit id, "lo" | "hi" | "nlo")
     column_of: dict = field(default_factory=dict)
     table: np.ndarray | None = None  # [grid, columns] int32
@@ -154,20 +152,8 @@ class Generator:
         lay.table = (
             np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
         )
-        # shared memory: staged inputs, the range row, weight prefetch, the task arena
+        # shared memory: the range row, weight prefetch, the task arena
         used = 0
-        readers: dict[str, int] = {}
-        for task in self.sched.tasks:
-            for unit in task.units.values():
-                for occ in unit.occurrences:
-                    node = occ.node
-                    if isinstance(node, Leaf) and node.role == "input":
-                        readers[node.name] = max(readers.get(node.name, 0), task.blocks)
-        for name in self.input_names:
-            leaf = self.program.inputs[name]
-            if name in readers and leaf.size <= STAGE_LIMIT:
-                lay.staged[name] = (used, readers[name])
-                used += _align4(leaf.size)
         self.range_offset = used
         used += _align4(lay.table.shape[1])
         arena = 0
@@ -281,12 +267,6 @@ class Generator:
             f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
             f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
         ]
-        for name, (offset, blocks) in lay.staged.items():
-            i = self.input_names.index(name)
-            size = self.program.inputs[name].size
-            body.items.append(
-                f"if (b < {blocks}) for (int i = tid; i < {size}; i += NT) ffk_smem[{offset} + i] = ffk_load_host(in{i} + i);"
-            )
         body.items.append("__syncthreads();")
         body.items.append("const unsigned epoch = ffk_epoch_s;")
         # weight prefetch, one commit group per task that has any
@@ -351,6 +331,13 @@ class Generator:
 
     def _thread(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         uid = unit.node.id
+        if task.view.source_kind(unit.node) == "materialized":
+            # a staged copy of a flag-tagged value: every thread's loads in flight together
+            code.items.append(f"// array {unit.node.label or unit.node} {list(unit.node.shape)}: staged from flagged words")
+            code.items.append(
+                f"ffk_ll_stage<NT>({self.arr(t, uid)}, ffk_ll + {self.layout.ll[uid]} + lo{uid}, hi{uid} - lo{uid}, epoch);"
+            )
+            return
         loop = Code(f"for (int e = lo{uid} + tid; e < hi{uid}; e += NT)")
         code.items.append(f"// array {unit.node.label or unit.node} {list(unit.node.shape)}, a thread per element")
         code.items.append(loop)
@@ -529,9 +516,6 @@ class Emitter:
             return self.bind(key, f"__ldg(ffk_w + {gen.layout.weights[node.id] } + {c})", free)
         if node.role == "state":
             return self.bind(key, f"__ldg(sin{gen.state_names.index(node.name)} + {c})", free)
-        staged = gen.layout.staged.get(node.name)
-        if staged is not None:
-            return self.bind(key, f"ffk_smem[{staged[0]} + {c}]", free)
         return self.bind(key, f"ffk_load_host(in{gen.input_names.index(node.name)} + {c})", free)
 
     def _reduce(self, node: Reduce, index: list, flat, free: frozenset, key) -> Val:

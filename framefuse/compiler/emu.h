@@ -112,6 +112,10 @@ inline float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     }
 }
 inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
+template <int NT>
+inline void ffk_ll_stage(float* dst, const unsigned long long* src, int n, unsigned epoch) {
+    for (int i = threadIdx.x; i < n; i += NT) dst[i] = ffk_ll_wait(src + i, epoch);
+}
 inline void ffk_prefetch(float* dst, const float* src, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }

@@ -61,6 +61,29 @@ FFK_DEVICE float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     }
     return __uint_as_float((unsigned)word);
 }
+// Copy n flag-tagged words into shared memory as floats, waiting for each; every thread keeps
+// UNROLL loads in flight before it waits on any, so a block pays about one round trip per
+// UNROLL * NT words rather than one per word.
+template <int NT>
+FFK_DEVICE void ffk_ll_stage(float* dst, const unsigned long long* src, int n, unsigned epoch) {
+    constexpr int UNROLL = 4;
+    for (int base = 0; base < n; base += NT * UNROLL) {
+        unsigned long long w[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int i = base + u * NT + (int)threadIdx.x;
+            if (i < n) asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w[u]) : "l"(src + i) : "memory");
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int i = base + u * NT + (int)threadIdx.x;
+            if (i < n) {
+                if ((unsigned)(w[u] >> 32) != epoch) dst[i] = ffk_ll_wait(src + i, epoch);
+                else dst[i] = __uint_as_float((unsigned)w[u]);
+            }
+        }
+    }
+}
 // a graph input in pinned, mapped host memory: read once per launch, never from a cache
 FFK_DEVICE float ffk_load_host(const float* p) {
     float v;

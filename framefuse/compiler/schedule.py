@@ -53,6 +53,8 @@ CACHE_COST = 3
 DOT_REDUNDANCY = 2.0
 # ... is materialized, unless its whole redundant work is this small (multiply-adds).
 DOT_SMALL_MACS = 1 << 14
+# A product needing more multiply-adds than this from one block is spread over the grid.
+DOT_BLOCK_MACS = 1 << 14
 # A replicated array (several blocks compute it) costing more operations per thread than this
 # is materialized.
 REPLICATE_OPS = 512
@@ -60,6 +62,8 @@ ENUM_LIMIT = 1 << 23  # index combinations enumerated per occurrence before assu
 THREADS = 256
 WARP = 32
 ROOT = -1  # the key of a task's root unit (array units are keyed by their node's id)
+HOST_READ_CHUNK = 1024  # a graph input is read from host memory by as few blocks as this allows
+HOST_WRITE_CHUNK = 32  # a graph output is written to host memory in whole 128-byte lines
 
 
 @dataclass
@@ -106,6 +110,7 @@ class Task:
     chunk: int  # root elements per block
     blocks: int  # blocks that have root elements
     view: TaskView
+    min_chunk: int = 1
     side: list = field(default_factory=list)  # absorbed output nodes, stored while computing the root
     reads: set = field(default_factory=set)  # ids of the materialized nodes read
 
@@ -192,8 +197,9 @@ class TaskView:
 
     def source_kind(self, node: Node) -> str:
         """Where the value comes from when it is not one of the task's arrays: an array of a
-        materialized value or a leaf is a staged copy, loaded rather than recomputed."""
-        if isinstance(node, Leaf):
+        materialized value or a leaf is a staged copy, loaded rather than recomputed. A graph
+        input is materialized by its own task (one block reads host memory, see schedule())."""
+        if isinstance(node, Leaf) and not (node.role == "input" and node.id in self.materialized):
             return "leaf"
         if node.id in self.materialized and node.id not in self.inline_through and node.id != self.root.id:
             if is_pure_view(node, self.materialized, self._views):
@@ -349,9 +355,9 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
     return values[keep]
 
 
-def root_ranges(elements: int, grid: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+def root_ranges(elements: int, grid: int, min_chunk: int = 1) -> tuple[int, int, np.ndarray, np.ndarray]:
     blocks = max(1, min(grid, elements))
-    chunk = -(-elements // blocks) if elements else 1
+    chunk = max(-(-elements // blocks) if elements else 1, min_chunk)
     blocks = -(-elements // chunk) if elements else 0
     lo = np.minimum(np.arange(grid, dtype=np.int64) * chunk, elements)
     hi = np.minimum(lo + chunk, elements)
@@ -407,9 +413,10 @@ class Problem:
 
 
 def build_task(root: Node, materialized: dict, grid: int, threads: int, users: dict, outputs: set, *,
-               inline_through: Iterable[int] = ()) -> tuple[Task, list[Problem]]:
+               inline_through: Iterable[int] = (), min_chunk: int = 1) -> tuple[Task, list[Problem]]:
     """The units of the task producing ``root``, their per-block ranges, and what should be
-    materialized so that it runs well."""
+    materialized so that it runs well. ``min_chunk``: elements per block at least (a task that
+    reads or writes host memory gives each block whole 128-byte lines)."""
     arrays: set[int] = set()
     for _ in range(64):
         view = TaskView(root, materialized, arrays, inline_through)
@@ -420,8 +427,8 @@ def build_task(root: Node, materialized: dict, grid: int, threads: int, users: d
         arrays |= extra
     else:
         raise CompileError(f"{root.label or root}: the shared-memory arrays did not settle")
-    chunk, blocks, lo, hi = root_ranges(root.size, grid)
-    task = Task(root, units, chunk, blocks, view)
+    chunk, blocks, lo, hi = root_ranges(root.size, grid, min_chunk)
+    task = Task(root, units, chunk, blocks, view, min_chunk)
     task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
     problems = _ranges(task, grid, threads, users, outputs)
     task.reads = {
@@ -461,6 +468,12 @@ def _cache_candidates(view: TaskView, units: dict) -> set:
     found: set[int] = set()
     memo: dict = {}
     for unit in units.values():
+        # a flag-tagged value read in a loop or by an array is staged in shared memory first, all
+        # of its loads in flight at once (a wait inside a loop is one round trip per iteration)
+        for occ in unit.occurrences:
+            if view.kind(occ.node) == "materialized" and (occ.loops or unit.how != "root"):
+                found.add(occ.node.id)
+    for unit in units.values():
         elements = max(unit.node.size, 1)
         by_node: dict[int, list] = {}
         for occ in unit.occurrences:
@@ -477,7 +490,11 @@ def _cache_candidates(view: TaskView, units: dict) -> set:
     for unit in units.values():
         for occ in unit.occurrences:
             nodes[occ.node.id] = occ.node
-    return {nid for nid in found if not _reads_inline(nodes[nid], found - {nid}, view, {})}
+    return {
+        nid
+        for nid in found
+        if view.source_kind(nodes[nid]) == "materialized" or not _reads_inline(nodes[nid], found - {nid}, view, {})
+    }
 
 
 def _reads_inline(node: Node, targets: set, view: TaskView, memo: dict) -> bool:
@@ -522,7 +539,18 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
         replication = unit.total / max(node.size, 1)
         if unit.how == "dot":
             redundant = (unit.total - node.size) * node.k
-            if replication > DOT_REDUNDANCY and redundant > DOT_SMALL_MACS:
+            per_block = unit.span * node.k
+            if per_block > DOT_BLOCK_MACS and replication <= DOT_REDUNDANCY:
+                # few blocks would do all of it (a task kept on few blocks for host writes):
+                # its own task spreads it over the grid
+                problems.append(
+                    Problem(
+                        materialize_point(node, users, outputs),
+                        f"{node.label or node}: {per_block} multiply-adds on one block",
+                        0,
+                    )
+                )
+            elif replication > DOT_REDUNDANCY and redundant > DOT_SMALL_MACS:
                 readers = {id(u): u for u, _ in reads_by.get(node.id, [])}
                 target = materialize_point(node, users, outputs)
                 if len(readers) == 1:
@@ -638,12 +666,23 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         destinations.setdefault(node.id, []).append(name)
         materialized[node.id] = node
     outputs = set(destinations)
+    # Graph inputs live in pinned host memory; reads of the same bytes from every block are
+    # serialised over PCIe (~1 us each, measured), so each input has a task of its own whose
+    # blocks read whole lines once and publish the values as flag-tagged words.
+    for leaf in program.inputs.values():
+        materialized[leaf.id] = leaf
+    host_chunk = {leaf.id: HOST_READ_CHUNK for leaf in program.inputs.values()}
+    for nid, names in destinations.items():
+        if any(n not in program.state_of.values() for n in names):
+            host_chunk[nid] = max(host_chunk.get(nid, 1), HOST_WRITE_CHUNK)
     notes: list[str] = []
     for _ in range(512):
         tasks: dict[int, Task] = {}
         problems: list[Problem] = []
         for node in list(materialized.values()):
-            task, found = build_task(node, materialized, grid, threads, users, outputs)
+            task, found = build_task(
+                node, materialized, grid, threads, users, outputs, min_chunk=host_chunk.get(node.id, 1)
+            )
             tasks[node.id] = task
             problems += found
             if task_smem_floats(task) > smem_floats:
@@ -672,7 +711,10 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
                      f"{materialized[side_of[nid]].label or materialized[side_of[nid]]}")
     for host_id in set(side_of.values()):
         absorbed = [o for o, h in side_of.items() if h == host_id]
-        task, _ = build_task(tasks[host_id].root, materialized, grid, threads, users, outputs, inline_through=absorbed)
+        host = tasks[host_id]
+        task, _ = build_task(
+            host.root, materialized, grid, threads, users, outputs, inline_through=absorbed, min_chunk=host.min_chunk
+        )
         task.side = [materialized[o] for o in absorbed]
         tasks[host_id] = task
     for out_id in side_of:
@@ -721,12 +763,21 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
             if out_id in side_of or out_id in side_of.values():
                 continue
             node = materialized[out_id]
+            if isinstance(node, Leaf):  # a graph input is read from host memory by its own task only
+                continue
             for host_id in sorted(current):
                 host = current[host_id]
                 if host_id == out_id or host_id in side_of or out_id not in host.reads:
                     continue
                 trial, problems = build_task(
-                    host.root, materialized, grid, threads, users, outputs, inline_through=absorbed_by(host_id) + [out_id]
+                    host.root,
+                    materialized,
+                    grid,
+                    threads,
+                    users,
+                    outputs,
+                    inline_through=absorbed_by(host_id) + [out_id],
+                    min_chunk=host.min_chunk,
                 )
                 if problems or not _computes_once(trial, node):
                     continue
