@@ -249,6 +249,32 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
     return rows
 
 
+def trace_arch(arch: str, root: Path) -> list:
+    """The per-task timeline of one launch (device inputs), from a traced build of the kernel."""
+    import torch
+
+    from framefuse.compiler import lower_program
+    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.engines.fusion import example_feeds
+    from framefuse.runtime.pipeline import prepare
+
+    prepared = prepare(arch, root / f"trace-{arch}")["step"]
+    compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"), trace=True)
+    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    feeds = example_feeds(plan)
+    for _ in range(20):
+        plan.execute(feeds)
+    torch.cuda.synchronize()
+    timeline = compiled.timeline()
+    for row in timeline:
+        say(
+            f"trace {arch} task {row['task']:>2} ({row['blocks']:>3} blocks, {row['phases']} phases) "
+            f"enter {row['enter_us'][0]:6.2f}/{row['enter_us'][1]:6.2f} ready {row['ready_us'][0]:6.2f}/{row['ready_us'][1]:6.2f} "
+            f"exit {row['exit_us'][0]:6.2f}/{row['exit_us'][1]:6.2f}  {row['value'][:60]}"
+        )
+    return timeline
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", default=",".join(ARCHS))
@@ -259,6 +285,7 @@ def main(argv=None) -> int:
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")
     parser.add_argument("--no-plan", action="store_true", help="skip the cuda-graph plan comparison")
+    parser.add_argument("--trace", default="", help="architectures whose per-task timeline is printed")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import torch
@@ -281,6 +308,14 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - a failing architecture is a row with its error
             traceback.print_exc()
             result["rows"].append({"arch": arch, "error": f"{type(exc).__name__}: {str(exc)[:1000]}"})
+        (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
+    result["traces"] = {}
+    for arch in [a for a in args.trace.split(",") if a]:
+        try:
+            result["traces"][arch] = trace_arch(arch, root)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            result["traces"][arch] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
     for arch in [a for a in args.sweep.split(",") if a]:
         grids = [int(g) for g in args.grids.split(",")]

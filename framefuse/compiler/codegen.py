@@ -101,6 +101,7 @@ class Layout:
     column_of: dict = field(default_factory=dict)
     table: np.ndarray | None = None  # [grid, columns] int32
     prefetch: dict = field(default_factory=dict)  # (task index, dot id) -> (smem offset, rows)
+    leaf_prefetch: dict = field(default_factory=dict)  # (task index, leaf id) -> smem offset
     prefetch_floats: int = 0
     arena: dict = field(default_factory=dict)  # (task index, unit id) -> smem offset
     arena_floats: int = 0
@@ -112,7 +113,10 @@ def _align4(n: int) -> int:
 
 
 class Generator:
-    def __init__(self, sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True):
+    def __init__(
+        self, sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True, trace: bool = False
+    ):
+        self.trace = trace
         self.sched = sched
         self.program = sched.program
         self.grid = sched.grid
@@ -149,6 +153,13 @@ class Generator:
                     nlo, nhi = self._rows(unit)
                     self._column(t, unit.node.id, "nlo", nlo, columns)
                     dots.append((t, unit, int((nhi - nlo).max()) if len(nlo) else 0))
+        leaves: list[tuple[int, Leaf, int]] = []
+        for t, task in enumerate(self.sched.tasks):
+            for lid, (leaf, lo, hi) in sorted(task.leaves.items()):
+                lo = np.where(hi > lo, (lo // 4) * 4, 0)
+                self._column(t, lid, "plo", lo, columns)
+                self._column(t, lid, "phi", hi, columns)
+                leaves.append((t, leaf, int((hi - lo).max()) if len(lo) else 0))
         lay.table = (
             np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
         )
@@ -169,6 +180,13 @@ class Generator:
             raise CompileError(f"the step kernel needs {4 * (used + arena)} bytes of shared memory a block")
         self.prefetch_offset = used
         if self.want_prefetch:
+            # state and weight values first (a state read sits on the critical path), then weight rows
+            for t, leaf, span in leaves:
+                need = _align4(span)
+                if span == 0 or need > budget - lay.prefetch_floats:
+                    continue
+                lay.leaf_prefetch[(t, leaf.id)] = lay.prefetch_floats
+                lay.prefetch_floats += need
             for t, unit, rows in dots:
                 need = _align4(rows * unit.node.k)
                 if rows == 0 or need > budget - lay.prefetch_floats:
@@ -223,6 +241,8 @@ class Generator:
             "unsigned long long* __restrict__ ffk_counters",
             "const int* __restrict__ ffk_ranges",
         ]
+        if self.trace:
+            params.append("unsigned long long* __restrict__ ffk_trace")
         header = self._header_comment()
         includes = []
         for path in [RUNTIME] + self.headers:
@@ -273,10 +293,23 @@ class Generator:
         self.groups: list[int] = []
         for t, task in enumerate(self.sched.tasks):
             entries = [(uid, v) for (tt, uid), v in lay.prefetch.items() if tt == t]
-            if not entries:
+            leaf_entries = [(lid, off) for (tt, lid), off in lay.leaf_prefetch.items() if tt == t]
+            if not entries and not leaf_entries:
                 continue
             self.groups.append(t)
             block = Code(f"if (b < {task.blocks})")
+            for lid, offset in leaf_entries:
+                leaf = task.leaves[lid][0]
+                lo_col, hi_col = lay.column_of[(t, lid, "plo")], lay.column_of[(t, lid, "phi")]
+                src = (
+                    f"sin{self.state_names.index(leaf.name)}"
+                    if leaf.role == "state"
+                    else f"(ffk_w + {lay.weights[leaf.id]})"
+                )
+                block.items.append(
+                    f"if (ffk_r[{hi_col}] > ffk_r[{lo_col}]) ffk_prefetch(ffk_smem + {self.prefetch_offset + offset}, "
+                    f"{src} + ffk_r[{lo_col}], ffk_r[{hi_col}] - ffk_r[{lo_col}]);  // {leaf.role} {leaf.label or leaf.name}"
+                )
             for uid, (offset, _rows) in entries:
                 unit = task.units[uid]
                 node = unit.node
@@ -294,26 +327,42 @@ class Generator:
             body.items.append("ffk_prefetch_commit();")
 
     # -- tasks -------------------------------------------------------------------------------------------
+    def _stamp(self, code: Code, t: int, slot: int) -> None:
+        """Timeline trace (trace=True): globaltimer at a task's entry (0), after its first phase
+        (1: its inputs have arrived) and at its end (2), per block."""
+        if self.trace:
+            n = len(self.sched.tasks)
+            code.items.append(f"if (tid == 0) ffk_trace[(b * {n} + {t}) * 3 + {slot}] = ffk_globaltimer();")
+
     def _task(self, body: Code, t: int, task: Task) -> None:
         code = Code(f"if (b < {task.blocks})")
         body.items.append(f"// task {t}: {task.root.label or task.root} {list(task.root.shape)}")
         body.items.append(code)
+        self._stamp(code, t, 0)
         arrays = task.arrays()
-        if arrays:
-            code.items.append("__syncthreads();  // the previous task's readers of shared memory are done")
         if t in self.groups:
+            # cp.async.wait_group covers this thread's own copies; the barrier after it makes every
+            # thread's copies visible (and the previous task's readers of shared memory done)
             later = len([g for g in self.groups if g > t])
-            code.items.append(f"ffk_prefetch_wait<{later}>();  // this task's weight rows have landed")
+            code.items.append(f"ffk_prefetch_wait<{later}>();  // this task's prefetched rows and values have landed")
+            code.items.append("__syncthreads();")
+        elif arrays:
+            code.items.append("__syncthreads();  // the previous task's readers of shared memory are done")
         for unit in arrays:
             lo_col = self.layout.column_of[(t, unit.node.id, "lo")]
             hi_col = self.layout.column_of[(t, unit.node.id, "hi")]
             code.items.append(f"const int lo{unit.node.id} = ffk_r[{lo_col}], hi{unit.node.id} = ffk_r[{hi_col}];")
+        for (tt, lid), _offset in sorted(self.layout.leaf_prefetch.items()):
+            if tt == t:
+                code.items.append(f"const int plo{lid} = ffk_r[{self.layout.column_of[(t, lid, 'plo')]}];")
         root = task.units[ROOT]
         code.items.append(f"const int lo_root = b * {task.chunk}, hi_root = min(lo_root + {task.chunk}, {task.root.size});")
         phases = sorted({u.phase for u in task.units.values()})
         for phase in phases:
             if phase != phases[0]:
                 code.items.append("__syncthreads();")
+                if phase == phases[1]:
+                    self._stamp(code, t, 1)
             for unit in sorted(task.units.values(), key=lambda u: u.node.id):
                 if unit.phase != phase:
                     continue
@@ -325,6 +374,9 @@ class Generator:
                     self._reduce(code, t, task, unit)
                 else:
                     self._thread(code, t, task, unit)
+        if len(phases) == 1:
+            self._stamp(code, t, 1)
+        self._stamp(code, t, 2)
 
     def arr(self, t: int, uid: int) -> str:
         return f"(ffk_smem + {self.arena_offset + self.layout.arena[(t, uid)]})"
@@ -512,6 +564,9 @@ class Emitter:
         c = ix.to_c(flat)
         if node.role == "const":
             return Val(c_float(float(node.array)), frozenset())
+        prefetched = gen.layout.leaf_prefetch.get((self.t, node.id))
+        if prefetched is not None:
+            return self.bind(key, f"ffk_smem[{gen.prefetch_offset + prefetched} + {c} - plo{node.id}]", free)
         if node.role == "weight":
             return self.bind(key, f"__ldg(ffk_w + {gen.layout.weights[node.id] } + {c})", free)
         if node.role == "state":
@@ -611,13 +666,14 @@ class Kernel:
                 "weight_bytes": 4 * self.layout.weight_floats,
                 "flagged_bytes": 8 * self.layout.ll_words,
                 "prefetched_products": len(self.layout.prefetch),
+                "prefetched_leaves": len(self.layout.leaf_prefetch),
             }
         )
         return info
 
 
-def generate(sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True) -> Kernel:
-    gen = Generator(sched, smem_limit_bytes=smem_limit_bytes, prefetch=prefetch)
+def generate(sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True, trace: bool = False) -> Kernel:
+    gen = Generator(sched, smem_limit_bytes=smem_limit_bytes, prefetch=prefetch, trace=trace)
     source = gen.source()
     return Kernel(source, sched, gen.layout, gen.input_names, gen.output_names, gen.state_names)
 

@@ -112,6 +112,9 @@ inline float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     }
 }
 inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
+inline unsigned long long ffk_globaltimer() {
+    return (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count();
+}
 template <int NT>
 inline void ffk_ll_stage(float* dst, const unsigned long long* src, int n, unsigned epoch) {
     for (int i = threadIdx.x; i < n; i += NT) dst[i] = ffk_ll_wait(src + i, epoch);

@@ -88,6 +88,7 @@ class CompiledStep:
         grid: int | None = None,
         threads: int = THREADS,
         prefetch: bool = True,
+        trace: bool = False,
         log=None,
     ):
         cuda = _cuda()
@@ -107,7 +108,7 @@ class CompiledStep:
         smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
         start = time.perf_counter()
         self.schedule = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
-        self.kernel = generate(self.schedule, smem_limit_bytes=smem_limit, prefetch=prefetch)
+        self.kernel = generate(self.schedule, smem_limit_bytes=smem_limit, prefetch=prefetch, trace=trace)
         self.schedule_s = time.perf_counter() - start
         path = write_source(self.kernel)
         start = time.perf_counter()
@@ -122,6 +123,9 @@ class CompiledStep:
         self.flags = torch.zeros(max(k.layout.ll_words, 1), dtype=torch.int64, device=self.device)
         self.counters = torch.zeros(grid, dtype=torch.int64, device=self.device)
         self.ranges = torch.from_numpy(k.ranges()).to(self.device)
+        self.trace = (
+            torch.zeros((grid, len(self.schedule.tasks), 3), dtype=torch.int64, device=self.device) if trace else None
+        )
         self.input_specs = {
             n: IOSpec(n, program.inputs[n].shape if n in program.inputs else program.states[n].shape, torch.float32)
             for n in list(program.inputs) + list(program.states)
@@ -176,7 +180,33 @@ class CompiledStep:
                 ptr(self.counters.data_ptr()),
                 ptr(self.ranges.data_ptr()),
             ]
+            + ([ptr(self.trace.data_ptr())] if self.trace is not None else [])
         )
+
+    def timeline(self) -> list[dict]:
+        """Per task, from the last traced launch (trace=True): when the blocks entered it, had
+        their inputs, and left it (µs after the first block's entry into the first task; median
+        and latest over the task's blocks)."""
+        if self.trace is None:
+            raise CompileError("compile with trace=True for a timeline")
+        stamps = self.trace.cpu().numpy().astype(np.float64)
+        start = stamps[:, 0, 0][stamps[:, 0, 0] > 0].min() if (stamps[:, 0, 0] > 0).any() else 0.0
+        rows = []
+        for t, task in enumerate(self.schedule.tasks):
+            blocks = stamps[: task.blocks, t, :]
+            rel = (blocks - start) / 1e3
+            rows.append(
+                {
+                    "task": t,
+                    "value": task.root.label or repr(task.root),
+                    "blocks": task.blocks,
+                    "phases": task.phases(),
+                    "enter_us": [round(float(np.median(rel[:, 0])), 2), round(float(rel[:, 0].max()), 2)],
+                    "ready_us": [round(float(np.median(rel[:, 1])), 2), round(float(rel[:, 1].max()), 2)],
+                    "exit_us": [round(float(np.median(rel[:, 2])), 2), round(float(rel[:, 2].max()), 2)],
+                }
+            )
+        return rows
 
     def launch(self, args, stream=None) -> None:
         self.fn.launch(

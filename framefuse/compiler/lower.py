@@ -436,9 +436,12 @@ def _layer_norm(ctx, ins):
     axis = int(ctx.attr("axis", -1)) % x.rank
     eps = float(ctx.attr("epsilon", 1e-5))
     axes = list(range(axis, x.rank))
+    # One pass, as ONNX Runtime computes it: var = E[x²] − E[x]². The two means read only x, so
+    # they are computed side by side (one phase of the step kernel instead of two).
     mean = ir.mean(x, axes, True, ctx.label)
     centred = ir.ew("sub", x, mean, label=ctx.label)
-    var = ir.mean(ir.ew("square", centred, label=ctx.label), axes, True, ctx.label)
+    mean_square = ir.mean(ir.ew("square", x, label=ctx.label), axes, True, ctx.label)
+    var = ir.ew("max", ir.ew("sub", mean_square, ir.ew("square", mean, label=ctx.label), label=ctx.label), ir.constant(0.0))
     inv = ir.ew("reciprocal", ir.ew("sqrt", ir.ew("add", var, ir.constant(eps), label=ctx.label), label=ctx.label))
     y = ir.ew("mul", ir.ew("mul", centred, inv, label=ctx.label), as_node(scale, ctx.label), label=ctx.label)
     if bias is not None:

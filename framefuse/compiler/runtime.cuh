@@ -84,6 +84,11 @@ FFK_DEVICE void ffk_ll_stage(float* dst, const unsigned long long* src, int n, u
         }
     }
 }
+FFK_DEVICE unsigned long long ffk_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 // a graph input in pinned, mapped host memory: read once per launch, never from a cache
 FFK_DEVICE float ffk_load_host(const float* p) {
     float v;

@@ -48,7 +48,7 @@ from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node
 
 # An inline value read by more than one element is cached in shared memory when its inline cost
 # (elementwise ops; a reduction counts its extent) reaches this, or when it is a reduction.
-CACHE_COST = 3
+CACHE_COST = 8
 # A Dot computed more than this many times over by the blocks ...
 DOT_REDUNDANCY = 2.0
 # ... is materialized, unless its whole redundant work is this small (multiply-adds).
@@ -58,6 +58,9 @@ DOT_BLOCK_MACS = 1 << 14
 # A replicated array (several blocks compute it) costing more operations per thread than this
 # is materialized.
 REPLICATE_OPS = 512
+# ... and so is one whose blocks each stage more than this many times its size of flagged values
+STAGED_RATIO = 4
+STAGED_MIN = 1024
 ENUM_LIMIT = 1 << 23  # index combinations enumerated per occurrence before assuming the worst
 THREADS = 256
 WARP = 32
@@ -112,6 +115,7 @@ class Task:
     view: TaskView
     min_chunk: int = 1
     side: list = field(default_factory=list)  # absorbed output nodes, stored while computing the root
+    leaves: dict = field(default_factory=dict)  # state/weight leaf id -> (leaf, lo, hi) per block
     reads: set = field(default_factory=set)  # ids of the materialized nodes read
 
     @property
@@ -456,7 +460,12 @@ def _collect_units(view: TaskView, root: Node) -> dict:
                 unit.deps.add(occ.node.id)
                 if occ.node.id not in units:
                     target = occ.node
-                    child = "dot" if kind == "dot" else "reduce" if isinstance(target, Reduce) else "thread"
+                    if kind == "dot":
+                        child = "dot"
+                    elif isinstance(target, Reduce) and view.source_kind(target) == "inline":
+                        child = "reduce"
+                    else:  # elementwise, or a staged copy of a leaf or materialized value
+                        child = "thread"
                     pending.append((target, child))
     return units
 
@@ -530,6 +539,21 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
             needs.setdefault(occ.node.id, []).append(needed_ranges(pairs, unit.lo, unit.hi, elements, occ.node.size))
             if kind == "dot":
                 reads_by.setdefault(occ.node.id, []).append((unit, pairs))
+    # the ranges of the state and weight leaves each block reads (prefetched at kernel start)
+    leaf_needs: dict[int, list] = {}
+    leaf_nodes: dict[int, Leaf] = {}
+    for unit in order:
+        elements = max(unit.node.size, 1)
+        for occ in unit.occurrences:
+            node = occ.node
+            if isinstance(node, Leaf) and node.role in ("state", "weight") and view.kind(node) in ("leaf", "array"):
+                if view.kind(node) == "array" and occ.node.id == unit.node.id:
+                    pairs = (np.arange(elements), np.arange(elements))  # a staged copy reads itself 1:1
+                else:
+                    pairs = enumerate_pairs(occ, unit.var, elements)
+                leaf_needs.setdefault(node.id, []).append(needed_ranges(pairs, unit.lo, unit.hi, elements, node.size))
+                leaf_nodes[node.id] = node
+    task.leaves = {nid: (leaf_nodes[nid], *hull(pieces, grid)) for nid, pieces in leaf_needs.items()}
     problems: list[Problem] = []
     memo: dict = {}
     for unit in units.values():
@@ -540,7 +564,7 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
         if unit.how == "dot":
             redundant = (unit.total - node.size) * node.k
             per_block = unit.span * node.k
-            if per_block > DOT_BLOCK_MACS and replication <= DOT_REDUNDANCY:
+            if per_block > DOT_BLOCK_MACS and replication <= DOT_REDUNDANCY and task.blocks < min(grid, task.root.size):
                 # few blocks would do all of it (a task kept on few blocks for host writes):
                 # its own task spreads it over the grid
                 problems.append(
@@ -566,10 +590,25 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                 problems.append(
                     Problem(target, f"{node.label or node} computed {replication:.1f} times over by the blocks", 0)
                 )
-        elif replication > 2:
+        elif replication > 2 and view.source_kind(node) == "inline":
             per_thread = unit.span * max(inline_cost_of_unit(unit, view, memo), 1) / threads
+            staged = 0
+            elements = max(node.size, 1)
+            for d in unit.deps:
+                dep = units.get(d)
+                if dep is None or dep.how != "thread" or view.source_kind(dep.node) != "materialized":
+                    continue
+                pairs = [enumerate_pairs(o, unit.var, elements) for o in unit.occurrences if o.node.id == d]
+                # only a partitioned reduction (each staged value read by one element) counts:
+                # it is cheaper spread over the grid; a value every element reads is not
+                if pairs and all(p is not None for p in pairs) and max_readers(pairs, dep.node.size) <= 1:
+                    staged += dep.span
             if per_thread > REPLICATE_OPS:
                 problems.append(Problem(node, f"replicated in {int(replication)} blocks, {per_thread:.0f} ops a thread", 1))
+            elif staged > STAGED_RATIO * max(unit.span, 1) and staged > STAGED_MIN:
+                # every block would load a large flagged value to reduce it: computing the array
+                # once, spread over the grid, and publishing it is cheaper
+                problems.append(Problem(node, f"replicated in {int(replication)} blocks, each staging {staged} values", 1))
     return problems
 
 
@@ -705,6 +744,31 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
     else:
         raise CompileError("the choice of materialized values did not settle")
 
+    # Materializing is only ever added while the rules settle; one that a later choice made
+    # unnecessary (silu(conv) once conv itself is materialized) costs a level. Drop each
+    # non-output that its readers can compute without any rule firing again.
+    for nid in sorted(materialized, reverse=True):
+        node = materialized[nid]
+        if nid in outputs or isinstance(node, Leaf):
+            continue
+        trial = {k: v for k, v in materialized.items() if k != nid}
+        readers = [t for t in tasks.values() if nid in t.reads]
+        ok = bool(readers)
+        rebuilt = {}
+        for task in readers:
+            built, found = build_task(
+                task.root, trial, grid, threads, users, outputs, min_chunk=task.min_chunk
+            )
+            found += _shared_products({**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}, users, outputs)
+            if any(p.node.id not in trial for p in found) or task_smem_floats(built) > smem_floats:
+                ok = False
+                break
+            rebuilt[task.root.id] = built
+        if ok:
+            materialized = trial
+            tasks.pop(nid, None)
+            tasks.update(rebuilt)
+            notes.append(f"{node.label or node} computed where it is read (its materialization became unnecessary)")
     side_of = _absorb(tasks, materialized, outputs, grid, threads, users)
     for nid in side_of:
         notes.append(f"{materialized[nid].label or materialized[nid]} stored by the task of "
