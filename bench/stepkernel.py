@@ -40,7 +40,19 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ARCHS = ("min_gru", "min_lstm", "lstm", "gru", "attention", "mamba", "gated_ssm", "liquid", "delta_net", "xlstm", "jamba")
+ARCHS = (
+    "min_gru",
+    "min_lstm",
+    "lstm",
+    "gru",
+    "attention",
+    "mamba",
+    "gated_ssm",
+    "liquid",
+    "delta_net",
+    "xlstm",
+    "jamba",
+)
 TOL = 1e-4
 
 
@@ -117,7 +129,6 @@ def mapped_floor(in_shape, out_shape, pool, iters: int, warmup: int) -> dict:
 def copy_floor(in_shape, out_shape, pool, iters: int, warmup: int) -> dict:
     sys.path.insert(0, str(REPO / "bench"))
     import torch
-
     from e2e import make_floor
 
     call = make_floor(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
@@ -209,12 +220,12 @@ def bench_arch(arch: str, args, root: Path) -> dict:
         other_session = Session(other, budget_ms=None)
         row["cuda_graph_plan"] = timed(lambda i: other_session.step(pool[i % 64]), args.iters, args.warmup)
         row["cuda_graph_plan"]["kernels"] = len(other.default_plan.steps)
-        del other_session, other
+        other_session = other = None
     say(
         f"{arch}: step p50 {row['session_step']['p50_us']} us p99 {row['session_step']['p99_us']} us "
         f"(mapped floor {floor} us, {levels} levels, device {row['device_us_per_step']} us)"
     )
-    del session, engine
+    session = engine = None  # the binding and its buffers go before the next architecture
     torch.cuda.synchronize()
     return row
 

@@ -160,9 +160,7 @@ class Generator:
                 self._column(t, lid, "plo", lo, columns)
                 self._column(t, lid, "phi", hi, columns)
                 leaves.append((t, leaf, int((hi - lo).max()) if len(lo) else 0))
-        lay.table = (
-            np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
-        )
+        lay.table = np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
         # shared memory: the range row, weight prefetch, the task arena
         used = 0
         self.range_offset = used
@@ -356,7 +354,9 @@ class Generator:
             if tt == t:
                 code.items.append(f"const int plo{lid} = ffk_r[{self.layout.column_of[(t, lid, 'plo')]}];")
         root = task.units[ROOT]
-        code.items.append(f"const int lo_root = b * {task.chunk}, hi_root = min(lo_root + {task.chunk}, {task.root.size});")
+        code.items.append(
+            f"const int lo_root = b * {task.chunk}, hi_root = min(lo_root + {task.chunk}, {task.root.size});"
+        )
         phases = sorted({u.phase for u in task.units.values()})
         for phase in phases:
             if phase != phases[0]:
@@ -385,7 +385,9 @@ class Generator:
         uid = unit.node.id
         if task.view.source_kind(unit.node) == "materialized":
             # a staged copy of a flag-tagged value: every thread's loads in flight together
-            code.items.append(f"// array {unit.node.label or unit.node} {list(unit.node.shape)}: staged from flagged words")
+            code.items.append(
+                f"// array {unit.node.label or unit.node} {list(unit.node.shape)}: staged from flagged words"
+            )
             code.items.append(
                 f"ffk_ll_stage<NT>({self.arr(t, uid)}, ffk_ll + {self.layout.ll[uid]} + lo{uid}, hi{uid} - lo{uid}, epoch);"
             )
@@ -401,7 +403,9 @@ class Generator:
     def _reduce(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         node: Reduce = unit.node
         uid = node.id
-        code.items.append(f"// array {node.label or node} {list(node.shape)}: {node.op} over {node.extent}, a warp per element")
+        code.items.append(
+            f"// array {node.label or node} {list(node.shape)}: {node.op} over {node.extent}, a warp per element"
+        )
         loop = Code(f"for (int e = lo{uid} + warp; e < hi{uid}; e += NWARPS)")
         code.items.append(loop)
         em = Emitter(self, t, task, loop)
@@ -568,7 +572,7 @@ class Emitter:
         if prefetched is not None:
             return self.bind(key, f"ffk_smem[{gen.prefetch_offset + prefetched} + {c} - plo{node.id}]", free)
         if node.role == "weight":
-            return self.bind(key, f"__ldg(ffk_w + {gen.layout.weights[node.id] } + {c})", free)
+            return self.bind(key, f"__ldg(ffk_w + {gen.layout.weights[node.id]} + {c})", free)
         if node.role == "state":
             return self.bind(key, f"__ldg(sin{gen.state_names.index(node.name)} + {c})", free)
         return self.bind(key, f"ffk_load_host(in{gen.input_names.index(node.name)} + {c})", free)
@@ -672,7 +676,9 @@ class Kernel:
         return info
 
 
-def generate(sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True, trace: bool = False) -> Kernel:
+def generate(
+    sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True, trace: bool = False
+) -> Kernel:
     gen = Generator(sched, smem_limit_bytes=smem_limit_bytes, prefetch=prefetch, trace=trace)
     source = gen.source()
     return Kernel(source, sched, gen.layout, gen.input_names, gen.output_names, gen.state_names)

@@ -259,7 +259,9 @@ class StepKernelPlan:
         c = self.compiled
         k = c.kernel
         if self._outputs is None:
-            self._outputs = {n: torch.empty(s.shape, dtype=torch.float32, device=self.device) for n, s in self.output_specs.items()}
+            self._outputs = {
+                n: torch.empty(s.shape, dtype=torch.float32, device=self.device) for n, s in self.output_specs.items()
+            }
         program = c.program
         args = c.args(
             [feeds[n].data_ptr() for n in k.input_names],
@@ -377,7 +379,9 @@ class StepBinding:
                 c.launch(args)
             raw = getattr(graph, "raw_cuda_graph_exec", None)
             if raw is None:
-                raise EngineBuildError(f"stepkernel needs torch.cuda.CUDAGraph.raw_cuda_graph_exec (torch {torch.__version__})")
+                raise EngineBuildError(
+                    f"stepkernel needs torch.cuda.CUDAGraph.raw_cuda_graph_exec (torch {torch.__version__})"
+                )
             self._graphs.append(graph)
             self._launchers.append(_FastLaunch(int(raw()), int(self.stream.cuda_stream)))
         self._launch_fn = self._launchers[0].launch_fn
@@ -452,4 +456,12 @@ def dump_source(compiled: CompiledStep, folder) -> Path:
     return target
 
 
-__all__ = ["CANDIDATE", "CompiledStep", "MappedHostBuffer", "StepBinding", "StepKernelPlan", "compile_step", "dump_source"]
+__all__ = [
+    "CANDIDATE",
+    "CompiledStep",
+    "MappedHostBuffer",
+    "StepBinding",
+    "StepKernelPlan",
+    "compile_step",
+    "dump_source",
+]

@@ -310,7 +310,9 @@ def slice_axis(node: Node, axis: int, start: int, step: int, length: int, label:
         out[axis] = ix.add(ix.mul(index[axis], step), ix.const(start))
         return out
 
-    return Map(node, shape, fn, f"slice(axis {axis}, {start}::{step}, {length})", label=label, slice=(axis, start, step))
+    return Map(
+        node, shape, fn, f"slice(axis {axis}, {start}::{step}, {length})", label=label, slice=(axis, start, step)
+    )
 
 
 def take(node: Node, axis: int, indices: np.ndarray, label: str = "") -> Node:

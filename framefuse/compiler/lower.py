@@ -441,7 +441,9 @@ def _layer_norm(ctx, ins):
     mean = ir.mean(x, axes, True, ctx.label)
     centred = ir.ew("sub", x, mean, label=ctx.label)
     mean_square = ir.mean(ir.ew("square", x, label=ctx.label), axes, True, ctx.label)
-    var = ir.ew("max", ir.ew("sub", mean_square, ir.ew("square", mean, label=ctx.label), label=ctx.label), ir.constant(0.0))
+    var = ir.ew(
+        "max", ir.ew("sub", mean_square, ir.ew("square", mean, label=ctx.label), label=ctx.label), ir.constant(0.0)
+    )
     inv = ir.ew("reciprocal", ir.ew("sqrt", ir.ew("add", var, ir.constant(eps), label=ctx.label), label=ctx.label))
     y = ir.ew("mul", ir.ew("mul", centred, inv, label=ctx.label), as_node(scale, ctx.label), label=ctx.label)
     if bias is not None:
@@ -707,7 +709,9 @@ def _gate(node: Node, g: int, hidden: int, label: str) -> Node:
 def _lstm(ctx, ins):
     x, W, R, wb, rb, h0, H = _rnn_inputs(ctx, ins, 4)
     c0 = _state_or(ctx, ins[5] if len(ins) > 5 else None, h0.shape)
-    pre = _step_ew(ctx, "add", _step_ew(ctx, "add", ir.Dot(x, W, ctx.label), ir.Dot(h0, R, ctx.label)), ir.constant(wb + rb))
+    pre = _step_ew(
+        ctx, "add", _step_ew(ctx, "add", ir.Dot(x, W, ctx.label), ir.Dot(h0, R, ctx.label)), ir.constant(wb + rb)
+    )
     i, o, f, g = (_gate(pre, k, H, ctx.label) for k in range(4))
     c = _step_ew(ctx, "lstm_cell", i, f, g, c0)
     h = _step_ew(ctx, "lstm_hidden", o, c)
@@ -865,9 +869,7 @@ def _attention(ctx, ins):
         scores = ir.ew("add", scores, as_node(mask, label), label=label)
     if int(ctx.attr("causal", 0)):
         visible = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + (tk - tq)
-        scores = ir.ew(
-            "where", ir.constant(visible.astype(np.float32)), scores, ir.constant(-np.inf), label=label
-        )
+        scores = ir.ew("where", ir.constant(visible.astype(np.float32)), scores, ir.constant(-np.inf), label=label)
     row_max = ir.reduce("max", scores, [-1], True, label)
     p = ir.ew("attention_weight", scores, row_max, label=label)
     pv = ir.ew(

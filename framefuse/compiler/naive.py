@@ -69,7 +69,9 @@ def run(program: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
                     raise CompileError(f"no value given for {node.role} '{node.name}'")
                 value = np.asarray(feeds[node.name], dtype=np.float64)
                 if value.shape != node.shape:
-                    raise CompileError(f"{node.role} '{node.name}' is {list(value.shape)}, the program takes {list(node.shape)}")
+                    raise CompileError(
+                        f"{node.role} '{node.name}' is {list(value.shape)}, the program takes {list(node.shape)}"
+                    )
                 values[node.id] = value
             else:
                 values[node.id] = np.broadcast_to(node.array.astype(np.float64), node.shape)

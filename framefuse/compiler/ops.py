@@ -147,10 +147,14 @@ EW: dict[str, EwSpec] = {
     "eq": EwSpec(2, lambda a, b, p: _bool(a == b), lambda a, p: f"(({a[0]} == {a[1]}) ? 1.0f : 0.0f)"),
     "not": EwSpec(1, lambda a, p: _bool(a == 0), lambda a, p: f"(({a[0]} == 0.0f) ? 1.0f : 0.0f)"),
     "and": EwSpec(
-        2, lambda a, b, p: _bool((a != 0) & (b != 0)), lambda a, p: f"(({a[0]} != 0.0f && {a[1]} != 0.0f) ? 1.0f : 0.0f)"
+        2,
+        lambda a, b, p: _bool((a != 0) & (b != 0)),
+        lambda a, p: f"(({a[0]} != 0.0f && {a[1]} != 0.0f) ? 1.0f : 0.0f)",
     ),
     "or": EwSpec(
-        2, lambda a, b, p: _bool((a != 0) | (b != 0)), lambda a, p: f"(({a[0]} != 0.0f || {a[1]} != 0.0f) ? 1.0f : 0.0f)"
+        2,
+        lambda a, b, p: _bool((a != 0) | (b != 0)),
+        lambda a, p: f"(({a[0]} != 0.0f || {a[1]} != 0.0f) ? 1.0f : 0.0f)",
     ),
     "isnan": EwSpec(1, lambda a, p: _bool(np.isnan(a)), lambda a, p: f"(isnan({a[0]}) ? 1.0f : 0.0f)"),
     "isinf": EwSpec(1, lambda a, p: _bool(np.isinf(a)), lambda a, p: f"(isinf({a[0]}) ? 1.0f : 0.0f)"),
@@ -186,14 +190,17 @@ EW: dict[str, EwSpec] = {
     ),
     "gru_hidden": EwSpec(
         7,
-        lambda xz, hz, xr, hr, xh, hh, h, p: (1.0 - _sigmoid(xz + hz)) * np.tanh(xh + _sigmoid(xr + hr) * hh)
-        + _sigmoid(xz + hz) * h,
+        lambda xz, hz, xr, hr, xh, hh, h, p: (
+            (1.0 - _sigmoid(xz + hz)) * np.tanh(xh + _sigmoid(xr + hr) * hh) + _sigmoid(xz + hz) * h
+        ),
         lambda a, p: f"ff::gru_hidden({', '.join(a)})",
         _STEP["gru_seq"],
     ),
     "liquid_hidden": EwSpec(
         4,
-        lambda g1, g2, ga, gb, p: np.tanh(g1) * (1.0 - _sigmoid(ga * p[0] + gb)) + _sigmoid(ga * p[0] + gb) * np.tanh(g2),
+        lambda g1, g2, ga, gb, p: (
+            np.tanh(g1) * (1.0 - _sigmoid(ga * p[0] + gb)) + _sigmoid(ga * p[0] + gb) * np.tanh(g2)
+        ),
         lambda a, p: f"ff::liquid_hidden({', '.join(a)}, {_f(p[0])})",
         _STEP["liquid_scan"],
     ),

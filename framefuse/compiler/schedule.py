@@ -174,7 +174,9 @@ def is_pure_view(node: Node, materialized: dict, memo: dict | None = None) -> bo
         src = node.src
         result = isinstance(src, Leaf) or src.id in materialized or is_pure_view(src, materialized, memo)
     elif isinstance(node, Concat):
-        result = all(isinstance(s, Leaf) or s.id in materialized or is_pure_view(s, materialized, memo) for s in node.srcs)
+        result = all(
+            isinstance(s, Leaf) or s.id in materialized or is_pure_view(s, materialized, memo) for s in node.srcs
+        )
     else:
         result = False
     memo[node.id] = result
@@ -416,8 +418,17 @@ class Problem:
     # 3 products computed by two tasks
 
 
-def build_task(root: Node, materialized: dict, grid: int, threads: int, users: dict, outputs: set, *,
-               inline_through: Iterable[int] = (), min_chunk: int = 1) -> tuple[Task, list[Problem]]:
+def build_task(
+    root: Node,
+    materialized: dict,
+    grid: int,
+    threads: int,
+    users: dict,
+    outputs: set,
+    *,
+    inline_through: Iterable[int] = (),
+    min_chunk: int = 1,
+) -> tuple[Task, list[Problem]]:
     """The units of the task producing ``root``, their per-block ranges, and what should be
     materialized so that it runs well. ``min_chunk``: elements per block at least (a task that
     reads or writes host memory gives each block whole 128-byte lines)."""
@@ -435,9 +446,9 @@ def build_task(root: Node, materialized: dict, grid: int, threads: int, users: d
     task = Task(root, units, chunk, blocks, view, min_chunk)
     task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
     problems = _ranges(task, grid, threads, users, outputs)
-    task.reads = {
-        o.node.id for u in units.values() for o in u.occurrences if view.kind(o.node) == "materialized"
-    } | {u.node.id for u in task.arrays() if u.how == "thread" and view.source_kind(u.node) == "materialized"}
+    task.reads = {o.node.id for u in units.values() for o in u.occurrences if view.kind(o.node) == "materialized"} | {
+        u.node.id for u in task.arrays() if u.how == "thread" and view.source_kind(u.node) == "materialized"
+    }
     return task, problems
 
 
@@ -604,11 +615,15 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                 if pairs and all(p is not None for p in pairs) and max_readers(pairs, dep.node.size) <= 1:
                     staged += dep.span
             if per_thread > REPLICATE_OPS:
-                problems.append(Problem(node, f"replicated in {int(replication)} blocks, {per_thread:.0f} ops a thread", 1))
+                problems.append(
+                    Problem(node, f"replicated in {int(replication)} blocks, {per_thread:.0f} ops a thread", 1)
+                )
             elif staged > STAGED_RATIO * max(unit.span, 1) and staged > STAGED_MIN:
                 # every block would load a large flagged value to reduce it: computing the array
                 # once, spread over the grid, and publishing it is cheaper
-                problems.append(Problem(node, f"replicated in {int(replication)} blocks, each staging {staged} values", 1))
+                problems.append(
+                    Problem(node, f"replicated in {int(replication)} blocks, each staging {staged} values", 1)
+                )
     return problems
 
 
@@ -756,10 +771,10 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         ok = bool(readers)
         rebuilt = {}
         for task in readers:
-            built, found = build_task(
-                task.root, trial, grid, threads, users, outputs, min_chunk=task.min_chunk
+            built, found = build_task(task.root, trial, grid, threads, users, outputs, min_chunk=task.min_chunk)
+            found += _shared_products(
+                {**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}, users, outputs
             )
-            found += _shared_products({**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}, users, outputs)
             if any(p.node.id not in trial for p in found) or task_smem_floats(built) > smem_floats:
                 ok = False
                 break
@@ -771,8 +786,10 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
             notes.append(f"{node.label or node} computed where it is read (its materialization became unnecessary)")
     side_of = _absorb(tasks, materialized, outputs, grid, threads, users)
     for nid in side_of:
-        notes.append(f"{materialized[nid].label or materialized[nid]} stored by the task of "
-                     f"{materialized[side_of[nid]].label or materialized[side_of[nid]]}")
+        notes.append(
+            f"{materialized[nid].label or materialized[nid]} stored by the task of "
+            f"{materialized[side_of[nid]].label or materialized[side_of[nid]]}"
+        )
     for host_id in set(side_of.values()):
         absorbed = [o for o, h in side_of.items() if h == host_id]
         host = tasks[host_id]
@@ -799,15 +816,17 @@ def _shared_products(tasks: dict, users: dict, outputs: set) -> list[Problem]:
     see _absorb) and the other reads it, instead of both computing it."""
     seen: dict[int, int] = {}
     problems = []
-    for tid, task in tasks.items():
+    for task in tasks.values():
         for unit in task.arrays():
             if unit.how == "dot" and unit.node.id != task.root.id:
                 seen[unit.node.id] = seen.get(unit.node.id, 0) + 1
-    for tid, task in tasks.items():
+    for task in tasks.values():
         for unit in task.arrays():
             if unit.how == "dot" and seen.get(unit.node.id, 0) > 1:
                 point = materialize_point(unit.node, users, outputs)
-                problems.append(Problem(point, f"{unit.node.label or unit.node} computed in {seen[unit.node.id]} tasks", 3))
+                problems.append(
+                    Problem(point, f"{unit.node.label or unit.node} computed in {seen[unit.node.id]} tasks", 3)
+                )
     return problems
 
 

@@ -79,11 +79,26 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--select",
-        choices=["time", "time-autotune", "plan", "unoptimized", "inductor", "inductor-autotune"],
+        choices=["time", "time-autotune", "plan", "unoptimized", "stepkernel", "inductor", "inductor-autotune"],
         default=None,
-        help="cuda-graph: build-time selection. time (default) times the plan, the unoptimised plan, the "
-        "inductor-compiled plan and, when model.onnx sits beside model.fused.onnx, the unfused graph (plain and "
-        "compiled) on the GPU and keeps the fastest; time-autotune adds max-autotune; a name forces that candidate",
+        help="cuda-graph: build-time selection. time (default) times the plan, the unoptimised plan, the step "
+        "compiler's one-kernel step (stepkernel), the inductor-compiled plan and, when model.onnx sits beside "
+        "model.fused.onnx, the unfused graph (plain and compiled) on the GPU and keeps the fastest; time-autotune "
+        "adds max-autotune; a name forces that candidate",
+    )
+    parser.add_argument(
+        "--dump-source",
+        metavar="DIR",
+        default=None,
+        help="write the step compiler's generated CUDA source for this graph into DIR (the kernel the build "
+        "compiled; without a GPU, the source for --grid blocks)",
+    )
+    parser.add_argument(
+        "--grid",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--dump-source without a GPU: blocks of the generated kernel (default 132, an H100's SM count)",
     )
     parser.add_argument(
         "--fused",
@@ -312,4 +327,33 @@ def run(args) -> int:
     elif not quiet:
         print(f"wrote {target}  ({engine} engine of {source}, precision {args.precision}; {seconds:.1f} s)")
         print("\n".join(_describe(runner.summary())))
+    dump = getattr(args, "dump_source", None)
+    if dump:
+        _dump_source(runner, source, Path(dump), getattr(args, "grid", None), log)
     return 0
+
+
+def _dump_source(runner, source: Path, folder: Path, grid: int | None, log) -> None:
+    """The step kernel's CUDA source: the one the build compiled, else generated for ``grid``."""
+    from framefuse.compiler.engine import StepKernelPlan
+
+    plan = getattr(runner, "default_plan", None)
+    if isinstance(plan, StepKernelPlan):
+        from framefuse.compiler.engine import dump_source
+
+        target = dump_source(plan.compiled, folder)
+        log(f"stepkernel: wrote {target} (the kernel this build runs)")
+        return
+    from framefuse.compiler import generate_source
+    from framefuse.plugins.cuda import _atomic_write
+
+    blocks = grid or 132
+    kernel = generate_source(source, grid=blocks)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"stepkernel-{kernel.digest[:12]}.cu"
+    _atomic_write(target, kernel.source.encode())
+    info = kernel.describe()
+    log(
+        f"stepkernel: wrote {target} for {blocks} blocks ({info['tasks']} tasks, {info['levels']} dependency "
+        f"levels); the build did not select it, so this is the source it would compile"
+    )

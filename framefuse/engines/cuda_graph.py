@@ -344,7 +344,21 @@ class CudaGraphEngine(EngineRunner):
         counts: dict[str, int] = {}
         for step in plan.steps:
             counts[step.op_type] = counts.get(step.op_type, 0) + 1
+        compiled = getattr(plan, "compiled", None)  # the step compiler's kernel, when selected
+        extra = {}
+        if compiled is not None:
+            d = compiled.describe()
+            extra["stepkernel"] = {
+                "source_sha256": d["source_sha256"][:16],
+                "gpu": d["gpu"],
+                "grid": d["grid"],
+                "threads": d["threads"],
+                "tasks": d["tasks"],
+                "levels": d["levels"],
+                "smem_bytes": d["smem_bytes"],
+            }
         return {
+            **extra,
             "device": str(self.device),
             "framefuse_impl": self.framefuse_impl,
             "nodes": len(self.executor.nodes),

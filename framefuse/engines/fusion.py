@@ -337,9 +337,13 @@ def stepkernel_candidate(executor, plan: Plan, say: Callable[[str], None], *, re
     except Exception as exc:  # a graph the compiler declines is reported, never fatal to the build
         reason = f"{type(exc).__name__}: {str(exc)[:400]}"
         if required:
-            raise EngineBuildError(f"--select {STEPKERNEL}: the step compiler cannot build this graph ({reason})") from exc
+            raise EngineBuildError(
+                f"--select {STEPKERNEL}: the step compiler cannot build this graph ({reason})"
+            ) from exc
         say(f"selection: {STEPKERNEL} not a candidate ({reason})")
         return None
+
+
 UNFUSED = "unfused"  # the candidates made from the graph before the rewrite ("unfused", "unfused+inductor")
 
 

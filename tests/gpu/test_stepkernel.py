@@ -14,7 +14,19 @@ from framefuse.runtime.pipeline import prepare_cached
 
 pytestmark = pytest.mark.gpu
 
-ARCHS = ["min_gru", "min_lstm", "lstm", "gru", "attention", "mamba", "gated_ssm", "liquid", "delta_net", "xlstm", "jamba"]
+ARCHS = [
+    "min_gru",
+    "min_lstm",
+    "lstm",
+    "gru",
+    "attention",
+    "mamba",
+    "gated_ssm",
+    "liquid",
+    "delta_net",
+    "xlstm",
+    "jamba",
+]
 SMALL = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
 TOL = 1e-4
 

@@ -1,0 +1,294 @@
+"""The step compiler on the CPU (framefuse/compiler): index arithmetic, the lowering of every zoo
+architecture against ONNX Runtime on the original graph (through the reference interpreter), the
+simplification passes, the generated CUDA source run under CPU emulation against the interpreter,
+nvcc compiles of the generated source for sm_80/sm_89/sm_90, and the declines (each names its node).
+
+The same kernels on a GPU: tests/gpu/test_stepkernel.py and bench/stepkernel.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from framefuse.compiler import CompileError, generate_source, lower_program, naive
+from framefuse.compiler import iexpr as ix
+from framefuse.compiler.codegen import generate
+from framefuse.compiler.emulate import compiler as cxx_compiler
+from framefuse.compiler.emulate import emulate
+from framefuse.compiler.lower import lower_onnx
+from framefuse.compiler.schedule import schedule
+from framefuse.runtime.pipeline import prepare_cached
+
+ARCHS = [
+    "min_gru",
+    "min_lstm",
+    "lstm",
+    "gru",
+    "attention",
+    "mamba",
+    "gated_ssm",
+    "liquid",
+    "delta_net",
+    "xlstm",
+    "jamba",
+]
+SMALL = {"model": {"embed": 32, "layers": 2}, "seq": 4, "seed": 0}
+
+
+def _prepared(arch, config=SMALL):
+    prepared = prepare_cached(arch, config)["step"]
+    assert prepared.fused is not None, prepared.fused_error
+    return prepared
+
+
+def _feeds(program, rng):
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    for name, leaf in program.states.items():
+        value = (0.5 * rng.standard_normal(leaf.shape)).astype(np.float32)
+        if "valid" in name:  # the attention window's 0/1 mask
+            value = (rng.random(leaf.shape) > 0.3).astype(np.float32)
+        feeds[name] = value
+    return feeds
+
+
+def _close(actual, expected, what, tol=1e-4):
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, what
+    err = np.abs(actual - expected) / (1 + np.abs(expected))
+    assert err.max() <= tol, f"{what}: max rel diff {err.max():.3g}"
+
+
+# -- index arithmetic ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_index_simplification_keeps_the_value(seed):
+    rng = np.random.default_rng(seed)
+    a, b = ix.Var("a", int(rng.integers(1, 9))), ix.Var("b", int(rng.integers(1, 17)))
+    c1, c2, c0 = (int(v) for v in rng.integers(0, 40, 3))
+    d, m = int(rng.integers(1, 20)), int(rng.integers(1, 20))
+    expr = ix.add(ix.add(ix.mul(a, c1), ix.mul(b, c2)), ix.const(c0))
+    for simplified, raw in (
+        (ix.floordiv(expr, d), lambda env: (c1 * env[a] + c2 * env[b] + c0) // d),
+        (ix.mod(expr, m), lambda env: (c1 * env[a] + c2 * env[b] + c0) % m),
+        (ix.mod(ix.floordiv(expr, d), m), lambda env: ((c1 * env[a] + c2 * env[b] + c0) // d) % m),
+    ):
+        ix.check_same(simplified, raw, [a, b])
+
+
+def test_index_simplification_sees_through_row_major_strides():
+    d, n = ix.Var("d", 512), ix.Var("n", 16)
+    flat = ix.add(ix.mul(d, 16), n)
+    assert ix.floordiv(flat, 16) == d  # the row of (d, n) does not depend on n: it is hoisted
+    assert ix.mod(flat, 16) == n
+    assert ix.free_vars(ix.floordiv(flat, 16)) == frozenset({d})
+
+
+# -- lowering and the reference interpreter --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lowering_matches_onnxruntime_on_the_original_graph(arch):
+    from framefuse.parity.ort_bridge import ort_session
+
+    prepared = _prepared(arch)
+    program = lower_onnx(prepared.fused)
+    session = ort_session(prepared.onnx, fused=False)
+    rng = np.random.default_rng(7)
+    state = None
+    for step in range(3):  # chained: each side carries its own state
+        feeds = _feeds(program, rng)
+        if state is not None:
+            feeds.update(state)
+        names = [o.name for o in session.get_outputs()]
+        expected = dict(zip(names, session.run(names, feeds)))
+        actual = naive.run(program, feeds)
+        for name in names:
+            _close(actual[name], expected[name], f"{arch} {name} step {step}")
+        state = {s: expected[program.state_of[s]] for s in program.states}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_simplification_keeps_the_meaning(arch):
+    prepared = _prepared(arch)
+    raw = lower_onnx(prepared.fused)
+    simplified = lower_program(prepared.fused)
+    assert len(simplified.nodes()) <= len(raw.nodes())
+    feeds = _feeds(raw, np.random.default_rng(8))
+    a, b = naive.run(raw, feeds), naive.run(simplified, feeds)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_lstm_gate_slices_sink_into_four_products():
+    """The four ONNX gate slices of W·x + R·h + b become products of H rows each (so a block
+    computes only its own elements' gate rows)."""
+    from framefuse.compiler.ir import Dot
+
+    prepared = _prepared("lstm")
+    raw = [n for n in lower_onnx(prepared.fused).nodes() if isinstance(n, Dot)]
+    simplified = [n for n in lower_program(prepared.fused).nodes() if isinstance(n, Dot)]
+    hidden = 32
+    before = [d for d in raw if "LSTMSeq" in d.label]  # W·x and R·h of each layer, 4H rows each
+    after = [d for d in simplified if "LSTMSeq" in d.label]  # the same, one product per gate
+    assert [d.n for d in before] == [4 * hidden] * 4
+    assert len(after) == 16 and all(d.n == hidden for d in after)
+
+
+# -- the generated kernel, emulated on the CPU -----------------------------------------------------------
+
+needs_cxx = pytest.mark.skipif(cxx_compiler() is None, reason="no C++ compiler to emulate the generated kernel")
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generated_kernel_emulated_matches_the_interpreter(arch, tmp_path):
+    prepared = _prepared(arch)
+    program = lower_program(prepared.fused)
+    kernel = generate(schedule(program, grid=3, threads=64))
+    steps = 2
+    rng = np.random.default_rng(9)
+    first = _feeds(program, rng)
+    frames = {
+        n: np.stack([first[n], rng.standard_normal(leaf.shape).astype(np.float32)])
+        for n, leaf in program.inputs.items()
+    }
+    state = {n: first[n] for n in program.states}
+    outputs, final = emulate(kernel, frames, state, steps=steps, workdir=tmp_path)
+    expected_state = dict(state)
+    for step in range(steps):
+        expected = naive.run(program, {**{n: frames[n][step] for n in frames}, **expected_state})
+        for name in kernel.output_names:
+            _close(outputs[name][step], expected[name], f"{arch} {name} step {step}", tol=1e-5)
+        expected_state = {s: expected[program.state_of[s]] for s in program.states}
+    for name, value in expected_state.items():
+        _close(final[name], value, f"{arch} final {name}", tol=1e-5)  # every state element written
+
+
+@needs_cxx
+def test_emulated_kernel_with_one_block_and_one_warp(tmp_path):
+    """The same program on a grid of 1 block of 32 threads: every task's work on one block, no
+    element left to another (the schedule is right for any grid)."""
+    prepared = _prepared("gru")
+    program = lower_program(prepared.fused)
+    kernel = generate(schedule(program, grid=1, threads=32))
+    feeds = _feeds(program, np.random.default_rng(10))
+    frames = {n: feeds[n][None] for n in program.inputs}
+    outputs, final = emulate(kernel, frames, {n: feeds[n] for n in program.states}, steps=1, workdir=tmp_path)
+    expected = naive.run(program, feeds)
+    _close(outputs["y"][0], expected["y"], "y", tol=1e-5)
+
+
+def test_schedule_reports_levels_tasks_and_one_kernel_source():
+    prepared = _prepared("min_gru")
+    kernel = generate_source(prepared.fused, grid=8, threads=128)
+    info = kernel.describe()
+    assert info["tasks"] >= info["levels"] >= 5  # x, in_proj, then two GEMV levels per layer, head
+    assert kernel.source.count('extern "C" __global__') == 1
+    assert "ffk_step" in kernel.source and "generated by framefuse.compiler" in kernel.source
+
+
+# -- nvcc ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["min_gru", "mamba", "attention"])
+def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
+    prepared = _prepared(arch)
+    kernel = generate_source(prepared.fused, grid=132)
+    source = tmp_path / "step.cu"
+    source.write_text(kernel.source)
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
+    result = subprocess.run(
+        ["nvcc", "-fatbin", *gencode, "-Xptxas", "-warn-spills", "-o", str(tmp_path / "step.fatbin"), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "spill" not in result.stderr.lower(), result.stderr[-2000:]
+
+
+# -- declines -------------------------------------------------------------------------------------------------
+
+
+def _graph(nodes, inputs, outputs, initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)])
+    model.ir_version = 10
+    return model
+
+
+def test_sequence_form_is_declined_naming_the_node():
+    f32 = TensorProto.FLOAT
+    model = _graph(
+        [
+            helper.make_node(
+                "LinearScan", ["a", "b", "state.h"], ["h", "next_state.h"], domain="framefuse", name="scan0"
+            )
+        ],
+        [
+            helper.make_tensor_value_info(n, f32, s)
+            for n, s in (("a", [1, 2, 4]), ("b", [1, 2, 4]), ("state.h", [1, 4]))
+        ],
+        [
+            helper.make_tensor_value_info("h", f32, [1, 2, 4]),
+            helper.make_tensor_value_info("next_state.h", f32, [1, 4]),
+        ],
+    )
+    with pytest.raises(CompileError, match=r"node 'scan0' \(framefuse::LinearScan\).*2 time steps"):
+        lower_onnx(model, fold=False)
+
+
+def test_unknown_op_is_declined_naming_the_node():
+    f32 = TensorProto.FLOAT
+    model = _graph(
+        [helper.make_node("TopK", ["x", "k"], ["y", "i"], name="top")],
+        [helper.make_tensor_value_info("x", f32, [1, 8])],
+        [helper.make_tensor_value_info("y", f32, [1, 2])],
+        [numpy_helper.from_array(np.array([2], dtype=np.int64), "k")],
+    )
+    with pytest.raises(CompileError, match=r"node 'top' \(TopK\): op TopK has no lowering"):
+        lower_onnx(model, fold=False)
+
+
+def test_half_precision_graph_is_declined_naming_the_cast():
+    f32 = TensorProto.FLOAT
+    model = _graph(
+        [
+            helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16, name="to_half"),
+            helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT, name="to_float"),
+        ],
+        [helper.make_tensor_value_info("x", f32, [1, 8])],
+        [helper.make_tensor_value_info("y", f32, [1, 8])],
+    )
+    with pytest.raises(CompileError, match=r"node 'to_half' \(Cast\): Cast to TensorProto.FLOAT16"):
+        lower_onnx(model, fold=False)
+
+
+def test_dynamic_input_shape_is_declined():
+    f32 = TensorProto.FLOAT
+    model = _graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        [helper.make_tensor_value_info("x", f32, ["batch", 8])],
+        [helper.make_tensor_value_info("y", f32, ["batch", 8])],
+    )
+    with pytest.raises(CompileError, match="'x' has a dynamic shape"):
+        lower_onnx(model, fold=False)
+
+
+def test_cpu_build_with_select_stepkernel_falls_back_with_a_note():
+    """Without a GPU the engine cannot run the kernel: the plan is used and the note says why."""
+    from framefuse.engines.cuda_graph import CudaGraphEngine
+
+    prepared = _prepared("min_gru")
+    engine = CudaGraphEngine(onnx.load(str(prepared.fused)), device="cpu", select="stepkernel")
+    selection = engine.metadata["selection"]
+    assert selection["chosen"] == "plan" and "needs a CUDA device" in selection["skipped"]
