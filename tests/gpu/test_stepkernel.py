@@ -149,6 +149,10 @@ def test_stepkernel_state_api_reset_get_set():
         np.testing.assert_array_equal(session.step(f), a)
 
 
+@pytest.mark.skipif(
+    bool(__import__("os").environ.get("CUDA_INJECTION64_PATH")),
+    reason="torch.profiler (CUPTI) cannot subscribe under compute-sanitizer",
+)
 def test_stepkernel_is_one_kernel_per_step():
     import torch
     from torch.autograd import DeviceType
@@ -163,6 +167,8 @@ def test_stepkernel_is_one_kernel_per_step():
             session.step(frame)
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not events:  # CUPTI could not subscribe (another tool holds it, e.g. compute-sanitizer)
+        pytest.skip("torch.profiler recorded no CUDA activity here: kernels per step not measurable")
     kernels = [e for e in events if "ffk_step" in e.name]
     others = [e.name for e in events if "ffk_step" not in e.name]
     assert len(kernels) == 10 and not others, others[:5]
