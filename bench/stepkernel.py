@@ -37,8 +37,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for path in (REPO, REPO / "bench"):  # framefuse, and bench/e2e.py's measure and floor
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 ARCHS = (
     "min_gru",
@@ -60,22 +61,11 @@ def say(message: str) -> None:
     print(f"[stepkernel {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def percentiles(ns: np.ndarray) -> dict:
-    us = ns / 1e3
-    p50, p99 = np.percentile(us, [50, 99])
-    return {"p50_us": round(float(p50), 2), "p99_us": round(float(p99), 2), "max_us": round(float(us.max()), 2)}
-
-
 def timed(call, iters: int, warmup: int) -> dict:
-    for i in range(warmup):
-        call(i)
-    ns = np.empty(iters, dtype=np.int64)
-    clock = time.perf_counter_ns
-    for i in range(iters):
-        start = clock()
-        call(i)
-        ns[i] = clock() - start
-    return percentiles(ns)
+    """bench/e2e.py's measure (p50 / p99 / mean / max µs of host→host calls)."""
+    from e2e import measure
+
+    return measure(call, iters=iters, warmup=warmup)
 
 
 FLOOR_SOURCE = r"""
@@ -127,7 +117,6 @@ def mapped_floor(in_shape, out_shape, pool, iters: int, warmup: int) -> dict:
 
 
 def copy_floor(in_shape, out_shape, pool, iters: int, warmup: int) -> dict:
-    sys.path.insert(0, str(REPO / "bench"))
     import torch
     from e2e import make_floor
 

@@ -26,7 +26,7 @@ from framefuse.compiler import lower_program
 from framefuse.compiler.codegen import KERNEL_NAME, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.schedule import THREADS, schedule
-from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec
+from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
 
 CANDIDATE = "stepkernel"
 # Shared memory kept back from the opt-in limit for the kernel's static shared variables.
@@ -428,15 +428,7 @@ class StepBinding:
         torch.cuda.current_stream(self.device).synchronize()
 
     def run_host(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        for name in self.host_input_names:
-            value = feeds[name]
-            if isinstance(value, torch.Tensor):
-                self.host_in_t[name].copy_(value)
-            else:
-                np.copyto(self.host_in[name], np.asarray(value), casting="same_kind")
-        self.launch()
-        self.sync()
-        return {name: self.host_out[name].copy() for name in self.host_output_names}
+        return run_host(self, feeds)
 
 
 def _error_name(err: int) -> str:

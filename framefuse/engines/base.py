@@ -74,6 +74,21 @@ class IOSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch.")}
 
 
+def run_host(binding, feeds: Mapping[str, Any], *, sync: bool = True) -> dict[str, np.ndarray]:
+    """A binding's one-shot run over host feeds (the Binding protocol's ``run_host``): copy each
+    host input in, launch, wait, and return copies of the host outputs."""
+    for name in binding.host_input_names:
+        value = feeds[name]
+        if isinstance(value, torch.Tensor):
+            binding.host_in_t[name].copy_(value)
+        else:
+            np.copyto(binding.host_in[name], np.asarray(value), casting="same_kind")
+    binding.launch()
+    if sync:
+        binding.sync()
+    return {name: binding.host_out[name].copy() for name in binding.host_output_names}
+
+
 def torch_dtype_of_numpy(dtype) -> torch.dtype:
     """The torch dtype of a numpy dtype (``np.float32`` -> ``torch.float32``)."""
     return torch.from_numpy(np.zeros((), dtype=np.dtype(dtype))).dtype
@@ -235,6 +250,7 @@ __all__ = [
     "IOSpec",
     "check_precision",
     "load_onnx",
+    "run_host",
     "sha256_file",
     "torch_dtype_of_numpy",
 ]

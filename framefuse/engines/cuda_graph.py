@@ -43,6 +43,7 @@ from framefuse.engines.base import (
     IOSpec,
     check_precision,
     load_onnx,
+    run_host,
     sha256_file,
 )
 from framefuse.engines.executor import GraphExecutor, Plan, fp32_math
@@ -241,15 +242,7 @@ class Binding:
 
     def run_host(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Copy host feeds in, run, wait; returns copies of the host outputs."""
-        for name in self.host_input_names:
-            value = feeds[name]
-            if isinstance(value, torch.Tensor):
-                self.host_in_t[name].copy_(value)
-            else:
-                np.copyto(self.host_in[name], np.asarray(value), casting="same_kind")
-        self.launch()
-        self.sync()
-        return {name: self.host_out[name].copy() for name in self.host_output_names}
+        return run_host(self, feeds)
 
 
 class CudaGraphEngine(EngineRunner):

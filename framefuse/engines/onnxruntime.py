@@ -50,6 +50,7 @@ from framefuse.engines.base import (
     IOSpec,
     check_precision,
     load_onnx,
+    run_host,
     torch_dtype_of_numpy,
 )
 
@@ -486,14 +487,7 @@ class OrtBinding:
 
     def run_host(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Copy host feeds in, run; returns copies of the host outputs."""
-        for name in self.host_input_names:
-            value = feeds[name]
-            if isinstance(value, torch.Tensor):
-                self.host_in_t[name].copy_(value)
-            else:
-                np.copyto(self.host_in[name], np.asarray(value), casting="same_kind")
-        self.launch()
-        return {name: self.host_out[name].copy() for name in self.host_output_names}
+        return run_host(self, feeds, sync=False)
 
 
 # -- the engine.ort artifact ------------------------------------------------------------------------
