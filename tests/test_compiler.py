@@ -142,6 +142,42 @@ def test_lstm_gate_slices_sink_into_four_products():
     assert len(after) == 16 and all(d.n == hidden for d in after)
 
 
+@pytest.mark.parametrize(
+    "channels, length, kernel, groups, pads, stride, dilation, out_channels",
+    [(8, 4, 4, 8, [3, 0], 1, 1, 8), (6, 7, 3, 2, [1, 2], 2, 1, 4), (4, 9, 2, 1, [0, 0], 1, 3, 5)],
+    ids=["depthwise-causal", "grouped-strided", "dilated"],
+)
+def test_conv1d_lowering_matches_onnxruntime(channels, length, kernel, groups, pads, stride, dilation, out_channels):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((out_channels, channels // groups, kernel)).astype(np.float32)
+    b = rng.standard_normal(out_channels).astype(np.float32)
+    out_len = (length + sum(pads) - dilation * (kernel - 1) - 1) // stride + 1
+    model = _graph(
+        [
+            helper.make_node(
+                "Conv",
+                ["x", "w", "b"],
+                ["y"],
+                group=groups,
+                pads=pads,
+                strides=[stride],
+                dilations=[dilation],
+                name="c",
+            )
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, channels, length])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, out_channels, out_len])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    x = rng.standard_normal((2, channels, length)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[
+        0
+    ]
+    np.testing.assert_allclose(naive.run(lower_onnx(model, fold=False), {"x": x})["y"], expected, rtol=1e-5, atol=1e-5)
+
+
 # -- the generated kernel, emulated on the CPU -----------------------------------------------------------
 
 needs_cxx = pytest.mark.skipif(cxx_compiler() is None, reason="no C++ compiler to emulate the generated kernel")

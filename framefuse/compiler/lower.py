@@ -514,6 +514,55 @@ def matmul(a: Value, b: Value, label: str) -> Value:
     return ir.reshape(out, shape, label)
 
 
+def _conv(ctx, ins):
+    """1-D Conv (N, C, L) with groups, pads, strides and dilations — the depthwise causal
+    convolution of Mamba-style blocks: out[n, o, t] = Σ_{c, k} W[o, c, k] · x_pad[n, g·Cg + c,
+    t·stride + k·dilation] + b[o], as a reduction over (c, k) of the zero-padded input."""
+    from framefuse.compiler import iexpr as ix
+
+    x = as_node(ins[0], ctx.label)
+    w = _weight(ctx, ins[1], "Conv's weight")
+    bias = ins[2] if len(ins) > 2 else None
+    if x.rank != 3 or w.ndim != 3:
+        raise ctx.fail(f"Conv of rank {x.rank} (only 1-D convolutions, input [N, C, L], are lowered)")
+    if ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise ctx.fail(f"Conv auto_pad={ctx.attr('auto_pad')!r}")
+    batch, channels, length = x.shape
+    out_ch, group_ch, kernel = w.shape
+    groups = int(ctx.attr("group", 1))
+    if channels != group_ch * groups or out_ch % groups:
+        raise ctx.fail(f"Conv weight {list(w.shape)} does not fit {channels} input channels in {groups} groups")
+    stride = int((ctx.attr("strides") or [1])[0])
+    dilation = int((ctx.attr("dilations") or [1])[0])
+    pad_lo, pad_hi = (int(p) for p in (ctx.attr("pads") or [0, 0]))
+    padded = ir.concat(
+        [
+            ir.constant(np.zeros((batch, channels, pad_lo), np.float32)),
+            x,
+            ir.constant(np.zeros((batch, channels, pad_hi), np.float32)),
+        ],
+        2,
+        ctx.label,
+    )
+    out_len = (length + pad_lo + pad_hi - dilation * (kernel - 1) - 1) // stride + 1
+    per_group = out_ch // groups
+    shape5 = (batch, out_ch, out_len, group_ch, kernel)
+
+    def window(index, per_group=per_group, group_ch=group_ch, stride=stride, dilation=dilation):
+        n, o, t, c, k = index
+        group = ix.floordiv(o, per_group)
+        return [n, ix.add(ix.mul(group, group_ch), c), ix.add(ix.mul(t, stride), ix.mul(k, dilation))]
+
+    windows = ir.Map(padded, shape5, window, f"conv window (stride {stride}, dilation {dilation})", label=ctx.label)
+    weights = ir.broadcast_to(
+        ir.reshape(ir.constant(w), (1, out_ch, 1, group_ch, kernel), ctx.label), shape5, ctx.label
+    )
+    out = ir.reduce("sum", ir.ew("mul", windows, weights, label=ctx.label), [3, 4], False, ctx.label)
+    if bias is not None:
+        out = ir.ew("add", out, ir.reshape(as_node(bias, ctx.label), (1, out_ch, 1), ctx.label), label=ctx.label)
+    return [out]
+
+
 def _matmul(ctx, ins):
     return [matmul(ins[0], ins[1], ctx.label)]
 
@@ -612,6 +661,7 @@ STANDARD: dict[str, Callable] = {
     "Softmax": _softmax(False),
     "LogSoftmax": _softmax(True),
     "MatMul": _matmul,
+    "Conv": _conv,
     "Gemm": _gemm,
 }
 
