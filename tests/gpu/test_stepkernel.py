@@ -172,3 +172,21 @@ def test_stepkernel_is_one_kernel_per_step():
     kernels = [e for e in events if "ffk_step" in e.name]
     others = [e.name for e in events if "ffk_step" not in e.name]
     assert len(kernels) == 10 and not others, others[:5]
+
+
+def test_stepkernel_artifact_round_trip(tmp_path):
+    """build --select stepkernel writes engine.ffe recording the kernel (source hash, GPU,
+    schedule); a load compiles the same source again and steps the same outputs."""
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("lstm", SMALL)["step"]
+    built = cuda_graph.build(prepared.fused, device="cuda", out=tmp_path, options={"select": "stepkernel"})
+    recorded = built.metadata["selection"]["stepkernel"]
+    assert recorded["gpu"] and recorded["levels"] >= 1 and len(recorded["source_sha256"]) == 64
+    loaded = cuda_graph.load(tmp_path / "engine.ffe", check_source=False)
+    assert loaded.default_plan.compiled.kernel.digest == recorded["source_sha256"]
+    frames = np.random.default_rng(6).standard_normal((10, *prepared.input_shapes()["x"])).astype(np.float32)
+    a, b = Session(built, budget_ms=None), Session(loaded, budget_ms=None)
+    for frame in frames:
+        np.testing.assert_array_equal(a.step(frame), b.step(frame))
