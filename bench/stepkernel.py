@@ -41,19 +41,6 @@ for path in (REPO, REPO / "bench"):  # framefuse, and bench/e2e.py's measure and
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-ARCHS = (
-    "min_gru",
-    "min_lstm",
-    "lstm",
-    "gru",
-    "attention",
-    "mamba",
-    "gated_ssm",
-    "liquid",
-    "delta_net",
-    "xlstm",
-    "jamba",
-)
 TOL = 1e-4
 
 
@@ -277,7 +264,7 @@ def trace_arch(arch: str, root: Path) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--archs", default=",".join(ARCHS))
+    parser.add_argument("--archs", default=None, help="comma-separated (default: every zoo architecture)")
     parser.add_argument("--steps", type=int, default=1000, help="chained steps of the parity check")
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
@@ -302,7 +289,9 @@ def main(argv=None) -> int:
         "rows": [],
         "sweep": [],
     }
-    for arch in [a for a in args.archs.split(",") if a]:
+    from framefuse.models import ARCHITECTURES
+
+    for arch in [a for a in args.archs.split(",") if a] if args.archs else ARCHITECTURES:
         try:
             result["rows"].append(bench_arch(arch, args, root))
         except Exception as exc:  # noqa: BLE001 - a failing architecture is a row with its error

@@ -23,21 +23,10 @@ from framefuse.compiler.emulate import compiler as cxx_compiler
 from framefuse.compiler.emulate import emulate
 from framefuse.compiler.lower import lower_onnx
 from framefuse.compiler.schedule import schedule
+from framefuse.models import ARCHITECTURES
 from framefuse.runtime.pipeline import prepare_cached
 
-ARCHS = [
-    "min_gru",
-    "min_lstm",
-    "lstm",
-    "gru",
-    "attention",
-    "mamba",
-    "gated_ssm",
-    "liquid",
-    "delta_net",
-    "xlstm",
-    "jamba",
-]
+ARCHS = ARCHITECTURES  # every zoo architecture
 SMALL = {"model": {"embed": 32, "layers": 2}, "seq": 4, "seed": 0}
 
 

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 
 from framefuse.compiler import ir
 from framefuse.compiler.ir import CompileError, Leaf, Node, Program
+from framefuse.engines.ops import _slice_bounds
 
 FLOAT, BOOL = 1, 9
 FLOAT_LIKE = {FLOAT}
@@ -305,21 +306,10 @@ def _slice_params(ctx, ins, shape):
     result = []
     for start, end, axis, step in zip(starts, ends, axes, steps):
         axis %= len(shape)
-        dim = shape[axis]
         if step == 0:
             raise ctx.fail("Slice step 0")
-        if start < 0:
-            start += dim
-        if end < 0:
-            end += dim
-        if step > 0:
-            start = min(max(start, 0), dim)
-            end = min(max(end, 0), dim)
-            length = max(0, -(-(end - start) // step))
-        else:
-            start = min(max(start, -1), dim - 1)
-            end = min(max(end, -1), dim - 1)
-            length = max(0, -(-(start - end) // -step))
+        start, end = _slice_bounds(start, end, step, shape[axis])  # the engine's clamping (ONNX spec)
+        length = max(0, -(-(end - start) // step)) if step > 0 else max(0, -(-(start - end) // -step))
         result.append((axis, start, step, length))
     return result
 

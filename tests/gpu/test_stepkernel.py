@@ -10,23 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from framefuse.models import ARCHITECTURES
 from framefuse.runtime.pipeline import prepare_cached
 
 pytestmark = pytest.mark.gpu
 
-ARCHS = [
-    "min_gru",
-    "min_lstm",
-    "lstm",
-    "gru",
-    "attention",
-    "mamba",
-    "gated_ssm",
-    "liquid",
-    "delta_net",
-    "xlstm",
-    "jamba",
-]
+ARCHS = ARCHITECTURES  # every zoo architecture
 SMALL = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
 TOL = 1e-4
 
