@@ -257,7 +257,8 @@ def trace_arch(arch: str, root: Path) -> list:
         say(
             f"trace {arch} task {row['task']:>2} ({row['blocks']:>3} blocks, {row['phases']} phases) "
             f"enter {row['enter_us'][0]:6.2f}/{row['enter_us'][1]:6.2f} ready {row['ready_us'][0]:6.2f}/{row['ready_us'][1]:6.2f} "
-            f"exit {row['exit_us'][0]:6.2f}/{row['exit_us'][1]:6.2f}  {row['value'][:60]}"
+            f"exit {row['exit_us'][0]:6.2f}/{row['exit_us'][1]:6.2f}  {row['value'][:60]}; "
+            f"cycles a phase {row['phase_cycles']}"
         )
     return timeline
 

@@ -54,7 +54,9 @@ class Code:
                 else:
                     out.append(pad + item)
             return
-        out.append(pad + self.head + " {")
+        *before, head = self.head.split("\n")  # a #pragma line before a loop
+        out.extend(pad + line for line in before)
+        out.append(pad + head + " {")
         for item in self.items:
             if isinstance(item, Code):
                 item.render(indent + 1, out)
@@ -70,6 +72,7 @@ class Scope:
     guard: bool = False
     memo: dict = field(default_factory=dict)
     pos: int = 0
+    lanes: bool = False  # a loop whose iterations are split over the lanes of a warp
 
     def insert(self, item) -> None:
         self.code.items.insert(self.pos, item)
@@ -161,11 +164,16 @@ class Generator:
                 self._column(t, lid, "plo", lo, columns)
                 self._column(t, lid, "phi", hi, columns)
                 leaves.append((t, leaf, int((hi - lo).max()) if len(lo) else 0))
-        lay.table = np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
+        # the prefetch segments (smem offset, source, source offset, floats) come after the ranges,
+        # in commit groups: room for every candidate, the ones not prefetched copy nothing
+        n_groups = len({t for t, _, _ in leaves} | {t for t, _, _ in dots})
+        n_ranges = len(columns)
+        self.segment_column = n_ranges + n_groups + 1
+        n_columns = self.segment_column + 4 * (len(leaves) + len(dots))
         # shared memory: the range row, weight prefetch, the task arena
         used = 0
         self.range_offset = used
-        used += _align4(lay.table.shape[1])
+        used += _align4(max(n_columns, 1))
         arena = 0
         for t, task in enumerate(self.sched.tasks):
             offset = 0
@@ -194,6 +202,46 @@ class Generator:
                 lay.prefetch_floats += need
         self.arena_offset = self.prefetch_offset + lay.prefetch_floats
         lay.smem_floats = self.arena_offset + arena
+        columns += self._segments(columns, n_columns)
+        lay.table = np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
+
+    def _segments(self, columns: list, n_columns: int) -> list[np.ndarray]:
+        """Per block, the prefetch copies of each commit group (a task's weight rows, state and
+        weight ranges) as table columns after the ranges: the groups' first copies, then
+        (shared-memory offset, source, source offset, floats) per copy; source 0 is the weights,
+        1 + i state i. One loop in the kernel's prologue walks them: a copy per call site was ~20 %
+        of min_gru's code, and the code is fetched again on every launch."""
+        lay = self.layout
+        grid = self.grid
+        groups: dict[int, list[tuple]] = {}
+        for (t, lid), offset in lay.leaf_prefetch.items():
+            leaf, lo, hi = self.sched.tasks[t].leaves[lid]
+            lo = np.where(hi > lo, (lo // 4) * 4, 0)
+            if leaf.role == "state":
+                source, base = 1 + self.state_names.index(leaf.name), 0
+            else:
+                source, base = 0, lay.weights[leaf.id]
+            groups.setdefault(t, []).append((self.prefetch_offset + offset, source, base + lo, np.maximum(hi - lo, 0)))
+        for (t, uid), (offset, rows) in lay.prefetch.items():
+            unit = self.sched.tasks[t].units[uid]
+            node = unit.node
+            nlo = columns[lay.column_of[(t, uid, "nlo")]]
+            nrows = np.where(unit.hi > unit.lo, np.minimum(node.n - nlo, rows), 0)
+            base = lay.weights[node.weight.id] + nlo * node.k
+            groups.setdefault(t, []).append((self.prefetch_offset + offset, 0, base, nrows * node.k))
+        self.groups = sorted(groups)
+        self.group_column = len(columns)
+        firsts = [0]
+        segments: list[np.ndarray] = []
+        for t in self.groups:
+            for entry in groups[t]:
+                segments += [np.broadcast_to(np.asarray(v, dtype=np.int64), (grid,)).copy() for v in entry]
+            firsts.append(len(segments) // 4)
+        out = [np.full(grid, v, dtype=np.int64) for v in firsts]
+        out += [np.zeros(grid, dtype=np.int64)] * (self.segment_column - self.group_column - len(out))
+        out += segments
+        out += [np.zeros(grid, dtype=np.int64)] * (n_columns - len(columns) - len(out))
+        return out
 
     def _column(self, t: int, uid: int, what: str, values: np.ndarray, columns: list) -> None:
         self.layout.column_of[(t, uid, what)] = len(columns)
@@ -262,6 +310,7 @@ class Generator:
             side = f"; side stores {[s.label for s in task.side]}" if task.side else ""
             lines.append(
                 f"//   task {t}: {_name(task.root)} {list(task.root.shape)} on {task.blocks} blocks"
+                f"{f' from block {task.first}' if task.first else ''}"
                 f"{'; arrays ' + arrays if arrays else ''}{side}"
             )
         for note in self.sched.notes:
@@ -287,42 +336,24 @@ class Generator:
         ]
         body.items.append("__syncthreads();")
         body.items.append("const unsigned epoch = ffk_epoch_s;")
-        # weight prefetch, one commit group per task that has any
-        self.groups: list[int] = []
-        for t, task in enumerate(self.sched.tasks):
-            entries = [(uid, v) for (tt, uid), v in lay.prefetch.items() if tt == t]
-            leaf_entries = [(lid, off) for (tt, lid), off in lay.leaf_prefetch.items() if tt == t]
-            if not entries and not leaf_entries:
-                continue
-            self.groups.append(t)
-            block = Code(f"if (b < {task.blocks})")
-            for lid, offset in leaf_entries:
-                leaf = task.leaves[lid][0]
-                lo_col, hi_col = lay.column_of[(t, lid, "plo")], lay.column_of[(t, lid, "phi")]
-                src = (
-                    f"sin{self.state_names.index(leaf.name)}"
-                    if leaf.role == "state"
-                    else f"(ffk_w + {lay.weights[leaf.id]})"
-                )
-                block.items.append(
-                    f"if (ffk_r[{hi_col}] > ffk_r[{lo_col}]) ffk_prefetch(ffk_smem + {self.prefetch_offset + offset}, "
-                    f"{src} + ffk_r[{lo_col}], ffk_r[{hi_col}] - ffk_r[{lo_col}]);  // {leaf.role} {leaf.label or leaf.name}"
-                )
-            for uid, (offset, _rows) in entries:
-                unit = task.units[uid]
-                node = unit.node
-                col = lay.column_of[(t, uid, "nlo")]
-                lo_col = lay.column_of[(t, uid, "lo")]
-                hi_col = lay.column_of[(t, uid, "hi")]
-                woff = lay.weights[node.weight.id]
-                block.items.append(
-                    f"if (ffk_r[{hi_col}] > ffk_r[{lo_col}]) {{ const int nlo = ffk_r[{col}]; "
-                    f"const int nrows = min({node.n} - nlo, {_rows_bound(lay, t, uid)}); "
-                    f"ffk_prefetch(ffk_smem + {self.prefetch_offset + offset}, ffk_w + {woff} + nlo * {node.k}, "
-                    f"nrows * {node.k}); }}"
-                )
-            body.items.append(block)
-            body.items.append("ffk_prefetch_commit();")
+        # weight and state prefetch: one commit group per task that has any, the copies from the table
+        if self.groups:
+            sources = "ffk_w"
+            for i in reversed(range(len(self.state_names))):
+                sources = f"(src == {i + 1} ? sin{i} : {sources})"
+            loop = Code(f"for (int g = 0; g < {len(self.groups)}; ++g)")
+            loop.items += [
+                f"for (int s = ffk_r[{self.group_column} + g]; s < ffk_r[{self.group_column} + g + 1]; ++s) {{",
+                f"    const int* seg = ffk_r + {self.segment_column} + 4 * s;",
+                "    const int src = seg[1];",
+                "    (void)src;",
+                f"    if (seg[3] > 0) ffk_prefetch(ffk_smem + seg[0], {sources} + seg[2], seg[3]);",
+                "}",
+                "ffk_prefetch_commit();",
+            ]
+            body.items.append(f"// prefetch: the weight rows, state and weight ranges of {len(self.groups)} tasks")
+            body.items.append("#pragma unroll 1")
+            body.items.append(loop)
 
     # -- tasks -------------------------------------------------------------------------------------------
     def _stamp(self, code: Code, t: int, slot: int) -> None:
@@ -330,10 +361,17 @@ class Generator:
         (1: its inputs have arrived) and at its end (2), per block."""
         if self.trace:
             n = len(self.sched.tasks)
-            code.items.append(f"if (tid == 0) ffk_trace[(b * {n} + {t}) * 3 + {slot}] = ffk_globaltimer();")
+            code.items.append(f"if (tid == 0) ffk_trace[(b * {n} + {t}) * {TRACE_SLOTS} + {slot}] = ffk_globaltimer();")
+
+    def _clock(self, code: Code, t: int, k: int) -> None:
+        """Phase trace (trace=True): the SM clock at the start of phase k and at the task's end
+        (the globaltimer ticks in 256 ns steps on the H100, too coarse for a phase)."""
+        if self.trace and 3 + k < TRACE_SLOTS:
+            n = len(self.sched.tasks)
+            code.items.append(f"if (tid == 0) ffk_trace[(b * {n} + {t}) * {TRACE_SLOTS} + {3 + k}] = clock64();")
 
     def _task(self, body: Code, t: int, task: Task) -> None:
-        code = Code(f"if (b < {task.blocks})")
+        code = Code(_on_blocks(task))
         body.items.append(f"// task {t}: {_name(task.root)} {list(task.root.shape)}")
         body.items.append(code)
         self._stamp(code, t, 0)
@@ -355,16 +393,27 @@ class Generator:
                 code.items.append(f"const int plo{lid} = ffk_r[{self.layout.column_of[(t, lid, 'plo')]}];")
         root = task.units[ROOT]
         code.items.append(
-            f"const int lo_root = b * {task.chunk}, hi_root = min(lo_root + {task.chunk}, {task.root.size});"
+            f"const int lo_root = {_block_in_task(task)} * {task.chunk}, hi_root = min(lo_root + {task.chunk}, {task.root.size});"
         )
         phases = sorted({u.phase for u in task.units.values()})
-        for phase in phases:
+        for k, phase in enumerate(phases):
             if phase != phases[0]:
                 code.items.append("__syncthreads();")
                 if phase == phases[1]:
                     self._stamp(code, t, 1)
+            self._clock(code, t, k)
+            staged = [
+                u
+                for u in sorted(task.units.values(), key=lambda u: u.node.id)
+                if u.phase == phase
+                and u is not root
+                and u.how == "thread"
+                and task.view.source_kind(u.node) == "materialized"
+            ]
+            if staged:
+                self._stage(code, t, staged)
             for unit in sorted(task.units.values(), key=lambda u: u.node.id):
-                if unit.phase != phase:
+                if unit.phase != phase or unit in staged:
                     continue
                 if unit is root:
                     self._root(code, t, task, unit)
@@ -376,22 +425,35 @@ class Generator:
                     self._thread(code, t, task, unit)
         if len(phases) == 1:
             self._stamp(code, t, 1)
+        self._clock(code, t, len(phases))
         self._stamp(code, t, 2)
 
     def arr(self, t: int, uid: int) -> str:
         return f"(ffk_smem + {self.arena_offset + self.layout.arena[(t, uid)]})"
 
+    def _stage(self, code: Code, t: int, units: list) -> None:
+        """Staged copies of flag-tagged values, one call for all of a phase's, so that every
+        thread's loads of all of them are in flight together."""
+        k = len(units)
+        names = ", ".join(_name(u.node) for u in units)
+        code.items.append(f"// arrays {names}: staged from flagged words")
+        dst = ", ".join(self.arr(t, u.node.id) for u in units)
+        src = ", ".join(f"ffk_ll + {self.layout.ll[u.node.id]} + lo{u.node.id}" for u in units)
+        num = ", ".join(f"hi{u.node.id} - lo{u.node.id}" for u in units)
+        code.items += [
+            "{",
+            f"    float* const sd[{k}] = {{{dst}}};",
+            f"    const unsigned long long* const ss[{k}] = {{{src}}};",
+            f"    const int sn[{k}] = {{{num}}};",
+            f"    ffk_ll_stage_n<NT, {k}>(sd, ss, sn, epoch);",
+            "}",
+        ]
+
     def _thread(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         uid = unit.node.id
-        if task.view.source_kind(unit.node) == "materialized":
-            # a staged copy of a flag-tagged value: every thread's loads in flight together
-            code.items.append(f"// array {_name(unit.node)} {list(unit.node.shape)}: staged from flagged words")
-            code.items.append(
-                f"ffk_ll_stage<NT>({self.arr(t, uid)}, ffk_ll + {self.layout.ll[uid]} + lo{uid}, hi{uid} - lo{uid}, epoch);"
-            )
-            return
         loop = Code(f"for (int e = lo{uid} + tid; e < hi{uid}; e += NT)")
         code.items.append(f"// array {_name(unit.node)} {list(unit.node.shape)}, a thread per element")
+        code.items.append(_ONCE)
         code.items.append(loop)
         em = Emitter(self, t, task, loop)
         var = ix.Var("e", max(unit.node.size, 1))
@@ -405,19 +467,20 @@ class Generator:
             f"// array {_name(node)} {list(node.shape)}: {node.op} over {node.extent}, a warp per element"
         )
         loop = Code(f"for (int e = lo{uid} + warp; e < hi{uid}; e += NWARPS)")
+        code.items.append(_ONCE)
         code.items.append(loop)
         em = Emitter(self, t, task, loop)
         var = ix.Var("e", max(node.size, 1))
         acc = em.fresh("acc")
         em.top.insert(f"float {acc} = {REDUCE_INIT[node.op]};")
         r = ix.Var(em.fresh("r"), node.extent)
-        inner = Code(f"for (int {r.name} = lane; {r.name} < {node.extent}; {r.name} += 32)")
-        em.top.open_child(inner)
-        em.stack.append(Scope(inner, var=r))
+        outer, inner = _lane_loop(r, em.fresh("j"), unroll=8)
+        em.top.open_child(outer)
+        em.stack.append(inner)
         value = em.value(node.src, node.source_index(ix.unflatten(var, node.shape), r))
         em.stack[-1].insert(_accumulate(node.op, acc, value.text))
         em.stack.pop()
-        em.top.close_child(inner)
+        em.top.close_child(outer)
         em.top.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         em.top.insert(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
 
@@ -429,6 +492,7 @@ class Generator:
         lay = self.layout
         code.items.append(f"// array {_name(node)} {list(node.shape)}: dot products of {k}, a warp per element")
         loop = Code(f"for (int e = lo{uid} + warp; e < hi{uid}; e += NWARPS)")
+        code.items.append(_ONCE)
         code.items.append(loop)
         loop.items.append(f"const int m = e / {node.n}, n = e % {node.n};")
         loop.items.append(f"const float* x = {self.arr(t, src.node.id)} + (m * {k} - lo{src.node.id});")
@@ -444,14 +508,31 @@ class Generator:
 
     def _root(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         node = task.root
-        loop = Code("for (int e = lo_root + tid; e < hi_root; e += NT)")
-        code.items.append(f"// root {_name(node)} {list(node.shape)}, a thread per element")
+        warp = self._warp_root(task, unit)
+        if warp:
+            loop = Code("for (int e = lo_root + warp; e < hi_root; e += NWARPS)")
+            code.items.append(
+                f"// root {_name(node)} {list(node.shape)}, a warp per element (reductions over its lanes)"
+            )
+        else:
+            loop = Code("for (int e = lo_root + tid; e < hi_root; e += NT)")
+            code.items.append(f"// root {_name(node)} {list(node.shape)}, a thread per element")
+        code.items.append(_ONCE)
         code.items.append(loop)
-        em = Emitter(self, t, task, loop, side={s.id for s in task.side})
+        em = Emitter(self, t, task, loop, side={s.id for s in task.side}, lanes=warp)
         var = ix.Var("e", max(node.size, 1))
         value = em.value(node, ix.unflatten(var, node.shape))
         for stmt in self.stores(node, "e", value.text):
-            em.top.insert(stmt)
+            em.top.insert(em.once(stmt))
+
+    def _warp_root(self, task: Task, unit: Unit) -> bool:
+        """A root whose elements each reduce over a long extent (a delta-rule row: S·k over the
+        state's columns, then the updated row against q) with few elements a block runs a warp
+        per element, the reductions split over the lanes, instead of a thread per element looping
+        over the extent alone while the block's other warps idle (measured: 5 us a level)."""
+        if task.chunk > 2 * (self.threads // 32):
+            return False
+        return any(occ.loops and occ.loops[0].extent >= WARP_SPLIT_MIN for occ in unit.occurrences)
 
     def stores(self, node: Node, flat: str, value: str) -> list[str]:
         out = []
@@ -470,6 +551,11 @@ class Generator:
             self.headers.append(path)
 
 
+# An element loop runs once or twice a thread (or warp) at batch 1: unrolling it only adds code,
+# and the code is fetched again on every launch (H100: ~0.04 us per KB of straight-line code).
+_ONCE = "#pragma unroll 1"
+WARP_SPLIT_MIN = 32  # a root reduction at least this long is split over a warp's lanes
+TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
 _NODE_VAR = re.compile(r"\b(lo|hi|plo)(\d+)\b")
 
@@ -492,6 +578,31 @@ def _renumber(source: str) -> str:
     return _NODE_VAR.sub(repl, source)
 
 
+def _lane_loop(r: ix.Var, j: str, *, unroll: int) -> tuple[Code, Scope]:
+    """A loop over ``r`` in [0, extent) split over a warp's lanes (r = lane + 32·j), with a
+    compile-time trip count: a loop starting at `lane` makes the compiler emit remainder code for
+    any lane count (measured: a LayerNorm's two sums took ~940 cycles, ~600 with this form).
+    Returns the loop and the scope its body's statements go in."""
+    extent = r.extent
+    loop = Code(f"#pragma unroll {unroll}\nfor (int {j} = 0; {j} < {-(-extent // 32)}; ++{j})")
+    loop.items.append(f"const int {r.name} = lane + 32 * {j};")
+    body = loop
+    if extent % 32:
+        body = Code(f"if ({r.name} < {extent})")
+        loop.items.append(body)
+    return loop, Scope(body, var=r, pos=len(body.items), lanes=True)
+
+
+def _on_blocks(task: Task) -> str:
+    if task.first:
+        return f"if (b >= {task.first} && b < {task.first + task.blocks})"
+    return f"if (b < {task.blocks})"
+
+
+def _block_in_task(task: Task) -> str:
+    return f"(b - {task.first})" if task.first else "b"
+
+
 def _rows_bound(lay: Layout, t: int, uid: int) -> int:
     return lay.prefetch[(t, uid)][1]
 
@@ -507,7 +618,8 @@ def _accumulate(op: str, acc: str, value: str) -> str:
 class Emitter:
     """C for the values of one unit's element, with hoisting (see the module docstring)."""
 
-    def __init__(self, gen: Generator, t: int, task: Task, top: Code, side: set | None = None):
+    def __init__(self, gen: Generator, t: int, task: Task, top: Code, side: set | None = None, lanes: bool = False):
+        self.lanes = lanes  # a warp per element (see Generator._warp_root)
         self.gen = gen
         self.t = t
         self.task = task
@@ -545,8 +657,15 @@ class Emitter:
         scope.memo[key] = val
         if node is not None and node.id in self.side:
             for stmt in self.gen.stores(node, ix.to_c(flat), name):
-                scope.insert(stmt)
+                scope.insert(self.once(stmt, level))
         return val
+
+    def once(self, stmt: str, level: int = 0) -> str:
+        """A store in a warp-per-element root: by lane 0, unless a lane-split loop already gives
+        each lane its own element."""
+        if self.lanes and not any(scope.lanes for scope in self.stack[: level + 1]):
+            return f"if (lane == 0) {stmt}"
+        return stmt
 
     def value(self, node: Node, index: list, *, expand_self: bool = False) -> Val:
         flat = ix.flatten(index, node.shape)
@@ -605,13 +724,20 @@ class Emitter:
         acc = self.fresh("acc")
         scope.insert(f"float {acc} = {REDUCE_INIT[node.op]};")
         r = ix.Var(self.fresh("r"), node.extent)
-        loop = Code(f"for (int {r.name} = 0; {r.name} < {node.extent}; ++{r.name})")
+        split = self.lanes and level == 0 and node.extent >= WARP_SPLIT_MIN
+        if split:  # a warp per root element: the lanes share the reduction, then a warp reduction
+            loop, inner = _lane_loop(r, self.fresh("j"), unroll=2)
+        else:
+            loop = Code(f"for (int {r.name} = 0; {r.name} < {node.extent}; ++{r.name})")
+            inner = Scope(loop, var=r)
         scope.open_child(loop)
-        self.stack.append(Scope(loop, var=r))
+        self.stack.append(inner)
         val = self.value(node.src, node.source_index(index, r))
         self.stack[-1].insert(_accumulate(node.op, acc, val.text))
         self.stack.pop()
         scope.close_child(loop)
+        if split:
+            scope.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         result = Val(acc, free)
         scope.memo[key] = result
         self.stack = saved

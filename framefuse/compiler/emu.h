@@ -115,9 +115,11 @@ inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
 inline unsigned long long ffk_globaltimer() {
     return (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count();
 }
-template <int NT>
-inline void ffk_ll_stage(float* dst, const unsigned long long* src, int n, unsigned epoch) {
-    for (int i = threadIdx.x; i < n; i += NT) dst[i] = ffk_ll_wait(src + i, epoch);
+template <int NT, int K>
+inline void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
+                           unsigned epoch) {
+    for (int k = 0; k < K; ++k)
+        for (int i = threadIdx.x; i < n[k]; i += NT) dst[k][i] = ffk_ll_wait(src[k] + i, epoch);
 }
 inline void ffk_prefetch(float* dst, const float* src, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];

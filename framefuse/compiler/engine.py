@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from framefuse.compiler import lower_program
-from framefuse.compiler.codegen import KERNEL_NAME, Kernel, generate
+from framefuse.compiler.codegen import KERNEL_NAME, TRACE_SLOTS, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.schedule import THREADS, schedule
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
@@ -124,7 +124,9 @@ class CompiledStep:
         self.counters = torch.zeros(grid, dtype=torch.int64, device=self.device)
         self.ranges = torch.from_numpy(k.ranges()).to(self.device)
         self.trace = (
-            torch.zeros((grid, len(self.schedule.tasks), 3), dtype=torch.int64, device=self.device) if trace else None
+            torch.zeros((grid, len(self.schedule.tasks), TRACE_SLOTS), dtype=torch.int64, device=self.device)
+            if trace
+            else None
         )
         self.input_specs = {
             n: IOSpec(n, program.inputs[n].shape if n in program.inputs else program.states[n].shape, torch.float32)
@@ -193,8 +195,11 @@ class CompiledStep:
         start = stamps[:, 0, 0][stamps[:, 0, 0] > 0].min() if (stamps[:, 0, 0] > 0).any() else 0.0
         rows = []
         for t, task in enumerate(self.schedule.tasks):
-            blocks = stamps[: task.blocks, t, :]
+            blocks = stamps[task.first : task.first + task.blocks, t, :3]
             rel = (blocks - start) / 1e3
+            clocks = stamps[task.first : task.first + task.blocks, t, 3:]
+            clocks = clocks[:, (clocks != 0).any(axis=0)]
+            cycles = np.diff(clocks, axis=1) if clocks.shape[1] > 1 else np.zeros((len(clocks), 0))
             rows.append(
                 {
                     "task": t,
@@ -204,6 +209,7 @@ class CompiledStep:
                     "enter_us": [round(float(np.median(rel[:, 0])), 2), round(float(rel[:, 0].max()), 2)],
                     "ready_us": [round(float(np.median(rel[:, 1])), 2), round(float(rel[:, 1].max()), 2)],
                     "exit_us": [round(float(np.median(rel[:, 2])), 2), round(float(rel[:, 2].max()), 2)],
+                    "phase_cycles": [int(np.median(c)) for c in cycles.T] if len(cycles) else [],
                 }
             )
         return rows

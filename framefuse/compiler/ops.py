@@ -11,7 +11,7 @@ the op's standalone kernel calls, so the math of a step lives in one place.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ class EwSpec:
     numpy: Callable  # (*arrays, params) -> array (float64 in, float64 out)
     c: Callable  # (list of C operand texts, params) -> C expression text
     header: Path | None = None  # a step.cuh the C form needs
+    cost: int = 1  # in simple float ops: what the scheduler weighs recomputing it by
 
 
 def _f(x) -> str:
@@ -265,6 +266,17 @@ EW: dict[str, EwSpec] = {
         _STEP["attention"],
     ),
 }
+
+# Roughly what an op costs in simple float ops (a special-function op and the IEEE fix-ups around
+# it): the scheduler weighs recomputing a value by it, so a sigmoid that 64 elements of a block read
+# is computed once into shared memory rather than 64 times in a loop.
+_COSTS = {
+    "sqrt": 8, "exp": 8, "log": 8, "reciprocal": 8, "div": 8, "pow": 16, "sin": 8, "cos": 8, "erf": 8,
+    "sigmoid": 8, "tanh": 8, "softplus": 16, "elu": 8, "gelu": 16,
+    "ssm_delta": 16, "ssm_state": 8, "ssm_gate": 8, "lstm_cell": 24, "lstm_hidden": 16, "gru_hidden": 32,
+    "liquid_hidden": 32, "wkv_output": 16, "wkv_carry": 16,
+}  # fmt: skip
+EW = {name: replace(spec, cost=_COSTS.get(name, 1)) for name, spec in EW.items()}
 
 
 def _wkv_output(num, den, pm, k, v, u):

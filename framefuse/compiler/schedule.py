@@ -45,6 +45,7 @@ import numpy as np
 
 from framefuse.compiler import iexpr as ix
 from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce
+from framefuse.compiler.ops import EW
 
 # An inline value read by more than one element is cached in shared memory when its inline cost
 # (elementwise ops; a reduction counts its extent) reaches this, or when it is a reduction.
@@ -53,6 +54,8 @@ CACHE_COST = 8
 DOT_REDUNDANCY = 2.0
 # ... is materialized, unless its whole redundant work is this small (multiply-adds).
 DOT_SMALL_MACS = 1 << 14
+# ... (a product computed by at most this many blocks is published where it is computed)
+FEW_BLOCKS = 8
 # A product needing more multiply-adds than this from one block is spread over the grid.
 DOT_BLOCK_MACS = 1 << 14
 # A replicated array (several blocks compute it) costing more operations per thread than this
@@ -66,7 +69,10 @@ THREADS = 256
 WARP = 32
 ROOT = -1  # the key of a task's root unit (array units are keyed by their node's id)
 HOST_READ_CHUNK = 1024  # a graph input is read from host memory by as few blocks as this allows
-HOST_WRITE_CHUNK = 32  # a graph output is written to host memory in whole 128-byte lines
+# A graph output is written to host memory in chunks of this many floats a block: a model's head
+# (LayerNorm + 32 products) on one block took 1.5-2 us; on 4 blocks min_gru's step is 0.5 us and
+# mamba's 1 us shorter (H100); 4-float chunks measured the same as 8.
+HOST_WRITE_CHUNK = 8
 
 
 @dataclass
@@ -114,6 +120,7 @@ class Task:
     blocks: int  # blocks that have root elements
     view: TaskView
     min_chunk: int = 1
+    first: int = 0  # the task's blocks are [first, first + blocks)
     side: list = field(default_factory=list)  # absorbed output nodes, stored while computing the root
     leaves: dict = field(default_factory=dict)  # state/weight leaf id -> (leaf, lo, hi) per block
     reads: set = field(default_factory=set)  # ids of the materialized nodes read
@@ -141,13 +148,13 @@ class Schedule:
     producer: dict  # node id -> index of the task that stores it
     notes: list = field(default_factory=list)
 
+    def task_levels(self) -> list[int]:
+        """Each task's dependency level: 1 + the deepest level of the tasks it waits on."""
+        return _task_levels(self.tasks)
+
     def levels(self) -> int:
         """Dependency levels: the longest chain of tasks that wait on one another."""
-        depth: dict[int, int] = {}
-        for i, task in enumerate(self.tasks):
-            before = [depth[self.producer[n]] for n in task.reads if n in self.producer]
-            depth[i] = 1 + max(before, default=0)
-        return max(depth.values(), default=0)
+        return max(self.task_levels(), default=0)
 
     def describe(self) -> dict:
         return {
@@ -227,7 +234,7 @@ def inline_cost(node: Node, view: TaskView, memo: dict) -> int:
     elif isinstance(node, Concat):
         cost = max(inline_cost(s, view, memo) for s in node.srcs)
     elif isinstance(node, Ew):
-        cost = 1 + sum(inline_cost(a, view, memo) for a in node.args)
+        cost = EW[node.op].cost + sum(inline_cost(a, view, memo) for a in node.args)
     elif isinstance(node, Reduce):
         cost = node.extent * (1 + inline_cost(node.src, view, memo))
     else:
@@ -361,13 +368,20 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
     return values[keep]
 
 
-def root_ranges(elements: int, grid: int, min_chunk: int = 1) -> tuple[int, int, np.ndarray, np.ndarray]:
-    blocks = max(1, min(grid, elements))
+def root_ranges(
+    elements: int, grid: int, min_chunk: int = 1, first: int = 0, span: int | None = None
+) -> tuple[int, int, int, np.ndarray, np.ndarray]:
+    """(chunk, blocks, first, lo, hi): the root's elements in chunks over at most ``span`` (default:
+    the grid) blocks [first, first + blocks), ``first`` moved down where they would run past the
+    grid."""
+    blocks = max(1, min(span or grid, grid, elements))
     chunk = max(-(-elements // blocks) if elements else 1, min_chunk)
     blocks = -(-elements // chunk) if elements else 0
-    lo = np.minimum(np.arange(grid, dtype=np.int64) * chunk, elements)
+    first = max(0, min(int(first), grid - blocks))
+    lo = np.clip((np.arange(grid, dtype=np.int64) - first) * chunk, 0, elements)
+    lo[:first] = elements
     hi = np.minimum(lo + chunk, elements)
-    return chunk, blocks, lo, hi
+    return chunk, blocks, first, lo, hi
 
 
 def needed_ranges(pairs, unit_lo: np.ndarray, unit_hi: np.ndarray, elements: int, size: int):
@@ -428,6 +442,8 @@ def build_task(
     *,
     inline_through: Iterable[int] = (),
     min_chunk: int = 1,
+    first: int = 0,
+    span: int | None = None,
 ) -> tuple[Task, list[Problem]]:
     """The units of the task producing ``root``, their per-block ranges, and what should be
     materialized so that it runs well. ``min_chunk``: elements per block at least (a task that
@@ -442,8 +458,8 @@ def build_task(
         arrays |= extra
     else:
         raise CompileError(f"{root.label or root}: the shared-memory arrays did not settle")
-    chunk, blocks, lo, hi = root_ranges(root.size, grid, min_chunk)
-    task = Task(root, units, chunk, blocks, view, min_chunk)
+    chunk, blocks, first, lo, hi = root_ranges(root.size, grid, min_chunk, first, span)
+    task = Task(root, units, chunk, blocks, view, min_chunk, first)
     task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
     problems = _ranges(task, grid, threads, users, outputs)
     task.reads = {o.node.id for u in units.values() for o in u.occurrences if view.kind(o.node) == "materialized"} | {
@@ -488,10 +504,11 @@ def _cache_candidates(view: TaskView, units: dict) -> set:
     found: set[int] = set()
     memo: dict = {}
     for unit in units.values():
-        # a flag-tagged value read in a loop or by an array is staged in shared memory first, all
-        # of its loads in flight at once (a wait inside a loop is one round trip per iteration)
+        # every flag-tagged value a task reads is staged into shared memory in its first phase,
+        # all loads in flight at once: a wait inside a loop is one round trip per iteration, and
+        # one in the root (a residual) is a round trip after the products (~0.3 us on the H100)
         for occ in unit.occurrences:
-            if view.kind(occ.node) == "materialized" and (occ.loops or unit.how != "root"):
+            if view.kind(occ.node) == "materialized":
                 found.add(occ.node.id)
     for unit in units.values():
         elements = max(unit.node.size, 1)
@@ -588,7 +605,11 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
             elif replication > DOT_REDUNDANCY and redundant > DOT_SMALL_MACS:
                 readers = {id(u): u for u, _ in reads_by.get(node.id, [])}
                 target = materialize_point(node, users, outputs)
-                if len(readers) == 1:
+                # a product that many blocks need whole, read once per element by one replicated
+                # array, is best published as that array (mamba's SSM output, not its delta); a
+                # product replicated over a few blocks (a head on a handful of blocks) is published
+                # where it is computed anyway, at the top of its elementwise chain
+                if len(readers) == 1 and replication >= FEW_BLOCKS:
                     (reader,) = readers.values()
                     pairs = [p for u, p in reads_by[node.id] if u is reader]
                     if (
@@ -748,6 +769,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
                 largest = max(arrays, key=lambda u: u.span)
                 problems.append(Problem(largest.node, f"shared memory ({4 * task_smem_floats(task)} B)", 2))
         problems += _shared_products(tasks, users, outputs)
+        problems += _mostly_views(tasks, materialized)
         problems = [p for p in problems if p.node.id not in materialized]
         if not problems:
             break
@@ -772,9 +794,8 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         rebuilt = {}
         for task in readers:
             built, found = build_task(task.root, trial, grid, threads, users, outputs, min_chunk=task.min_chunk)
-            found += _shared_products(
-                {**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}, users, outputs
-            )
+            others = {**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}
+            found += _shared_products(others, users, outputs) + _mostly_views(others, trial)
             if any(p.node.id not in trial for p in found) or task_smem_floats(built) > smem_floats:
                 ok = False
                 break
@@ -800,7 +821,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         tasks[host_id] = task
     for out_id in side_of:
         tasks.pop(out_id, None)
-    ordered = _order_tasks(tasks, side_of)
+    ordered = _place(_order_tasks(tasks, side_of), side_of, materialized, grid, threads, users, outputs)
     producer: dict[int, int] = {}
     for i, task in enumerate(ordered):
         producer[task.root.id] = i
@@ -809,6 +830,104 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
     read_ids = set().union(*(t.reads for t in ordered)) if ordered else set()
     ll_nodes = {nid: materialized[nid] for nid in sorted(read_ids)}
     return Schedule(program, grid, threads, ordered, materialized, destinations, ll_nodes, producer, notes)
+
+
+def _task_levels(ordered: list) -> list[int]:
+    produced_by: dict[int, int] = {}
+    for i, task in enumerate(ordered):
+        produced_by[task.root.id] = i
+        for s in task.side:
+            produced_by[s.id] = i
+    level: list[int] = []
+    for i, task in enumerate(ordered):
+        before = [level[produced_by[n]] for n in task.reads if produced_by.get(n, i) < i]
+        level.append(1 + max(before, default=0))
+    return level
+
+
+def _place(
+    ordered: list, side_of: dict, materialized: dict, grid: int, threads: int, users: dict, outputs: set
+) -> list:
+    """Tasks that do not wait on one another (one dependency level: attention's q, k and v,
+    mamba's three x-projection slices) go on disjoint blocks, so they run side by side instead of
+    one after another on the same blocks (measured on the H100: mamba's slices took 1.5 us each,
+    in a row). Where their blocks exceed the grid, the grid is shared out (each task gets at most
+    what it would use alone, the small ones first) and a task takes more elements a block: a
+    block's warps are mostly idle at two rows a block anyway."""
+    level = _task_levels(ordered)
+    spans: dict[int, int] = {}
+    for lv in sorted(set(level)):
+        members = sorted((i for i in range(len(ordered)) if level[i] == lv), key=lambda i: ordered[i].blocks)
+        remaining = grid
+        for n, i in enumerate(members):
+            share = max(1, remaining // (len(members) - n))
+            spans[i] = min(ordered[i].blocks, share)
+            remaining = max(0, remaining - spans[i])
+    placed = []
+    offset, current = 0, None
+    for i, task in enumerate(ordered):
+        if level[i] != current:
+            offset, current = 0, level[i]
+        if offset + spans[i] > grid:
+            offset = 0
+        first = offset
+        offset += spans[i]
+        if first == task.first and spans[i] == task.blocks:
+            placed.append(task)
+            continue
+        moved, _ = build_task(
+            task.root,
+            materialized,
+            grid,
+            threads,
+            users,
+            outputs,
+            inline_through=[s.id for s in task.side],
+            min_chunk=task.min_chunk,
+            first=first,
+            span=spans[i],
+        )
+        moved.side = list(task.side)
+        placed.append(moved)
+    return placed
+
+
+def _computed_parts(node: Node, materialized: dict, found: list, memo: dict) -> int:
+    """Walk a data-movement tree (Map / Concat) down to leaves, materialized values and computed
+    nodes; collect the computed ones in ``found``; return how many elements are pure views."""
+    if isinstance(node, Leaf) or node.id in materialized:
+        return node.size
+    if isinstance(node, Map):
+        return node.size if _computed_parts(node.src, materialized, found, memo) >= node.src.size else 0
+    if isinstance(node, Concat):
+        return sum(_computed_parts(s, materialized, found, memo) for s in node.srcs)
+    found.append(node)
+    return 0
+
+
+def _mostly_views(tasks: dict, materialized: dict) -> list[Problem]:
+    """A materialized value read by other tasks that is mostly data movement of leaves (a KV
+    cache: the state shifted by one slot, then the new row) is read through as a view once its
+    computed part is published by itself: readers take the old rows from the state (prefetched)
+    and wait only for the new row, instead of staging the whole value (measured on the H100:
+    attention's output projection spent 7 us staging both caches in every block)."""
+    read = set().union(*(t.reads for t in tasks.values())) if tasks else set()
+    problems = []
+    for nid in sorted(read):
+        node = materialized.get(nid)
+        if node is None or not isinstance(node, (Map, Concat)) or nid not in tasks:
+            continue
+        found: list[Node] = []
+        views = (
+            sum(_computed_parts(s, materialized, found, {}) for s in node.inputs())
+            if isinstance(node, Concat)
+            else _computed_parts(node.src, materialized, found, {})
+        )
+        computed = sum(n.size for n in found)
+        if found and views >= 2 * computed:
+            for part in found:
+                problems.append(Problem(part, f"the computed part of {node.label or node} (the rest is a view)", 3))
+    return problems
 
 
 def _shared_products(tasks: dict, users: dict, outputs: set) -> list[Problem]:

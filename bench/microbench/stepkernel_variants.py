@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Device time of a generated step kernel against variants of its own source (design experiments
+for the step compiler; the README's "choices made by measurement" table cites the results).
+
+    python bench/microbench/stepkernel_variants.py --archs min_gru,mamba
+
+Variants are text transforms of the generated source; each is compiled by NVRTC, swapped into
+the same CompiledStep (same buffers and range table) and timed over back-to-back graph replays,
+with its outputs compared to the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+SOURCE_VARIANTS = {
+    "baseline": lambda s: s,
+    # the helpers inlined at every call site are most of the code: call them instead
+    "noinline-helpers": lambda s: s.replace(
+        "FFK_DEVICE void ffk_prefetch(float* dst", "__device__ __noinline__ void ffk_prefetch(float* dst"
+    ).replace(
+        "template <int NT, int K>\nFFK_DEVICE void ffk_ll_stage_n",
+        "template <int NT, int K>\n__device__ __noinline__ void ffk_ll_stage_n",
+    ),
+    "no-unroll": lambda s: s.replace("#pragma unroll 4", "#pragma unroll 1"),
+}
+# scheduler settings: (module constant, value)
+SCHEDULE_VARIANTS = {
+    "host-write-8": ("HOST_WRITE_CHUNK", 8),
+    "host-write-4": ("HOST_WRITE_CHUNK", 4),
+}
+VARIANTS = {**SOURCE_VARIANTS, **SCHEDULE_VARIANTS}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--archs", default="min_gru,mamba")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    import torch
+
+    from framefuse.compiler import lower_program
+    from framefuse.compiler.codegen import KERNEL_NAME
+    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.engines.fusion import example_feeds, time_plan_graph
+    from framefuse.plugins import cuda
+    from framefuse.runtime.pipeline import prepare
+
+    root = Path(tempfile.mkdtemp(prefix="ff-variants-"))
+    rows = []
+    for arch in args.archs.split(","):
+        prepared = prepare(arch, root / arch)["step"]
+        compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
+        plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+        feeds = example_feeds(plan)
+        base_fn = compiled.fn
+        reference = None
+        for name in args.variants.split(","):
+            if name in SCHEDULE_VARIANTS:
+                from framefuse.compiler import schedule as sched_module
+
+                constant, value = SCHEDULE_VARIANTS[name]
+                saved = getattr(sched_module, constant)
+                setattr(sched_module, constant, value)
+                try:
+                    other = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
+                finally:
+                    setattr(sched_module, constant, saved)
+                other_plan = StepKernelPlan(other, other.input_specs, other.output_specs)
+                timing = time_plan_graph(other_plan, feeds, replays=1000)
+                outs = {k: v.clone() for k, v in other_plan.execute(feeds).items()}
+                torch.cuda.synchronize()
+                diff = max(float((outs[k] - reference[k]).abs().max()) for k in outs) if reference else 0.0
+                row = {
+                    "arch": arch,
+                    "variant": name,
+                    "us_per_step": timing["us_per_step"],
+                    "levels": other.schedule.levels(),
+                    "max_abs_diff_vs_baseline": diff,
+                }
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                continue
+            source = SOURCE_VARIANTS[name](compiled.kernel.source)
+            path = root / f"{arch}-{name}.cu"
+            path.write_text(source)
+            compiled.fn = base_fn if name == "baseline" else cuda.get_kernel(path, KERNEL_NAME)
+            if compiled.kernel.smem_bytes > 48 * 1024:
+                compiled.fn.set_max_dynamic_shared_memory(compiled.kernel.smem_bytes)
+            timing = time_plan_graph(plan, feeds, replays=1000)
+            outs = {k: v.clone() for k, v in plan.execute(feeds).items()}
+            torch.cuda.synchronize()
+            if reference is None:
+                reference = outs
+            diff = max(float((outs[k] - reference[k]).abs().max()) for k in outs)
+            row = {
+                "arch": arch,
+                "variant": name,
+                "us_per_step": timing["us_per_step"],
+                "registers": compiled.fn.attribute("NUM_REGS"),
+                "max_abs_diff_vs_baseline": diff,
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
