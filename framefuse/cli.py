@@ -95,6 +95,40 @@ def print_table(args: argparse.Namespace | None, title: str, columns: Sequence[s
     _stdout_console().print(table)
 
 
+def _bounded(convert, lowest, *, strict: bool, what: str):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value != value or value < lowest or (strict and value == lowest):  # NaN too
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+#: argparse ``type=`` for counts, rates and tolerances: a bad value is a usage error naming the
+#: option, before anything runs (a negative rate or tolerance would otherwise run and report nonsense).
+positive_int = _bounded(int, 0, strict=True, what="a positive integer")
+non_negative_int = _bounded(int, 0, strict=False, what="an integer >= 0")
+positive_float = _bounded(float, 0.0, strict=True, what="a number > 0")
+non_negative_float = _bounded(float, 0.0, strict=False, what="a number >= 0")
+
+
+def writable_file(path: str | None, option: str) -> None:
+    """Fail before the work when an output file could not be written at the end (its folder is
+    missing, or is a file)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise FrameFuseError(f"{option} {path}: folder {parent} does not exist")
+
+
 def note(args: argparse.Namespace | None, message: str) -> None:
     """A one-line remark for the user on stderr (skipped with --quiet)."""
     if not getattr(args, "quiet", False):
@@ -197,6 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FrameFuseError as exc:
         print(f"framefuse: error: {_one_line(str(exc))}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
+    except BrokenPipeError:
+        # the reader went away (`framefuse check ... | head`): stop quietly, as a Unix tool killed
+        # by SIGPIPE would; stdout goes to /dev/null so the interpreter's final flush cannot fail
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("framefuse: interrupted", file=sys.stderr)
         return 130

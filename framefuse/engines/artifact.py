@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,6 +27,7 @@ import torch
 import framefuse
 from framefuse.engines.base import sha256_file
 from framefuse.errors import FrameFuseError
+from framefuse.files import write_atomic  # noqa: F401 - re-exported
 
 # The cuda-graph artifact's format (kept here: its name is what old code imports).
 FORMAT = "framefuse-engine"
@@ -95,27 +94,6 @@ def common_metadata(
         "source": source_info(source, target),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def write_atomic(target: Path, write: Callable[[object], None]) -> Path:
-    """Create ``target`` by calling ``write(binary_file)`` on a temporary file beside it, then
-    ``os.replace``: readers see the old file or the whole new one, never a part."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            write(raw)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
 
 
 def check_compatible(

@@ -44,7 +44,7 @@ import torch
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
-from framefuse.errors import FrameFuseError
+from framefuse.errors import FrameFuseError, read_onnx
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
@@ -108,13 +108,7 @@ def load_onnx(onnx_path_or_model) -> tuple[onnx.ModelProto, Path | None]:
     if isinstance(onnx_path_or_model, onnx.ModelProto):
         return onnx_path_or_model, None
     path = Path(os.fspath(onnx_path_or_model))
-    if not path.is_file():
-        raise EngineBuildError(f"{path}: no such ONNX file")
-    try:
-        model = onnx.load(str(path))
-    except Exception as exc:  # a truncated or non-ONNX file
-        raise EngineBuildError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
-    return model, path
+    return read_onnx(path, error=EngineBuildError), path
 
 
 def check_precision(precision: str) -> str:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from framefuse.cli import non_negative_int, positive_float
 from framefuse.engines.registry import ENGINE_NAMES, ENGINES
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -59,14 +60,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--calib", metavar="FILE", help="calibration frames (.npz) for --precision int8")
     parser.add_argument(
         "--accuracy-frames",
-        type=int,
+        type=non_negative_int,
         default=1000,
         metavar="N",
         help="fp16/bf16/int8: frames of the accuracy gate against fp32 (step rollout; default 1000; 0 skips the gate)",
     )
     parser.add_argument(
         "--accuracy-tolerance",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="TOL",
         help="the gate's tolerance (atol = rtol; default: the config's tolerance for the precision)",
@@ -132,9 +133,10 @@ def default_engine(device: str | None = None) -> str:
 
 
 def _has_framefuse_nodes(path: Path) -> bool:
-    import onnx
+    from framefuse.engines.base import EngineBuildError
+    from framefuse.errors import read_onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = read_onnx(path, load_external_data=False, error=EngineBuildError)
     return any(node.domain == "framefuse" for node in model.graph.node)
 
 

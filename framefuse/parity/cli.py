@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from framefuse.cli import positive_float
 from framefuse.errors import FrameFuseError
 
 
@@ -39,7 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="where engines run (default: as built)")
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=positive_float,
         default=None,
         help="atol and rtol for every output (default: the manifest's fp32 tolerance, else 1e-4)",
     )

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from framefuse.errors import FrameFuseError
+from framefuse.errors import FrameFuseError, read_onnx
 from framefuse.plugins.registry import DOMAIN, get_op
 
 CONTRIB_DOMAIN = "ai.onnx.contrib"
@@ -245,10 +245,7 @@ def load_any(model_or_path) -> tuple[onnx.ModelProto, str]:
     path = Path(os.fspath(model_or_path))
     if not path.is_file():
         raise ParitySetupError(f"ONNX model file not found: {path}")
-    try:
-        return onnx.load(str(path)), str(path)
-    except Exception as exc:  # noqa: BLE001
-        raise ParitySetupError(f"cannot read ONNX model {path}: {exc}") from exc
+    return read_onnx(path, error=ParitySetupError), str(path)
 
 
 def ort_session(model, *, fused: bool = True, optimize: bool = True):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from framefuse.files import write_bytes_atomic, write_text_atomic  # noqa: F401 - re-exported
 from framefuse.rewrite.base import Declined, Match
 
 
@@ -92,23 +92,3 @@ def _json_default(obj):
     except ImportError:  # pragma: no cover
         pass
     return str(obj)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`, so a reader
-    never sees a half-written file and a failure leaves no file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode())

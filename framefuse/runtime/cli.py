@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from framefuse.cli import non_negative_float, non_negative_int, positive_float, positive_int, writable_file
 from framefuse.engines.registry import ENGINE_NAMES
 
 EXAMPLES = """\
@@ -32,12 +33,16 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "artifact", metavar="ARTIFACT", help="artifact folder (e.g. artifacts/<name>-step), engine.ffe or .onnx"
     )
-    parser.add_argument("--frames", type=int, default=600, metavar="N", help="frames to run (default 600)")
-    parser.add_argument("--hz", type=float, default=60.0, help="ticks per second; 0 = as fast as possible (default 60)")
+    parser.add_argument("--frames", type=positive_int, default=600, metavar="N", help="frames to run (default 600)")
     parser.add_argument(
-        "--budget-ms", type=float, default=None, help="frame budget (default 1000/hz, 16.67 ms at 60 Hz)"
+        "--hz", type=non_negative_float, default=60.0, help="ticks per second; 0 = as fast as possible (default 60)"
     )
-    parser.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed frames first (default 10)")
+    parser.add_argument(
+        "--budget-ms", type=positive_float, default=None, help="frame budget (default 1000/hz, 16.67 ms at 60 Hz)"
+    )
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=10, metavar="N", help="untimed frames first (default 10)"
+    )
     parser.add_argument(
         "--engine",
         choices=ENGINE_NAMES,
@@ -64,8 +69,7 @@ def run(args) -> int:
     from framefuse.runtime.session import Session, SessionError
     from framefuse.runtime.stats import DEFAULT_BUDGET_MS
 
-    if args.frames <= 0:
-        raise SessionError(f"--frames must be positive, got {args.frames}")
+    writable_file(args.json, "--json")
     budget = args.budget_ms
     if budget is None:
         budget = 1000.0 / args.hz if args.hz and args.hz > 0 else DEFAULT_BUDGET_MS
@@ -89,7 +93,9 @@ def run(args) -> int:
     data = report.as_dict()
     data["artifact"] = str(args.artifact)
     if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2))
+        from framefuse.files import write_text_atomic
+
+        write_text_atomic(Path(args.json), json.dumps(data, indent=2))
     if not quiet:
         lat = data["latency"]
         where = data["gpu_name"] or "CPU"

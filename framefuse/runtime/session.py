@@ -44,7 +44,7 @@ import numpy as np
 import onnx
 import torch
 
-from framefuse.errors import FrameFuseError
+from framefuse.errors import FrameFuseError, read_onnx
 from framefuse.runtime.stats import DEFAULT_BUDGET_MS, LatencyStats
 
 STATE_PREFIX = "state."
@@ -53,6 +53,33 @@ NEXT_STATE_PREFIX = "next_state."
 
 class SessionError(FrameFuseError):
     """A session was given inputs or asked for something its graph cannot do."""
+
+
+def _frame_into(name: str, value, buffer: np.ndarray) -> None:
+    """A frame that is not float32 (the graphs compute in float32): converted when every value
+    converts exactly (float16, float64, integers, booleans holding float32 values), otherwise
+    refused naming the dtype and the first value that would change. Complex, string and object
+    frames are refused. float32 frames take the copy-only hot path in ``step``."""
+    array = np.asarray(value)
+    kind = array.dtype.kind
+    if kind not in "fiub":
+        raise SessionError(f"frame '{name}' has dtype {array.dtype}: the step graph takes float32 (real numbers)")
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = array.astype(np.float32)
+    if kind == "f":
+        exact = np.array_equal(converted.astype(array.dtype), array, equal_nan=True)
+    else:
+        exact = np.array_equal(converted.astype(np.float64), array.astype(np.float64))
+    if not exact:
+        back = converted.astype(np.float64).reshape(-1)
+        orig = array.astype(np.float64).reshape(-1)
+        with np.errstate(invalid="ignore"):
+            bad = int(np.flatnonzero(~((back == orig) | (np.isnan(back) & np.isnan(orig))))[0])
+        raise SessionError(
+            f"frame '{name}' has dtype {array.dtype} and value {array.reshape(-1)[bad]!r} at flat index {bad} "
+            f"does not convert exactly to float32 (it would become {converted.reshape(-1)[bad]!r}): pass float32"
+        )
+    np.copyto(buffer, converted.reshape(buffer.shape))
 
 
 def default_device() -> str:
@@ -112,7 +139,7 @@ class Resolved:
 
 
 def has_framefuse_nodes(path: Path) -> bool:
-    model = onnx.load(str(path), load_external_data=False)
+    model = read_onnx(path, load_external_data=False, error=SessionError)
     return any(node.domain == "framefuse" for node in model.graph.node)
 
 
@@ -432,7 +459,10 @@ class Session:
         it; torch CUDA tensor or cupy array on a cuda-graph session → the device output buffer
         (torch or cupy). Several outputs: a dict by name (the same dict every frame).
         With ``check_finite=True`` a NaN/Inf in the frame, the output or the new state raises
-        SessionError naming it and the frame index.
+        SessionError naming it and the frame index. Frames are float32; a frame of another real
+        dtype (float16/64, integers, booleans) is converted only when every value converts exactly,
+        else SessionError names the dtype and the first value that would change; complex, string
+        and object frames are refused.
         """
         start = time.perf_counter_ns()
         binding = self._host_step
@@ -446,7 +476,10 @@ class Session:
             buffer = binding.host_in[name]
             if frame.shape != buffer.shape:
                 self._check_frame_shape(name, frame.shape)
-            np.copyto(buffer, frame, casting="same_kind")
+            if frame.dtype == np.float32:
+                np.copyto(buffer, frame)
+            else:
+                _frame_into(name, frame, buffer)
             if self.check_finite:
                 self._check_host(((name, buffer),), "frame input", self.frame_index)
             binding.launch()
@@ -500,13 +533,15 @@ class Session:
             return self._step_device(frames, cupy_out="cupy" in kinds)
         binding = self._host_step
         for name, value in frames.items():
-            if isinstance(value, torch.Tensor):
-                binding.host_in_t[name].copy_(value.reshape(binding.host_in_t[name].shape))
+            if isinstance(value, torch.Tensor) and value.dtype in (torch.float32, torch.float16, torch.bfloat16):
+                binding.host_in_t[name].copy_(value.reshape(binding.host_in_t[name].shape))  # exact widening
+            elif isinstance(value, torch.Tensor) and not value.is_cuda:
+                _frame_into(name, value.detach().numpy(), binding.host_in[name])
             elif _is_cuda_array(value):  # a device array on a session that reads host frames
                 source = _as_torch_device_tensor(value, torch.device("cuda"))
                 binding.host_in_t[name].copy_(source.reshape(binding.host_in_t[name].shape))
             else:
-                np.copyto(binding.host_in[name], np.asarray(value), casting="same_kind")
+                _frame_into(name, value, binding.host_in[name])
         if self.check_finite:
             self._check_host(((n, binding.host_in[n]) for n in frames), "frame input", self.frame_index)
         binding.launch()

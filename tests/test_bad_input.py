@@ -1,0 +1,123 @@
+"""Bad input from the outside (issue 15): each case gets one line naming the problem and a
+non-zero exit, no traceback, nothing half-written. Table-driven over the CLI and the Python API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from framefuse.cli import main
+from framefuse.runtime.pipeline import prepare_cached
+from framefuse.runtime.session import Session, SessionError
+
+SMALL = {"model": {"embed": 32, "layers": 1}, "seq": 4, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def step_folder() -> Path:
+    return prepare_cached("min_gru", SMALL)["step"].directory
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, step_folder) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bad")
+    noise = root / "noise.onnx"
+    noise.write_bytes(np.random.default_rng(0).bytes(300))
+    truncated = root / "truncated.onnx"
+    truncated.write_bytes((step_folder / "model.onnx").read_bytes()[:2000])
+    return {"noise": noise, "truncated": truncated, "missing_dir": root / "no" / "such" / "folder"}
+
+
+# (name, argv with {step}, {noise}, {truncated}, {missing_dir} filled in, exit status, fragment of the message)
+CLI_CASES = [
+    ("run on random bytes", ["run", "{noise}", "--device", "cpu", "--frames", "2"], 2, "not a readable ONNX model"),
+    ("run on a truncated file", ["run", "{truncated}", "--device", "cpu", "--frames", "2"], 2, "not a readable ONNX"),
+    ("run --hz -1", ["run", "{step}", "--device", "cpu", "--hz", "-1"], 2, "argument --hz: expected a number >= 0"),
+    ("run --budget-ms 0", ["run", "{step}", "--device", "cpu", "--budget-ms", "0"], 2, "argument --budget-ms"),
+    ("run --budget-ms -1", ["run", "{step}", "--device", "cpu", "--budget-ms", "-1"], 2, "argument --budget-ms"),
+    ("run --frames 0", ["run", "{step}", "--device", "cpu", "--frames", "0"], 2, "a positive integer"),
+    ("run --budget-ms nan", ["run", "{step}", "--device", "cpu", "--budget-ms", "nan"], 2, "argument --budget-ms"),
+    (
+        "run --json into a missing folder",
+        ["run", "{step}", "--device", "cpu", "--frames", "2", "--json", "{missing_dir}/loop.json"],
+        2,
+        "does not exist",
+    ),
+    ("build --accuracy-frames -5", ["build", "{step}", "--accuracy-frames", "-5"], 2, "argument --accuracy-frames"),
+    ("build --accuracy-tolerance 0", ["build", "{step}", "--accuracy-tolerance", "0"], 2, "--accuracy-tolerance"),
+    ("check --tolerance -1", ["check", "{step}", "--tolerance", "-1"], 2, "argument --tolerance"),
+]
+
+
+@pytest.mark.parametrize("name,argv,status,fragment", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input_is_one_line_and_a_non_zero_exit(name, argv, status, fragment, step_folder, bad_files, capsys):
+    paths = {"step": step_folder, **bad_files}
+    argv = [a.format(**paths) for a in argv]
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    assert fragment in errors[0], err
+    assert not bad_files["missing_dir"].exists()  # nothing created on the way out
+
+
+def test_cli_stops_quietly_when_its_reader_goes_away(step_folder):
+    """`framefuse ... | head`: the reader closes the pipe; the tool stops without a traceback,
+    with the status of a process ended by SIGPIPE."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "framefuse", "run", str(step_folder), "--device", "cpu", "--frames", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    proc.stdout.close()  # before the child has imported anything, so its first write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+@pytest.fixture(scope="module")
+def session(step_folder):
+    return Session.load(step_folder, engine="onnxruntime", device="cpu")
+
+
+# (name, frame maker over the expected shape, None when accepted else a fragment of the error)
+FRAME_CASES = [
+    ("float32", lambda shape: np.full(shape, 0.1, dtype=np.float32), None),
+    ("float16 widens exactly", lambda shape: np.full(shape, 0.5, dtype=np.float16), None),
+    ("float64 holding float32 values", lambda shape: np.full(shape, 0.25, dtype=np.float64), None),
+    ("small integers", lambda shape: np.ones(shape, dtype=np.int64), None),
+    ("booleans", lambda shape: np.ones(shape, dtype=bool), None),
+    ("float64 1e300", lambda shape: np.full(shape, 1e300), "does not convert exactly to float32"),
+    ("float64 0.1", lambda shape: np.full(shape, 0.1), "does not convert exactly to float32"),
+    ("int64 2**25 + 1", lambda shape: np.full(shape, 2**25 + 1, dtype=np.int64), "does not convert exactly"),
+    ("complex", lambda shape: np.ones(shape, dtype=np.complex64), "dtype complex64"),
+    ("strings", lambda shape: np.full(shape, "a"), "dtype <U1"),
+    ("objects", lambda shape: np.full(shape, None, dtype=object), "dtype object"),
+]
+
+
+@pytest.mark.parametrize("name,make,fragment", FRAME_CASES, ids=[c[0] for c in FRAME_CASES])
+def test_frame_dtype_rule(name, make, fragment, session):
+    """Frames of another dtype than float32 are converted only when every value converts exactly
+    (docs: README, Session.step); otherwise SessionError names the dtype and the value."""
+    shape = session._frame_specs[session.frame_inputs[0]].shape
+    frame = make(shape)
+    if fragment is None:
+        expected = session.step(frame.astype(np.float32), copy=True)
+        session.reset()
+        got = session.step(frame, copy=True)
+        session.reset()
+        np.testing.assert_array_equal(got, expected)
+    else:
+        with pytest.raises(SessionError, match=None) as info:
+            session.step(frame)
+        assert fragment in str(info.value)
+        assert "\n" not in str(info.value)
