@@ -242,6 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("framefuse: interrupted", file=sys.stderr)
         return 130
+    except ImportError as exc:
+        # Ctrl-C while a library imports (onnxruntime turns it into an ImportError)
+        if isinstance(exc.__cause__, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
+            print("framefuse: interrupted", file=sys.stderr)
+            return 130
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -121,3 +121,106 @@ def test_frame_dtype_rule(name, make, fragment, session):
             session.step(frame)
         assert fragment in str(info.value)
         assert "\n" not in str(info.value)
+
+
+@pytest.fixture()
+def empty_model(tmp_path) -> Path:
+    import onnx
+    from onnx import helper
+
+    path = tmp_path / "empty" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save(
+        helper.make_model(helper.make_graph([], "empty", [], []), opset_imports=[helper.make_opsetid("", 17)]), path
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["build", "{p}", "--device", "cpu"],
+        ["build", "{p}", "--device", "cpu", "--engine", "cuda-graph"],
+        ["run", "{p}", "--device", "cpu"],
+    ],
+)
+def test_a_graph_with_no_outputs_is_refused(argv, empty_model, capsys):
+    assert main([a.format(p=empty_model) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "the graph has no outputs" in err and "Traceback" not in err
+    assert sorted(p.name for p in empty_model.parent.iterdir()) == ["model.onnx"]  # nothing written
+
+
+def test_export_refuses_a_forward_without_a_batch_axis(tmp_path, capsys):
+    source = tmp_path / "scalar_net.py"
+    source.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l = torch.nn.Linear(8, 4)\n"
+        "    def forward(self, x):\n"
+        "        return self.l(x).sum()\n"
+        "def make_model():\n"
+        "    return M()\n"
+    )
+    out = tmp_path / "out"
+    assert main(["export", "--model", f"{source}:make_model", "--input-shape", "1,4,8", "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "returned y of shape []" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_rewrite_takes_the_artifact_folder_and_writes_readable_files(tmp_path):
+    import shutil
+
+    folder = tmp_path / "art"
+    shutil.copytree(prepare_cached("min_gru", SMALL)["step"].directory, folder)
+    (folder / "model.fused.onnx").unlink(missing_ok=True)
+    assert main(["rewrite", str(folder), "-q"]) == 0
+    fused = folder / "model.fused.onnx"
+    assert fused.is_file()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fused.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() would, like export's files
+
+
+def test_calibration_from_a_npy_when_the_graph_has_one_frame_input(tmp_path, step_folder):
+    import onnx
+
+    from framefuse.precision.calibration import CalibrationError, load_calibration
+
+    model = onnx.load(str(step_folder / "model.onnx"))
+    (name,) = [i.name for i in model.graph.input if not i.name.startswith("state.")]
+    shape = [d.dim_value for d in next(i for i in model.graph.input if i.name == name).type.tensor_type.shape.dim]
+    frames = np.random.default_rng(0).standard_normal((5, *shape)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", frames)
+    loaded = load_calibration(tmp_path / "calib.npy", model)
+    assert list(loaded) == [name] and np.array_equal(loaded[name], frames)
+    two = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Add", ["a", "b"], ["y"])],
+            "two",
+            [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 4]) for n in ("a", "b")],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        )
+    )
+    np.save(tmp_path / "two.npy", np.zeros((3, 1, 4), np.float32))
+    with pytest.raises(CalibrationError, match=r"a \.npy holds one unnamed array"):
+        load_calibration(tmp_path / "two.npy", two)
+
+
+def test_ctrl_c_while_a_library_imports_is_an_interruption(monkeypatch, capsys):
+    """onnxruntime turns a Ctrl-C during its import into an ImportError: still exit 130, one line."""
+    import framefuse.runtime.cli as run_cli
+
+    def interrupted(_args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ImportError("onnxruntime failed to import") from exc
+
+    monkeypatch.setattr(run_cli, "run", interrupted)
+    assert main(["run", "somewhere"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "framefuse: interrupted"

@@ -108,7 +108,10 @@ def load_onnx(onnx_path_or_model) -> tuple[onnx.ModelProto, Path | None]:
     if isinstance(onnx_path_or_model, onnx.ModelProto):
         return onnx_path_or_model, None
     path = Path(os.fspath(onnx_path_or_model))
-    return read_onnx(path, error=EngineBuildError), path
+    model = read_onnx(path, error=EngineBuildError)
+    if not model.graph.output:
+        raise EngineBuildError(f"{path}: the graph has no outputs: there is nothing to build (an empty export?)")
+    return model, path
 
 
 def check_precision(precision: str) -> str:

@@ -440,6 +440,13 @@ def _reference_run(module, args: tuple, label: str, form: str, shapes: Mapping[s
                 f"model '{label}' ({form} form) returned {type(o).__name__} at output {i}; "
                 f"framefuse exports models whose forward returns one tensor y"
             )
+    batch = next(iter(shapes.values()))[0] if shapes else None
+    y = outs[0] if outs else None
+    if y is not None and (y.dim() == 0 or (batch is not None and y.shape[0] != batch)):
+        raise ExportError(
+            f"model '{label}' ({form} form) returned y of shape {list(y.shape)} for inputs {described}; "
+            f"framefuse exports models whose output keeps the batch axis first ([{batch}, ...]), one y per frame"
+        )
     return tuple(outs)
 
 

@@ -84,10 +84,20 @@ def load_calibration(path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise CalibrationError(f"{path}: calibration file not found")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.ndarray):  # a .npy: one unnamed array
+            frames = sorted(n for n in graph_inputs(model) if not is_state(n))
+            if len(frames) != 1:
+                raise CalibrationError(
+                    f"{path}: a .npy holds one unnamed array, the graph has frame inputs {frames}: save them by "
+                    f"name with np.savez(path, **{{name: frames}})"
+                )
+            arrays = {frames[0]: loaded}
+        else:
+            with loaded as data:
+                arrays = {name: data[name] for name in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise CalibrationError(f"{path}: not a readable .npz of arrays ({exc})") from exc
+        raise CalibrationError(f"{path}: not a readable .npz or .npy of arrays ({exc})") from exc
     if not arrays:
         raise CalibrationError(f"{path}: the file holds no arrays (no frames)")
     return validate(arrays, model, str(path))

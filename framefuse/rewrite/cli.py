@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from framefuse.cli import positive_float
 from framefuse.errors import FrameFuseError, ParityError
 
 DESCRIPTION = """Replace recurrences (ONNX LSTM/GRU, Loop/Scan, unrolled loops) and attention in an
@@ -18,7 +19,7 @@ exported ONNX graph with fused framefuse ops, then check the result against the 
 in ONNX Runtime (framefuse ops run their reference implementations)."""
 
 EXAMPLES = """examples:
-  framefuse rewrite artifacts/lstm/model.onnx
+  framefuse rewrite artifacts/lstm            (or artifacts/lstm/model.onnx)
       -> artifacts/lstm/model.fused.onnx, rewrite-report.json, parity-report.json
   framefuse rewrite artifacts/attention-step/model.onnx --tolerance 1e-5
   framefuse rewrite my.onnx -o out/my.fused.onnx"""
@@ -32,11 +33,11 @@ def register(subparsers) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", help="exported ONNX graph, e.g. artifacts/<name>/model.onnx")
+    p.add_argument("model", help="exported ONNX graph or its artifact folder, e.g. artifacts/<name> (its model.onnx)")
     p.add_argument("-o", "--output", help="where to write the fused graph (default: model.fused.onnx beside the input)")
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=positive_float,
         default=None,
         help="parity tolerance (atol and rtol) for every output; default: the fp32 tolerance of "
         "the artifact's manifest.json, else 1e-4",
@@ -70,6 +71,10 @@ def run(args) -> int:
     from framefuse.rewrite.report import write_bytes_atomic
 
     src = Path(args.model)
+    if src.is_dir():  # an artifact folder, as every other stage takes it
+        if not (src / "model.onnx").is_file():
+            raise FrameFuseError(f"{src}: an artifact folder holds model.onnx (framefuse export writes it); none here")
+        src = src / "model.onnx"
     out = Path(args.output) if args.output else default_output(src)
     if out.resolve() == src.resolve():
         raise FrameFuseError(f"output {out} would overwrite the input graph; choose another -o")
