@@ -51,6 +51,7 @@ CLI_CASES = [
     ("build --accuracy-frames -5", ["build", "{step}", "--accuracy-frames", "-5"], 2, "argument --accuracy-frames"),
     ("build --accuracy-tolerance 0", ["build", "{step}", "--accuracy-tolerance", "0"], 2, "--accuracy-tolerance"),
     ("check --tolerance -1", ["check", "{step}", "--tolerance", "-1"], 2, "argument --tolerance"),
+    ("check a broken file", ["check", "{noise}", "--against", "{step}/model.onnx"], 2, "not a readable ONNX model"),
 ]
 
 
@@ -224,3 +225,21 @@ def test_ctrl_c_while_a_library_imports_is_an_interruption(monkeypatch, capsys):
     assert main(["run", "somewhere"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "framefuse: interrupted"
+
+
+def test_ctrl_c_during_run_reports_the_frames_so_far(monkeypatch, step_folder, capsys):
+    """Ctrl-C in the game loop: the latency report of the frames stepped so far, then exit 130."""
+    original = Session.step
+    calls = {"n": 0}
+
+    def step(self, frame, **kw):
+        calls["n"] += 1
+        if calls["n"] == 10 + 7:  # 10 warm-up frames, then 6 timed ones, then ^C
+            raise KeyboardInterrupt
+        return original(self, frame, **kw)
+
+    monkeypatch.setattr(Session, "step", step)
+    assert main(["run", str(step_folder), "--device", "cpu", "--hz", "0", "--frames", "50"]) == 130
+    captured = capsys.readouterr()
+    assert "6 frames" in captured.out and "step latency" in captured.out
+    assert "interrupted after 6 of 50 frames" in captured.err and "Traceback" not in captured.err

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from framefuse.cli import positive_float
-from framefuse.errors import FrameFuseError
+from framefuse.errors import FrameFuseError, read_onnx
 
 
 def register(subparsers) -> None:
@@ -89,6 +89,7 @@ def targets(path: Path, engine: str | None) -> list[tuple[str, Path]]:
         return [(kind.name, path)]
     if path.suffix != ".onnx":
         raise FrameFuseError(f"{path}: not an ONNX graph or an engine artifact (.ffe, .ort, .plan)")
+    read_onnx(path, load_external_data=False)  # a broken file is named as broken, before anything else
     return [("onnx", path)]
 
 

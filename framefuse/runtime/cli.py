@@ -107,4 +107,7 @@ def run(args) -> int:
         print(f"  budget {lat['budget_ms']:.2f} ms: {lat['overruns']} overruns; {data['late_ticks']} late ticks")
         if not data["output_finite"]:
             print("  WARNING: the last output is not finite", file=sys.stderr)
+    if data.get("interrupted"):
+        print(f"framefuse: interrupted after {data['frames']} of {data['frames_asked']} frames", file=sys.stderr)
+        return 130
     return 0 if data["output_finite"] else 1

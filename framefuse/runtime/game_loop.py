@@ -72,6 +72,7 @@ def run_game_loop(
 
     ``warmup`` untimed steps come first (then the state is reset and the statistics cleared).
     ``on_frame(i, output)`` is called after each step (e.g. to print or to act on the output).
+    Ctrl-C ends the loop early: the report covers the frames stepped so far (``extra["interrupted"]``).
     """
     import torch
 
@@ -86,27 +87,36 @@ def run_game_loop(
     start = time.perf_counter()
     next_tick = start
     output = None
-    for i in range(frames):
-        output = session.step(pool[i % len(pool)])
-        if on_frame is not None:
-            on_frame(i, output)
-        if period:
-            next_tick += period
-            now = time.perf_counter()
-            if now > next_tick:
-                late += 1
-                next_tick = now  # do not try to catch up with a burst of frames
-            else:
-                # sleep most of the wait, spin the last half millisecond (sleep overshoots)
-                remaining = next_tick - now
-                if remaining > 0.0005:
-                    time.sleep(remaining - 0.0005)
-                while time.perf_counter() < next_tick:
-                    pass
+    done = 0
+    interrupted = False
+    try:
+        for i in range(frames):
+            output = session.step(pool[i % len(pool)])
+            done = i + 1
+            if on_frame is not None:
+                on_frame(i, output)
+            if period:
+                next_tick += period
+                now = time.perf_counter()
+                if now > next_tick:
+                    late += 1
+                    next_tick = now  # do not try to catch up with a burst of frames
+                else:
+                    # sleep most of the wait, spin the last half millisecond (sleep overshoots)
+                    remaining = next_tick - now
+                    if remaining > 0.0005:
+                        time.sleep(remaining - 0.0005)
+                    while time.perf_counter() < next_tick:
+                        pass
+    except KeyboardInterrupt:
+        interrupted = True
     wall = time.perf_counter() - start
     if output is not None:
         values = output.values() if isinstance(output, dict) else [output]
         finite = all(bool(np.isfinite(np.asarray(v)).all()) for v in values)
     device = session.device
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return LoopReport(frames, hz, wall, late, session.stats.summary(), str(device), gpu, finite, session.engine_name)
+    extra = {"interrupted": True, "frames_asked": frames} if interrupted else {}
+    return LoopReport(
+        done, hz, wall, late, session.stats.summary(), str(device), gpu, finite, session.engine_name, extra
+    )
