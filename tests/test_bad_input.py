@@ -243,3 +243,53 @@ def test_ctrl_c_during_run_reports_the_frames_so_far(monkeypatch, step_folder, c
     captured = capsys.readouterr()
     assert "6 frames" in captured.out and "step latency" in captured.out
     assert "interrupted after 6 of 50 frames" in captured.err and "Traceback" not in captured.err
+
+
+RUNNERS = {
+    "ort_session": (
+        "from framefuse.parity.ort_bridge import ort_session\n"
+        "session = ort_session(str(fused))\n"
+        "feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)"
+        " for i in session.get_inputs()}\n"
+        "run = lambda: session.run(None, feeds)\n"
+    ),
+    "Session.step on the onnxruntime engine": (
+        "from framefuse.runtime.session import Session\n"
+        "session = Session.load(fused, engine='onnxruntime', device='cpu', fused=True)\n"
+        "shape = session._frame_specs[session.frame_inputs[0]].shape\n"
+        "run = lambda: session.step(np.zeros(shape, np.float32))\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_ctrl_c_inside_a_framefuse_op_in_onnx_runtime_does_not_abort(runner, tmp_path):
+    """A SIGINT while a framefuse op's Python reference runs inside ONNX Runtime used to abort the
+    process (pybind11::error_already_set, exit 134): it is now held until the run returns, then
+    raised as KeyboardInterrupt. In a subprocess, so a regression cannot take pytest down."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import signal, sys\n"
+        "import numpy as np\n"
+        "from framefuse.plugins.registry import get_op\n"
+        "from framefuse.runtime.pipeline import prepare_cached\n"
+        f"fused = prepare_cached('min_gru', {SMALL!r})['step'].fused\n"
+        + RUNNERS[runner]
+        + "module = get_op('LinearScan')\n"
+        "reference = module.reference\n"
+        "def interrupted(*args, **kwargs):\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "    return reference(*args, **kwargs)\n"
+        "module.reference = interrupted\n"
+        "try:\n"
+        "    run()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted after the run')\n"
+        "    sys.exit(0)\n"
+        "print('not interrupted')\n"
+        "sys.exit(1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "interrupted after the run" in proc.stdout

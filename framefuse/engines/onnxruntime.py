@@ -245,6 +245,10 @@ class OnnxRuntimeRunner(EngineRunner):
                 f"{self.label}: ONNX Runtime cannot load the graph ({type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc})"
             ) from exc
+        if self.fused:
+            from framefuse.parity.ort_bridge import InterruptSafeSession
+
+            self.session = InterruptSafeSession(self.session)  # framefuse ops are Python callbacks
         self.session_seconds = time.perf_counter() - start
         self._input_specs = {
             i.name: _spec(i.name, i.type, i.shape, "input", self.label) for i in self.session.get_inputs()

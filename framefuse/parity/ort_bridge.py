@@ -22,8 +22,11 @@ onnxruntime-extensions conventions this module deals with:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -262,10 +265,51 @@ def ort_session(model, *, fused: bool = True, optimize: bool = True):
     options.log_severity_level = 3
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if fused and any(n.domain == DOMAIN for n in proto.graph.node):
+    python_ops = fused and any(n.domain == DOMAIN for n in proto.graph.node)
+    if python_ops:
         proto = prepare_for_ort(proto)
         options.register_custom_ops_library(_ortx().get_library_path())
     try:
-        return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         raise ParitySetupError(f"ONNX Runtime cannot load {label}: {exc}") from exc
+    if python_ops:
+        return InterruptSafeSession(session)
+    return session
+
+
+@contextlib.contextmanager
+def deferred_sigint():
+    """Ctrl-C held until the block ends, then raised. framefuse ops run as Python callbacks inside
+    ONNX Runtime; a KeyboardInterrupt raised in one crosses into C++ and aborts the process
+    (`terminate called after throwing an instance of 'pybind11::error_already_set'`, exit 134)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+class InterruptSafeSession:
+    """An ONNX Runtime session whose ``run`` holds Ctrl-C until it returns (see
+    :func:`deferred_sigint`); everything else is the session's own."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def run(self, *args, **kwargs):
+        with deferred_sigint():
+            return self._session.run(*args, **kwargs)
+
+    def run_with_iobinding(self, *args, **kwargs):
+        with deferred_sigint():
+            return self._session.run_with_iobinding(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
