@@ -556,3 +556,40 @@ def test_coefficients_through_axis_ops_are_lifted():
     lifted = ops(fused)
     for op_type in ("Softmax", "LayerNormalization", "ReduceMean", "Concat"):
         assert lifted.count(op_type) == 1, (op_type, lifted)  # one copy over all steps, not five
+
+
+def test_bounded_dependency_walk_agrees_with_the_forward_closure():
+    """The chain finder asks whether a tensor depends on h_(t-1) by walking back no further than
+    h_(t-1)'s topological position (linear rewrite time in T and layers); the answer must be the
+    forward closure's, for every pair of a recurrent state and a tensor of the unrolled graph."""
+    from framefuse.rewrite.unrolled.chains import _DependsOn
+    from framefuse.rewrite.unrolled.graphutil import descendants
+    from framefuse.rewrite.unrolled.timeline import Timeline
+
+    class TwoLayers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h1 = torch.zeros(1, 4)
+            h2 = torch.zeros(1, 4)
+            ys = []
+            for t in range(x.shape[1]):
+                h1 = torch.tanh(self.a(x[:, t]) + h1 * 0.5)
+                h2 = torch.sigmoid(self.b(h1)) * h2 + h1
+                ys.append(h2)
+            return torch.stack(ys, 1)
+
+    model = export(TwoLayers().eval(), (torch.randn(1, 6, 4),), ["x"], ["y"])
+    graph = gs.import_onnx(model)
+    tl = Timeline(graph)
+    tensors = [t for t in graph.tensors().values() if t.name and not isinstance(t, gs.Constant)]
+    holes = [t for t in tensors if t.inputs][:: max(1, len(tensors) // 25)]
+    assert len(holes) >= 10
+    for hole in holes:
+        forward = descendants(hole)
+        bounded = _DependsOn(hole, tl.order)
+        for t in tensors:
+            assert bounded.depends_on(t) == (t.name in forward), (hole.name, t.name)
