@@ -293,3 +293,13 @@ def test_ctrl_c_inside_a_framefuse_op_in_onnx_runtime_does_not_abort(runner, tmp
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "interrupted after the run" in proc.stdout
+
+
+@pytest.mark.parametrize("which", ["noise", "truncated"])
+@pytest.mark.parametrize("engine", [None, "onnxruntime", "cuda-graph"])
+def test_session_load_of_a_broken_onnx_file_is_a_framefuse_error(which, engine, bad_files):
+    from framefuse.errors import FrameFuseError
+
+    with pytest.raises(FrameFuseError, match="not a readable ONNX model") as info:
+        Session.load(bad_files[which], engine=engine, device="cpu")
+    assert "\n" not in str(info.value)
