@@ -821,7 +821,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         tasks[host_id] = task
     for out_id in side_of:
         tasks.pop(out_id, None)
-    ordered = _place(_order_tasks(tasks, side_of), side_of, materialized, grid, threads, users, outputs)
+    ordered = _place(_order_tasks(tasks, side_of), materialized, grid, threads, users, outputs, smem_floats)
     producer: dict[int, int] = {}
     for i, task in enumerate(ordered):
         producer[task.root.id] = i
@@ -846,14 +846,15 @@ def _task_levels(ordered: list) -> list[int]:
 
 
 def _place(
-    ordered: list, side_of: dict, materialized: dict, grid: int, threads: int, users: dict, outputs: set
+    ordered: list, materialized: dict, grid: int, threads: int, users: dict, outputs: set, smem_floats: int
 ) -> list:
     """Tasks that do not wait on one another (one dependency level: attention's q, k and v,
     mamba's three x-projection slices) go on disjoint blocks, so they run side by side instead of
     one after another on the same blocks (measured on the H100: mamba's slices took 1.5 us each,
     in a row). Where their blocks exceed the grid, the grid is shared out (each task gets at most
     what it would use alone, the small ones first) and a task takes more elements a block: a
-    block's warps are mostly idle at two rows a block anyway."""
+    block's warps are mostly idle at two rows a block anyway. A task whose arrays would then
+    outgrow shared memory keeps its blocks."""
     level = _task_levels(ordered)
     spans: dict[int, int] = {}
     for lv in sorted(set(level)):
@@ -887,6 +888,9 @@ def _place(
             first=first,
             span=spans[i],
         )
+        if task_smem_floats(moved) > smem_floats:
+            placed.append(task)
+            continue
         moved.side = list(task.side)
         placed.append(moved)
     return placed
