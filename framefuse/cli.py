@@ -236,8 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # by SIGPIPE would; stdout goes to /dev/null so the interpreter's final flush cannot fail
         import os
 
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor
+            pass
         return 141
     except KeyboardInterrupt:
         print("framefuse: interrupted", file=sys.stderr)

@@ -283,8 +283,8 @@ def deferred_sigint():
     """Ctrl-C held until the block ends, then raised. framefuse ops run as Python callbacks inside
     ONNX Runtime; a KeyboardInterrupt raised in one crosses into C++ and aborts the process
     (`terminate called after throwing an instance of 'pybind11::error_already_set'`, exit 134)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # handlers can only be set from the main thread, and one installed from C is left alone
         return
     caught = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
