@@ -168,6 +168,43 @@ def test_conv1d_lowering_matches_onnxruntime(channels, length, kernel, groups, p
     np.testing.assert_allclose(naive.run(lower_onnx(model, fold=False), {"x": x})["y"], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["DeltaRuleScan", "GatedDeltaRuleScan"])
+def test_delta_rule_steps_lower_to_the_ops_reference(op):
+    """The single step of both delta rules (their states are transposed to each other: [Dv, Dk]
+    and [Dk, Dv]) through the interpreter, against the op's reference in ONNX Runtime."""
+    from framefuse.parity.ort_bridge import ort_session
+
+    rng = np.random.default_rng(12)
+    b, h, dk, dv = 2, 3, 5, 4
+    gated = op == "GatedDeltaRuleScan"
+    feeds = {
+        "q": rng.standard_normal((b, h, 1, dk)),
+        "k": rng.standard_normal((b, h, 1, dk)) / 2,
+        "v": rng.standard_normal((b, h, 1, dv)),
+        **({"g": -np.abs(rng.standard_normal((b, h, 1)))} if gated else {}),
+        "beta": 1 / (1 + np.exp(-rng.standard_normal((b, h, 1)))),
+        "S0": rng.standard_normal((b, h, dk, dv) if gated else (b, h, dv, dk)),
+    }
+    feeds = {n: a.astype(np.float32) for n, a in feeds.items()}
+    node = helper.make_node(op, list(feeds), ["o", "S"], domain="framefuse", name="scan")
+    model = helper.make_model(
+        helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in feeds.items()],
+            [
+                helper.make_tensor_value_info("o", TensorProto.FLOAT, [b, h, 1, dv]),
+                helper.make_tensor_value_info("S", TensorProto.FLOAT, list(feeds["S0"].shape)),
+            ],
+        ),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)],
+    )
+    expected = ort_session(model).run(None, feeds)
+    got = naive.run(lower_onnx(model, fold=False), feeds)
+    np.testing.assert_allclose(got["o"], expected[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["S"], expected[1], rtol=1e-5, atol=1e-5)
+
+
 # -- the generated kernel, emulated on the CPU -----------------------------------------------------------
 
 needs_cxx = pytest.mark.skipif(cxx_compiler() is None, reason="no C++ compiler to emulate the generated kernel")

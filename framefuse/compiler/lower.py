@@ -798,43 +798,35 @@ def _wkv(ctx, ins):
 def _delta_rule(ctx, ins):
     q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))  # [B, H, D]
     beta = _one_step(ctx, ins[3], 2, "beta")  # [B, H]
-    batch, heads, dk = k.shape
-    dv = v.shape[-1]
-    S = _state_or(ctx, ins[4] if len(ins) > 4 else None, (batch, heads, dv, dk))
-    label = ctx.label
-    sk = ir.reduce("sum", ir.ew("mul", S, _unsq(k, [2], label), label=label), [-1], False, label)  # [B, H, Dv]
-    S_new = ir.ew(
-        "delta_rule_state",
-        S,
-        _unsq(beta, [2, 3], label),
-        _unsq(k, [2], label),
-        _unsq(v, [3], label),
-        _unsq(sk, [3], label),
-        label=label,
-    )
-    o = ir.reduce("sum", ir.ew("mul", S_new, _unsq(q, [2], label), label=label), [-1], False, label)
-    return [_unsq(o, [2], label), S_new]
+    S = _state_or(ctx, ins[4] if len(ins) > 4 else None, (k.shape[0], k.shape[1], v.shape[-1], k.shape[-1]))
+    return _delta_update(ctx, "delta_rule_state", S, q, k, v, [beta], k_last=True)
 
 
 def _gated_delta_rule(ctx, ins):
     q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))
     g, beta = _one_step(ctx, ins[3], 2, "g"), _one_step(ctx, ins[4], 2, "beta")  # [B, H]
-    batch, heads, dk = k.shape
-    dv = v.shape[-1]
-    S = _state_or(ctx, ins[5] if len(ins) > 5 else None, (batch, heads, dk, dv))
+    S = _state_or(ctx, ins[5] if len(ins) > 5 else None, (k.shape[0], k.shape[1], k.shape[-1], v.shape[-1]))
+    return _delta_update(ctx, "gated_delta_state", S, q, k, v, [g, beta], k_last=False)
+
+
+def _delta_update(ctx, op: str, S, q, k, v, gates: list, *, k_last: bool):
+    """One delta-rule step on a state S [B, H, Dv, Dk] (``k_last``: DeltaRuleScan) or
+    [B, H, Dk, Dv] (GatedDeltaRuleScan): s = S·k along Dk, S' = op(S, *gates, k, v, s) (the op's
+    step function), o = S'·q along Dk; returns [o as [B, H, 1, Dv], S']."""
     label = ctx.label
-    ks = ir.reduce("sum", ir.ew("mul", S, _unsq(k, [3], label), label=label), [-2], False, label)  # [B, H, Dv]
+    k_axis, v_axis = (2, 3) if k_last else (3, 2)  # where k and v are broadcast into the state
+    along_k = -1 if k_last else -2
+    sk = ir.reduce("sum", ir.ew("mul", S, _unsq(k, [k_axis], label), label=label), [along_k], False, label)
     S_new = ir.ew(
-        "gated_delta_state",
+        op,
         S,
-        _unsq(g, [2, 3], label),
-        _unsq(beta, [2, 3], label),
-        _unsq(k, [3], label),
-        _unsq(v, [2], label),
-        _unsq(ks, [2], label),
+        *[_unsq(gate, [2, 3], label) for gate in gates],
+        _unsq(k, [k_axis], label),
+        _unsq(v, [v_axis], label),
+        _unsq(sk, [v_axis], label),
         label=label,
     )
-    o = ir.reduce("sum", ir.ew("mul", S_new, _unsq(q, [3], label), label=label), [-2], False, label)
+    o = ir.reduce("sum", ir.ew("mul", S_new, _unsq(q, [k_axis], label), label=label), [along_k], False, label)
     return [_unsq(o, [2], label), S_new]
 
 

@@ -896,15 +896,15 @@ def _place(
     return placed
 
 
-def _computed_parts(node: Node, materialized: dict, found: list, memo: dict) -> int:
+def _computed_parts(node: Node, materialized: dict, found: list) -> int:
     """Walk a data-movement tree (Map / Concat) down to leaves, materialized values and computed
     nodes; collect the computed ones in ``found``; return how many elements are pure views."""
     if isinstance(node, Leaf) or node.id in materialized:
         return node.size
     if isinstance(node, Map):
-        return node.size if _computed_parts(node.src, materialized, found, memo) >= node.src.size else 0
+        return node.size if _computed_parts(node.src, materialized, found) >= node.src.size else 0
     if isinstance(node, Concat):
-        return sum(_computed_parts(s, materialized, found, memo) for s in node.srcs)
+        return sum(_computed_parts(s, materialized, found) for s in node.srcs)
     found.append(node)
     return 0
 
@@ -922,11 +922,7 @@ def _mostly_views(tasks: dict, materialized: dict) -> list[Problem]:
         if node is None or not isinstance(node, (Map, Concat)) or nid not in tasks:
             continue
         found: list[Node] = []
-        views = (
-            sum(_computed_parts(s, materialized, found, {}) for s in node.inputs())
-            if isinstance(node, Concat)
-            else _computed_parts(node.src, materialized, found, {})
-        )
+        views = sum(_computed_parts(s, materialized, found) for s in node.inputs())  # Map: its source
         computed = sum(n.size for n in found)
         if found and views >= 2 * computed:
             for part in found:
