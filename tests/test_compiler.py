@@ -8,6 +8,7 @@ The same kernels on a GPU: tests/gpu/test_stepkernel.py and bench/stepkernel.py.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -296,7 +297,52 @@ def test_flagged_values_are_staged_never_waited_on_one_by_one():
         body = source[source.index("ffk_step(") :]
         assert "ffk_ll_wait(" not in body
         assert "ffk_ll_stage_n<" in body
-        assert body.count("ffk_prefetch(") == 1
+        # one table-driven loop an issue point (the prologue's, then one a task ahead of each use)
+        assert body.count("ffk_prefetch_lanes(") == body.count("ffk_prefetch_commit();") >= 1
+        assert "ffk_prefetch(" not in body
+        assert "s += NWARPS" in body  # the copies shared out over the warps
+
+
+def test_host_facing_blocks_raise_done_words_and_the_frame_is_read_at_entry():
+    """The blocks that read the frame or write an output raise one done word each after a system
+    fence (the host waits on those, not on the stream; the emulation checks every launch raises
+    all of them), and the frame is read before the prologue so its host round trip overlaps it."""
+    kernel = generate_source(_prepared("min_gru").fused, grid=16)
+    body = kernel.source[kernel.source.index("ffk_step(") :]
+    head = kernel.schedule.tasks[-1]
+    assert kernel.done_words == len({0} | set(range(head.first, head.first + head.blocks)))
+    assert body.index("__threadfence_system()") < body.index("ffk_store_done(ffk_done + ffk_slot, epoch)")
+    assert body.index("ffk_host0 = ffk_load_host(in0") < body.index("ffk_counters[b]")
+    assert body.count("ffk_load_host(") == 1
+
+
+def test_later_copies_are_issued_a_task_ahead_and_waited_on_exactly():
+    """The prologue issues the first PROLOGUE_GROUPS commit groups; each later one is issued
+    before the task a group ahead of its own, and every task waits for exactly its own group
+    (cp.async.wait_group N leaves the N groups committed after it in flight)."""
+    from framefuse.compiler import codegen
+
+    kernel = generate_source(_prepared("min_gru").fused, grid=16)
+    body = kernel.source[kernel.source.index("ffk_step(") :]
+    waits = [int(w) for w in re.findall(r"ffk_prefetch_wait<(\d+)>", body)]
+    assert len(waits) >= 3
+    position = 0
+    for j, later in enumerate(waits):
+        at = body.index(f"ffk_prefetch_wait<{later}>", position)
+        # the prologue's loop commits PROLOGUE_GROUPS groups, every later issue point one
+        committed = min(len(waits), codegen.PROLOGUE_GROUPS) + body.count("ffk_prefetch_commit();", 0, at) - 1
+        assert committed == min(len(waits), codegen.PROLOGUE_GROUPS + j)
+        assert later == committed - j - 1  # exactly this task's group has to have landed
+        position = at + 1
+
+
+def test_cheap_scalars_are_recomputed_not_given_a_phase():
+    """A LayerNorm's 1/sqrt(var + eps) is recomputed by each reader once its two sums are
+    arrays: the task is stage, sums, normalized row, products, root (it had two more phases)."""
+    kernel = generate_source(_prepared("min_gru").fused, grid=16)
+    layer = kernel.schedule.tasks[2]
+    assert layer.phases() == 6
+    assert not [u for u in layer.arrays() if u.node.size == 1 and u.how == "thread"]
 
 
 def test_long_root_reductions_run_a_warp_per_element():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -30,11 +31,18 @@ SOURCE_VARIANTS = {
         "template <int NT, int K>\n__device__ __noinline__ void ffk_ll_stage_n",
     ),
     "no-unroll": lambda s: s.replace("#pragma unroll 4", "#pragma unroll 1"),
+    # what the system fence before the host's done words costs
+    "no-done-fence": lambda s: re.sub(r"__threadfence_system\(\);(\s*ffk_store_done\()", r"\1", s),
 }
-# scheduler settings: (module constant, value)
+# compiler settings: (module of framefuse.compiler, constant, value)
 SCHEDULE_VARIANTS = {
-    "host-write-8": ("HOST_WRITE_CHUNK", 8),
-    "host-write-4": ("HOST_WRITE_CHUNK", 4),
+    "host-write-8": ("schedule", "HOST_WRITE_CHUNK", 8),
+    "host-write-4": ("schedule", "HOST_WRITE_CHUNK", 4),
+    "scalar-cached": ("schedule", "SCALAR_RECOMPUTE_COST", -1),
+    "prefetch-by-block": ("codegen", "PREFETCH_BY_WARP", False),
+    "prologue-all-groups": ("codegen", "PROLOGUE_GROUPS", 1000),
+    "prologue-1-group": ("codegen", "PROLOGUE_GROUPS", 1),
+    "prologue-3-groups": ("codegen", "PROLOGUE_GROUPS", 3),
 }
 VARIANTS = {**SOURCE_VARIANTS, **SCHEDULE_VARIANTS}
 
@@ -65,9 +73,10 @@ def main() -> int:
         reference = None
         for name in args.variants.split(","):
             if name in SCHEDULE_VARIANTS:
-                from framefuse.compiler import schedule as sched_module
+                import importlib
 
-                constant, value = SCHEDULE_VARIANTS[name]
+                module_name, constant, value = SCHEDULE_VARIANTS[name]
+                sched_module = importlib.import_module(f"framefuse.compiler.{module_name}")
                 saved = getattr(sched_module, constant)
                 setattr(sched_module, constant, value)
                 try:

@@ -112,6 +112,10 @@ inline float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     }
 }
 inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void ffk_store_done(unsigned* p, unsigned epoch) {
+    std::atomic_ref<unsigned>(*p).store(epoch, std::memory_order_release);
+}
 inline unsigned long long ffk_globaltimer() {
     return (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count();
 }
@@ -123,6 +127,9 @@ inline void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long* con
 }
 inline void ffk_prefetch(float* dst, const float* src, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+inline void ffk_prefetch_lanes(float* dst, const float* src, int n, int lane) {
+    for (int i = lane; i < n; i += 32) dst[i] = src[i];
 }
 inline void ffk_prefetch_commit() {}
 template <int N>

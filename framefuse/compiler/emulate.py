@@ -32,7 +32,7 @@ def _harness(kernel: Kernel) -> str:
     args += [f"outs[{i}] + step * out_sizes[{i}]" for i in range(n_out)]
     args += [f"state[{i}][step % 2]" for i in range(n_state)]
     args += [f"state[{i}][(step + 1) % 2]" for i in range(n_state)]
-    args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()"]
+    args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()", "done.data()"]
     call = f"{KERNEL_NAME}({', '.join(args)})"
     return f"""
 #include <cstdio>
@@ -63,6 +63,7 @@ int main(int argc, char** argv) {{
     std::vector<int> ranges = as<int>(file("ranges.bin"));
     std::vector<unsigned long long> ll(std::max<size_t>({max(kernel.layout.ll_words, 1)}, 1), 0ull);
     std::vector<unsigned long long> counters(grid, 0ull);
+    std::vector<unsigned> done({max(kernel.done_words, 1)}, 0u);
     std::vector<std::vector<float>> in_data, out_data;
     std::vector<size_t> in_sizes, out_sizes;
     float* ins[{max(n_in, 1)}]; float* outs[{max(n_out, 1)}]; float* state[{max(n_state, 1)}][2];
@@ -90,7 +91,13 @@ int main(int argc, char** argv) {{
     for (int step = 0; step < steps; ++step) {{
         if (step > 0)  // the next half is poisoned, so an element the kernel forgets to write shows up
             for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
+        std::fill(done.begin(), done.end(), 0u);
         ffk_emu_launch(grid, threads, smem_floats, [&] {{ {call}; }});
+        for (int k = 0; k < {kernel.done_words}; ++k)  // every host-facing block raised its word
+            if (done[k] != (unsigned)(step + 1)) {{
+                std::fprintf(stderr, "launch %d: done word %d holds %u, not the epoch %d\\n", step, k, done[k], step + 1);
+                return 5;
+            }}
     }}
     for (int i = 0; i < {n_out}; ++i) {{
         std::snprintf(path, sizeof path, "%s/out%d.bin", dir, i);

@@ -123,8 +123,10 @@ class CompiledStep:
         self.flags = torch.zeros(max(k.layout.ll_words, 1), dtype=torch.int64, device=self.device)
         self.counters = torch.zeros(grid, dtype=torch.int64, device=self.device)
         self.ranges = torch.from_numpy(k.ranges()).to(self.device)
+        # where the done words go when nobody waits on them (device-tensor launches)
+        self.done_scratch = torch.zeros(max(k.done_words, 1), dtype=torch.int32, device=self.device)
         self.trace = (
-            torch.zeros((grid, len(self.schedule.tasks), TRACE_SLOTS), dtype=torch.int64, device=self.device)
+            torch.zeros((grid, len(self.schedule.tasks) + 1, TRACE_SLOTS), dtype=torch.int64, device=self.device)
             if trace
             else None
         )
@@ -169,7 +171,17 @@ class CompiledStep:
         )
         return info
 
-    def args(self, inputs: Sequence[int], outputs: Sequence[int], states_in: Sequence[int], states_out: Sequence[int]):
+    def args(
+        self,
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+        states_in: Sequence[int],
+        states_out: Sequence[int],
+        done: int | None = None,
+    ):
+        """The kernel's arguments; ``done`` is the address of ``kernel.done_words`` 32-bit words
+        the host-facing blocks raise (mapped host memory for a host wait; a device scratch buffer
+        when not given)."""
         ptr = ctypes.c_void_p
         return (
             [ptr(p) for p in inputs]
@@ -181,18 +193,22 @@ class CompiledStep:
                 ptr(self.flags.data_ptr()),
                 ptr(self.counters.data_ptr()),
                 ptr(self.ranges.data_ptr()),
+                ptr(self.done_scratch.data_ptr() if done is None else done),
             ]
             + ([ptr(self.trace.data_ptr())] if self.trace is not None else [])
         )
 
     def timeline(self) -> list[dict]:
         """Per task, from the last traced launch (trace=True): when the blocks entered it, had
-        their inputs, and left it (µs after the first block's entry into the first task; median
-        and latest over the task's blocks)."""
+        their inputs, and left it (µs after the first block entered the kernel; median and latest
+        over the task's blocks); the last row is the kernel's own: entry, prologue done (the
+        prefetch copies issued), end."""
         if self.trace is None:
             raise CompileError("compile with trace=True for a timeline")
         stamps = self.trace.cpu().numpy().astype(np.float64)
-        start = stamps[:, 0, 0][stamps[:, 0, 0] > 0].min() if (stamps[:, 0, 0] > 0).any() else 0.0
+        n = len(self.schedule.tasks)
+        entries = stamps[:, n, 0]
+        start = entries[entries > 0].min() if (entries > 0).any() else 0.0
         rows = []
         for t, task in enumerate(self.schedule.tasks):
             blocks = stamps[task.first : task.first + task.blocks, t, :3]
@@ -212,6 +228,19 @@ class CompiledStep:
                     "phase_cycles": [int(np.median(c)) for c in cycles.T] if len(cycles) else [],
                 }
             )
+        rel = (stamps[:, n, :3] - start) / 1e3
+        rows.append(
+            {
+                "task": "kernel",
+                "value": "entry / prologue done / end, every block",
+                "blocks": self.grid,
+                "phases": 0,
+                "enter_us": [round(float(np.median(rel[:, 0])), 2), round(float(rel[:, 0].max()), 2)],
+                "ready_us": [round(float(np.median(rel[:, 1])), 2), round(float(rel[:, 1].max()), 2)],
+                "exit_us": [round(float(np.median(rel[:, 2])), 2), round(float(rel[:, 2].max()), 2)],
+                "phase_cycles": [],
+            }
+        )
         return rows
 
     def launch(self, args, stream=None) -> None:
@@ -282,6 +311,10 @@ class StepKernelPlan:
         return StepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
 
 
+# polls of a done word before wait_host falls back to the stream sync (tens of ns a poll: a few ms)
+HOST_SPIN_LIMIT = 100_000
+
+
 class _FastLaunch:
     """cuGraphLaunch and cuStreamSynchronize straight from libcuda through ctypes: the per-frame
     host cost is two foreign calls (cuda-python's wrappers convert their arguments on every call)."""
@@ -350,6 +383,14 @@ class StepBinding:
         self.host_out_t = {n: self._out_mapped[n].tensor for n in self.host_output_names}
         self.parity = 0
         self.replays = 0
+        # the host-facing blocks' done words (see codegen.Generator._done): wait_host spins on them
+        self._done = MappedHostBuffer((max(k.done_words, 1),), dtype=np.uint32)
+        self._done_addr = self._done.array.ctypes.data
+        self._done_nbytes = self._done.array.nbytes
+        self._done_words = [ctypes.c_uint32.from_address(self._done_addr + 4 * i) for i in range(k.done_words)]
+        self._unwaited = False  # a launch nobody has waited on yet
+        if not self._done_words:  # no block touches host memory: nothing to wait on but the stream
+            self.wait_host = self.sync
         self.stream = torch.cuda.Stream(self.device)
         program = c.program
         state_of = program.state_of
@@ -378,6 +419,7 @@ class StepBinding:
                 [pointer_out(n, parity) for n in k.output_names],
                 [pointer_in(n, parity) for n in k.state_names],
                 [pointer_out(state_of[n], parity) for n in k.state_names],
+                done=self._done.device_ptr,
             )
             graph = torch.cuda.CUDAGraph()
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -415,9 +457,13 @@ class StepBinding:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def launch(self) -> None:
+        if self._unwaited:  # the previous launch's done words could still land after the reset below
+            self.sync()
+        ctypes.memset(self._done_addr, 0, self._done_nbytes)
         err = self._launch_fn(self._execs[self.parity], self._stream_handle)
         if err:
             raise EngineRunError(f"stepkernel: cuGraphLaunch failed: CUresult {err}")
+        self._unwaited = True
         if len(self._execs) == 2:
             self.parity ^= 1
         self.replays += 1
@@ -426,8 +472,33 @@ class StepBinding:
 
     def sync(self) -> None:
         err = self._sync_fn(self._stream_handle)
+        self._unwaited = False
         if err:
             raise EngineRunError(f"stepkernel: the step kernel failed: CUresult {err} ({_error_name(err)})")
+
+    def wait_host(self) -> None:
+        """Wait until the last launch has read its frames and written its host outputs: spin on
+        the done words of the blocks that touch host memory, not on the stream (the kernel may
+        still be storing the next state; the next launch is ordered after it by the stream, and
+        sync/wait_idle wait for it). After ~HOST_SPIN_LIMIT polls it falls back to the stream
+        sync, which reports a failed kernel."""
+        for word in self._done_words:
+            spins = 0
+            while not word.value:
+                spins += 1
+                if spins > HOST_SPIN_LIMIT:
+                    self._wait_host_slow()
+                    return
+        self._unwaited = False
+
+    def _wait_host_slow(self) -> None:
+        self.sync()
+        missing = [i for i, word in enumerate(self._done_words) if not word.value]
+        if missing:
+            raise EngineRunError(
+                f"stepkernel: the kernel finished but {len(missing)} of its {len(self._done_words)} host-facing "
+                f"blocks did not raise their done word (slots {missing[:8]}): a code generation error"
+            )
 
     def wait_idle(self) -> None:
         self.sync()

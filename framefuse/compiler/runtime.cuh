@@ -127,6 +127,11 @@ FFK_DEVICE float ffk_load_host(const float* p) {
     return v;
 }
 
+// a block's done word in mapped host memory (the host waits on it instead of the stream)
+FFK_DEVICE void ffk_store_done(unsigned* p, unsigned epoch) {
+    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(epoch) : "memory");
+}
+
 // -- weight prefetch into shared memory (cp.async, sm_80+) ----------------------------------------------
 // Copies `n` floats from global `src` to shared `dst`, spread over the block's threads; 16-byte
 // copies when both addresses and `n` allow it.
@@ -137,6 +142,17 @@ FFK_DEVICE void ffk_prefetch(float* dst, const float* src, int n) {
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 16u * i), "l"(src + 4 * i) : "memory");
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(base + 4u * i), "l"(src + i) : "memory");
+    }
+}
+// The same over one warp's lanes (the prologue gives each warp its own copies).
+FFK_DEVICE void ffk_prefetch_lanes(float* dst, const float* src, int n, int lane) {
+    const unsigned base = (unsigned)__cvta_generic_to_shared(dst);
+    if ((((unsigned long long)src | (unsigned long long)base) & 15) == 0 && (n & 3) == 0) {
+        for (int i = lane; i < (n >> 2); i += 32)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 16u * i), "l"(src + 4 * i) : "memory");
+    } else {
+        for (int i = lane; i < n; i += 32)
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(base + 4u * i), "l"(src + i) : "memory");
     }
 }

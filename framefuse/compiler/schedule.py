@@ -50,6 +50,11 @@ from framefuse.compiler.ops import EW
 # An inline value read by more than one element is cached in shared memory when its inline cost
 # (elementwise ops; a reduction counts its extent) reaches this, or when it is a reduction.
 CACHE_COST = 8
+# ...except a scalar this cheap (a LayerNorm's 1 / sqrt(var + eps) once its two sums are arrays)
+# read by units of at most one element a thread: each reader recomputes it. Cached, it is a phase
+# of its own, a barrier and a pass over shared memory (H100: 170-270 cycles each for the two
+# scalars of min_gru's LayerNorms), to save a reader a sqrt and a division.
+SCALAR_RECOMPUTE_COST = 32
 # A Dot computed more than this many times over by the blocks ...
 DOT_REDUNDANCY = 2.0
 # ... is materialized, unless its whole redundant work is this small (multiply-adds).
@@ -452,7 +457,7 @@ def build_task(
     for _ in range(64):
         view = TaskView(root, materialized, arrays, inline_through)
         units = _collect_units(view, root)
-        extra = _cache_candidates(view, units)
+        extra = _cache_candidates(view, units, grid, threads)
         if not extra - arrays:
             break
         arrays |= extra
@@ -497,7 +502,15 @@ def _collect_units(view: TaskView, root: Node) -> dict:
     return units
 
 
-def _cache_candidates(view: TaskView, units: dict) -> set:
+def _elements_a_block(unit: Unit, root_size: int, grid: int) -> int:
+    """An upper bound on the elements of ``unit`` one block computes (before the ranges are
+    known): an array may be needed whole by every block, the root is spread over the grid."""
+    if unit.how == "root":
+        return -(-root_size // grid)
+    return max(unit.node.size, 1)
+
+
+def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int = THREADS) -> set:
     """Inline values read by more than one element of a unit and costly enough to compute once.
     Only the lowest are returned (none of them reads another inline): a value above a cached
     reduction is cheap once the reduction is an array, so costs are judged again next round."""
@@ -516,9 +529,13 @@ def _cache_candidates(view: TaskView, units: dict) -> set:
         for occ in unit.occurrences:
             if view.kind(occ.node) == "inline" and not isinstance(occ.node, (Map, Concat)):
                 by_node.setdefault(occ.node.id, []).append(occ)
+        few = _elements_a_block(unit, view.root.size, grid) <= threads
         for node_id, occs in by_node.items():
             node = occs[0].node
-            if inline_cost(node, view, memo) < CACHE_COST and not isinstance(node, Reduce):
+            cost = inline_cost(node, view, memo)
+            if cost < CACHE_COST and not isinstance(node, Reduce):
+                continue
+            if few and node.size == 1 and cost <= SCALAR_RECOMPUTE_COST and not isinstance(node, Reduce):
                 continue
             pairs = [enumerate_pairs(o, unit.var, elements) for o in occs]
             if any(p is None for p in pairs) or max_readers(pairs, node.size) > 1:

@@ -19,6 +19,9 @@ Binding protocol (what ``Session.step`` uses; ``cuda_graph.Binding`` is the mode
     dev_in[name]   / dev_out[name]      torch tensors the engine reads / writes (CPU tensors on CPU backends)
     launch()                            enqueue one run, do not wait
     sync()                              wait for the last launch
+    wait_host()                         optional: wait until the last launch has read its host inputs and
+                                        written its host outputs; device buffers may still be written
+                                        (the step kernel's done words; Session.step uses it when given)
     wait_idle()                         wait for anything this binding may still have in flight
     set_replay_mode(mode)               "torch" | "driver" (backends without graphs accept and ignore them)
     order_after_current()               make the next launch wait for torch's current stream

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 DEFAULT_BUDGET_MS = 1000.0 / 60.0  # one frame at 60 FPS: 16.67 ms
@@ -10,15 +12,16 @@ DEFAULT_BUDGET_MS = 1000.0 / 60.0  # one frame at 60 FPS: 16.67 ms
 class LatencyStats:
     """The last ``capacity`` call durations (ns) and totals over every call.
 
-    ``record`` writes one int into a preallocated array (no allocation on the hot path);
-    percentiles are computed on demand over what the ring holds.
+    ``record`` writes one int into a preallocated array (no allocation on the hot path; an
+    ``array.array`` rather than numpy: a numpy item assignment costs ~0.3 us, a tenth of a
+    step's host work); percentiles are computed on demand over what the ring holds.
     """
 
     def __init__(self, capacity: int = 100_000, budget_ms: float | None = DEFAULT_BUDGET_MS):
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.capacity = int(capacity)
-        self._ring = np.zeros(self.capacity, dtype=np.int64)
+        self._ring = array("q", bytes(8 * self.capacity))
         self.budget_ms = budget_ms
         self._budget_ns = int(budget_ms * 1e6) if budget_ms is not None else None
         self.reset()
@@ -30,10 +33,9 @@ class LatencyStats:
         self.max_ns = 0
 
     def record(self, elapsed_ns: int) -> None:
-        self._ring[self._next] = elapsed_ns
-        self._next += 1
-        if self._next == self.capacity:
-            self._next = 0
+        i = self._next
+        self._ring[i] = elapsed_ns
+        self._next = i + 1 if i + 1 < self.capacity else 0
         self.count += 1
         if elapsed_ns > self.max_ns:
             self.max_ns = elapsed_ns
@@ -42,9 +44,10 @@ class LatencyStats:
 
     def window(self) -> np.ndarray:
         """The durations (ns) held in the ring, oldest first."""
+        ring = np.frombuffer(self._ring, dtype=np.int64)
         if self.count < self.capacity:
-            return self._ring[: self.count].copy()
-        return np.concatenate([self._ring[self._next :], self._ring[: self._next]])
+            return ring[: self.count].copy()
+        return np.concatenate([ring[self._next :], ring[: self._next]])
 
     def percentile_us(self, q: float) -> float:
         held = self.window()

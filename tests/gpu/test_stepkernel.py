@@ -179,3 +179,35 @@ def test_stepkernel_artifact_round_trip(tmp_path):
     a, b = Session(built, budget_ms=None), Session(loaded, budget_ms=None)
     for frame in frames:
         np.testing.assert_array_equal(a.step(frame), b.step(frame))
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "attention"])
+def test_step_returns_on_the_done_words_and_the_state_stays_chained(arch):
+    """Session.step returns once the host-facing blocks raised their done words, before the
+    kernel retires: outputs, the chained state read between steps, and a stream-synced step
+    interleaved (check_finite on) all agree with ONNX Runtime."""
+    prepared = prepare_cached(arch, SMALL)["step"]
+    frames = np.random.default_rng(7).standard_normal((30, *prepared.input_shapes()["x"])).astype(np.float32)
+    session = _session(prepared)
+    binding = session._host_step
+    assert binding.plan.compiled.kernel.done_words >= 1
+    assert session._wait_host == binding.wait_host
+    ref_y, _ = _rollout(prepared, frames)
+    for i, frame in enumerate(frames):
+        session.check_finite = i % 7 == 3  # now and then the stream-synced path
+        _close(session.step(frame), ref_y[i], f"y at step {i}")
+        assert all(word.value for word in binding._done_words), f"step {i}: a done word is down"
+        if i == 12:  # a state read in between waits for the kernel's tail
+            _, ref_state = _rollout(prepared, frames[:13])
+            for name, value in session.get_state().items():
+                _close(value, ref_state[name], f"{name} after step 12")
+
+
+def test_host_wait_falls_back_to_the_stream_sync(monkeypatch):
+    """With no spinning allowed the wait goes through cuStreamSynchronize and checks the words."""
+    from framefuse.compiler import engine as step_engine
+
+    prepared = prepare_cached("gru", SMALL)["step"]
+    frames = np.random.default_rng(8).standard_normal((10, *prepared.input_shapes()["x"])).astype(np.float32)
+    monkeypatch.setattr(step_engine, "HOST_SPIN_LIMIT", -1)
+    _check(prepared, frames)
