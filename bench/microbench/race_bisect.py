@@ -8,6 +8,7 @@ compute-sanitizer). Settings are MODULE.CONSTANT=VALUE of framefuse.compiler mod
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 from pathlib import Path
@@ -21,12 +22,9 @@ def main(argv: list[str]) -> int:
     arch, settings = argv[0], argv[1:]
     for setting in settings:
         name, value = setting.split("=")
-        module, constant = name.split(".")
-        setattr(
-            importlib.import_module(f"framefuse.compiler.{module}"),
-            constant,
-            type(getattr(importlib.import_module(f"framefuse.compiler.{module}"), constant))(eval(value)),
-        )
+        module_name, constant = name.split(".")
+        module = importlib.import_module(f"framefuse.compiler.{module_name}")
+        setattr(module, constant, ast.literal_eval(value))
     from framefuse.engines import cuda_graph
     from framefuse.runtime.pipeline import prepare_cached
     from framefuse.runtime.session import Session
