@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+for path in (REPO, REPO / "bench"):  # framefuse, and bench/e2e.py's measure
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 SOURCE = r"""
 extern "C" __global__ void floor_flag(const float* x, float* y, unsigned* flag, unsigned* counter, int n_in, int n_out, int use_flag) {
@@ -49,22 +51,11 @@ extern "C" __global__ void floor_flag(const float* x, float* y, unsigned* flag, 
 """
 
 
-def percentiles(ns: np.ndarray) -> dict:
-    us = ns / 1e3
-    p50, p99 = np.percentile(us, [50, 99])
-    return {"p50_us": round(float(p50), 2), "p99_us": round(float(p99), 2), "mean_us": round(float(us.mean()), 2)}
-
-
 def timed(call, iters: int, warmup: int) -> dict:
-    for i in range(warmup):
-        call(i)
-    ns = np.empty(iters, dtype=np.int64)
-    clock = time.perf_counter_ns
-    for i in range(iters):
-        t = clock()
-        call(i)
-        ns[i] = clock() - t
-    return percentiles(ns)
+    """bench/e2e.py's measure: p50 / p99 / mean µs of ``call(i)``."""
+    from e2e import measure
+
+    return measure(call, iters=iters, warmup=warmup)
 
 
 def main() -> int:

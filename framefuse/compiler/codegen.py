@@ -387,7 +387,7 @@ class Generator:
                 body.items += [
                     f"// task {t}'s frame element, read before anything else: the host round trip overlaps the prologue",
                     f"float ffk_host{t} = 0.0f;",
-                    f"if ({_on_blocks(task)[4:-1]} && tid < {min(task.chunk, leaf.size)} && {_block_in_task(task)} * {task.chunk} + tid < {leaf.size})",
+                    f"if ({_in_task(task)} && tid < {min(task.chunk, leaf.size)} && {_block_in_task(task)} * {task.chunk} + tid < {leaf.size})",
                     f"    ffk_host{t} = ffk_load_host(in{self.input_names.index(leaf.name)} + {_block_in_task(task)} * {task.chunk} + tid);",
                 ]
         body.items += [
@@ -704,10 +704,15 @@ def _lane_loop(r: ix.Var, j: str, *, unroll: int) -> tuple[Code, Scope]:
     return loop, Scope(body, var=r, pos=len(body.items), lanes=True)
 
 
-def _on_blocks(task: Task) -> str:
+def _in_task(task: Task) -> str:
+    """The condition that block ``b`` is one of the task's."""
     if task.first:
-        return f"if (b >= {task.first} && b < {task.first + task.blocks})"
-    return f"if (b < {task.blocks})"
+        return f"b >= {task.first} && b < {task.first + task.blocks}"
+    return f"b < {task.blocks}"
+
+
+def _on_blocks(task: Task) -> str:
+    return f"if ({_in_task(task)})"
 
 
 def _block_in_task(task: Task) -> str:
