@@ -26,8 +26,14 @@ and the peers (the best peer = the lowest p50 among them, per row):
   torch.compile AT + graph   torch.compile(mode="max-autotune-no-cudagraphs") kernels captured by
                              hand in a torch.cuda.CUDAGraph with static input/output buffers
   ONNX Runtime CPU           the original, unfused graph
-and the floor: a CUDA graph holding only the pinned host→device input copy, one trivial kernel and
-the device→host output copy, replayed and synchronised. Every p50 is also given as a multiple of it.
+and two floors: a CUDA graph holding only the pinned host→device input copy, one trivial kernel and
+the device→host output copy, replayed and synchronised ("floor"); and a CUDA graph of one trivial
+kernel that reads the frame from and writes the output to pinned, mapped host memory, launched and
+synchronised with the calls Session.step uses ("mapped floor": what a one-kernel step cannot go
+below). Every p50 is also given as a multiple of each.
+
+When the build chose the step compiler's kernel, framefuse's row also gives its dependency levels
+and the cost of one level (the profiled kernel time per call / levels).
 
 Per row the JSON also holds, for framefuse and the best torch peer, the kernels per call and the
 summed kernel time per call (torch.profiler, CUDA activity, over --profile-calls replays).
@@ -69,10 +75,12 @@ SECTIONS = ("zoo", "real", "precision")
 ROW_KEYS = {"zoo": "rows", "real": "real_rows", "precision": "precision_rows"}
 TORCH_PEERS = ("torch_eager", "torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph")
 PEERS = (*TORCH_PEERS, "ort_cpu")
-GPU_ONLY = ("torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph", "floor")
+GPU_ONLY = ("torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph", "floor", "mapped_floor")
 COMPILE_PEERS = ("torch_compile", "torch_compile_autotune_graph")
 ABLATIONS = ("framefuse_unfused", "framefuse_driver")
 FLOOR = "floor"
+MAPPED_FLOOR = "mapped_floor"
+FLOORS = (FLOOR, MAPPED_FLOOR)
 ENGINE_LABELS = {
     "framefuse": "framefuse",
     "framefuse_unfused": "framefuse (unfused graph)",
@@ -83,6 +91,7 @@ ENGINE_LABELS = {
     "torch_compile_autotune_graph": "torch.compile max-autotune + CUDA graph",
     "ort_cpu": "ONNX Runtime CPU",
     "floor": "floor (H2D + 1 kernel + D2H graph)",
+    "mapped_floor": "mapped floor (1 kernel on mapped host memory)",
 }
 # tests/real_models entries benchmarked by --section real (--models overrides)
 REAL_MODELS = ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir")
@@ -401,6 +410,58 @@ def make_floor(*, pool: np.ndarray, out_shape, device):
     return call
 
 
+MAPPED_FLOOR_SOURCE = r"""
+extern "C" __global__ void floor_mapped(const float* x, float* y, int n_in, int n_out) {
+    const int i = threadIdx.x;
+    float v = 0.0f;
+    if (i < n_in) v = *(volatile const float*)(x + i);
+    if (i < n_out) y[i] = v * 2.0f;
+}
+"""
+
+
+def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
+    """The mapped floor: a CUDA graph of one kernel that reads the frame from and writes the output
+    (2 × the frame's first elements) to pinned, mapped host memory, launched and synchronised with
+    the ctypes calls Session.step's step kernel uses. call.check() says whether the output is right."""
+    import ctypes
+
+    import torch
+
+    from framefuse.compiler.engine import MappedHostBuffer, _FastLaunch
+    from framefuse.plugins import cuda
+
+    folder = Path(tempfile.mkdtemp(prefix="ff-floor-"))
+    src = folder / "floor_mapped.cu"
+    src.write_text(MAPPED_FLOOR_SOURCE)
+    fn = cuda.get_kernel(src, "floor_mapped")
+    in_shape = pool.shape[1:]
+    x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
+    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
+    stream = torch.cuda.Stream(device)
+    graph = torch.cuda.CUDAGraph()
+    args = [ctypes.c_void_p(x.device_ptr), ctypes.c_void_p(y.device_ptr), ctypes.c_int(n_in), ctypes.c_int(n_out)]
+    with torch.cuda.graph(graph, stream=stream):
+        fn.launch(1, max(32, -(-max(n_in, n_out) // 32) * 32), args)
+    launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
+    launch, sync, exe, st = launcher.launch_fn, launcher.sync_fn, launcher.exec_handle, launcher.stream
+
+    def call(i):
+        np.copyto(x.array, pool[i % len(pool)])
+        launch(exe, st)
+        sync(st)
+        return y.array
+
+    def check() -> bool:
+        call(0)
+        k = min(n_in, n_out)
+        return bool(np.allclose(y.array.reshape(-1)[:k], 2 * pool[0].reshape(-1)[:k]))
+
+    call.check = check  # type: ignore[attr-defined]
+    call.keep = (graph, x, y, stream, fn)  # type: ignore[attr-defined] - alive as long as the call
+    return call
+
+
 def make_ort(model_path, *, pool: np.ndarray, manifest: dict):
     import onnxruntime as ort
 
@@ -501,6 +562,9 @@ def bench_row(
         built["engine"] = engine
         call = _engine_call(engine, form=form, pool=pool, in_name=in_name, out_name=out_name)
         call.extra = {"build_s": seconds, "selection": selection_summary(engine)}  # type: ignore[attr-defined]
+        step_kernel = engine.summary().get("stepkernel") if hasattr(engine, "summary") else None
+        if step_kernel:  # the build chose the step compiler's one kernel
+            call.extra["stepkernel"] = step_kernel  # type: ignore[attr-defined]
         return call
 
     def unfused_call():
@@ -512,8 +576,10 @@ def bench_row(
     makers: list[tuple[str, Callable[[], Callable]]] = []
     if on_gpu:
         makers.append((FLOOR, lambda: make_floor(pool=pool, out_shape=out_shape, device=dev)))
+        makers.append((MAPPED_FLOOR, lambda: make_mapped_floor(pool=pool, out_shape=out_shape, device=dev)))
     else:
-        row["engines"][FLOOR] = {"skipped": "no GPU"}
+        for name in FLOORS:
+            row["engines"][name] = {"skipped": "no GPU"}
     if "fused" in entry:
         makers.append(("framefuse", framefuse_call))
         if on_gpu and "driver" in settings.replays:
@@ -557,14 +623,16 @@ def bench_row(
                 setup_s = time.perf_counter() - start
                 result = measure(call, iters=settings.iters, warmup=settings.warmup)
             result["setup_s"] = setup_s
-            if name != FLOOR:
+            if name not in FLOORS:
                 result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
+            if hasattr(call, "check"):
+                result["output_correct"] = call.check()
             result.update(getattr(call, "extra", {}))
             engine = getattr(call, "engine", None)
             if engine is not None:
                 result["replays"] = engine.replays
                 result["captures"] = engine.captures
-            if on_gpu and settings.profile_calls > 0 and name != FLOOR and name != "ort_cpu":
+            if on_gpu and settings.profile_calls > 0 and name not in FLOORS and name != "ort_cpu":
                 try:  # kernels per call right after the timing, while only this engine is fresh
                     result["kernels"] = kernel_profile(call, calls=settings.profile_calls, device=dev)
                 except Exception as exc:  # noqa: BLE001
@@ -610,6 +678,12 @@ def profile_row(row: dict, settings: Settings, dev) -> None:
         row["best_torch_peer"] = best
         targets.append(best)
     row["kernels"] = {name: engines[name].get("kernels", {"error": "not profiled"}) for name in targets}
+    step_kernel = engines.get("framefuse", {}).get("stepkernel")
+    profiled = engines.get("framefuse", {}).get("kernels", {})
+    if step_kernel and step_kernel.get("levels") and "kernel_us_per_call" in profiled:
+        # one dependency level's cost: the kernel's time spread over its levels (entry, prologue
+        # and the done fence included, so an upper bound on the level itself)
+        step_kernel["us_per_level"] = profiled["kernel_us_per_call"] / step_kernel["levels"]
 
 
 def finish_row(row: dict) -> None:
@@ -620,6 +694,9 @@ def finish_row(row: dict) -> None:
     floor = engines.get(FLOOR, {}).get("p50_us")
     if floor:
         row["floor_p50_us"] = floor
+    mapped = engines.get(MAPPED_FLOOR, {}).get("p50_us")
+    if mapped:
+        row["mapped_floor_p50_us"] = mapped
     best_p50 = None
     if peers:
         best = min(peers, key=lambda k: peers[k]["p50_us"])
@@ -629,15 +706,19 @@ def finish_row(row: dict) -> None:
     for name, e in engines.items():
         if "p50_us" not in e:
             continue
-        if best_p50 is not None and name != FLOOR:
+        if best_p50 is not None and name not in FLOORS:
             e["speedup_vs_best_peer"] = best_p50 / e["p50_us"]  # > 1: faster than the best peer
         if floor:
             e["floor_multiple"] = e["p50_us"] / floor
+        if mapped:
+            e["mapped_floor_multiple"] = e["p50_us"] / mapped
     if "speedup_vs_best_peer" in ff:
         row["speedup_vs_best_peer"] = ff["speedup_vs_best_peer"]
         row["below_best_peer"] = ff["speedup_vs_best_peer"] < 1.0
     if "floor_multiple" in ff:
         row["floor_multiple"] = ff["floor_multiple"]
+    if "mapped_floor_multiple" in ff:
+        row["mapped_floor_multiple"] = ff["mapped_floor_multiple"]
     row["viable_60fps"] = bool("p99_us" in ff and ff["p99_us"] <= BUDGET_MS * 1000)
 
 
@@ -1040,8 +1121,8 @@ def engine_section(rows: list[dict], *, title: str, seed_table: bool) -> list[st
             f"### {head}",
             "",
             "| rank | architecture | category | ms | p99 ms | FPS | viable at 60 FPS | best peer | peer ms | speedup "
-            "| × floor | selection |",
-            "|---:|---|---|---:|---:|---:|:---:|---|---:|---:|---:|---|",
+            "| × floor | × mapped floor | kernels / call | levels | µs / level | selection |",
+            "|---:|---|---|---:|---:|---:|:---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         ranked = sorted(subset, key=lambda r: r.get("engines", {}).get("framefuse", {}).get("p50_us", float("inf")))
         for rank, r in enumerate(ranked, 1):
@@ -1057,10 +1138,15 @@ def engine_section(rows: list[dict], *, title: str, seed_table: bool) -> list[st
             chosen = selection.get("chosen") or "—"
             if selection.get("graph") == "unfused" and "unfused" not in chosen:
                 chosen = f"unfused+{chosen}"
+            kernels = ff.get("kernels", {}).get("kernels_per_call")
+            step_kernel = ff.get("stepkernel") or {}
+            per_level = step_kernel.get("us_per_level")
             lines.append(
                 f"| {rank} | {r['arch']} | {r['category']} | {ms} | {p99} | {fps} | {viable} | {peer} "
                 f"| {_ms(r.get('best_peer_p50_us'))} | {_x(r.get('speedup_vs_best_peer'))} "
-                f"| {_x(r.get('floor_multiple'))} | {chosen} |"
+                f"| {_x(r.get('floor_multiple'))} | {_x(r.get('mapped_floor_multiple'))} "
+                f"| {'—' if kernels is None else f'{kernels:g}'} | {step_kernel.get('levels', '—')} "
+                f"| {'—' if per_level is None else f'{per_level:.2f}'} | {chosen} |"
             )
         lines.append("")
     names = _engine_names(rows)
@@ -1072,6 +1158,7 @@ def engine_section(rows: list[dict], *, title: str, seed_table: bool) -> list[st
         ("p99 µs per call", "p99_us", _us),
         ("speedup vs the best peer of the row (best peer p50 / engine p50; < 1 is slower)", "speedup_vs_best_peer", _x),
         ("p50 as a multiple of the floor", "floor_multiple", _x),
+        ("p50 as a multiple of the mapped floor", "mapped_floor_multiple", _x),
     ]
     for caption, key, fmt in tables:
         lines += [f"#### {caption}", "", header, rule]
@@ -1178,7 +1265,11 @@ def markdown(results: dict) -> str:
         "ONNX Runtime CPU. Best peer = the lowest p50 among them in the same row. Speedup = best peer p50 / "
         "framefuse p50 (< 1.00× means framefuse is slower). The floor is a CUDA graph of only the pinned H2D "
         "input copy, one trivial kernel and the D2H output copy, replayed and synchronised: × floor = p50 / floor "
-        'p50. framefuse is the engine `framefuse build` makes (build-time selection select="time"; the chosen '
+        "p50. The mapped floor is a CUDA graph of one trivial kernel reading the frame from and writing the output "
+        "to pinned, mapped host memory (no copies), launched and synchronised: what a one-kernel step cannot go "
+        "below; × mapped floor = p50 / mapped floor p50. Kernels / call: torch.profiler over the profiled calls; "
+        "levels and µs / level: the step compiler's dependency levels and its kernel time per call / levels, when "
+        'the build chose it. framefuse is the engine `framefuse build` makes (build-time selection select="time"; the chosen '
         "candidate is in the selection column, its timings in the JSON). Viable at 60 FPS: framefuse p99 ≤ 16.67 ms.",
         "",
     ]

@@ -55,51 +55,14 @@ def timed(call, iters: int, warmup: int) -> dict:
     return measure(call, iters=iters, warmup=warmup)
 
 
-FLOOR_SOURCE = r"""
-extern "C" __global__ void floor_mapped(const float* x, float* y, int n_in, int n_out) {
-    const int i = threadIdx.x;
-    float v = 0.0f;
-    if (i < n_in) v = *(volatile const float*)(x + i);
-    if (i < n_out) y[i] = v * 2.0f;
-}
-"""
-
-
-def mapped_floor(in_shape, out_shape, pool, iters: int, warmup: int) -> dict:
-    """One kernel that reads the frame from and writes the output to pinned mapped host memory, in
-    a CUDA graph, replayed and synchronised with the host loop Session.step uses."""
+def mapped_floor(out_shape, pool, iters: int, warmup: int) -> dict:
+    """bench/e2e.py's mapped floor: one kernel on pinned mapped host memory in a CUDA graph."""
     import torch
+    from e2e import make_mapped_floor
 
-    from framefuse.compiler.engine import MappedHostBuffer, _FastLaunch
-    from framefuse.plugins import cuda
-
-    folder = Path(tempfile.mkdtemp(prefix="ff-floor-"))
-    src = folder / "floor_mapped.cu"
-    src.write_text(FLOOR_SOURCE)
-    fn = cuda.get_kernel(src, "floor_mapped")
-    x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
-    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    import ctypes
-
-    args = [ctypes.c_void_p(x.device_ptr), ctypes.c_void_p(y.device_ptr), ctypes.c_int(n_in), ctypes.c_int(n_out)]
-    with torch.cuda.graph(graph, stream=stream):
-        fn.launch(1, max(32, -(-max(n_in, n_out) // 32) * 32), args)
-    launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
-    launch, sync, exe, st = launcher.launch_fn, launcher.sync_fn, launcher.exec_handle, launcher.stream
-
-    def call(i):
-        np.copyto(x.array, pool[i % len(pool)])
-        launch(exe, st)
-        sync(st)
-        return y.array
-
+    call = make_mapped_floor(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
     result = timed(call, iters, warmup)
-    call(0)
-    ok = np.allclose(y.array.reshape(-1)[: min(n_in, n_out)], 2 * pool[0].reshape(-1)[: min(n_in, n_out)])
-    result["output_correct"] = bool(ok)
-    graph_keep = graph  # noqa: F841 - the graph must outlive the timing
+    result["output_correct"] = call.check()
     return result
 
 
@@ -184,7 +147,7 @@ def bench_arch(arch: str, args, root: Path) -> dict:
     row["replay_wait_host"] = timed(lambda i: (binding.launch(), binding.wait_host()), args.iters, args.warmup)
     binding.sync()
     row["session_host_us"] = round(row["session_step"]["p50_us"] - row["replay_wait_host"]["p50_us"], 2)
-    row["floor_mapped"] = mapped_floor(in_shape, out_shape, pool, args.iters, args.warmup)
+    row["floor_mapped"] = mapped_floor(out_shape, pool, args.iters, args.warmup)
     row["floor_copy"] = copy_floor(in_shape, out_shape, pool, args.iters, args.warmup)
     # device time of one step: back-to-back replays timed with events
     from framefuse.engines.fusion import example_feeds, time_plan_graph

@@ -115,6 +115,36 @@ def test_markdown_states_rows_below_the_best_peer(smoke):
     assert "| rank | architecture | category | ms |" in table
     assert "below 1.0× of the best peer" in table
     assert "floor" in table
+    assert "× mapped floor" in table and "µs / level" in table
+
+
+def test_row_ratios_to_both_floors_and_the_cost_of_a_level(e2e):
+    """A row's multiples of the copy floor and of the mapped floor, and the step kernel's cost per
+    dependency level from its profiled kernel time (synthetic timings: no GPU here)."""
+    row = {
+        "engines": {
+            "framefuse": {
+                "p50_us": 20.0,
+                "p99_us": 24.0,
+                "stepkernel": {"levels": 8},
+                "kernels": {"kernels_per_call": 1.0, "kernel_us_per_call": 12.0},
+            },
+            "torch_cuda_graph": {"p50_us": 50.0, "p99_us": 60.0, "kernels": {"kernels_per_call": 9.0}},
+            "floor": {"p50_us": 16.0, "p99_us": 20.0},
+            "mapped_floor": {"p50_us": 8.0, "p99_us": 12.0},
+        }
+    }
+    e2e.finish_row(row)
+    e2e.profile_row(
+        row,
+        e2e.Settings(iters=1, warmup=0, device="cuda", compile_forms=(), replays=(), profile_calls=5, quick=False),
+        type("Dev", (), {"type": "cuda"})(),
+    )
+    assert row["speedup_vs_best_peer"] == 2.5 and row["best_peer"] == "torch_cuda_graph"
+    assert row["floor_multiple"] == 1.25 and row["mapped_floor_multiple"] == 2.5
+    assert "speedup_vs_best_peer" not in row["engines"]["mapped_floor"]  # a floor is not a peer
+    assert row["engines"]["framefuse"]["stepkernel"]["us_per_level"] == 1.5
+    assert row["kernels"]["framefuse"]["kernels_per_call"] == 1.0
 
 
 def test_merge_keeps_every_section(e2e, smoke, tmp_path):

@@ -33,6 +33,16 @@ SOURCE_VARIANTS = {
     "no-unroll": lambda s: s.replace("#pragma unroll 4", "#pragma unroll 1"),
     # what the system fence before the host's done words costs
     "no-done-fence": lambda s: re.sub(r"__threadfence_system\(\);(\s*ffk_store_done\()", r"\1", s),
+    # the same ordering from lighter instructions: an acquire-release fence (the system fence is
+    # sequentially consistent), or a release store of the done word itself
+    "done-acq-rel-fence": lambda s: re.sub(
+        r"__threadfence_system\(\);(\s*ffk_store_done\()", r'asm volatile("fence.acq_rel.sys;" ::: "memory");\1', s
+    ),
+    "done-release-store": lambda s: re.sub(
+        r"__threadfence_system\(\);\s*ffk_store_done\(([^,]+), epoch\);",
+        r'asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(\1), "r"(epoch) : "memory");',
+        s,
+    ),
 }
 # compiler settings: (module of framefuse.compiler, constant, value)
 SCHEDULE_VARIANTS = {
@@ -43,7 +53,28 @@ SCHEDULE_VARIANTS = {
     "prologue-all-groups": ("codegen", "PROLOGUE_GROUPS", 1000),
     "prologue-1-group": ("codegen", "PROLOGUE_GROUPS", 1),
     "prologue-3-groups": ("codegen", "PROLOGUE_GROUPS", 3),
+    "reduce-warp-per-element": ("codegen", "SEGMENTED_REDUCE", False),
+    "prefetch-kernel-order": ("codegen", "PREFETCH_BY_BLOCK_ORDER", False),
+    "absorb-any-product": ("schedule", "ABSORB_DOT_MACS", 1 << 40),
+    # the step functions' costs before they were given their exp/div weight (all counted 1)
+    "step-ops-cost-1": ("schedule", "EW", "step-ops-cost-1"),
 }
+COST_1_OPS = (
+    "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
+    "mlstm_fgate", "gated_delta_state", "delta_rule_state", "linear_scan_step",
+)  # fmt: skip
+
+
+def _variant_value(value):
+    if value == "step-ops-cost-1":
+        from dataclasses import replace
+
+        from framefuse.compiler.ops import EW
+
+        return {name: replace(spec, cost=1) if name in COST_1_OPS else spec for name, spec in EW.items()}
+    return value
+
+
 VARIANTS = {**SOURCE_VARIANTS, **SCHEDULE_VARIANTS}
 
 
@@ -78,7 +109,7 @@ def main() -> int:
                 module_name, constant, value = SCHEDULE_VARIANTS[name]
                 sched_module = importlib.import_module(f"framefuse.compiler.{module_name}")
                 saved = getattr(sched_module, constant)
-                setattr(sched_module, constant, value)
+                setattr(sched_module, constant, _variant_value(value))
                 try:
                     other = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
                 finally:

@@ -104,6 +104,8 @@ class Layout:
     columns: list = field(default_factory=list)  # range-table columns: (task, unit id, "lo" | "hi" | "nlo")
     column_of: dict = field(default_factory=dict)
     table: np.ndarray | None = None  # [grid, columns] int32
+    groups: list = field(default_factory=list)  # the tasks with prefetch copies, in kernel order
+    slots: np.ndarray | None = None  # [groups, grid]: the commit slot of each group's copies, per block
     prefetch: dict = field(default_factory=dict)  # (task index, dot id) -> (smem offset, rows)
     leaf_prefetch: dict = field(default_factory=dict)  # (task index, leaf id) -> smem offset
     prefetch_floats: int = 0
@@ -152,10 +154,11 @@ class Generator:
         dots: list[tuple[int, Unit, int]] = []
         for t, task in enumerate(self.sched.tasks):
             for unit in task.arrays():
-                lo = (unit.lo // 4) * 4  # aligned, so float4 reads of rows stay aligned
-                unit.lo = np.where(unit.hi > unit.lo, lo, 0)
                 self._column(t, unit.node.id, "lo", unit.lo, columns)
                 self._column(t, unit.node.id, "hi", unit.hi, columns)
+                if (unit.first != unit.lo).any() and unit.node.id not in self.sched.ll_nodes:
+                    # computed from the first needed element (a staged copy takes the whole range)
+                    self._column(t, unit.node.id, "from", unit.first, columns)
                 if unit.how == "dot":
                     nlo, nhi = self._rows(unit)
                     self._column(t, unit.node.id, "nlo", nlo, columns)
@@ -171,7 +174,8 @@ class Generator:
         # in commit groups: room for every candidate, the ones not prefetched copy nothing
         n_groups = len({t for t, _, _ in leaves} | {t for t, _, _ in dots})
         n_ranges = len(columns)
-        self.segment_column = n_ranges + n_groups + 1
+        # per commit slot its copies' [first, end) rows, then per task's group the block's slot of it
+        self.segment_column = n_ranges + 3 * n_groups
         n_columns = self.segment_column + 4 * (len(leaves) + len(dots))
         # shared memory: the range row, weight prefetch, the task arena
         used = 0
@@ -182,7 +186,7 @@ class Generator:
             offset = 0
             for unit in sorted(task.arrays(), key=lambda u: u.node.id):
                 lay.arena[(t, unit.node.id)] = offset
-                offset += _align4(max(unit.span, 1))
+                offset += _align4(max(unit.storage, 1))
             arena = max(arena, offset)
         lay.arena_floats = arena
         budget = self.smem_limit - used - arena
@@ -240,11 +244,39 @@ class Generator:
             for entry in groups[t]:
                 segments += [np.broadcast_to(np.asarray(v, dtype=np.int64), (grid,)).copy() for v in entry]
             firsts.append(len(segments) // 4)
-        out = [np.full(grid, v, dtype=np.int64) for v in firsts]
-        out += [np.zeros(grid, dtype=np.int64)] * (self.segment_column - self.group_column - len(out))
+        # Commit slot k of a block carries the copies of the k-th task with copies that the block
+        # runs (PREFETCH_BY_BLOCK_ORDER), so a block that skips tasks issues its later tasks'
+        # copies earlier: attention's output-projection blocks waited 0.8 us for their KV cache
+        # issued only after the task before theirs in the kernel, not in their own order.
+        n_groups = len(self.groups)
+        start = np.zeros((n_groups, grid), dtype=np.int64)
+        end = np.zeros((n_groups, grid), dtype=np.int64)
+        self.slot_of = np.tile(np.arange(n_groups, dtype=np.int64)[:, None], (1, grid))
+        for b in range(grid):
+            own = list(range(n_groups))
+            if PREFETCH_BY_BLOCK_ORDER:
+                own = [j for j, t in enumerate(self.groups) if self._runs(t, b)]
+                own += [j for j in range(n_groups) if j not in own]
+            for k, j in enumerate(own):
+                start[k, b], end[k, b] = firsts[j], firsts[j + 1]
+                self.slot_of[j, b] = k
+        lay.groups, lay.slots = list(self.groups), self.slot_of
+        out = []
+        for k in range(n_groups):
+            out += [start[k], end[k]]
+        out += [self.slot_of[j] for j in range(n_groups)]
         out += segments
         out += [np.zeros(grid, dtype=np.int64)] * (n_columns - len(columns) - len(out))
         return out
+
+    def _runs(self, t: int, b: int) -> bool:
+        task = self.sched.tasks[t]
+        return task.first <= b < task.first + task.blocks
+
+    def _from(self, t: int, uid: int) -> str:
+        """The first element of array ``uid`` that a block computes (its origin, unless aligning
+        the origin moved it below the first element the block needs)."""
+        return f"from{uid}" if (t, uid, "from") in self.layout.column_of else f"lo{uid}"
 
     def _column(self, t: int, uid: int, what: str, values: np.ndarray, columns: list) -> None:
         self.layout.column_of[(t, uid, what)] = len(columns)
@@ -424,7 +456,7 @@ class Generator:
         else:
             first, step, call, extra = "0", "1", "ffk_prefetch", ""
         loop.items += [
-            f"for (int s = ffk_r[{self.group_column} + g] + {first}; s < ffk_r[{self.group_column} + g + 1]; s += {step}) {{",
+            f"for (int s = ffk_r[{self.group_column} + 2 * g] + {first}; s < ffk_r[{self.group_column} + 2 * g + 1]; s += {step}) {{",
             f"    const int* seg = ffk_r + {self.segment_column} + 4 * s;",
             "    const int src = seg[1];",
             "    (void)src;",
@@ -466,8 +498,17 @@ class Generator:
         if t in self.groups:
             # cp.async.wait_group covers this thread's own copies; the barrier after it makes every
             # thread's copies visible (and the previous task's readers of shared memory done)
-            later = self._committed_by(t) - self.groups.index(t) - 1
-            code.items.append(f"ffk_prefetch_wait<{later}>();  // this task's prefetched rows and values have landed")
+            j = self.groups.index(t)
+            slots = {int(self.slot_of[j, b]) for b in range(task.first, task.first + task.blocks)}
+            committed = self._committed_by(t)
+            if len(slots) == 1:
+                later = committed - slots.pop() - 1
+                code.items.append(f"ffk_prefetch_wait<{later}>();  // this task's prefetched rows and values have landed")
+            else:  # the task's blocks put its copies in different slots (see _segments)
+                column = self.group_column + 2 * len(self.groups) + j
+                code.items.append(
+                    f"ffk_prefetch_wait_n({committed - 1} - ffk_r[{column}]);  // this task's prefetched rows and values have landed"
+                )
             code.items.append("__syncthreads();")
         elif arrays:
             code.items.append("__syncthreads();  // the previous task's readers of shared memory are done")
@@ -475,6 +516,9 @@ class Generator:
             lo_col = self.layout.column_of[(t, unit.node.id, "lo")]
             hi_col = self.layout.column_of[(t, unit.node.id, "hi")]
             code.items.append(f"const int lo{unit.node.id} = ffk_r[{lo_col}], hi{unit.node.id} = ffk_r[{hi_col}];")
+            from_col = self.layout.column_of.get((t, unit.node.id, "from"))
+            if from_col is not None:
+                code.items.append(f"const int from{unit.node.id} = ffk_r[{from_col}];")
         for (tt, lid), _offset in sorted(self.layout.leaf_prefetch.items()):
             if tt == t:
                 code.items.append(f"const int plo{lid} = ffk_r[{self.layout.column_of[(t, lid, 'plo')]}];")
@@ -538,7 +582,7 @@ class Generator:
 
     def _thread(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         uid = unit.node.id
-        loop = Code(f"for (int e = lo{uid} + tid; e < hi{uid}; e += NT)")
+        loop = Code(f"for (int e = {self._from(t, uid)} + tid; e < hi{uid}; e += NT)")
         code.items.append(f"// array {_name(unit.node)} {list(unit.node.shape)}, a thread per element")
         code.items.append(_ONCE)
         code.items.append(loop)
@@ -547,13 +591,28 @@ class Generator:
         value = em.value(unit.node, ix.unflatten(var, unit.node.shape), expand_self=True)
         em.top.insert(f"{self.arr(t, uid)}[e - lo{uid}] = {value.text};")
 
+    def _reduce_lanes(self, unit: Unit) -> int:
+        """Lanes per element of a reduction array: a warp each while the block has at most a
+        few elements a warp; with more (attention's 128 scores of 64 a block: 16 a warp, 4500
+        cycles a warp each) the warps split into segments of fewer lanes, at most the extent."""
+        if not SEGMENTED_REDUCE:
+            return WARP_LANES
+        lanes = WARP_LANES
+        while lanes > 1 and (unit.span * lanes > self.threads or lanes >= 2 * unit.node.extent):
+            lanes //= 2
+        return lanes
+
     def _reduce(self, code: Code, t: int, task: Task, unit: Unit) -> None:
+        lanes = self._reduce_lanes(unit)
+        if lanes < WARP_LANES:
+            self._segmented_reduce(code, t, task, unit, lanes)
+            return
         node: Reduce = unit.node
         uid = node.id
         code.items.append(
             f"// array {_name(node)} {list(node.shape)}: {node.op} over {node.extent}, a warp per element"
         )
-        loop = Code(f"for (int e = lo{uid} + warp; e < hi{uid}; e += NWARPS)")
+        loop = Code(f"for (int e = {self._from(t, uid)} + warp; e < hi{uid}; e += NWARPS)")
         code.items.append(_ONCE)
         code.items.append(loop)
         em = Emitter(self, t, task, loop)
@@ -571,6 +630,54 @@ class Generator:
         em.top.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         em.top.insert(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
 
+    def _segmented_reduce(self, code: Code, t: int, task: Task, unit: Unit, lanes: int) -> None:
+        """A reduction array with ``lanes`` lanes per element, 32 / lanes elements a warp. The
+        warp's trip count is uniform (the shuffles need every lane), so an element past the end
+        computes nothing; each element starts its walk over the extent at its own offset, so the
+        segments of a warp reading rows of one array hit different shared-memory banks."""
+        node: Reduce = unit.node
+        uid = node.id
+        per_warp = WARP_LANES // lanes
+        code.items.append(
+            f"// array {_name(node)} {list(node.shape)}: {node.op} over {node.extent}, "
+            f"{lanes} lane{'s' if lanes > 1 else ''} per element"
+        )
+        loop = Code(f"for (int e0 = {self._from(t, uid)} + warp * {per_warp}; e0 < hi{uid}; e0 += NWARPS * {per_warp})")
+        code.items.append(_ONCE)
+        code.items.append(loop)
+        shift = lanes.bit_length() - 1
+        loop.items.append(f"const int e = e0 + (lane >> {shift}), sub = lane & {lanes - 1};")
+        loop.items.append("(void)sub;")
+        em = Emitter(self, t, task, loop)
+        em.top.pos = len(loop.items)
+        var = ix.Var("e", max(node.size, 1))
+        acc = em.fresh("acc")
+        em.top.insert(f"float {acc} = {REDUCE_INIT[node.op]};")
+        guard = Code(f"if (e < hi{uid})")
+        em.top.insert(guard)
+        em.stack.append(Scope(guard, guard=True))
+        r = ix.Var(em.fresh("r"), node.extent)
+        trips = -(-node.extent // lanes)
+        j = em.fresh("j")
+        walk = f"(({j} + e) & {trips - 1})" if trips & (trips - 1) == 0 else f"(({j} + e) % {trips})"
+        outer = Code(f"#pragma unroll {min(8, trips)}\nfor (int {j} = 0; {j} < {trips}; ++{j})")
+        outer.items.append(
+            f"const int {r.name} = sub + {lanes} * {walk};" if trips > 1 else f"const int {r.name} = sub;"
+        )
+        body = outer
+        if node.extent % lanes:
+            body = Code(f"if ({r.name} < {node.extent})")
+            outer.items.append(body)
+        em.stack[-1].open_child(outer)
+        em.stack.append(Scope(body, var=r, pos=len(body.items)))
+        value = em.value(node.src, node.source_index(ix.unflatten(var, node.shape), r))
+        em.stack[-1].insert(_accumulate(node.op, acc, value.text))
+        em.stack.pop()
+        em.stack[-1].close_child(outer)
+        em.stack.pop()
+        em.top.insert(f"{acc} = ffk_seg_{node.op}<{lanes}>({acc});")
+        em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
+
     def _dot(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         node: Dot = unit.node
         uid = node.id
@@ -578,7 +685,7 @@ class Generator:
         k = node.k
         lay = self.layout
         code.items.append(f"// array {_name(node)} {list(node.shape)}: dot products of {k}, a warp per element")
-        loop = Code(f"for (int e = lo{uid} + warp; e < hi{uid}; e += NWARPS)")
+        loop = Code(f"for (int e = {self._from(t, uid)} + warp; e < hi{uid}; e += NWARPS)")
         code.items.append(_ONCE)
         code.items.append(loop)
         loop.items.append(f"const int m = e / {node.n}, n = e % {node.n};")
@@ -662,13 +769,16 @@ class Generator:
 # and the code is fetched again on every launch (H100: ~0.04 us per KB of straight-line code).
 _ONCE = "#pragma unroll 1"
 WARP_SPLIT_MIN = 32  # a root reduction at least this long is split over a warp's lanes
+WARP_LANES = 32
+SEGMENTED_REDUCE = True  # reduction arrays with more elements than a block's warps share the warps out
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs
 PROLOGUE_GROUPS = 2
 PREFETCH_BY_WARP = True  # the prologue's copies shared out over the warps (one copy a warp)
+PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (see _segments)
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
-_NODE_VAR = re.compile(r"\b(lo|hi|plo)(\d+)\b")
+_NODE_VAR = re.compile(r"\b(lo|hi|plo|from)(\d+)\b")
 
 
 def _name(node: Node) -> str:
@@ -678,7 +788,7 @@ def _name(node: Node) -> str:
 
 
 def _renumber(source: str) -> str:
-    """Variables named after node ids (lo123, hi123, plo123) renumbered in order of appearance:
+    """Variables named after node ids (lo123, hi123, plo123, from123) renumbered in order of appearance:
     the same program gives the same source in every process."""
     numbers: dict[str, int] = {}
 

@@ -3,9 +3,10 @@
 // Not a GPU: a test harness. Every CUDA thread of the launch is a std::thread; __syncthreads is a
 // block barrier, __shfl_xor_sync an exchange through a per-warp array between two warp barriers,
 // flag-tagged loads and stores are relaxed std::atomic_ref accesses (a waiting thread yields),
-// cp.async copies are plain copies. It runs the generated source itself, so the scheduling, index
-// arithmetic, shared-memory layout and the flag protocol are exercised without a GPU; timing,
-// the memory model of real hardware and the compiler's code generation for sm_XY are not.
+// cp.async copies land when their thread waits for their commit group (the latest they may). It
+// runs the generated source itself, so the scheduling, index arithmetic, shared-memory layout, the
+// copies' waits and the flag protocol are exercised without a GPU; timing, the memory model of
+// real hardware and the compiler's code generation for sm_XY are not.
 #pragma once
 #define FFK_EMULATE 1
 
@@ -125,15 +126,38 @@ inline void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long* con
     for (int k = 0; k < K; ++k)
         for (int i = threadIdx.x; i < n[k]; i += NT) dst[k][i] = ffk_ll_wait(src[k] + i, epoch);
 }
+// cp.async as the worst case the hardware allows: a thread's copies land only when it waits for
+// their commit group (cp.async.wait_group N completes all but the N most recent groups), so a
+// read of shared memory before the wait that covers it sees the NaN the arena starts with.
+struct FfkEmuCopy {
+    float* dst;
+    const float* src;
+    int n, start, stride;
+};
+inline thread_local std::vector<std::vector<FfkEmuCopy>> ffk_emu_groups;  // committed, oldest first
+inline thread_local std::vector<FfkEmuCopy> ffk_emu_open;                 // not committed yet
 inline void ffk_prefetch(float* dst, const float* src, int n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    ffk_emu_open.push_back({dst, src, n, (int)threadIdx.x, (int)blockDim.x});
 }
 inline void ffk_prefetch_lanes(float* dst, const float* src, int n, int lane) {
-    for (int i = lane; i < n; i += 32) dst[i] = src[i];
+    ffk_emu_open.push_back({dst, src, n, lane, 32});
 }
-inline void ffk_prefetch_commit() {}
+inline void ffk_prefetch_commit() {
+    ffk_emu_groups.push_back(std::move(ffk_emu_open));
+    ffk_emu_open.clear();
+}
+inline void ffk_emu_prefetch_wait(int n) {
+    while ((int)ffk_emu_groups.size() > n) {
+        for (const FfkEmuCopy& c : ffk_emu_groups.front())
+            for (int i = c.start; i < c.n; i += c.stride) c.dst[i] = c.src[i];
+        ffk_emu_groups.erase(ffk_emu_groups.begin());
+    }
+}
 template <int N>
-inline void ffk_prefetch_wait() {}
+inline void ffk_prefetch_wait() {
+    ffk_emu_prefetch_wait(N);
+}
+inline void ffk_prefetch_wait_n(int n) { ffk_emu_prefetch_wait(n < 7 ? n : 7); }
 
 // one launch of `kernel` over grid x threads std::threads
 template <typename F>
@@ -155,6 +179,8 @@ void ffk_emu_launch(int grid, int threads, size_t smem_floats, F kernel) {
             pool.emplace_back([=] {
                 blockIdx.x = b;
                 threadIdx.x = t;
+                ffk_emu_groups.clear();
+                ffk_emu_open.clear();
                 kernel();
             });
     for (auto& th : pool) th.join();

@@ -8,6 +8,7 @@ a GPU (see emu.h for what it does not model).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -112,6 +113,23 @@ int main(int argc, char** argv) {{
 """
 
 
+def _race_report(stderr: str, source: str) -> str:
+    """ThreadSanitizer's first report as the two generated-source lines that conflict."""
+    lines = source.splitlines()
+    found = []
+    for m in re.finditer(
+        r"(Read|Write|Previous read|Previous write|Atomic \w+) of size \d+ .*?\n\s+#0 \S+ \S*kernel\.cpp:(\d+)", stderr
+    ):
+        number = int(m.group(2))
+        text = lines[number - 1].strip() if 0 < number <= len(lines) else "?"
+        found.append(f"  {m.group(1).lower()} at line {number}: {text}")
+        if len(found) == 2:
+            break
+    if not found:
+        return "ThreadSanitizer: " + stderr[-2000:]
+    return "a data race in the emulated kernel (ThreadSanitizer):\n" + "\n".join(found)
+
+
 def emulate(
     kernel: Kernel,
     frames: Mapping[str, np.ndarray],
@@ -120,10 +138,16 @@ def emulate(
     steps: int,
     workdir: str | os.PathLike | None = None,
     timeout: float = 600.0,
+    races: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run ``steps`` chained launches. ``frames[name]`` is [steps, *shape] for each graph input;
     ``state`` the initial state by input name. Returns (outputs [steps, *shape] by name, final
-    state by name)."""
+    state by name).
+
+    ``races``: build with ThreadSanitizer, which sees the emulator's barriers, warp exchanges and
+    flag words as the synchronisation they are, so a shared-memory access that no barrier orders
+    after a conflicting one is reported (racecheck's shared-memory hazards, on the CPU): the run
+    fails naming both source lines. Slow (~40 s for 8 blocks of 128 threads)."""
     cxx = compiler()
     if cxx is None:
         raise CompileError("no C++ compiler (g++) to run the step kernel's CPU emulation")
@@ -137,8 +161,9 @@ def emulate(
         (folder / "kernel.cpp").write_text(source)
         shutil.copy(EMU_HEADER, folder / "emu.h")
         binary = folder / "kernel"
+        sanitize = ["-g", "-fsanitize=thread"] if races else []
         result = subprocess.run(
-            [cxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", str(binary), str(folder / "kernel.cpp")],
+            [cxx, "-std=c++20", "-O1", *sanitize, "-pthread", "-w", "-o", str(binary), str(folder / "kernel.cpp")],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -161,7 +186,10 @@ def emulate(
             capture_output=True,
             text=True,
             timeout=timeout,
+            env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1 exitcode=66 history_size=2"} if races else None,
         )
+        if races and "ThreadSanitizer" in run.stderr:
+            raise CompileError(_race_report(run.stderr, source))
         if run.returncode != 0:
             raise CompileError(f"the emulated kernel failed (exit {run.returncode}): {run.stderr[-2000:]}")
         outputs = {}

@@ -161,6 +161,20 @@ template <int N>
 FFK_DEVICE void ffk_prefetch_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+// The same for a count known at run time (it differs between a task's blocks): a count above 7
+// waits for 7, which is more than asked (every group but the 7 latest), never less.
+FFK_DEVICE void ffk_prefetch_wait_n(int n) {
+    switch (n) {
+        case 0: ffk_prefetch_wait<0>(); break;
+        case 1: ffk_prefetch_wait<1>(); break;
+        case 2: ffk_prefetch_wait<2>(); break;
+        case 3: ffk_prefetch_wait<3>(); break;
+        case 4: ffk_prefetch_wait<4>(); break;
+        case 5: ffk_prefetch_wait<5>(); break;
+        case 6: ffk_prefetch_wait<6>(); break;
+        default: ffk_prefetch_wait<7>(); break;
+    }
+}
 #endif
 
 
@@ -183,6 +197,32 @@ FFK_DEVICE float ffk_warp_max(float v) {
 FFK_DEVICE float ffk_warp_min(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = ffk_min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The same over segments of L lanes (L a power of two ≤ 32): every lane of the warp calls it.
+template <int L>
+FFK_DEVICE float ffk_seg_sum(float v) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <int L>
+FFK_DEVICE float ffk_seg_prod(float v) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) v *= __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <int L>
+FFK_DEVICE float ffk_seg_max(float v) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) v = ffk_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+template <int L>
+FFK_DEVICE float ffk_seg_min(float v) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) v = ffk_min(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 

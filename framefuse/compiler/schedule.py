@@ -63,6 +63,10 @@ DOT_SMALL_MACS = 1 << 14
 FEW_BLOCKS = 8
 # A product needing more multiply-adds than this from one block is spread over the grid.
 DOT_BLOCK_MACS = 1 << 14
+# A product is stored by another task (a side store) only if that task computes at most this many
+# of its multiply-adds on one block: attention's new K row was stored by the cache's task, 64 rows
+# on the one block holding the new slot, while its readers waited (H100 trace: 2.8 us a layer).
+ABSORB_DOT_MACS = 1 << 12
 # A replicated array (several blocks compute it) costing more operations per thread than this
 # is materialized.
 REPLICATE_OPS = 512
@@ -101,20 +105,35 @@ class Unit:
     how: str
     var: ix.Var
     occurrences: list = field(default_factory=list)
-    lo: np.ndarray | None = None  # per block: first element needed (arrays) / computed (root)
+    lo: np.ndarray | None = None  # per block: the origin (arrays: the first needed, aligned down to 4)
     hi: np.ndarray | None = None  # per block: one past the last
+    first: np.ndarray | None = None  # per block: the first element computed (arrays: the first needed)
     deps: set = field(default_factory=set)  # node ids of the units this unit reads
     phase: int = 0
 
+    def _start(self) -> np.ndarray | None:
+        return self.first if self.first is not None else self.lo
+
     @property
     def span(self) -> int:
-        if self.lo is None or not len(self.lo):
+        """The most elements one block computes."""
+        start = self._start()
+        if start is None or not len(start):
             return 0
-        return int(max(0, int((self.hi - self.lo).max())))
+        return int(max(0, int((self.hi - start).max())))
 
     @property
     def total(self) -> int:
-        return int(np.maximum(self.hi - self.lo, 0).sum()) if self.lo is not None else 0
+        """The elements computed over all blocks."""
+        start = self._start()
+        return int(np.maximum(self.hi - start, 0).sum()) if start is not None else 0
+
+    @property
+    def storage(self) -> int:
+        """The most floats one block's copy of the array takes (from its aligned origin)."""
+        if self.lo is None or not len(self.lo):
+            return 0
+        return int(max(0, int((self.hi - self.lo).max())))
 
 
 @dataclass
@@ -574,14 +593,20 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
     reads_by: dict[int, list] = {}  # dot id -> [(reader unit, pairs)]
     for unit in order:
         if unit.how != "root":
-            unit.lo, unit.hi = hull(needs.get(unit.node.id, []), grid)
+            first, unit.hi = hull(needs.get(unit.node.id, []), grid)
+            # the origin aligned down, so float4 reads of an array's rows stay aligned; the
+            # elements between it and the first needed one are not computed (nor their inputs
+            # staged: computing them read other arrays' shared memory, a race in xlstm's kernel)
+            unit.first, unit.lo = first, (first // 4) * 4
+        else:
+            unit.first = unit.lo
         elements = max(unit.node.size, 1)
         for occ in unit.occurrences:
             kind = view.kind(occ.node)
             if kind not in ("array", "dot"):
                 continue
             pairs = enumerate_pairs(occ, unit.var, elements)
-            needs.setdefault(occ.node.id, []).append(needed_ranges(pairs, unit.lo, unit.hi, elements, occ.node.size))
+            needs.setdefault(occ.node.id, []).append(needed_ranges(pairs, unit.first, unit.hi, elements, occ.node.size))
             if kind == "dot":
                 reads_by.setdefault(occ.node.id, []).append((unit, pairs))
     # the ranges of the state and weight leaves each block reads (prefetched at kernel start)
@@ -596,7 +621,9 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                     pairs = (np.arange(elements), np.arange(elements))  # a staged copy reads itself 1:1
                 else:
                     pairs = enumerate_pairs(occ, unit.var, elements)
-                leaf_needs.setdefault(node.id, []).append(needed_ranges(pairs, unit.lo, unit.hi, elements, node.size))
+                leaf_needs.setdefault(node.id, []).append(
+                    needed_ranges(pairs, unit.first, unit.hi, elements, node.size)
+                )
                 leaf_nodes[node.id] = node
     task.leaves = {nid: (leaf_nodes[nid], *hull(pieces, grid)) for nid, pieces in leaf_needs.items()}
     problems: list[Problem] = []
@@ -708,7 +735,7 @@ def _order_units(units: dict) -> list[Unit]:
 
 def task_smem_floats(task: Task) -> int:
     """Shared memory of a task's arrays, in floats (each array padded to 4 floats)."""
-    return sum(-(-u.span // 4) * 4 for u in task.arrays())
+    return sum(-(-u.storage // 4) * 4 for u in task.arrays())
 
 
 # -- the whole program ---------------------------------------------------------------------------------------
@@ -999,6 +1026,9 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                     min_chunk=host.min_chunk,
                 )
                 if problems or not _computes_once(trial, node):
+                    continue
+                unit = trial.units.get(out_id)
+                if unit is not None and unit.how == "dot" and unit.span * node.k > ABSORB_DOT_MACS:
                     continue
                 side_of[out_id] = host_id
                 if _has_cycle(current, side_of, trial, host_id):
