@@ -503,7 +503,9 @@ class Generator:
             committed = self._committed_by(t)
             if len(slots) == 1:
                 later = committed - slots.pop() - 1
-                code.items.append(f"ffk_prefetch_wait<{later}>();  // this task's prefetched rows and values have landed")
+                code.items.append(
+                    f"ffk_prefetch_wait<{later}>();  // this task's prefetched rows and values have landed"
+                )
             else:  # the task's blocks put its copies in different slots (see _segments)
                 column = self.group_column + 2 * len(self.groups) + j
                 code.items.append(
