@@ -6,8 +6,11 @@ to the session: both must agree (the engine did not corrupt its state over a lon
 state it carries is a state the model would have). GPU memory (torch.cuda.memory_allocated) must
 be identical at every checkpoint and host RSS must stay flat.
 
+Latency must stay flat: each checkpoint's p50 over its own frames within 1.5× of the lowest.
+
 FRAMEFUSE_SOAK_FRAMES shortens the run (e.g. 20000); FRAMEFUSE_SOAK_ARCH picks the model
-(default mamba: conv window + selective-scan state).
+(default mamba: conv window + selective-scan state); FRAMEFUSE_SOAK_SELECT the cuda-graph
+engine's plan (e.g. stepkernel: the step compiler's one kernel; default: the engine's default).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 FRAMES = int(os.environ.get("FRAMEFUSE_SOAK_FRAMES", "1000000"))
 ARCH = os.environ.get("FRAMEFUSE_SOAK_ARCH", "mamba")
+SELECT = os.environ.get("FRAMEFUSE_SOAK_SELECT")
+FLAT = 1.5  # the highest checkpoint p50 over the lowest
 CHECKPOINTS = 10
 WINDOW = 32  # frames compared with the torch reference at each checkpoint
 POOL = 1024  # random frames cycled through (drawn once: the loop measures the engine, not the RNG)
@@ -65,7 +70,8 @@ def test_soak_million_frames():
     try:
         prepared = prepare_cached(ARCH, {"seq": 32, "seed": 0})["step"]
         assert prepared.fused is not None, prepared.fused_error
-        session = Session.load(prepared.fused, device="cuda", stats_capacity=100_000)
+        options = {"select": SELECT} if SELECT else None
+        session = Session.load(prepared.fused, device="cuda", stats_capacity=100_000, engine_options=options)
         model = torch_model(prepared, "cuda")
         names = prepared.state_names
         shape = session.engine.input_specs["x"].shape
@@ -85,6 +91,8 @@ def test_soak_million_frames():
             for i in range(done, done + chunk):
                 step(pool[i % POOL])
             done += chunk
+            recent = session.stats.window()[-min(chunk, session.stats.capacity) :]
+            p50_us = float(np.percentile(recent, 50)) / 1000.0
             state = session.get_state()
             for name, value in state.items():
                 assert np.isfinite(value).all(), f"state {name} not finite after {done} frames"
@@ -93,14 +101,16 @@ def test_soak_million_frames():
             grown = _rss_mb() - rss
             assert grown < RSS_SLACK_MB, f"host RSS grew {grown:.1f} MB after {done} frames"
             worst = _compare_window(session, model, pool, done, names)
-            log.append((done, grown, worst))
+            log.append((done, grown, worst, p50_us))
         seconds = time.perf_counter() - start
         s = session.stats.summary()
         print(
             f"\nsoak {ARCH}: {FRAMES} frames in {seconds:.1f} s ({FRAMES / seconds:,.0f} frames/s); step p50 "
             f"{s['p50_us']:.1f} us, p99 {s['p99_us']:.1f} us, max {s['max_us']:.1f} us; checkpoints "
-            + ", ".join(f"{n}: rss +{g:.1f} MB, err {w:.1e}" for n, g, w in log)
+            + ", ".join(f"{n}: p50 {p:.1f} us, rss +{g:.1f} MB, err {w:.1e}" for n, g, w, p in log)
         )
+        p50s = [p for *_, p in log]
+        assert max(p50s) <= FLAT * min(p50s), f"latency not flat over the run: checkpoint p50s {p50s}"
         assert session.engine.eager_runs == 0
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn_tf32, matmul_tf32
