@@ -412,10 +412,11 @@ def make_floor(*, pool: np.ndarray, out_shape, device):
 
 MAPPED_FLOOR_SOURCE = r"""
 extern "C" __global__ void floor_mapped(const float* x, float* y, int n_in, int n_out) {
-    const int i = threadIdx.x;
-    float v = 0.0f;
-    if (i < n_in) v = *(volatile const float*)(x + i);
-    if (i < n_out) y[i] = v * 2.0f;
+    for (int i = threadIdx.x; i < max(n_in, n_out); i += blockDim.x) {
+        float v = 0.0f;
+        if (i < n_in) v = *(volatile const float*)(x + i);
+        if (i < n_out) y[i] = v * 2.0f;
+    }
 }
 """
 
@@ -442,7 +443,7 @@ def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
     graph = torch.cuda.CUDAGraph()
     args = [ctypes.c_void_p(x.device_ptr), ctypes.c_void_p(y.device_ptr), ctypes.c_int(n_in), ctypes.c_int(n_out)]
     with torch.cuda.graph(graph, stream=stream):
-        fn.launch(1, max(32, -(-max(n_in, n_out) // 32) * 32), args)
+        fn.launch(1, min(1024, max(32, -(-max(n_in, n_out) // 32) * 32)), args)  # one block: a sequence loops
     launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
     launch, sync, exe, st = launcher.launch_fn, launcher.sync_fn, launcher.exec_handle, launcher.stream
 
