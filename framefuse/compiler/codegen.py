@@ -174,7 +174,8 @@ class Generator:
         # in commit groups: room for every candidate, the ones not prefetched copy nothing
         n_groups = len({t for t, _, _ in leaves} | {t for t, _, _ in dots})
         n_ranges = len(columns)
-        # per commit slot its copies' [first, end) rows, then per task's group the block's slot of it
+        # per commit slot its copies' [first, end) rows, then per task's group the block's slot of
+        # it (room for every candidate group: those that do not fit are not prefetched)
         self.segment_column = n_ranges + 3 * n_groups
         n_columns = self.segment_column + 4 * (len(leaves) + len(dots))
         # shared memory: the range row, weight prefetch, the task arena
@@ -265,6 +266,8 @@ class Generator:
         for k in range(n_groups):
             out += [start[k], end[k]]
         out += [self.slot_of[j] for j in range(n_groups)]
+        # room was kept for every candidate group; the ones that did not fit copy nothing
+        out += [np.zeros(grid, dtype=np.int64)] * (self.segment_column - self.group_column - len(out))
         out += segments
         out += [np.zeros(grid, dtype=np.int64)] * (n_columns - len(columns) - len(out))
         return out
