@@ -252,7 +252,7 @@ class Generator:
         n_groups = len(self.groups)
         start = np.zeros((n_groups, grid), dtype=np.int64)
         end = np.zeros((n_groups, grid), dtype=np.int64)
-        self.slot_of = np.tile(np.arange(n_groups, dtype=np.int64)[:, None], (1, grid))
+        slots = np.tile(np.arange(n_groups, dtype=np.int64)[:, None], (1, grid))
         for b in range(grid):
             own = list(range(n_groups))
             if PREFETCH_BY_BLOCK_ORDER:
@@ -260,12 +260,12 @@ class Generator:
                 own += [j for j in range(n_groups) if j not in own]
             for k, j in enumerate(own):
                 start[k, b], end[k, b] = firsts[j], firsts[j + 1]
-                self.slot_of[j, b] = k
-        lay.groups, lay.slots = list(self.groups), self.slot_of
+                slots[j, b] = k
+        lay.groups, lay.slots = list(self.groups), slots
         out = []
         for k in range(n_groups):
             out += [start[k], end[k]]
-        out += [self.slot_of[j] for j in range(n_groups)]
+        out += [slots[j] for j in range(n_groups)]
         # room was kept for every candidate group; the ones that did not fit copy nothing
         out += [np.zeros(grid, dtype=np.int64)] * (self.segment_column - self.group_column - len(out))
         out += segments
@@ -502,7 +502,7 @@ class Generator:
             # cp.async.wait_group covers this thread's own copies; the barrier after it makes every
             # thread's copies visible (and the previous task's readers of shared memory done)
             j = self.groups.index(t)
-            slots = {int(self.slot_of[j, b]) for b in range(task.first, task.first + task.blocks)}
+            slots = {int(self.layout.slots[j, b]) for b in range(task.first, task.first + task.blocks)}
             committed = self._committed_by(t)
             if len(slots) == 1:
                 later = committed - slots.pop() - 1
