@@ -46,6 +46,13 @@ row, so a run cut short keeps what it measured; --time-budget stops starting new
     python bench/e2e.py --section precision --archs mamba,lstm --out /tmp/prec
     python bench/e2e.py --merge /tmp/zoo/e2e.json /tmp/real/e2e.json /tmp/prec/e2e.json --out bench/h100
     python bench/e2e.py --device cpu --quick --archs min_gru --iters 5 --out /tmp/b   # smoke test
+    python bench/e2e.py --archs xlstm --forms sequence --out /tmp/x   # one long T = 32 row by itself
+
+On the lab's H100 the torch.compile peers' compiles take most of a full run (xlstm's T = 32 row
+alone ran past 8 minutes, mostly max-autotune). Split the zoo over calls of at most 10 minutes
+(--archs, --forms, --time-budget), point TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at an ignored
+folder of the checkout (the device machine keeps ignored build outputs between calls while it is
+held), and merge the parts with --merge: every row holds all of its peers from one process.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ PEERS = (*TORCH_PEERS, "ort_cpu")
 GPU_ONLY = ("torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph", "floor", "mapped_floor")
 COMPILE_PEERS = ("torch_compile", "torch_compile_autotune_graph")
 ABLATIONS = ("framefuse_unfused", "framefuse_driver")
+FORMS = ("step", "sequence")
 FLOOR = "floor"
 MAPPED_FLOOR = "mapped_floor"
 FLOORS = (FLOOR, MAPPED_FLOOR)
@@ -759,6 +767,7 @@ class Runner:
         self.settings = settings
         self.start = time.perf_counter()
         self.budget = args.time_budget
+        self.forms = tuple(results.get("config", {}).get("forms") or FORMS)
 
     def over_budget(self, what: str) -> bool:
         if self.budget and time.perf_counter() - self.start > self.budget:
@@ -798,7 +807,7 @@ def run_zoo(runner: Runner, archs: list[str], work: Path) -> None:
             continue
         cfg = forms["step"]["manifest"]["config"]
         model = build_zoo_model(arch, model_config(cfg), int(cfg["seed"])).to(settings.device).eval()
-        for form in ("step", "sequence"):
+        for form in runner.forms:
             for key in ("fused_ops", "fused_error"):
                 if key in forms[form]:
                     say(f"  {arch} {form}: {key} = {forms[form][key]}")
@@ -840,7 +849,8 @@ def run_real(runner: Runner, names: list[str], work: Path) -> None:
     unknown = [n for n in names if n not in models.BY_NAME]
     if unknown:
         raise SystemExit(f"unknown real model(s) {unknown}; available: {', '.join(models.BY_NAME)}")
-    seqs = [runner.args.seq] + ([1] if runner.args.seq != 1 else [])
+    seqs = [runner.args.seq] if "sequence" in runner.forms else []
+    seqs += [1] if "step" in runner.forms and runner.args.seq != 1 else []
     for n, name in enumerate(names, 1):
         spec = models.BY_NAME[name]
         try:
@@ -1408,6 +1418,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32, help="T of the sequence form (default 32)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--forms",
+        default=",".join(FORMS),
+        help="zoo and real: which rows, step (T = 1) and/or sequence (T = --seq) (default both); a row holds "
+        "all of its peers either way, so a long T = --seq row can run in a call of its own and be merged",
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is a GPU")
     parser.add_argument(
         "--compile",
@@ -1496,7 +1512,7 @@ def child_argv(args, section: str, item: str, out: Path, work: Path) -> list[str
     """The command line of one isolated unit (one section, one architecture or real model)."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--section", section, "--out", str(out)]
     argv += ["--models" if section == "real" else "--archs", item, "--work", str(work)]
-    for flag in ("iters", "warmup", "embed", "layers", "seq", "seed", "compile", "device", "accuracy_frames"):
+    for flag in ("iters", "warmup", "embed", "layers", "seq", "seed", "forms", "compile", "device", "accuracy_frames"):
         value = getattr(args, flag, None)
         if value is not None:
             argv += [f"--{flag.replace('_', '-')}", str(value)]
@@ -1581,6 +1597,11 @@ def run(args) -> int:
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
         raise SystemExit(f"--precisions: unknown {bad}; use {', '.join(PRECISIONS)}")
+    asked = {x.strip() for x in (getattr(args, "forms", None) or ",".join(FORMS)).split(",") if x.strip()}
+    forms = tuple(f for f in FORMS if f in asked)
+    stray = asked - set(FORMS)
+    if stray or not forms:
+        raise SystemExit(f"--forms: unknown {sorted(stray)}; use step and/or sequence")
     iters = args.iters or (200 if args.quick else 1000)
     warmup = args.warmup if args.warmup is not None else (20 if args.quick else 100)
     if args.compile not in (None, "all") and not args.quick:
@@ -1616,6 +1637,7 @@ def run(args) -> int:
             "warmup": warmup,
             "compile": compile_choice,
             "archs": archs,
+            "forms": list(forms),
             "models": models,
             "precisions": precisions,
             "accuracy_frames": args.accuracy_frames,

@@ -168,3 +168,15 @@ def test_merge_keeps_every_section(e2e, smoke, tmp_path):
 def test_a_full_run_never_skips_a_compile_peer(e2e, tmp_path):
     with pytest.raises(SystemExit, match="never skips"):
         e2e.main(["--device", "cpu", "--compile", "step", "--archs", "min_gru", "--out", str(tmp_path)])
+
+
+def test_forms_pick_the_rows_and_a_bad_form_is_refused(e2e, tmp_path):
+    # a long T = --seq row can run in a call of its own (and be merged): it still holds every peer
+    argv = ["--device", "cpu", "--quick", "--archs", "min_gru", "--embed", "16", "--seq", "3"]
+    argv += ["--iters", "2", "--warmup", "1", "--profile-calls", "0", "--work", str(tmp_path / "work")]
+    assert e2e.main([*argv, "--forms", "sequence", "--out", str(tmp_path / "seq")]) == 0
+    results = json.loads((tmp_path / "seq" / "e2e.json").read_text())
+    assert [row["T"] for row in results["rows"]] == [3] and results["config"]["forms"] == ["sequence"]
+    _check_engine_rows(e2e, results["rows"], {3})
+    with pytest.raises(SystemExit, match="--forms: unknown"):
+        e2e.main([*argv, "--forms", "steps", "--out", str(tmp_path / "bad")])

@@ -127,9 +127,9 @@ def _overflow_model() -> onnx.ModelProto:
 
 def test_check_finite_names_the_tensor_and_the_frame():
     model = _overflow_model()
-    quiet = Session.load(model, engine="onnxruntime")
+    quiet = Session.load(model, engine="onnxruntime", nonfinite="propagate")
     nan_frame = np.full((1, 4), np.nan, np.float32)
-    assert np.isnan(quiet.step(nan_frame)).all()  # off by default: nothing is checked
+    assert np.isnan(quiet.step(nan_frame)).all()  # handed to the engine: nothing is checked
     session = Session.load(model, engine="onnxruntime", check_finite=True)
     session.set_state({"state.h": np.ones((1, 4), np.float32)})
     for _ in range(2):

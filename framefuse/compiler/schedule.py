@@ -1030,8 +1030,9 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                 unit = trial.units.get(out_id)
                 if unit is not None and unit.how == "dot" and unit.span * node.k > ABSORB_DOT_MACS:
                     continue
+                before = _levels_by_task(current, side_of)
                 side_of[out_id] = host_id
-                if _has_cycle(current, side_of, trial, host_id):
+                if _has_cycle(current, side_of, trial, host_id) or _deepens(before, current, side_of, trial, host_id):
                     del side_of[out_id]
                     continue
                 current[host_id] = trial
@@ -1069,6 +1070,29 @@ def _has_cycle(current: dict, side_of: dict, trial: Task, host_id: int) -> bool:
     except CompileError:
         return True
     return False
+
+
+def _levels_by_task(current: dict, side_of: dict, trial: Task | None = None, host_id: int | None = None) -> dict:
+    """Each task's dependency level with ``side_of``'s side stores in their hosts (``trial`` as
+    the task of ``host_id``)."""
+    tasks = {tid: (trial if tid == host_id else task) for tid, task in current.items() if tid not in side_of}
+    produced_by = {tid: tid for tid in tasks}
+    produced_by.update({out_id: host for out_id, host in side_of.items() if host in tasks})
+    ordered = _order_tasks(tasks, side_of)
+    by_id = {id(task): tid for tid, task in tasks.items()}
+    level: dict[int, int] = {}
+    for task in ordered:
+        deps = {produced_by.get(nid) for nid in task.reads} - {None, by_id[id(task)]}
+        level[by_id[id(task)]] = 1 + max((level[d] for d in deps if d in level), default=0)
+    return level
+
+
+def _deepens(before: dict, current: dict, side_of: dict, trial: Task, host_id: int) -> bool:
+    """Whether a side store makes some task wait a level longer: a value stored by a host of a
+    later level reaches its other readers later than its own task would have published it (xlstm's
+    scaled key stored by the normalizer's task held the C·q task back a level, in both layers)."""
+    after = _levels_by_task(current, side_of, trial, host_id)
+    return any(after[tid] > before[tid] for tid in after if tid in before)
 
 
 def _order_tasks(tasks: dict, side_of: dict) -> list:

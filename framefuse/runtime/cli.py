@@ -53,7 +53,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--check-finite",
         action="store_true",
-        help="stop with an error naming the tensor and frame at the first NaN/Inf (frame, output, state)",
+        help="also stop with an error naming the tensor and frame at the first NaN/Inf of an output or state",
+    )
+    parser.add_argument(
+        "--nonfinite",
+        choices=["raise", "propagate"],
+        default="raise",
+        help="a frame holding NaN/Inf: refused before the engine runs, the state unchanged (raise, the default), "
+        "or handed to the engine (propagate)",
     )
     parser.add_argument(
         "--replay", choices=["torch", "driver"], default="torch", help="how the captured graph is replayed"
@@ -83,6 +90,7 @@ def run(args) -> int:
         budget_ms=budget,
         replay=args.replay,
         check_finite=args.check_finite,
+        nonfinite=args.nonfinite,
     )
     if not session.is_step_form:
         raise SessionError(

@@ -189,6 +189,43 @@ def test_copy_and_check_finite_on_gpu():
         session.step(frames[0])
 
 
+@pytest.mark.parametrize("select", ["plan", "stepkernel"])
+def test_nonfinite_frames_are_refused_on_the_gpu_engines(select):
+    """The default policy on the CUDA engines: a NaN/Inf frame, host or device, is refused before
+    the launch and the state stays as it was; nonfinite="propagate" launches it."""
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.session import SessionError
+
+    prepared = prepare_cached("lstm", CONFIG)["step"]
+
+    def make(**kwargs):
+        engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": select})
+        assert engine.metadata["selection"]["chosen"] == select
+        return Session(engine, budget_ms=None, **kwargs)
+
+    session, clean = make(), make()
+    frames = _frames(session, 3)
+    for s in (session, clean):
+        s.step(frames[0])
+    before = {k: np.array(v, copy=True) for k, v in session.get_state().items()}
+    for bad_value in (np.nan, np.inf, -np.inf):
+        bad = frames[1].copy()
+        bad[..., -1] = bad_value
+        with pytest.raises(SessionError, match=r"^frame 1: frame input 'x' has 1 NaN/Inf value\(s\).*unchanged"):
+            session.step(bad)
+        with pytest.raises(SessionError, match=r"^frame 1: frame input 'x' has 1 NaN/Inf value\(s\).*unchanged"):
+            session.step(torch.from_numpy(bad).cuda())  # the device-frame path
+    assert session.frame_index == 1
+    for name, value in session.get_state().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    np.testing.assert_array_equal(session.step(frames[2]), clean.step(frames[2]))
+    relaxed = make(nonfinite="propagate")
+    bad = frames[1].copy()
+    bad[..., 0] = np.nan
+    assert np.isnan(relaxed.step(bad)).any()
+    assert np.isnan(relaxed.step(frames[2])).any()  # the CUDA engines carry the NaN in the state
+
+
 def test_onnxruntime_sessions_on_a_gpu_machine():
     """ONNX Runtime on the original graph (CPU EP; the CUDA EP when onnxruntime-gpu is
     installed) agrees with the cuda-graph engine frame by frame."""

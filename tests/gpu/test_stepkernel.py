@@ -20,13 +20,13 @@ SMALL = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
 TOL = 1e-4
 
 
-def _session(prepared):
+def _session(prepared, **kwargs):
     from framefuse.engines import cuda_graph
     from framefuse.runtime.session import Session
 
     engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
     assert engine.metadata["selection"]["chosen"] == "stepkernel"
-    return Session(engine, budget_ms=None)
+    return Session(engine, budget_ms=None, **kwargs)
 
 
 def _ort(prepared):
@@ -112,7 +112,7 @@ def test_stepkernel_nan_and_inf_frames_propagate_as_the_reference(arch):
     frames[4, 0, 1] = np.inf
     program = lower_program(prepared.fused)
     state = {n: np.zeros(leaf.shape, np.float32) for n, leaf in program.states.items()}
-    session = _session(prepared)
+    session = _session(prepared, nonfinite="propagate")  # the session refuses such frames by default
     for i, frame in enumerate(frames):
         expected = naive.run(program, {"x": frame, **state})
         state = {s: expected[program.state_of[s]] for s in program.states}
