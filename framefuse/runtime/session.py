@@ -279,7 +279,7 @@ class Session:
         self.check_finite = bool(check_finite)
         self.nonfinite = nonfinite
         self._refuse_nonfinite = nonfinite == "raise" or self.check_finite
-        self._finite_probe: dict[int, tuple] = {}  # id(buffer) -> (flat view, zeros): the frame check
+        self._finite_probe: dict[int, tuple] = {}  # id(buffer) -> (flat view, zeros, ..., buffer): the frame check
         self.frame_index = 0  # frames stepped since the last reset
         inputs, outputs = engine.input_specs, engine.output_specs
         self.state_inputs = [n for n in inputs if n.startswith(STATE_PREFIX)]
@@ -649,8 +649,9 @@ class Session:
         probe = self._finite_probe.get(id(buffer))
         if probe is None:
             flat = buffer.reshape(-1)
-            probe = self._finite_probe[id(buffer)] = (flat, torch.zeros_like(flat), buffer.new_zeros(()))
-        flat, zeros, result = probe
+            # the buffer is kept in the entry, so its id cannot be taken by another object
+            probe = self._finite_probe[id(buffer)] = (flat, torch.zeros_like(flat), buffer.new_zeros(()), buffer)
+        flat, zeros, result, _ = probe
         torch.dot(flat, zeros, out=result)
         value = result.item()
         if value != value:
