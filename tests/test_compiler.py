@@ -418,6 +418,47 @@ def test_long_root_reductions_run_a_warp_per_element():
     assert "for (int e = lo_root + warp; e < hi_root; e += NWARPS)" in source
 
 
+def _task_source(source: str, t: int) -> str:
+    start = source.index(f"    // task {t}: ")
+    end = source.find(f"    // task {t + 1}: ", start)
+    return source[start : end if end > 0 else len(source)]
+
+
+def _phases(task_source: str) -> list[str]:
+    """The task's code split at its barriers (the first piece is its prefetch wait)."""
+    return task_source.split("__syncthreads();")
+
+
+WARP_LOOP = re.compile(r"for \(int e = \w+ \+ (warp|\(\(warp \+ (\d+)\) % NWARPS\)); e < hi\w+; e \+= NWARPS\)")
+
+
+def test_warp_per_element_arrays_of_a_phase_start_on_different_warps():
+    """A GRU cell's three gate products (2 rows a block each) and a LayerNorm's two sums run
+    side by side on different warps, not one after another on warps 0 and 1."""
+    kernel = generate_source(_prepared("gru", FULL).fused, grid=132)
+    layer = _task_source(kernel.source, 2)
+    assert "GRUSeq" in layer.splitlines()[0]
+    for phase in _phases(layer):
+        loops = WARP_LOOP.findall(phase)
+        firsts = [0 if not shift else 8 - int(shift) for _, shift in loops]  # the warp of element 0
+        assert len(set(firsts)) == len(firsts), f"two arrays start on one warp: {firsts}"
+    rotated = [p for p in _phases(layer) if len(WARP_LOOP.findall(p)) == 3]
+    assert len(rotated) == 2  # the W·x and R·h gate products: warps 0, 2, 4
+    assert sorted(0 if not s else 8 - int(s) for _, s in WARP_LOOP.findall(rotated[0])) == [0, 2, 4]
+
+
+def test_products_that_wait_for_nothing_run_before_the_staging():
+    """An LSTM layer's recurrent products read the prefetched state, not a flagged value: they are
+    computed before the phase's staging spins for the layer input, so they overlap its arrival."""
+    kernel = generate_source(_prepared("lstm", FULL).fused, grid=132)
+    layer = _task_source(kernel.source, 2)
+    staging = [p for p in _phases(layer) if "ffk_ll_stage_n" in p]
+    assert len(staging) == 1
+    phase = staging[0]
+    assert phase.count("ffk_warp_dot") == 4  # the four gates' R·h rows
+    assert phase.rindex("ffk_warp_dot") < phase.index("ffk_ll_stage_n")
+
+
 def test_kv_cache_is_read_as_a_view_of_the_state_and_the_new_row():
     """Readers of the attention KV cache take the old rows from the state and wait only for the
     new row: no task stages a whole cache (a Concat) from flag-tagged words."""

@@ -44,7 +44,7 @@ SOURCE_VARIANTS = {
         s,
     ),
 }
-# compiler settings: (module of framefuse.compiler, constant, value)
+# compiler settings: (module of framefuse.compiler, constant, value), or a list of them
 SCHEDULE_VARIANTS = {
     "host-write-8": ("schedule", "HOST_WRITE_CHUNK", 8),
     "host-write-4": ("schedule", "HOST_WRITE_CHUNK", 4),
@@ -58,6 +58,11 @@ SCHEDULE_VARIANTS = {
     "absorb-any-product": ("schedule", "ABSORB_DOT_MACS", 1 << 40),
     # the step functions' costs before they were given their exp/div weight (all counted 1)
     "step-ops-cost-1": ("schedule", "EW", "step-ops-cost-1"),
+    # every warp-per-element array of a phase starting on warp 0 (before 2026-11-24's change)
+    "no-warp-stagger": ("codegen", "STAGGER_WARPS", False),
+    # a phase's flagged values staged before its other units are computed
+    "stage-first": ("codegen", "COMPUTE_BEFORE_STAGE", False),
+    "no-stagger-stage-first": [("codegen", "STAGGER_WARPS", False), ("codegen", "COMPUTE_BEFORE_STAGE", False)],
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
@@ -106,14 +111,18 @@ def main() -> int:
             if name in SCHEDULE_VARIANTS:
                 import importlib
 
-                module_name, constant, value = SCHEDULE_VARIANTS[name]
-                sched_module = importlib.import_module(f"framefuse.compiler.{module_name}")
-                saved = getattr(sched_module, constant)
-                setattr(sched_module, constant, _variant_value(value))
+                settings = SCHEDULE_VARIANTS[name]
+                settings = settings if isinstance(settings, list) else [settings]
+                saved = []
+                for module_name, constant, value in settings:
+                    sched_module = importlib.import_module(f"framefuse.compiler.{module_name}")
+                    saved.append((sched_module, constant, getattr(sched_module, constant)))
+                    setattr(sched_module, constant, _variant_value(value))
                 try:
                     other = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
                 finally:
-                    setattr(sched_module, constant, saved)
+                    for sched_module, constant, value in reversed(saved):
+                        setattr(sched_module, constant, value)
                 other_plan = StepKernelPlan(other, other.input_specs, other.output_specs)
                 timing = time_plan_graph(other_plan, feeds, replays=1000)
                 outs = {k: v.clone() for k, v in other_plan.execute(feeds).items()}
