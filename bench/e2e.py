@@ -19,6 +19,8 @@ Every row times host input → host output per call (the same ``measure`` for ev
                              (the chosen candidate and the selection timings are in the row)
   framefuse (unfused graph)  ablation: the engine on the graph before the rewrite, no selection
   framefuse (driver replay)  ablation: the built engine replayed with cuGraphLaunch (cuda-python)
+  framefuse (resident kernel)  the step form only, when the build chose the step kernel: the same
+             engine with Session(resident=True): the kernel launched once, rung per frame
 and the peers (the best peer = the lowest p50 among them, per row):
   torch eager                the torch module, pinned host buffers, async copies, one sync
   torch eager + CUDA graph   the same torch code captured in one CUDA graph, copies inside
@@ -84,7 +86,7 @@ TORCH_PEERS = ("torch_eager", "torch_cuda_graph", "torch_compile", "torch_compil
 PEERS = (*TORCH_PEERS, "ort_cpu")
 GPU_ONLY = ("torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph", "floor", "mapped_floor")
 COMPILE_PEERS = ("torch_compile", "torch_compile_autotune_graph")
-ABLATIONS = ("framefuse_unfused", "framefuse_driver")
+ABLATIONS = ("framefuse_unfused", "framefuse_driver", "framefuse_resident")
 FORMS = ("step", "sequence")
 FLOOR = "floor"
 MAPPED_FLOOR = "mapped_floor"
@@ -93,6 +95,7 @@ ENGINE_LABELS = {
     "framefuse": "framefuse",
     "framefuse_unfused": "framefuse (unfused graph)",
     "framefuse_driver": "framefuse (driver replay)",
+    "framefuse_resident": "framefuse (resident kernel)",
     "torch_eager": "torch eager",
     "torch_cuda_graph": "torch eager + CUDA graph",
     "torch_compile": "torch.compile reduce-overhead",
@@ -601,6 +604,26 @@ def bench_row(
                 )
 
             makers.append(("framefuse_driver", driver_call))
+        if on_gpu and form == "step":
+
+            def resident_call():
+                from framefuse.runtime.session import Session
+
+                if "engine" not in built:
+                    raise RuntimeError("the framefuse build failed (see the framefuse row)")
+                chosen = selection_summary(built["engine"]).get("chosen")
+                if chosen != "stepkernel":
+                    raise RuntimeError(f"the build chose {chosen}, not the step kernel: nothing to keep resident")
+                session = Session(built["engine"], resident=True)
+
+                def call(i):
+                    return session.step(pool[i % POOL])
+
+                call.engine = built["engine"]  # type: ignore[attr-defined]
+                call.close = session.close  # type: ignore[attr-defined]
+                return call
+
+            makers.append(("framefuse_resident", resident_call))
     else:
         row["engines"]["framefuse"] = {"error": f"no fused graph: {entry.get('fused_error')}"}
     makers.append(("framefuse_unfused", unfused_call))
@@ -624,6 +647,7 @@ def bench_row(
     makers.append(("ort_cpu", lambda: make_ort(entry["onnx"], pool=pool, manifest=manifest)))
 
     for name, make in makers:
+        call = None
         try:
             start = time.perf_counter()
             with torch.no_grad():
@@ -631,6 +655,9 @@ def bench_row(
                 first = np.array(call(0), copy=True)  # zero state, input 0: compared with ORT
                 setup_s = time.perf_counter() - start
                 result = measure(call, iters=settings.iters, warmup=settings.warmup)
+                if hasattr(call, "close"):  # a resident kernel leaves before anything synchronises the GPU
+                    call.close()
+                    result["kernels"] = {"skipped": "resident: no launch per call (one kernel, launched once)"}
             result["setup_s"] = setup_s
             if name not in FLOORS:
                 result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
@@ -641,7 +668,13 @@ def bench_row(
             if engine is not None:
                 result["replays"] = engine.replays
                 result["captures"] = engine.captures
-            if on_gpu and settings.profile_calls > 0 and name not in FLOORS and name != "ort_cpu":
+            if (
+                on_gpu
+                and settings.profile_calls > 0
+                and name not in FLOORS
+                and name != "ort_cpu"
+                and "kernels" not in result
+            ):
                 try:  # kernels per call right after the timing, while only this engine is fresh
                     result["kernels"] = kernel_profile(call, calls=settings.profile_calls, device=dev)
                 except Exception as exc:  # noqa: BLE001
@@ -658,6 +691,8 @@ def bench_row(
             row["engines"][name] = {"error": message, "traceback": traceback.format_exc(limit=6)}
             say(f"  {arch:16s} T={T:<3d} {ENGINE_LABELS[name]:40s} FAILED: {message}")
         finally:
+            if call is not None and hasattr(call, "close"):
+                call.close()
             call = None  # each peer is released before the next is built
             if on_gpu:
                 torch.cuda.synchronize(dev)

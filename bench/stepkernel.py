@@ -11,6 +11,9 @@ through ``Session.step`` (host frame in, host output back, state on the GPU):
   latency    Session.step p50 / p99 over --iters frames; the raw replay + sync of the same graph
              (no Session, no frame copy) for the host work Session.step adds; the engine's
              previous best plan (``select="plan"``) in the same process
+  resident   the same engine with Session(resident=True): the kernel launched once and rung
+             per frame; parity against ONNX Runtime over the same frames, bitwise equality
+             with the launched kernel over the first 200, Session.step p50 / p99
   floors     mapped: a CUDA graph of one kernel reading its input from and writing its output to
              pinned mapped host memory, replayed and synchronised with the same host loop;
              copy: the H2D copy + one kernel + D2H copy graph bench/e2e.py calls its floor
@@ -147,6 +150,13 @@ def bench_arch(arch: str, args, root: Path) -> dict:
     row["replay_wait_host"] = timed(lambda i: (binding.launch(), binding.wait_host()), args.iters, args.warmup)
     binding.sync()
     row["session_host_us"] = round(row["session_step"]["p50_us"] - row["replay_wait_host"]["p50_us"], 2)
+    if not args.no_resident:
+        row.update(resident_rows(engine, frames, ref_y, ref_state, pool, args))
+        say(
+            f"{arch}: resident step p50 {row['resident_step']['p50_us']} us p99 {row['resident_step']['p99_us']} us, "
+            f"parity y {row['resident_parity']['max_rel_diff_y']:.2e}, "
+            f"bitwise equal to the launched kernel: {row['resident_parity']['equals_launched']}"
+        )
     row["floor_mapped"] = mapped_floor(out_shape, pool, args.iters, args.warmup)
     row["floor_copy"] = copy_floor(in_shape, out_shape, pool, args.iters, args.warmup)
     # device time of one step: back-to-back replays timed with events
@@ -170,6 +180,40 @@ def bench_arch(arch: str, args, root: Path) -> dict:
     session = engine = None  # the binding and its buffers go before the next architecture
     torch.cuda.synchronize()
     return row
+
+
+def resident_rows(engine, frames, ref_y, ref_state, pool, args) -> dict:
+    """The same engine with the kernel resident (Session(resident=True)): parity against ONNX
+    Runtime over the same chained frames, equality with the launched kernel, and Session.step
+    timed the same way."""
+    from framefuse.runtime.session import Session
+
+    launched = Session(engine, budget_ms=None)
+    expected = [launched.step(f).copy() for f in frames[:200]]
+    launched = None
+    rows: dict = {}
+    with Session(engine, budget_ms=None, resident=True) as session:
+        worst_y, equal = 0.0, True
+        for i, frame in enumerate(frames):
+            y = session.step(frame)
+            worst_y = max(worst_y, float((np.abs(y - ref_y[i]) / (1 + np.abs(ref_y[i]))).max()))
+            if i < len(expected):
+                equal = equal and bool(np.array_equal(y, expected[i]))
+        state = session.get_state()
+        worst_state = {
+            n: float((np.abs(state[n] - ref_state[n]) / (1 + np.abs(ref_state[n]))).max()) for n in ref_state
+        }
+        rows["resident_parity"] = {
+            "steps": len(frames),
+            "max_rel_diff_y": worst_y,
+            "max_rel_diff_state": worst_state,
+            "equals_launched": equal,
+            "passed": worst_y <= TOL and all(v <= TOL for v in worst_state.values()),
+        }
+        session.reset()
+        rows["resident_step"] = timed(lambda i: session.step(pool[i % 64]), args.iters, args.warmup)
+        rows["resident_starts"] = session._host_step.starts
+    return rows
 
 
 def sweep(arch: str, root: Path, grids, threads_list) -> list:
@@ -239,6 +283,7 @@ def main(argv=None) -> int:
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")
     parser.add_argument("--no-plan", action="store_true", help="skip the cuda-graph plan comparison")
+    parser.add_argument("--no-resident", action="store_true", help="skip the resident kernel (Session(resident=True))")
     parser.add_argument("--trace", default="", help="architectures whose per-task timeline is printed")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -280,6 +325,7 @@ def main(argv=None) -> int:
         (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
     print(
         "\narch        levels  step p50/p99 us   mapped floor  x floor  device us  replay sync/host-wait  parity y   plan p50"
+        "  resident p50/p99 us  x floor  parity y  = launched"
     )
     for row in result["rows"]:
         if "error" in row:
@@ -293,6 +339,13 @@ def main(argv=None) -> int:
             f"{s['p50_us'] / f:>6.2f}x  {row['device_us_per_step']:>8.1f}  "
             f"{row['replay_sync']['p50_us']:>10.1f}/{row['replay_wait_host']['p50_us']:<10.1f}  "
             f"{row['parity']['max_rel_diff_y']:.1e}  {plan:>8.1f}"
+            + (
+                f"  {row['resident_step']['p50_us']:>8.1f}/{row['resident_step']['p99_us']:<8.1f}  "
+                f"{row['resident_step']['p50_us'] / f:>6.2f}x  {row['resident_parity']['max_rel_diff_y']:.1e}  "
+                f"{row['resident_parity']['equals_launched']}"
+                if "resident_step" in row
+                else ""
+            )
         )
     return 0
 

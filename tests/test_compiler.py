@@ -247,6 +247,70 @@ def test_generated_kernel_emulated_matches_the_interpreter(arch, config, tmp_pat
         _close(final[name], value, f"{arch} final {name}", tol=1e-5)  # every state element written
 
 
+def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
+    rng = np.random.default_rng(9)
+    first = _feeds(program, rng)
+    frames = {
+        n: np.stack([first[n]] + [rng.standard_normal(leaf.shape).astype(np.float32) for _ in range(steps - 1)])
+        for n, leaf in program.inputs.items()
+    }
+    state = {n: first[n] for n in program.states}
+    outputs, final = emulate(kernel, frames, state, steps=steps, workdir=tmp_path, races=races)
+    expected_state = dict(state)
+    for step in range(steps):
+        expected = naive.run(program, {**{n: frames[n][step] for n in frames}, **expected_state})
+        for name in kernel.output_names:
+            _close(outputs[name][step], expected[name], f"{name} step {step}", tol=1e-5)
+        expected_state = {s: expected[program.state_of[s]] for s in program.states}
+    for name, value in expected_state.items():
+        _close(final[name], value, f"final {name}", tol=1e-5)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ARCHS)
+def test_resident_kernel_emulated_matches_the_interpreter(arch, tmp_path):
+    """ffk_resident under emulation: one launch, a host thread ringing 4 frames (the frame written
+    into the one input buffer, the bell, the done words, the idle word before the half the next
+    frame writes is poisoned, then the stop); the outputs of every frame and the final state
+    against the interpreter, and every block's counter advanced by the frames."""
+    program = lower_program(_prepared(arch).fused)
+    kernel = generate(schedule(program, grid=3, threads=64), resident=True)
+    assert kernel.name == "ffk_resident"
+    _emulate_against_interpreter(kernel, program, 4, tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["min_gru", "attention"])
+def test_resident_kernel_emulated_has_no_data_race(arch, tmp_path):
+    """The frame protocol under ThreadSanitizer: the go, finished and idle words order every
+    frame's state stores before the next frame's reads and the host's writes (a missing
+    acquire/release or barrier is a reported race)."""
+    program = lower_program(_prepared(arch).fused)
+    kernel = generate(schedule(program, grid=3, threads=64), resident=True)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
+def test_resident_source_reuses_weights_and_reads_state_coherently():
+    from framefuse.compiler import codegen
+
+    prepared = _prepared("mamba")
+    launched = generate_source(prepared.fused, grid=8, threads=128)
+    resident = generate_source(prepared.fused, grid=8, threads=128, resident=True)
+    assert resident.source.count('extern "C" __global__') == 1 and "ffk_resident(" in resident.source
+    assert np.array_equal(resident.ranges(), launched.ranges()) and resident.smem_bytes == launched.smem_bytes
+    # the weight rows are copied on the first frame only, the state every frame
+    assert codegen.RESIDENT_WEIGHTS_ONCE and "(src != 0 || ffk_n == 0)" in resident.source
+    # no state value through the read-only cache in the resident kernel (the state changes under
+    # it): seen where nothing is prefetched, so every state value is read where it is used
+    sched = schedule(lower_program(prepared.fused), grid=8, threads=128)
+    assert "__ldg(sin" in generate(sched, prefetch=False).source
+    unprefetched = generate(sched, prefetch=False, resident=True).source
+    assert "__ldg(sin" not in unprefetched and "ffk_ld_cg(sin" in unprefetched
+    # the first copies issued before the go, after every block is through the last frame
+    loop = resident.source[resident.source.index("for (;; ++ffk_n)") :]
+    assert loop.index("ffk_wait_finished") < loop.index("ffk_prefetch_commit") < loop.index("ffk_wait_go")
+
+
 @needs_cxx
 def test_emulated_kernel_with_one_block_and_one_warp(tmp_path):
     """The same program on a grid of 1 block of 32 threads: every task's work on one block, no
@@ -547,19 +611,30 @@ def test_generated_source_is_the_same_for_the_same_graph():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["min_gru", "mamba", "attention"])
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
+    """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once)."""
     prepared = _prepared(arch)
-    kernel = generate_source(prepared.fused, grid=132)
-    source = tmp_path / "step.cu"
-    source.write_text(kernel.source)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
-    result = subprocess.run(
-        ["nvcc", "-fatbin", *gencode, "-Xptxas", "-warn-spills", "-o", str(tmp_path / "step.fatbin"), str(source)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "spill" not in result.stderr.lower(), result.stderr[-2000:]
+    for resident in (False, True):
+        kernel = generate_source(prepared.fused, grid=132, resident=resident)
+        source = tmp_path / f"{kernel.name}.cu"
+        source.write_text(kernel.source)
+        result = subprocess.run(
+            [
+                "nvcc",
+                "-fatbin",
+                *gencode,
+                "-Xptxas",
+                "-warn-spills",
+                "-o",
+                str(source.with_suffix(".fatbin")),
+                str(source),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "spill" not in result.stderr.lower(), result.stderr[-2000:]
 
 
 # -- declines -------------------------------------------------------------------------------------------------

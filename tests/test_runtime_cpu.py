@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from framefuse.cli import main as cli_main
+from framefuse.engines.base import EngineBuildError
 from framefuse.runtime.game_loop import run_game_loop
 from framefuse.runtime.pipeline import prepare_cached
 from framefuse.runtime.session import Session, SessionError, resolve_artifact
@@ -283,3 +284,18 @@ def test_prepare_cached_removes_its_folder_at_exit(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     root = out.stdout.strip().splitlines()[-1]
     assert "framefuse-prepared-" in root and not __import__("os").path.exists(root), root
+
+
+def test_resident_is_refused_where_there_is_no_step_kernel():
+    """resident=True needs the step compiler's kernel on a GPU: an engine on the CPU, an ONNX
+    Runtime session and a sequence-form graph are refused with one line; close() is harmless."""
+    step = prepare_cached("min_gru", SMALL)["step"].fused
+    with pytest.raises(SessionError, match="resident=True needs the cuda-graph engine"):
+        Session.load(step, engine="onnxruntime", device="cpu", fused=True, resident=True)
+    with pytest.raises((SessionError, EngineBuildError), match="step compiler's kernel"):
+        Session.load(step, engine="cuda-graph", device="cpu", resident=True)
+    with pytest.raises(SessionError, match="resident=True needs a step-form graph"):
+        Session.load(prepare_cached("min_gru", SMALL)["sequence"].onnx, device="cpu", resident=True)
+    with Session.load(step, device="cpu") as session:  # not resident: close() does nothing
+        session.step(np.zeros(session.engine.input_specs["x"].shape, dtype=np.float32))
+    session.close()

@@ -35,6 +35,7 @@ from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branc
 
 RUNTIME = Path(__file__).resolve().parent / "runtime.cuh"
 KERNEL_NAME = "ffk_step"
+RESIDENT_KERNEL_NAME = "ffk_resident"  # the same body in a loop over frames (see Generator._resident_loop)
 REDUCE_INIT = {"sum": "0.0f", "prod": "1.0f", "max": "-__int_as_float(0x7f800000)", "min": "__int_as_float(0x7f800000)"}
 
 
@@ -120,9 +121,18 @@ def _align4(n: int) -> int:
 
 class Generator:
     def __init__(
-        self, sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True, trace: bool = False
+        self,
+        sched: Schedule,
+        *,
+        smem_limit_bytes: int = 200 * 1024,
+        prefetch: bool = True,
+        trace: bool = False,
+        resident: bool = False,
     ):
+        if trace and resident:
+            raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
         self.trace = trace
+        self.resident = resident
         self.sched = sched
         self.program = sched.program
         self.grid = sched.grid
@@ -306,7 +316,10 @@ class Generator:
 
     # -- source ---------------------------------------------------------------------------------------
     def source(self) -> str:
-        body = Code()
+        outer = Code()
+        body = outer
+        if self.resident:
+            body = self._resident_loop(outer)
         self._prologue(body)
         for t, task in enumerate(self.sched.tasks):
             if t in self.groups and self.groups.index(t) >= 1:
@@ -316,19 +329,37 @@ class Generator:
                     self._issue(body, str(ahead), str(ahead + 1))
             self._task(body, t, task)
         self._done(body)
-        self._stamp(body, len(self.sched.tasks), 2)
-        body.items.append("if (tid == 0) ffk_counters[b] = ffk_count + 1;")
+        if self.resident:
+            body.items += [
+                "// this block is through the frame: the leader lets the next one in only when every block is",
+                "// (a slow block may still read this frame's flagged words and state)",
+                "ffk_prefetch_wait<0>();  // no copy of this frame may land in the next one's shared memory",
+                "__syncthreads();",
+                "if (tid == 0) ffk_block_finished(ffk_ctl);",
+            ]
+            outer.items.append(
+                "if (tid == 0) ffk_counters[b] = ffk_base + ffk_n;  // the next launch goes on with the epochs"
+            )
+        else:
+            self._stamp(body, len(self.sched.tasks), 2)
+            body.items.append("if (tid == 0) ffk_counters[b] = ffk_count + 1;")
         lines: list[str] = []
-        body.render(1, lines)
+        outer.render(1, lines)
         params = []
         for i, name in enumerate(self.input_names):
             params.append(f"const float* __restrict__ in{i} /* {name} */")
         for i, name in enumerate(self.output_names):
             params.append(f"float* __restrict__ out{i} /* {name} */")
-        for i, name in enumerate(self.state_names):
-            params.append(f"const float* __restrict__ sin{i} /* {name} */")
-        for i, name in enumerate(self.state_names):
-            params.append(f"float* __restrict__ sout{i} /* {self.program.state_of[name]} */")
+        if self.resident:  # the two halves of each state: frame n reads half n % 2 and writes the other
+            for i, name in enumerate(self.state_names):
+                params.append(f"float* ffk_sa{i} /* {name}, the half read by the first frame */")
+            for i, name in enumerate(self.state_names):
+                params.append(f"float* ffk_sb{i} /* {name}, the other half */")
+        else:
+            for i, name in enumerate(self.state_names):
+                params.append(f"const float* __restrict__ sin{i} /* {name} */")
+            for i, name in enumerate(self.state_names):
+                params.append(f"float* __restrict__ sout{i} /* {self.program.state_of[name]} */")
         params += [
             "const float* __restrict__ ffk_w",
             "unsigned long long* ffk_ll",
@@ -336,13 +367,20 @@ class Generator:
             "const int* __restrict__ ffk_ranges",
             "unsigned* ffk_done",
         ]
+        if self.resident:
+            params += [
+                "const unsigned* ffk_bell /* mapped host memory: the host's frame number, or FFK_BELL_STOP */",
+                "unsigned* ffk_idle /* mapped host memory: the last frame every block is through */",
+                "unsigned long long* ffk_ctl /* device memory, zero at launch: go epoch, stop, finished blocks */",
+            ]
         if self.trace:
             params.append("unsigned long long* __restrict__ ffk_trace")
         header = self._header_comment()
         includes = []
         for path in [RUNTIME] + self.headers:
             includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
-        signature = f'extern "C" __global__ void __launch_bounds__({self.threads}, 1) {KERNEL_NAME}(\n    '
+        name = RESIDENT_KERNEL_NAME if self.resident else KERNEL_NAME
+        signature = f'extern "C" __global__ void __launch_bounds__({self.threads}, 1) {name}(\n    '
         signature += ",\n    ".join(params) + ") {"
         return "\n".join([header, *includes, "", signature, *lines, "}", ""])
 
@@ -407,9 +445,7 @@ class Generator:
             lines.append(f"//   {_STABLE_ID.sub('', note)}")
         return "\n".join(lines)
 
-    def _prologue(self, body: Code) -> None:
-        lay = self.layout
-        ncol = lay.table.shape[1]
+    def _entry(self, body: Code) -> None:
         body.items += [
             "FFK_SHARED_DECL",
             "const int tid = threadIdx.x, b = blockIdx.x;",
@@ -417,6 +453,57 @@ class Generator:
             f"constexpr int NT = {self.threads}, NWARPS = NT / 32;",
             "(void)lane; (void)warp;",
         ]
+
+    def _resident_loop(self, outer: Code) -> Code:
+        """The resident kernel: launched once, it runs the step body once per frame the host
+        rings in. Block 0's thread 0 is the leader: it waits until every block is through the
+        last frame, tells the host (``ffk_idle``), polls the host's bell in mapped memory and
+        publishes the frame's epoch (or the stop) in device memory, where every block polls it.
+        Only the leader reads host memory while idle (132 blocks polling one host line would
+        serialise over PCIe). The body is the launched kernel's, with the epoch from a loop
+        counter instead of a launch counter; the state halves alternate as the launched graphs
+        alternate them."""
+        ncol = self.layout.table.shape[1]
+        self._entry(outer)
+        outer.items += [
+            "const unsigned long long ffk_base = ffk_counters[b];  // launches and frames before this launch",
+            f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
+            f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
+            "unsigned long long ffk_n = 0;",
+        ]
+        loop = Code("#pragma unroll 1\nfor (;; ++ffk_n)")
+        outer.items.append(loop)
+        loop.items.append("const unsigned long long ffk_count = ffk_base + ffk_n;")
+        for i in range(len(self.state_names)):
+            loop.items.append(
+                f"const float* sin{i} = (ffk_n & 1) ? ffk_sb{i} : ffk_sa{i}; float* sout{i} = (ffk_n & 1) ? ffk_sa{i} : ffk_sb{i};"
+            )
+        if RESIDENT_PREFETCH_EARLY and self.groups:
+            # The first groups' copies are issued while the frame is awaited: once every block is
+            # through the last frame, the state it wrote is final and the half this frame writes
+            # is read by nobody.
+            loop.items += [
+                f"if (tid == 0) ffk_wait_finished(ffk_ctl, {self.grid}ull * ffk_n);",
+                "__syncthreads();",
+            ]
+            self._issue(loop, "0", str(min(PROLOGUE_GROUPS, len(self.groups))))
+        loop.items += [
+            "if (tid == 0) {",
+            "    const unsigned e = (unsigned)(ffk_count % 0xffffffffull) + 1u;",
+            "    // the leader knows the answer it published; the others wait for it (0: stop)",
+            f"    ffk_epoch_s = b == 0 ? ffk_lead_frame(ffk_ctl, ffk_bell, ffk_idle, {self.grid}ull * ffk_n, (unsigned)(ffk_n + 1), e)",
+            "                         : ffk_wait_go(ffk_ctl, e);",
+            "}",
+            "__syncthreads();",
+            "if (ffk_epoch_s == 0) break;",
+        ]
+        return loop
+
+    def _prologue(self, body: Code) -> None:
+        lay = self.layout
+        ncol = lay.table.shape[1]
+        if not self.resident:
+            self._entry(body)
         self._stamp(body, len(self.sched.tasks), 0)
         for t, task in enumerate(self.sched.tasks):
             if self._early_input(task):
@@ -427,19 +514,22 @@ class Generator:
                     f"if ({_in_task(task)} && tid < {min(task.chunk, leaf.size)} && {_block_in_task(task)} * {task.chunk} + tid < {leaf.size})",
                     f"    ffk_host{t} = ffk_load_host(in{self.input_names.index(leaf.name)} + {_block_in_task(task)} * {task.chunk} + tid);",
                 ]
-        body.items += [
-            "unsigned long long ffk_count = 0;",
-            "if (tid == 0) {",
-            "    ffk_count = ffk_counters[b];",
-            "    ffk_epoch_s = (unsigned)(ffk_count % 0xffffffffull) + 1u;  // never 0: the buffers start at 0",
-            "}",
-            f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
-            f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
-        ]
-        body.items.append("__syncthreads();")
-        body.items.append("const unsigned epoch = ffk_epoch_s;")
+        if self.resident:  # the epoch came with the go (see _resident_loop)
+            body.items.append("const unsigned epoch = ffk_epoch_s;")
+        else:
+            body.items += [
+                "unsigned long long ffk_count = 0;",
+                "if (tid == 0) {",
+                "    ffk_count = ffk_counters[b];",
+                "    ffk_epoch_s = (unsigned)(ffk_count % 0xffffffffull) + 1u;  // never 0: the buffers start at 0",
+                "}",
+                f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
+                f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
+            ]
+            body.items.append("__syncthreads();")
+            body.items.append("const unsigned epoch = ffk_epoch_s;")
         # weight and state prefetch: one commit group per task that has any, the copies from the table
-        if self.groups:
+        if self.groups and not (self.resident and RESIDENT_PREFETCH_EARLY):
             first = min(PROLOGUE_GROUPS, len(self.groups))
             body.items.append(
                 f"// prefetch: the weight rows, state and weight ranges of the first {first} of {len(self.groups)} tasks "
@@ -456,6 +546,11 @@ class Generator:
         for i in reversed(range(len(self.state_names))):
             sources = f"(src == {i + 1} ? sin{i} : {sources})"
         loop = Code(f"for (int g = {g0}; g < {g1}; ++g)")
+        cond = "seg[3] > 0"
+        if self.resident and RESIDENT_WEIGHTS_ONCE:
+            # the weight rows stay in their shared-memory region from the first frame on (no
+            # other copy or array uses it); the state ranges change every frame
+            cond = "seg[3] > 0 && (src != 0 || ffk_n == 0)"
         if PREFETCH_BY_WARP:
             first, step, call, extra = "warp", "NWARPS", "ffk_prefetch_lanes", ", lane"
         else:
@@ -465,7 +560,7 @@ class Generator:
             f"    const int* seg = ffk_r + {self.segment_column} + 4 * s;",
             "    const int src = seg[1];",
             "    (void)src;",
-            f"    if (seg[3] > 0) {call}(ffk_smem + seg[0], {sources} + seg[2], seg[3]{extra});",
+            f"    if ({cond}) {call}(ffk_smem + seg[0], {sources} + seg[2], seg[3]{extra});",
             "}",
             "ffk_prefetch_commit();",
         ]
@@ -801,6 +896,10 @@ STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on differen
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs
 PROLOGUE_GROUPS = 2
+# the resident kernel: weight rows copied into shared memory on the first frame only; the first
+# groups' copies issued while the frame is awaited, not after it rang
+RESIDENT_WEIGHTS_ONCE = True
+RESIDENT_PREFETCH_EARLY = True
 PREFETCH_BY_WARP = True  # the prologue's copies shared out over the warps (one copy a warp)
 PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (see _segments)
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
@@ -966,7 +1065,9 @@ class Emitter:
         if node.role == "weight":
             return self.bind(key, f"__ldg(ffk_w + {gen.layout.weights[node.id]} + {c})", free)
         if node.role == "state":
-            return self.bind(key, f"__ldg(sin{gen.state_names.index(node.name)} + {c})", free)
+            # the resident kernel's state changes under it: no read-only (non-coherent) cache path
+            load = "ffk_ld_cg" if gen.resident else "__ldg"
+            return self.bind(key, f"{load}(sin{gen.state_names.index(node.name)} + {c})", free)
         gen.host_tasks.add(self.t)
         return self.bind(key, f"ffk_load_host(in{gen.input_names.index(node.name)} + {c})", free)
 
@@ -1044,6 +1145,11 @@ class Kernel:
     output_names: list
     state_names: list
     done_words: int = 0  # mapped host words the host waits on (see Generator._done)
+    resident: bool = False  # ffk_resident: launched once, a frame per bell (see Generator._resident_loop)
+
+    @property
+    def name(self) -> str:
+        return RESIDENT_KERNEL_NAME if self.resident else KERNEL_NAME
 
     @property
     def digest(self) -> str:
@@ -1079,11 +1185,21 @@ class Kernel:
 
 
 def generate(
-    sched: Schedule, *, smem_limit_bytes: int = 200 * 1024, prefetch: bool = True, trace: bool = False
+    sched: Schedule,
+    *,
+    smem_limit_bytes: int = 200 * 1024,
+    prefetch: bool = True,
+    trace: bool = False,
+    resident: bool = False,
 ) -> Kernel:
-    gen = Generator(sched, smem_limit_bytes=smem_limit_bytes, prefetch=prefetch, trace=trace)
+    """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
+    ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
+    table and flagged buffer as the launched kernel of the same schedule)."""
+    gen = Generator(sched, smem_limit_bytes=smem_limit_bytes, prefetch=prefetch, trace=trace, resident=resident)
     source = _renumber(gen.source())
-    return Kernel(source, sched, gen.layout, gen.input_names, gen.output_names, gen.state_names, gen.done_words)
+    return Kernel(
+        source, sched, gen.layout, gen.input_names, gen.output_names, gen.state_names, gen.done_words, resident
+    )
 
 
-__all__ = ["KERNEL_NAME", "Kernel", "generate"]
+__all__ = ["KERNEL_NAME", "RESIDENT_KERNEL_NAME", "Kernel", "generate"]

@@ -117,6 +117,43 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 inline void ffk_store_done(unsigned* p, unsigned epoch) {
     std::atomic_ref<unsigned>(*p).store(epoch, std::memory_order_release);
 }
+// the resident kernel's frame protocol (runtime.cuh): the host side is the harness's host thread
+#define FFK_CTL_GO 0
+#define FFK_CTL_STOP 1
+#define FFK_CTL_FINISHED 2
+#define FFK_BELL_STOP 0xffffffffu
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
+                               unsigned long long finished, unsigned frame, unsigned epoch) {
+    while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
+        std::this_thread::yield();
+    std::atomic_ref<unsigned>(*idle).store(frame - 1, std::memory_order_release);
+    unsigned v;
+    while ((v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(bell)).load(std::memory_order_acquire)) != frame &&
+           v != FFK_BELL_STOP)
+        std::this_thread::yield();
+    if (v == FFK_BELL_STOP) {
+        std::atomic_ref<unsigned long long>(ctl[FFK_CTL_STOP]).store(1ull, std::memory_order_release);
+        return 0u;
+    }
+    std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).store(epoch, std::memory_order_release);
+    return epoch;
+}
+inline void ffk_wait_finished(unsigned long long* ctl, unsigned long long finished) {
+    while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
+        std::this_thread::yield();
+}
+inline float ffk_ld_cg(const float* p) { return *p; }
+inline unsigned ffk_wait_go(unsigned long long* ctl, unsigned epoch) {
+    for (;;) {
+        if (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).load(std::memory_order_acquire) == epoch) return epoch;
+        if (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_STOP]).load(std::memory_order_acquire)) return 0u;
+        std::this_thread::yield();
+    }
+}
+inline void ffk_block_finished(unsigned long long* ctl) {
+    std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).fetch_add(1ull, std::memory_order_acq_rel);
+}
 inline unsigned long long ffk_globaltimer() {
     return (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count();
 }

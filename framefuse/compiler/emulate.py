@@ -27,7 +27,8 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
-def _harness(kernel: Kernel) -> str:
+def _launches(kernel: Kernel) -> str:
+    """The harness's loop over the steps: a launch per frame (ffk_step)."""
     n_in, n_out, n_state = len(kernel.input_names), len(kernel.output_names), len(kernel.state_names)
     args = [f"ins[{i}] + step * in_sizes[{i}]" for i in range(n_in)]
     args += [f"outs[{i}] + step * out_sizes[{i}]" for i in range(n_out)]
@@ -35,6 +36,78 @@ def _harness(kernel: Kernel) -> str:
     args += [f"state[{i}][(step + 1) % 2]" for i in range(n_state)]
     args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()", "done.data()"]
     call = f"{KERNEL_NAME}({', '.join(args)})"
+    return f"""
+    for (int step = 0; step < steps; ++step) {{
+        if (step > 0)  // the next half is poisoned, so an element the kernel forgets to write shows up
+            for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
+        std::fill(done.begin(), done.end(), 0u);
+        ffk_emu_launch(grid, threads, smem_floats, [&] {{ {call}; }});
+        for (int k = 0; k < {kernel.done_words}; ++k)  // every host-facing block raised its word
+            if (done[k] != (unsigned)(step + 1)) {{
+                std::fprintf(stderr, "launch %d: done word %d holds %u, not the epoch %d\\n", step, k, done[k], step + 1);
+                return 5;
+            }}
+    }}"""
+
+
+def _resident_frames(kernel: Kernel) -> str:
+    """The harness for ffk_resident: one launch on the emulated grid while a host thread writes
+    each frame into the kernel's one input buffer, rings the bell, waits for the done words,
+    takes the outputs, waits for the idle word before poisoning the half the next frame writes,
+    and finally rings the stop."""
+    n_in, n_out, n_state = len(kernel.input_names), len(kernel.output_names), len(kernel.state_names)
+    args = [f"in_buf[{i}].data()" for i in range(n_in)]
+    args += [f"out_buf[{i}].data()" for i in range(n_out)]
+    args += [f"state[{i}][0]" for i in range(n_state)]
+    args += [f"state[{i}][1]" for i in range(n_state)]
+    args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()", "done.data()"]
+    args += ["&bell", "&idle", "ctl"]
+    call = f"{kernel.name}({', '.join(args)})"
+    return f"""
+    std::vector<std::vector<float>> in_buf, out_buf;
+    for (int i = 0; i < {n_in}; ++i) in_buf.emplace_back(in_sizes[i], 0.0f);
+    for (int i = 0; i < {n_out}; ++i) out_buf.emplace_back(out_sizes[i], std::nanf(""));
+    unsigned bell = 0, idle = 0;
+    unsigned long long ctl[3] = {{0ull, 0ull, 0ull}};
+    int failed = 0;
+    auto wait_for = [&](unsigned* word, unsigned value, const char* what, int step) {{
+        const auto start = std::chrono::steady_clock::now();
+        while (std::atomic_ref<unsigned>(*word).load(std::memory_order_acquire) != value) {{
+            std::this_thread::yield();
+            if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {{
+                std::fprintf(stderr, "host: frame %d: %s never became %u\\n", step, what, value);
+                std::abort();
+            }}
+        }}
+    }};
+    std::thread host([&] {{
+        for (int step = 0; step < steps; ++step) {{
+            if (step > 0) {{  // every block is through the last frame: the half it read is free
+                wait_for(&idle, (unsigned)step, "the idle word", step);
+                for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
+            }}
+            for (int i = 0; i < {n_in}; ++i) std::memcpy(in_buf[i].data(), ins[i] + step * in_sizes[i], 4 * in_sizes[i]);
+            for (int i = 0; i < {n_out}; ++i) std::fill(out_buf[i].begin(), out_buf[i].end(), std::nanf(""));
+            std::atomic_ref<unsigned>(bell).store((unsigned)(step + 1), std::memory_order_release);
+            for (int k = 0; k < {kernel.done_words}; ++k) wait_for(&done[k], (unsigned)(step + 1), "a done word", step);
+            for (int i = 0; i < {n_out}; ++i) std::memcpy(outs[i] + step * out_sizes[i], out_buf[i].data(), 4 * out_sizes[i]);
+        }}
+        wait_for(&idle, (unsigned)steps, "the idle word", steps);
+        std::atomic_ref<unsigned>(bell).store(FFK_BELL_STOP, std::memory_order_release);
+    }});
+    ffk_emu_launch(grid, threads, smem_floats, [&] {{ {call}; }});
+    host.join();
+    for (int b = 0; b < grid; ++b)  // the epochs go on from where the frames left them
+        if (counters[b] != (unsigned long long)steps) {{
+            std::fprintf(stderr, "block %d's counter is %llu after %d frames\\n", b, counters[b], steps);
+            return 6;
+        }}
+    if (failed) return failed;"""
+
+
+def _harness(kernel: Kernel) -> str:
+    n_in, n_out, n_state = len(kernel.input_names), len(kernel.output_names), len(kernel.state_names)
+    frames = _resident_frames(kernel) if kernel.resident else _launches(kernel)
     return f"""
 #include <cstdio>
 #include <cstdlib>
@@ -89,17 +162,7 @@ int main(int argc, char** argv) {{
     for (int i = 0; i < {n_out}; ++i) outs[i] = out_data[i].data();
     for (int i = 0; i < {n_state}; ++i) {{ state[i][0] = state_data[2 * i].data(); state[i][1] = state_data[2 * i + 1].data(); }}
     ffk_emu_ll_base = ll.data();
-    for (int step = 0; step < steps; ++step) {{
-        if (step > 0)  // the next half is poisoned, so an element the kernel forgets to write shows up
-            for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
-        std::fill(done.begin(), done.end(), 0u);
-        ffk_emu_launch(grid, threads, smem_floats, [&] {{ {call}; }});
-        for (int k = 0; k < {kernel.done_words}; ++k)  // every host-facing block raised its word
-            if (done[k] != (unsigned)(step + 1)) {{
-                std::fprintf(stderr, "launch %d: done word %d holds %u, not the epoch %d\\n", step, k, done[k], step + 1);
-                return 5;
-            }}
-    }}
+{frames}
     for (int i = 0; i < {n_out}; ++i) {{
         std::snprintf(path, sizeof path, "%s/out%d.bin", dir, i);
         FILE* f = std::fopen(path, "wb"); std::fwrite(out_data[i].data(), 4, out_data[i].size(), f); std::fclose(f);

@@ -8,7 +8,8 @@ other candidates like any plan. :class:`StepBinding` is the per-frame path ``Ses
 graph inputs are read by the kernel straight from pinned, mapped host memory and graph outputs
 written straight to it, the recurrent state stays in device memory in two halves (the kernel
 reads one and writes the other; two captured graphs, one per parity), so a step is one kernel
-node in a CUDA graph and nothing else.
+node in a CUDA graph and nothing else. :class:`ResidentStepBinding` (``Session(resident=True)``)
+launches the same body once as a loop over frames and rings it per frame: no launch at all.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from framefuse.compiler import lower_program
-from framefuse.compiler.codegen import KERNEL_NAME, TRACE_SLOTS, Kernel, generate
+from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.schedule import THREADS, schedule
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
@@ -48,33 +50,48 @@ def write_source(kernel: Kernel) -> Path:
     return path
 
 
-class MappedHostBuffer:
-    """Pinned host memory the GPU reads and writes directly (cuMemHostAlloc, DEVICEMAP): a numpy
-    view, a torch CPU view and the device address of the same bytes."""
+class _PinnedAllocation:
+    """One cuMemHostAlloc allocation, freed when the last numpy/torch view of it goes: the views
+    hold it as their base (``__array_interface__``), so an output a caller keeps stays valid after
+    its session is gone (``Session(...).step(frame).copy()`` read freed memory before)."""
 
-    def __init__(self, shape: Sequence[int], dtype=np.float32):
+    def __init__(self, nbytes: int):
         cuda = _cuda()
         driver = cuda._driver()
         cuda.ensure_context()
-        self.shape = tuple(int(d) for d in shape)
-        self.nbytes = max(int(np.prod(self.shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 4)
         flags = driver.CU_MEMHOSTALLOC_DEVICEMAP | driver.CU_MEMHOSTALLOC_PORTABLE
-        self._host = int(cuda._check(driver.cuMemHostAlloc(self.nbytes, flags), "cuMemHostAlloc"))
-        self.device_ptr = int(cuda._check(driver.cuMemHostGetDevicePointer(self._host, 0), "cuMemHostGetDevicePointer"))
-        raw = (ctypes.c_byte * self.nbytes).from_address(self._host)
-        self.array = np.frombuffer(raw, dtype=dtype, count=int(np.prod(self.shape, dtype=np.int64))).reshape(self.shape)
-        self.array[...] = 0
-        self.tensor = torch.from_numpy(self.array)
+        self.host = int(cuda._check(driver.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
         self._driver = driver
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.host, False), "version": 3}
 
     def __del__(self):
-        host = getattr(self, "_host", 0)
+        host = getattr(self, "host", 0)
         if host:
             try:
                 self._driver.cuMemFreeHost(host)
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
-            self._host = 0
+            self.host = 0
+
+
+class MappedHostBuffer:
+    """Pinned host memory the GPU reads and writes directly (cuMemHostAlloc, DEVICEMAP): a numpy
+    view, a torch CPU view and the device address of the same bytes. The memory lives as long as
+    any of the views does."""
+
+    def __init__(self, shape: Sequence[int], dtype=np.float32):
+        cuda = _cuda()
+        driver = cuda._driver()
+        self.shape = tuple(int(d) for d in shape)
+        count = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = max(count * np.dtype(dtype).itemsize, 4)
+        allocation = _PinnedAllocation(self.nbytes)
+        self.device_ptr = int(
+            cuda._check(driver.cuMemHostGetDevicePointer(allocation.host, 0), "cuMemHostGetDevicePointer")
+        )
+        self.array = np.asarray(allocation).view(dtype)[:count].reshape(self.shape)
+        self.array[...] = 0
+        self.tensor = torch.from_numpy(self.array)
 
 
 class CompiledStep:
@@ -109,6 +126,7 @@ class CompiledStep:
         start = time.perf_counter()
         self.schedule = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
         self.kernel = generate(self.schedule, smem_limit_bytes=smem_limit, prefetch=prefetch, trace=trace)
+        self.kernel_prefetch = prefetch
         self.schedule_s = time.perf_counter() - start
         path = write_source(self.kernel)
         start = time.perf_counter()
@@ -243,6 +261,22 @@ class CompiledStep:
         )
         return rows
 
+    def resident_fn(self):
+        """The resident kernel of the same schedule (ffk_resident: launched once, a frame per
+        bell), compiled on first use; it shares this kernel's weights, flags, counters and
+        range table (the same layout, checked)."""
+        if getattr(self, "_resident_fn", None) is None:
+            cuda = _cuda()
+            smem_limit = int(self.props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
+            kernel = generate(self.schedule, smem_limit_bytes=smem_limit, prefetch=self.kernel_prefetch, resident=True)
+            if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
+                raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
+            fn = cuda.get_kernel(write_source(kernel), RESIDENT_KERNEL_NAME, device=self.device_index)
+            if kernel.smem_bytes > 48 * 1024:
+                fn.set_max_dynamic_shared_memory(kernel.smem_bytes)
+            self.resident_kernel, self._resident_fn = kernel, fn
+        return self._resident_fn
+
     def launch(self, args, stream=None) -> None:
         self.fn.launch(
             self.grid,
@@ -307,8 +341,11 @@ class StepKernelPlan:
         c.launch(args)
         return self._outputs
 
-    def create_binding(self, engine, *, host_inputs, host_outputs, state_pairs, input_buffers=None) -> StepBinding:
-        return StepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+    def create_binding(
+        self, engine, *, host_inputs, host_outputs, state_pairs, input_buffers=None, resident=False
+    ) -> StepBinding:
+        cls = ResidentStepBinding if resident else StepBinding
+        return cls(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
 
 
 # polls of a done word before wait_host falls back to the stream sync (tens of ns a poll: a few ms)
@@ -506,6 +543,206 @@ class StepBinding:
 
     def run_host(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         return run_host(self, feeds)
+
+
+# How long a resident step may take to answer, or the kernel to stop, before the host gives up
+# (compute-sanitizer runs a kernel tens of times slower: raise it there)
+RESIDENT_TIMEOUT_S = float(os.environ.get("FRAMEFUSE_RESIDENT_TIMEOUT_S", "2.0"))
+_BELL_STOP = 0xFFFFFFFF
+
+
+class ResidentStepBinding(StepBinding):
+    """The same binding with the step kernel resident: ``ffk_resident`` is launched once (on the
+    first frame, on a stream of its own that nothing else waits on) and stays on the GPU; a frame
+    is the frame written into mapped memory, then its number written into the bell word, then
+    the wait for the done words (see codegen.Generator._resident_loop). No launch per frame.
+
+    The kernel holds one block on each of its SMs while it runs: other kernels that need those
+    SMs wait for it. So everything but the frame path stops it first (``sync``, ``wait_idle``:
+    state reads and writes, resets, checks) and the next frame starts it again (one launch).
+    A frame that does not answer within ``timeout_s`` raises and stops the kernel; ``close()``
+    (and interpreter exit) stops it."""
+
+    def __init__(self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
+        super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+        c = plan.compiled
+        k = c.kernel
+        loose = [n for n in k.input_names if n not in self._mapped] + [
+            n for n in k.output_names if n not in self._out_mapped
+        ]
+        unpaired = [n for n in k.state_names if n not in self._halves]
+        if loose or unpaired:
+            raise EngineBuildError(
+                "a resident step reads every frame input from and writes every output to host memory, and hands "
+                f"every state to the next frame: {', '.join(loose + unpaired)} do not"
+            )
+        if not self._done_words:
+            raise EngineBuildError("a resident step needs done words (a block that reads a frame or writes an output)")
+        self.fn = c.resident_fn()
+        self.timeout_s = RESIDENT_TIMEOUT_S
+        self._bell = MappedHostBuffer((1,), dtype=np.uint32)
+        self._idle = MappedHostBuffer((1,), dtype=np.uint32)
+        self._bell_word = ctypes.c_uint32.from_address(self._bell.array.ctypes.data)
+        self._idle_word = ctypes.c_uint32.from_address(self._idle.array.ctypes.data)
+        self._ctl = torch.zeros(3, dtype=torch.int64, device=self.device)
+        cuda = _cuda()
+        driver = cuda._driver()
+        self._rstream = cuda._check(
+            driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"
+        )
+        self._rstream_handle = int(self._rstream)
+        self._query = ctypes.CDLL("libcuda.so.1").cuStreamQuery
+        self._query.argtypes = [ctypes.c_void_p]
+        self._query.restype = ctypes.c_int
+        self.running = False
+        self.frames = 0  # frames rung since the kernel was launched
+        self.starts = 0
+        self._epoch_base = 0
+        self._expected = 0
+        self._finalizer = weakref.finalize(
+            self, _stop_resident, self._bell_word, self._query, self._rstream_handle, self._bell, self._idle
+        )
+
+    def start(self) -> None:
+        """Launch the resident kernel (the frame path does this on its first frame)."""
+        if self.running:
+            return
+        c = self.plan.compiled
+        torch.cuda.synchronize(self.device)  # no launched step in flight: the counters and state are final
+        self._sync_fn(self._stream_handle)
+        counters = c.counters.cpu()
+        if not bool((counters == counters[0]).all()):
+            raise EngineRunError("stepkernel: the blocks' launch counters differ (a launch failed part way)")
+        self._epoch_base = int(counters[0])
+        self._ctl.zero_()
+        self._bell_word.value = 0
+        self._idle_word.value = 0
+        torch.cuda.synchronize(self.device)
+        k = c.kernel
+        pointers_in = [self._mapped[n].device_ptr for n in k.input_names]
+        pointers_out = [self._out_mapped[n].device_ptr for n in k.output_names]
+        halves = [self._halves[n] for n in k.state_names]
+        ptr = ctypes.c_void_p
+        args = (
+            [ptr(p) for p in pointers_in]
+            + [ptr(p) for p in pointers_out]
+            + [ptr(h[self.parity].data_ptr()) for h in halves]
+            + [ptr(h[1 - self.parity].data_ptr()) for h in halves]
+            + [
+                ptr(c.weights.data_ptr()),
+                ptr(c.flags.data_ptr()),
+                ptr(c.counters.data_ptr()),
+                ptr(c.ranges.data_ptr()),
+                ptr(self._done.device_ptr),
+                ptr(self._bell.device_ptr),
+                ptr(self._idle.device_ptr),
+                ptr(self._ctl.data_ptr()),
+            ]
+        )
+        self.fn.launch(
+            c.grid,
+            c.threads,
+            args,
+            shared_mem=c.resident_kernel.smem_bytes,
+            stream=self._rstream_handle,
+            op="stepkernel",
+            detail=f"resident, source {c.resident_kernel.digest[:12]}",
+        )
+        self.frames = 0
+        self.running = True
+        self.starts += 1
+
+    def launch(self) -> None:
+        if not self.running:
+            self.start()
+        self.frames += 1
+        count = self._epoch_base + self.frames - 1
+        self._expected = count % 0xFFFFFFFF + 1
+        self._bell_word.value = self.frames  # after the frame: x86 stores are seen in order
+        self._unwaited = True
+        if len(self._execs) == 2:
+            self.parity ^= 1
+        self.replays += 1
+        if self.engine is not None:
+            self.engine.replays += 1
+
+    def wait_host(self) -> None:
+        """Spin until every host-facing block has raised this frame's epoch; every ~10^5 polls look
+        at the clock and at the kernel (a failed kernel raises its error; a silent one past the
+        deadline is stopped and raises)."""
+        expected = self._expected
+        deadline = 0.0
+        for word in self._done_words:
+            spins = 0
+            while word.value != expected:
+                spins += 1
+                if spins & 0x1FFFF == 0:
+                    now = time.perf_counter()
+                    if not deadline:
+                        deadline = now + self.timeout_s
+                    self._check_alive()
+                    if now > deadline:
+                        frame = self.frames
+                        self.stop(force=True)
+                        raise EngineRunError(
+                            f"stepkernel: the resident kernel did not answer frame {frame} within {self.timeout_s:g} s "
+                            "(stopped; the next frame launches it again)"
+                        )
+        self._unwaited = False
+
+    def _check_alive(self) -> None:
+        err = self._query(ctypes.c_void_p(self._rstream_handle))
+        if err == 600:  # CUDA_ERROR_NOT_READY: still running
+            return
+        self.running = False
+        if err:
+            raise EngineRunError(f"stepkernel: the resident kernel failed: CUresult {err} ({_error_name(err)})")
+        raise EngineRunError("stepkernel: the resident kernel exited without being stopped")
+
+    def stop(self, force: bool = False) -> None:
+        """Ring the stop and wait (at most ``timeout_s``) for the kernel to exit: every block then
+        has written its counters and the state of the last frame."""
+        if not self.running:
+            return
+        if self._unwaited and not force:
+            self.wait_host()
+        self._bell_word.value = _BELL_STOP
+        deadline = time.perf_counter() + self.timeout_s
+        while True:
+            err = self._query(ctypes.c_void_p(self._rstream_handle))
+            if err != 600:
+                break
+            if time.perf_counter() > deadline:
+                raise EngineRunError(
+                    f"stepkernel: the resident kernel did not stop within {self.timeout_s:g} s; the GPU is held by "
+                    "it until this process exits"
+                )
+            time.sleep(0)
+        self.running = False
+        self._unwaited = False
+        if err:
+            raise EngineRunError(f"stepkernel: the resident kernel failed: CUresult {err} ({_error_name(err)})")
+
+    def sync(self) -> None:
+        self.stop()
+
+    def wait_idle(self) -> None:
+        self.stop()
+        torch.cuda.current_stream(self.device).synchronize()
+
+    def close(self) -> None:
+        self.stop()
+
+
+def _stop_resident(bell_word, query, stream_handle, *keep_alive) -> None:
+    """At collection or interpreter exit: ring the stop and give the kernel a moment to leave."""
+    try:
+        bell_word.value = _BELL_STOP
+        deadline = time.perf_counter() + RESIDENT_TIMEOUT_S
+        while query(ctypes.c_void_p(stream_handle)) == 600 and time.perf_counter() < deadline:
+            time.sleep(0)
+    except Exception:  # noqa: BLE001 - interpreter shutdown
+        pass
 
 
 def _error_name(err: int) -> str:

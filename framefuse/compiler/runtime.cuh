@@ -132,6 +132,72 @@ FFK_DEVICE void ffk_store_done(unsigned* p, unsigned epoch) {
     asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(epoch) : "memory");
 }
 
+// -- the resident kernel's frame protocol (codegen.Generator._resident_loop) ----------------------------
+// ffk_ctl (device memory, zeroed before the launch): the current frame's epoch, the stop word, and
+// the count of blocks through a frame. The host rings frame k (1, 2, ...) by writing k into the bell
+// (mapped host memory) after the frame itself; it stops the kernel with FFK_BELL_STOP.
+#define FFK_CTL_GO 0
+#define FFK_CTL_STOP 1
+#define FFK_CTL_FINISHED 2
+#define FFK_BELL_STOP 0xffffffffu
+
+FFK_DEVICE unsigned long long ffk_ld_acquire_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+FFK_DEVICE void ffk_st_release_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+// Block 0's thread 0 before frame `frame`: every block through the previous one (its state stores
+// visible), the host told so, then the host's bell, then the go (or the stop) for every block;
+// returns `epoch`, or 0 for the stop. The waits are unbounded: a resident kernel idles here
+// between frames; the host's watchdog and stop word end it.
+FFK_DEVICE unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
+                               unsigned long long finished, unsigned frame, unsigned epoch) {
+    while (ffk_ld_acquire_u64(ctl + FFK_CTL_FINISHED) < finished) {
+    }
+    __threadfence_system();
+    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(idle), "r"(frame - 1) : "memory");
+    unsigned v;
+    do {
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(bell) : "memory");
+    } while (v != frame && v != FFK_BELL_STOP);
+    if (v == FFK_BELL_STOP) {
+        ffk_st_release_u64(ctl + FFK_CTL_STOP, 1ull);
+        return 0u;
+    }
+    ffk_st_release_u64(ctl + FFK_CTL_GO, epoch);
+    return epoch;
+}
+// A block's thread 0 before it prefetches a frame's state: every block through the last frame.
+FFK_DEVICE void ffk_wait_finished(unsigned long long* ctl, unsigned long long finished) {
+    while (ffk_ld_acquire_u64(ctl + FFK_CTL_FINISHED) < finished) {
+    }
+}
+// A state value read where it is used in the resident kernel: through L2 (the state changes under
+// a resident kernel, so not through the read-only cache __ldg uses).
+FFK_DEVICE float ffk_ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+// Every block's thread 0: the go for `epoch` (returned), or 0 for the stop.
+FFK_DEVICE unsigned ffk_wait_go(unsigned long long* ctl, unsigned epoch) {
+    for (;;) {
+        if (ffk_ld_acquire_u64(ctl + FFK_CTL_GO) == epoch) return epoch;
+        if (ffk_ld_acquire_u64(ctl + FFK_CTL_STOP)) return 0u;
+    }
+}
+// A block's thread 0 after the block's barrier at the end of a frame: its stores (state included)
+// before the count (the fence is cumulative over what the barrier ordered before it).
+FFK_DEVICE void ffk_block_finished(unsigned long long* ctl) {
+    __threadfence();
+    atomicAdd(ctl + FFK_CTL_FINISHED, 1ull);
+}
+#endif  // !FFK_EMULATE
+
+#ifndef FFK_EMULATE
 // -- weight prefetch into shared memory (cp.async, sm_80+) ----------------------------------------------
 // Copies `n` floats from global `src` to shared `dst`, spread over the block's threads; 16-byte
 // copies when both addresses and `n` allow it.

@@ -378,9 +378,11 @@ class CudaGraphEngine(EngineRunner):
         host_outputs: Sequence[str] | None = None,
         state_pairs: Mapping[str, str] | None = None,
         input_buffers: Mapping[str, torch.Tensor] | None = None,
+        resident: bool = False,
     ) -> Binding:
         """A new binding (captured now on the GPU). Defaults: every input from the host, every
-        output to the host, no hand-off."""
+        output to the host, no hand-off. ``resident``: the step kernel stays on the GPU between
+        frames (the step compiler's plan only; see compiler.engine.ResidentStepBinding)."""
         plan = self.plan(input_shapes)
         host_inputs = list(plan.input_specs) if host_inputs is None else list(host_inputs)
         host_outputs = list(plan.output_specs) if host_outputs is None else list(host_outputs)
@@ -392,6 +394,12 @@ class CudaGraphEngine(EngineRunner):
                 host_outputs=host_outputs,
                 state_pairs=state_pairs or {},
                 input_buffers=input_buffers,
+                resident=resident,
+            )
+        if resident:
+            raise EngineBuildError(
+                "resident=True needs the step compiler's kernel, and this engine's plan is another one "
+                "(build the step form with `framefuse build --select stepkernel`)"
             )
         return Binding(self, plan, host_inputs, host_outputs, state_pairs or {}, input_buffers)
 

@@ -65,6 +65,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--replay", choices=["torch", "driver"], default="torch", help="how the captured graph is replayed"
     )
+    parser.add_argument(
+        "--resident",
+        action="store_true",
+        help="keep the step kernel on the GPU between frames (rung per frame, no launch; needs an engine built "
+        "with --select stepkernel)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the observations")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.set_defaults(func=run)
@@ -91,13 +97,17 @@ def run(args) -> int:
         replay=args.replay,
         check_finite=args.check_finite,
         nonfinite=args.nonfinite,
+        resident=args.resident,
     )
     if not session.is_step_form:
         raise SessionError(
             f"{args.artifact} is a sequence-form graph (inputs {session.input_names}); the game loop needs the "
             f"step form: export it (framefuse export --form step) and run artifacts/<name>-step"
         )
-    report = run_game_loop(session, frames=args.frames, hz=args.hz, warmup=args.warmup, seed=args.seed)
+    try:
+        report = run_game_loop(session, frames=args.frames, hz=args.hz, warmup=args.warmup, seed=args.seed)
+    finally:
+        session.close()  # a resident kernel leaves the GPU
     data = report.as_dict()
     data["artifact"] = str(args.artifact)
     if args.json:

@@ -253,6 +253,12 @@ class Session:
     NaN, finite·0 is 0) into no new buffer; a CUDA frame's costs a synchronisation before the launch.
     ``check_finite``: the outputs and the new state are checked too (a SessionError names the
     tensor and the frame); off by default, and then the hot path does not look at them.
+    ``resident``: the step compiler's kernel stays on the GPU between frames (launched on the
+    first frame, rung per frame through mapped memory: no launch per step). It holds one block on
+    each SM while it runs, so ``run``, device frames, ``reset``/``get_state``/``set_state`` and
+    ``check_finite`` stop it first and the next frame starts it again; ``close()`` or leaving a
+    ``with`` block stops it. Only for a cuda-graph engine whose plan is the step kernel
+    (``framefuse build --select stepkernel``).
     """
 
     def __init__(
@@ -266,6 +272,7 @@ class Session:
         copy: bool = False,
         check_finite: bool = False,
         nonfinite: str = "raise",
+        resident: bool = False,
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise SessionError(f"nonfinite={nonfinite!r}: use one of {', '.join(NONFINITE_POLICIES)}")
@@ -312,12 +319,22 @@ class Session:
                 for name in self.state_inputs
             }
             # Captured now, so the first frame of a game loop does not pay for the capture.
-            self._host_step = engine.create_binding(
-                host_inputs=self.frame_inputs,
-                host_outputs=self.frame_outputs,
-                state_pairs=self.state_pairs,
-                input_buffers=self._state,
-            )
+            options = {"resident": True} if resident else {}
+            try:
+                self._host_step = engine.create_binding(
+                    host_inputs=self.frame_inputs,
+                    host_outputs=self.frame_outputs,
+                    state_pairs=self.state_pairs,
+                    input_buffers=self._state,
+                    **options,
+                )
+            except TypeError as exc:
+                if not resident:
+                    raise
+                raise SessionError(
+                    f"resident=True needs the cuda-graph engine with the step compiler's kernel; this session runs "
+                    f"{self.engine_name}"
+                ) from exc
             self._host_step.set_replay_mode(replay)
             # the wait for a frame's host outputs: bindings that can tell when those have landed
             # before the whole launch retires (the step kernel's done words) say so with wait_host
@@ -326,6 +343,27 @@ class Session:
             # Built once: the multi-output hot path returns this same dict every frame.
             self._out_dict = dict(self._host_step.host_out)
             self._out_dict_t = dict(self._host_step.host_out_t)
+        elif resident:
+            raise SessionError("resident=True needs a step-form graph (inputs state.<name>, outputs next_state.<name>)")
+        self.resident = bool(resident)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def _release_gpu(self) -> None:
+        """Stop a resident step kernel before other work needs the GPU's SMs (it holds one block
+        on each while it runs); the next frame starts it again."""
+        if self.resident:
+            self._host_step.stop()
+
+    def close(self) -> None:
+        """Stop a resident step kernel (a no-op otherwise); the session stays usable."""
+        if self.resident and self._host_step is not None:
+            self._host_step.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- loading ----------------------------------------------------------------------------------
     @classmethod
@@ -415,6 +453,7 @@ class Session:
         own state is not touched. Returns fresh outputs: numpy for host inputs, torch CUDA
         tensors when the inputs are on the GPU (engines that take device buffers)."""
         start = time.perf_counter_ns()
+        self._release_gpu()
         feeds = self._feeds(inputs)
         for name in self.state_inputs:
             if name not in feeds:
@@ -581,7 +620,10 @@ class Session:
             for name in frames:
                 self._refuse_host_frame(name, binding.host_in[name])
         binding.launch()
-        binding.sync()
+        if self.check_finite:
+            binding.sync()  # the checks read the new state on the device
+        else:
+            self._wait_host()
         source = self._out_dict_t if kinds == {"torch"} else self._out_dict
         out = source[self._single_out] if self._single_out is not None else source
         if self.check_finite:
@@ -589,6 +631,7 @@ class Session:
         return out
 
     def _step_device(self, frames: Mapping, *, cupy_out: bool):
+        self._release_gpu()
         binding = self._device_step
         if binding is None:
             binding = self.engine.create_binding(

@@ -211,3 +211,17 @@ def test_host_wait_falls_back_to_the_stream_sync(monkeypatch):
     frames = np.random.default_rng(8).standard_normal((10, *prepared.input_shapes()["x"])).astype(np.float32)
     monkeypatch.setattr(step_engine, "HOST_SPIN_LIMIT", -1)
     _check(prepared, frames)
+
+
+def test_an_output_kept_after_its_session_is_gone_stays_valid():
+    """The output is a view of the binding's mapped host buffer: the memory lives while the view
+    does (reading it after the session was collected was a segfault)."""
+    import gc
+
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    shape = prepared.manifest["inputs"][0]["shape"]
+    frame = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    expected = _rollout(prepared, frame[None])[0][0]
+    out = _session(prepared).step(frame)  # the session is gone after this line
+    gc.collect()
+    _close(out, expected, "y")

@@ -1,0 +1,97 @@
+#!/usr/bin/env python
+"""Session.step with the step kernel resident (Session(resident=True)) against variants of the
+resident kernel's code generation, in one process on one engine per architecture: each variant's
+outputs must equal the launched kernel's bit for bit over 200 frames, then its step is timed the
+way bench/e2e.py times every engine. The launched kernel's Session.step is timed beside them.
+
+    python bench/microbench/resident_variants.py --archs min_gru,gru --out /tmp/rv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+for path in (REPO, REPO / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+# codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY)
+VARIANTS = {
+    "default": (True, True),
+    "weights-every-frame": (False, True),
+    "prefetch-after-go": (True, False),
+    "neither": (False, False),
+}
+
+
+def main() -> int:
+    import tempfile
+
+    from e2e import measure
+
+    from framefuse.compiler import codegen
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.pipeline import prepare
+    from framefuse.runtime.session import Session
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--archs", default="min_gru,gru,attention,mamba")
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2, help="each variant timed this many times, in turn")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    rows = []
+    root = Path(tempfile.mkdtemp(prefix="framefuse-rv-"))
+    for arch in args.archs.split(","):
+        prepared = prepare(arch, root / arch)["step"]
+        engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+        compiled = engine.default_plan.compiled
+        shape = prepared.manifest["inputs"][0]["shape"]
+        pool = np.random.default_rng(0).standard_normal((64, *shape)).astype(np.float32)
+        launched = Session(engine, budget_ms=None)
+        expected = [launched.step(pool[i % 64]).copy() for i in range(200)]
+        launched.reset()
+        row = {"arch": arch, "launched": [], **{name: [] for name in VARIANTS}}
+        sessions = {}
+        for name, (once, early) in VARIANTS.items():
+            codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY = once, early
+            compiled._resident_fn = None  # generated and compiled again with these settings
+            session = Session(engine, budget_ms=None, resident=True)
+            got = [session.step(pool[i % 64]).copy() for i in range(200)]
+            row[f"{name}_equal"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
+            session.close()
+            session.reset()
+            sessions[name] = session
+        codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY = VARIANTS["default"]
+        for _ in range(args.rounds):
+            row["launched"].append(
+                measure(lambda i, s=launched, p=pool: s.step(p[i % 64]), iters=args.iters, warmup=args.warmup)
+            )
+            for name, session in sessions.items():
+                row[name].append(
+                    measure(lambda i, s=session, p=pool: s.step(p[i % 64]), iters=args.iters, warmup=args.warmup)
+                )
+                session.close()
+        for session in sessions.values():
+            session.close()
+        line = "  ".join(
+            f"{name} {min(r['p50_us'] for r in row[name]):.1f}/{min(r['p99_us'] for r in row[name]):.1f}"
+            for name in ["launched", *VARIANTS]
+        )
+        print(f"{arch}: p50/p99 us (best round) {line}; equal {[row[f'{n}_equal'] for n in VARIANTS]}", flush=True)
+        rows.append(row)
+        launched = engine = None
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""Resident mode on the GPU (Session(resident=True), compiler.engine.ResidentStepBinding): the
+step kernel launched once and rung per frame gives what the launched kernel gives, frame for
+frame and bit for bit, over every zoo architecture; the state calls, run() and device frames stop
+it and the next frame starts it again; it starts and stops 1,000 times without a leak or a hang;
+a frame that does not answer raises and stops it; a process killed while it runs leaves the GPU
+usable.
+
+The protocol itself (bell, go, idle and done words; state halves; counters) is also run on the
+CPU under emulation and ThreadSanitizer: tests/test_compiler.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from framefuse.models import ARCHITECTURES
+from framefuse.runtime.pipeline import prepare_cached
+
+pytestmark = pytest.mark.gpu
+
+SMALL = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
+FULL = {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0}  # the benchmark's zoo size
+
+
+def _engine(prepared):
+    from framefuse.engines import cuda_graph
+
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    return engine
+
+
+def _frames(prepared, n, seed=0):
+    shape = prepared.manifest["inputs"][0]["shape"]
+    return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_resident_matches_onnxruntime_over_chained_frames(arch):
+    """Small and short (the sanitizers' target): 64 chained frames, then the state."""
+    from test_stepkernel import _close, _rollout  # tests/gpu is on sys.path (pytest prepend mode)
+
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, SMALL)["step"]
+    frames = _frames(prepared, 64, seed=1)
+    ref_y, ref_state = _rollout(prepared, frames)
+    with Session(_engine(prepared), budget_ms=None, resident=True) as session:
+        for i, frame in enumerate(frames):
+            _close(session.step(frame), ref_y[i], f"y at frame {i}")
+        state = session.get_state()
+    for name, value in ref_state.items():
+        _close(state[name], value, name)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_resident_equals_launched_bit_for_bit_over_10000_frames(arch):
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, FULL)["step"]
+    engine = _engine(prepared)
+    frames = _frames(prepared, 10_000)
+    launched = Session(engine, budget_ms=None)
+    expected = np.stack([launched.step(f).copy() for f in frames])
+    expected_state = launched.get_state()
+    with Session(engine, budget_ms=None, resident=True) as resident:
+        got = np.stack([resident.step(f).copy() for f in frames])
+        assert resident._host_step.running and resident._host_step.starts == 1  # one launch for every frame
+        state = resident.get_state()  # stops the kernel
+        assert not resident._host_step.running
+    assert np.array_equal(got, expected, equal_nan=True), f"{arch}: max diff {np.nanmax(np.abs(got - expected))}"
+    for name, value in expected_state.items():
+        assert np.array_equal(state[name], value, equal_nan=True), name
+
+
+def _script(session, prepared, frames):
+    """The same calls on a session; what each returned, and whether a resident kernel ran after it
+    (two sessions of one engine share its flag and counter buffers: they run one after the other)."""
+    import torch
+
+    out, running = [], []
+    binding = session._host_step
+
+    def note(value):
+        out.append(np.array(value.cpu().numpy() if hasattr(value, "cpu") else value, copy=True))
+        running.append(getattr(binding, "running", None))
+
+    for f in frames[:10]:
+        note(session.step(f))
+    snapshot = session.get_state()
+    running.append(getattr(binding, "running", None))
+    for f in frames[10:20]:
+        note(session.step(f))
+    session.set_state(snapshot)
+    for f in frames[20:25]:
+        note(session.step(f))
+    session.reset()
+    for f in frames[25:30]:
+        note(session.step(f))
+    note(session.step(torch.from_numpy(frames[30]).cuda()))  # a device frame: the launched kernel
+    for f in frames[31:35]:
+        note(session.step(f))
+    result = session.run({prepared.manifest["inputs"][0]["name"]: frames[35]})  # a whole graph, zero state
+    for name in sorted(result):
+        note(result[name])
+    for f in frames[35:40]:
+        note(session.step(f))
+    return out, running
+
+
+def test_state_calls_run_and_device_frames_stop_it_and_the_next_frame_starts_it():
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("lstm", SMALL)["step"]
+    engine = _engine(prepared)
+    frames = _frames(prepared, 40)
+    expected, _ = _script(Session(engine, budget_ms=None), prepared, frames)
+    resident = Session(engine, budget_ms=None, resident=True)
+    got, running = _script(resident, prepared, frames)
+    resident.close()
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        assert np.array_equal(a, b), f"call {i}: resident and launched differ"
+    # running after: 10 frames; get_state (stopped); 10 + 5 + 5 frames (set_state and reset stop it
+    # before them); the device frame (stopped); 4 frames; run()'s outputs (stopped); 5 frames
+    runs = len(running) - 41
+    assert runs >= 1
+    assert running == [True] * 10 + [False] + [True] * 20 + [False] + [True] * 4 + [False] * runs + [True] * 5
+    assert resident._host_step.starts == 6
+    # with the checks on, each frame stops it (the checks read the state on the device)
+    launched = Session(engine, budget_ms=None)
+    a = launched.step(frames[0]).copy()
+    with Session(engine, budget_ms=None, resident=True, check_finite=True) as checked:
+        assert np.array_equal(checked.step(frames[0]), a)
+        assert not checked._host_step.running
+
+
+def test_starts_and_stops_1000_times_without_a_leak_or_a_hang():
+    import torch
+
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    engine = _engine(prepared)
+    frames = _frames(prepared, 8)
+    launched = Session(engine, budget_ms=None)
+    resident = Session(engine, budget_ms=None, resident=True)
+    for f in frames:  # the kernels are loaded, the allocator warm
+        resident.step(f)
+    resident.close()
+    resident.reset()
+    torch.cuda.synchronize()
+    memory = torch.cuda.memory_allocated()
+    for i in range(1000):
+        a = launched.step(frames[i % 8]).copy()
+        b = resident.step(frames[i % 8]).copy()
+        assert np.array_equal(a, b), f"start {i}"
+        resident.close()
+    assert resident._host_step.starts == 1001
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == memory
+
+
+def test_a_frame_that_never_answers_raises_and_stops_the_kernel():
+    from framefuse.engines.base import EngineRunError
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("gru", SMALL)["step"]
+    engine = _engine(prepared)
+    frames = _frames(prepared, 4)
+    resident = Session(engine, budget_ms=None, resident=True)
+    binding = resident._host_step
+    resident.step(frames[0])
+    binding.timeout_s = 0.2
+    ring = binding.launch
+
+    def ring_and_expect_another_epoch():  # the host waits for an epoch the kernel never raises
+        ring()
+        binding._expected += 1000
+
+    binding.launch = ring_and_expect_another_epoch
+    with pytest.raises(EngineRunError, match="did not answer frame 2 within 0.2 s"):
+        resident.step(frames[1])
+    del binding.launch
+    assert not binding.running  # the watchdog rang the stop and the kernel left
+    launched = Session(engine, budget_ms=None)
+    launched.set_state(resident.get_state())
+    assert np.array_equal(resident.step(frames[2]), launched.step(frames[2]))  # it starts again
+    resident.close()
+
+
+def test_a_process_killed_while_the_kernel_is_resident_leaves_the_gpu_usable(tmp_path):
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    script = textwrap.dedent(
+        f"""
+        import os, signal, numpy as np
+        from framefuse.engines import cuda_graph
+        from framefuse.runtime.session import Session
+        engine = cuda_graph.build({str(prepared.fused)!r}, device="cuda", options={{"select": "stepkernel"}})
+        s = Session(engine, budget_ms=None, resident=True)
+        shape = s.engine.input_specs[s.frame_inputs[0]].shape
+        for _ in range(10):
+            s.step(np.ones(shape, dtype=np.float32))
+        print("resident", s._host_step.running, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "resident True" in result.stdout, result.stderr[-2000:]
+    assert result.returncode == -9
+    # the GPU is usable: a new process builds and steps a launched and a resident session
+    check = textwrap.dedent(
+        f"""
+        import numpy as np
+        from framefuse.engines import cuda_graph
+        from framefuse.runtime.session import Session
+        engine = cuda_graph.build({str(prepared.fused)!r}, device="cuda", options={{"select": "stepkernel"}})
+        shape = engine.input_specs[[n for n in engine.input_specs if not n.startswith("state.")][0]].shape
+        frame = np.ones(shape, dtype=np.float32)
+        a = Session(engine, budget_ms=None).step(frame).copy()
+        with Session(engine, budget_ms=None, resident=True) as s:
+            b = s.step(frame).copy()
+        print("same", bool(np.array_equal(a, b)), flush=True)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert "same True" in result.stdout, result.stderr[-2000:]
+
+
+def test_resident_needs_the_step_kernel():
+    from framefuse.engines import cuda_graph
+    from framefuse.engines.base import EngineBuildError
+    from framefuse.runtime.session import Session, SessionError
+
+    prepared = prepare_cached("gru", SMALL)["step"]
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "plan"})
+    with pytest.raises((EngineBuildError, SessionError), match="step compiler's kernel"):
+        Session(engine, budget_ms=None, resident=True)
