@@ -299,3 +299,28 @@ def test_resident_is_refused_where_there_is_no_step_kernel():
     with Session.load(step, device="cpu") as session:  # not resident: close() does nothing
         session.step(np.zeros(session.engine.input_specs["x"].shape, dtype=np.float32))
     session.close()
+
+
+def test_resident_refuses_a_gpu_that_cannot_host_a_kernel_that_never_ends(monkeypatch):
+    from framefuse.compiler.engine import _check_resident_host
+
+    ok = {"name": "GPU", "kernel_exec_timeout": 0, "compute_preemption": 1}
+    _check_resident_host(ok)
+    with pytest.raises(EngineBuildError, match="run-time limit on kernels"):
+        _check_resident_host({**ok, "kernel_exec_timeout": 1})
+    with pytest.raises(EngineBuildError, match="cannot preempt"):
+        _check_resident_host({**ok, "compute_preemption": 0})
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    with pytest.raises(EngineBuildError, match="MPS client limited"):
+        _check_resident_host(ok)
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+    _check_resident_host(ok)
+
+
+def test_resident_options_from_the_command_line_are_refused_with_one_line(capsys):
+    step = prepare_cached("min_gru", SMALL)["step"].fused
+    assert cli_main(["run", str(step), "--device", "cpu", "--frames", "2", "--resident"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and "resident=True needs" in err[-1]
+    with pytest.raises(SessionError, match="resident_sms= limits a resident kernel"):
+        Session.load(step, device="cpu", resident_sms=4)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Where the tail of a host-to-host step comes from: the mapped floor (one kernel on pinned
-mapped host memory in a CUDA graph) and the step compiler's Session.step, timed over many calls
+mapped host memory in a CUDA graph), the step compiler's Session.step and the same with the
+kernel resident (Session(resident=True)), timed over many calls
 under the host conditions a game could set for its inference thread:
 
   base      as bench/e2e.py times them
@@ -122,6 +123,10 @@ def main() -> int:
         out_shape = prepared.manifest["outputs"][0]["shape"]
         pool = rng.standard_normal((64, *in_shape)).astype(np.float32)
         calls[f"{arch} step"] = (lambda s, p: lambda i: s.step(p[i % 64]))(session, pool)
+        resident = Session(engine, budget_ms=None, resident=True)
+        call = (lambda s, p: lambda i: s.step(p[i % 64]))(resident, pool)
+        call.close = resident.close  # stopped after each condition: the other calls need the GPU
+        calls[f"{arch} resident step"] = call
         calls[f"{arch} mapped floor"] = make_mapped_floor(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
     for name, call in calls.items():
         for condition in CONDITIONS + CONDITIONS:  # twice: drift between conditions shows
@@ -130,6 +135,8 @@ def main() -> int:
                 "condition": condition,
                 **under(condition, call, args.iters, args.warmup, args.slow_us),
             }
+            if hasattr(call, "close"):
+                call.close()
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,9 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2, help="each variant timed this many times, in turn")
+    parser.add_argument(
+        "--sms", default="", help="also time the default variant on these SM counts (resident_sms=), e.g. 66,33"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = []
@@ -70,6 +73,17 @@ def main() -> int:
             session.reset()
             sessions[name] = session
         codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY = VARIANTS["default"]
+        compiled._resident_fn = None
+        for sms in [int(v) for v in args.sms.split(",") if v]:
+            name = f"sms-{sms}"
+            session = Session(engine, budget_ms=None, resident=True, resident_sms=sms)
+            got = [session.step(pool[i % 64]).copy() for i in range(200)]
+            # another grid sums in another order: compared within 1e-5, not bit for bit
+            row[f"{name}_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(got, expected))
+            session.close()
+            session.reset()
+            sessions[name] = session
+            row[name] = []
         for _ in range(args.rounds):
             row["launched"].append(
                 measure(lambda i, s=launched, p=pool: s.step(p[i % 64]), iters=args.iters, warmup=args.warmup)
@@ -83,9 +97,13 @@ def main() -> int:
             session.close()
         line = "  ".join(
             f"{name} {min(r['p50_us'] for r in row[name]):.1f}/{min(r['p99_us'] for r in row[name]):.1f}"
-            for name in ["launched", *VARIANTS]
+            for name in ["launched", *sessions]
         )
-        print(f"{arch}: p50/p99 us (best round) {line}; equal {[row[f'{n}_equal'] for n in VARIANTS]}", flush=True)
+        diffs = {k: v for k, v in row.items() if k.endswith("_max_diff")}
+        print(
+            f"{arch}: p50/p99 us (best round) {line}; equal {[row[f'{n}_equal'] for n in VARIANTS]}; {diffs}",
+            flush=True,
+        )
         rows.append(row)
         launched = engine = None
     if args.out:

@@ -161,19 +161,21 @@ class CompiledStep:
                 f"(scheduled in {self.schedule_s:.2f} s, NVRTC {self.compile_s:.2f} s)"
             )
 
-    def _check_residency(self, grid: int, threads: int) -> None:
+    def _check_residency(self, grid: int, threads: int, fn=None, smem_bytes: int | None = None) -> None:
         """Every block must be resident at once (they wait on one another): one block per SM."""
         cuda = _cuda()
         driver = cuda._driver()
+        fn = fn or self.fn
+        smem_bytes = self.kernel.smem_bytes if smem_bytes is None else smem_bytes
         per_sm = int(
             cuda._check(
-                driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.fn._function, threads, self.kernel.smem_bytes),
+                driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn._function, threads, smem_bytes),
                 "cuOccupancyMaxActiveBlocksPerMultiprocessor",
             )
         )
         if per_sm < 1 or grid > per_sm * self.props["sm_count"]:
             raise CompileError(
-                f"the step kernel's {grid} blocks of {threads} threads and {self.kernel.smem_bytes} B shared memory "
+                f"the step kernel's {grid} blocks of {threads} threads and {smem_bytes} B shared memory "
                 f"cannot all be resident on {self.props['name']} ({per_sm} per SM x {self.props['sm_count']} SMs)"
             )
 
@@ -274,6 +276,7 @@ class CompiledStep:
             fn = cuda.get_kernel(write_source(kernel), RESIDENT_KERNEL_NAME, device=self.device_index)
             if kernel.smem_bytes > 48 * 1024:
                 fn.set_max_dynamic_shared_memory(kernel.smem_bytes)
+            self._check_residency(self.grid, self.threads, fn, kernel.smem_bytes)
             self.resident_kernel, self._resident_fn = kernel, fn
         return self._resident_fn
 
@@ -344,8 +347,12 @@ class StepKernelPlan:
     def create_binding(
         self, engine, *, host_inputs, host_outputs, state_pairs, input_buffers=None, resident=False
     ) -> StepBinding:
-        cls = ResidentStepBinding if resident else StepBinding
-        return cls(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+        """``resident``: False, True (the kernel on every SM, as built) or a number of SMs (the
+        program scheduled again over that many blocks, the rest of the GPU left free)."""
+        if resident:
+            sms = None if resident is True else resident
+            return ResidentStepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers, sms=sms)
+        return StepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
 
 
 # polls of a done word before wait_host falls back to the stream sync (tens of ns a poll: a few ms)
@@ -563,10 +570,26 @@ class ResidentStepBinding(StepBinding):
     A frame that does not answer within ``timeout_s`` raises and stops the kernel; ``close()``
     (and interpreter exit) stops it."""
 
-    def __init__(self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
+    def __init__(
+        self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None, sms=None
+    ):
         super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
         c = plan.compiled
+        if sms is not None:
+            sms = int(sms)
+            if not 1 <= sms <= c.props["sm_count"]:
+                raise EngineBuildError(f"resident_sms={sms}: {c.props['name']} has {c.props['sm_count']} SMs")
+            if sms != c.grid:
+                # the same program scheduled over fewer blocks: its own kernel and buffers (weights,
+                # flagged words, counters, range table), the session's state halves
+                c = CompiledStep(c.program, device=c.device, grid=sms, threads=c.threads)
+        self.compiled = c
         k = c.kernel
+        if k.done_words != plan.compiled.kernel.done_words:
+            self._done = MappedHostBuffer((max(k.done_words, 1),), dtype=np.uint32)
+            self._done_addr = self._done.array.ctypes.data
+            self._done_nbytes = self._done.array.nbytes
+            self._done_words = [ctypes.c_uint32.from_address(self._done_addr + 4 * i) for i in range(k.done_words)]
         loose = [n for n in k.input_names if n not in self._mapped] + [
             n for n in k.output_names if n not in self._out_mapped
         ]
@@ -578,6 +601,7 @@ class ResidentStepBinding(StepBinding):
             )
         if not self._done_words:
             raise EngineBuildError("a resident step needs done words (a block that reads a frame or writes an output)")
+        _check_resident_host(c.props)
         self.fn = c.resident_fn()
         self.timeout_s = RESIDENT_TIMEOUT_S
         self._bell = MappedHostBuffer((1,), dtype=np.uint32)
@@ -607,7 +631,7 @@ class ResidentStepBinding(StepBinding):
         """Launch the resident kernel (the frame path does this on its first frame)."""
         if self.running:
             return
-        c = self.plan.compiled
+        c = self.compiled
         torch.cuda.synchronize(self.device)  # no launched step in flight: the counters and state are final
         self._sync_fn(self._stream_handle)
         counters = c.counters.cpu()
@@ -732,6 +756,32 @@ class ResidentStepBinding(StepBinding):
 
     def close(self) -> None:
         self.stop()
+
+
+def _check_resident_host(props: Mapping) -> None:
+    """Refuse, with one line, a GPU on which a kernel that never ends cannot live: one with a
+    run-time limit on kernels (a display's watchdog would kill it, and the display would freeze
+    until then) or without compute preemption; and an MPS client limited to part of the GPU (the
+    blocks would not all be resident, and they wait on one another)."""
+    name = props.get("name", "this GPU")
+    if props.get("kernel_exec_timeout"):
+        raise EngineBuildError(
+            f"{name} has a run-time limit on kernels (a display watchdog): a resident step kernel would be killed; "
+            "use the launched step (resident=False) or a GPU without a display"
+        )
+    if props.get("compute_preemption") == 0:
+        raise EngineBuildError(f"{name} cannot preempt a running kernel: a resident step kernel would hold it")
+    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if share is not None:
+        try:
+            limited = float(share) < 100.0
+        except ValueError:
+            limited = True
+        if limited:
+            raise EngineBuildError(
+                f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share}: an MPS client limited to part of the GPU cannot keep "
+                "every block of a resident step kernel resident"
+            )
 
 
 def _stop_resident(bell_word, query, stream_handle, *keep_alive) -> None:

@@ -187,7 +187,8 @@ def ensure_context(device: int | None = None):
 
 def device_properties(device: int | None = None) -> dict:
     """sm_count, max_shared_per_block (default), max_shared_per_block_optin, cc (major, minor),
-    arch ("sm_90"), name, warp_size, max_threads_per_block, l2_bytes."""
+    arch ("sm_90"), name, warp_size, max_threads_per_block, l2_bytes, kernel_exec_timeout,
+    compute_preemption."""
     device = current_device() if device is None else int(device)
     props = _properties.get(device)
     if props is not None:
@@ -217,6 +218,10 @@ def device_properties(device: int | None = None) -> dict:
         "max_threads_per_sm": get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR),
         "warp_size": get(attr.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
         "l2_bytes": get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        # a run-time limit on kernels (a display's watchdog), and whether a running kernel can be
+        # preempted: what a kernel that never ends (the resident step) has to know
+        "kernel_exec_timeout": get(attr.CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT),
+        "compute_preemption": get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED),
     }
     _properties[device] = props
     return props

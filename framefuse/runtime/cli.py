@@ -71,6 +71,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="keep the step kernel on the GPU between frames (rung per frame, no launch; needs an engine built "
         "with --select stepkernel)",
     )
+    parser.add_argument(
+        "--resident-sms",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --resident: schedule the kernel over N SMs and leave the others free (default: every SM)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the observations")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.set_defaults(func=run)
@@ -98,6 +105,7 @@ def run(args) -> int:
         check_finite=args.check_finite,
         nonfinite=args.nonfinite,
         resident=args.resident,
+        resident_sms=args.resident_sms,
     )
     if not session.is_step_form:
         raise SessionError(

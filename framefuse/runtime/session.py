@@ -258,7 +258,9 @@ class Session:
     each SM while it runs, so ``run``, device frames, ``reset``/``get_state``/``set_state`` and
     ``check_finite`` stop it first and the next frame starts it again; ``close()`` or leaving a
     ``with`` block stops it. Only for a cuda-graph engine whose plan is the step kernel
-    (``framefuse build --select stepkernel``).
+    (``framefuse build --select stepkernel``). ``resident_sms``: schedule the resident kernel over
+    that many SMs (compiled again for them) and leave the others to the rest of the program;
+    default: every SM, the kernel as built.
     """
 
     def __init__(
@@ -273,6 +275,7 @@ class Session:
         check_finite: bool = False,
         nonfinite: str = "raise",
         resident: bool = False,
+        resident_sms: int | None = None,
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise SessionError(f"nonfinite={nonfinite!r}: use one of {', '.join(NONFINITE_POLICIES)}")
@@ -319,7 +322,9 @@ class Session:
                 for name in self.state_inputs
             }
             # Captured now, so the first frame of a game loop does not pay for the capture.
-            options = {"resident": True} if resident else {}
+            if resident_sms is not None and not resident:
+                raise SessionError("resident_sms= limits a resident kernel: give resident=True with it")
+            options = {"resident": int(resident_sms) if resident_sms is not None else True} if resident else {}
             try:
                 self._host_step = engine.create_binding(
                     host_inputs=self.frame_inputs,

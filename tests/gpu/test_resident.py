@@ -241,3 +241,29 @@ def test_resident_needs_the_step_kernel():
     engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "plan"})
     with pytest.raises((EngineBuildError, SessionError), match="step compiler's kernel"):
         Session(engine, budget_ms=None, resident=True)
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "attention", "xlstm"])
+def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch):
+    """resident_sms=16: the program scheduled again over 16 blocks (its own kernel and buffers, the
+    session's state); torch's kernels run on the other SMs while it is resident."""
+    import torch
+    from test_stepkernel import _close, _rollout
+
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, SMALL)["step"]
+    frames = _frames(prepared, 64, seed=2)
+    ref_y, ref_state = _rollout(prepared, frames)
+    with Session(_engine(prepared), budget_ms=None, resident=True, resident_sms=16) as session:
+        binding = session._host_step
+        assert binding.compiled.grid == 16 and binding.compiled is not binding.plan.compiled
+        for i, frame in enumerate(frames):
+            _close(session.step(frame), ref_y[i], f"y at frame {i}")
+            if i == 10:  # resident now: a torch kernel on the default stream finishes beside it
+                assert binding.running
+                assert float(torch.ones(1 << 20, device="cuda").sum().item()) == float(1 << 20)
+                assert binding.running
+        state = session.get_state()
+    for name, value in ref_state.items():
+        _close(state[name], value, name)

@@ -10,7 +10,9 @@ Latency must stay flat: each checkpoint's p50 over its own frames within 1.5× o
 
 FRAMEFUSE_SOAK_FRAMES shortens the run (e.g. 20000); FRAMEFUSE_SOAK_ARCH picks the model
 (default mamba: conv window + selective-scan state); FRAMEFUSE_SOAK_SELECT the cuda-graph
-engine's plan (e.g. stepkernel: the step compiler's one kernel; default: the engine's default).
+engine's plan (e.g. stepkernel: the step compiler's one kernel; default: the engine's default);
+FRAMEFUSE_SOAK_RESIDENT=1 keeps that kernel resident (Session(resident=True); the checkpoints'
+state reads stop it and the next frame starts it again).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 FRAMES = int(os.environ.get("FRAMEFUSE_SOAK_FRAMES", "1000000"))
 ARCH = os.environ.get("FRAMEFUSE_SOAK_ARCH", "mamba")
 SELECT = os.environ.get("FRAMEFUSE_SOAK_SELECT")
+RESIDENT = os.environ.get("FRAMEFUSE_SOAK_RESIDENT") == "1"
 FLAT = 1.5  # the highest checkpoint p50 over the lowest
 CHECKPOINTS = 10
 WINDOW = 32  # frames compared with the torch reference at each checkpoint
@@ -50,14 +53,17 @@ def _compare_window(session, model, pool, start, names):
     current = session.get_state()
     state = tuple(torch.from_numpy(current[f"state.{n}"]).cuda() for n in names)
     worst = 0.0
+    # the reference first: torch's kernels never run beside a resident step kernel
+    frames = [pool[(start + k) % POOL] for k in range(WINDOW)]
     with torch.no_grad():
-        for k in range(WINDOW):
-            frame = pool[(start + k) % POOL]
+        expected_all = []
+        for frame in frames:
             expected, state = model.step(torch.from_numpy(frame).cuda(), state)
-            got = session.step(frame)
-            expected = expected.cpu().numpy()
-            worst = max(worst, float(np.abs(got - expected).max()))
-            np.testing.assert_allclose(got, expected, rtol=TOL, atol=TOL, err_msg=f"frame {start + k}")
+            expected_all.append(expected.cpu().numpy())
+    for k, (frame, expected) in enumerate(zip(frames, expected_all)):
+        got = session.step(frame)
+        worst = max(worst, float(np.abs(got - expected).max()))
+        np.testing.assert_allclose(got, expected, rtol=TOL, atol=TOL, err_msg=f"frame {start + k}")
     ours = session.get_state()
     for n, value in zip(names, state):
         np.testing.assert_allclose(ours[f"state.{n}"], value.cpu().numpy(), rtol=TOL, atol=TOL, err_msg=n)
@@ -71,7 +77,9 @@ def test_soak_million_frames():
         prepared = prepare_cached(ARCH, {"seq": 32, "seed": 0})["step"]
         assert prepared.fused is not None, prepared.fused_error
         options = {"select": SELECT} if SELECT else None
-        session = Session.load(prepared.fused, device="cuda", stats_capacity=100_000, engine_options=options)
+        session = Session.load(
+            prepared.fused, device="cuda", stats_capacity=100_000, engine_options=options, resident=RESIDENT
+        )
         model = torch_model(prepared, "cuda")
         names = prepared.state_names
         shape = session.engine.input_specs["x"].shape
@@ -105,12 +113,13 @@ def test_soak_million_frames():
         seconds = time.perf_counter() - start
         s = session.stats.summary()
         print(
-            f"\nsoak {ARCH}: {FRAMES} frames in {seconds:.1f} s ({FRAMES / seconds:,.0f} frames/s); step p50 "
+            f"\nsoak {ARCH}{' resident' if RESIDENT else ''}: {FRAMES} frames in {seconds:.1f} s ({FRAMES / seconds:,.0f} frames/s); step p50 "
             f"{s['p50_us']:.1f} us, p99 {s['p99_us']:.1f} us, max {s['max_us']:.1f} us; checkpoints "
             + ", ".join(f"{n}: p50 {p:.1f} us, rss +{g:.1f} MB, err {w:.1e}" for n, g, w, p in log)
         )
         p50s = [p for *_, p in log]
         assert max(p50s) <= FLAT * min(p50s), f"latency not flat over the run: checkpoint p50s {p50s}"
         assert session.engine.eager_runs == 0
+        session.close()
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn_tf32, matmul_tf32
