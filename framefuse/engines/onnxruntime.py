@@ -234,7 +234,13 @@ class OnnxRuntimeRunner(EngineRunner):
 
             model = prepare_for_ort(model)
             session_options.register_custom_ops_library(get_library_path())
+        from framefuse.parity.ort_bridge import keep_qdq_exact
+
+        # the CPU provider's fused int8 GEMMs saturate on x86 CPUs without VNNI: run Q/DQ as written there
+        qdq_exact = "CPUExecutionProvider" in self.providers and keep_qdq_exact(session_options, model)
         self.session_options = {k: v for k, v in self.options.items() if k != "providers"}
+        if qdq_exact:
+            self.session_options["qdq_fusion"] = "off (int8 kernels saturate on this CPU)"
         start = time.perf_counter()
         try:
             self.session = ort.InferenceSession(

@@ -251,12 +251,54 @@ def load_any(model_or_path) -> tuple[onnx.ModelProto, str]:
     return read_onnx(path, error=ParitySetupError), str(path)
 
 
+_VNNI_FLAGS = {"avx512_vnni", "avx_vnni", "avxvnni", "amx_int8"}
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def int8_kernels_saturate() -> bool:
+    """Whether ONNX Runtime's fused int8 GEMMs saturate on this CPU. On x86-64 its QDQ fusion turns
+    DequantizeLinear -> MatMul -> QuantizeLinear into u8s8 kernels; without VNNI (AVX2, AVX-512
+    without VNNI) they add pairs of u8·s8 products in int16, which saturates (2·255·127 > 32767):
+    measured on an AMD EPYC (Zen 3, AVX2) here, a framefuse int8 mamba step differed from the graph
+    run as written by 0.105 at int8 tolerance 0.1, and by 0.0 with the fusion off. Unknown x86
+    CPUs count as saturating; other architectures do not."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return False
+    flags = _cpu_flags()
+    return flags is None or not (flags & _VNNI_FLAGS)
+
+
+def keep_qdq_exact(options, proto) -> bool:
+    """Turn ONNX Runtime's QDQ fusion off (``session.disable_quant_qdq``) for a graph with Q/DQ
+    nodes where its int8 kernels saturate (:func:`int8_kernels_saturate`): the quantized graph
+    then runs as written (dequantized weights, float GEMMs, the activations' Q/DQ) instead of
+    drifting by up to a quantization step. Returns whether it did."""
+    if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node):
+        return False
+    if not int8_kernels_saturate():
+        return False
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    return True
+
+
 def ort_session(model, *, fused: bool = True, optimize: bool = True):
     """An ONNX Runtime CPU InferenceSession for `model` (ModelProto or path). With ``fused``,
     framefuse nodes run through their reference implementations. ``optimize=False`` turns ONNX
     Runtime's graph optimiser off, so the graph runs exactly as written (its QDQ fusions replace
     DequantizeLinear -> MatMul -> QuantizeLinear with integer kernels whose rounding depends on the
-    CPU's instruction set)."""
+    CPU's instruction set; where they saturate, the fusion is off, see keep_qdq_exact)."""
     import onnxruntime as ort
 
     proto, label = load_any(model)
@@ -265,6 +307,8 @@ def ort_session(model, *, fused: bool = True, optimize: bool = True):
     options.log_severity_level = 3
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    else:
+        keep_qdq_exact(options, proto)
     python_ops = fused and any(n.domain == DOMAIN for n in proto.graph.node)
     if python_ops:
         proto = prepare_for_ort(proto)
