@@ -632,7 +632,9 @@ class ResidentStepBinding(StepBinding):
         if self.running:
             return
         c = self.compiled
-        torch.cuda.synchronize(self.device)  # no launched step in flight: the counters and state are final
+        # no launched step and no state write in flight: the counters and the state are final (not
+        # a device-wide synchronize, which would wait forever for another resident kernel's stream)
+        torch.cuda.current_stream(self.device).synchronize()
         self._sync_fn(self._stream_handle)
         counters = c.counters.cpu()
         if not bool((counters == counters[0]).all()):
@@ -641,7 +643,7 @@ class ResidentStepBinding(StepBinding):
         self._ctl.zero_()
         self._bell_word.value = 0
         self._idle_word.value = 0
-        torch.cuda.synchronize(self.device)
+        torch.cuda.current_stream(self.device).synchronize()
         k = c.kernel
         pointers_in = [self._mapped[n].device_ptr for n in k.input_names]
         pointers_out = [self._out_mapped[n].device_ptr for n in k.output_names]
@@ -785,12 +787,15 @@ def _check_resident_host(props: Mapping) -> None:
 
 
 def _stop_resident(bell_word, query, stream_handle, *keep_alive) -> None:
-    """At collection or interpreter exit: ring the stop and give the kernel a moment to leave."""
+    """At collection or interpreter exit: ring the stop, give the kernel a moment to leave, and
+    release the binding's stream once it has."""
     try:
         bell_word.value = _BELL_STOP
         deadline = time.perf_counter() + RESIDENT_TIMEOUT_S
         while query(ctypes.c_void_p(stream_handle)) == 600 and time.perf_counter() < deadline:
             time.sleep(0)
+        if query(ctypes.c_void_p(stream_handle)) != 600:
+            ctypes.CDLL("libcuda.so.1").cuStreamDestroy_v2(ctypes.c_void_p(stream_handle))
     except Exception:  # noqa: BLE001 - interpreter shutdown
         pass
 

@@ -257,7 +257,9 @@ class Session:
     first frame, rung per frame through mapped memory: no launch per step). It holds one block on
     each SM while it runs, so ``run``, device frames, ``reset``/``get_state``/``set_state`` and
     ``check_finite`` stop it first and the next frame starts it again; ``close()`` or leaving a
-    ``with`` block stops it. Only for a cuda-graph engine whose plan is the step kernel
+    ``with`` block stops it. While it runs nothing in the process may wait for the whole device
+    (``torch.cuda.synchronize()``, a CUDA graph capture, hence creating another session): that
+    waits for a kernel that does not end; close it first. Only for a cuda-graph engine whose plan is the step kernel
     (``framefuse build --select stepkernel``). ``resident_sms``: schedule the resident kernel over
     that many SMs (compiled again for them) and leave the others to the rest of the program;
     default: every SM, the kernel as built.

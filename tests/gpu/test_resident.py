@@ -267,3 +267,22 @@ def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch
         state = session.get_state()
     for name, value in ref_state.items():
         _close(state[name], value, name)
+
+
+def test_sessions_created_and_dropped_leave_no_kernel_running():
+    """A resident session dropped without close(): its finalizer rings the stop and releases its
+    stream, so a hundred of them leave the GPU free (a launched step then runs)."""
+    import gc
+
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    engine = _engine(prepared)
+    frames = _frames(prepared, 2)
+    expected = Session(engine, budget_ms=None).step(frames[0]).copy()
+    for _ in range(100):
+        session = Session(engine, budget_ms=None, resident=True)
+        assert np.array_equal(session.step(frames[0]), expected)
+        session = None
+        gc.collect()
+    assert np.array_equal(Session(engine, budget_ms=None).step(frames[0]), expected)
