@@ -325,6 +325,39 @@ def test_emulated_kernel_with_one_block_and_one_warp(tmp_path):
     _close(outputs["y"][0], expected["y"], "y", tol=1e-5)
 
 
+def test_a_graph_input_is_read_from_host_memory_only_by_its_own_task():
+    """x read inline (a LayerNorm of the frame itself, as GPT-2's first block does) is read through
+    its flag-tagged copy, not from mapped host memory by every block of the reader."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n = 64
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((n, n)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mu"], ["centred"]),
+        helper.make_node("MatMul", ["centred", "w"], ["h"]),
+        helper.make_node("Add", ["h", "x"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    kernel = generate_source(model, grid=16, threads=64)
+    assert kernel.source.count("ffk_load_host(in") == 1  # the entry read of x's own task
+    if cxx_compiler() is not None:  # and the flag-tagged copy gives the same values
+        program = lower_program(model)
+        frame = rng.standard_normal((1, n)).astype(np.float32)
+        outputs, _ = emulate(generate(schedule(program, grid=3, threads=64)), {"x": frame[None]}, {}, steps=1)
+        _close(outputs["y"][0], naive.run(program, {"x": frame})["y"], "y", tol=1e-5)
+    for arch in ARCHS:
+        assert generate_source(_prepared(arch).fused, grid=16, threads=64).source.count("ffk_load_host(in") == 1
+
+
 def test_schedule_reports_levels_tasks_and_one_kernel_source():
     prepared = _prepared("min_gru")
     kernel = generate_source(prepared.fused, grid=8, threads=128)

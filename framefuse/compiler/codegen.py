@@ -1028,7 +1028,10 @@ class Emitter:
         free = ix.free_vars(flat)
         gen = self.gen
         kind = self.view.source_kind(node) if expand_self else self.view.kind(node)
-        if isinstance(node, Leaf):
+        # a graph input is a leaf only to the task that reads it from host memory; every other
+        # task reads its flag-tagged copy (read inline from host memory by every block of a task,
+        # the real models' kernels ran 10-90x slower host to host than on device inputs)
+        if isinstance(node, Leaf) and not (node.role == "input" and kind in ("materialized", "array")):
             return self._leaf(node, flat, free, key)
         if kind == "materialized":
             return self.bind(key, f"ffk_ll_wait(ffk_ll + {gen.layout.ll[node.id]} + {ix.to_c(flat)}, epoch)", free)

@@ -703,12 +703,13 @@ def _scatter_nd(ins, attrs, n):
     data, indices, updates = ins
     indices = indices.long()
     k = indices.shape[-1]
-    dims = torch.tensor(data.shape[:k], device=indices.device, dtype=torch.long)
-    indices = torch.where(indices < 0, indices + dims, indices)  # negative indices count from the end
+    # negative indices count from the end; each axis's size goes in as a scalar (a tensor made from
+    # the shape would be a host-to-device copy, which a CUDA graph capture refuses)
+    index = tuple(torch.where(indices[..., j] < 0, indices[..., j] + data.shape[j], indices[..., j]) for j in range(k))
     reduction = attrs.get("reduction", "none")
     accumulate = (reduction.decode() if isinstance(reduction, bytes) else reduction) == "add"
     out = data.clone()
-    out.index_put_(tuple(indices[..., j] for j in range(k)), updates.to(out.dtype), accumulate=accumulate)
+    out.index_put_(index, updates.to(out.dtype), accumulate=accumulate)
     return [out]
 
 
