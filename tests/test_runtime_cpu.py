@@ -324,3 +324,5 @@ def test_resident_options_from_the_command_line_are_refused_with_one_line(capsys
     assert err and "resident=True needs" in err[-1]
     with pytest.raises(SessionError, match="resident_sms= limits a resident kernel"):
         Session.load(step, device="cpu", resident_sms=4)
+    with pytest.raises(SessionError, match="resident_sms= limits a resident kernel"):
+        Session.load(prepare_cached("min_gru", SMALL)["sequence"].onnx, device="cpu", resident_sms=4)

@@ -575,6 +575,7 @@ class ResidentStepBinding(StepBinding):
     ):
         super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
         c = plan.compiled
+        _check_resident_host(c.props)
         if sms is not None:
             sms = int(sms)
             if not 1 <= sms <= c.props["sm_count"]:
@@ -601,7 +602,6 @@ class ResidentStepBinding(StepBinding):
             )
         if not self._done_words:
             raise EngineBuildError("a resident step needs done words (a block that reads a frame or writes an output)")
-        _check_resident_host(c.props)
         self.fn = c.resident_fn()
         self.timeout_s = RESIDENT_TIMEOUT_S
         self._bell = MappedHostBuffer((1,), dtype=np.uint32)

@@ -259,8 +259,8 @@ class Session:
     ``check_finite`` stop it first and the next frame starts it again; ``close()`` or leaving a
     ``with`` block stops it. While it runs nothing in the process may wait for the whole device
     (``torch.cuda.synchronize()``, a CUDA graph capture, hence creating another session): that
-    waits for a kernel that does not end; close it first. Only for a cuda-graph engine whose plan is the step kernel
-    (``framefuse build --select stepkernel``). ``resident_sms``: schedule the resident kernel over
+    waits for a kernel that does not end; close it first. Only for a cuda-graph engine whose plan
+    is the step kernel (``framefuse build --select stepkernel``). ``resident_sms``: schedule the resident kernel over
     that many SMs (compiled again for them) and leave the others to the rest of the program;
     default: every SM, the kernel as built.
     """
@@ -281,6 +281,8 @@ class Session:
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise SessionError(f"nonfinite={nonfinite!r}: use one of {', '.join(NONFINITE_POLICIES)}")
+        if resident_sms is not None and not resident:
+            raise SessionError("resident_sms= limits a resident kernel: give resident=True with it")
         self.engine = engine
         self.engine_name = getattr(engine, "ENGINE", "") or type(engine).__name__
         self.device = engine.device
@@ -324,8 +326,6 @@ class Session:
                 for name in self.state_inputs
             }
             # Captured now, so the first frame of a game loop does not pay for the capture.
-            if resident_sms is not None and not resident:
-                raise SessionError("resident_sms= limits a resident kernel: give resident=True with it")
             options = {"resident": int(resident_sms) if resident_sms is not None else True} if resident else {}
             try:
                 self._host_step = engine.create_binding(
