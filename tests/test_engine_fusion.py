@@ -284,3 +284,48 @@ def test_cli_offers_the_unfused_graph_to_the_selection(tmp_path, monkeypatch):
     args = parser.parse_args(["build", str(tmp_path), "--engine", "onnxruntime", "--select", "plan"])
     with pytest.raises(Exception, match="--select is an option of the cuda-graph engine"):
         args.func(args)
+
+
+def test_host_timing_binds_each_candidate_as_the_session_does(fused_models):
+    """Selection times candidates host to host through the session's own binding: the frame from
+    host buffers, the state handed off on the device. The mechanics (not the times) run on the CPU:
+    each candidate gets its timed calls, a candidate that fails is reported and the others still
+    timed, and the state a candidate carries advances with every call as in a game loop."""
+    from framefuse.engines import fusion
+
+    model = fused_models("min_gru", "step")
+    plain, plan = _plans(model)
+    host_inputs, host_outputs, pairs = fusion.session_io(plan)
+    assert pairs and all(o.startswith("next_state.") and i.startswith("state.") for o, i in pairs.items())
+    assert not set(host_inputs) & set(pairs.values()) and not set(host_outputs) & set(pairs)
+    assert host_inputs and host_outputs
+
+    class Broken:  # a candidate whose run raises: reported, never fatal to the timing of the others
+        device = plan.device
+        input_specs, output_specs = plan.input_specs, plan.output_specs
+
+        def execute(self, feeds):
+            raise RuntimeError("this candidate cannot run")
+
+    feeds = _feeds(plan, seed=3)
+    results = fusion.time_plans_host(
+        {"plan": plan, "broken": Broken(), "unoptimized": plain}, feeds, rounds=2, calls=4, warmup=1
+    )
+    assert results["plan"]["calls"] == results["unoptimized"]["calls"] == 8
+    assert 0 < results["plan"]["us_per_step"] <= results["plan"]["p99_us"]
+    assert "cannot run" in results["broken"]["error"]
+
+    # the binding timed is the session's: 3 calls advance the state 3 steps from zero
+    binding = fusion._session_binding(plan)
+    (frame_name,) = host_inputs
+    for _ in range(3):
+        binding.host_in[frame_name][...] = feeds[frame_name].numpy()
+        binding.launch()
+        binding.sync()
+    state = {n: torch.zeros(s.shape) for n, s in plan.input_specs.items() if n in pairs.values()}
+    with torch.no_grad():
+        for _ in range(3):
+            out = plan.execute({frame_name: feeds[frame_name], **state})
+            state = {i: out[o].clone() for o, i in pairs.items()}
+    for name, value in state.items():
+        torch.testing.assert_close(binding.dev_in[name], value, rtol=0, atol=0)

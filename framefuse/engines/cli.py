@@ -84,7 +84,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="cuda-graph: build-time selection. time (default) times the plan, the unoptimised plan, the step "
         "compiler's one-kernel step (stepkernel), the inductor-compiled plan and, when model.onnx sits beside "
-        "model.fused.onnx, the unfused graph (plain and compiled) on the GPU and keeps the fastest; time-autotune "
+        "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "
+        "them, and keeps the fastest; time-autotune "
         "adds max-autotune; a name forces that candidate",
     )
     parser.add_argument(

@@ -16,9 +16,15 @@ graph is compiled by ``torch.compile``. The compiled segments run inside the eng
 graph exactly like the eager steps did (``mode`` never includes inductor's own cudagraphs).
 
 Compilation is not always a win (a segment of views gains nothing, a GEMM may be slower than
-cuBLAS's), so :func:`select_plan` times every candidate plan captured in a CUDA graph on the
-device and keeps the fastest; the choice and the timings go in the engine's metadata. Without a
-GPU the selection is skipped with a note (timings on the CPU say nothing about the GPU engine).
+cuBLAS's), so :func:`select_plan` times every candidate and keeps the fastest; the choice and the
+timings go in the engine's metadata. A candidate is timed as the session runs it
+(:func:`time_plans_host`: the binding ``Session`` makes, frames written into its host buffers,
+launched and waited on, host clock around each call), because the candidates move their frames
+differently: the CUDA-graph plans copy them in and out around the graph, the step compiler's
+kernel reads and writes mapped host memory itself, where a badly placed read costs more than the
+whole device time (a real model's kernel took 1590 us host to host on 21 us of device time). The
+device time of back-to-back replays (:func:`time_plan_graph`) is reported beside it. Without a GPU
+the selection is skipped with a note (timings on the CPU say nothing about the GPU engine).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from framefuse.engines.base import EngineBuildError
@@ -256,6 +263,105 @@ def time_plan_graph(plan: Plan, feeds: Mapping[str, torch.Tensor], *, replays: i
     return {"us_per_step": round(statistics.median(samples), 2), "samples_us": [round(s, 2) for s in samples]}
 
 
+# The session's naming of a step graph's state (runtime/session.py): state.<name> in, next_state.<name> out
+STATE_PREFIX, NEXT_STATE_PREFIX = "state.", "next_state."
+# Host-timed selection: rounds over every candidate in turn (host noise drifts; interleaving
+# spreads it over all of them), calls timed per candidate a round, calls run untimed first.
+HOST_TIMING_ROUNDS, HOST_TIMING_CALLS, HOST_TIMING_WARMUP = 5, 200, 30
+
+
+def session_io(plan: Plan) -> tuple[list[str], list[str], dict[str, str]]:
+    """The binding ``Session`` makes for a plan: (host inputs, host outputs, state hand-offs).
+    A step graph's state stays on the device, handed from next_state.<n> to state.<n>."""
+    pairs = {}
+    for name in plan.input_specs:
+        if name.startswith(STATE_PREFIX):
+            out = NEXT_STATE_PREFIX + name[len(STATE_PREFIX) :]
+            if out in plan.output_specs:
+                pairs[out] = name
+    host_inputs = [n for n in plan.input_specs if n not in pairs.values()]
+    host_outputs = [n for n in plan.output_specs if n not in pairs]
+    return host_inputs, host_outputs, pairs
+
+
+class _TimingHost:
+    """What a cuda-graph Binding needs of its engine, for one candidate while it is timed: its
+    own streams and its own graph memory pool (candidates' graphs never share memory)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.graph_pool = None
+        self.captures = self.replays = self.eager_runs = 0
+        on_gpu = device.type == "cuda"
+        self.capture_stream = torch.cuda.Stream(device) if on_gpu else None
+        self.replay_stream = torch.cuda.Stream(device) if on_gpu else None
+
+
+def _session_binding(plan: Plan):
+    from framefuse.engines.cuda_graph import Binding
+
+    host_inputs, host_outputs, pairs = session_io(plan)
+    if hasattr(plan, "create_binding"):  # the step compiler's kernel: mapped host memory, as the session binds it
+        return plan.create_binding(None, host_inputs=host_inputs, host_outputs=host_outputs, state_pairs=pairs)
+    return Binding(_TimingHost(plan.device), plan, host_inputs, host_outputs, pairs)
+
+
+def time_plans_host(
+    plans: Mapping[str, Plan],
+    feeds: Mapping[str, torch.Tensor],
+    *,
+    rounds: int = HOST_TIMING_ROUNDS,
+    calls: int = HOST_TIMING_CALLS,
+    warmup: int = HOST_TIMING_WARMUP,
+) -> dict[str, dict]:
+    """Each plan timed as ``Session.step`` / ``Session.run`` runs it: the session's binding
+    (:func:`session_io`), the frame written into its host input buffers, one launch, the wait the
+    session uses (the step kernel's done words, else the stream), host clock around each call.
+    ``rounds`` rounds of ``calls`` calls per plan, the plans in turn within a round. Returns
+    {name: {"us_per_step": median, "p99_us", "calls"} | {"error"}}."""
+    bindings, results = {}, {}
+    for name, plan in plans.items():
+        try:
+            bindings[name] = _session_binding(plan)
+        except Exception as exc:  # reported; the other candidates are still timed
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    samples: dict[str, list[int]] = {name: [] for name in bindings}
+    clock = time.perf_counter_ns
+    try:
+        for round_index in range(rounds):
+            for name in list(bindings):
+                binding = bindings[name]
+                try:
+                    frames = [(binding.host_in[n], feeds[n].detach().cpu().numpy()) for n in binding.host_input_names]
+                    launch, wait = binding.launch, getattr(binding, "wait_host", binding.sync)
+                    times = samples[name]
+                    binding.wait_idle()
+                    for call in range(calls + (warmup if round_index == 0 else 0)):
+                        start = clock()
+                        for buffer, frame in frames:
+                            np.copyto(buffer, frame)
+                        launch()
+                        wait()
+                        if round_index or call >= warmup:
+                            times.append(clock() - start)
+                    binding.wait_idle()
+                except Exception as exc:  # this candidate is out; the others are still timed
+                    results[name] = {"error": f"host timing: {type(exc).__name__}: {str(exc)[:300]}"}
+                    del bindings[name], samples[name]
+    finally:
+        for binding in bindings.values():
+            getattr(binding, "close", lambda: None)()
+        bindings.clear()
+    for name, times in samples.items():
+        ordered = sorted(times)
+        results[name] = {
+            "us_per_step": round(statistics.median(ordered) / 1000.0, 2),
+            "p99_us": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] / 1000.0, 2),
+            "calls": len(ordered),
+        }
+    return results
+
+
 def select_plan(
     plan: Plan,
     *,
@@ -270,9 +376,11 @@ def select_plan(
     alternatives named in ``compile_also`` get compiled copies too ("<alternative>+<mode name>").
 
     Each candidate is checked against ``plan`` on random inputs (max |diff| <= PARITY_TOLERANCE,
-    else rejected) and timed captured in a CUDA graph; the fastest is returned with a report
-    {"chosen", "candidates": {name: {us_per_step | error, ...}}}. On a CPU device nothing is timed:
-    ``plan`` is returned with a note."""
+    else rejected), its device time measured captured in a CUDA graph (``device_us_per_step``)
+    and then every one timed host to host as the session runs it (``us_per_step``, the median,
+    and ``p99_us``: :func:`time_plans_host`); the fastest host to host is returned with a report
+    {"chosen", "metric", "candidates": {name: {us_per_step | error, ...}}}. On a CPU device
+    nothing is timed: ``plan`` is returned with a note."""
     say = log or (lambda message: None)
     if plan.device.type != "cuda":
         note = "build-time selection skipped: no CUDA device (the plan is used as planned)"
@@ -296,6 +404,7 @@ def select_plan(
             except Exception as exc:  # a candidate that cannot be built is reported, never fatal
                 report[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     timings: dict[str, float] = {}
+    timed: dict[str, Plan] = {}
     for name, candidate in candidates.items():
         entry = report.setdefault(name, {})
         entry["steps"] = len(candidate.steps)
@@ -308,18 +417,34 @@ def select_plan(
                 if not diff <= PARITY_TOLERANCE:
                     entry["error"] = f"rejected: max |diff| {diff:.3g} vs the plan > {PARITY_TOLERANCE}"
                     continue
-            entry.update(time_plan_graph(candidate, feeds))
-            timings[name] = entry["us_per_step"]
+            device = time_plan_graph(candidate, feeds)
+            entry["device_us_per_step"] = device["us_per_step"]
+            entry["device_samples_us"] = device["samples_us"]
+            timed[name] = candidate
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for name, result in time_plans_host(timed, feeds).items():
+        report[name].update(result)
+        if "us_per_step" in result:
+            timings[name] = result["us_per_step"]
     chosen = min(timings, key=timings.get) if timings else "plan"
     for name, entry in report.items():
-        detail = f"{entry['us_per_step']:.1f} us/step" if "us_per_step" in entry else entry.get("error", "not timed")
+        if "us_per_step" in entry:
+            detail = (
+                f"{entry['us_per_step']:.1f} us/step host to host (p99 {entry['p99_us']:.1f}), "
+                f"device {entry['device_us_per_step']:.1f}"
+            )
+        else:
+            detail = entry.get("error", "not timed")
         say(
             f"selection: {name:<18} {entry.get('steps', '?'):>4} steps  {detail}"
             + ("  <- chosen" if name == chosen else "")
         )
-    return candidates[chosen], {"chosen": chosen, "candidates": report}
+    return candidates[chosen], {
+        "chosen": chosen,
+        "metric": "host to host, as the session runs it",
+        "candidates": report,
+    }
 
 
 STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/compiler)
@@ -441,6 +566,8 @@ __all__ = [
     "example_feeds",
     "find_segments",
     "select_plan",
+    "session_io",
     "stepkernel_candidate",
     "time_plan_graph",
+    "time_plans_host",
 ]
