@@ -111,7 +111,11 @@ def test_simplification_keeps_the_meaning(arch):
     prepared = _prepared(arch)
     raw = lower_onnx(prepared.fused)
     simplified = lower_program(prepared.fused)
-    assert len(simplified.nodes()) <= len(raw.nodes())
+    from framefuse.compiler.ir import Dot
+
+    # fewer nodes, but for a normalization folded into a product: its few per-row nodes (at most 6)
+    products = sum(isinstance(n, Dot) for n in simplified.nodes())
+    assert len(simplified.nodes()) <= len(raw.nodes()) + 6 * products
     feeds = _feeds(raw, np.random.default_rng(8))
     a, b = naive.run(raw, feeds), naive.run(simplified, feeds)
     for name in a:
@@ -358,6 +362,76 @@ def test_a_graph_input_is_read_from_host_memory_only_by_its_own_task():
         assert generate_source(_prepared(arch).fused, grid=16, threads=64).source.count("ffk_load_host(in") == 1
 
 
+def _layer_norm_then_product(n: int, m: int, rng, *, bias: bool = True):
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [
+        numpy_helper.from_array((1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32), "g"),
+        numpy_helper.from_array((rng.standard_normal((n, m)) / np.sqrt(n)).astype(np.float32), "w"),
+    ]
+    ln_inputs = ["x", "g"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"))
+        ln_inputs.append("b")
+    nodes = [
+        helper.make_node("LayerNormalization", ln_inputs, ["xn"], axis=-1, epsilon=1e-5),
+        helper.make_node("MatMul", ["xn", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["layernorm", "no-shift"])
+def test_a_normalization_folds_into_the_products_that_read_it(bias):
+    """W·LayerNorm(x) becomes r·((W∘g)·x − m·Σ(W∘g)) + W·b: the product reads x, the normalized row
+    is never written, and the generated fp32 kernel (emulated) still matches ONNX Runtime when the
+    row's mean is far from zero (the subtraction after the product loses bits in proportion)."""
+    import onnxruntime as ort
+
+    from framefuse.compiler.ir import Dot
+    from framefuse.compiler.simplify import FoldNorms
+
+    n, m = 96, 40
+    rng = np.random.default_rng(3)
+    model = _layer_norm_then_product(n, m, rng, bias=bias)
+    raw, program = lower_onnx(model), lower_program(model)
+    assert sum(FoldNorms.fold(d) is not None for d in raw.nodes() if isinstance(d, Dot)) == 1
+    (product,) = [d for d in program.nodes() if isinstance(d, Dot)]
+    assert product.src.kind == "leaf" or product.src.src.kind == "leaf"  # it reads x (through a reshape at most)
+    assert not any(FoldNorms.fold(d) for d in program.nodes() if isinstance(d, Dot))  # nothing left to fold
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for offset in (0.0, 30.0):
+        frame = (offset + rng.standard_normal((1, n))).astype(np.float32)
+        (expected,) = session.run(None, {"x": frame})
+        # ORT's own fp32 LayerNorm is ~1e-5 off the float64 interpreter at a mean of 30
+        reference = naive.run(program, {"x": frame})["y"]
+        _close(reference, expected, f"interpreter, mean {offset}", tol=1e-4)
+        if cxx_compiler() is not None:
+            outputs, _ = emulate(generate(schedule(program, grid=4, threads=64)), {"x": frame[None]}, {}, steps=1)
+            _close(outputs["y"][0], expected, f"emulated kernel vs ONNX Runtime, mean {offset}", tol=1e-4)
+            _close(outputs["y"][0], reference, f"emulated kernel vs interpreter, mean {offset}", tol=1e-4)
+
+
+def test_zoo_normalizations_fold_into_their_products():
+    """Every LayerNorm that feeds products in the zoo is folded (an LSTM layer's 4 gate products
+    and the head's, mamba's in-projections...), and the kernel's tasks lose the normalizing phase."""
+    from framefuse.compiler.ir import Dot
+    from framefuse.compiler.simplify import FoldNorms, SinkSlices
+
+    for arch in ("lstm", "mamba", "attention"):
+        raw = SinkSlices(lower_onnx(_prepared(arch).fused)).run()
+        foldable = [d for d in raw.nodes() if isinstance(d, Dot) and FoldNorms.fold(d) is not None]
+        assert len(foldable) >= 3, arch
+        program = lower_program(_prepared(arch).fused)
+        assert not any(FoldNorms.fold(d) for d in program.nodes() if isinstance(d, Dot)), arch
+
+
 def test_schedule_reports_levels_tasks_and_one_kernel_source():
     prepared = _prepared("min_gru")
     kernel = generate_source(prepared.fused, grid=8, threads=128)
@@ -500,10 +574,16 @@ def test_a_block_issues_its_copies_in_its_own_task_order():
 
 def test_cheap_scalars_are_recomputed_not_given_a_phase():
     """A LayerNorm's 1/sqrt(var + eps) is recomputed by each reader once its two sums are
-    arrays: the task is stage, sums, normalized row, products, root (it had two more phases)."""
+    arrays, and the normalization is folded into the products (simplify.FoldNorms): the task is
+    stage, the sums beside the products, root (it had two phases more for the scalars and two
+    for the normalized row and its copy)."""
     kernel = generate_source(_prepared("min_gru").fused, grid=16)
     layer = kernel.schedule.tasks[2]
-    assert layer.phases() == 6
+    assert layer.phases() == 4
+    by_phase = {}
+    for unit in layer.units.values():
+        by_phase.setdefault(unit.phase, set()).add(unit.how)
+    assert by_phase[2] == {"dot", "reduce"}
     assert not [u for u in layer.arrays() if u.node.size == 1 and u.how == "thread"]
 
 
@@ -531,7 +611,8 @@ WARP_LOOP = re.compile(r"for \(int e = \w+ \+ (warp|\(\(warp \+ (\d+)\) % NWARPS
 
 def test_warp_per_element_arrays_of_a_phase_start_on_different_warps():
     """A GRU cell's three gate products (2 rows a block each) and a LayerNorm's two sums run
-    side by side on different warps, not one after another on warps 0 and 1."""
+    side by side on different warps, not one after another on warps 0 and 1 (the W·x products
+    share their phase with the sums: the normalization is folded into them)."""
     kernel = generate_source(_prepared("gru", FULL).fused, grid=132)
     layer = _task_source(kernel.source, 2)
     assert "GRUSeq" in layer.splitlines()[0]
@@ -539,8 +620,9 @@ def test_warp_per_element_arrays_of_a_phase_start_on_different_warps():
         loops = WARP_LOOP.findall(phase)
         firsts = [0 if not shift else 8 - int(shift) for _, shift in loops]  # the warp of element 0
         assert len(set(firsts)) == len(firsts), f"two arrays start on one warp: {firsts}"
+    counts = [(len(WARP_LOOP.findall(p)), p.count("ffk_warp_dot")) for p in _phases(layer)]
+    assert (3, 3) in counts and (5, 3) in counts  # R·h; W·x beside the LayerNorm's two sums
     rotated = [p for p in _phases(layer) if len(WARP_LOOP.findall(p)) == 3]
-    assert len(rotated) == 2  # the W·x and R·h gate products: warps 0, 2, 4
     assert sorted(0 if not s else 8 - int(s) for _, s in WARP_LOOP.findall(rotated[0])) == [0, 2, 4]
 
 

@@ -63,6 +63,8 @@ SCHEDULE_VARIANTS = {
     # a phase's flagged values staged before its other units are computed
     "stage-first": ("codegen", "COMPUTE_BEFORE_STAGE", False),
     "no-stagger-stage-first": [("codegen", "STAGGER_WARPS", False), ("codegen", "COMPUTE_BEFORE_STAGE", False)],
+    # each LayerNorm / RMSNorm computed as its own row before the products that read it (before 2026-11-25)
+    "no-norm-fold": ("simplify", "FOLD_NORMS", False),
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

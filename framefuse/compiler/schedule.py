@@ -1027,8 +1027,12 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                 )
                 if problems or not _computes_once(trial, node):
                     continue
-                unit = trial.units.get(out_id)
-                if unit is not None and unit.how == "dot" and unit.span * node.k > ABSORB_DOT_MACS:
+                # the products the side store brings into the host (the stored value itself, or
+                # the products under it: a normalization folded into a K row's product)
+                added = sum(
+                    u.span * u.node.k for u in trial.units.values() if u.how == "dot" and u.node.id not in host.units
+                )
+                if added > ABSORB_DOT_MACS:
                     continue
                 before = _levels_by_task(current, side_of)
                 side_of[out_id] = host_id
