@@ -390,8 +390,10 @@ def _layer_norm_then_product(n: int, m: int, rng, *, bias: bool = True):
 @pytest.mark.parametrize("bias", [True, False], ids=["layernorm", "no-shift"])
 def test_a_normalization_folds_into_the_products_that_read_it(bias):
     """W·LayerNorm(x) becomes r·((W∘g)·x − m·Σ(W∘g)) + W·b: the product reads x, the normalized row
-    is never written, and the generated fp32 kernel (emulated) still matches ONNX Runtime when the
-    row's mean is far from zero (the subtraction after the product loses bits in proportion)."""
+    is never written, and the generated fp32 kernel (emulated) still matches the float64 reference
+    and ONNX Runtime when the row's mean is far from zero. (The subtraction after the product loses
+    bits in proportion to the mean; the LayerNorm's variance is taken of the row shifted by its
+    first element, without which the kernel was 5e-4 off the reference at a mean of 100.)"""
     import onnxruntime as ort
 
     from framefuse.compiler.ir import Dot
@@ -406,16 +408,16 @@ def test_a_normalization_folds_into_the_products_that_read_it(bias):
     assert product.src.kind == "leaf" or product.src.src.kind == "leaf"  # it reads x (through a reshape at most)
     assert not any(FoldNorms.fold(d) for d in program.nodes() if isinstance(d, Dot))  # nothing left to fold
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for offset in (0.0, 30.0):
+    for offset in (0.0, 30.0, 100.0):
         frame = (offset + rng.standard_normal((1, n))).astype(np.float32)
         (expected,) = session.run(None, {"x": frame})
-        # ORT's own fp32 LayerNorm is ~1e-5 off the float64 interpreter at a mean of 30
+        # ONNX Runtime's own fp32 LayerNorm is ~1e-5 off the float64 interpreter at a mean of 30
         reference = naive.run(program, {"x": frame})["y"]
         _close(reference, expected, f"interpreter, mean {offset}", tol=1e-4)
         if cxx_compiler() is not None:
             outputs, _ = emulate(generate(schedule(program, grid=4, threads=64)), {"x": frame[None]}, {}, steps=1)
             _close(outputs["y"][0], expected, f"emulated kernel vs ONNX Runtime, mean {offset}", tol=1e-4)
-            _close(outputs["y"][0], reference, f"emulated kernel vs interpreter, mean {offset}", tol=1e-4)
+            _close(outputs["y"][0], reference, f"emulated kernel vs interpreter, mean {offset}", tol=3e-5)
 
 
 def test_zoo_normalizations_fold_into_their_products():

@@ -65,6 +65,9 @@ SCHEDULE_VARIANTS = {
     "no-stagger-stage-first": [("codegen", "STAGGER_WARPS", False), ("codegen", "COMPUTE_BEFORE_STAGE", False)],
     # each LayerNorm / RMSNorm computed as its own row before the products that read it (before 2026-11-25)
     "no-norm-fold": ("simplify", "FOLD_NORMS", False),
+    # a LayerNorm's variance as E[x²] − E[x]² of the row itself (before 2026-11-25), not of the row
+    # shifted by its first element
+    "ln-unshifted": ("lower", "LN_SHIFTED", False),
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

@@ -420,19 +420,40 @@ def _reduce(op: str, post: str | None = None, pre: str | None = None):
     return lower
 
 
+# A LayerNorm's statistics from the row shifted by its first element (see _layer_norm); off only
+# to measure it (bench/microbench/stepkernel_variants.py "ln-unshifted").
+LN_SHIFTED = True
+
+
+def _first_of_rows(x: Node, axis: int, label: str) -> Node:
+    """x[..., 0, ..., 0] over the axes from ``axis`` on, kept as size-1 axes (broadcasts back)."""
+    first = x
+    for a in range(axis, x.rank):
+        first = ir.slice_axis(first, a, 0, 1, 1, label)
+    return first
+
+
 def _layer_norm(ctx, ins):
     x, scale = as_node(ins[0], ctx.label), ins[1]
     bias = ins[2] if len(ins) > 2 else None
     axis = int(ctx.attr("axis", -1)) % x.rank
     eps = float(ctx.attr("epsilon", 1e-5))
     axes = list(range(axis, x.rank))
-    # One pass, as ONNX Runtime computes it: var = E[x²] − E[x]². The two means read only x, so
-    # they are computed side by side (one phase of the step kernel instead of two).
-    mean = ir.mean(x, axes, True, ctx.label)
+    # One pass over the row shifted by its first element: with d = x − x₀, mean = x₀ + E[d] and
+    # var = E[d²] − E[d]². The two means read only x, so they are computed side by side (one phase
+    # of the step kernel instead of two). Unshifted (E[x²] − E[x]²) the subtraction cancels when
+    # the row's mean is large against its spread: the emulated kernel was 5e-4 off the float64
+    # reference at a mean of 100 (ONNX Runtime 1.7e-4); shifted, the error follows the spread.
+    first = _first_of_rows(x, axis, ctx.label) if LN_SHIFTED else ir.constant(0.0)
+    shifted = ir.ew("sub", x, first, label=ctx.label) if LN_SHIFTED else x
+    shift_mean = ir.mean(shifted, axes, True, ctx.label)
+    mean = ir.ew("add", first, shift_mean, label=ctx.label) if LN_SHIFTED else shift_mean
     centred = ir.ew("sub", x, mean, label=ctx.label)
-    mean_square = ir.mean(ir.ew("square", x, label=ctx.label), axes, True, ctx.label)
+    mean_square = ir.mean(ir.ew("square", shifted, label=ctx.label), axes, True, ctx.label)
     var = ir.ew(
-        "max", ir.ew("sub", mean_square, ir.ew("square", mean, label=ctx.label), label=ctx.label), ir.constant(0.0)
+        "max",
+        ir.ew("sub", mean_square, ir.ew("square", shift_mean, label=ctx.label), label=ctx.label),
+        ir.constant(0.0),
     )
     inv = ir.ew("reciprocal", ir.ew("sqrt", ir.ew("add", var, ir.constant(eps), label=ctx.label), label=ctx.label))
     y = ir.ew("mul", ir.ew("mul", centred, inv, label=ctx.label), as_node(scale, ctx.label), label=ctx.label)
