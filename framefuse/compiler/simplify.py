@@ -356,7 +356,6 @@ class FoldNorms(Rebuilder):
         x = same_rows(x)
         rows = dot.rows.astype(np.float64)
         folded = (rows * scale.astype(np.float64)[None, :]).astype(np.float32)
-        total = folded.astype(np.float64).sum(axis=1).astype(np.float32)
         label = dot.label
         product = Dot(x, folded, label)
         shape = product.shape
@@ -366,6 +365,7 @@ class FoldNorms(Rebuilder):
             out = Ew("mul", [product, r], label=label)
         else:
             m = broadcast_to(reshape(mean, per_row, label), shape, label)
+            total = folded.astype(np.float64).sum(axis=1).astype(np.float32)
             sums = broadcast_to(
                 Leaf("weight", f"{label}.row_sums", total.shape, total, label=f"{label}.row_sums"), shape
             )
