@@ -10,6 +10,7 @@ A config is a plain dict::
     in_features: 64
     out_features: 32
     precision: fp32          # fp32 | fp16 | bf16 | int8
+    int8_mode: null          # int8: weights (the default) | qdq (activations too, calibrated)
     tolerance: {fp32: 1.0e-4, fp16: 1.0e-2, bf16: 3.0e-2, int8: 1.0e-1}
     seed: 0
     opset: 17                # ONNX opset of the export (>= 17)
@@ -31,6 +32,7 @@ from typing import Any
 from framefuse.errors import FrameFuseError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+INT8_MODES = ("weights", "qdq")
 MIN_OPSET = 17
 # The TorchScript exporter (torch.onnx.export(dynamo=False)) knows opsets up to 20.
 MAX_OPSET = 20
@@ -43,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "in_features": 64,
     "out_features": 32,
     "precision": "fp32",
+    "int8_mode": None,
     "tolerance": {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2, "int8": 1e-1},
     "seed": 0,
     "opset": 17,
@@ -175,6 +178,9 @@ def validate_config(cfg: Mapping[str, Any], source: str = "config", model_keys: 
                 f"{source}: 'opset' must be an integer from {MIN_OPSET} to {MAX_OPSET} "
                 f"(the TorchScript ONNX exporter's range), got {opset!r}"
             )
+
+    if cfg.get("int8_mode") not in (None, *INT8_MODES):
+        raise ConfigError(f"{source}: 'int8_mode' must be one of {list(INT8_MODES)}, got {cfg['int8_mode']!r}")
 
     if "precision" in cfg and cfg["precision"] not in PRECISIONS:
         raise ConfigError(f"{source}: 'precision' must be one of {list(PRECISIONS)}, got {cfg['precision']!r}")

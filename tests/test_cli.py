@@ -517,8 +517,8 @@ def test_build_precision_calls_convert_model_first(tmp_path, monkeypatch, capsys
     folder = _step_folder(tmp_path)
     calls = []
 
-    def convert_model(model, precision, *, calib=None, config=None):
-        calls.append((precision, calib, config))
+    def convert_model(model, precision, *, calib=None, config=None, int8_mode=None):
+        calls.append((precision, calib, config, int8_mode))
         converted = onnx.ModelProto.FromString(model.SerializeToString())
         converted.metadata_props.add(key="converted", value=precision)
         return converted
@@ -526,12 +526,14 @@ def test_build_precision_calls_convert_model_first(tmp_path, monkeypatch, capsys
     fake = types.ModuleType("framefuse.precision")
     fake.convert_model = convert_model
     fake.unsupported_reason = lambda engine, precision: None
+    fake.int8_mode_of = lambda mode, config, calib=None: mode or ("qdq" if calib else "weights")
     monkeypatch.setitem(sys.modules, "framefuse.precision", fake)
     calib = tmp_path / "frames.npz"
     calib.write_bytes(b"")
     argv = ["build", str(folder), "--engine", "onnxruntime", "--precision", "int8", "--calib", str(calib)]
     assert main([*argv, "--accuracy-frames", "0"]) == 0  # the stand-in has no accuracy report
     assert len(calls) == 1 and calls[0][:2] == ("int8", str(calib)) and calls[0][2]["seed"] == 0
+    assert calls[0][3] == "qdq"  # a calibration file asks for calibrated activations
     converted = folder / "model.int8.onnx"
     assert {p.key: p.value for p in onnx.load(str(converted)).metadata_props}["converted"] == "int8"
     metadata = json.loads((folder / "engine.ort").read_text())

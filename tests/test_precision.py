@@ -138,6 +138,59 @@ def test_fp16_runs_in_onnxruntime_and_the_cpu_executor_alike():
         assert 0 < np.abs(by_engine[name] - reference[name]).max() < 1e-2, name  # really converted, and close
 
 
+@pytest.mark.parametrize("arch", ["min_gru", "xlstm"])
+def test_fp16_of_the_unfused_export_runs_in_onnxruntime(arch):
+    """The exporter writes equal parameters once and Identity nodes for the others (every LayerNorm's
+    weight at init); one is read by a kept-fp32 LayerNorm and by converted nodes. ONNX Runtime
+    refused the converted graph (issue 19: min_gru "Type (tensor(float16)) of output arg ... of node
+    (Identity_5)", xlstm "Type parameter (T) of Optype (Mul) bound to different types")."""
+    prepared = prepare_cached(arch, SMALL)["step"]
+    model = onnx.load(str(prepared.onnx))
+    inits = {i.name for i in model.graph.initializer}
+    assert any(n.op_type == "Identity" and n.input[0] in inits for n in model.graph.node)  # the case at hand
+    converted = convert_model(model, "fp16")
+    assert not any(n.op_type == "Identity" and n.input[0] in inits for n in converted.graph.node)
+    rng = np.random.default_rng(4)
+    feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()}
+    names = [o.name for o in model.graph.output]
+    expected = dict(zip(names, _ort_plain(model).run(names, feeds)))
+    actual = dict(zip(names, _ort_plain(converted).run(names, feeds)))
+    tol = prepared.manifest["config"]["tolerance"]["fp16"]
+    for name in names:
+        assert actual[name].dtype == np.float32
+        np.testing.assert_allclose(actual[name], expected[name], atol=tol, rtol=tol, err_msg=name)
+        assert np.abs(actual[name] - expected[name]).max() > 0, name  # really converted
+
+
+def test_an_initializer_shared_by_kept_and_converted_nodes_gets_its_own_fp32_copy():
+    """A weight read by a LayerNormalization (kept fp32) and by a MatMul (converted)."""
+    w = numpy_helper.from_array(np.linspace(0.5, 1.5, 4, dtype=np.float32), "w")
+    b = numpy_helper.from_array(np.zeros(4, np.float32), "b")
+    m = numpy_helper.from_array(np.eye(4, dtype=np.float32) * 0.5, "m")
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "w", "b"], ["n"], axis=-1, name="ln"),
+        helper.make_node("Mul", ["n", "w"], ["s"], name="scale"),
+        helper.make_node("MatMul", ["s", "m"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [w, b, m],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    converted = convert_model(model, "fp16")
+    types = _types(converted)
+    ln = next(n for n in converted.graph.node if n.op_type == "LayerNormalization")
+    mul = next(n for n in converted.graph.node if n.name == "scale")
+    assert types[ln.input[1]] == TensorProto.FLOAT and types[mul.input[1]] == TensorProto.FLOAT16
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(
+        _ort_plain(converted).run(["y"], {"x": x})[0], _ort_plain(model).run(["y"], {"x": x})[0], atol=1e-2
+    )
+
+
 @pytest.mark.parametrize(("arch", "precision"), [("mamba", "fp16"), ("gated_ssm", "bf16"), ("lstm", "fp16")])
 def test_accuracy_report_over_1000_frame_rollout(arch, precision, tmp_path):
     model, prepared = _fused(arch)
@@ -233,7 +286,7 @@ def test_engine_quantize_dequantize_match_onnxruntime(scale, zero, axis, dtype):
 @pytest.mark.parametrize("arch", ["mamba", "min_lstm"])
 def test_int8_qdq_graph_matches_onnxruntime(arch):
     model, prepared = _fused(arch)
-    converted = convert_model(model, "int8", config=prepared.manifest["config"])
+    converted = convert_model(model, "int8", config=prepared.manifest["config"], int8_mode="qdq")
     ops = [n.op_type for n in converted.graph.node]
     assert ops.count("QuantizeLinear") >= 2 and ops.count("DequantizeLinear") >= 4
     inits = {i.name: numpy_helper.to_array(i) for i in converted.graph.initializer}
@@ -273,7 +326,7 @@ def test_int8_qdq_graph_matches_onnxruntime(arch):
 def test_int8_weights_only_is_dequantised_once_at_load():
     prepared = prepare_cached("min_gru", SMALL)["sequence"]
     model = onnx.load(str(prepared.onnx))  # the unfused graph: plain ONNX Runtime runs it too
-    converted = convert_model(model, "int8", config={"int8_weights_only": True})
+    converted = convert_model(model, "int8")  # the default int8 mode: weights only
     assert not any(n.op_type == "QuantizeLinear" for n in converted.graph.node)
     n_dq = sum(n.op_type == "DequantizeLinear" for n in converted.graph.node)
     assert n_dq == len(weight_gemms(model)) > 0
@@ -288,6 +341,43 @@ def test_int8_weights_only_is_dequantised_once_at_load():
     np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=1e-5)
     reference = CudaGraphEngine(model, device="cpu").run(feeds)["y"]
     assert 0 < np.abs(actual - reference).max() < 0.05
+
+
+def test_int8_modes(tmp_path):
+    """int8 is weights-only unless asked otherwise: a calibration file, int8_mode="qdq" or the config
+    asks for calibrated activations; a calibration file with mode "weights" is refused."""
+    model, prepared = _fused("min_gru")
+    config = prepared.manifest["config"]
+    path = tmp_path / "frames.npz"
+    np.savez(path, x=np.random.default_rng(2).standard_normal((8, *prepared.input_shapes()["x"])).astype(np.float32))
+
+    def quantizes_activations(m):
+        return any(n.op_type == "QuantizeLinear" for n in m.graph.node)
+
+    assert not quantizes_activations(convert_model(model, "int8"))
+    assert not quantizes_activations(convert_model(model, "int8", config=config))
+    assert quantizes_activations(convert_model(model, "int8", calib=path))
+    assert quantizes_activations(convert_model(model, "int8", int8_mode="qdq"))
+    assert quantizes_activations(convert_model(model, "int8", config={**config, "int8_mode": "qdq"}))
+    assert quantizes_activations(convert_model(model, "int8", config={**config, "int8_weights_only": False}))
+    with pytest.raises(PrecisionError, match="calibrates activations") as info:
+        convert_model(model, "int8", calib=path, int8_mode="weights")
+    assert "\n" not in str(info.value)
+    with pytest.raises(PrecisionError, match="unknown int8 mode 'int4'"):
+        convert_model(model, "int8", int8_mode="int4")
+    with pytest.raises(PrecisionError, match="is for precision int8, not fp16"):
+        convert_model(model, "fp16", int8_mode="qdq")
+
+
+def test_the_report_gives_the_reference_margins_and_names_them_in_a_failure():
+    model, _ = _fused("min_gru")
+    report = accuracy_report(model, convert_model(model, "bf16"), frames=200, precision="bf16", min_agreement=1.01)
+    m = report.margins
+    assert m is not None and 0 <= m["p1"] <= m["p10"] <= m["p50"]
+    assert any("top-2 margin p1" in line for line in report.failures())
+    assert "top-2 margin" in report.table()
+    again = type(report).from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again.margins == report.margins
 
 
 def test_int8_with_a_user_calibration_file(tmp_path):
@@ -447,6 +537,73 @@ def test_build_with_a_bad_calibration_file(tmp_path, capsys, case):
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
+def test_build_int8_mode_on_the_command_line(tmp_path, capsys):
+    from framefuse.cli import main
+
+    folder = _step_folder(tmp_path)
+    calib = tmp_path / "frames.npz"
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    np.savez(calib, x=np.random.default_rng(2).standard_normal((8, *prepared.input_shapes()["x"])).astype(np.float32))
+    before = sorted(p.name for p in folder.iterdir())
+    base = ["build", str(folder), "--engine", "cuda-graph", "--device", "cpu"]
+    assert main([*base, "--precision", "int8", "--int8-mode", "weights", "--calib", str(calib)]) == 2
+    assert "calibrates activations" in _the_error(capsys.readouterr().err)
+    assert main([*base, "--precision", "fp16", "--int8-mode", "qdq"]) == 2
+    assert "--int8-mode is for --precision int8" in _the_error(capsys.readouterr().err)
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert main([*base, "--precision", "int8", "--accuracy-frames", "50", "--accuracy-tolerance", "1"]) == 0
+    report = json.loads((folder / "accuracy.int8.json").read_text())
+    assert "int8 mode: weights" in report["notes"]
+    converted = onnx.load(str(folder / "model.fused.int8.onnx"))
+    assert not any(n.op_type == "QuantizeLinear" for n in converted.graph.node)
+
+
+def test_a_build_that_fails_after_the_conversion_leaves_nothing(tmp_path, capsys):
+    """ONNX Runtime refuses a fused graph given by name; the converted graph and its accuracy
+    report written before the build are removed."""
+    from framefuse.cli import main
+
+    folder = _step_folder(tmp_path)
+    before = sorted(p.name for p in folder.iterdir())
+    argv = ["build", str(folder / "model.fused.onnx"), "--engine", "onnxruntime", "--precision", "fp16"]
+    assert main([*argv, "--accuracy-frames", "20"]) == 2
+    assert "framefuse nodes" in _the_error(capsys.readouterr().err)
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+ZOO = ["min_gru", "min_lstm", "gru", "lstm", "gated_ssm", "liquid", "attention", "delta_net", "mamba", "jamba", "xlstm"]
+COMBOS = [
+    ("fp16", "onnxruntime"),
+    ("fp16", "cuda-graph"),
+    ("bf16", "cuda-graph"),
+    ("int8", "onnxruntime"),
+    ("int8", "cuda-graph"),
+]
+
+
+@pytest.mark.parametrize("arch", ZOO)
+def test_every_precision_and_engine_builds_or_refuses_in_one_line(arch, tmp_path, capsys):
+    """What a user can type, from the artifact folder: the build succeeds (the converted graph, its
+    accuracy report and the engine written) or the accuracy gate refuses it (exit 3, one line,
+    nothing written). Nothing else: no crash, no converter or ONNX Runtime type error."""
+    from framefuse.cli import main
+
+    folder = _step_folder(tmp_path, arch)
+    for precision, engine in COMBOS:
+        before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+        argv = ["build", str(folder), "--engine", engine, "--device", "cpu", "--precision", precision, "-q"]
+        code = main([*argv, "--accuracy-frames", "100"])
+        err = capsys.readouterr().err
+        assert code in (0, 3), (arch, precision, engine, err)
+        if code == 3:
+            assert "build rejected" in _the_error(err), (arch, precision, engine, err)
+            assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before, (arch, precision, engine)
+        else:
+            assert (folder / f"accuracy.{precision}.json").is_file(), (arch, precision, engine)
+            suffix = ".ort" if engine == "onnxruntime" else ".ffe"
+            assert (folder / f"engine{suffix}").is_file(), (arch, precision, engine)
+
+
 def test_build_refuses_a_precision_the_engine_cannot_run(tmp_path, capsys):
     from framefuse.cli import main
 
@@ -470,7 +627,7 @@ def test_ort_qdq_fusion_is_turned_off_where_its_int8_kernels_saturate(monkeypatc
     from framefuse.parity import ort_bridge
 
     model, prepared = _fused("min_lstm")
-    converted = convert_model(model, "int8", config=prepared.manifest["config"])
+    converted = convert_model(model, "int8", config=prepared.manifest["config"], int8_mode="qdq")
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     cases = [({"avx2", "fma"}, converted, True), ({"avx2", "avx512_vnni"}, converted, False), ({"avx2"}, model, False)]
     for flags, graph, off in cases:

@@ -57,7 +57,17 @@ def register(subparsers) -> argparse.ArgumentParser:
         default="fp32",
         help="convert the graph first (framefuse.precision); default fp32: as exported",
     )
-    parser.add_argument("--calib", metavar="FILE", help="calibration frames (.npz) for --precision int8")
+    parser.add_argument(
+        "--int8-mode",
+        choices=["weights", "qdq"],
+        default=None,
+        help="--precision int8: weights (default) quantizes the weights per output channel and keeps "
+        "activations and state in fp32, no calibration; qdq also quantizes activations, calibrated on "
+        "--calib (default with --calib)",
+    )
+    parser.add_argument(
+        "--calib", metavar="FILE", help="calibration frames (.npz) for --precision int8 --int8-mode qdq"
+    )
     parser.add_argument(
         "--accuracy-frames",
         type=non_negative_int,
@@ -163,7 +173,15 @@ def resolve_source(source: str, engine: str = "cuda-graph", fused: bool = False)
 
 
 def convert_precision(
-    source: Path, precision: str, calib: str | None, out_dir: Path, log, *, engine: str | None = None, gate=None
+    source: Path,
+    precision: str,
+    calib: str | None,
+    out_dir: Path,
+    log,
+    *,
+    engine: str | None = None,
+    gate=None,
+    int8_mode: str | None = None,
 ) -> Path:
     """``source`` converted by framefuse.precision.convert_model, saved as model.<precision>.onnx
     in ``out_dir`` (so the artifact records it as its source); fp32 is ``source`` itself.
@@ -173,6 +191,8 @@ def convert_precision(
     written beside as accuracy.<precision>.json."""
     from framefuse.engines.base import EngineBuildError
 
+    if precision != "int8" and int8_mode is not None:
+        raise EngineBuildError(f"--int8-mode is for --precision int8, not {precision}")
     if precision == "fp32":
         if calib:
             raise EngineBuildError("--calib is for --precision int8")
@@ -197,7 +217,13 @@ def convert_precision(
     reason = unsupported_reason(engine, precision) if engine else None
     if reason is not None:
         raise EngineBuildError(reason)
-    model = convert_model(onnx.load(str(source)), precision, calib=calib, config=config)
+    label = precision
+    if precision == "int8":
+        from framefuse.precision import int8_mode_of
+
+        int8_mode = int8_mode_of(int8_mode, config, calib=calib)
+        label = f"int8 ({int8_mode})"
+    model = convert_model(onnx.load(str(source)), precision, calib=calib, config=config, int8_mode=int8_mode)
     report = None
     if gate is not None and gate[0] > 0:
         from framefuse.precision import AccuracyError, accuracy_report
@@ -205,17 +231,19 @@ def convert_precision(
         frames, tolerance = gate
         if tolerance is None:
             tolerance = ((config or {}).get("tolerance") or {}).get(precision)
-        log(f"accuracy gate: {precision} vs fp32 over {frames} frames ...")
+        log(f"accuracy gate: {label} vs fp32 over {frames} frames ...")
         report = accuracy_report(source, model, frames=frames, precision=precision, tolerance=tolerance)
+        if int8_mode is not None:
+            report.notes.append(f"int8 mode: {int8_mode}")
         if not report.passed:
-            raise AccuracyError(f"{source}: {precision} build rejected, " + "; ".join(report.failures()))
+            raise AccuracyError(f"{source}: {label} build rejected, " + "; ".join(report.failures()))
         log(report.table())
     stem = source.name.removesuffix(".onnx")
     target = out_dir / f"{stem}.{precision}.onnx"
     artifact.write_atomic(target, lambda raw: raw.write(model.SerializeToString()))
     if report is not None:
         report.write(out_dir / f"accuracy.{precision}.json")
-    log(f"precision: {source.name} -> {target} ({precision})")
+    log(f"precision: {source.name} -> {target} ({label})")
     return target
 
 
@@ -307,11 +335,26 @@ def run(args) -> int:
     out = Path(args.out) if args.out else source.parent
     out_dir = out if out.suffix != kind.suffix else out.parent
     gate = (getattr(args, "accuracy_frames", 1000), getattr(args, "accuracy_tolerance", None))
-    source = convert_precision(source, args.precision, args.calib, out_dir, log, engine=engine, gate=gate)
+    source = convert_precision(
+        source,
+        args.precision,
+        args.calib,
+        out_dir,
+        log,
+        engine=engine,
+        gate=gate,
+        int8_mode=getattr(args, "int8_mode", None),
+    )
     backend = get_backend(engine)
     log(f"building the {engine} engine of {source} ...")
     start = time.perf_counter()
-    runner = backend.build(source, out=out, precision=args.precision, device=args.device, options=options, log=log)
+    try:
+        runner = backend.build(source, out=out, precision=args.precision, device=args.device, options=options, log=log)
+    except BaseException:
+        if args.precision != "fp32":  # the converted graph and its accuracy report go with the failed build
+            source.unlink(missing_ok=True)
+            (out_dir / f"accuracy.{args.precision}.json").unlink(missing_ok=True)
+        raise
     seconds = time.perf_counter() - start
     target = runner.artifact_path
     check = getattr(args, "check", None)

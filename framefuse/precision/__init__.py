@@ -15,6 +15,8 @@ from framefuse._lazy import lazy_getattr
 
 _EXPORTS = {
     "PRECISIONS": "framefuse.precision.convert",
+    "INT8_MODES": "framefuse.precision.convert",
+    "int8_mode_of": "framefuse.precision.convert",
     "convert_model": "framefuse.precision.convert",
     "to_low_precision": "framefuse.precision.convert",
     "unsupported_reason": "framefuse.precision.convert",

@@ -65,6 +65,9 @@ class AccuracyReport:
     min_agreement: float = MIN_AGREEMENT
     engines: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: Percentiles (p1, p10, p50) of the reference's top-2 margin of the policy output (its largest
+    #: value minus the second largest) over the compared rows: how close to a tie the decisions are.
+    margins: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -80,9 +83,15 @@ class AccuracyReport:
         if self.argmax_agreement is not None and self.argmax_agreement < self.min_agreement:
             lines.append(
                 f"{self.policy_output}: argmax agrees on {100 * self.argmax_agreement:.2f}% of frames "
-                f"(need {100 * self.min_agreement:.1f}%)"
+                f"(need {100 * self.min_agreement:.1f}%{self._margin_text()})"
             )
         return lines
+
+    def _margin_text(self) -> str:
+        if not self.margins:
+            return ""
+        m = self.margins
+        return f"; fp32 top-2 margin p1 {m['p1']:.3g}, p10 {m['p10']:.3g}, p50 {m['p50']:.3g}"
 
     def to_dict(self) -> dict:
         def clean(value):
@@ -138,6 +147,8 @@ class AccuracyReport:
                 f"{r['precision']:<9}  {r['output']:<24}  {r['max_abs']:>9.3g}  {r['max_rel']:>9.3g}  "
                 f"{r['tolerance']:>7.0e}  {agree:>7}  {'yes' if r['passed'] else 'NO'}"
             )
+        if self.margins:
+            lines.append(f"{self.policy_output}: {self._margin_text().removeprefix('; ')}")
         lines.append(
             f"({self.form} form, {self.frames} frames, seed {self.seed}; {'passed' if self.passed else 'FAILED'})"
         )
@@ -281,6 +292,7 @@ def accuracy_report(
         count = min(count, frames)
     stats: dict[str, _Stats] = {}
     agree = total = 0
+    margins: list[np.ndarray] = []
     carried_ref = {n: np.zeros(specs[n][0], specs[n][1]) for n in states if n not in arrays}
     carried_cand = {n: v.copy() for n, v in carried_ref.items()}
     for t in range(count):
@@ -301,6 +313,10 @@ def accuracy_report(
         for name, value in out_ref.items():
             stats.setdefault(name, _Stats()).add(value, out_cand[name], tol)
         if policy_output is not None:
+            reference_logits = np.asarray(out_ref[policy_output], dtype=np.float64)
+            if reference_logits.shape[-1] >= 2:
+                top2 = np.sort(reference_logits, axis=-1)[..., -2:]
+                margins.append((top2[..., 1] - top2[..., 0]).ravel())
             a = np.argmax(out_ref[policy_output], axis=-1)
             b = np.argmax(np.asarray(out_cand[policy_output], dtype=np.float32), axis=-1)
             agree += int((a == b).sum())
@@ -323,7 +339,17 @@ def accuracy_report(
         min_agreement=min_agreement,
         engines={"reference": ref.engine, "candidate": cand.engine},
         notes=notes,
+        margins=_margin_percentiles(margins),
     )
+
+
+def _margin_percentiles(margins: list[np.ndarray]) -> dict | None:
+    values = np.concatenate(margins) if margins else np.empty(0)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return None
+    p1, p10, p50 = np.percentile(values, [1, 10, 50])
+    return {"p1": float(p1), "p10": float(p10), "p50": float(p50)}
 
 
 def _seq_len(specs: Mapping) -> int:

@@ -35,9 +35,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from framefuse.config import INT8_MODES, PRECISIONS
 from framefuse.precision.errors import PrecisionError
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 FRAMEFUSE_DOMAIN = "framefuse"
 
 KEEP_FP32_OPS = (
@@ -65,12 +65,16 @@ def convert_model(
     calib=None,
     config: Mapping | None = None,
     keep_fp32: Iterable[str] = (),
+    int8_mode: str | None = None,
 ) -> onnx.ModelProto:
     """``model`` in ``precision``: "fp32" returns it unchanged; "fp16"/"bf16" storage conversion
-    (:func:`to_low_precision`); "int8" Q/DQ post-training quantization calibrated on ``calib`` (a .npz
-    path or a mapping of arrays, leading axis = frames) or on inputs drawn from ``config``'s seed
-    (:func:`framefuse.precision.quantize.quantize_int8`). ``keep_fp32`` (or ``config["keep_fp32"]``):
-    extra op types / node names left in fp32. Raises PrecisionError / CalibrationError; never writes."""
+    (:func:`to_low_precision`); "int8" (:func:`framefuse.precision.quantize.quantize_int8`) in one of
+    :data:`INT8_MODES` (:func:`int8_mode_of`): "weights", int8 weights per output channel and fp32
+    activations and state (the default: no calibration, the state stays accurate), or "qdq", weights
+    and activations through Q/DQ calibrated on ``calib`` (a .npz path or a mapping of arrays, leading
+    axis = frames) or on inputs drawn from ``config``'s seed. ``keep_fp32`` (or
+    ``config["keep_fp32"]``): extra op types / node names left in fp32. Raises PrecisionError /
+    CalibrationError; never writes."""
     if not isinstance(model, onnx.ModelProto):
         if isinstance(model, (str, Path)):
             model = _load(Path(model))
@@ -79,6 +83,8 @@ def convert_model(
     if precision not in PRECISIONS:
         raise PrecisionError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     keep = list(keep_fp32) + list((config or {}).get("keep_fp32") or []) + policy_head(model)
+    if int8_mode is not None and precision != "int8":
+        raise PrecisionError(f"an int8 mode is for precision int8, not {precision}")
     if precision == "fp32":
         if calib is not None:
             raise PrecisionError("a calibration file is for precision int8, not fp32")
@@ -90,7 +96,31 @@ def convert_model(
         return to_low_precision(model, precision, keep_fp32=keep)
     from framefuse.precision.quantize import quantize_int8
 
-    return quantize_int8(model, calib=calib, config=config, keep_fp32=keep)
+    mode = int8_mode_of(int8_mode, config, calib=calib)
+    return quantize_int8(model, calib=calib, config=config, keep_fp32=keep, weights_only=mode == "weights")
+
+
+def int8_mode_of(int8_mode: str | None, config: Mapping | None = None, *, calib=None) -> str:
+    """The int8 mode a build runs: ``int8_mode`` when given, else ``config["int8_mode"]`` (or the
+    older ``config["int8_weights_only"]``), else "qdq" when a calibration set is given (it calibrates
+    activations; nothing else reads it) and "weights" otherwise. A calibration set with mode
+    "weights" is refused: it would be silently ignored."""
+    config = config or {}
+    mode = int8_mode
+    if mode is None and "int8_mode" in config:
+        mode = config["int8_mode"]
+    if mode is None and "int8_weights_only" in config:
+        mode = "weights" if config["int8_weights_only"] else "qdq"
+    if mode is None:
+        mode = "qdq" if calib is not None else "weights"
+    if mode not in INT8_MODES:
+        raise PrecisionError(f"unknown int8 mode {mode!r}: use one of {', '.join(INT8_MODES)}")
+    if mode == "weights" and calib is not None:
+        raise PrecisionError(
+            "a calibration file calibrates activations, which int8 mode 'weights' leaves in fp32: "
+            "drop it, or use int8 mode 'qdq'"
+        )
+    return mode
 
 
 def policy_head(model: onnx.ModelProto, output: str = "y") -> list[str]:
@@ -258,6 +288,7 @@ def to_low_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Itera
     for i, node in enumerate(graph.node):
         if not node.name:
             node.name = _unique(f"{node.op_type}_{i}", taken)
+    _inline_constant_identities(graph)
     recurrence = recurrence_nodes(work)
     block_nodes = [
         node.name
@@ -265,6 +296,8 @@ def to_low_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Itera
         if i in recurrence or node.domain == FRAMEFUSE_DOMAIN or node.name in keep or node.op_type in keep
     ]
     block_ops = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(KEEP_FP32_OPS) | (keep & _op_types(graph)))
+    blocked_names, blocked_ops = set(block_nodes), set(block_ops)
+    _split_mixed_initializers(graph, lambda node: node.name in blocked_names or node.op_type in blocked_ops)
     originals = {
         init.name: numpy_helper.to_array(init) for init in graph.initializer if init.data_type == TensorProto.FLOAT
     }
@@ -289,6 +322,79 @@ def to_low_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Itera
     _drop_dead_casts(converted)
     onnx.checker.check_model(converted)
     return converted
+
+
+def _inline_constant_identities(graph) -> None:
+    """``Identity(initializer)`` becomes an initializer of its own (a copy under the Identity's
+    output name). The torchscript exporter writes a weight shared by several modules (equal
+    LayerNorm parameters) as one initializer and Identity nodes; the converter then keeps the
+    initializer fp32 for a kept-fp32 reader but declares the Identity's output fp16, and ONNX
+    Runtime refuses the graph (issue 19). As separate initializers each follows its own readers."""
+    inits = {i.name: i for i in graph.initializer}
+    outputs = {o.name for o in graph.output} | _subgraph_reads(graph)
+    copies = []
+    kept = []
+    for node in graph.node:
+        if (
+            node.op_type == "Identity"
+            and node.domain in ("", "ai.onnx")
+            and node.input[0] in inits
+            and node.output[0] not in outputs
+        ):
+            copy = TensorProto()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            copies.append(copy)
+        else:
+            kept.append(node)
+    if not copies:
+        return
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(copies)
+    names = {c.name for c in copies}
+    vis = [vi for vi in graph.value_info if vi.name not in names]
+    del graph.value_info[:]
+    graph.value_info.extend(vis)
+
+
+def _split_mixed_initializers(graph, kept_fp32) -> None:
+    """An fp32 initializer read both by nodes kept in fp32 and by nodes the converter converts gets
+    a copy for the kept ones: the converter retypes an initializer for all of its readers or none,
+    and a shared one left fp32 reaches a converted node without a Cast (ONNX Runtime: "Type
+    parameter (T) ... bound to different types")."""
+    inits = {i.name: i for i in graph.initializer if i.data_type == TensorProto.FLOAT}
+    sub = _subgraph_reads(graph)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name in inits and name not in sub:
+                readers.setdefault(name, []).append(node)
+    taken = {i.name for i in graph.initializer} | {
+        n for node in graph.node for n in list(node.input) + list(node.output)
+    }
+    for name, nodes in readers.items():
+        kept = [node for node in nodes if kept_fp32(node)]
+        if not kept or len(kept) == len(nodes):
+            continue
+        copy = TensorProto()
+        copy.CopyFrom(inits[name])
+        copy.name = _unique(f"{name}/fp32", taken)
+        graph.initializer.append(copy)
+        for node in kept:
+            for k, value in enumerate(node.input):
+                if value == name:
+                    node.input[k] = copy.name
+
+
+def _subgraph_reads(graph) -> set[str]:
+    """Every name read inside the subgraphs (Loop / If / Scan bodies) of ``graph``'s nodes."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                names |= {name for inner in sub.node for name in inner.input} | _subgraph_reads(sub)
+    return names
 
 
 def _op_types(graph) -> set[str]:

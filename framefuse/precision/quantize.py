@@ -85,13 +85,13 @@ def quantize_int8(
     frames: int = calibration.DEFAULT_FRAMES,
 ) -> onnx.ModelProto:
     """int8 Q/DQ graph of ``model`` (see the module docstring). ``calib``: a .npz path, a mapping of
-    arrays (leading axis = frames), or None (seeded standard-normal frames). ``weights_only`` (or
-    ``config["int8_weights_only"]``) skips activation quantization."""
+    arrays (leading axis = frames), or None (seeded standard-normal frames). ``weights_only`` (None:
+    ``convert.int8_mode_of``'s choice) skips activation quantization and calibration."""
     if weights_only is None:
-        weights_only = bool((config or {}).get("int8_weights_only", False))
+        from framefuse.precision.convert import int8_mode_of
+
+        weights_only = int8_mode_of(None, config, calib=calib) == "weights"
     work = _named(model)
-    # The calibration set is checked first even for weights_only: a bad file is an error either way.
-    arrays = calibration.resolve(calib, work, config=config, frames=frames)
     gemms = weight_gemms(work, keep_fp32)
     if not gemms:
         raise PrecisionError(
@@ -100,6 +100,7 @@ def quantize_int8(
         )
     if weights_only:
         return _weights_only(work, gemms)
+    arrays = calibration.resolve(calib, work, config=config, frames=frames)
     ranges = _calibrate(work, arrays, gemms)
     return _quantize_static(work, gemms, ranges)
 

@@ -113,8 +113,8 @@ def test_precision_latency_column(arch):
         "fp32": model,
         "fp16": convert_model(model, "fp16"),
         "bf16": convert_model(model, "bf16"),
-        "int8-w": convert_model(model, "int8", config={**config, "int8_weights_only": True}),
-        "int8-qdq": convert_model(model, "int8", config=config),
+        "int8-w": convert_model(model, "int8", config=config, int8_mode="weights"),
+        "int8-qdq": convert_model(model, "int8", config=config, int8_mode="qdq"),
     }
     rows = []
     for label, graph in variants.items():
