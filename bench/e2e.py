@@ -770,11 +770,15 @@ def finish_row(row: dict) -> None:
 # sections
 
 
-def prepare_artifacts(arch: str, *, work: Path, embed: int, layers: int, seq: int, seed: int) -> dict:
-    """export (both forms) → rewrite → model.fused.onnx; returns per form the paths and reports."""
+def prepare_artifacts(
+    arch: str, *, work: Path, embed: int, layers: int, seq: int, seed: int, weights: str = "random"
+) -> dict:
+    """export (both forms) → rewrite → model.fused.onnx; returns per form the paths and reports.
+    ``weights``: random (the latency sections: every engine runs the same weights, untrained) or
+    trained (the precision section)."""
     from framefuse.runtime.pipeline import prepare
 
-    config = {"model": {"embed": embed, "layers": layers}, "seq": seq, "batch": 1, "seed": seed}
+    config = {"model": {"embed": embed, "layers": layers}, "seq": seq, "batch": 1, "seed": seed, "weights": weights}
     forms = {}
     for form, p in prepare(arch, work, config).items():
         entry = {
@@ -825,8 +829,7 @@ class Runner:
 def run_zoo(runner: Runner, archs: list[str], work: Path) -> None:
     import torch
 
-    from framefuse.config import model_config
-    from framefuse.exporter.loading import build_zoo_model
+    from framefuse.exporter.loading import zoo_model
 
     args, settings = runner.args, runner.settings
     for n, arch in enumerate(archs, 1):
@@ -841,7 +844,7 @@ def run_zoo(runner: Runner, archs: list[str], work: Path) -> None:
             runner.error(f"zoo {arch}: export failed: {_error(exc)}")
             continue
         cfg = forms["step"]["manifest"]["config"]
-        model = build_zoo_model(arch, model_config(cfg), int(cfg["seed"])).to(settings.device).eval()
+        model = zoo_model(arch, cfg).to(settings.device).eval()  # the weights the export has
         for form in runner.forms:
             for key in ("fused_ops", "fused_error"):
                 if key in forms[form]:
@@ -949,8 +952,14 @@ def run_precision(runner: Runner, archs: list[str], precisions: list[str], work:
             continue
         say(f"[precision {n}/{len(archs)}] {arch}: export → rewrite (step form)")
         try:
-            forms = prepare_artifacts(
-                arch, work=work / "precision", embed=args.embed, layers=args.layers, seq=args.seq, seed=args.seed
+            forms = prepare_artifacts(  # trained: an accuracy report on random weights measures near-ties
+                arch,
+                work=work / "precision",
+                embed=args.embed,
+                layers=args.layers,
+                seq=args.seq,
+                seed=args.seed,
+                weights="trained",
             )
         except Exception as exc:  # noqa: BLE001
             runner.error(f"precision {arch}: export failed: {_error(exc)}")
@@ -990,6 +999,7 @@ def run_precision(runner: Runner, archs: list[str], precisions: list[str], work:
                 source = entry["fused"]
                 if precision != "fp32":
                     from framefuse.precision import accuracy_report, convert_model, unsupported_reason
+                    from framefuse.precision.accuracy import gate_inputs
 
                     reason = unsupported_reason("cuda-graph", precision)
                     if reason:
@@ -999,9 +1009,17 @@ def run_precision(runner: Runner, archs: list[str], precisions: list[str], work:
                     row["convert_s"] = time.perf_counter() - start
                     tolerance = (config.get("tolerance") or {}).get(precision)
                     start = time.perf_counter()
+                    inputs, inputs_note = gate_inputs(manifest, args.accuracy_frames)
                     report = accuracy_report(
-                        source, converted, frames=args.accuracy_frames, precision=precision, tolerance=tolerance
+                        source,
+                        converted,
+                        frames=args.accuracy_frames,
+                        precision=precision,
+                        tolerance=tolerance,
+                        calib=inputs,
                     )
+                    if inputs_note:
+                        report.notes.append(inputs_note)
                     row["accuracy_s"] = time.perf_counter() - start
                     row["accuracy"] = accuracy_summary(report)
                     target = Path(source).with_name(f"model.fused.{precision}.onnx")

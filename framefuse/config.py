@@ -13,6 +13,8 @@ A config is a plain dict::
     int8_mode: null          # int8: weights (the default) | qdq (activations too, calibrated)
     tolerance: {fp32: 1.0e-4, fp16: 1.0e-2, bf16: 3.0e-2, int8: 1.0e-1}
     seed: 0
+    weights: trained         # zoo: trained (seeded init + the synthetic game task) | random (seeded init)
+    checkpoint: null         # a state_dict file (.pt) loaded over the model's weights (any model)
     opset: 17                # ONNX opset of the export (>= 17)
 
 ``model_config(cfg)`` is what a zoo model is built from: the ``model`` section plus
@@ -48,8 +50,13 @@ DEFAULTS: dict[str, Any] = {
     "int8_mode": None,
     "tolerance": {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2, "int8": 1e-1},
     "seed": 0,
+    "weights": "trained",
+    "checkpoint": None,
     "opset": 17,
 }
+#: ``weights``: how a zoo model gets its weights. trained: seeded init, then the small training on
+#: the synthetic game task (framefuse.models.training, cached); random: the seeded init only.
+WEIGHTS = ("trained", "random")
 
 #: Top-level keys whose value must be a positive integer.
 _POSITIVE_INTS = ("batch", "seq", "in_features", "out_features")
@@ -178,6 +185,12 @@ def validate_config(cfg: Mapping[str, Any], source: str = "config", model_keys: 
                 f"{source}: 'opset' must be an integer from {MIN_OPSET} to {MAX_OPSET} "
                 f"(the TorchScript ONNX exporter's range), got {opset!r}"
             )
+
+    if "weights" in cfg and cfg["weights"] not in WEIGHTS:
+        raise ConfigError(f"{source}: 'weights' must be one of {list(WEIGHTS)}, got {cfg['weights']!r}")
+
+    if cfg.get("checkpoint") is not None and (not isinstance(cfg["checkpoint"], str) or not cfg["checkpoint"]):
+        raise ConfigError(f"{source}: 'checkpoint' must be a file path, got {cfg['checkpoint']!r}")
 
     if cfg.get("int8_mode") not in (None, *INT8_MODES):
         raise ConfigError(f"{source}: 'int8_mode' must be one of {list(INT8_MODES)}, got {cfg['int8_mode']!r}")

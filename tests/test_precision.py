@@ -230,6 +230,63 @@ def test_accuracy_report_fails_beyond_tolerance_and_names_the_output():
     assert same.passed and all(o.max_abs == 0 for o in same.outputs) and same.argmax_agreement == 1.0
 
 
+def _accumulator_graph() -> onnx.ModelProto:
+    """next_state.s = state.s + x; y = [100 + s, s] (a large logit beside a small one)."""
+    nodes = [
+        helper.make_node("Add", ["state.s", "x"], ["next_state.s"]),
+        helper.make_node("Add", ["next_state.s", "hundred"], ["big"]),
+        helper.make_node("Concat", ["big", "next_state.s"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "accumulator",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1]),
+            helper.make_tensor_value_info("state.s", TensorProto.FLOAT, [1, 1]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2]),
+            helper.make_tensor_value_info("next_state.s", TensorProto.FLOAT, [1, 1]),
+        ],
+        [numpy_helper.from_array(np.full((1, 1), 100.0, np.float32), "hundred")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+class _Offset:
+    """A candidate that adds ``offset`` to its next state and ``y_offset`` to y[..., 1] every step."""
+
+    def __init__(self, model, offset=0.0, y_offset=0.0):
+        self.engine = CudaGraphEngine(model, device="cpu")
+        self.offset, self.y_offset = offset, y_offset
+
+    def run(self, feeds):
+        out = dict(self.engine.run(feeds))
+        out["next_state.s"] = out["next_state.s"] + np.float32(self.offset)
+        y = out["y"].copy()
+        y[..., 1] += np.float32(self.y_offset)
+        out["y"] = y
+        return out
+
+
+def test_the_gate_is_per_step_and_norm_wise_and_reports_the_drift():
+    """Tolerance is checked on each step from the reference's state, norm-wise per output: an error
+    of 0.5 on y's small element passes beside a logit of 100 at tol 0.01 (0.01 * (1 + 100)), 2.0
+    does not. A per-step error that accumulates in the candidate's own rollout is drift: reported,
+    not gated."""
+    model = _accumulator_graph()
+    calib = {"x": np.full((200, 1, 1), 0.001, np.float32)}
+    near = accuracy_report(model, _Offset(model, y_offset=0.5), frames=200, tolerance=0.01, calib=calib)
+    assert near.passed and near.argmax_agreement == 1.0
+    far = accuracy_report(model, _Offset(model, y_offset=2.0), frames=200, tolerance=0.01, calib=calib)
+    assert not far.passed and any(line.startswith("y: max |diff| 2") for line in far.failures())
+    drifting = accuracy_report(model, _Offset(model, offset=0.005), frames=200, tolerance=0.01, calib=calib)
+    assert drifting.passed  # each step is 0.005 off the reference's next state
+    assert drifting.drift["next_state.s"] == pytest.approx(1.0, rel=1e-3)  # 200 steps of 0.005
+    step = next(o for o in drifting.outputs if o.name == "next_state.s")
+    assert step.max_abs == pytest.approx(0.005, rel=1e-3)
+
+
 def test_accuracy_report_takes_runners():
     model, _ = _fused("min_gru")
     engine = CudaGraphEngine(model, device="cpu")

@@ -209,9 +209,11 @@ def convert_precision(
     from framefuse.engines import artifact
 
     config = None
+    manifest_data: dict = {}
     manifest = source.parent / "manifest.json"
     if manifest.is_file():
-        config = (json.loads(manifest.read_text()) or {}).get("config")
+        manifest_data = json.loads(manifest.read_text()) or {}
+        config = manifest_data.get("config")
     from framefuse.precision import unsupported_reason
 
     reason = unsupported_reason(engine, precision) if engine else None
@@ -231,8 +233,15 @@ def convert_precision(
         frames, tolerance = gate
         if tolerance is None:
             tolerance = ((config or {}).get("tolerance") or {}).get(precision)
+        from framefuse.exporter.loading import describe_weights
+        from framefuse.precision.accuracy import gate_inputs
+
+        inputs, inputs_note = gate_inputs(manifest_data, frames)
         log(f"accuracy gate: {label} vs fp32 over {frames} frames ...")
-        report = accuracy_report(source, model, frames=frames, precision=precision, tolerance=tolerance)
+        report = accuracy_report(source, model, frames=frames, precision=precision, tolerance=tolerance, calib=inputs)
+        report.notes.append(f"weights: {describe_weights(manifest_data.get('weights'))}")
+        if inputs_note:
+            report.notes.append(inputs_note)
         if int8_mode is not None:
             report.notes.append(f"int8 mode: {int8_mode}")
         if not report.passed:

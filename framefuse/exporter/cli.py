@@ -118,6 +118,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     cfg.add_argument("--layers", type=_positive_int, metavar="N", help="number of layers (default 2)")
     cfg.add_argument("--seed", type=_non_negative_int, metavar="N", help="seed of the weights and the check inputs")
     cfg.add_argument(
+        "--weights",
+        choices=["trained", "random"],
+        help="zoo architectures: trained (default: the seeded init trained on a synthetic game task, a few "
+        "seconds to a minute on a CPU, cached) or random (the seeded init)",
+    )
+    cfg.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="a state_dict (.pt, torch.save of model.state_dict()) loaded over the model's weights, zoo or file",
+    )
+    cfg.add_argument(
         "--set",
         action="append",
         default=[],
@@ -135,7 +146,18 @@ def _overrides(args) -> dict:
     for text in args.set:
         key, value = parse_override(text)
         overrides[key] = value
-    for key in ("opset", "seed", "batch", "seq", "in_features", "out_features", "embed", "layers"):
+    for key in (
+        "opset",
+        "seed",
+        "batch",
+        "seq",
+        "in_features",
+        "out_features",
+        "embed",
+        "layers",
+        "weights",
+        "checkpoint",
+    ):
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
@@ -174,7 +196,7 @@ def run(args) -> int:
     overrides = _overrides(args)
     with progress(args, "loading config") as update:
         from framefuse.exporter.export import export_forms
-        from framefuse.exporter.loading import check_arch, split_model_spec
+        from framefuse.exporter.loading import check_arch, describe_weights, split_model_spec
 
         if args.model is not None:
             split_model_spec(args.model)  # FILE.py:FACTORY, or a clear error
@@ -213,6 +235,7 @@ def run(args) -> int:
         for r in results:
             print(f"  {r.name}: {r.model_path}  (+ manifest.json)")
             print(f"    {_exporter_line(r.manifest.get('exporter') or {})}")
+            print(f"    weights: {describe_weights(r.manifest.get('weights'))}")
     if getattr(args, "quiet", False):
         for r in results:
             print(r.model_path)

@@ -47,7 +47,13 @@ from framefuse.exporter.errors import (
     ShapeError,
     UnsupportedOperatorError,
 )
-from framefuse.exporter.loading import build_zoo_model, is_model_file_spec, load_user_model, model_label
+from framefuse.exporter.loading import (
+    apply_weights,
+    build_zoo_model,
+    is_model_file_spec,
+    load_user_model,
+    model_label,
+)
 from framefuse.rewrite.normalize import fix_negative_transpose_perms
 
 FORMS = ("sequence", "step")
@@ -517,8 +523,10 @@ def prepare_export(
     name: str | None = None,
     progress: Progress | None = None,
     exporter: str = "auto",
+    weights: dict | None = None,
 ) -> PreparedExport:
     """Export, check and compare in memory. ``config`` must be complete (see resolve_config).
+    ``weights``: the account of the model's weights for the manifest (loading.apply_weights).
 
     ``exporter``: ``"torchscript"``, ``"dynamo"`` or ``"auto"`` (see the module docstring); the
     manifest's ``exporter`` entry says which one produced the graph and why another failed."""
@@ -682,6 +690,7 @@ def prepare_export(
         "ir_version": proto.ir_version,
         "exporter": {"requested": exporter, "used": used, "failed": tried},
         "config": json.loads(cfg_json),
+        "weights": weights or {"source": "not recorded (prepare_export called without an account)"},
         "framefuse_version": framefuse.__version__,
         "model_file": "model.onnx",
         "sha256": hashlib.sha256(final).hexdigest(),
@@ -870,6 +879,7 @@ def export_forms(
     say = progress or (lambda _msg: None)
     say("building the model")
     model, label = resolve_model(model_or_arch, cfg)
+    weights = apply_weights(model, arch_hint, cfg, progress=say)
     if arch_hint is None:
         cfg = {**cfg, "arch": label}
     if forms is None:
@@ -881,7 +891,14 @@ def export_forms(
             form_name = name if form == "sequence" or len(forms) == 1 else f"{name}-step"
         prepared.append(
             prepare_export(
-                model, form=form, config=cfg, arch=label, name=form_name, progress=progress, exporter=exporter
+                model,
+                form=form,
+                config=cfg,
+                arch=label,
+                name=form_name,
+                progress=progress,
+                exporter=exporter,
+                weights=weights,
             )
         )
     say("writing artifacts")

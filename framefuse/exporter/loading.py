@@ -51,6 +51,97 @@ def build_zoo_model(arch: str, model_config: Mapping[str, Any], seed: int):
     return model.eval()
 
 
+def zoo_model(arch: str, cfg: Mapping[str, Any], *, progress=None):
+    """The zoo model a config describes, with the weights it asks for (:func:`apply_weights`):
+    what ``framefuse export --arch`` exports, for peers and references that must match it."""
+    from framefuse.config import model_config
+
+    model = build_zoo_model(arch, model_config(cfg), int(cfg["seed"]))
+    apply_weights(model, arch, cfg, progress=progress)
+    return model
+
+
+def apply_weights(model, arch: str | None, cfg: Mapping[str, Any], *, progress=None) -> dict:
+    """Give ``model`` the weights ``cfg`` asks for and return the manifest's account of them:
+    ``checkpoint`` (a state_dict file, any model) wins; a model given as an object or made by a
+    file's factory keeps its own;
+    a zoo model is trained on the synthetic game task (``weights: trained``, cached; see
+    framefuse.models.training) or keeps its seeded init (``weights: random``)."""
+    checkpoint = cfg.get("checkpoint")
+    if checkpoint:
+        return load_checkpoint(model, Path(checkpoint))
+    if arch is None:  # ``weights`` is a zoo key: a model object or a file's factory keeps its own
+        return {"source": "given"}
+    seed = int(cfg["seed"])
+    if cfg.get("weights", "trained") == "random":
+        return {"source": "random", "seed": seed}
+    import torch
+
+    from framefuse.config import model_config
+    from framefuse.models import training
+
+    task = training.task_for(cfg)
+    with torch.random.fork_rng(devices=[]):
+        state, summary = training.trained_state_dict(arch, model, model_config(cfg), seed, task, progress=progress)
+    model.load_state_dict(state)
+    model.eval()
+    return {"source": "trained", "seed": seed, **summary}
+
+
+def load_checkpoint(model, path: Path) -> dict:
+    """``path``'s state_dict loaded over ``model`` (strict); one line naming the file and the first
+    keys or shapes that do not fit."""
+    import torch
+
+    if not path.is_file():
+        raise ModelLoadError(f"checkpoint not found: {path}")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises several types for a bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{path}: not a readable torch checkpoint ({first})") from None
+    if isinstance(data, Mapping) and not any(isinstance(v, torch.Tensor) for v in data.values()):
+        data = data.get("state_dict", data.get("model", data))
+    if not isinstance(data, Mapping) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise ModelLoadError(f"{path}: expected a state_dict (names -> tensors), got {type(data).__name__}")
+    wanted = model.state_dict()
+    missing = [k for k in wanted if k not in data]
+    unexpected = [k for k in data if k not in wanted]
+    shapes = [
+        f"{k} {list(data[k].shape)} (model {list(wanted[k].shape)})"
+        for k in wanted
+        if k in data and tuple(data[k].shape) != tuple(wanted[k].shape)
+    ]
+    problems = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
+        if items:
+            more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+            problems.append(f"{label}: {', '.join(items[:3])}{more}")
+    if problems:
+        raise ModelLoadError(f"{path}: does not fit the model ({'; '.join(problems)})")
+    model.load_state_dict(data)
+    model.eval()
+    return {"source": "checkpoint", "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def describe_weights(weights: Mapping | None) -> str:
+    """One line for reports: which weights a manifest's model had."""
+    weights = weights or {}
+    source = weights.get("source")
+    if source == "trained":
+        return (
+            f"trained on the synthetic game task ({weights.get('steps')} steps, loss {weights.get('loss_first')} -> "
+            f"{weights.get('loss_last')}, seed {weights.get('seed')})"
+        )
+    if source == "random":
+        return f"seeded random init (seed {weights.get('seed')}), not trained"
+    if source == "checkpoint":
+        return f"checkpoint {weights.get('path')}"
+    if source == "given":
+        return "the model's own (as given or as its factory made them)"
+    return "not recorded"
+
+
 def split_model_spec(spec: str) -> tuple[Path, str]:
     if ":" not in spec:
         raise ModelLoadError(f"--model expects FILE.py:FACTORY (e.g. my_model.py:make_model), got '{spec}'")

@@ -4,6 +4,7 @@
 rewrites each into ``model.fused.onnx`` next to it and returns what was made. A rewrite failure is
 recorded (``fused_error``), not raised: the unfused graph still runs everywhere.
 ``prepare_cached`` does the same once per process and configuration (tests share the exports).
+Both export the seeded random weights unless the config asks for ``weights: trained``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def prepare(arch: str, out_dir, config: dict | None = None, *, rewrite: bool = T
     from framefuse.exporter import export_forms
 
     out_dir = Path(out_dir)
+    # Tests and latency benchmarks compare engines on the same weights, trained or not; the seeded
+    # init keeps them from training every configuration they use. {"weights": "trained"} asks.
+    config = {"weights": "random", **(config or {})}
     results = export_forms(arch, forms=["sequence", "step"], config=config, out_dir=out_dir)
     prepared: dict[str, PreparedForm] = {}
     for result in results:
@@ -84,9 +88,8 @@ def prepare_cached(arch: str, config: dict | None = None, *, rewrite: bool = Tru
 
 
 def torch_model(prepared: PreparedForm, device="cpu"):
-    """The zoo's torch model with exactly the weights that were exported (same config, same seed)."""
-    from framefuse.config import model_config
-    from framefuse.exporter.loading import build_zoo_model
+    """The zoo's torch model with exactly the weights that were exported (same config, same seed,
+    the same training or checkpoint)."""
+    from framefuse.exporter.loading import zoo_model
 
-    cfg = prepared.manifest["config"]
-    return build_zoo_model(prepared.arch, model_config(cfg), int(cfg["seed"])).to(device).eval()
+    return zoo_model(prepared.arch, prepared.manifest["config"]).to(device).eval()
