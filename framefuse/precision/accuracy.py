@@ -302,6 +302,8 @@ def accuracy_report(
     if calib is not None:
         arrays = calibration.resolve(calib, model)
         available = next(iter(arrays.values())).shape[0]
+        if form == "sequence":
+            available *= _seq_len(specs)  # runs of T frames
         if available < frames:
             notes.append(f"the calibration set has {available} frames; compared over those")
     else:
