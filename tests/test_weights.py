@@ -88,6 +88,18 @@ def test_export_trains_by_default_and_says_so(tmp_path):
     np.testing.assert_allclose(_run(result.model_path, feeds)[0], y.numpy(), atol=1e-5, rtol=1e-5)
 
 
+def test_a_manifest_from_before_the_weights_key_rebuilds_the_seeded_init(tmp_path, weights_cache):
+    (result,) = export_forms("min_gru", forms=["step"], config={**TINY, "weights": "random"}, out_dir=tmp_path)
+    old_config = {k: v for k, v in result.manifest["config"].items() if k not in ("weights", "checkpoint")}
+    model = zoo_model("min_gru", old_config)
+    init = build_zoo_model(
+        "min_gru", model_config(load_config(arch="min_gru", overrides={"embed": 16, "layers": 1})), 0
+    )
+    for name, value in init.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert not weights_cache.exists() or not any(weights_cache.iterdir())  # nothing was trained
+
+
 def test_a_checkpoint_is_loaded_over_the_model(tmp_path):
     cfg = load_config(arch="gru", overrides={"embed": 16, "layers": 1})
     donor = build_zoo_model("gru", model_config(cfg), 5)  # other seed: other weights

@@ -73,7 +73,9 @@ def apply_weights(model, arch: str | None, cfg: Mapping[str, Any], *, progress=N
     if arch is None:  # ``weights`` is a zoo key: a model object or a file's factory keeps its own
         return {"source": "given"}
     seed = int(cfg["seed"])
-    if cfg.get("weights", "trained") == "random":
+    # A complete config always names its weights; one without the key is a manifest written before
+    # the zoo was trained, whose weights were the seeded init.
+    if cfg.get("weights", "random") == "random":
         return {"source": "random", "seed": seed}
     import torch
 
