@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 from framefuse.cli import non_negative_int, positive_float
+from framefuse.config import INT8_MODES, PRECISIONS
 from framefuse.engines.registry import ENGINE_NAMES, ENGINES
-
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 EXAMPLES = """\
 examples:
@@ -59,7 +58,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--int8-mode",
-        choices=["weights", "qdq"],
+        choices=INT8_MODES,
         default=None,
         help="--precision int8: weights (default) quantizes the weights per output channel and keeps "
         "activations and state in fp32, no calibration; qdq also quantizes activations, calibrated on "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from framefuse.config import WEIGHTS
 from framefuse.errors import FrameFuseError
 
 EXAMPLES = """\
@@ -119,7 +120,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     cfg.add_argument("--seed", type=_non_negative_int, metavar="N", help="seed of the weights and the check inputs")
     cfg.add_argument(
         "--weights",
-        choices=["trained", "random"],
+        choices=WEIGHTS,
         help="zoo architectures: trained (default: the seeded init trained on a synthetic game task, a few "
         "seconds to a minute on a CPU, cached) or random (the seeded init)",
     )
