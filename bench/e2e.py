@@ -1300,6 +1300,14 @@ def precision_section(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _measured_lengths(results: dict, cfg: dict) -> str:
+    """The sequence lengths the rows hold ("1", "1 and 32"): a run of one form measured one."""
+    lengths = sorted({int(r["T"]) for key in ("rows", "real_rows") for r in results.get(key, []) if "T" in r})
+    if not lengths:
+        lengths = [1, int(cfg["seq"])]
+    return " and ".join(str(t) for t in lengths)
+
+
 def markdown(results: dict) -> str:
     env = results["environment"]
     cfg = results["config"]
@@ -1315,7 +1323,7 @@ def markdown(results: dict) -> str:
         + f" · framefuse {env['framefuse_version']} · {results['created']}",
         "",
         f"Settings: sections {', '.join(results.get('sections', ['zoo']))}; zoo embed {cfg['embed']}, "
-        f"{cfg['layers']} layers, batch 1, T = 1 and {cfg['seq']}; {cfg['iters']} timed calls after {cfg['warmup']} "
+        f"{cfg['layers']} layers, batch 1, T = {_measured_lengths(results, cfg)}; {cfg['iters']} timed calls after {cfg['warmup']} "
         f"warm-up calls per engine; kernel profile over {cfg.get('profile_calls', '—')} calls; fp32 everywhere "
         "(TF32 off).",
     ]

@@ -21,6 +21,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+
+def _clock_watchdog(source: str) -> str:
+    out = source.replace("unsigned polls = 0;", "const long long start = clock64();")
+    out = out.replace("if (++polls > FFK_POLL_LIMIT) __trap();", "if (clock64() - start > (1ll << 31)) __trap();")
+    if out.count("clock64() - start") != 2:
+        raise SystemExit("clock-watchdog: the flag waits of runtime.cuh are not where this variant expects them")
+    return out
+
+
 SOURCE_VARIANTS = {
     "baseline": lambda s: s,
     # the helpers inlined at every call site are most of the code: call them instead
@@ -43,6 +52,8 @@ SOURCE_VARIANTS = {
         r'asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(\1), "r"(epoch) : "memory");',
         s,
     ),
+    # the flag waits' watchdog as it was before 2026-11-25 (2^31 clock64 cycles, not a count of polls)
+    "clock-watchdog": lambda s: _clock_watchdog(s),
 }
 # compiler settings: (module of framefuse.compiler, constant, value), or a list of them
 SCHEDULE_VARIANTS = {

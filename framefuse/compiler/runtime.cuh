@@ -47,16 +47,23 @@ FFK_DEVICE void ffk_ll_store(unsigned long long* p, float v, unsigned epoch) {
     const unsigned long long word = ((unsigned long long)epoch << 32) | (unsigned long long)__float_as_uint(v);
     asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(word) : "memory");
 }
-// A value that never arrives is a compiler bug; after ~2^31 cycles (about a second) the kernel
-// traps, so the launch fails with an error instead of hanging the GPU.
+// A value that never arrives is a compiler bug: after FFK_POLL_LIMIT polls the kernel traps, so the
+// launch fails with an error instead of hanging the GPU. The limit counts polls, not time: a poll is
+// at least one L2 round trip (~0.15 us on an H100, so >= 2.5 s of polling), and a block whose context
+// is switched out does not poll, so a GPU time-sliced with other processes (the sanitizers' 28
+// processes did it with the former 2^31-cycle clock64 limit: clock64 counts while switched out) does
+// not fire it while the producer of the value is merely waiting for its turn.
+#ifndef FFK_POLL_LIMIT
+#define FFK_POLL_LIMIT (1u << 24)
+#endif
 FFK_DEVICE float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     unsigned long long word;
     asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
     if ((unsigned)(word >> 32) != epoch) {
-        const long long start = clock64();
+        unsigned polls = 0;
         do {
             asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
-            if (clock64() - start > (1ll << 31)) __trap();
+            if (++polls > FFK_POLL_LIMIT) __trap();
         } while ((unsigned)(word >> 32) != epoch);
     }
     return __uint_as_float((unsigned)word);
@@ -97,7 +104,7 @@ FFK_DEVICE void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long*
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) late |= p[u] != nullptr && (unsigned)(w[u] >> 32) != epoch;
         if (late) {
-            const long long start = clock64();
+            unsigned polls = 0;
             do {
                 late = false;
 #pragma unroll
@@ -107,7 +114,7 @@ FFK_DEVICE void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long*
                         late = true;
                     }
                 }
-                if (clock64() - start > (1ll << 31)) __trap();
+                if (++polls > FFK_POLL_LIMIT) __trap();
             } while (late);
         }
 #pragma unroll
