@@ -79,6 +79,11 @@ SCHEDULE_VARIANTS = {
     # a LayerNorm's variance as E[x²] − E[x]² of the row itself (before 2026-11-25), not of the row
     # shifted by its first element
     "ln-unshifted": ("lower", "LN_SHIFTED", False),
+    # values of constants computed in the kernel (before 2026-11-25's FoldConstants)
+    "no-const-fold": ("simplify", "FOLD_CONSTANTS", False),
+    # every product row a warp, however short (before 2026-11-25's lane segments)
+    "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
+    "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
@@ -101,7 +106,7 @@ VARIANTS = {**SOURCE_VARIANTS, **SCHEDULE_VARIANTS}
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--archs", default="min_gru,mamba")
+    parser.add_argument("--archs", default="min_gru,mamba", help="zoo architectures; real:NAME for tests/real_models")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -117,7 +122,14 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="ff-variants-"))
     rows = []
     for arch in args.archs.split(","):
-        prepared = prepare(arch, root / arch)["step"]
+        if arch.startswith("real:"):  # a benchmarked real model at T = 1 (bench/e2e.py --section real)
+            from types import SimpleNamespace
+
+            from tests.real_models.flow import fuse_real_model
+
+            prepared = SimpleNamespace(fused=fuse_real_model(arch[5:], 1, root).fused_path)
+        else:
+            prepared = prepare(arch, root / arch)["step"]
         compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
         plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
         feeds = example_feeds(plan)

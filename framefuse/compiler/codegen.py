@@ -798,16 +798,46 @@ class Generator:
         em.top.insert(f"{acc} = ffk_seg_{node.op}<{lanes}>({acc});")
         em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
 
+    def _dot_lanes(self, unit: Unit) -> int:
+        """Lanes per element of a product array: a warp each, unless a row has fewer float4
+        loads than half a warp has lanes (a row of 64 floats: 16) and the block has more rows
+        than warps, so that segments of a warp take a row each (see ffk_seg_dot)."""
+        if not SEGMENTED_DOT or unit.span <= self.nwarps:
+            return WARP_LANES
+        k = unit.node.k
+        loads = k // 4 if k % 4 == 0 else k
+        lanes = WARP_LANES
+        while lanes > 1 and lanes >= 2 * loads:
+            lanes //= 2
+        return lanes
+
     def _dot(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         node: Dot = unit.node
         uid = node.id
         src = task.units[node.src.id]
         k = node.k
         lay = self.layout
-        code.items.append(f"// array {_name(node)} {list(node.shape)}: dot products of {k}, a warp per element")
-        loop = Code(f"for (int e = {self._from(t, uid)} + {self._first_warp(unit)}; e < hi{uid}; e += NWARPS)")
-        code.items.append(_ONCE)
-        code.items.append(loop)
+        lanes = self._dot_lanes(unit)
+        if lanes < WARP_LANES:
+            per_warp = WARP_LANES // lanes
+            code.items.append(
+                f"// array {_name(node)} {list(node.shape)}: dot products of {k}, {lanes} lanes per element"
+            )
+            loop = Code(
+                f"for (int e0 = {self._from(t, uid)} + warp * {per_warp}; e0 < hi{uid}; e0 += NWARPS * {per_warp})"
+            )
+            code.items.append(_ONCE)
+            code.items.append(loop)
+            # every lane takes part in the shuffles: a segment past the end computes row e0's
+            # product again (in bounds) and stores nothing
+            loop.items.append(f"const int sub = lane & {lanes - 1}, e1 = e0 + (lane >> {lanes.bit_length() - 1});")
+            loop.items.append(f"const bool live = e1 < hi{uid};")
+            loop.items.append("const int e = live ? e1 : e0;")
+        else:
+            code.items.append(f"// array {_name(node)} {list(node.shape)}: dot products of {k}, a warp per element")
+            loop = Code(f"for (int e = {self._from(t, uid)} + {self._first_warp(unit)}; e < hi{uid}; e += NWARPS)")
+            code.items.append(_ONCE)
+            code.items.append(loop)
         loop.items.append(f"const int m = e / {node.n}, n = e % {node.n};")
         loop.items.append(f"const float* x = {self.arr(t, src.node.id)} + (m * {k} - lo{src.node.id});")
         pf = lay.prefetch.get((t, uid))
@@ -817,6 +847,10 @@ class Generator:
         else:
             loop.items.append(f"const float* w = ffk_w + {lay.weights[node.weight.id]} + n * {k};")
         aligned = "true" if k % 4 == 0 else "false"
+        if lanes < WARP_LANES:
+            loop.items.append(f"const float acc = ffk_seg_dot<{k}, {lanes}, {aligned}>(x, w, sub);")
+            loop.items.append(f"if (sub == 0 && live) {self.arr(t, uid)}[e - lo{uid}] = acc;")
+            return
         loop.items.append(f"const float acc = ffk_warp_dot<{k}, {aligned}>(x, w, lane);")
         loop.items.append(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = acc;")
 
@@ -891,6 +925,7 @@ _ONCE = "#pragma unroll 1"
 WARP_SPLIT_MIN = 32  # a root reduction at least this long is split over a warp's lanes
 WARP_LANES = 32
 SEGMENTED_REDUCE = True  # reduction arrays with more elements than a block's warps share the warps out
+SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
 COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run before its staging
 STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on different warps (see _first_warp)
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of

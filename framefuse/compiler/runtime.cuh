@@ -328,3 +328,32 @@ FFK_DEVICE float ffk_warp_dot(const float* x, const float* w, int lane) {
     }
     return ffk_warp_sum(acc);
 }
+// The same over segments of L lanes (L a power of two < 32, `sub` the lane's index in its segment):
+// a row of K floats needs K/4 float4 loads, so a warp-wide dot of a short row (K = 32: 8 loads)
+// leaves most lanes idle and pays five shuffles; 32 / L rows a warp share them out instead.
+template <int K, int L, bool ALIGNED4>
+FFK_DEVICE float ffk_seg_dot(const float* x, const float* w, int sub) {
+    float acc = 0.0f;
+    if (ALIGNED4) {
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+        constexpr int N4 = K / 4, J = (N4 + L - 1) / L;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int k = sub + L * j;
+            if (N4 % L == 0 || k < N4) {
+                const float4 a = x4[k];
+                const float4 b = w4[k];
+                acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+        }
+    } else {
+        constexpr int J = (K + L - 1) / L;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int k = sub + L * j;
+            if (K % L == 0 || k < K) acc += x[k] * w[k];
+        }
+    }
+    return ffk_seg_sum<L>(acc);
+}

@@ -38,3 +38,63 @@ def test_real_model_compiles_and_its_ir_matches_onnxruntime(name, export_root):
     for out in names:
         err = np.abs(actual[out] - expected[out]) / (1 + np.abs(expected[out]))
         assert err.max() <= 1e-4, f"{name} {out}: max rel diff {err.max():.3g}"
+
+
+@pytest.mark.parametrize("name", ["torch_lstm_bidir", "torch_gru_bidir"])
+def test_products_of_the_zero_initial_state_fold_away(name, export_root):
+    """nn.LSTM / nn.GRU exported without an initial state multiply their recurrent weights by
+    zeros: the compiler computes those products once, at compile time (simplify.FoldConstants),
+    and what is left means the same."""
+    import framefuse.compiler.simplify as simplify
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.ir import Dot, Leaf
+
+    run = fuse_real_model(name, 1, export_root)
+    folded = lower_program(run.fused_path)
+    try:
+        simplify.FOLD_CONSTANTS = False
+        unfolded = lower_program(run.fused_path)
+    finally:
+        simplify.FOLD_CONSTANTS = True
+
+    def products(program):
+        return [n for n in program.nodes() if isinstance(n, Dot)]
+
+    def constant(node):
+        return isinstance(node, Leaf) and node.role in ("weight", "const")
+
+    assert any(constant(d.src) for d in products(unfolded)), "the export no longer has a zero initial state"
+    assert not any(constant(d.src) for d in products(folded))
+    assert len(products(folded)) < len(products(unfolded))
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in folded.inputs.items()}
+    a, b = naive.run(folded, feeds), naive.run(unfolded, feeds)
+    for out in a:
+        np.testing.assert_allclose(a[out], b[out], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["torch_lstm_bidir", "torch_gru_bidir"])
+def test_short_row_products_run_in_lane_segments_under_emulation(name, export_root):
+    """Their products have rows of 64 floats, more rows a block than warps: segments of 16
+    lanes take a row each (codegen._dot_lanes, runtime ffk_seg_dot). The generated source run on
+    the CPU (compiler/emulate.py; ThreadSanitizer over its shared memory for the LSTM) equals the
+    reference interpreter."""
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.schedule import schedule
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulation")
+    run = fuse_real_model(name, 1, export_root)
+    program = lower_program(run.fused_path)
+    kernel = generate(schedule(program, grid=8, threads=128))
+    assert "16 lanes per element" in kernel.source and "ffk_seg_dot<64, 16, true>" in kernel.source
+    rng = np.random.default_rng(2)
+    steps = 2
+    frames = {n: rng.standard_normal((steps, *leaf.shape)).astype(np.float32) for n, leaf in program.inputs.items()}
+    outputs, _ = emulate(kernel, frames, {}, steps=steps, races=name == "torch_lstm_bidir")
+    for s in range(steps):
+        expected = naive.run(program, {n: v[s] for n, v in frames.items()})
+        for out, value in expected.items():
+            np.testing.assert_allclose(outputs[out][s], value, rtol=2e-5, atol=2e-6, err_msg=f"{name} {out} step {s}")
