@@ -830,3 +830,39 @@ def test_cpu_build_with_select_stepkernel_falls_back_with_a_note():
     engine = CudaGraphEngine(onnx.load(str(prepared.fused)), device="cpu", select="stepkernel")
     selection = engine.metadata["selection"]
     assert selection["chosen"] == "plan" and "needs a CUDA device" in selection["skipped"]
+
+
+@needs_cxx
+@pytest.mark.parametrize("k, lanes", [(64, 16), (24, 8), (10, 16), (3, 4), (1, 1)])
+def test_short_product_rows_run_in_lane_segments(k, lanes, tmp_path):
+    """A product whose rows are shorter than a warp's loads, with more rows a block than warps,
+    gives each row a segment of lanes (codegen._dot_lanes / runtime ffk_seg_dot): float4 loads
+    when the row is a multiple of 4 floats, single floats otherwise, rows past the end computed
+    again and not stored. The emulated kernel equals the interpreter; a product of a constant input
+    is folded away at compile time (simplify.FoldConstants) and the kernel's output still includes it."""
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(k)
+    m = 37  # rows: 19 and 18 on two blocks of 2 warps, the last segment of a warp past the end
+    model = _graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["p"]),
+            helper.make_node("MatMul", ["zero", "r"], ["q"]),  # a constant input: folded
+            helper.make_node("Add", ["p", "q"], ["s"]),
+            helper.make_node("Tanh", ["s"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", f32, [1, k])],
+        [helper.make_tensor_value_info("y", f32, [1, m])],
+        [
+            numpy_helper.from_array(rng.standard_normal((k, m)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.zeros((1, 5), np.float32), "zero"),
+            numpy_helper.from_array(rng.standard_normal((5, m)).astype(np.float32), "r"),
+        ],
+    )
+    program = lower_program(model)
+    from framefuse.compiler.ir import Dot
+
+    assert len([n for n in program.nodes() if isinstance(n, Dot)]) == 1, "the product of zeros was not folded"
+    kernel = generate(schedule(program, grid=2, threads=64))
+    assert f"dot products of {k}, {lanes} lanes per element" in kernel.source
+    assert f"ffk_seg_dot<{k}, {lanes}, {'true' if k % 4 == 0 else 'false'}>" in kernel.source
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
