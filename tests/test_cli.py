@@ -484,9 +484,14 @@ def test_build_errors_are_one_line(tmp_path, capsys):
     assert main(["build", str(folder), "--engine", "onnxruntime", "--framefuse-impl", "reference"]) == 2
     assert "option of the cuda-graph engine" in _the_error(capsys.readouterr().err)
     assert main(["build", str(folder), "--engine", "tvm"]) == 2  # argparse: not a choice
-    if importlib.util.find_spec("tensorrt") is None:
+    if importlib.util.find_spec("tensorrt") is None and importlib.util.find_spec("tensorrt_rtx") is None:
         assert main(["build", str(folder), "--engine", "tensorrt"]) == 2
         assert "tensorrt" in _the_error(capsys.readouterr().err)
+    elif importlib.util.find_spec("tensorrt") is None:
+        # TensorRT for RTX builds the folder's fused graph (its plugin layers in a child process)
+        assert main(["build", str(folder), "--engine", "tensorrt", "--out", str(tmp_path / "trt"), "-q"]) == 0
+        assert (tmp_path / "trt" / "engine.plan").is_file()
+        capsys.readouterr()
     if importlib.util.find_spec("framefuse.precision") is None:
         assert main(["build", str(folder), "--engine", "cuda-graph", "--device", "cpu", "--precision", "fp16"]) == 2
         assert "not available yet" in _the_error(capsys.readouterr().err)

@@ -9,10 +9,17 @@ NVIDIA's documented API and was NOT run here (no GPU; tensorrt_rtx refuses compu
 and full tensorrt cannot be installed on the lab machines).
 
 Fused graphs (``framefuse``-domain nodes) need the plugins of framefuse/plugins/tensorrt_plugins.py.
-tensorrt_rtx 1.7's ONNX parser finds a registered Python IPluginV3 creator and then aborts the
-whole process (SIGABRT, "terminate called without an active exception"), so with tensorrt_rtx such
-graphs are refused before parsing with an EngineBuildError; with full tensorrt the creators are
-registered and the parser imports the nodes as plugin layers (not run here).
+tensorrt_rtx 1.7's ONNX parser, on meeting a plugin node, dlopens ``libtensorrt_rtx.so`` by that
+name; the wheel ships only ``libtensorrt_rtx.so.1``, the parser's ``std::runtime_error("Unable to
+open library ...")`` is caught by nobody and the process ends with SIGABRT ("terminate called
+without an active exception"). A symlink with the unversioned name in a folder on
+``LD_LIBRARY_PATH`` *when the process starts* (the loader reads it once) lets the parser find the
+library already loaded and import the nodes as plugin layers. :func:`build_plan` makes that link
+(``rtx_parser_library_dir``) and, when this process cannot load the library by that name, builds
+in a child process started with the folder on ``LD_LIBRARY_PATH``: the user never has to. A
+crash of the child is an EngineBuildError naming the signal, never the end of the caller's
+process. With full tensorrt the creators are registered and the nodes parse in-process (not run
+here).
 """
 
 from __future__ import annotations
@@ -50,14 +57,16 @@ INSTALL_HINT = (
 # keys `options` may hold; anything else is an error (a typo must not be silently ignored)
 OPTIONS = ("workspace", "timing_cache", "builder_optimization_level", "compute_capabilities", "cuda_graph", "verbose")
 
-# tensorrt_rtx aborts the interpreter when its parser meets a registered Python plugin (see module
-# docstring); this is the one-line reason given instead.
+# tensorrt_rtx's parser needs its library under the unversioned name (see the module docstring);
+# when no such link can be made, this is the one-line reason given instead of the abort.
 RTX_PLUGIN_REFUSAL = (
-    "TensorRT for RTX {version} cannot build framefuse plugin nodes ({ops}): its ONNX parser finds the "
-    "registered Python IPluginV3 creator, then aborts the process (SIGABRT), and tensorrt_rtx.plugin "
-    "(AOT plugins) is not in its wheel; build the unfused graph (model.onnx) or use full TensorRT "
-    "(`pip install tensorrt`)"
+    "TensorRT for RTX {version} cannot build framefuse plugin nodes ({ops}): its ONNX parser loads "
+    "libtensorrt_rtx.so by that name and aborts the process when it cannot ({why}); build the unfused "
+    "graph (model.onnx) or use full TensorRT (`pip install tensorrt`)"
 )
+RTX_LIBRARY = "libtensorrt_rtx.so"
+# the child that builds a plan with the parser's library on LD_LIBRARY_PATH (see build_plan)
+CHILD_TIMEOUT_S = 1800
 
 _TRT: tuple[Any, str] | None = None
 _TRT_ERRORS: list[str] = []
@@ -116,6 +125,31 @@ def framefuse_ops(model: onnx.ModelProto) -> list[str]:
     return sorted({n.op_type for n in model.graph.node if n.domain == "framefuse"})
 
 
+def plugin_input_holes(model: onnx.ModelProto) -> list[str]:
+    """One line per framefuse node with an absent optional input before a present one: TensorRT's
+    parser hands a plugin layer no empty input (tensorrt_rtx 1.7: "addPluginV3: ... (input) !=
+    nullptr"), and the plugins read their inputs by position, so such a node cannot be a plugin
+    layer yet (mamba's step form: SelectiveScan without D, z and dt_bias, with the state h0)."""
+    from framefuse.plugins.registry import get_schema
+
+    lines = []
+    for node in model.graph.node:
+        if node.domain != "framefuse":
+            continue
+        inputs = list(node.input)
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        holes = [i for i, name in enumerate(inputs) if not name]
+        if holes:
+            specs = get_schema(node.op_type).inputs
+            names = ", ".join(specs[i].name if i < len(specs) else f"#{i}" for i in holes)
+            lines.append(
+                f"node '{node.name}' ({node.op_type}): optional input(s) {names} absent before "
+                f"{specs[len(inputs) - 1].name if len(inputs) <= len(specs) else 'a later one'}"
+            )
+    return lines
+
+
 def plugin_versions(ops: Sequence[str]) -> dict[str, str]:
     from framefuse.plugins import tensorrt_plugins as tp
 
@@ -156,13 +190,28 @@ def build_plan(
     options = _check_options(options)
     say = log or (lambda _msg: None)
     ops = framefuse_ops(model)
+    holes = plugin_input_holes(model)
+    if holes:
+        raise EngineBuildError(
+            f"{flavour} {trt.__version__}: TensorRT plugin layers take no empty inputs: " + "; ".join(holes)
+        )
     if ops:
-        if flavour == "tensorrt_rtx":
-            raise EngineBuildError(RTX_PLUGIN_REFUSAL.format(version=trt.__version__, ops=", ".join(ops)))
+        if flavour == "tensorrt_rtx" and not _parser_library_loadable():
+            try:
+                folder = rtx_parser_library_dir(trt)
+            except EngineBuildError as exc:
+                raise EngineBuildError(
+                    RTX_PLUGIN_REFUSAL.format(version=trt.__version__, ops=", ".join(ops), why=exc)
+                ) from exc
+            return _build_plan_in_child(model, options, timing_cache, folder, say)
         from framefuse.plugins import tensorrt_plugins as tp
 
         tp.register_creators(trt)
         say(f"registered framefuse plugin creators for {', '.join(ops)}")
+        renamed = {op: tp.trt_plugin_name(op) for op in ops if tp.trt_plugin_name(op) != op}
+        if renamed:  # the parser would import these as its own layers (see TRT_PLUGIN_NAMES)
+            model = _renamed_ops(model, renamed)
+            say("parsed as plugins under TensorRT names: " + ", ".join(f"{a} -> {b}" for a, b in renamed.items()))
 
     logger = trt.Logger(trt.Logger.VERBOSE if options.get("verbose") else trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -220,6 +269,131 @@ def build_plan(
         "layers": network.num_layers,
     }
     return data, facts
+
+
+def _renamed_ops(model: onnx.ModelProto, names: Mapping[str, str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose framefuse nodes named in ``names`` carry the new op types."""
+    from framefuse.plugins.registry import DOMAIN
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.domain == DOMAIN and node.op_type in names:
+            node.op_type = names[node.op_type]
+    return copy
+
+
+def _parser_library_loadable() -> bool:
+    """Whether this process's dynamic loader finds ``libtensorrt_rtx.so`` by that name, as the
+    parser asks for it (LD_LIBRARY_PATH is read at process start: setting it now is too late)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(RTX_LIBRARY)
+    except OSError:
+        return False
+    return True
+
+
+def rtx_parser_library_dir(trt=None) -> Path:
+    """A folder holding ``libtensorrt_rtx.so`` -> the wheel's ``libtensorrt_rtx.so.1`` (made once,
+    under the framefuse cache, atomically); EngineBuildError naming what is missing."""
+    import os
+
+    if trt is None:
+        trt, _ = _trt()
+    candidates = []
+    try:
+        libs = importlib.import_module("tensorrt_rtx_libs")
+        candidates.append(Path(libs.__file__).parent)
+    except ImportError:
+        pass
+    candidates.append(Path(trt.__file__).parent)
+    library = next((d / f"{RTX_LIBRARY}.1" for d in candidates if (d / f"{RTX_LIBRARY}.1").is_file()), None)
+    if library is None:
+        raise EngineBuildError(f"no {RTX_LIBRARY}.1 in {', '.join(str(d) for d in candidates)}")
+    from framefuse.plugins.cuda import cache_dir
+
+    folder = cache_dir() / f"tensorrt_rtx-{trt.__version__}-parser-lib"
+    link = folder / RTX_LIBRARY
+    try:
+        if not (link.is_symlink() and Path(os.readlink(link)) == library.resolve()):
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".{RTX_LIBRARY}.{os.getpid()}"
+            if tmp.is_symlink() or tmp.exists():
+                tmp.unlink()
+            os.symlink(library.resolve(), tmp)
+            os.replace(tmp, link)
+    except OSError as exc:
+        raise EngineBuildError(f"cannot make the link {link} -> {library}: {exc}") from exc
+    return folder
+
+
+# The child build: the model and options in, the plan and its facts out, through files.
+_CHILD = """
+import json, sys
+from pathlib import Path
+import onnx
+from framefuse.engines import tensorrt as fft
+work = Path(sys.argv[1])
+request = json.loads((work / "request.json").read_text())
+if not fft._parser_library_loadable():
+    sys.exit("the child cannot load libtensorrt_rtx.so either (LD_LIBRARY_PATH=" + repr(request["path"]) + ")")
+cache = request["timing_cache"]
+plan, facts = fft.build_plan(onnx.load(str(work / "model.onnx")), options=request["options"],
+                             timing_cache=Path(cache) if cache else None, log=lambda m: print(m, flush=True))
+(work / "facts.json").write_text(json.dumps(facts))
+(work / "plan.tmp").write_bytes(plan)
+(work / "plan.tmp").replace(work / "plan")
+"""
+
+
+def _build_plan_in_child(model, options, timing_cache, folder: Path, say) -> tuple[bytes, dict]:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([str(folder), *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    say(
+        f"tensorrt_rtx's ONNX parser loads {RTX_LIBRARY} by name: building in a child process with {folder} on LD_LIBRARY_PATH"
+    )
+    with tempfile.TemporaryDirectory(prefix="framefuse-trt-") as tmp:
+        work = Path(tmp)
+        onnx.save(model, str(work / "model.onnx"))
+        request = {
+            "options": dict(options),
+            "timing_cache": str(timing_cache) if timing_cache is not None else None,
+            "path": env["LD_LIBRARY_PATH"],
+        }
+        (work / "request.json").write_text(json.dumps(request))
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(work)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=CHILD_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise EngineBuildError(f"the TensorRT build process did not finish in {CHILD_TIMEOUT_S} s") from exc
+        for line in done.stdout.splitlines():
+            say(line)
+        if done.returncode != 0 or not (work / "plan").is_file():
+            if done.returncode < 0:
+                how = f"ended by {signal.Signals(-done.returncode).name}"
+            else:
+                how = f"exited with status {done.returncode}"
+            lines = done.stderr.strip().splitlines()
+            # TensorRT's own error lines, then the child's last line (the exception)
+            picked = [line for line in lines if "] [E] " in line][-2:] + lines[-1:]
+            tail = " | ".join(dict.fromkeys(picked))
+            raise EngineBuildError(f"the TensorRT build process {how}: {tail or 'no message'}")
+        facts = json.loads((work / "facts.json").read_text())
+        facts["built_in"] = "child process (tensorrt_rtx's parser needs libtensorrt_rtx.so on LD_LIBRARY_PATH)"
+        return (work / "plan").read_bytes(), facts
 
 
 def _io_specs_from_onnx(model: onnx.ModelProto) -> tuple[dict[str, IOSpec], dict[str, IOSpec]]:
@@ -658,12 +832,14 @@ __all__ = [
     "FORMAT",
     "NAME",
     "RTX_PLUGIN_REFUSAL",
+    "rtx_parser_library_dir",
     "TensorRTRunner",
     "TrtBinding",
     "build",
     "build_plan",
     "framefuse_ops",
     "library_info",
+    "plugin_input_holes",
     "load",
     "read_artifact",
     "unavailable_reason",

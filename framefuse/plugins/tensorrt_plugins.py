@@ -230,6 +230,17 @@ def trt_dtype_names(trt) -> dict:
 
 _CLASSES: dict[int, dict[str, type]] = {}
 
+# The name TensorRT knows an op's plugin by, where it cannot be the op type: ONNX (opset 23) has an
+# Attention op, and TensorRT's ONNX parser imports any node named Attention, whatever its domain, as
+# its own attention layer (tensorrt_rtx 1.7: the build then fails, "Attention operation was not
+# supported by a dedicated kernel"), never asking the plugin registry. The engine renames such
+# nodes in the graph it parses (framefuse.engines.tensorrt.build_plan).
+TRT_PLUGIN_NAMES = {"Attention": "FramefuseAttention"}
+
+
+def trt_plugin_name(op_type: str) -> str:
+    return TRT_PLUGIN_NAMES.get(op_type, op_type)
+
 
 def plugin_classes(trt) -> dict[str, tuple[type, type]]:
     """op type -> (plugin class, creator class) for TensorRT module ``trt`` (built once per module).
@@ -258,7 +269,7 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                 trt.IPluginV3OneCore.__init__(self)
                 trt.IPluginV3OneBuild.__init__(self)
                 trt.IPluginV3OneRuntime.__init__(self)
-                self.plugin_name = op_type
+                self.plugin_name = trt_plugin_name(op_type)
                 self.plugin_namespace = NAMESPACE
                 self.plugin_version = PLUGIN_VERSION
                 self.num_outputs = len(_schema(op_type).outputs)
@@ -343,7 +354,7 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
         class Creator(trt.IPluginCreatorV3One):
             def __init__(self):
                 trt.IPluginCreatorV3One.__init__(self)
-                self.name = op_type
+                self.name = trt_plugin_name(op_type)
                 self.plugin_namespace = NAMESPACE
                 self.plugin_version = PLUGIN_VERSION
                 kinds = {
@@ -398,6 +409,7 @@ def register_creators(trt, namespaces: Sequence[str] = (NAMESPACE,)) -> list:
 
 __all__ = [
     "NAMESPACE",
+    "TRT_PLUGIN_NAMES",
     "PLUGIN_VERSION",
     "PluginError",
     "attrs_to_fields",
@@ -407,6 +419,7 @@ __all__ = [
     "output_shapes",
     "plugin_classes",
     "register_creators",
+    "trt_plugin_name",
     "storage_dtype",
     "supports_combination",
     "tensor_from_pointer",
