@@ -357,6 +357,8 @@ def _build_plan_in_child(model, options, timing_cache, folder: Path, say) -> tup
 
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join([str(folder), *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    # the child imports the framefuse this process runs, however it was put on sys.path
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     say(
         f"tensorrt_rtx's ONNX parser loads {RTX_LIBRARY} by name: building in a child process with {folder} on LD_LIBRARY_PATH"
     )
