@@ -299,38 +299,12 @@ FFK_DEVICE float ffk_seg_min(float v) {
     return v;
 }
 
-// Σ_k x[k]·w[k] over a warp (K floats; float4 loads when ALIGNED4: both 16-byte aligned, K % 4 == 0).
+// Σ_k x[k]·w[k] over segments of L lanes (L a power of two ≤ 32, `sub` the lane's index in its
+// segment; K floats, float4 loads when ALIGNED4: both 16-byte aligned, K % 4 == 0). A row of K
+// floats is K/4 float4 loads, so a warp-wide dot of a short row (K = 32: 8 loads) leaves most lanes
+// idle and pays five shuffles; 32 / L rows a warp share the lanes out instead.
 // Trip counts are compile-time constants: a loop from `lane` would make the compiler emit
 // remainder code for any lane count (measured: a 2-dot phase took ~740 cycles).
-template <int K, bool ALIGNED4>
-FFK_DEVICE float ffk_warp_dot(const float* x, const float* w, int lane) {
-    float acc = 0.0f;
-    if (ALIGNED4) {
-        const float4* x4 = reinterpret_cast<const float4*>(x);
-        const float4* w4 = reinterpret_cast<const float4*>(w);
-        constexpr int N4 = K / 4, J = (N4 + 31) / 32;
-#pragma unroll 8
-        for (int j = 0; j < J; ++j) {
-            const int k = lane + 32 * j;
-            if (N4 % 32 == 0 || k < N4) {
-                const float4 a = x4[k];
-                const float4 b = w4[k];
-                acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-            }
-        }
-    } else {
-        constexpr int J = (K + 31) / 32;
-#pragma unroll 8
-        for (int j = 0; j < J; ++j) {
-            const int k = lane + 32 * j;
-            if (K % 32 == 0 || k < K) acc += x[k] * w[k];
-        }
-    }
-    return ffk_warp_sum(acc);
-}
-// The same over segments of L lanes (L a power of two < 32, `sub` the lane's index in its segment):
-// a row of K floats needs K/4 float4 loads, so a warp-wide dot of a short row (K = 32: 8 loads)
-// leaves most lanes idle and pays five shuffles; 32 / L rows a warp share them out instead.
 template <int K, int L, bool ALIGNED4>
 FFK_DEVICE float ffk_seg_dot(const float* x, const float* w, int sub) {
     float acc = 0.0f;
@@ -338,7 +312,7 @@ FFK_DEVICE float ffk_seg_dot(const float* x, const float* w, int sub) {
         const float4* x4 = reinterpret_cast<const float4*>(x);
         const float4* w4 = reinterpret_cast<const float4*>(w);
         constexpr int N4 = K / 4, J = (N4 + L - 1) / L;
-#pragma unroll
+#pragma unroll 8
         for (int j = 0; j < J; ++j) {
             const int k = sub + L * j;
             if (N4 % L == 0 || k < N4) {
@@ -349,11 +323,16 @@ FFK_DEVICE float ffk_seg_dot(const float* x, const float* w, int sub) {
         }
     } else {
         constexpr int J = (K + L - 1) / L;
-#pragma unroll
+#pragma unroll 8
         for (int j = 0; j < J; ++j) {
             const int k = sub + L * j;
             if (K % L == 0 || k < K) acc += x[k] * w[k];
         }
     }
     return ffk_seg_sum<L>(acc);
+}
+// The same over a whole warp.
+template <int K, bool ALIGNED4>
+FFK_DEVICE float ffk_warp_dot(const float* x, const float* w, int lane) {
+    return ffk_seg_dot<K, 32, ALIGNED4>(x, w, lane);
 }
