@@ -866,3 +866,39 @@ def test_short_product_rows_run_in_lane_segments(k, lanes, tmp_path):
     assert f"dot products of {k}, {lanes} lanes per element" in kernel.source
     assert f"ffk_seg_dot<{k}, {lanes}, {'true' if k % 4 == 0 else 'false'}>" in kernel.source
     _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
+@needs_cxx
+def test_long_copies_can_be_issued_in_pieces_over_the_warps(tmp_path):
+    """With ``copy_pieces`` (the build's stepkernel-pieces tactic), a prefetch copy longer than a
+    piece (attention's KV cache range, 4032 floats, and its 2048-float weight copies) becomes
+    consecutive copies of at most a piece that together cover the same floats, each issued by its
+    own warp; the emulated kernel still equals the interpreter."""
+    program = lower_program(_prepared("attention", FULL).fused)
+
+    def copies(kernel):
+        rows = kernel.layout.table[:, kernel.layout.segment_column :]
+        return rows.reshape(rows.shape[0], -1, 4)  # per block: (smem offset, source, offset, floats)
+
+    whole = generate(schedule(program, grid=16, threads=64))
+    cut = generate(schedule(program, grid=16, threads=64), copy_pieces=1024)
+    assert whole.copy_pieces == 0 and cut.copy_pieces == 1024
+    before, after = copies(whole), copies(cut)
+    assert before[:, :, 3].max() > 1024 and after[:, :, 3].max() <= 1024
+
+    def spans(rows, origin):
+        out = set()
+        for offset, source, start, floats in rows:
+            out |= {(int(source), int(start) + i, int(offset) - origin + i) for i in range(int(floats))}
+        return out
+
+    def origin(table):  # the prefetch region starts after the table row, which grew
+        return int(table[:, :, 0][table[:, :, 3] > 0].min())
+
+    # the same floats from the same places to the same places; the longer table row can leave a
+    # late task's rows out of the shared-memory budget (read from global memory instead)
+    assert set(cut.layout.prefetch) <= set(whole.layout.prefetch)
+    assert set(cut.layout.leaf_prefetch) == set(whole.layout.leaf_prefetch)
+    for b in range(before.shape[0]):
+        assert spans(after[b], origin(after)) <= spans(before[b], origin(before))
+    _emulate_against_interpreter(cut, program, 2, tmp_path)

@@ -329,3 +329,17 @@ def test_host_timing_binds_each_candidate_as_the_session_does(fused_models):
             state = {i: out[o].clone() for o, i in pairs.items()}
     for name, value in state.items():
         torch.testing.assert_close(binding.dev_in[name], value, rtol=0, atol=0)
+
+
+def test_cli_select_choices_are_the_selection_choices():
+    """`framefuse build --select` offers exactly what apply_selection accepts (the CLI keeps its
+    own list so that parsing arguments does not import torch)."""
+    import argparse
+
+    from framefuse.engines import cli as engines_cli
+    from framefuse.engines.fusion import SELECT_CHOICES
+
+    parser = argparse.ArgumentParser()
+    build = engines_cli.register(parser.add_subparsers())
+    (action,) = [a for a in build._actions if "--select" in a.option_strings]
+    assert tuple(action.choices) == SELECT_CHOICES

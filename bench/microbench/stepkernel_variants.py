@@ -84,6 +84,10 @@ SCHEDULE_VARIANTS = {
     # every product row a warp, however short (before 2026-11-25's lane segments)
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],
+    # long prefetch copies issued as pieces, one a warp
+    "copy-pieces-512": ("codegen", "PREFETCH_PIECE_FLOATS", 512),
+    "copy-pieces-1024": ("codegen", "PREFETCH_PIECE_FLOATS", 1024),
+    "copy-pieces-2048": ("codegen", "PREFETCH_PIECE_FLOATS", 2048),
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

@@ -107,6 +107,7 @@ class Layout:
     table: np.ndarray | None = None  # [grid, columns] int32
     groups: list = field(default_factory=list)  # the tasks with prefetch copies, in kernel order
     slots: np.ndarray | None = None  # [groups, grid]: the commit slot of each group's copies, per block
+    segment_column: int = 0  # the table column of the first copy (4 columns a copy)
     prefetch: dict = field(default_factory=dict)  # (task index, dot id) -> (smem offset, rows)
     leaf_prefetch: dict = field(default_factory=dict)  # (task index, leaf id) -> smem offset
     prefetch_floats: int = 0
@@ -128,6 +129,7 @@ class Generator:
         prefetch: bool = True,
         trace: bool = False,
         resident: bool = False,
+        copy_pieces: int | None = None,
     ):
         if trace and resident:
             raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
@@ -142,6 +144,9 @@ class Generator:
         self.layout = Layout()
         self.smem_limit = smem_limit_bytes // 4
         self.want_prefetch = prefetch
+        self.copy_pieces = PREFETCH_PIECE_FLOATS if copy_pieces is None else int(copy_pieces)
+        if self.copy_pieces < 0 or self.copy_pieces % 4:
+            raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {self.copy_pieces}")
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -189,7 +194,12 @@ class Generator:
         # per commit slot its copies' [first, end) rows, then per task's group the block's slot of
         # it (room for every candidate group: those that do not fit are not prefetched)
         self.segment_column = n_ranges + 3 * n_groups
-        n_columns = self.segment_column + 4 * (len(leaves) + len(dots))
+        lay.segment_column = self.segment_column
+        n_copies = len(leaves) + len(dots)
+        if self.copy_pieces > 0:
+            n_copies = sum(_piece_count(span, self.copy_pieces) for _, _, span in leaves)
+            n_copies += sum(_piece_count(rows * unit.node.k, self.copy_pieces) for _, unit, rows in dots)
+        n_columns = self.segment_column + 4 * n_copies
         # shared memory: the range row, weight prefetch, the task arena
         used = 0
         self.range_offset = used
@@ -249,6 +259,11 @@ class Generator:
             nrows = np.where(unit.hi > unit.lo, np.minimum(node.n - nlo, rows), 0)
             base = lay.weights[node.weight.id] + nlo * node.k
             groups.setdefault(t, []).append((self.prefetch_offset + offset, 0, base, nrows * node.k))
+        if self.copy_pieces > 0:
+            groups = {
+                t: [piece for entry in entries for piece in _pieces(entry, self.copy_pieces)]
+                for t, entries in groups.items()
+            }
         self.groups = sorted(groups)
         self.group_column = len(columns)
         firsts = [0]
@@ -935,6 +950,11 @@ PROLOGUE_GROUPS = 2
 # groups' copies issued while the frame is awaited, not after it rang
 RESIDENT_WEIGHTS_ONCE = True
 RESIDENT_PREFETCH_EARLY = True
+# A prefetch copy longer than this many floats is issued as pieces of it, one a warp (0: one copy
+# a warp whatever its length). Faster for some models and slower for others on the H200
+# (bench/h200/2026-11-26-experiments/): a tactic of the build-time selection (COPY_PIECES_TACTIC
+# in engines/fusion.py), not a default.
+PREFETCH_PIECE_FLOATS = 0
 PREFETCH_BY_WARP = True  # the prologue's copies shared out over the warps (one copy a warp)
 PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (see _segments)
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
@@ -988,6 +1008,21 @@ def _on_blocks(task: Task) -> str:
 
 def _block_in_task(task: Task) -> str:
     return f"(b - {task.first})" if task.first else "b"
+
+
+def _piece_count(floats: int, piece: int) -> int:
+    return max(1, -(-int(floats) // piece))
+
+
+def _pieces(entry: tuple, piece: int) -> list[tuple]:
+    """A prefetch copy (shared-memory offset, source, source offsets, floats per block) as copies of
+    at most ``piece`` floats each."""
+    offset, source, base, length = entry
+    length = np.asarray(length, dtype=np.int64)
+    count = _piece_count(length.max(initial=0), piece)
+    if count == 1:
+        return [entry]
+    return [(offset + j * piece, source, base + j * piece, np.clip(length - j * piece, 0, piece)) for j in range(count)]
 
 
 def _rows_bound(lay: Layout, t: int, uid: int) -> int:
@@ -1184,6 +1219,7 @@ class Kernel:
     state_names: list
     done_words: int = 0  # mapped host words the host waits on (see Generator._done)
     resident: bool = False  # ffk_resident: launched once, a frame per bell (see Generator._resident_loop)
+    copy_pieces: int = 0  # prefetch copies cut into pieces of this many floats (0: whole)
 
     @property
     def name(self) -> str:
@@ -1217,6 +1253,7 @@ class Kernel:
                 "prefetched_products": len(self.layout.prefetch),
                 "prefetched_leaves": len(self.layout.leaf_prefetch),
                 "done_words": self.done_words,
+                "copy_pieces": self.copy_pieces,
             }
         )
         return info
@@ -1229,14 +1266,30 @@ def generate(
     prefetch: bool = True,
     trace: bool = False,
     resident: bool = False,
+    copy_pieces: int | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
     table and flagged buffer as the launched kernel of the same schedule)."""
-    gen = Generator(sched, smem_limit_bytes=smem_limit_bytes, prefetch=prefetch, trace=trace, resident=resident)
+    gen = Generator(
+        sched,
+        smem_limit_bytes=smem_limit_bytes,
+        prefetch=prefetch,
+        trace=trace,
+        resident=resident,
+        copy_pieces=copy_pieces,
+    )
     source = _renumber(gen.source())
     return Kernel(
-        source, sched, gen.layout, gen.input_names, gen.output_names, gen.state_names, gen.done_words, resident
+        source,
+        sched,
+        gen.layout,
+        gen.input_names,
+        gen.output_names,
+        gen.state_names,
+        gen.done_words,
+        resident,
+        gen.copy_pieces,
     )
 
 

@@ -106,6 +106,7 @@ class CompiledStep:
         threads: int = THREADS,
         prefetch: bool = True,
         trace: bool = False,
+        copy_pieces: int | None = None,
         log=None,
     ):
         cuda = _cuda()
@@ -125,7 +126,10 @@ class CompiledStep:
         smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
         start = time.perf_counter()
         self.schedule = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
-        self.kernel = generate(self.schedule, smem_limit_bytes=smem_limit, prefetch=prefetch, trace=trace)
+        self.kernel = generate(
+            self.schedule, smem_limit_bytes=smem_limit, prefetch=prefetch, trace=trace, copy_pieces=copy_pieces
+        )
+        self.copy_pieces = self.kernel.copy_pieces
         self.kernel_prefetch = prefetch
         self.schedule_s = time.perf_counter() - start
         path = write_source(self.kernel)
@@ -270,7 +274,13 @@ class CompiledStep:
         if getattr(self, "_resident_fn", None) is None:
             cuda = _cuda()
             smem_limit = int(self.props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
-            kernel = generate(self.schedule, smem_limit_bytes=smem_limit, prefetch=self.kernel_prefetch, resident=True)
+            kernel = generate(
+                self.schedule,
+                smem_limit_bytes=smem_limit,
+                prefetch=self.kernel_prefetch,
+                resident=True,
+                copy_pieces=self.copy_pieces,
+            )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
             fn = cuda.get_kernel(write_source(kernel), RESIDENT_KERNEL_NAME, device=self.device_index)
@@ -292,10 +302,10 @@ class CompiledStep:
         )
 
 
-def compile_step(model_or_path, *, device, grid=None, threads=THREADS, log=None) -> CompiledStep:
+def compile_step(model_or_path, *, device, grid=None, threads=THREADS, copy_pieces=None, log=None) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device``."""
     program = lower_program(model_or_path)
-    return CompiledStep(program, device=device, grid=grid, threads=threads, log=log)
+    return CompiledStep(program, device=device, grid=grid, threads=threads, copy_pieces=copy_pieces, log=log)
 
 
 class StepKernelPlan:
@@ -583,7 +593,7 @@ class ResidentStepBinding(StepBinding):
             if sms != c.grid:
                 # the same program scheduled over fewer blocks: its own kernel and buffers (weights,
                 # flagged words, counters, range table), the session's state halves
-                c = CompiledStep(c.program, device=c.device, grid=sms, threads=c.threads)
+                c = CompiledStep(c.program, device=c.device, grid=sms, threads=c.threads, copy_pieces=c.copy_pieces)
         self.compiled = c
         k = c.kernel
         if k.done_words != plan.compiled.kernel.done_words:

@@ -448,24 +448,31 @@ def select_plan(
 
 
 STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/compiler)
-SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", STEPKERNEL, *COMPILE_MODES)
+# The same kernel with its long prefetch copies cut into pieces, one a warp: 0.3-1.0 us faster
+# for some models and 0.2-0.6 us slower for others (H200, bench/h200/2026-11-26-experiments/),
+# so it is a tactic the build times beside the plain kernel, and its name is the recorded choice.
+STEPKERNEL_PIECES = "stepkernel-pieces"
+COPY_PIECES_TACTIC = 1024  # floats a piece
+STEPKERNELS = {STEPKERNEL: 0, STEPKERNEL_PIECES: COPY_PIECES_TACTIC}  # name -> copy pieces
+SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
 
-def stepkernel_candidate(executor, plan: Plan, say: Callable[[str], None], *, required: bool = False):
-    """The step compiler's kernel for the engine's graph, as a Plan-like candidate; None (with the
-    reason logged) when the graph cannot be compiled, or EngineBuildError when ``required``."""
+def stepkernel_candidate(
+    executor, plan: Plan, say: Callable[[str], None], *, required: bool = False, name: str = STEPKERNEL
+):
+    """The step compiler's kernel for the engine's graph (``name``: which tactic, see STEPKERNELS),
+    as a Plan-like candidate; None (with the reason logged) when the graph cannot be compiled, or
+    EngineBuildError when ``required``."""
     from framefuse.compiler.engine import StepKernelPlan, compile_step
 
     try:
-        compiled = compile_step(executor.model, device=plan.device, log=say)
+        compiled = compile_step(executor.model, device=plan.device, copy_pieces=STEPKERNELS[name], log=say)
         return StepKernelPlan(compiled, plan.input_specs, plan.output_specs)
     except Exception as exc:  # a graph the compiler declines is reported, never fatal to the build
         reason = f"{type(exc).__name__}: {str(exc)[:400]}"
         if required:
-            raise EngineBuildError(
-                f"--select {STEPKERNEL}: the step compiler cannot build this graph ({reason})"
-            ) from exc
-        say(f"selection: {STEPKERNEL} not a candidate ({reason})")
+            raise EngineBuildError(f"--select {name}: the step compiler cannot build this graph ({reason})") from exc
+        say(f"selection: {name} not a candidate ({reason})")
         return None
 
 
@@ -513,6 +520,9 @@ def apply_selection(
         step = stepkernel_candidate(executor, plan, say)
         if step is not None:
             alternatives[STEPKERNEL] = step
+            pieces = stepkernel_candidate(executor, plan, say, name=STEPKERNEL_PIECES)
+            if pieces is not None and pieces.compiled.kernel.digest != step.compiled.kernel.digest:
+                alternatives[STEPKERNEL_PIECES] = pieces  # a kernel with no long copy is the same kernel
         if unfused_executor is not None:
             shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
             try:
@@ -528,8 +538,10 @@ def apply_selection(
             log=say,
         )
         name = report["chosen"]
-        if step is not None:
-            report.setdefault("candidates", {}).setdefault(STEPKERNEL, {})["kernel"] = step.compiled.describe()
+        for tactic in STEPKERNELS:
+            if tactic in alternatives:
+                kernel = alternatives[tactic].compiled.describe()
+                report.setdefault("candidates", {}).setdefault(tactic, {})["kernel"] = kernel
         if name == UNFUSED or name.startswith(UNFUSED + "+"):
             report["graph"] = UNFUSED
             report["apply"] = name.partition("+")[2] or "plan"
@@ -538,9 +550,9 @@ def apply_selection(
         chosen, report = plan, {"chosen": "plan"}
     elif select == "unoptimized":
         chosen, report = unoptimized(), {"chosen": "unoptimized"}
-    elif select == STEPKERNEL and plan.device.type == "cuda":
-        chosen = stepkernel_candidate(executor, plan, say, required=True)
-        report = {"chosen": STEPKERNEL}
+    elif select in STEPKERNELS and plan.device.type == "cuda":
+        chosen = stepkernel_candidate(executor, plan, say, required=True, name=select)
+        report = {"chosen": select}
     elif plan.device.type != "cuda":
         note = f"recorded choice {select!r} needs a CUDA device: the plan is used as planned"
         say(note)
@@ -559,6 +571,8 @@ __all__ = [
     "COMPILE_MODES",
     "SELECT_CHOICES",
     "STEPKERNEL",
+    "STEPKERNELS",
+    "STEPKERNEL_PIECES",
     "UNFUSED",
     "apply_selection",
     "Segment",

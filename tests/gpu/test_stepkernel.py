@@ -20,12 +20,12 @@ SMALL = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
 TOL = 1e-4
 
 
-def _session(prepared, **kwargs):
+def _session(prepared, select="stepkernel", **kwargs):
     from framefuse.engines import cuda_graph
     from framefuse.runtime.session import Session
 
-    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
-    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": select})
+    assert engine.metadata["selection"]["chosen"] == select
     return Session(engine, budget_ms=None, **kwargs)
 
 
@@ -64,8 +64,8 @@ def _close(actual, expected, what):
     assert err.size == 0 or err.max() <= TOL, f"{what}: max rel diff {err.max():.3g}"
 
 
-def _check(prepared, frames):
-    session = _session(prepared)
+def _check(prepared, frames, select="stepkernel"):
+    session = _session(prepared, select)
     ref_y, ref_state = _rollout(prepared, frames)
     for i, frame in enumerate(frames):
         _close(session.step(frame), ref_y[i], f"y at step {i}")
@@ -80,6 +80,16 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
     prepared = prepare_cached(arch, SMALL)["step"]
     frames = np.random.default_rng(1).standard_normal((200, *prepared.input_shapes()["x"])).astype(np.float32)
     _check(prepared, frames)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stepkernel_with_copies_in_pieces_matches_onnxruntime(arch):
+    """The build's stepkernel-pieces tactic (long prefetch copies cut into pieces, one a warp) at
+    the benchmark's size, where copies are long enough to be cut."""
+    prepared = prepare_cached(arch, {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0})["step"]
+    frames = np.random.default_rng(4).standard_normal((200, *prepared.input_shapes()["x"])).astype(np.float32)
+    session = _check(prepared, frames, select="stepkernel-pieces")
+    assert session.engine.metadata["selection"]["stepkernel"]["copy_pieces"] == 1024
 
 
 @pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention", "mamba", "delta_net"])
