@@ -822,12 +822,16 @@ def test_dynamic_input_shape_is_declined():
         lower_onnx(model, fold=False)
 
 
-def test_cpu_build_with_select_stepkernel_falls_back_with_a_note():
-    """Without a GPU the engine cannot run the kernel: the plan is used and the note says why."""
+@pytest.mark.parametrize("tactic", ["stepkernel", "stepkernel-pieces", "stepkernel-fewer-blocks"])
+def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
+    """Without a GPU the engine cannot run the kernel (any of its tactics): the plan is used and
+    the note says why."""
     from framefuse.engines.cuda_graph import CudaGraphEngine
+    from framefuse.engines.fusion import STEPKERNELS
 
+    assert tactic in STEPKERNELS
     prepared = _prepared("min_gru")
-    engine = CudaGraphEngine(onnx.load(str(prepared.fused)), device="cpu", select="stepkernel")
+    engine = CudaGraphEngine(onnx.load(str(prepared.fused)), device="cpu", select=tactic)
     selection = engine.metadata["selection"]
     assert selection["chosen"] == "plan" and "needs a CUDA device" in selection["skipped"]
 

@@ -107,6 +107,7 @@ class CompiledStep:
         prefetch: bool = True,
         trace: bool = False,
         copy_pieces: int | None = None,
+        grid_fraction: float = 1.0,
         log=None,
     ):
         cuda = _cuda()
@@ -122,7 +123,9 @@ class CompiledStep:
                 f"the step kernel needs compute capability 8.0+ (cp.async); {props['name']} is {major}.{minor}"
             )
         self.program = program
-        grid = int(grid or props["sm_count"])
+        if not 0.0 < grid_fraction <= 1.0:
+            raise CompileError(f"grid_fraction must be in (0, 1], got {grid_fraction}")
+        grid = int(grid or max(1, round(props["sm_count"] * grid_fraction)))
         smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
         start = time.perf_counter()
         self.schedule = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
@@ -302,10 +305,21 @@ class CompiledStep:
         )
 
 
-def compile_step(model_or_path, *, device, grid=None, threads=THREADS, copy_pieces=None, log=None) -> CompiledStep:
-    """Lower, schedule, generate and compile a fused step graph for ``device``."""
+def compile_step(
+    model_or_path, *, device, grid=None, threads=THREADS, copy_pieces=None, grid_fraction=1.0, log=None
+) -> CompiledStep:
+    """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
+    by default one per SM, or ``grid_fraction`` of the SMs)."""
     program = lower_program(model_or_path)
-    return CompiledStep(program, device=device, grid=grid, threads=threads, copy_pieces=copy_pieces, log=log)
+    return CompiledStep(
+        program,
+        device=device,
+        grid=grid,
+        threads=threads,
+        copy_pieces=copy_pieces,
+        grid_fraction=grid_fraction,
+        log=log,
+    )
 
 
 class StepKernelPlan:

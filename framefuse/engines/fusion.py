@@ -448,12 +448,21 @@ def select_plan(
 
 
 STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/compiler)
-# The same kernel with its long prefetch copies cut into pieces, one a warp: 0.3-1.0 us faster
-# for some models and 0.2-0.6 us slower for others (H200, bench/h200/2026-11-26-experiments/),
-# so it is a tactic the build times beside the plain kernel, and its name is the recorded choice.
+# Tactics of the step kernel, timed by the build beside the plain kernel (the name kept is the
+# recorded choice, and a load compiles that one again). Each is faster for some models and slower
+# for others (H200, bench/h200/2026-11-26-experiments/): its long prefetch copies cut into pieces
+# of 1024 floats, one a warp (attention, lstm, liquid, jamba, mamba 0.3-1.0 us faster; gru,
+# min_lstm, gated_ssm 0.2-0.6 slower); or 3/4 of the SMs (attention 17.7 -> 15.8 us: fewer blocks
+# copy the KV cache; every recurrent zoo model slower).
 STEPKERNEL_PIECES = "stepkernel-pieces"
+STEPKERNEL_FEWER_BLOCKS = "stepkernel-fewer-blocks"
 COPY_PIECES_TACTIC = 1024  # floats a piece
-STEPKERNELS = {STEPKERNEL: 0, STEPKERNEL_PIECES: COPY_PIECES_TACTIC}  # name -> copy pieces
+FEWER_BLOCKS_FRACTION = 0.75  # of the SMs
+STEPKERNELS = {  # name -> compile_step's tactic arguments
+    STEPKERNEL: {"copy_pieces": 0},
+    STEPKERNEL_PIECES: {"copy_pieces": COPY_PIECES_TACTIC},
+    STEPKERNEL_FEWER_BLOCKS: {"copy_pieces": 0, "grid_fraction": FEWER_BLOCKS_FRACTION},
+}
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
 
@@ -466,7 +475,7 @@ def stepkernel_candidate(
     from framefuse.compiler.engine import StepKernelPlan, compile_step
 
     try:
-        compiled = compile_step(executor.model, device=plan.device, copy_pieces=STEPKERNELS[name], log=say)
+        compiled = compile_step(executor.model, device=plan.device, log=say, **STEPKERNELS[name])
         return StepKernelPlan(compiled, plan.input_specs, plan.output_specs)
     except Exception as exc:  # a graph the compiler declines is reported, never fatal to the build
         reason = f"{type(exc).__name__}: {str(exc)[:400]}"
@@ -520,9 +529,15 @@ def apply_selection(
         step = stepkernel_candidate(executor, plan, say)
         if step is not None:
             alternatives[STEPKERNEL] = step
-            pieces = stepkernel_candidate(executor, plan, say, name=STEPKERNEL_PIECES)
-            if pieces is not None and pieces.compiled.kernel.digest != step.compiled.kernel.digest:
-                alternatives[STEPKERNEL_PIECES] = pieces  # a kernel with no long copy is the same kernel
+            seen = {step.compiled.kernel.digest}
+            for tactic in STEPKERNELS:
+                if tactic == STEPKERNEL:
+                    continue
+                other = stepkernel_candidate(executor, plan, say, name=tactic)
+                # a tactic that changes nothing here (no copy long enough to cut) is the same kernel
+                if other is not None and other.compiled.kernel.digest not in seen:
+                    alternatives[tactic] = other
+                    seen.add(other.compiled.kernel.digest)
         if unfused_executor is not None:
             shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
             try:
@@ -572,6 +587,7 @@ __all__ = [
     "SELECT_CHOICES",
     "STEPKERNEL",
     "STEPKERNELS",
+    "STEPKERNEL_FEWER_BLOCKS",
     "STEPKERNEL_PIECES",
     "UNFUSED",
     "apply_selection",

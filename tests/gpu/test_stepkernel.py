@@ -82,14 +82,26 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
     _check(prepared, frames)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_stepkernel_with_copies_in_pieces_matches_onnxruntime(arch):
-    """The build's stepkernel-pieces tactic (long prefetch copies cut into pieces, one a warp) at
-    the benchmark's size, where copies are long enough to be cut."""
+@pytest.mark.parametrize(
+    "arch,tactic",
+    [(a, "stepkernel-pieces") for a in ARCHS]
+    + [(a, "stepkernel-fewer-blocks") for a in ("attention", "lstm", "mamba", "xlstm", "delta_net")],
+)
+def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
+    """The build's step-kernel tactics at the benchmark's size (where copies are long enough to be
+    cut): stepkernel-pieces (long prefetch copies in pieces, one a warp) and
+    stepkernel-fewer-blocks (3/4 of the SMs), 200 chained steps against ONNX Runtime."""
+    import torch
+
+    from framefuse.engines.fusion import STEPKERNELS
+
     prepared = prepare_cached(arch, {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0})["step"]
     frames = np.random.default_rng(4).standard_normal((200, *prepared.input_shapes()["x"])).astype(np.float32)
-    session = _check(prepared, frames, select="stepkernel-pieces")
-    assert session.engine.metadata["selection"]["stepkernel"]["copy_pieces"] == 1024
+    session = _check(prepared, frames, select=tactic)
+    kernel = session.engine.metadata["selection"]["stepkernel"]
+    assert kernel["copy_pieces"] == STEPKERNELS[tactic]["copy_pieces"]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert kernel["grid"] == round(sms * STEPKERNELS[tactic].get("grid_fraction", 1.0))
 
 
 @pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention", "mamba", "delta_net"])
