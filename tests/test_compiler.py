@@ -906,3 +906,18 @@ def test_long_copies_can_be_issued_in_pieces_over_the_warps(tmp_path):
     for b in range(before.shape[0]):
         assert spans(after[b], origin(after)) <= spans(before[b], origin(before))
     _emulate_against_interpreter(cut, program, 2, tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["attention", "lstm"])
+def test_copies_issued_after_the_staging_still_land_before_their_wait(arch, monkeypatch, tmp_path):
+    """ISSUE_AFTER_STAGE (an experiment, off): a task's blocks issue the next group's copies after
+    staging the task's inputs, and the task waits for one group fewer; the emulator lands a copy only
+    at its wait, so a miscounted wait would read shared memory before its copy."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "ISSUE_AFTER_STAGE", True)
+    program = lower_program(_prepared(arch, FULL).fused)
+    kernel = generate(schedule(program, grid=3, threads=64))
+    assert "issued once this task's inputs are staged" in kernel.source
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)

@@ -88,6 +88,9 @@ SCHEDULE_VARIANTS = {
     "copy-pieces-512": ("codegen", "PREFETCH_PIECE_FLOATS", 512),
     "copy-pieces-1024": ("codegen", "PREFETCH_PIECE_FLOATS", 1024),
     "copy-pieces-2048": ("codegen", "PREFETCH_PIECE_FLOATS", 2048),
+    # a task's blocks issue the copies a slot ahead after staging the task's inputs
+    "issue-after-stage": ("codegen", "ISSUE_AFTER_STAGE", True),
+    "issue-after-stage-pieces": [("codegen", "ISSUE_AFTER_STAGE", True), ("codegen", "PREFETCH_PIECE_FLOATS", 1024)],
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

@@ -336,12 +336,20 @@ class Generator:
         if self.resident:
             body = self._resident_loop(outer)
         self._prologue(body)
+        self._late_issue: dict[int, int] = {}  # task -> the commit group its blocks issue after its staging
         for t, task in enumerate(self.sched.tasks):
             if t in self.groups and self.groups.index(t) >= 1:
                 ahead = self.groups.index(t) + PROLOGUE_GROUPS - 1
                 if ahead < len(self.groups):  # every block, in or out of the task: one commit each
                     body.items.append(f"// task {self.groups[ahead]}'s copies, in flight while the tasks before it run")
-                    self._issue(body, str(ahead), str(ahead + 1))
+                    if ISSUE_AFTER_STAGE:
+                        # the task's own blocks issue them once their inputs are staged (see _task)
+                        outside = Code(f"if (!({_in_task(task)}))")
+                        self._issue(outside, str(ahead), str(ahead + 1))
+                        body.items.append(outside)
+                        self._late_issue[t] = ahead
+                    else:
+                        self._issue(body, str(ahead), str(ahead + 1))
             self._task(body, t, task)
         self._done(body)
         if self.resident:
@@ -615,7 +623,7 @@ class Generator:
             # thread's copies visible (and the previous task's readers of shared memory done)
             j = self.groups.index(t)
             slots = {int(self.layout.slots[j, b]) for b in range(task.first, task.first + task.blocks)}
-            committed = self._committed_by(t)
+            committed = self._committed_by(t) - (1 if t in self._late_issue else 0)
             if len(slots) == 1:
                 later = committed - slots.pop() - 1
                 code.items.append(
@@ -649,6 +657,7 @@ class Generator:
                 code.items.append("__syncthreads();")
                 if phase == phases[1]:
                     self._stamp(code, t, 1)
+                    self._issue_late(code, t)
             self._clock(code, t, k)
             staged = [
                 u
@@ -679,8 +688,18 @@ class Generator:
                 self._stage(code, t, staged)
         if len(phases) == 1:
             self._stamp(code, t, 1)
+            self._issue_late(code, t)
         self._clock(code, t, len(phases))
         self._stamp(code, t, 2)
+
+    def _issue_late(self, code: Code, t: int) -> None:
+        """ISSUE_AFTER_STAGE: the task's blocks issue the copies of the group a slot ahead once the
+        task's first phase (its flagged values staged) is done, so those loads are not queued
+        behind the copies (the blocks outside the task issue them before it, see source())."""
+        if t in self._late_issue:
+            ahead = self._late_issue[t]
+            code.items.append(f"// task {self.groups[ahead]}'s copies, issued once this task's inputs are staged")
+            self._issue(code, str(ahead), str(ahead + 1))
 
     def arr(self, t: int, uid: int) -> str:
         return f"(ffk_smem + {self.arena_offset + self.layout.arena[(t, uid)]})"
@@ -955,6 +974,9 @@ RESIDENT_PREFETCH_EARLY = True
 # (bench/h200/2026-11-26-experiments/): a tactic of the build-time selection (COPY_PIECES_TACTIC
 # in engines/fusion.py), not a default.
 PREFETCH_PIECE_FLOATS = 0
+# A task's blocks issue the copies a slot ahead after the task has staged its inputs, not before
+# the task (experiment, off: bench/h200/2026-11-26-experiments/)
+ISSUE_AFTER_STAGE = False
 PREFETCH_BY_WARP = True  # the prologue's copies shared out over the warps (one copy a warp)
 PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (see _segments)
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
