@@ -193,13 +193,12 @@ class Generator:
         n_ranges = len(columns)
         # per commit slot its copies' [first, end) rows, then per task's group the block's slot of
         # it (room for every candidate group: those that do not fit are not prefetched)
-        self.segment_column = n_ranges + 3 * n_groups
-        lay.segment_column = self.segment_column
+        lay.segment_column = n_ranges + 3 * n_groups
         n_copies = len(leaves) + len(dots)
         if self.copy_pieces > 0:
             n_copies = sum(_piece_count(span, self.copy_pieces) for _, _, span in leaves)
             n_copies += sum(_piece_count(rows * unit.node.k, self.copy_pieces) for _, unit, rows in dots)
-        n_columns = self.segment_column + 4 * n_copies
+        n_columns = lay.segment_column + 4 * n_copies
         # shared memory: the range row, weight prefetch, the task arena
         used = 0
         self.range_offset = used
@@ -294,7 +293,7 @@ class Generator:
             out += [start[k], end[k]]
         out += [slots[j] for j in range(n_groups)]
         # room was kept for every candidate group; the ones that did not fit copy nothing
-        out += [np.zeros(grid, dtype=np.int64)] * (self.segment_column - self.group_column - len(out))
+        out += [np.zeros(grid, dtype=np.int64)] * (self.layout.segment_column - self.group_column - len(out))
         out += segments
         out += [np.zeros(grid, dtype=np.int64)] * (n_columns - len(columns) - len(out))
         return out
@@ -580,7 +579,7 @@ class Generator:
             first, step, call, extra = "0", "1", "ffk_prefetch", ""
         loop.items += [
             f"for (int s = ffk_r[{self.group_column} + 2 * g] + {first}; s < ffk_r[{self.group_column} + 2 * g + 1]; s += {step}) {{",
-            f"    const int* seg = ffk_r + {self.segment_column} + 4 * s;",
+            f"    const int* seg = ffk_r + {self.layout.segment_column} + 4 * s;",
             "    const int src = seg[1];",
             "    (void)src;",
             f"    if ({cond}) {call}(ffk_smem + seg[0], {sources} + seg[2], seg[3]{extra});",
