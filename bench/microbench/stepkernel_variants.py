@@ -56,6 +56,14 @@ SOURCE_VARIANTS = {
     "clock-watchdog": lambda s: _clock_watchdog(s),
 }
 # compiler settings: (module of framefuse.compiler, constant, value), or a list of them
+# the same source compiled with these NVRTC options instead of the build's (engine.FAST_MATH)
+COMPILE_VARIANTS = {
+    "exact-math": ("-DFFK_EXACT_MATH",),
+    "exact-exp": ("-ftz=true", "-prec-div=false", "-prec-sqrt=false", "-DFFK_EXACT_MATH"),
+    "approx-div-sqrt": ("-prec-div=false", "-prec-sqrt=false", "-DFFK_EXACT_MATH"),
+    "use-fast-math": ("--use_fast_math",),  # NaN in GPT-2's GELU: powf of a negative base
+}
+
 SCHEDULE_VARIANTS = {
     "host-write-8": ("schedule", "HOST_WRITE_CHUNK", 8),
     "host-write-4": ("schedule", "HOST_WRITE_CHUNK", 4),
@@ -89,8 +97,6 @@ SCHEDULE_VARIANTS = {
     "copy-pieces-1024": ("codegen", "PREFETCH_PIECE_FLOATS", 1024),
     "copy-pieces-2048": ("codegen", "PREFETCH_PIECE_FLOATS", 2048),
     # a task's blocks issue the copies a slot ahead after staging the task's inputs
-    "issue-after-stage": ("codegen", "ISSUE_AFTER_STAGE", True),
-    "issue-after-stage-pieces": [("codegen", "ISSUE_AFTER_STAGE", True), ("codegen", "PREFETCH_PIECE_FLOATS", 1024)],
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
@@ -108,7 +114,7 @@ def _variant_value(value):
     return value
 
 
-VARIANTS = {**SOURCE_VARIANTS, **SCHEDULE_VARIANTS}
+VARIANTS = {**SOURCE_VARIANTS, **COMPILE_VARIANTS, **SCHEDULE_VARIANTS}
 
 
 def main() -> int:
@@ -173,10 +179,13 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 continue
-            source = SOURCE_VARIANTS[name](compiled.kernel.source)
+            options = COMPILE_VARIANTS.get(name, compiled.nvrtc_options)
+            source = (
+                compiled.kernel.source if name in COMPILE_VARIANTS else SOURCE_VARIANTS[name](compiled.kernel.source)
+            )
             path = root / f"{arch}-{name}.cu"
             path.write_text(source)
-            compiled.fn = base_fn if name == "baseline" else cuda.get_kernel(path, KERNEL_NAME)
+            compiled.fn = base_fn if name == "baseline" else cuda.get_kernel(path, KERNEL_NAME, options)
             if compiled.kernel.smem_bytes > 48 * 1024:
                 compiled.fn.set_max_dynamic_shared_memory(compiled.kernel.smem_bytes)
             timing = time_plan_graph(plan, feeds, replays=1000)

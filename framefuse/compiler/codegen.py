@@ -335,20 +335,12 @@ class Generator:
         if self.resident:
             body = self._resident_loop(outer)
         self._prologue(body)
-        self._late_issue: dict[int, int] = {}  # task -> the commit group its blocks issue after its staging
         for t, task in enumerate(self.sched.tasks):
             if t in self.groups and self.groups.index(t) >= 1:
                 ahead = self.groups.index(t) + PROLOGUE_GROUPS - 1
                 if ahead < len(self.groups):  # every block, in or out of the task: one commit each
                     body.items.append(f"// task {self.groups[ahead]}'s copies, in flight while the tasks before it run")
-                    if ISSUE_AFTER_STAGE:
-                        # the task's own blocks issue them once their inputs are staged (see _task)
-                        outside = Code(f"if (!({_in_task(task)}))")
-                        self._issue(outside, str(ahead), str(ahead + 1))
-                        body.items.append(outside)
-                        self._late_issue[t] = ahead
-                    else:
-                        self._issue(body, str(ahead), str(ahead + 1))
+                    self._issue(body, str(ahead), str(ahead + 1))
             self._task(body, t, task)
         self._done(body)
         if self.resident:
@@ -398,7 +390,7 @@ class Generator:
         if self.trace:
             params.append("unsigned long long* __restrict__ ffk_trace")
         header = self._header_comment()
-        includes = []
+        includes = [EXP_INTRINSIC]
         for path in [RUNTIME] + self.headers:
             includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
         name = RESIDENT_KERNEL_NAME if self.resident else KERNEL_NAME
@@ -622,7 +614,7 @@ class Generator:
             # thread's copies visible (and the previous task's readers of shared memory done)
             j = self.groups.index(t)
             slots = {int(self.layout.slots[j, b]) for b in range(task.first, task.first + task.blocks)}
-            committed = self._committed_by(t) - (1 if t in self._late_issue else 0)
+            committed = self._committed_by(t)
             if len(slots) == 1:
                 later = committed - slots.pop() - 1
                 code.items.append(
@@ -656,7 +648,6 @@ class Generator:
                 code.items.append("__syncthreads();")
                 if phase == phases[1]:
                     self._stamp(code, t, 1)
-                    self._issue_late(code, t)
             self._clock(code, t, k)
             staged = [
                 u
@@ -687,18 +678,8 @@ class Generator:
                 self._stage(code, t, staged)
         if len(phases) == 1:
             self._stamp(code, t, 1)
-            self._issue_late(code, t)
         self._clock(code, t, len(phases))
         self._stamp(code, t, 2)
-
-    def _issue_late(self, code: Code, t: int) -> None:
-        """ISSUE_AFTER_STAGE: the task's blocks issue the copies of the group a slot ahead once the
-        task's first phase (its flagged values staged) is done, so those loads are not queued
-        behind the copies (the blocks outside the task issue them before it, see source())."""
-        if t in self._late_issue:
-            ahead = self._late_issue[t]
-            code.items.append(f"// task {self.groups[ahead]}'s copies, issued once this task's inputs are staged")
-            self._issue(code, str(ahead), str(ahead + 1))
 
     def arr(self, t: int, uid: int) -> str:
         return f"(ffk_smem + {self.arena_offset + self.layout.arena[(t, uid)]})"
@@ -968,14 +949,19 @@ PROLOGUE_GROUPS = 2
 # groups' copies issued while the frame is awaited, not after it rang
 RESIDENT_WEIGHTS_ONCE = True
 RESIDENT_PREFETCH_EARLY = True
+# Every expf of the kernel, the step functions' included, is the hardware's __expf (2 + 1.17·|x| ulp;
+# exp(±inf), NaN as expf), unless compiled with -DFFK_EXACT_MATH. With the compile options of
+# engine.FAST_MATH_OPTIONS: H100, 0.1-1.2 us a step (bench/h100/2026-11-26-session/). Not
+# --use_fast_math: it also makes powf NaN for a negative base (GPT-2's tanh GELU cubes x) and
+# sinf/cosf inaccurate far from 0.
+EXP_INTRINSIC = """#ifndef FFK_EXACT_MATH
+#define expf(x) __expf(x)
+#endif"""
 # A prefetch copy longer than this many floats is issued as pieces of it, one a warp (0: one copy
 # a warp whatever its length). Faster for some models and slower for others on the H200
 # (bench/h200/2026-11-26-experiments/): a tactic of the build-time selection (COPY_PIECES_TACTIC
 # in engines/fusion.py), not a default.
 PREFETCH_PIECE_FLOATS = 0
-# A task's blocks issue the copies a slot ahead after the task has staged its inputs, not before
-# the task (experiment, off: bench/h200/2026-11-26-experiments/)
-ISSUE_AFTER_STAGE = False
 PREFETCH_BY_WARP = True  # the prologue's copies shared out over the warps (one copy a warp)
 PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (see _segments)
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase

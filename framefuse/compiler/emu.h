@@ -88,6 +88,7 @@ inline float __int_as_float(int i) {
     std::memcpy(&v, &i, 4);
     return v;
 }
+inline float __expf(float x) { return std::exp(x); }  // the step kernel's exp (see codegen EXP_INTRINSIC)
 template <typename T>
 inline T __ldg(const T* p) {
     return *p;
