@@ -452,8 +452,9 @@ STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/c
 # recorded choice, and a load compiles that one again). Each is faster for some models and slower
 # for others (H200, bench/h200/2026-11-26-experiments/): its long prefetch copies cut into pieces
 # of 1024 floats, one a warp (attention, lstm, liquid, jamba, mamba 0.3-1.0 us faster; gru,
-# min_lstm, gated_ssm 0.2-0.6 slower); or 3/4 of the SMs (attention 17.7 -> 15.8 us: fewer blocks
-# copy the KV cache; every recurrent zoo model slower).
+# min_lstm, gated_ssm 0.2-0.6 slower; on the H100, bench/h100/2026-11-26-session/: lstm, attention,
+# mamba, liquid 1.0-1.2 faster, min_gru, gru 0.4-0.5 slower); or 3/4 of the SMs (attention 17.7 ->
+# 15.8 us: fewer blocks copy the KV cache; every recurrent zoo model slower).
 STEPKERNEL_PIECES = "stepkernel-pieces"
 STEPKERNEL_FEWER_BLOCKS = "stepkernel-fewer-blocks"
 COPY_PIECES_TACTIC = 1024  # floats a piece
