@@ -116,7 +116,8 @@ def bench_arch(arch: str, args, root: Path) -> dict:
     row["export_s"] = round(time.perf_counter() - start, 2)
     lines: list[str] = []
     start = time.perf_counter()
-    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"}, log=lines.append)
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": args.select}, log=lines.append)
+    row["select"] = args.select
     row["build_s"] = round(time.perf_counter() - start, 2)
     row["build_log"] = lines
     row["kernel"] = engine.default_plan.compiled.describe()
@@ -139,7 +140,10 @@ def bench_arch(arch: str, args, root: Path) -> dict:
         "max_rel_diff_state": worst_state,
         "passed": worst_y <= TOL and all(v <= TOL for v in worst_state.values()),
     }
-    say(f"{arch}: parity over {args.steps} steps: y {worst_y:.2e}, state {max(worst_state.values()):.2e}")
+    say(
+        f"{arch} ({args.select}): parity over {args.steps} steps: y {worst_y:.2e}, "
+        f"state {max(worst_state.values()):.2e}" + ("" if row["parity"]["passed"] else f"  FAILED (tolerance {TOL})")
+    )
     # latency
     pool = rng.standard_normal((64, *in_shape)).astype(np.float32)
     session.reset()
@@ -282,12 +286,22 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", default="", help="architectures whose grid/block sizes are swept")
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")
+    parser.add_argument(
+        "--select",
+        default="stepkernel",
+        help="the step kernel's tactic (engines/fusion.STEPKERNELS: stepkernel, stepkernel-pieces, ...)",
+    )
     parser.add_argument("--no-plan", action="store_true", help="skip the cuda-graph plan comparison")
     parser.add_argument("--no-resident", action="store_true", help="skip the resident kernel (Session(resident=True))")
     parser.add_argument("--trace", default="", help="architectures whose per-task timeline is printed")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import torch
+
+    from framefuse.engines.fusion import STEPKERNELS
+
+    if args.select not in STEPKERNELS:
+        parser.error(f"--select must be one of {', '.join(STEPKERNELS)}, got {args.select!r}")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -297,7 +311,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "settings": {"steps": args.steps, "iters": args.iters, "warmup": args.warmup},
+        "settings": {"steps": args.steps, "iters": args.iters, "warmup": args.warmup, "select": args.select},
         "rows": [],
         "sweep": [],
     }
