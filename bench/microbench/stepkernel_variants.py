@@ -93,6 +93,9 @@ SCHEDULE_VARIANTS = {
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],
     # long prefetch copies issued as pieces, one a warp
+    # attention's row max and softmax sum recomputed by their readers, not phases of their own
+    "inline-short-reduce": ("schedule", "INLINE_REDUCE_EXTENT", 32),
+    "inline-short-sum": [("schedule", "INLINE_REDUCE_EXTENT", 32), ("schedule", "INLINE_REDUCE_SOURCE_COST", 1)],
     "copy-pieces-512": ("codegen", "PREFETCH_PIECE_FLOATS", 512),
     "copy-pieces-1024": ("codegen", "PREFETCH_PIECE_FLOATS", 1024),
     "copy-pieces-2048": ("codegen", "PREFETCH_PIECE_FLOATS", 2048),

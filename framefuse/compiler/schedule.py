@@ -55,6 +55,12 @@ CACHE_COST = 8
 # of its own, a barrier and a pass over shared memory (H100: 170-270 cycles each for the two
 # scalars of min_gru's LayerNorms), to save a reader a sqrt and a division.
 SCALAR_RECOMPUTE_COST = 32
+# A reduction over at most this many elements, each cheap (INLINE_REDUCE_SOURCE_COST), is recomputed
+# by each reader instead of cached as an array of its own: attention's row max and softmax sum
+# over a 32-key window were two phases of their own. 0: every reduction read more than once is
+# cached. (Experiment, off: not yet timed on a GPU.)
+INLINE_REDUCE_EXTENT = 0
+INLINE_REDUCE_SOURCE_COST = 8
 # A Dot computed more than this many times over by the blocks ...
 DOT_REDUNDANCY = 2.0
 # ... is materialized, unless its whole redundant work is this small (multiply-adds).
@@ -553,6 +559,12 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
             node = occs[0].node
             cost = inline_cost(node, view, memo)
             if cost < CACHE_COST and not isinstance(node, Reduce):
+                continue
+            if (
+                isinstance(node, Reduce)
+                and node.extent <= INLINE_REDUCE_EXTENT
+                and cost <= node.extent * (1 + INLINE_REDUCE_SOURCE_COST)
+            ):
                 continue
             if few and node.size == 1 and cost <= SCALAR_RECOMPUTE_COST and not isinstance(node, Reduce):
                 continue
