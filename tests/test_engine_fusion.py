@@ -343,3 +343,36 @@ def test_cli_select_choices_are_the_selection_choices():
     build = engines_cli.register(parser.add_subparsers())
     (action,) = [a for a in build._actions if "--select" in a.option_strings]
     assert tuple(action.choices) == SELECT_CHOICES
+
+
+def test_exact_math_reaches_the_step_kernel_and_the_artifact(tmp_path, monkeypatch):
+    """`framefuse build --exact-math` (cuda-graph): the build passes it to the selection, which
+    compiles every step-kernel candidate with exact IEEE math; the artifact records it and a load
+    compiles the same way. Another engine refuses the flag in one line."""
+    import shutil
+
+    from framefuse.engines import cli, cuda_graph, fusion
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached("min_gru", {"seq": 32, "seed": 0})["step"]
+    shutil.copy(prepared.onnx, tmp_path / "model.onnx")
+    shutil.copy(prepared.fused, tmp_path / "model.fused.onnx")
+    asked = []
+    real_apply = fusion.apply_selection
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("exact_math"))
+        return real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(fusion, "apply_selection", spy)
+    parser = __import__("argparse").ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["build", str(tmp_path), "--engine", "cuda-graph", "--device", "cpu", "--exact-math"])
+    assert args.func(args) == 0
+    assert asked == [True]
+    engine = cuda_graph.load(tmp_path / "engine.ffe", device="cpu")
+    assert engine.exact_math and engine.metadata["exact_math"] is True
+    assert asked == [True, True]  # the load re-applied the recorded choice with the recorded math
+    args = parser.parse_args(["build", str(tmp_path), "--engine", "onnxruntime", "--exact-math"])
+    with pytest.raises(Exception, match="--exact-math is an option of the cuda-graph engine"):
+        args.func(args)

@@ -35,7 +35,8 @@ from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run
 # 0.1-1.2 us a step faster than exact IEEE math for every zoo architecture and real model timed,
 # outputs within 9e-6 of the exact kernel's a step (bench/h100/2026-11-26-session/); the GPU tests
 # hold it to 1e-4 of ONNX Runtime over chained steps, NaN and Inf frames included.
-# ``CompiledStep(fast_math=False)`` compiles with exact IEEE math. Not NVRTC's --use_fast_math,
+# ``CompiledStep(fast_math=False)`` (``framefuse build --exact-math``) compiles with exact IEEE
+# math. Not NVRTC's --use_fast_math,
 # which also made GPT-2's GELU NaN (powf of a negative base).
 FAST_MATH = True
 FAST_MATH_OPTIONS = ("-ftz=true", "-prec-div=false", "-prec-sqrt=false")

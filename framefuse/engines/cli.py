@@ -109,6 +109,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         "adds max-autotune; a name forces that candidate",
     )
     parser.add_argument(
+        "--exact-math",
+        action="store_true",
+        help="cuda-graph: compile the step kernel with exact IEEE division, square root and exp (default: "
+        "2-ulp division and square root, the hardware exp, denormals flushed; 0.1-1.2 us a step faster on "
+        "an H100); recorded in the artifact",
+    )
+    parser.add_argument(
         "--dump-source",
         metavar="DIR",
         default=None,
@@ -343,6 +350,10 @@ def run(args) -> int:
         if engine != "cuda-graph":
             raise EngineBuildError(f"--select is an option of the cuda-graph engine, not of {engine}")
         options["select"] = select
+    if getattr(args, "exact_math", False):
+        if engine != "cuda-graph":
+            raise EngineBuildError(f"--exact-math is an option of the cuda-graph engine, not of {engine}")
+        options["exact_math"] = True
     unfused = source.with_name(source.name.removesuffix(".fused.onnx") + ".onnx")
     if (
         engine == "cuda-graph"

@@ -265,6 +265,7 @@ class CudaGraphEngine(EngineRunner):
         optimize: bool | None = None,
         select: str | None = None,
         unfused=None,
+        exact_math: bool = False,
     ):
         super().__init__(name=name, prefix="framefuse-cuda-graph")
         model, path = load_onnx(onnx_path_or_model)
@@ -280,6 +281,9 @@ class CudaGraphEngine(EngineRunner):
         self.executor = GraphExecutor(model, self.device, framefuse_impl, optimize=optimize)
         self.framefuse_impl = self.executor.framefuse_impl
         self.metadata = dict(metadata or {})
+        if exact_math:  # recorded, so a load compiles the step kernel with the same math
+            self.metadata["exact_math"] = True
+        self.exact_math = bool(self.metadata.get("exact_math"))
         self.default_shapes = (
             self.executor.check_shapes({k: tuple(v) for k, v in input_shapes.items()})
             if input_shapes is not None
@@ -296,7 +300,11 @@ class CudaGraphEngine(EngineRunner):
                 unfused_model, _ = load_onnx(unfused)
                 unfused_executor = GraphExecutor(unfused_model, self.device, framefuse_impl, optimize=optimize)
             self.default_plan, report = apply_selection(
-                self.executor, self.default_plan, select, unfused_executor=unfused_executor
+                self.executor,
+                self.default_plan,
+                select,
+                unfused_executor=unfused_executor,
+                exact_math=self.exact_math,
             )
             if report.get("graph") == "unfused":  # the graph before the rewrite won the timing: run (and save) it
                 self.executor = unfused_executor
@@ -579,9 +587,10 @@ def build(
 ) -> CudaGraphEngine:
     """Backend ``build``: options ``framefuse_impl`` ("kernel" | "reference"), ``input_shapes``,
     ``optimize`` (bool), ``select`` (build-time selection, engines/fusion.py; default "time"),
-    ``unfused`` (the graph before the rewrite, timed as a candidate too)."""
+    ``unfused`` (the graph before the rewrite, timed as a candidate too), ``exact_math`` (bool: the
+    step kernel with exact IEEE division, square root and exp; recorded in the artifact)."""
     options = dict(options or {})
-    known = {"framefuse_impl", "input_shapes", "optimize", "select", "unfused"}
+    known = {"framefuse_impl", "input_shapes", "optimize", "select", "unfused", "exact_math"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise EngineBuildError(f"cuda-graph engine: unknown option(s) {unknown} (known: {', '.join(sorted(known))})")

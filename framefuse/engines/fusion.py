@@ -468,15 +468,24 @@ SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, 
 
 
 def stepkernel_candidate(
-    executor, plan: Plan, say: Callable[[str], None], *, required: bool = False, name: str = STEPKERNEL
+    executor,
+    plan: Plan,
+    say: Callable[[str], None],
+    *,
+    required: bool = False,
+    name: str = STEPKERNEL,
+    exact_math: bool = False,
 ):
-    """The step compiler's kernel for the engine's graph (``name``: which tactic, see STEPKERNELS),
+    """The step compiler's kernel for the engine's graph (``name``: which tactic, see STEPKERNELS;
+    ``exact_math``: IEEE division, square root and exp instead of the kernel's default fast math),
     as a Plan-like candidate; None (with the reason logged) when the graph cannot be compiled, or
     EngineBuildError when ``required``."""
     from framefuse.compiler.engine import StepKernelPlan, compile_step
 
     try:
-        compiled = compile_step(executor.model, device=plan.device, log=say, **STEPKERNELS[name])
+        compiled = compile_step(
+            executor.model, device=plan.device, log=say, fast_math=not exact_math, **STEPKERNELS[name]
+        )
         return StepKernelPlan(compiled, plan.input_specs, plan.output_specs)
     except Exception as exc:  # a graph the compiler declines is reported, never fatal to the build
         reason = f"{type(exc).__name__}: {str(exc)[:400]}"
@@ -495,6 +504,7 @@ def apply_selection(
     select: str,
     *,
     unfused_executor=None,
+    exact_math: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> tuple[Plan, dict]:
     """The engine's hook: ``select`` is "time" (time the plan, the unoptimised plan and the
@@ -505,6 +515,7 @@ def apply_selection(
     outputs), timing also runs that graph, plain and compiled: a fused op that makes the model
     slower is never kept. When one of those wins, report["graph"] is "unfused" (the caller then
     runs that executor) and report["apply"] is the choice to re-apply to it at load.
+    ``exact_math``: the step kernels are compiled with exact IEEE math (compiler/engine.FAST_MATH).
     Returns (plan, report); report["log"] holds the lines logged."""
     from framefuse.engines.executor import GraphExecutor
 
@@ -527,14 +538,14 @@ def apply_selection(
         chosen, report = select_plan(plan, log=say)  # skipped with a note
     elif select.startswith("time"):
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
-        step = stepkernel_candidate(executor, plan, say)
+        step = stepkernel_candidate(executor, plan, say, exact_math=exact_math)
         if step is not None:
             alternatives[STEPKERNEL] = step
             seen = {step.compiled.kernel.digest}
             for tactic in STEPKERNELS:
                 if tactic == STEPKERNEL:
                     continue
-                other = stepkernel_candidate(executor, plan, say, name=tactic)
+                other = stepkernel_candidate(executor, plan, say, name=tactic, exact_math=exact_math)
                 # a tactic that changes nothing here (no copy long enough to cut) is the same kernel
                 if other is not None and other.compiled.kernel.digest not in seen:
                     alternatives[tactic] = other
@@ -567,7 +578,7 @@ def apply_selection(
     elif select == "unoptimized":
         chosen, report = unoptimized(), {"chosen": "unoptimized"}
     elif select in STEPKERNELS and plan.device.type == "cuda":
-        chosen = stepkernel_candidate(executor, plan, say, required=True, name=select)
+        chosen = stepkernel_candidate(executor, plan, say, required=True, name=select, exact_math=exact_math)
         report = {"chosen": select}
     elif plan.device.type != "cuda":
         note = f"recorded choice {select!r} needs a CUDA device: the plan is used as planned"

@@ -175,6 +175,21 @@ def test_fast_math_kernel_agrees_with_the_exact_math_kernel(arch):
     assert err.max() <= 1e-5, f"{arch}: fast-math kernel differs by {err.max():.3g}"
 
 
+def test_exact_math_build_compiles_the_step_kernel_with_ieee_math(tmp_path):
+    """cuda_graph.build(options={"exact_math": True}) (`framefuse build --exact-math`): the chosen
+    step kernel is compiled with exact IEEE math, and a load of the artifact compiles it so again."""
+    from framefuse.compiler.engine import EXACT_MATH_OPTIONS
+    from framefuse.engines import cuda_graph
+
+    prepared = prepare_cached("lstm", SMALL)["step"]
+    engine = cuda_graph.build(
+        prepared.fused, device="cuda", out=tmp_path, options={"select": "stepkernel", "exact_math": True}
+    )
+    assert engine.default_plan.compiled.describe()["nvrtc_options"] == list(EXACT_MATH_OPTIONS)
+    loaded = cuda_graph.load(tmp_path / "engine.ffe", check_source=False)
+    assert loaded.default_plan.compiled.describe()["nvrtc_options"] == list(EXACT_MATH_OPTIONS)
+
+
 def test_stepkernel_state_api_reset_get_set():
     prepared = prepare_cached("gru", SMALL)["step"]
     frames = np.random.default_rng(5).standard_normal((20, *prepared.input_shapes()["x"])).astype(np.float32)
