@@ -376,3 +376,21 @@ def test_exact_math_reaches_the_step_kernel_and_the_artifact(tmp_path, monkeypat
     args = parser.parse_args(["build", str(tmp_path), "--engine", "onnxruntime", "--exact-math"])
     with pytest.raises(Exception, match="--exact-math is an option of the cuda-graph engine"):
         args.func(args)
+
+
+def test_a_tactic_within_the_timing_noise_of_the_plain_kernel_is_not_kept():
+    """The timed selection keeps a step-kernel tactic only when it is measurably faster than the
+    plain kernel (engines.fusion.TACTIC_MARGIN): the H100 benchmark of 2026-11-26 had kept
+    stepkernel-fewer-blocks for gated_ssm at 19.64 against 19.79 us and stepkernel-pieces for xlstm
+    at 27.70 against 27.71."""
+    from framefuse.engines.fusion import TACTIC_MARGIN, plain_kernel_within_margin
+
+    assert TACTIC_MARGIN == 0.01
+    gated_ssm = {"stepkernel": 19.79, "stepkernel-pieces": 19.73, "stepkernel-fewer-blocks": 19.64, "plan": 60.0}
+    assert plain_kernel_within_margin("stepkernel-fewer-blocks", gated_ssm)
+    assert plain_kernel_within_margin("stepkernel-pieces", {"stepkernel": 27.71, "stepkernel-pieces": 27.70})
+    lstm = {"stepkernel": 17.81, "stepkernel-pieces": 17.37, "stepkernel-fewer-blocks": 20.07}
+    assert not plain_kernel_within_margin("stepkernel-pieces", lstm)  # 2.5 % faster: kept
+    assert not plain_kernel_within_margin("stepkernel", gated_ssm)
+    assert not plain_kernel_within_margin("inductor", {"stepkernel": 20.0, "inductor": 19.9})  # not a tactic
+    assert not plain_kernel_within_margin("stepkernel-pieces", {"stepkernel-pieces": 19.0})  # plain not timed
