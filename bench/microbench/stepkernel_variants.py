@@ -96,6 +96,9 @@ SCHEDULE_VARIANTS = {
     # attention's row max and softmax sum recomputed by their readers, not phases of their own
     "inline-short-reduce": ("schedule", "INLINE_REDUCE_EXTENT", 32),
     "inline-short-sum": [("schedule", "INLINE_REDUCE_EXTENT", 32), ("schedule", "INLINE_REDUCE_SOURCE_COST", 1)],
+    # attention's output over the window published by a task of its own (a level more a layer; each of its
+    # blocks computes the heads of its own elements), the output projection then a plain product
+    "replicate-ops-64": ("schedule", "REPLICATE_OPS", 64),
     "copy-pieces-512": ("codegen", "PREFETCH_PIECE_FLOATS", 512),
     "copy-pieces-1024": ("codegen", "PREFETCH_PIECE_FLOATS", 1024),
     "copy-pieces-2048": ("codegen", "PREFETCH_PIECE_FLOATS", 2048),
