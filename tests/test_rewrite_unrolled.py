@@ -593,3 +593,111 @@ def test_bounded_dependency_walk_agrees_with_the_forward_closure():
         bounded = _DependsOn(hole, tl.order)
         for t in tensors:
             assert bounded.depends_on(t) == (t.name in forward), (hole.name, t.name)
+
+
+# --- GRU cells stepped in a Python loop (issue 21) ------------------------------------------------
+
+
+class GRUCellLoop(nn.Module):
+    """nn.GRUCell over the frames, the initial state given (``h0``) or zeros; one or two layers."""
+
+    def __init__(self, layers: int = 1, given_h0: bool = True):
+        super().__init__()
+        self.given_h0 = given_h0
+        self.cells = nn.ModuleList(nn.GRUCell(F if i == 0 else D, D) for i in range(layers))
+
+    def forward(self, x, h0=None):
+        hs = [h0 if self.given_h0 else torch.zeros(x.shape[0], D) for _ in self.cells]
+        ys = []
+        for t in range(x.shape[1]):
+            inp = x[:, t]
+            for i, cell in enumerate(self.cells):
+                hs[i] = cell(inp, hs[i])
+                inp = hs[i]
+            ys.append(inp)
+        return torch.stack(ys, dim=1)
+
+
+class HandGRU(nn.Module):
+    """A GRU written out by hand, a Linear per gate and side, with the other update convention
+    (h' = z ⊙ n + (1 − z) ⊙ h); ``reset_inside``: r applied before the recurrent product
+    (ONNX linear_before_reset = 0, which GRUSeq does not implement); ``act``: the candidate's
+    activation."""
+
+    def __init__(self, reset_inside: bool = False, act=torch.tanh):
+        super().__init__()
+        self.reset_inside, self.act = reset_inside, act
+        self.wx = nn.ModuleList(nn.Linear(F, D) for _ in range(3))
+        self.wh = nn.ModuleList(nn.Linear(D, D) for _ in range(3))
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], D)
+        ys = []
+        for t in range(x.shape[1]):
+            xt = x[:, t]
+            z = torch.sigmoid(self.wx[0](xt) + self.wh[0](h))
+            r = torch.sigmoid(self.wx[1](xt) + self.wh[1](h))
+            inner = self.wh[2](r * h) if self.reset_inside else r * self.wh[2](h)
+            n = self.act(self.wx[2](xt) + inner)
+            h = z * n + (1 - z) * h
+            ys.append(h)
+        return torch.stack(ys, dim=1)
+
+
+@pytest.mark.parametrize("given_h0", [True, False], ids=["h0_input", "zeros"])
+def test_gru_cell_loop_fuses_into_gru_seq(given_h0):
+    torch.manual_seed(0)
+    module = GRUCellLoop(given_h0=given_h0)
+    args = (seq_input(6), torch.randn(B, D)) if given_h0 else (seq_input(6),)
+    names = ["x", "h0"] if given_h0 else ["x"]
+    fused, report = check_fused(export(module, args, names, ["y"]), "GRUSeq")
+    (match,) = report.matches
+    assert match.detail["convention"] == "z keeps h" and match.detail["check_max_abs_diff"] < 1e-6
+    gru = [n for n in fused.graph.node if n.op_type == "GRUSeq"][0]
+    assert len(gru.input) == (5 if given_h0 else 4)  # h0 an input only when it is not zeros
+
+
+def test_stacked_gru_cells_fuse_into_one_gru_seq_each():
+    torch.manual_seed(0)
+    check_fused(export(GRUCellLoop(layers=2, given_h0=False), (seq_input(5),), ["x"], ["y"]), "GRUSeq", count=2)
+
+
+def test_gru_cell_step_form_fuses_with_its_state():
+    """The step form (one frame, the state in and out by name) a game loop calls every frame."""
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.GRUCell(F, D)
+
+        def forward(self, x, h):
+            h = self.cell(x, h)
+            return h * 2.0, h
+
+    torch.manual_seed(0)
+    model = export(Step(), (torch.randn(B, F), torch.randn(B, D)), ["x", "state.h"], ["y", "next_state.h"])
+    check_fused(model, "GRUSeq")
+
+
+def test_hand_written_gru_with_the_other_update_convention_fuses():
+    torch.manual_seed(0)
+    fused, report = check_fused(export(HandGRU(), (seq_input(6),), ["x"], ["y"]), "GRUSeq")
+    assert report.matches[0].detail["convention"] == "z keeps n"
+
+
+@pytest.mark.parametrize(
+    "module", [HandGRU(reset_inside=True), HandGRU(act=torch.relu)], ids=["reset_before_product", "relu"]
+)
+def test_a_cell_that_is_not_gru_seq_is_declined_with_its_reason(module):
+    """A GRU with the reset gate inside the recurrent product (linear_before_reset = 0) and a cell
+    whose candidate is not a tanh are not the GRU GRUSeq computes: nothing fuses, and a decline
+    names the chain and the reason (the GRU pass's own for the cell that has a tanh)."""
+    torch.manual_seed(0)
+    fused, report = rewrite(export(module, (seq_input(5),), ["x"], ["y"]))
+    assert not ops(fused, "framefuse")
+    assert report.declined
+    gru = [d.reason for d in report.declined if d.pass_name == "unrolled-gru-cell"]
+    if module.act is torch.tanh:
+        assert gru and "not a GRU update" in gru[0], report.declined
+    else:
+        assert any("not affine" in d.reason for d in report.declined), report.declined

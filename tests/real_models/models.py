@@ -61,6 +61,26 @@ class TorchRNN(nn.Module):
         return self.rnn(x)[0]
 
 
+class GRUCellPolicy(nn.Module):
+    """A recurrent policy as game-AI code writes it: nn.GRUCell layers stepped in a Python loop
+    from a zero state, the top layer's hidden state at every frame returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.cells = nn.ModuleList(nn.GRUCell(HIDDEN if i == 0 else 32, 32) for i in range(LAYERS))
+
+    def forward(self, x):
+        hs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
+        ys = []
+        for t in range(x.shape[1]):
+            inp = x[:, t]
+            for i, cell in enumerate(self.cells):
+                hs[i] = cell(inp, hs[i])
+                inp = hs[i]
+            ys.append(inp)
+        return torch.stack(ys, dim=1)
+
+
 def _hf(model_cls: str, config_cls: str, *, attn: str | None = None, mask: bool = False, **config):
     def build() -> nn.Module:
         import transformers
@@ -173,6 +193,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_mha", _seeded(TorchAttention), {"Attention": 1}),
     RealModel("torch_lstm_bidir", _seeded(lambda: TorchRNN(nn.LSTM)), {"LSTMSeq": 2 * LAYERS}),
     RealModel("torch_gru_bidir", _seeded(lambda: TorchRNN(nn.GRU)), {"GRUSeq": 2 * LAYERS}),
+    RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}

@@ -13,6 +13,7 @@ from framefuse.rewrite.unrolled.chunked import ChunkedScanReportPass
 from framefuse.rewrite.unrolled.common import remaining_recurrence_ops, restack
 from framefuse.rewrite.unrolled.delta import DeltaRuleScanPass
 from framefuse.rewrite.unrolled.gated_delta import GatedDeltaRuleScanPass
+from framefuse.rewrite.unrolled.gru import GRUCellPass
 from framefuse.rewrite.unrolled.linear import LinearScanPass
 from framefuse.rewrite.unrolled.liquid import LiquidScanPass
 from framefuse.rewrite.unrolled.mlstm import MLSTMScanPass
@@ -29,6 +30,7 @@ PASSES = [
     OutputStackingPass(),
     WKVScanPass(),
     LiquidScanPass(),
+    GRUCellPass(),
     GatedDeltaRuleScanPass(),
     DeltaRuleScanPass(),
     MLSTMScanPass(),
@@ -40,6 +42,7 @@ PASSES = [
 __all__ = [
     "PASSES",
     "DeltaRuleScanPass",
+    "GRUCellPass",
     "LinearScanPass",
     "LiquidScanPass",
     "MLSTMScanPass",

@@ -256,19 +256,53 @@ _NUMPY_OPS = {
 }
 
 
+def _gemm(node: gs.Node, a, b, c=None):
+    at = node.attrs
+    a = a.T if int(at.get("transA", 0)) else a
+    b = b.T if int(at.get("transB", 0)) else b
+    out = float(at.get("alpha", 1.0)) * (a @ b)
+    return out if c is None else out + float(at.get("beta", 1.0)) * c
+
+
+def _split(node: gs.Node, output: gs.Tensor, x, sizes=None):
+    axis = int(node.attrs.get("axis", 0))
+    if sizes is None:
+        sizes = node.attrs.get("split")
+    if sizes is None:
+        if x.shape[axis] % len(node.outputs):
+            return None
+        sizes = [x.shape[axis] // len(node.outputs)] * len(node.outputs)
+    edges = np.cumsum([0, *[int(v) for v in np.asarray(sizes).reshape(-1)]])
+    if edges[-1] != x.shape[axis] or len(edges) != len(node.outputs) + 1:
+        return None
+    k = node.outputs.index(output)
+    return np.take(x, np.arange(edges[k], edges[k + 1]), axis=axis)
+
+
 def _evaluate(tm: Tmpl, hole_value: np.ndarray):
     """Value of a template made of constants and the hole only (numpy), or None."""
     if tm.kind == "hole":
         return hole_value
     if tm.kind == "leaf":
         return const_value(tm.tensor)
+    # ops with attributes that a folded first step holds (a GRU cell's recurrent Gemm and Split)
+    attr_ops = {"Gemm", "MatMul", "Split"}
     fn = _NUMPY_OPS.get(tm.node.op)
-    if fn is None or tm.node.attrs:
+    if tm.node.op not in attr_ops and (fn is None or tm.node.attrs):
         return None
     args = [_evaluate(c, hole_value) for c in tm.children]
     if any(a is None for a in args):
         return None
     with np.errstate(all="ignore"):
+        try:
+            if tm.node.op == "Gemm":
+                return _gemm(tm.node, *args)
+            if tm.node.op == "MatMul":
+                return np.matmul(*args)
+            if tm.node.op == "Split":
+                return _split(tm.node, tm.tensor, *args)
+        except (ValueError, IndexError):  # shapes that do not fit the value tried: not this template
+            return None
         return fn(*args)
 
 
