@@ -464,6 +464,24 @@ def test_build_cuda_graph_on_the_cpu_and_check_it(tmp_path, capsys):
     assert "engine.ffe (cuda-graph): parity PASS" in capsys.readouterr().out
 
 
+def test_build_dumps_the_step_kernel_source_without_a_gpu(tmp_path, capsys):
+    """`framefuse build --dump-source DIR` on a machine without a GPU writes the generated source
+    the build would compile (for --grid blocks), named by its hash, and says which NVRTC options
+    the build compiles it with."""
+    from framefuse.compiler.engine import FAST_MATH_OPTIONS
+
+    folder = _step_folder(tmp_path, "gru")
+    dump = tmp_path / "dump"
+    argv = ["build", str(folder), "--engine", "cuda-graph", "--device", "cpu", "--dump-source", str(dump)]
+    assert main([*argv, "--grid", "8"]) == 0
+    (source,) = dump.glob("stepkernel-*.cu")
+    text = source.read_text()
+    assert 'extern "C" __global__' in text and "ffk_step(" in text
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert f"wrote {source} for 8 blocks" in said and " ".join(FAST_MATH_OPTIONS) in said
+
+
 def _the_error(err: str) -> str:
     errors = [line for line in err.splitlines() if line.startswith("framefuse: error: ")]
     assert len(errors) == 1 and "Traceback" not in err, err

@@ -418,9 +418,11 @@ def _dump_source(runner, source: Path, folder: Path, grid: int | None, log) -> N
         from framefuse.compiler.engine import dump_source
 
         target = dump_source(plan.compiled, folder)
-        log(f"stepkernel: wrote {target} (the kernel this build runs)")
+        options = " ".join(plan.compiled.nvrtc_options)
+        log(f"stepkernel: wrote {target} (the kernel this build runs; NVRTC options {options})")
         return
     from framefuse.compiler import generate_source
+    from framefuse.compiler.engine import FAST_MATH_OPTIONS
     from framefuse.plugins.cuda import _atomic_write
 
     blocks = grid or 132
@@ -431,5 +433,6 @@ def _dump_source(runner, source: Path, folder: Path, grid: int | None, log) -> N
     info = kernel.describe()
     log(
         f"stepkernel: wrote {target} for {blocks} blocks ({info['tasks']} tasks, {info['levels']} dependency "
-        f"levels); the build did not select it, so this is the source it would compile"
+        f"levels); the build did not select it, so this is the source it would compile (NVRTC options "
+        f"{' '.join(FAST_MATH_OPTIONS)}; -DFFK_EXACT_MATH with --exact-math)"
     )
