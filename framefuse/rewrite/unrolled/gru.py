@@ -277,6 +277,8 @@ class GRUCellPass(UnrolledPass):
         return chain.structural_links[-1]
 
     def accepts(self, chain: Chain, tl) -> bool:
+        if not chain.structural_links:  # a single step folded from a constant state: no cell left to read
+            return False
         link = self.reference(chain)
         ops_in = {n.op for n in link.nodes()}
         return op(link) == "Add" and {"Sigmoid", "Tanh"} <= ops_in
