@@ -14,12 +14,19 @@ from pathlib import Path
 
 import numpy as np
 
+from framefuse.config import PRECISION_TOLERANCE
 from framefuse.errors import ParityError
 from framefuse.parity.ort_bridge import load_any, ort_session
 from framefuse.rewrite.report import write_text_atomic
 
-# Per-dtype tolerance (used as both atol and rtol) when the config does not say otherwise.
-DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "float16": 1e-2, "bfloat16": 5e-2}
+# Per-dtype tolerance (used as both atol and rtol) when the config does not say otherwise: the
+# precisions' own (config.PRECISION_TOLERANCE), float64 tighter.
+DEFAULT_TOLERANCE = {
+    "float32": PRECISION_TOLERANCE["fp32"],
+    "float64": 1e-6,
+    "float16": PRECISION_TOLERANCE["fp16"],
+    "bfloat16": PRECISION_TOLERANCE["bf16"],
+}
 
 
 @dataclass

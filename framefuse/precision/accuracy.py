@@ -43,12 +43,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from framefuse.config import PRECISION_TOLERANCE
 from framefuse.precision import calibration
 from framefuse.precision.errors import PrecisionError
 
 DEFAULT_FRAMES = 1000
 MIN_AGREEMENT = 0.995
-DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2, "int8": 1e-1}
+DEFAULT_TOLERANCE = dict(PRECISION_TOLERANCE)
 ENGINES = ("auto", "onnxruntime", "cpu")
 _REL_FLOOR = 1e-6
 
