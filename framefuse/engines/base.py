@@ -47,9 +47,8 @@ import torch
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
+from framefuse.config import PRECISIONS  # noqa: F401  (the one definition; re-exported to the engines)
 from framefuse.errors import FrameFuseError, read_onnx
-
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 class EngineBuildError(FrameFuseError):

@@ -214,16 +214,10 @@ def convert_precision(
         if calib:
             raise EngineBuildError("--calib is for --precision int8")
         return source
-    try:
-        from framefuse.precision import convert_model
-    except ImportError as exc:
-        raise EngineBuildError(
-            f"--precision {precision} is not available yet (framefuse.precision.convert_model is not part of this "
-            f"version: {exc}); build fp32"
-        ) from exc
     import onnx
 
     from framefuse.engines import artifact
+    from framefuse.precision import convert_model
 
     config = None
     manifest_data: dict = {}
