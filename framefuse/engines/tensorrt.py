@@ -44,6 +44,7 @@ from framefuse.engines.base import (
     check_precision,
     load_onnx,
 )
+from framefuse.plugins.registry import DOMAIN
 
 NAME = "tensorrt"
 ARTIFACT_NAME = "engine.plan"
@@ -122,7 +123,7 @@ def _dtype_table(trt) -> dict:
 
 def framefuse_ops(model: onnx.ModelProto) -> list[str]:
     """The framefuse-domain op types in ``model`` (sorted, unique)."""
-    return sorted({n.op_type for n in model.graph.node if n.domain == "framefuse"})
+    return sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN})
 
 
 def plugin_input_holes(model: onnx.ModelProto) -> list[str]:
@@ -134,7 +135,7 @@ def plugin_input_holes(model: onnx.ModelProto) -> list[str]:
 
     lines = []
     for node in model.graph.node:
-        if node.domain != "framefuse":
+        if node.domain != DOMAIN:
             continue
         inputs = list(node.input)
         while inputs and not inputs[-1]:
@@ -273,8 +274,6 @@ def build_plan(
 
 def _renamed_ops(model: onnx.ModelProto, names: Mapping[str, str]) -> onnx.ModelProto:
     """A copy of ``model`` whose framefuse nodes named in ``names`` carry the new op types."""
-    from framefuse.plugins.registry import DOMAIN
-
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for node in copy.graph.node:
