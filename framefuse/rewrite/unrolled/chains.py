@@ -29,6 +29,7 @@ from framefuse.rewrite.unrolled.graphutil import (
     descendants,
     is_framefuse,
     producer,
+    split_span,
 )
 from framefuse.rewrite.unrolled.lift import Lifter, node_key
 from framefuse.rewrite.unrolled.timeline import Timeline
@@ -266,33 +267,35 @@ def _gemm(node: gs.Node, a, b, c=None):
 
 def _split(node: gs.Node, output: gs.Tensor, x, sizes=None):
     axis = int(node.attrs.get("axis", 0))
-    if sizes is None:
-        sizes = node.attrs.get("split")
-    if sizes is None:
-        if x.shape[axis] % len(node.outputs):
-            return None
-        sizes = [x.shape[axis] // len(node.outputs)] * len(node.outputs)
-    edges = np.cumsum([0, *[int(v) for v in np.asarray(sizes).reshape(-1)]])
-    if edges[-1] != x.shape[axis] or len(edges) != len(node.outputs) + 1:
-        return None
-    k = node.outputs.index(output)
-    return np.take(x, np.arange(edges[k], edges[k + 1]), axis=axis)
+    span = split_span(node, output, x.shape[axis], sizes)
+    return None if span is None else np.take(x, np.arange(span[1], span[2]), axis=axis)
 
 
-def _evaluate(tm: Tmpl, hole_value: np.ndarray):
-    """Value of a template made of constants and the hole only (numpy), or None."""
+def evaluate_template(tm: Tmpl, hole_value: np.ndarray, leaves: dict | None = None, memo: dict | None = None):
+    """Value of a template (numpy) with the hole bound to ``hole_value`` and its leaves to their
+    constants, or to ``leaves[tensor name]`` for the ones that are not constants; None when an
+    op or a leaf has no value here."""
+    memo = {} if memo is None else memo
+    if id(tm) in memo:
+        return memo[id(tm)]
     if tm.kind == "hole":
         return hole_value
     if tm.kind == "leaf":
-        return const_value(tm.tensor)
+        value = (leaves or {}).get(tm.tensor.name)
+        return const_value(tm.tensor) if value is None else value
     # ops with attributes that a folded first step holds (a GRU cell's recurrent Gemm and Split)
     attr_ops = {"Gemm", "MatMul", "Split"}
     fn = _NUMPY_OPS.get(tm.node.op)
     if tm.node.op not in attr_ops and (fn is None or tm.node.attrs):
         return None
-    args = [_evaluate(c, hole_value) for c in tm.children]
+    args = [evaluate_template(c, hole_value, leaves, memo) for c in tm.children]
     if any(a is None for a in args):
         return None
+    memo[id(tm)] = value = _apply(tm, fn, args)
+    return value
+
+
+def _apply(tm: Tmpl, fn, args):
     with np.errstate(all="ignore"):
         try:
             if tm.node.op == "Gemm":
@@ -315,7 +318,7 @@ def _match_folded(tm: Tmpl, w: gs.Tensor, binding: dict) -> bool:
         return False
     hole = binding.get("hole")
     hole_value = const_value(hole) if hole is not None else np.zeros(value.shape, value.dtype)
-    result = _evaluate(tm, hole_value)
+    result = evaluate_template(tm, hole_value)
     if result is None or np.shape(result) != value.shape or not np.allclose(result, value, rtol=0, atol=0):
         return False
     if hole is None:

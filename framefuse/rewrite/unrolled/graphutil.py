@@ -17,6 +17,24 @@ from framefuse.rewrite.base import DOMAIN, RewriteContext
 from framefuse.rewrite.util import const_value, producer  # noqa: F401  (re-exported to the passes)
 
 
+def split_span(node: gs.Node, output: gs.Tensor, length: int, sizes=None) -> tuple[int, int, int] | None:
+    """(axis, start, stop) of the part ``output`` of a Split ``node`` takes from an axis of
+    ``length``: sizes from its second input (``sizes``, opset 13+), its ``split`` attribute, or
+    equal parts; None when they do not add up."""
+    if sizes is None:
+        sizes = node.attrs.get("split")
+    n = len(node.outputs)
+    if sizes is None:
+        if length % n:
+            return None
+        sizes = [length // n] * n
+    edges = np.cumsum([0, *[int(v) for v in np.asarray(sizes).reshape(-1)]])
+    if edges[-1] != length or len(edges) != n + 1:
+        return None
+    k = node.outputs.index(output)
+    return int(node.attrs.get("axis", 0)), int(edges[k]), int(edges[k + 1])
+
+
 class NotLiftable(Exception):
     """A candidate cannot be rewritten; the message is the reason reported in ``Declined``."""
 

@@ -23,32 +23,18 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite.base import make_framefuse_node
-from framefuse.rewrite.unrolled.chains import Chain, Tmpl
+from framefuse.rewrite.unrolled.chains import Chain, Tmpl, evaluate_template
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs, lift_leaf
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer
-from framefuse.rewrite.unrolled.match import args, linear_head, op, pairs, scalar
+from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer, split_span
+from framefuse.rewrite.unrolled.match import args, gemm_rows, linear_head, op, pairs, scalar
 
 CHECK_TOLERANCE = 1e-5  # the template against the assembled GRU step, random inputs (float64)
 
 
-def _split_range(node: gs.Node, output: gs.Tensor, size: int, split_sizes) -> tuple[int, int] | None:
-    """[start, stop) of the last axis that ``output`` of a Split node takes."""
-    axis = int(node.attrs.get("axis", 0))
-    if axis not in (-1, 1):
-        return None
-    k = node.outputs.index(output)
-    if split_sizes is None:
-        split_sizes = node.attrs.get("split")
-    if split_sizes is None:
-        n = len(node.outputs)
-        if size % n:
-            return None
-        split_sizes = [size // n] * n
-    split_sizes = [int(s) for s in np.asarray(split_sizes).reshape(-1)]
-    if sum(split_sizes) != size or len(split_sizes) != len(node.outputs):
-        return None
-    start = sum(split_sizes[:k])
-    return start, start + split_sizes[k]
+def _last_axis_span(node: gs.Node, output: gs.Tensor, length: int, sizes) -> tuple[int, int] | None:
+    """[start, stop) of the features a Split's ``output`` takes (the split must be along them)."""
+    span = split_span(node, output, length, sizes)
+    return None if span is None or span[0] not in (-1, 1) else span[1:]
 
 
 def _h_linear(tm: Tmpl):
@@ -63,7 +49,7 @@ def _h_linear(tm: Tmpl):
         if inner is None:
             return None
         sizes = const_value(tm.children[1].tensor) if len(tm.children) > 1 and tm.children[1].kind == "leaf" else None
-        span = _split_range(tm.node, tm.tensor, inner[0].shape[0], sizes)
+        span = _last_axis_span(tm.node, tm.tensor, inner[0].shape[0], sizes)
         if span is None:
             return None
         return inner[0][span[0] : span[1]], inner[1][span[0] : span[1]]
@@ -81,25 +67,18 @@ def _graph_linear(t: gs.Tensor):
         if inner is None:
             return None
         sizes = const_value(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1].name else None
-        span = _split_range(node, t, inner[1].shape[0], sizes)
+        span = _last_axis_span(node, t, inner[1].shape[0], sizes)
         if span is None:
             return None
         return inner[0], inner[1][span[0] : span[1]], inner[2][span[0] : span[1]]
     if node.op == "Gemm":
-        a = node.attrs
-        if int(a.get("transA", 0)) or float(a.get("alpha", 1.0)) != 1.0 or float(a.get("beta", 1.0)) != 1.0:
-            return None
-        w = const_value(node.inputs[1])
-        if w is None or w.ndim != 2:
-            return None
-        w = w if int(a.get("transB", 0)) else w.T
-        b = np.zeros(w.shape[0], np.float32)
+        bias = None
         if len(node.inputs) > 2 and node.inputs[2].name:
             bias = const_value(node.inputs[2])
-            if bias is None or bias.size not in (1, w.shape[0]):
+            if bias is None:
                 return None
-            b = np.broadcast_to(bias.reshape(-1), (w.shape[0],))
-        return node.inputs[0], np.ascontiguousarray(w), np.asarray(b, np.float32)
+        rows = gemm_rows(node.attrs, const_value(node.inputs[1]), bias)
+        return None if rows is None else (node.inputs[0], *rows)
     if node.op == "MatMul":
         w = const_value(node.inputs[1])
         if w is None or w.ndim != 2:
@@ -193,47 +172,6 @@ def match_gru(root: Tmpl):
 
 # -- the check: the template evaluated on random inputs against the assembled GRU step ---------------
 
-_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
-
-
-def _evaluate(tm: Tmpl, hole: np.ndarray, leaves: dict, memo: dict):
-    key = id(tm)
-    if key in memo:
-        return memo[key]
-    if tm.kind == "hole":
-        value = hole
-    elif tm.kind == "leaf":
-        value = leaves.get(tm.tensor.name)
-        if value is None:
-            value = const_value(tm.tensor)
-        if value is None:
-            raise NotLiftable(f"the GRU check cannot evaluate the step input {tm.tensor.name}")
-        value = np.asarray(value, np.float64)
-    else:
-        kids = [_evaluate(c, hole, leaves, memo) for c in tm.children]
-        name = tm.node.op
-        if name in _BINARY:
-            value = _BINARY[name](kids[0], kids[1])
-        elif name == "Sigmoid":
-            value = 1.0 / (1.0 + np.exp(-kids[0]))
-        elif name == "Tanh":
-            value = np.tanh(kids[0])
-        elif name in ("Gemm", "MatMul", "Split"):
-            head = linear_head(tm) if name != "Split" else None
-            if name == "Split":
-                span = _split_range(tm.node, tm.tensor, kids[0].shape[-1], kids[1] if len(kids) > 1 else None)
-                if span is None:
-                    raise NotLiftable("the GRU check cannot evaluate a Split of the step")
-                value = kids[0][..., span[0] : span[1]]
-            elif head is not None:
-                value = kids[0] @ head[1].T.astype(np.float64) + head[2]
-            else:
-                raise NotLiftable(f"the GRU check cannot evaluate {name} node '{tm.node.name}'")
-        else:
-            raise NotLiftable(f"the GRU check cannot evaluate {name} node '{tm.node.name}'")
-    memo[key] = value
-    return value
-
 
 def _x_leaves(tm: Tmpl) -> list[gs.Tensor]:
     return [t.tensor for t in tm.walk() if t.kind == "leaf" and const_value(t.tensor) is None]
@@ -254,7 +192,9 @@ def check_gru(root: Tmpl, frame: gs.Tensor, w, u, bias, batch: int, hidden: int,
             if lin is None or lin[0].name != frame.name:
                 raise NotLiftable(f"the step input {t.name} is not a linear layer of the frame")
             leaves[t.name] = x @ lin[1].T.astype(np.float64) + lin[2]
-        actual = _evaluate(root, h, leaves, {})
+        actual = evaluate_template(root, h, leaves)
+        if actual is None:
+            raise NotLiftable("the GRU check cannot evaluate the step on random inputs")
         wb, rb = bias[: 3 * hidden].astype(np.float64), bias[3 * hidden :].astype(np.float64)
         gx = x @ w.T.astype(np.float64) + wb
         gh = h @ u.T.astype(np.float64) + rb

@@ -42,25 +42,35 @@ def depends_on_hole(tm: Tmpl) -> bool:
     return any(t.kind == "hole" for t in tm.walk())
 
 
+def gemm_rows(attrs: dict, w: np.ndarray | None, bias: np.ndarray | None):
+    """(W [out, in], b [out]) of a Gemm with constant weight ``w`` and bias (None: none) as a
+    torch Linear (no transA, alpha = beta = 1), or None."""
+    if int(attrs.get("transA", 0)) or float(attrs.get("alpha", 1.0)) != 1.0 or float(attrs.get("beta", 1.0)) != 1.0:
+        return None
+    if w is None or w.ndim != 2:
+        return None
+    w = w if int(attrs.get("transB", 0)) else w.T
+    b = np.zeros(w.shape[0], w.dtype)
+    if bias is not None:
+        if bias.size not in (1, w.shape[0]):
+            return None
+        b = np.broadcast_to(bias.reshape(-1), (w.shape[0],)).astype(w.dtype)
+    return np.ascontiguousarray(w), b
+
+
 def linear_head(tm: Tmpl):
     """``tm`` = input @ Wᵀ + b (a torch Linear: Gemm, or MatMul [+ Add]). Returns
     (input template, W [out, in] numpy, b [out] numpy) with constant weights, or None."""
     children = args(tm, "Gemm")
     if children is not None:
-        attrs = tm.node.attrs
-        if int(attrs.get("transA", 0)) or float(attrs.get("alpha", 1.0)) != 1.0 or float(attrs.get("beta", 1.0)) != 1.0:
-            return None
         w = const_value(children[1].tensor) if children[1].kind == "leaf" else None
-        if w is None or w.ndim != 2:
-            return None
-        w = w if int(attrs.get("transB", 0)) else w.T
-        b = np.zeros(w.shape[0], w.dtype)
+        bias = None
         if len(children) > 2 and children[2].tensor.name:
             bias = const_value(children[2].tensor) if children[2].kind == "leaf" else None
-            if bias is None or bias.size not in (1, w.shape[0]):
+            if bias is None:
                 return None
-            b = np.broadcast_to(bias.reshape(-1), (w.shape[0],)).astype(w.dtype)
-        return children[0], np.ascontiguousarray(w), b
+        rows = gemm_rows(tm.node.attrs, w, bias)
+        return None if rows is None else (children[0], *rows)
     for left, right in pairs(tm, "Add"):
         bias = const_value(right.tensor) if right.kind == "leaf" else None
         inner = _matmul_head(left)
