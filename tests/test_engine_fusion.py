@@ -394,3 +394,40 @@ def test_a_tactic_within_the_timing_noise_of_the_plain_kernel_is_not_kept():
     assert not plain_kernel_within_margin("stepkernel", gated_ssm)
     assert not plain_kernel_within_margin("inductor", {"stepkernel": 20.0, "inductor": 19.9})  # not a tactic
     assert not plain_kernel_within_margin("stepkernel-pieces", {"stepkernel-pieces": 19.0})  # plain not timed
+
+
+@pytest.mark.parametrize("exact_math", [False, True])
+def test_stepkernel_candidate_calls_the_compiler_with_each_tactic_and_the_math(monkeypatch, exact_math):
+    """The build's step-kernel candidate reaches the compiler with every tactic's arguments and the
+    math asked for. The GPU path is the only other caller, so a signature drift between the two
+    (2726c76 passed ``fast_math`` that compile_step did not take: every build on a GPU lost the step
+    kernel) fails here, on the CPU."""
+    from types import SimpleNamespace
+
+    from framefuse.compiler import engine as compiler_engine
+    from framefuse.engines.fusion import STEPKERNELS, stepkernel_candidate
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached("min_gru", {"seq": 32, "seed": 0})["step"]
+    seen = []
+
+    class Recorder:
+        def __init__(self, program, **kwargs):
+            seen.append(kwargs)
+            raise RuntimeError("compiled here")
+
+    monkeypatch.setattr(compiler_engine, "CompiledStep", Recorder)
+    for name, tactic in STEPKERNELS.items():
+        log = []
+        candidate = stepkernel_candidate(
+            SimpleNamespace(model=str(prepared.fused)),
+            SimpleNamespace(device="cpu"),
+            log.append,
+            name=name,
+            exact_math=exact_math,
+        )
+        assert candidate is None
+        assert log == [f"selection: {name} not a candidate (RuntimeError: compiled here)"]
+        assert seen[-1]["fast_math"] is (not exact_math)
+        assert {k: seen[-1][k] for k in tactic} == tactic
+    assert len(seen) == len(STEPKERNELS)

@@ -324,10 +324,18 @@ class CompiledStep:
 
 
 def compile_step(
-    model_or_path, *, device, grid=None, threads=THREADS, copy_pieces=None, grid_fraction=1.0, log=None
+    model_or_path,
+    *,
+    device,
+    grid=None,
+    threads=THREADS,
+    copy_pieces=None,
+    grid_fraction=1.0,
+    fast_math=FAST_MATH,
+    log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
-    by default one per SM, or ``grid_fraction`` of the SMs)."""
+    by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS)."""
     program = lower_program(model_or_path)
     return CompiledStep(
         program,
@@ -336,6 +344,7 @@ def compile_step(
         threads=threads,
         copy_pieces=copy_pieces,
         grid_fraction=grid_fraction,
+        fast_math=fast_math,
         log=log,
     )
 
