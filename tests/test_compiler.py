@@ -914,24 +914,26 @@ def test_long_copies_can_be_issued_in_pieces_over_the_warps(tmp_path):
 @needs_cxx
 @pytest.mark.parametrize("source_cost", [8, 1])
 def test_short_reductions_recomputed_by_their_readers_under_emulation(source_cost, monkeypatch, tmp_path):
-    """INLINE_REDUCE_EXTENT (an experiment, off): a reduction over at most 32 cheap elements is
-    recomputed by each reader instead of being an array of its own. Attention's output-projection
-    task loses the row max's and the softmax sum's phases (9 -> 7; only the sum's with a source
-    cost of 1: 9 -> 8), and the emulated kernel still computes what the interpreter does."""
+    """INLINE_REDUCE_EXTENT: a reduction over at most 32 cheap elements is recomputed by each reader
+    instead of being an array of its own. Attention's output-projection task loses the softmax
+    sum's phase with the default source cost of 1 (9 -> 8), the row max's too with 8 (9 -> 7), and
+    the emulated kernel still computes what the interpreter does."""
     from framefuse.compiler import schedule as schedule_module
 
+    assert (schedule_module.INLINE_REDUCE_EXTENT, schedule_module.INLINE_REDUCE_SOURCE_COST) == (32, 1)
     program = lower_program(_prepared("attention", FULL).fused)
 
     def output_projection_phases(sched):
         (task,) = [t for t in sched.tasks if t.root.label.startswith("node '/o_proj/MatMul'")]
         return task.phases()
 
-    before = output_projection_phases(schedule(program, grid=132))
+    monkeypatch.setattr(schedule_module, "INLINE_REDUCE_EXTENT", 0)
+    cached = output_projection_phases(schedule(program, grid=132))
+    small = lower_program(_prepared("attention").fused)
+    small_cached = output_projection_phases(schedule(small, grid=3, threads=64))
     monkeypatch.setattr(schedule_module, "INLINE_REDUCE_EXTENT", 32)
     monkeypatch.setattr(schedule_module, "INLINE_REDUCE_SOURCE_COST", source_cost)
-    assert output_projection_phases(schedule(program, grid=132)) == before - (2 if source_cost == 8 else 1)
-    small = lower_program(_prepared("attention").fused)
+    assert output_projection_phases(schedule(program, grid=132)) == cached - (2 if source_cost == 8 else 1)
     sched = schedule(small, grid=3, threads=64)
-    monkeypatch.setattr(schedule_module, "INLINE_REDUCE_EXTENT", 0)
-    assert output_projection_phases(sched) < output_projection_phases(schedule(small, grid=3, threads=64))
+    assert output_projection_phases(sched) < small_cached
     _emulate_against_interpreter(generate(sched), small, 2, tmp_path)

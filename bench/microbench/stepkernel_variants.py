@@ -93,9 +93,12 @@ SCHEDULE_VARIANTS = {
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],
     # long prefetch copies issued as pieces, one a warp
-    # attention's row max and softmax sum recomputed by their readers, not phases of their own
-    "inline-short-reduce": ("schedule", "INLINE_REDUCE_EXTENT", 32),
+    # attention's row max and softmax sum recomputed by their readers, not phases of their own (the
+    # sum alone is the default)
+    "inline-short-reduce": [("schedule", "INLINE_REDUCE_EXTENT", 32), ("schedule", "INLINE_REDUCE_SOURCE_COST", 8)],
     "inline-short-sum": [("schedule", "INLINE_REDUCE_EXTENT", 32), ("schedule", "INLINE_REDUCE_SOURCE_COST", 1)],
+    # every short reduction cached as an array of its own (before 2026-11-26's default)
+    "no-inline-reduce": ("schedule", "INLINE_REDUCE_EXTENT", 0),
     # attention's output over the window published by a task of its own (a level more a layer; each of its
     # blocks computes the heads of its own elements), the output projection then a plain product
     "replicate-ops-64": ("schedule", "REPLICATE_OPS", 64),
@@ -104,6 +107,9 @@ SCHEDULE_VARIANTS = {
     "copy-pieces-2048": ("codegen", "PREFETCH_PIECE_FLOATS", 2048),
     # a task's blocks issue the copies a slot ahead after staging the task's inputs
 }
+# the build's tactics (engines.fusion.STEPKERNELS) as variants, to time a setting under each; a
+# variant name may join several of these and SCHEDULE_VARIANTS with "+" (inline-short-sum+fewer-blocks)
+TACTIC_VARIANTS = {"fewer-blocks": "stepkernel-fewer-blocks", "pieces": "stepkernel-pieces"}
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
     "mlstm_fgate", "gated_delta_state", "delta_rule_state", "linear_scan_step",
@@ -155,18 +161,26 @@ def main() -> int:
         base_fn = compiled.fn
         reference = None
         for name in args.variants.split(","):
-            if name in SCHEDULE_VARIANTS:
+            parts = name.split("+")
+            if all(p in SCHEDULE_VARIANTS or p in TACTIC_VARIANTS for p in parts):
                 import importlib
 
-                settings = SCHEDULE_VARIANTS[name]
-                settings = settings if isinstance(settings, list) else [settings]
+                from framefuse.engines.fusion import STEPKERNELS
+
+                settings, tactic = [], {}
+                for part in parts:
+                    if part in TACTIC_VARIANTS:
+                        tactic.update(STEPKERNELS[TACTIC_VARIANTS[part]])
+                    else:
+                        found = SCHEDULE_VARIANTS[part]
+                        settings += found if isinstance(found, list) else [found]
                 saved = []
                 for module_name, constant, value in settings:
                     sched_module = importlib.import_module(f"framefuse.compiler.{module_name}")
                     saved.append((sched_module, constant, getattr(sched_module, constant)))
                     setattr(sched_module, constant, _variant_value(value))
                 try:
-                    other = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
+                    other = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"), **tactic)
                 finally:
                     for sched_module, constant, value in reversed(saved):
                         setattr(sched_module, constant, value)

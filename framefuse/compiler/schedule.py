@@ -55,12 +55,17 @@ CACHE_COST = 8
 # of its own, a barrier and a pass over shared memory (H100: 170-270 cycles each for the two
 # scalars of min_gru's LayerNorms), to save a reader a sqrt and a division.
 SCALAR_RECOMPUTE_COST = 32
-# A reduction over at most this many elements, each cheap (INLINE_REDUCE_SOURCE_COST), is recomputed
-# by each reader instead of cached as an array of its own: attention's row max and softmax sum
-# over a 32-key window were two phases of their own. 0: every reduction read more than once is
-# cached. (Experiment, off: not yet timed on a GPU.)
-INLINE_REDUCE_EXTENT = 0
-INLINE_REDUCE_SOURCE_COST = 8
+# A reduction over at most this many elements, each of them this cheap to recompute (inline cost;
+# 1: a plain read), with several results (attention's one a head; a row's scalar, a small
+# LayerNorm's mean, was never timed), is recomputed by each reader instead of cached as an array
+# of its own: attention's softmax sum over a 32-key window was a phase of its own. Device time on
+# the H100 (bench/h100/2026-11-26-s16/, stepkernel_variants.py): attention 17.6-17.7 -> 16.35 us,
+# Llama GQA 14.9-15.0 -> 14.57, GPT-2 14.23 -> 13.99, Jamba (zoo 17.9-18.2 -> 18.11, transformers
+# 17.6-17.7 -> 17.48) within its noise; no other model's source changes. Recomputing the row max
+# too (cost 8: the scaled, masked score) made attention slower, 17.9 -> 21.4 us. 0: every
+# reduction read more than once is cached.
+INLINE_REDUCE_EXTENT = 32
+INLINE_REDUCE_SOURCE_COST = 1
 # A Dot computed more than this many times over by the blocks ...
 DOT_REDUNDANCY = 2.0
 # ... is materialized, unless its whole redundant work is this small (multiply-adds).
@@ -562,6 +567,7 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
                 continue
             if (
                 isinstance(node, Reduce)
+                and node.size > 1  # a row's scalar (a LayerNorm's sums at batch 1): not measured
                 and node.extent <= INLINE_REDUCE_EXTENT
                 and cost <= node.extent * (1 + INLINE_REDUCE_SOURCE_COST)
             ):
