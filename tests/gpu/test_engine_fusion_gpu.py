@@ -108,7 +108,12 @@ def test_build_times_the_unfused_graph_and_keeps_the_faster(arch, tmp_path):
     timed = {n: e["us_per_step"] for n, e in selection["candidates"].items() if "us_per_step" in e}
     assert {"plan", "unfused"} <= set(timed), selection["candidates"]
     assert "unfused+inductor" in selection["candidates"]
-    assert selection["chosen"] == min(timed, key=timed.get)
+    fastest = min(timed, key=timed.get)
+    # a step-kernel tactic within fusion.TACTIC_MARGIN of the plain kernel leaves the plain one chosen
+    expected = fusion.STEPKERNEL if fusion.plain_kernel_within_margin(fastest, timed) else fastest
+    assert selection["chosen"] == expected, timed
+    if expected != fastest:
+        assert any("the plain kernel is kept" in line for line in logged)
     assert (selection.get("graph") == "unfused") == selection["chosen"].startswith("unfused")
     assert any("<- chosen" in line for line in logged)
 
