@@ -12,7 +12,9 @@ Sections (``--section``, comma-separated or ``all``; default ``zoo``):
              (graphs from framefuse.precision, as ``framefuse build --precision`` makes them), with
              the accuracy report's max abs error and argmax agreement over a 1000-frame rollout
 
-Every row times host input → host output per call (the same ``measure`` for every engine) for
+Every row times host input → host output per call (the same ``measure_rounds`` for every engine:
+all of a row's engines are built first, then timed in --rounds interleaved rounds, so each samples
+the same windows of the host; the resident kernel is timed alone, after) for
 
   framefuse                  the cuda-graph engine as ``framefuse build`` makes it: build-time
                              selection ``select="time"`` with model.onnx as the unfused candidate
@@ -80,6 +82,7 @@ if str(REPO) not in sys.path:
 
 BUDGET_MS = 1000.0 / 60.0
 POOL = 64  # distinct random inputs cycled through the timed calls
+ROUNDS = 5  # interleaved timing rounds a row (see bench_row)
 SECTIONS = ("zoo", "real", "precision")
 ROW_KEYS = {"zoo": "rows", "real": "real_rows", "precision": "precision_rows"}
 TORCH_PEERS = ("torch_eager", "torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph")
@@ -143,6 +146,94 @@ def measure(call: Callable[[int], object], *, iters: int, warmup: int) -> dict:
         "fps": float(1e6 / p50),
         "iters": iters,
     }
+
+
+def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int) -> dict:
+    """measure() of every call in ``calls`` interleaved: ``warmup`` untimed calls each, then
+    ``rounds`` rounds in which each call is timed ``iters / rounds`` times in turn (a block of
+    calls, not one call each: switching engines on every call would time the switch). An engine
+    that raises is left out of the later rounds; its entry is the exception."""
+    per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+    samples: dict = {name: [] for name in calls}
+    failed: dict = {}
+    clock = time.perf_counter_ns
+    for name, call in calls.items():
+        try:
+            for i in range(warmup):
+                call(i)
+        except Exception as exc:  # noqa: BLE001
+            failed[name] = exc
+    done = 0
+    for n in per_round:
+        for name, call in calls.items():
+            if name in failed:
+                continue
+            ns = np.empty(n, dtype=np.int64)
+            try:
+                for k in range(n):
+                    start = clock()
+                    call(done + k)
+                    ns[k] = clock() - start
+            except Exception as exc:  # noqa: BLE001
+                failed[name] = exc
+                continue
+            samples[name].append(ns)
+        done += n
+    out: dict = dict(failed)
+    for name in calls:
+        if name in failed:
+            continue
+        us = np.concatenate(samples[name]) / 1e3
+        p50, p99 = np.percentile(us, [50, 99])
+        round_p50 = [float(np.percentile(x / 1e3, 50)) for x in samples[name]]
+        out[name] = {
+            "p50_us": float(p50),
+            "p99_us": float(p99),
+            "mean_us": float(us.mean()),
+            "max_us": float(us.max()),
+            "fps": float(1e6 / p50),
+            "iters": int(us.size),
+            "rounds": len(samples[name]),
+            "round_p50_us": round_p50,  # how far the host's windows moved this engine's median
+        }
+    return out
+
+
+def _finish_engine(row: dict, name: str, call, result: dict, *, settings, dev) -> None:
+    """After an engine's timing: its own check, what its call carries (build, selection, graph
+    replays), its kernels a call (profiled while it is still alive) and the log line."""
+    if hasattr(call, "check"):
+        result["output_correct"] = call.check()
+    result.update(getattr(call, "extra", {}))
+    engine = getattr(call, "engine", None)
+    if engine is not None:
+        result["replays"] = engine.replays
+        result["captures"] = engine.captures
+    if (
+        dev.type == "cuda"
+        and settings.profile_calls > 0
+        and name not in FLOORS
+        and name != "ort_cpu"
+        and "kernels" not in result
+    ):
+        try:
+            result["kernels"] = kernel_profile(call, calls=settings.profile_calls, device=dev)
+        except Exception as exc:  # noqa: BLE001
+            result["kernels"] = {"error": _error(exc)}
+    row["engines"][name] = result
+    err = f"  err {result['max_abs_err_vs_ort']:.1e}" if "max_abs_err_vs_ort" in result else ""
+    chosen = f"  [{result['selection'].get('chosen')}]" if "selection" in result else ""
+    say(
+        f"  {row['arch']:16s} T={row['T']:<3d} {ENGINE_LABELS[name]:40s} p50 {result['p50_us']:9.1f} us  "
+        f"p99 {result['p99_us']:9.1f} us{err}  (setup {result['setup_s']:.1f} s){chosen}"
+    )
+
+
+def _engine_failed(row: dict, arch: str, T: int, name: str, exc: BaseException) -> None:
+    message = _error(exc)
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=6))
+    row["engines"][name] = {"error": message, "traceback": trace}
+    say(f"  {arch:16s} T={T:<3d} {ENGINE_LABELS[name]:40s} FAILED: {message}")
 
 
 def max_abs_err(actual, expected) -> float:
@@ -518,7 +609,8 @@ def ort_reference(onnx_path, manifest: dict, x: np.ndarray) -> np.ndarray:
 class Settings:
     """What every row needs from the command line."""
 
-    def __init__(self, *, iters, warmup, device, compile_forms, replays, profile_calls, quick):
+    def __init__(self, *, iters, warmup, device, compile_forms, replays, profile_calls, quick, rounds=ROUNDS):
+        self.rounds = max(1, min(rounds, iters))
         self.iters = iters
         self.warmup = warmup
         self.device = device
@@ -646,6 +738,13 @@ def bench_row(
             row["engines"].setdefault(name, {"skipped": "no GPU"})
     makers.append(("ort_cpu", lambda: make_ort(entry["onnx"], pool=pool, manifest=manifest)))
 
+    # Every engine is built first and then timed in interleaved rounds (ROUNDS blocks of iters /
+    # ROUNDS calls each, engine after engine), so that each one's samples come from the same
+    # windows of the host: on the H100 machines a window of a second can be 3-4 us slower than the
+    # next, and an engine timed in one stretch took whichever it fell in (gated_ssm, 2026-11-26:
+    # 24.2 and 24.7 us in two runs, 18.7-23.6 in windows of one process). A resident kernel holds
+    # every SM and must stop before anything waits for the device: it is timed alone, after.
+    live: dict[str, Callable] = {}
     for name, make in makers:
         call = None
         try:
@@ -653,49 +752,43 @@ def bench_row(
             with torch.no_grad():
                 call = make()
                 first = np.array(call(0), copy=True)  # zero state, input 0: compared with ORT
-                setup_s = time.perf_counter() - start
-                result = measure(call, iters=settings.iters, warmup=settings.warmup)
-                if hasattr(call, "close"):  # a resident kernel leaves before anything synchronises the GPU
+                result = {"setup_s": time.perf_counter() - start}
+                if name not in FLOORS:
+                    result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
+                if name == "framefuse_resident":
+                    result.update(measure(call, iters=settings.iters, warmup=settings.warmup))
+                    result["rounds"] = 1
                     call.close()
                     result["kernels"] = {"skipped": "resident: no launch per call (one kernel, launched once)"}
-            result["setup_s"] = setup_s
-            if name not in FLOORS:
-                result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
-            if hasattr(call, "check"):
-                result["output_correct"] = call.check()
-            result.update(getattr(call, "extra", {}))
-            engine = getattr(call, "engine", None)
-            if engine is not None:
-                result["replays"] = engine.replays
-                result["captures"] = engine.captures
-            if (
-                on_gpu
-                and settings.profile_calls > 0
-                and name not in FLOORS
-                and name != "ort_cpu"
-                and "kernels" not in result
-            ):
-                try:  # kernels per call right after the timing, while only this engine is fresh
-                    result["kernels"] = kernel_profile(call, calls=settings.profile_calls, device=dev)
-                except Exception as exc:  # noqa: BLE001
-                    result["kernels"] = {"error": _error(exc)}
-            row["engines"][name] = result
-            err = f"  err {result['max_abs_err_vs_ort']:.1e}" if "max_abs_err_vs_ort" in result else ""
-            chosen = f"  [{result['selection'].get('chosen')}]" if "selection" in result else ""
-            say(
-                f"  {arch:16s} T={T:<3d} {ENGINE_LABELS[name]:40s} p50 {result['p50_us']:9.1f} us  "
-                f"p99 {result['p99_us']:9.1f} us{err}  (setup {setup_s:.1f} s){chosen}"
-            )
+                    _finish_engine(row, name, call, result, settings=settings, dev=dev)
+                else:
+                    row["engines"][name] = result
+                    live[name] = call
+                    call = None  # kept for the rounds
         except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
-            message = _error(exc)
-            row["engines"][name] = {"error": message, "traceback": traceback.format_exc(limit=6)}
-            say(f"  {arch:16s} T={T:<3d} {ENGINE_LABELS[name]:40s} FAILED: {message}")
+            _engine_failed(row, arch, T, name, exc)
         finally:
             if call is not None and hasattr(call, "close"):
                 call.close()
-            call = None  # each peer is released before the next is built
+            call = None
             if on_gpu:
                 torch.cuda.synchronize(dev)
+    try:
+        with torch.no_grad():
+            timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
+        for name, call in live.items():
+            if isinstance(timed[name], BaseException):
+                _engine_failed(row, arch, T, name, timed[name])
+                continue
+            row["engines"][name].update(timed[name])
+            _finish_engine(row, name, call, row["engines"][name], settings=settings, dev=dev)
+    finally:
+        for call in live.values():
+            if hasattr(call, "close"):
+                call.close()
+        live.clear()
+        if on_gpu:
+            torch.cuda.synchronize(dev)
     finish_row(row)
     profile_row(row, settings, dev)
     built.clear()
@@ -1125,6 +1218,13 @@ def environment(device: str) -> dict:
     return info
 
 
+def _rounds_note(cfg: dict) -> str:
+    rounds = cfg.get("rounds", 1)
+    if rounds <= 1:  # runs before 2026-11-26 timed each engine in one stretch
+        return ""
+    return f", timed in {rounds} interleaved rounds of a row's engines (the resident kernel alone, after)"
+
+
 def _ms(us) -> str:
     return f"{us / 1000:.3f}" if us is not None else "—"
 
@@ -1324,7 +1424,7 @@ def markdown(results: dict) -> str:
         "",
         f"Settings: sections {', '.join(results.get('sections', ['zoo']))}; zoo embed {cfg['embed']}, "
         f"{cfg['layers']} layers, batch 1, T = {_measured_lengths(results, cfg)}; {cfg['iters']} timed calls after {cfg['warmup']} "
-        f"warm-up calls per engine; kernel profile over {cfg.get('profile_calls', '—')} calls; fp32 everywhere "
+        f"warm-up calls per engine{_rounds_note(cfg)}; kernel profile over {cfg.get('profile_calls', '—')} calls; fp32 everywhere "
         "(TF32 off).",
     ]
     if results.get("merged_from"):
@@ -1470,6 +1570,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--iters", type=int, default=None, help="timed calls per engine (default 1000; --quick 200)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 100; --quick 20)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help=f"a row's engines are timed in this many interleaved rounds of iters/rounds calls (default {ROUNDS})",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -1681,6 +1787,7 @@ def run(args) -> int:
         replays=replays,
         profile_calls=max(0, getattr(args, "profile_calls", 20)),
         quick=args.quick,
+        rounds=args.rounds,
     )
     work_ctx = contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory(prefix="ffbench-")
     results = {
@@ -1703,6 +1810,7 @@ def run(args) -> int:
             "precisions": precisions,
             "accuracy_frames": args.accuracy_frames,
             "profile_calls": settings.profile_calls,
+            "rounds": settings.rounds,
             "seed": args.seed,
             "quick": bool(args.quick),
         },

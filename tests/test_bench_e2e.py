@@ -180,3 +180,41 @@ def test_forms_pick_the_rows_and_a_bad_form_is_refused(e2e, tmp_path):
     _check_engine_rows(e2e, results["rows"], {3})
     with pytest.raises(SystemExit, match="--forms: unknown"):
         e2e.main([*argv, "--forms", "steps", "--out", str(tmp_path / "bad")])
+
+
+def test_engines_are_timed_in_interleaved_rounds_and_a_failure_stays_its_own(e2e):
+    """measure_rounds: each engine's warm-up, then rounds in which every engine runs a block of
+    iters / rounds calls in turn (so all of them sample the same windows of the host); an engine
+    that raises is reported as its exception and the others finish."""
+    order = []
+
+    def engine(name, fail_at=None):
+        def call(i):
+            if fail_at is not None and len([n for n in order if n == name]) == fail_at:
+                raise RuntimeError(f"{name} broke")
+            order.append(name)
+            return i
+
+        return call
+
+    timed = e2e.measure_rounds(
+        {"a": engine("a"), "b": engine("b"), "c": engine("c", fail_at=4)}, iters=7, warmup=1, rounds=3
+    )
+    # warm-up (one each), then blocks of 3, 2, 2 calls; c raises on its 5th call (its first of
+    # round 2, before it records) and is left out from then on
+    assert "".join(order) == "abc" + "aaabbbccc" + "aabb" + "aabb"
+    assert isinstance(timed["c"], RuntimeError)
+    for name in "ab":
+        assert timed[name]["iters"] == 7 and timed[name]["rounds"] == 3
+        assert len(timed[name]["round_p50_us"]) == 3
+        assert timed[name]["p50_us"] > 0
+
+
+def test_the_report_says_how_engines_were_timed(smoke):
+    out, results = smoke
+    assert results["config"]["rounds"] == 3  # --iters 3: no more rounds than calls
+    assert "timed in 3 interleaved rounds" in (out / "e2e.md").read_text()
+    for row in results["rows"]:
+        for name, entry in row["engines"].items():
+            if "p50_us" in entry:
+                assert entry["rounds"] == (1 if name == "framefuse_resident" else 3), (name, entry)
