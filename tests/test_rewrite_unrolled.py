@@ -707,3 +707,128 @@ def test_a_cell_that_is_not_gru_seq_is_declined_with_its_reason(module):
         assert gru and "not a GRU update" in gru[0], report.declined
     else:
         assert any("not affine" in d.reason for d in report.declined), report.declined
+
+
+# --- LSTM cells stepped in a Python loop (issue 21) -----------------------------------------------
+
+
+class LSTMCellLoop(nn.Module):
+    """nn.LSTMCell over the frames from given (``h0``, ``c0``) or zero states; one or two layers;
+    ``return_c``: the last cell state returned beside the outputs."""
+
+    def __init__(self, layers: int = 1, given_state: bool = True, return_c: bool = False, bias: bool = True):
+        super().__init__()
+        self.given_state, self.return_c = given_state, return_c
+        self.cells = nn.ModuleList(nn.LSTMCell(F if i == 0 else D, D, bias=bias) for i in range(layers))
+
+    def forward(self, x, h0=None, c0=None):
+        if self.given_state:
+            hs, cs = [h0 for _ in self.cells], [c0 for _ in self.cells]
+        else:
+            hs = [torch.zeros(x.shape[0], D) for _ in self.cells]
+            cs = [torch.zeros(x.shape[0], D) for _ in self.cells]
+        ys = []
+        for t in range(x.shape[1]):
+            inp = x[:, t]
+            for i, cell in enumerate(self.cells):
+                hs[i], cs[i] = cell(inp, (hs[i], cs[i]))
+                inp = hs[i]
+            ys.append(inp)
+        y = torch.stack(ys, dim=1)
+        return (y, cs[-1]) if self.return_c else y
+
+
+class HandLSTM(nn.Module):
+    """An LSTM written out by hand, a Linear per gate and side (no fused 4H product, no Split);
+    ``peephole``: the forget gate also reads c (not the LSTM LSTMSeq computes); ``act``: the
+    output's activation of c."""
+
+    def __init__(self, peephole: bool = False, act=torch.tanh):
+        super().__init__()
+        self.peephole, self.act = peephole, act
+        self.wx = nn.ModuleList(nn.Linear(F, D) for _ in range(4))
+        self.wh = nn.ModuleList(nn.Linear(D, D, bias=False) for _ in range(4))
+        self.p = nn.Parameter(torch.randn(D))
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], D)
+        c = torch.zeros(x.shape[0], D)
+        ys = []
+        for t in range(x.shape[1]):
+            xt = x[:, t]
+            i = torch.sigmoid(self.wx[0](xt) + self.wh[0](h))
+            f_pre = self.wx[1](xt) + self.wh[1](h)
+            f = torch.sigmoid(f_pre + self.p * c if self.peephole else f_pre)
+            g = torch.tanh(self.wx[2](xt) + self.wh[2](h))
+            o = torch.sigmoid(self.wx[3](xt) + self.wh[3](h))
+            c = f * c + i * g
+            h = o * self.act(c)
+            ys.append(h)
+        return torch.stack(ys, dim=1)
+
+
+@pytest.mark.parametrize("given_state", [True, False], ids=["state_inputs", "zeros"])
+def test_lstm_cell_loop_fuses_into_lstm_seq(given_state):
+    torch.manual_seed(0)
+    module = LSTMCellLoop(given_state=given_state)
+    args = (seq_input(6), torch.randn(B, D), torch.randn(B, D)) if given_state else (seq_input(6),)
+    names = ["x", "h0", "c0"] if given_state else ["x"]
+    fused, report = check_fused(export(module, args, names, ["y"]), "LSTMSeq")
+    (match,) = report.matches
+    assert match.detail["steps"] == 6 and match.detail["check_max_abs_diff"] < 1e-6
+    assert match.detail["initial_state"] == ("given" if given_state else "zeros")
+    lstm = [n for n in fused.graph.node if n.op_type == "LSTMSeq"][0]
+    assert len(lstm.input) == (6 if given_state else 4)  # h0, c0 inputs only when not zeros
+
+
+def test_stacked_lstm_cells_fuse_and_the_last_cell_state_is_the_ops():
+    """Two layers, each its own LSTMSeq; the returned c_T is the second op's final cell state."""
+    torch.manual_seed(0)
+    module = LSTMCellLoop(layers=2, given_state=False, return_c=True)
+    check_fused(export(module, (seq_input(5),), ["x"], ["y", "c"]), "LSTMSeq", count=2)
+
+
+def test_lstm_cell_without_biases_fuses():
+    torch.manual_seed(0)
+    module = LSTMCellLoop(given_state=False, bias=False)
+    check_fused(export(module, (seq_input(4),), ["x"], ["y"]), "LSTMSeq")
+
+
+def test_hand_written_lstm_fuses():
+    torch.manual_seed(0)
+    check_fused(export(HandLSTM(), (seq_input(5),), ["x"], ["y"]), "LSTMSeq")
+
+
+@pytest.mark.parametrize("module", [HandLSTM(peephole=True), HandLSTM(act=torch.sigmoid)], ids=["peephole", "sigmoid"])
+def test_a_cell_that_is_not_lstm_seq_is_not_fused_as_one(module):
+    """A peephole forget gate and an output gated through sigmoid(c) are not the LSTM LSTMSeq
+    computes: no LSTMSeq appears, and the LSTM pass says why where it found the cells."""
+    torch.manual_seed(0)
+    model = export(module, (seq_input(5),), ["x"], ["y"])
+    fused, report = rewrite(model)
+    assert "LSTMSeq" not in ops(fused, "framefuse")
+    lstm = [d.reason for d in report.declined if d.pass_name == "unrolled-lstm-cell"]
+    if module.peephole:
+        assert lstm and "not an LSTM update" in lstm[0] and lstm[0].startswith("step 4 ("), report.declined
+    feeds = feeds_for(model)
+    for e, a in zip(run(model, feeds), run(fused, feeds)):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_lstm_cell_step_form_fuses_with_its_states():
+    """The step form a game loop calls every frame: one frame, h and c in and out by name."""
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.LSTMCell(F, D)
+
+        def forward(self, x, h, c):
+            h, c = self.cell(x, (h, c))
+            return h * 2.0, h, c
+
+    torch.manual_seed(0)
+    args = (torch.randn(B, F), torch.randn(B, D), torch.randn(B, D))
+    model = export(Step(), args, ["x", "state.h", "state.c"], ["y", "next_state.h", "next_state.c"])
+    fused, report = check_fused(model, "LSTMSeq")
+    assert report.matches[0].detail["form"] == "step"

@@ -81,6 +81,26 @@ class GRUCellPolicy(nn.Module):
         return torch.stack(ys, dim=1)
 
 
+class LSTMCellPolicy(nn.Module):
+    """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.cells = nn.ModuleList(nn.LSTMCell(HIDDEN if i == 0 else 32, 32) for i in range(LAYERS))
+
+    def forward(self, x):
+        hs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
+        cs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
+        ys = []
+        for t in range(x.shape[1]):
+            inp = x[:, t]
+            for i, cell in enumerate(self.cells):
+                hs[i], cs[i] = cell(inp, (hs[i], cs[i]))
+                inp = hs[i]
+            ys.append(inp)
+        return torch.stack(ys, dim=1)
+
+
 def _hf(model_cls: str, config_cls: str, *, attn: str | None = None, mask: bool = False, **config):
     def build() -> nn.Module:
         import transformers
@@ -194,6 +214,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_lstm_bidir", _seeded(lambda: TorchRNN(nn.LSTM)), {"LSTMSeq": 2 * LAYERS}),
     RealModel("torch_gru_bidir", _seeded(lambda: TorchRNN(nn.GRU)), {"GRUSeq": 2 * LAYERS}),
     RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
+    RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}

@@ -29,7 +29,17 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, export_root):
 
 
 @pytest.mark.parametrize(
-    "name", ["gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir"]
+    "name",
+    [
+        "gpt2_sdpa",
+        "llama_gqa_sdpa",
+        "mamba",
+        "jamba",
+        "torch_lstm_bidir",
+        "torch_gru_bidir",
+        "torch_grucell_loop",
+        "torch_lstmcell_loop",
+    ],
 )
 def test_step_kernel_of_real_model_matches_onnxruntime(name, export_root):
     """The step compiler's one kernel of each benchmarked real model at T = 1 (a length-1

@@ -16,6 +16,7 @@ from framefuse.rewrite.unrolled.gated_delta import GatedDeltaRuleScanPass
 from framefuse.rewrite.unrolled.gru import GRUCellPass
 from framefuse.rewrite.unrolled.linear import LinearScanPass
 from framefuse.rewrite.unrolled.liquid import LiquidScanPass
+from framefuse.rewrite.unrolled.lstm import LSTMCellPass
 from framefuse.rewrite.unrolled.mlstm import MLSTMScanPass
 from framefuse.rewrite.unrolled.selective import SelectiveScanPass
 from framefuse.rewrite.unrolled.stacking import OutputStackingPass
@@ -31,6 +32,7 @@ PASSES = [
     WKVScanPass(),
     LiquidScanPass(),
     GRUCellPass(),
+    LSTMCellPass(),
     GatedDeltaRuleScanPass(),
     DeltaRuleScanPass(),
     MLSTMScanPass(),
@@ -45,6 +47,7 @@ __all__ = [
     "GRUCellPass",
     "LinearScanPass",
     "LiquidScanPass",
+    "LSTMCellPass",
     "MLSTMScanPass",
     "SelectiveScanPass",
     "remaining_recurrence_ops",

@@ -42,6 +42,12 @@ class UnrolledPass:
     def accepts(self, chain: Chain, tl: Timeline) -> bool:
         return True
 
+    def find(self, tl: Timeline):
+        """The chains this pass tries, and the problems found on the way (default: the one-state
+        loop-carried chains of ``chains.find_chains``; a pass whose steps carry several states
+        finds its own)."""
+        return find_chains(tl)
+
     def rewrite_chain(self, graph, ctx, chain, lifter, emit) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -49,7 +55,7 @@ class UnrolledPass:
         result = PassResult()
         for _ in range(MAX_ROUNDS):
             tl = Timeline(graph)
-            chains, problems = find_chains(tl)
+            chains, problems = self.find(tl)
             declined: list[Declined] = []
             fused = False
             for chain in chains:
