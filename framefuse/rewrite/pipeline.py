@@ -134,10 +134,11 @@ def _infer_loose(model: onnx.ModelProto, notes: list[str] | None = None) -> onnx
 def default_passes(notes: list[str] | None = None) -> list:
     """The passes in their order. Notes (e.g. the unrolled passes are missing) go to `notes`."""
     from framefuse.rewrite.attention import AttentionPass, OnnxAttentionPass
+    from framefuse.rewrite.logscan import LogSpaceScanPass
     from framefuse.rewrite.loops import LoopScanPass
     from framefuse.rewrite.rnn_nodes import RnnNodePass
 
-    passes = [RnnNodePass(), OnnxAttentionPass(), AttentionPass(), LoopScanPass()]
+    passes = [RnnNodePass(), OnnxAttentionPass(), AttentionPass(), LoopScanPass(), LogSpaceScanPass()]
     unrolled = _import_unrolled()
     if unrolled is None or not hasattr(unrolled, "PASSES"):
         if notes is not None:

@@ -101,6 +101,29 @@ class LSTMCellPolicy(nn.Module):
         return torch.stack(ys, dim=1)
 
 
+class MinGRULogSpace(nn.Module):
+    """minGRU in its parallel (training) form as its paper's code writes it: the whole sequence
+    at once from the logs of the coefficients, ``logcumsumexp`` of a cumulative sum (the "heinsen"
+    scan), from h_0 = 0; a Linear head on top. The TorchScript exporter refuses logcumsumexp."""
+
+    def __init__(self):
+        super().__init__()
+        self.gates = nn.Linear(HIDDEN, 2 * 32)
+        self.head = nn.Linear(32, 32)
+
+    @staticmethod
+    def _log_g(x):
+        return torch.where(x >= 0, (torch.relu(x) + 0.5).log(), -nn.functional.softplus(-x))
+
+    def forward(self, x):
+        k, h_tilde = self.gates(x).chunk(2, dim=-1)
+        log_coeffs = -nn.functional.softplus(k)  # log(1 - z)
+        log_values = -nn.functional.softplus(-k) + self._log_g(h_tilde)  # log(z * g(h~))
+        a_star = torch.cumsum(log_coeffs, dim=1)
+        h = torch.exp(a_star + torch.logcumsumexp(log_values - a_star, dim=1))
+        return self.head(h)
+
+
 def _hf(model_cls: str, config_cls: str, *, attn: str | None = None, mask: bool = False, **config):
     def build() -> nn.Module:
         import transformers
@@ -215,6 +238,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_gru_bidir", _seeded(lambda: TorchRNN(nn.GRU)), {"GRUSeq": 2 * LAYERS}),
     RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
+    RealModel("mingru_log_space", _seeded(MinGRULogSpace), {"LinearScan": 1}),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}
