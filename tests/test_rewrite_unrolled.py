@@ -832,3 +832,30 @@ def test_lstm_cell_step_form_fuses_with_its_states():
     model = export(Step(), args, ["x", "state.h", "state.c"], ["y", "next_state.h", "next_state.c"])
     fused, report = check_fused(model, "LSTMSeq")
     assert report.matches[0].detail["form"] == "step"
+
+
+class BidirectionalLSTMCells(nn.Module):
+    """A bidirectional layer written with two nn.LSTMCell loops, the backward one over the frames
+    reversed, their outputs concatenated per frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.fwd, self.bwd = nn.LSTMCell(F, D), nn.LSTMCell(F, D)
+
+    def forward(self, x):
+        outs = []
+        for cell, order in ((self.fwd, range(x.shape[1])), (self.bwd, reversed(range(x.shape[1])))):
+            h = torch.zeros(x.shape[0], D)
+            c = torch.zeros(x.shape[0], D)
+            ys = {}
+            for t in order:
+                h, c = cell(x[:, t], (h, c))
+                ys[t] = h
+            outs.append(torch.stack([ys[t] for t in range(x.shape[1])], dim=1))
+        return torch.cat(outs, dim=-1)
+
+
+def test_bidirectional_lstm_cell_loops_fuse_into_two_lstm_seqs():
+    torch.manual_seed(0)
+    fused, report = check_fused(export(BidirectionalLSTMCells(), (seq_input(5),), ["x"], ["y"]), "LSTMSeq", count=2)
+    assert sorted(m.detail["direction"] for m in report.matches) == ["forward", "reverse"]

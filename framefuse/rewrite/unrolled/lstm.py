@@ -19,7 +19,9 @@ c, and checked:
   evaluated on a random frame (and random initial states where they are graph inputs) against the
   same LSTM step.
 
-A loop that is not this LSTM is declined naming the step and the difference, never mis-fused.
+A loop over the frames backwards (the reverse half of a bidirectional layer) runs the op over the
+frames reversed. A loop that is not this LSTM is declined naming the step and the difference,
+never mis-fused.
 """
 
 from __future__ import annotations
@@ -210,7 +212,7 @@ class LSTMCellPass(UnrolledPass):
             links += [template(b.h_new, a.h_new, order=tl.order) for a, b in zip(run, run[1:])]
             h0 = gs.Constant(f"the LSTM cells from {run[0].h_new.name}", np.zeros(1, np.float32))
             chain = Chain([h0, *[cell.h_new for cell in run]], links, "sequence")
-            times = tl.time_of(run[0].h_new)
+            times = tl.time_of(run[-1].h_new)  # every frame the loop reads (a reversed loop's too)
             chain.first_frame = min(times) if times else 0
             chain.cells = run  # type: ignore[attr-defined]
             chains.append(chain)
@@ -252,23 +254,31 @@ class LSTMCellPass(UnrolledPass):
         u = np.concatenate([gates[g][3] for g in GATES]).astype(np.float32)
         bias = np.concatenate([gates[g][2] for g in GATES] + [gates[g][4] for g in GATES]).astype(np.float32)
         error, frames = self._check_steps(chain, run, w, u, bias, batch, hidden, in_features)
+        reverse = False
         if chain.form == "step":  # the states are the graph's state.h and state.c inputs
             h0, c0 = chain.states[0], run[0].c_old
         else:
             h0, c0, frame0, error0 = self._check_first(tl, run, w, u, bias, batch, hidden, in_features, gates)
             error = max(error, error0)
-            times = [tl.time_of(t) for t in (frame0, *frames)]
-            first = chain.first_frame
-            if [sorted(t) for t in times] != [[first + k] for k in range(len(times))]:
-                raise NotLiftable(
-                    f"the LSTM steps do not read one frame each from frame {first}: {[sorted(t) for t in times]}"
-                )
+            times = [sorted(tl.time_of(t)) for t in (frame0, *frames)]
+            first, count = chain.first_frame, len(times)
+            if times == [[first + count - 1 - k] for k in range(count)]:
+                reverse = True  # a backward loop (the reverse half of a bidirectional layer)
+            elif times != [[first + k] for k in range(count)]:
+                raise NotLiftable(f"the LSTM steps do not read one frame each, in order, from frame {first}: {times}")
         for cell in run[:-1]:
             outside = [n.name for n in cell.c_new.outputs if not _inside(n, run)]
             if outside:
                 raise NotLiftable(f"the cell state {cell.c_new.name} is read outside the loop ({outside[0]})")
         steps = len(run)
-        x_tm, _ = lift_leaf(lifter, emit, frame)  # [T, B, I]
+        x_tm, x_shape = lift_leaf(lifter, emit, frame)  # [T, B, I], the frames in time order
+        if reverse:  # the op's steps in the loop's order: its Y and final states are the cells'
+            x_tm = emit.node(
+                "Slice",
+                [x_tm, emit.ints([steps - 1]), emit.ints([-steps - 1]), emit.ints([0]), emit.ints([-1])],
+                x_shape,
+                np.float32,
+            )
         inputs = [x_tm, emit.const(w), emit.const(u), emit.const(bias)]
         if h0 is not None or c0 is not None:
             for given in (h0, c0):
@@ -290,6 +300,7 @@ class LSTMCellPass(UnrolledPass):
             "steps": steps,
             "state_shape": list(state_shape),
             "initial_state": "zeros" if h0 is None and c0 is None else "given",
+            "direction": "reverse" if reverse else "forward",
             "check_max_abs_diff": error,
         }
 
