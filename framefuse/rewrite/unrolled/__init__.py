@@ -4,6 +4,8 @@ A plain ``torch.onnx.export`` of a loop over a static T leaves T copies of the s
 chained through the state. These passes find the loop-carried chain structurally
 (``timeline``, ``chains``), prove what kind of recurrence it is, lift the state-independent
 per-step inputs over all steps (``lift``) and replace the chain with one ``framefuse`` node.
+A step that carries two coupled states (an LSTM cell's h and c) is no one-state chain: its pass
+finds its own (``UnrolledPass.find``; ``lstm``: the cells' c updates linked step to step).
 
 - ``PASSES``: the pass objects, in the order to run them.
 - ``remaining_recurrence_ops(graph)``: per-step recurrent ops left unfused.
