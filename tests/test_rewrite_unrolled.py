@@ -859,3 +859,24 @@ def test_bidirectional_lstm_cell_loops_fuse_into_two_lstm_seqs():
     torch.manual_seed(0)
     fused, report = check_fused(export(BidirectionalLSTMCells(), (seq_input(5),), ["x"], ["y"]), "LSTMSeq", count=2)
     assert sorted(m.detail["direction"] for m in report.matches) == ["forward", "reverse"]
+
+
+def test_stacked_lstm_cells_step_form_fuse_one_lstm_seq_a_layer():
+    """Two layers in the step form: the second layer's cell reads the first one's states through
+    its frame, and still finds its own h among the state inputs."""
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cells = nn.ModuleList([nn.LSTMCell(F, D), nn.LSTMCell(D, D)])
+
+        def forward(self, x, h0, c0, h1, c1):
+            h0, c0 = self.cells[0](x, (h0, c0))
+            h1, c1 = self.cells[1](h0, (h1, c1))
+            return h1, h0, c0, h1, c1
+
+    torch.manual_seed(0)
+    args = (torch.randn(B, F), *[torch.randn(B, D) for _ in range(4)])
+    names = ["x", "state.l0_h", "state.l0_c", "state.l1_h", "state.l1_c"]
+    outs = ["y", "next_state.l0_h", "next_state.l0_c", "next_state.l1_h", "next_state.l1_c"]
+    check_fused(export(Step(), args, names, outs), "LSTMSeq", count=2)

@@ -140,15 +140,21 @@ def find_cells(tl) -> list[Cell]:
 
 def find_step_cells(tl, cells: list[Cell]) -> list[tuple[Cell, gs.Tensor]]:
     """Step-form cells (one frame, the states in and out by name): (cell, the ``state.`` input its
-    gates read as h) for each cell whose c is a ``state.`` input and that reads one other."""
+    gates read as h) for each cell whose c is a ``state.`` input and whose step, in that input,
+    is an LSTM update reading c (a later layer's cell also reads the earlier layers' states,
+    through its frame)."""
     inputs = [t for t in tl.graph.inputs if t.name.startswith(STATE_IN_PREFIX)]
     found = []
     for cell in cells:
         if cell.c_old not in inputs:
             continue
-        hs = [t for t in inputs if t is not cell.c_old and cell.h_new.name in descendants(t)]
-        if len(hs) == 1:
-            found.append((cell, hs[0]))
+        for h_in in inputs:
+            if h_in is cell.c_old or cell.h_new.name not in descendants(h_in):
+                continue
+            matched = match_lstm(template(cell.h_new, h_in))
+            if not isinstance(matched, str) and matched[1].tensor.name == cell.c_old.name:
+                found.append((cell, h_in))
+                break
     return found
 
 
