@@ -187,7 +187,9 @@ class LogSpaceScanPass:
             try:
                 actual = _evaluate(graph, log_a, log_b, out, {"a": la, "b": lb})
             except Exception as exc:  # noqa: BLE001 - a subgraph that does not cut at log a, log b
-                raise _Decline(f"the expression cannot be evaluated from {log_a.name} and {log_b.name} alone ({exc})") from exc
+                raise _Decline(
+                    f"the expression cannot be evaluated from {log_a.name} and {log_b.name} alone ({exc})"
+                ) from exc
             worst = max(worst, float((np.abs(actual - expected) / (1 + np.abs(expected))).max()))
         if not worst <= CHECK_TOLERANCE:
             raise _Decline(f"the expression differs from the recurrence by {worst:.3g} on random inputs")
