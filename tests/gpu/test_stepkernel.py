@@ -293,3 +293,69 @@ def test_an_output_kept_after_its_session_is_gone_stays_valid():
     out = _session(prepared).step(frame)  # the session is gone after this line
     gc.collect()
     _close(out, expected, "y")
+
+
+def test_stepkernel_of_lstm_cells_fused_from_a_step_form_export(tmp_path):
+    """A policy as game code writes it: two nn.LSTMCell layers called once a frame, exported in
+    the step form (h and c of each layer in and out by name), fused by the rewrite into one LSTMSeq
+    a layer, compiled into the step kernel and chained over 60 frames against ONNX Runtime on the
+    original export."""
+    import io
+    import warnings
+
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from torch import nn
+
+    from framefuse.rewrite import rewrite_model
+
+    class Policy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cells = nn.ModuleList([nn.LSTMCell(24, 48), nn.LSTMCell(48, 48)])
+            self.head = nn.Linear(48, 6)
+
+        def forward(self, x, h0, c0, h1, c1):
+            h0, c0 = self.cells[0](x, (h0, c0))
+            h1, c1 = self.cells[1](h0, (h1, c1))
+            return self.head(h1), h0, c0, h1, c1
+
+    torch.manual_seed(0)
+    states = ["l0_h", "l0_c", "l1_h", "l1_c"]
+    args = (torch.randn(1, 24), *[torch.zeros(1, 48) for _ in states])
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Policy().eval(),
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=["x", *[f"state.{s}" for s in states]],
+            output_names=["y", *[f"next_state.{s}" for s in states]],
+        )
+    model = onnx.load_from_string(buffer.getvalue())
+    fused, report = rewrite_model(model)
+    assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == ["LSTMSeq", "LSTMSeq"], report.declined
+    path = tmp_path / "model.fused.onnx"
+    onnx.save(fused, str(path))
+
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.session import Session
+
+    engine = cuda_graph.build(path, device="cuda", options={"select": "stepkernel"})
+    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    session = Session(engine, budget_ms=None)
+    reference = ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    state = {f"state.{s}": np.zeros((1, 48), np.float32) for s in states}
+    rng = np.random.default_rng(4)
+    for i in range(60):
+        frame = rng.standard_normal((1, 24)).astype(np.float32)
+        y, *new = reference.run(["y", *[f"next_state.{s}" for s in states]], {"x": frame, **state})
+        state = {f"state.{s}": v for s, v in zip(states, new)}
+        _close(session.step(frame), y, f"y at step {i}")
+    final = session.get_state()
+    for name, value in state.items():
+        _close(final[name], value, name)
