@@ -825,7 +825,9 @@ def test_dynamic_input_shape_is_declined():
         lower_onnx(model, fold=False)
 
 
-@pytest.mark.parametrize("tactic", ["stepkernel", "stepkernel-pieces", "stepkernel-fewer-blocks"])
+@pytest.mark.parametrize(
+    "tactic", ["stepkernel", "stepkernel-pieces", "stepkernel-fewer-blocks", "stepkernel-384-threads"]
+)
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
     """Without a GPU the engine cannot run the kernel (any of its tactics): the plan is used and
     the note says why."""
@@ -909,6 +911,15 @@ def test_long_copies_can_be_issued_in_pieces_over_the_warps(tmp_path):
     for b in range(before.shape[0]):
         assert spans(after[b], origin(after)) <= spans(before[b], origin(before))
     _emulate_against_interpreter(cut, program, 2, tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["lstm", "gru", "attention", "mamba", "xlstm"])
+def test_generated_kernel_emulated_with_a_warp_count_not_a_power_of_two(arch, tmp_path):
+    """The stepkernel-384-threads tactic runs 12 warps a block: the block's loops, warp staggering
+    and reductions must not assume a power of two (here 3 warps, the small models' analogue)."""
+    program = lower_program(_prepared(arch).fused)
+    _emulate_against_interpreter(generate(schedule(program, grid=3, threads=96)), program, 2, tmp_path)
 
 
 @needs_cxx

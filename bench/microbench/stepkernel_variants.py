@@ -109,7 +109,11 @@ SCHEDULE_VARIANTS = {
 }
 # the build's tactics (engines.fusion.STEPKERNELS) as variants, to time a setting under each; a
 # variant name may join several of these and SCHEDULE_VARIANTS with "+" (inline-short-sum+fewer-blocks)
-TACTIC_VARIANTS = {"fewer-blocks": "stepkernel-fewer-blocks", "pieces": "stepkernel-pieces"}
+TACTIC_VARIANTS = {
+    "fewer-blocks": "stepkernel-fewer-blocks",
+    "pieces": "stepkernel-pieces",
+    "384-threads": "stepkernel-384-threads",
+}
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
     "mlstm_fgate", "gated_delta_state", "delta_rule_state", "linear_scan_step",

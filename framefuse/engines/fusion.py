@@ -454,9 +454,14 @@ STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/c
 # of 1024 floats, one a warp (attention, lstm, liquid, jamba, mamba 0.3-1.0 us faster; gru,
 # min_lstm, gated_ssm 0.2-0.6 slower; on the H100, bench/h100/2026-11-26-session/: lstm, attention,
 # mamba, liquid 1.0-1.2 faster, min_gru, gru 0.4-0.5 slower); or 3/4 of the SMs (attention 17.7 ->
-# 15.8 us: fewer blocks copy the KV cache; every recurrent zoo model slower).
+# 15.8 us: fewer blocks copy the KV cache; every recurrent zoo model slower); or blocks of 384
+# threads instead of 256 (H100, bench/h100/2026-11-26-s16/sweep.json, device time at 132 blocks:
+# gru 10.86 -> 10.31 us, lstm 12.14 -> 11.71, mamba 19.98 -> 19.66, min_gru and attention within
+# 0.05: more warps a block hide more of each phase's latency; 512 was no better).
 STEPKERNEL_PIECES = "stepkernel-pieces"
 STEPKERNEL_FEWER_BLOCKS = "stepkernel-fewer-blocks"
+STEPKERNEL_WIDE = "stepkernel-384-threads"
+WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
 # H100 benchmark of 2026-11-26 kept tactics 0.04 % and 0.8 % faster than the plain kernel, within
@@ -467,6 +472,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL: {"copy_pieces": 0},
     STEPKERNEL_PIECES: {"copy_pieces": COPY_PIECES_TACTIC},
     STEPKERNEL_FEWER_BLOCKS: {"copy_pieces": 0, "grid_fraction": FEWER_BLOCKS_FRACTION},
+    STEPKERNEL_WIDE: {"copy_pieces": 0, "threads": WIDE_THREADS},
 }
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
@@ -622,6 +628,7 @@ __all__ = [
     "STEPKERNEL",
     "STEPKERNELS",
     "STEPKERNEL_FEWER_BLOCKS",
+    "STEPKERNEL_WIDE",
     "STEPKERNEL_PIECES",
     "UNFUSED",
     "apply_selection",

@@ -85,12 +85,14 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
 @pytest.mark.parametrize(
     "arch,tactic",
     [(a, "stepkernel-pieces") for a in ARCHS]
-    + [(a, "stepkernel-fewer-blocks") for a in ("attention", "lstm", "mamba", "xlstm", "delta_net")],
+    + [(a, "stepkernel-fewer-blocks") for a in ("attention", "lstm", "mamba", "xlstm", "delta_net")]
+    + [(a, "stepkernel-384-threads") for a in ARCHS],
 )
 def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     """The build's step-kernel tactics at the benchmark's size (where copies are long enough to be
     cut): stepkernel-pieces (long prefetch copies in pieces, one a warp) and
-    stepkernel-fewer-blocks (3/4 of the SMs), 200 chained steps against ONNX Runtime."""
+    stepkernel-fewer-blocks (3/4 of the SMs), stepkernel-384-threads (blocks of 384 threads: 12
+    warps, not a power of two), 200 chained steps against ONNX Runtime."""
     import torch
 
     from framefuse.engines.fusion import STEPKERNELS
