@@ -919,7 +919,9 @@ def test_generated_kernel_emulated_with_a_warp_count_not_a_power_of_two(arch, tm
     """The stepkernel-384-threads tactic runs 12 warps a block: the block's loops, warp staggering
     and reductions must not assume a power of two (here 3 warps, the small models' analogue)."""
     program = lower_program(_prepared(arch).fused)
-    _emulate_against_interpreter(generate(schedule(program, grid=3, threads=96)), program, 2, tmp_path)
+    sched = schedule(program, grid=3, threads=96)
+    _emulate_against_interpreter(generate(sched), program, 2, tmp_path)
+    _emulate_against_interpreter(generate(sched, resident=True), program, 3, tmp_path)  # a resident session of it
 
 
 @needs_cxx
