@@ -8,7 +8,6 @@ LSTM/GRU nodes, attention, Loop/Scan, then the unrolled-recurrence passes of
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
@@ -131,30 +130,16 @@ def _infer_loose(model: onnx.ModelProto, notes: list[str] | None = None) -> onnx
         return model
 
 
-def default_passes(notes: list[str] | None = None) -> list:
-    """The passes in their order. Notes (e.g. the unrolled passes are missing) go to `notes`."""
+def default_passes() -> list:
+    """The passes in their order."""
+    # imported here: framefuse.rewrite.unrolled imports framefuse.rewrite (a cycle at module level)
     from framefuse.rewrite.attention import AttentionPass, OnnxAttentionPass
     from framefuse.rewrite.logscan import LogSpaceScanPass
     from framefuse.rewrite.loops import LoopScanPass
     from framefuse.rewrite.rnn_nodes import RnnNodePass
+    from framefuse.rewrite.unrolled import PASSES
 
-    passes = [RnnNodePass(), OnnxAttentionPass(), AttentionPass(), LoopScanPass(), LogSpaceScanPass()]
-    unrolled = _import_unrolled()
-    if unrolled is None or not hasattr(unrolled, "PASSES"):
-        if notes is not None:
-            notes.append("framefuse.rewrite.unrolled (unrolled-recurrence passes) is not available: not run")
-    else:
-        passes.extend(unrolled.PASSES)
-    return passes
-
-
-def _import_unrolled():
-    try:
-        return importlib.import_module("framefuse.rewrite.unrolled")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("framefuse.rewrite.unrolled",):
-            return None
-        raise
+    return [RnnNodePass(), OnnxAttentionPass(), AttentionPass(), LoopScanPass(), LogSpaceScanPass(), *PASSES]
 
 
 def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str, int]:
@@ -164,24 +149,9 @@ def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str
     for node in graph.nodes:
         if node.op in counts and node.domain in _DEFAULT_DOMAINS:
             counts[node.op] += 1
-    unrolled = _import_unrolled()
-    counter = getattr(unrolled, "remaining_recurrence_ops", None) if unrolled is not None else None
-    if counter is None:
-        if notes is not None:
-            notes.append(
-                "framefuse.rewrite.unrolled.remaining_recurrence_ops is not available: unrolled "
-                "per-timestep chains were not counted (taken as 0)"
-            )
-        counts["unrolled"] = 0
-    else:
-        found = counter(graph)
-        if isinstance(found, dict):
-            for k, v in found.items():
-                counts[f"unrolled:{k}" if k in counts else k] = int(v)
-        elif isinstance(found, (list, tuple)):
-            counts["unrolled"] = len(found)
-        else:
-            counts["unrolled"] = int(found)
+    from framefuse.rewrite.unrolled import remaining_recurrence_ops
+
+    counts["unrolled"] = int(remaining_recurrence_ops(graph))
     # A loop the passes never recognised must not read as 0: the graph's own repeated, chained step
     # structure is counted independently (framefuse.rewrite.steps) and the larger count is kept.
     from framefuse.rewrite.steps import chained_step_nodes
@@ -242,7 +212,7 @@ def rewrite_model(model_or_path, *, passes=None, fold_constants: bool = True):
 
     ctx = RewriteContext(opset=original_opset.get("", 17), metadata=metadata)
     if passes is None:
-        passes = default_passes(report.notes)
+        passes = default_passes()
     for p in passes:
         result: PassResult = p.run(graph, ctx)
         report.passes.append(p.name)
