@@ -136,6 +136,11 @@ def measure(call: Callable[[int], object], *, iters: int, warmup: int) -> dict:
         start = clock()
         call(i)
         ns[i] = clock() - start
+    return latency_stats(ns)
+
+
+def latency_stats(ns: np.ndarray) -> dict:
+    """p50 / p99 / mean / max (µs) and frames a second of per-call durations in ns."""
     us = ns / 1e3
     p50, p99 = np.percentile(us, [50, 99])
     return {
@@ -144,7 +149,7 @@ def measure(call: Callable[[int], object], *, iters: int, warmup: int) -> dict:
         "mean_us": float(us.mean()),
         "max_us": float(us.max()),
         "fps": float(1e6 / p50),
-        "iters": iters,
+        "iters": int(us.size),
     }
 
 
@@ -183,18 +188,11 @@ def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int) -> dict
     for name in calls:
         if name in failed:
             continue
-        us = np.concatenate(samples[name]) / 1e3
-        p50, p99 = np.percentile(us, [50, 99])
-        round_p50 = [float(np.percentile(x / 1e3, 50)) for x in samples[name]]
         out[name] = {
-            "p50_us": float(p50),
-            "p99_us": float(p99),
-            "mean_us": float(us.mean()),
-            "max_us": float(us.max()),
-            "fps": float(1e6 / p50),
-            "iters": int(us.size),
+            **latency_stats(np.concatenate(samples[name])),
             "rounds": len(samples[name]),
-            "round_p50_us": round_p50,  # how far the host's windows moved this engine's median
+            # how far the host's windows moved this engine's median
+            "round_p50_us": [float(np.percentile(x / 1e3, 50)) for x in samples[name]],
         }
     return out
 
@@ -229,11 +227,11 @@ def _finish_engine(row: dict, name: str, call, result: dict, *, settings, dev) -
     )
 
 
-def _engine_failed(row: dict, arch: str, T: int, name: str, exc: BaseException) -> None:
+def _engine_failed(row: dict, name: str, exc: BaseException) -> None:
     message = _error(exc)
     trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=6))
     row["engines"][name] = {"error": message, "traceback": trace}
-    say(f"  {arch:16s} T={T:<3d} {ENGINE_LABELS[name]:40s} FAILED: {message}")
+    say(f"  {row['arch']:16s} T={row['T']:<3d} {ENGINE_LABELS[name]:40s} FAILED: {message}")
 
 
 def max_abs_err(actual, expected) -> float:
@@ -766,7 +764,7 @@ def bench_row(
                     live[name] = call
                     call = None  # kept for the rounds
         except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
-            _engine_failed(row, arch, T, name, exc)
+            _engine_failed(row, name, exc)
         finally:
             if call is not None and hasattr(call, "close"):
                 call.close()
@@ -778,7 +776,7 @@ def bench_row(
             timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
         for name, call in live.items():
             if isinstance(timed[name], BaseException):
-                _engine_failed(row, arch, T, name, timed[name])
+                _engine_failed(row, name, timed[name])
                 continue
             row["engines"][name].update(timed[name])
             _finish_engine(row, name, call, row["engines"][name], settings=settings, dev=dev)

@@ -41,20 +41,13 @@ def _binary(node: gs.Node | None, op: str):
     return [(a, b), (b, a)]
 
 
-def _axis(t: gs.Tensor | None) -> int | None:
-    value = U.const_value(t)
-    if value is None or value.size != 1:
-        return None
-    return int(value.reshape(()))
-
-
 def _cumsum_of(t: gs.Tensor):
     """(input, axis) when ``t`` is a forward, inclusive CumSum over a constant axis, else None."""
     node = U.producer_op(t, "CumSum")
     if node is None or int(node.attrs.get("reverse", 0)) or int(node.attrs.get("exclusive", 0)):
         return None
-    axis = _axis(node.inputs[1])
-    return None if axis is None else (node.inputs[0], axis)
+    axis = U.scalar_value(node.inputs[1])
+    return None if axis is None else (node.inputs[0], int(axis))
 
 
 def _logcumsumexp_of(t: gs.Tensor):

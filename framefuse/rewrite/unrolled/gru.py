@@ -25,90 +25,22 @@ import onnx_graphsurgeon as gs
 from framefuse.rewrite.base import make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl, evaluate_template
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs, lift_leaf
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer, split_span
-from framefuse.rewrite.unrolled.match import args, gemm_rows, linear_head, op, pairs, scalar
+from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value
+from framefuse.rewrite.unrolled.match import (
+    args,
+    gate_preactivation,
+    graph_linear,
+    hole_linear,
+    op,
+    pairs,
+    scalar,
+)
 
 CHECK_TOLERANCE = 1e-5  # the template against the assembled GRU step, random inputs (float64)
 
 
-def _last_axis_span(node: gs.Node, output: gs.Tensor, length: int, sizes) -> tuple[int, int] | None:
-    """[start, stop) of the features a Split's ``output`` takes (the split must be along them)."""
-    span = split_span(node, output, length, sizes)
-    return None if span is None or span[0] not in (-1, 1) else span[1:]
-
-
-def _h_linear(tm: Tmpl):
-    """(U [n, H], c [n]) when ``tm`` is a linear layer of the hole (h_{t−1}), or rows of one taken
-    by a Split along the features; else None."""
-    head = linear_head(tm)
-    if head is not None:
-        source, w, b = head
-        return (w, b) if source.kind == "hole" else None
-    if op(tm) == "Split" and tm.children:
-        inner = _h_linear(tm.children[0])
-        if inner is None:
-            return None
-        sizes = const_value(tm.children[1].tensor) if len(tm.children) > 1 and tm.children[1].kind == "leaf" else None
-        span = _last_axis_span(tm.node, tm.tensor, inner[0].shape[0], sizes)
-        if span is None:
-            return None
-        return inner[0][span[0] : span[1]], inner[1][span[0] : span[1]]
-    return None
-
-
-def _graph_linear(t: gs.Tensor):
-    """(input tensor, W [n, I], b [n]) when ``t`` is computed by a linear layer with constant
-    weights (Gemm, or MatMul [+ Add]) in the graph, or rows of one taken by a Split."""
-    node = producer(t)
-    if node is None:
-        return None
-    if node.op == "Split":
-        inner = _graph_linear(node.inputs[0])
-        if inner is None:
-            return None
-        sizes = const_value(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1].name else None
-        span = _last_axis_span(node, t, inner[1].shape[0], sizes)
-        if span is None:
-            return None
-        return inner[0], inner[1][span[0] : span[1]], inner[2][span[0] : span[1]]
-    if node.op == "Gemm":
-        bias = None
-        if len(node.inputs) > 2 and node.inputs[2].name:
-            bias = const_value(node.inputs[2])
-            if bias is None:
-                return None
-        rows = gemm_rows(node.attrs, const_value(node.inputs[1]), bias)
-        return None if rows is None else (node.inputs[0], *rows)
-    if node.op == "MatMul":
-        w = const_value(node.inputs[1])
-        if w is None or w.ndim != 2:
-            return None
-        return node.inputs[0], np.ascontiguousarray(w.T), np.zeros(w.shape[1], np.float32)
-    if node.op == "Add":
-        for x, c in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            bias = const_value(c)
-            inner = _graph_linear(x) if bias is not None else None
-            if inner is not None and producer(x) is not None and producer(x).op in ("MatMul", "Gemm"):
-                if bias.size not in (1, inner[1].shape[0]):
-                    return None
-                return inner[0], inner[1], inner[2] + np.broadcast_to(bias.reshape(-1), inner[2].shape)
-    return None
-
-
-def _gate(tm: Tmpl):
-    """A gate's pre-activation x·Wᵀ + b + h·Uᵀ + c: (frame tensor, W, b, U, c) or None."""
-    for p, q in pairs(tm, "Add"):
-        hside = _h_linear(p)
-        if hside is None or q.kind != "leaf":
-            continue
-        xside = _graph_linear(q.tensor)
-        if xside is not None:
-            return xside[0], xside[1], xside[2], hside[0], hside[1]
-    return None
-
-
 def _sigmoid_gate(tm: Tmpl):
-    return _gate(tm.children[0]) if op(tm) == "Sigmoid" else None
+    return gate_preactivation(tm.children[0]) if op(tm) == "Sigmoid" else None
 
 
 def _candidate(tm: Tmpl):
@@ -118,9 +50,9 @@ def _candidate(tm: Tmpl):
     for leaf, product in pairs(tm.children[0], "Add"):
         if leaf.kind != "leaf":
             continue
-        xside = _graph_linear(leaf.tensor)
+        xside = graph_linear(leaf.tensor)
         for hpart, rpart in pairs(product, "Mul"):
-            hside, r = _h_linear(hpart), _sigmoid_gate(rpart)
+            hside, r = hole_linear(hpart), _sigmoid_gate(rpart)
             if xside is not None and hside is not None and r is not None:
                 return (xside[0], xside[1], xside[2], hside[0], hside[1]), r
     return None
@@ -180,7 +112,7 @@ def _x_leaves(tm: Tmpl) -> list[gs.Tensor]:
 def check_gru(root: Tmpl, frame: gs.Tensor, w, u, bias, batch: int, hidden: int, in_features: int) -> float:
     """Max |template − GRU step| over random h and x (float64): the leaves of the template that
     are not constants are the x products, computed here from the frame by their own graph nodes'
-    weights (``_graph_linear``)."""
+    weights (``graph_linear``)."""
     rng = np.random.default_rng(0)
     worst = 0.0
     for _ in range(3):
@@ -188,7 +120,7 @@ def check_gru(root: Tmpl, frame: gs.Tensor, w, u, bias, batch: int, hidden: int,
         x = rng.standard_normal((batch, in_features))
         leaves = {}
         for t in _x_leaves(root):
-            lin = _graph_linear(t)
+            lin = graph_linear(t)
             if lin is None or lin[0].name != frame.name:
                 raise NotLiftable(f"the step input {t.name} is not a linear layer of the frame")
             leaves[t.name] = x @ lin[1].T.astype(np.float64) + lin[2]

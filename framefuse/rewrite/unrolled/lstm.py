@@ -40,8 +40,7 @@ from framefuse.rewrite.unrolled.graphutil import (
     producer,
     replace_producer,
 )
-from framefuse.rewrite.unrolled.gru import _gate, _graph_linear, _last_axis_span
-from framefuse.rewrite.unrolled.match import op, pairs
+from framefuse.rewrite.unrolled.match import gate_preactivation, graph_linear, last_axis_span, op, pairs
 
 CHECK_TOLERANCE = 1e-5  # each step against the assembled LSTM step, random inputs (float64)
 GATES = ("i", "o", "f", "c")  # LSTMSeq's (ONNX's) gate order; "c" is the candidate g
@@ -50,12 +49,12 @@ GATES = ("i", "o", "f", "c")  # LSTMSeq's (ONNX's) gate order; "c" is the candid
 def _lstm_gate(tm: Tmpl):
     """A gate's pre-activation: (frame tensor, W, b, U, c) for x·Wᵀ + b + h·Uᵀ + c, or rows of the
     four gates' sum taken by a Split along the features (``nn.LSTMCell``); else None."""
-    found = _gate(tm)
+    found = gate_preactivation(tm)
     if found is not None:
         return found
     if op(tm) != "Split" or not tm.children:
         return None
-    inner = _gate(tm.children[0])
+    inner = gate_preactivation(tm.children[0])
     if inner is None:
         return None
     frame, w, b, u, c = inner
@@ -64,7 +63,7 @@ def _lstm_gate(tm: Tmpl):
         if tm.children[1].kind != "leaf":
             return None
         sizes = const_value(tm.children[1].tensor)
-    span = _last_axis_span(tm.node, tm.tensor, w.shape[0], sizes)
+    span = last_axis_span(tm.node, tm.tensor, w.shape[0], sizes)
     if span is None:
         return None
     lo, hi = span
@@ -196,7 +195,7 @@ def _frame_products(tm: Tmpl, frame: gs.Tensor, x: np.ndarray, skip: set[str]) -
     for t in tm.walk():
         if t.kind != "leaf" or t.tensor.name in skip or const_value(t.tensor) is not None:
             continue
-        lin = _graph_linear(t.tensor)
+        lin = graph_linear(t.tensor)
         if lin is None or lin[0].name != frame.name:
             raise NotLiftable(f"the step input {t.tensor.name} is not a linear layer of the frame")
         leaves[t.tensor.name] = x @ lin[1].T.astype(np.float64) + lin[2]
@@ -359,7 +358,7 @@ class LSTMCellPass(UnrolledPass):
         for t in tm.walk():
             if t.kind != "leaf" or const_value(t.tensor) is not None or t.tensor.name == first.c_old.name:
                 continue
-            lin = _graph_linear(t.tensor)
+            lin = graph_linear(t.tensor)
             if lin is None or (h0 is not None and lin[0].name != h0.name):
                 raise NotLiftable(f"the first LSTM step reads {t.tensor.name} besides its frame, h_0 and c_0")
             h0 = lin[0]
