@@ -89,6 +89,9 @@ SCHEDULE_VARIANTS = {
     "ln-unshifted": ("lower", "LN_SHIFTED", False),
     # values of constants computed in the kernel (before 2026-11-25's FoldConstants)
     "no-const-fold": ("simplify", "FOLD_CONSTANTS", False),
+    # a segmented reduction's walk as pairs of halves, not one rotated loop (codegen.PAIRED_WALK;
+    # measured 2026-11-26 with the pairs as the default, under the name rotated-walk for the loop)
+    "paired-walk": ("codegen", "PAIRED_WALK", True),
     # every product row a warp, however short (before 2026-11-25's lane segments)
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],

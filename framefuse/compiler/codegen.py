@@ -793,21 +793,48 @@ class Generator:
         r = ix.Var(em.fresh("r"), node.extent)
         trips = -(-node.extent // lanes)
         j = em.fresh("j")
-        walk = f"(({j} + e) & {trips - 1})" if trips & (trips - 1) == 0 else f"(({j} + e) % {trips})"
-        outer = Code(f"#pragma unroll {min(8, trips)}\nfor (int {j} = 0; {j} < {trips}; ++{j})")
-        outer.items.append(
-            f"const int {r.name} = sub + {lanes} * {walk};" if trips > 1 else f"const int {r.name} = sub;"
-        )
-        body = outer
-        if node.extent % lanes:
-            body = Code(f"if ({r.name} < {node.extent})")
-            outer.items.append(body)
-        em.stack[-1].open_child(outer)
-        em.stack.append(Scope(body, var=r, pos=len(body.items)))
-        value = em.value(node.src, node.source_index(ix.unflatten(var, node.shape), r))
-        em.stack[-1].insert(_accumulate(node.op, acc, value.text))
-        em.stack.pop()
-        em.stack[-1].close_child(outer)
+        source_index = node.source_index(ix.unflatten(var, node.shape), r)
+        if PAIRED_WALK and trips % 2 == 0 and node.extent % WARP_LANES == 0:
+            # Step j reads position start + j, which is a base plus a constant (its unrolled loads
+            # take immediate offsets), and its partner in the other half, (start + j) -/+ half:
+            # lanes * half is a multiple of 32 words, so both fall in the lane's own bank. The
+            # single rotated walk ((j + e) mod trips) cost 10.4 instructions a product (attention's
+            # scores, sm_90 SASS): an AND and two address computations per load.
+            half = trips // 2
+            start = em.fresh("start")
+            em.stack[-1].insert(f"const int {start} = e % {half};")
+            outer = Code(f"#pragma unroll {min(8, half)}\nfor (int {j} = 0; {j} < {half}; ++{j})")
+            em.stack[-1].open_child(outer)
+            mine = f"sub + {lanes} * ({start} + {j})"
+            # the partner as the lane's own position plus a step of either sign: the compiler
+            # keeps one address per array and adds the step, instead of a second index per array
+            step = lanes * half
+            partner = f"{mine} + ({start} + {j} < {half} ? {step} : {-step})"
+            for position in (mine, partner):
+                body = Code("")
+                body.items.append(f"const int {r.name} = {position};")
+                outer.items.append(body)
+                em.stack.append(Scope(body, var=r, pos=len(body.items)))
+                value = em.value(node.src, source_index)
+                em.stack[-1].insert(_accumulate(node.op, acc, value.text))
+                em.stack.pop()
+            em.stack[-1].close_child(outer)
+        else:
+            walk = f"(({j} + e) & {trips - 1})" if trips & (trips - 1) == 0 else f"(({j} + e) % {trips})"
+            outer = Code(f"#pragma unroll {min(8, trips)}\nfor (int {j} = 0; {j} < {trips}; ++{j})")
+            outer.items.append(
+                f"const int {r.name} = sub + {lanes} * {walk};" if trips > 1 else f"const int {r.name} = sub;"
+            )
+            body = outer
+            if node.extent % lanes:
+                body = Code(f"if ({r.name} < {node.extent})")
+                outer.items.append(body)
+            em.stack[-1].open_child(outer)
+            em.stack.append(Scope(body, var=r, pos=len(body.items)))
+            value = em.value(node.src, source_index)
+            em.stack[-1].insert(_accumulate(node.op, acc, value.text))
+            em.stack.pop()
+            em.stack[-1].close_child(outer)
         em.stack.pop()
         em.top.insert(f"{acc} = ffk_seg_{node.op}<{lanes}>({acc});")
         em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
@@ -939,6 +966,11 @@ _ONCE = "#pragma unroll 1"
 WARP_SPLIT_MIN = 32  # a root reduction at least this long is split over a warp's lanes
 WARP_LANES = 32
 SEGMENTED_REDUCE = True  # reduction arrays with more elements than a block's warps share the warps out
+# A segmented reduction walks its extent in pairs of halves (see Generator._segmented_reduce):
+# 7.9 instead of 10.4 instructions a product in attention's scores, but on the H100 (device time,
+# bench/h100/2026-11-26-s17/variants-walk.json) attention 15.85/15.97 vs 16.10 us, GPT-2 13.57/13.56
+# vs 13.44, Llama 14.32/14.44 vs 14.23, Jamba 18.16/18.06 vs 18.05: no consistent gain, so off
+PAIRED_WALK = False
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
 COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run before its staging
 STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on different warps (see _first_warp)
