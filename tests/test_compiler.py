@@ -950,3 +950,19 @@ def test_short_reductions_recomputed_by_their_readers_under_emulation(source_cos
     sched = schedule(small, grid=3, threads=64)
     assert output_projection_phases(sched) < small_cached
     _emulate_against_interpreter(generate(sched), small, 2, tmp_path)
+
+
+@needs_cxx
+def test_paired_walk_of_a_segmented_reduction_under_emulation(monkeypatch, tmp_path):
+    """codegen.PAIRED_WALK (off by default, a measured alternative): attention's scores walk each
+    row as position start + j and its partner half a row away; every position is read once and
+    the emulated kernel computes what the interpreter does."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("attention").fused)
+    sched = schedule(program, grid=3, threads=64)
+    rotated = generate(sched).source
+    monkeypatch.setattr(codegen, "PAIRED_WALK", True)
+    paired = generate(sched)
+    assert "const int start" in paired.source and "const int start" not in rotated
+    _emulate_against_interpreter(paired, program, 2, tmp_path)
