@@ -104,12 +104,14 @@ class LSTMCellPolicy(nn.Module):
 class MinGRULogSpace(nn.Module):
     """minGRU in its parallel (training) form as its paper's code writes it: the whole sequence
     at once from the logs of the coefficients, ``logcumsumexp`` of a cumulative sum (the "heinsen"
-    scan), from h_0 = 0; a Linear head on top. The TorchScript exporter refuses logcumsumexp."""
+    scan), from h_0 = 0 or (``initial``) from a learned h_0 as the paper's code pads it in; a Linear
+    head on top. The TorchScript exporter refuses logcumsumexp."""
 
-    def __init__(self):
+    def __init__(self, initial: bool = False):
         super().__init__()
         self.gates = nn.Linear(HIDDEN, 2 * 32)
         self.head = nn.Linear(32, 32)
+        self.h_0 = nn.Parameter(torch.randn(32)) if initial else None
 
     @staticmethod
     def _log_g(x):
@@ -119,9 +121,14 @@ class MinGRULogSpace(nn.Module):
         k, h_tilde = self.gates(x).chunk(2, dim=-1)
         log_coeffs = -nn.functional.softplus(k)  # log(1 - z)
         log_values = -nn.functional.softplus(-k) + self._log_g(h_tilde)  # log(z * g(h~))
-        a_star = torch.cumsum(log_coeffs, dim=1)
-        h = torch.exp(a_star + torch.logcumsumexp(log_values - a_star, dim=1))
-        return self.head(h)
+        if self.h_0 is None:
+            a_star = torch.cumsum(log_coeffs, dim=1)
+            h = torch.exp(a_star + torch.logcumsumexp(log_values - a_star, dim=1))
+            return self.head(h)
+        log_h_0 = self._log_g(self.h_0).expand(x.shape[0], 1, -1)
+        a_star = nn.functional.pad(torch.cumsum(log_coeffs, dim=1), (0, 0, 1, 0))
+        log_h = a_star + torch.logcumsumexp(torch.cat([log_h_0, log_values], dim=1) - a_star, dim=1)
+        return self.head(torch.exp(log_h)[:, 1:])
 
 
 def _hf(model_cls: str, config_cls: str, *, attn: str | None = None, mask: bool = False, **config):
@@ -239,6 +246,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
     RealModel("mingru_log_space", _seeded(MinGRULogSpace), {"LinearScan": 1}),
+    RealModel("mingru_log_space_h0", _seeded(lambda: MinGRULogSpace(initial=True)), {"LinearScan": 1}),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}

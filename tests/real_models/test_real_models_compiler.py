@@ -13,9 +13,11 @@ from .flow import fuse_real_model
 
 #: the benchmark's real models (bench/e2e.py REAL_MODELS)
 BENCHMARKED = ["gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir"]
+# the step forms of models users write as loops or log-space scans, fused and compiled the same way
+COMPILED = BENCHMARKED + ["torch_grucell_loop", "torch_lstmcell_loop", "mingru_log_space", "mingru_log_space_h0"]
 
 
-@pytest.mark.parametrize("name", BENCHMARKED)
+@pytest.mark.parametrize("name", COMPILED)
 def test_real_model_compiles_and_its_ir_matches_onnxruntime(name, export_root):
     from framefuse.compiler import lower_program, naive
     from framefuse.compiler.codegen import generate
