@@ -663,6 +663,66 @@ def test_gru_cell_loop_fuses_into_gru_seq(given_h0):
     assert len(gru.input) == (5 if given_h0 else 4)  # h0 an input only when it is not zeros
 
 
+class BidirectionalGRUCells(nn.Module):
+    """A bidirectional layer written with two nn.GRUCell loops, the backward one over the frames
+    reversed (from a given h_0 or zeros), their outputs concatenated per frame."""
+
+    def __init__(self, given_h0: bool = False):
+        super().__init__()
+        self.fwd, self.bwd = nn.GRUCell(F, D), nn.GRUCell(F, D)
+        self.given_h0 = given_h0
+
+    def forward(self, x, h0=None):
+        outs = []
+        for cell, order in ((self.fwd, range(x.shape[1])), (self.bwd, reversed(range(x.shape[1])))):
+            h = h0 if self.given_h0 else torch.zeros(x.shape[0], D)
+            ys = {}
+            for t in order:
+                h = cell(x[:, t], h)
+                ys[t] = h
+            outs.append(torch.stack([ys[t] for t in range(x.shape[1])], dim=1))
+        return torch.cat(outs, dim=-1)
+
+
+@pytest.mark.parametrize("given_h0", [False, True], ids=["zeros", "h0_input"])
+def test_bidirectional_gru_cell_loops_fuse_into_two_gru_seqs(given_h0):
+    """The backward loop is found in the reversed Timeline (every state of it depends on the last
+    frame, so the forward search sees no chain) and runs GRUSeq over the frames reversed."""
+    torch.manual_seed(0)
+    args = (seq_input(5), torch.randn(B, D)) if given_h0 else (seq_input(5),)
+    names = ["x", "h0"] if given_h0 else ["x"]
+    fused, report = check_fused(export(BidirectionalGRUCells(given_h0), args, names, ["y"]), "GRUSeq", count=2)
+    assert sorted(m.detail.get("direction", "forward") for m in report.matches) == ["forward", "reverse"]
+    # the backward outputs, stacked in frame order, are the op's output reversed: no Gather a frame
+    assert "Gather" not in ops(fused), ops(fused)
+
+
+def test_a_backward_linear_recurrence_fuses_into_a_linear_scan():
+    """h_t = a_t ⊙ h_(t+1) + b_t over the frames backwards (a suffix scan): LinearScan over the
+    frames reversed, the per-frame outputs restacked in frame order."""
+
+    class BackwardScan(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.la, self.lb = nn.Linear(F, D), nn.Linear(F, D)
+
+        def forward(self, x):
+            a, b = torch.sigmoid(self.la(x)), self.lb(x)
+            h = torch.zeros(x.shape[0], D)
+            ys = {}
+            for t in reversed(range(x.shape[1])):
+                h = a[:, t] * h + b[:, t]
+                ys[t] = h
+            return torch.stack([ys[t] for t in range(x.shape[1])], dim=1)
+
+    torch.manual_seed(0)
+    model = export(BackwardScan(), (seq_input(6),), ["x"], ["y"])
+    # the independent count of what is left sees a backward loop's steps too (the reversed Timeline)
+    assert remaining_recurrence_ops(gs.import_onnx(model)) > 0
+    fused, report = check_fused(model, "LinearScan")
+    assert report.matches[0].detail["direction"] == "reverse"
+
+
 def test_stacked_gru_cells_fuse_into_one_gru_seq_each():
     torch.manual_seed(0)
     check_fused(export(GRUCellLoop(layers=2, given_h0=False), (seq_input(5),), ["x"], ["y"]), "GRUSeq", count=2)
@@ -859,6 +919,7 @@ def test_bidirectional_lstm_cell_loops_fuse_into_two_lstm_seqs():
     torch.manual_seed(0)
     fused, report = check_fused(export(BidirectionalLSTMCells(), (seq_input(5),), ["x"], ["y"]), "LSTMSeq", count=2)
     assert sorted(m.detail["direction"] for m in report.matches) == ["forward", "reverse"]
+    assert "Gather" not in ops(fused), ops(fused)
 
 
 def test_stacked_lstm_cells_step_form_fuse_one_lstm_seq_a_layer():

@@ -81,6 +81,28 @@ class GRUCellPolicy(nn.Module):
         return torch.stack(ys, dim=1)
 
 
+class BiGRUCellEncoder(nn.Module):
+    """A bidirectional encoder as research code writes it by hand: one nn.GRUCell over the frames
+    forwards, another over them backwards, the two hidden states concatenated per frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.fwd, self.bwd = nn.GRUCell(HIDDEN, 32), nn.GRUCell(HIDDEN, 32)
+
+    def forward(self, x):
+        steps = x.shape[1]
+        h_f = torch.zeros(x.shape[0], 32)
+        h_b = torch.zeros(x.shape[0], 32)
+        fwd, bwd = [], [None] * steps
+        for t in range(steps):
+            h_f = self.fwd(x[:, t], h_f)
+            fwd.append(h_f)
+        for t in reversed(range(steps)):
+            h_b = self.bwd(x[:, t], h_b)
+            bwd[t] = h_b
+        return torch.cat([torch.stack(fwd, dim=1), torch.stack(bwd, dim=1)], dim=-1)
+
+
 class LSTMCellPolicy(nn.Module):
     """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
 
@@ -245,6 +267,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_gru_bidir", _seeded(lambda: TorchRNN(nn.GRU)), {"GRUSeq": 2 * LAYERS}),
     RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
+    RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),
     RealModel("mingru_log_space", _seeded(MinGRULogSpace), {"LinearScan": 1}),
     RealModel("mingru_log_space_h0", _seeded(lambda: MinGRULogSpace(initial=True)), {"LinearScan": 1}),
 ]

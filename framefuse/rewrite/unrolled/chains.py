@@ -336,6 +336,9 @@ class Chain:
     # The first step was constant-folded (h_0 = 0 made part of it constant): it was matched against
     # the later steps numerically, so its template is not a structural copy of theirs.
     folded_first: bool = False
+    # The Timeline the chain was found in: a loop over the frames backwards is found in the
+    # reversed one (its first_frame and its lifted frames count from the end)
+    timeline: Timeline | None = None
 
     @property
     def structural_links(self) -> list[Tmpl]:
@@ -367,9 +370,11 @@ def _same_shape(tl: Timeline, a: gs.Tensor, b: gs.Tensor) -> bool:
     return sa is not None and sa == sb
 
 
-def find_chains(tl: Timeline) -> tuple[list[Chain], list[ChainProblem]]:
+def find_chains(tl: Timeline, *, loops_only: bool = False) -> tuple[list[Chain], list[ChainProblem]]:
     """Every loop-carried chain of ``tl``'s graph; candidates that are not consistent chains are
-    returned as problems (with the reason) only when their steps do depend on each other."""
+    returned as problems (with the reason) only when their steps do depend on each other.
+    ``loops_only``: the chains of its state candidates only (not the states a collector stacks,
+    not the step form's state inputs), as the reversed Timeline's search wants."""
     lifter = Lifter(tl, None, 0)
     cands = tl.state_candidates()
     desc = {c.name: tl.local_descendants(c) for c in cands}
@@ -395,6 +400,8 @@ def find_chains(tl: Timeline) -> tuple[list[Chain], list[ChainProblem]]:
             chains.append(chain)
         elif problem is not None:
             problems.append(problem)
+    if loops_only:
+        return chains, problems
     # Loops whose carried tensor is not the loop variable (a static decay makes a ⊙ h_t the
     # tensor that crosses into the next step): the per-step outputs a collector stacks, when each
     # depends on the previous one, are the states.

@@ -11,7 +11,9 @@ from framefuse.rewrite.unrolled.chains import DATA_MOVEMENT, Chain, find_chains
 from framefuse.rewrite.unrolled.graphutil import (
     Emitter,
     NotLiftable,
+    const_value,
     is_framefuse,
+    producer,
     replace_producer,
     tensors_between,
 )
@@ -44,9 +46,10 @@ class UnrolledPass:
 
     def find(self, tl: Timeline):
         """The chains this pass tries, and the problems found on the way (default: the one-state
-        loop-carried chains of ``chains.find_chains``; a pass whose steps carry several states
-        finds its own)."""
-        return find_chains(tl)
+        loop-carried chains of ``chains.find_chains``, over the frames forwards and then
+        backwards; a pass whose steps carry several states finds its own)."""
+        chains, problems = find_chains(tl)
+        return chains + backward_chains(tl), problems
 
     def rewrite_chain(self, graph, ctx, chain, lifter, emit) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -59,11 +62,11 @@ class UnrolledPass:
             declined: list[Declined] = []
             fused = False
             for chain in chains:
-                if not self.accepts(chain, tl):
+                if not self.accepts(chain, chain.timeline or tl):
                     continue
                 before = {n.name for n in graph.nodes}
                 emit = Emitter(graph, ctx, prefix=ctx.unique_name(self.op_type or self.name))
-                lifter = Lifter(tl, emit, chain.steps, chain.first_frame)
+                lifter = Lifter(chain.timeline or tl, emit, chain.steps, chain.first_frame)
                 try:
                     detail = self.rewrite_chain(graph, ctx, chain, lifter, emit)
                 except NotLiftable as exc:
@@ -72,9 +75,12 @@ class UnrolledPass:
                     continue
                 node = detail.pop("node")
                 restack(graph, ctx)
+                collapse_gathered_stacks(graph, ctx)
                 graph.cleanup().toposort()
                 after = {n.name for n in graph.nodes}
                 detail["form"] = chain.form
+                if chain.timeline is not None and chain.timeline.reverse:
+                    detail["direction"] = "reverse"  # a loop over the frames backwards
                 result.matches.append(Match(self.name, self.op_type, node.name, sorted(before - after), detail))
                 fused = True
                 break
@@ -84,6 +90,20 @@ class UnrolledPass:
                     result.declined.extend(Declined(self.name, p.where, p.reason) for p in problems)
                 break
         return result
+
+
+def backward_chains(tl: Timeline) -> list[Chain]:
+    """The chains of loops over the frames backwards: found in the reversed Timeline, where they
+    run forwards (a forward loop has no chain there: each of its states depends on frame 0,
+    which is the last time). Problems are not reported from it: the forward search reports a
+    graph's."""
+    if not tl.frame_count():
+        return []
+    reversed_tl = Timeline(tl.graph, tl.shapes, reverse=True)
+    chains, _ = find_chains(reversed_tl, loops_only=True)
+    for chain in chains:
+        chain.timeline = reversed_tl
+    return chains
 
 
 def emit_state_outputs(
@@ -156,19 +176,87 @@ def restack(graph: gs.Graph, ctx: RewriteContext) -> int:
     return count
 
 
+def _gathered_frame(t: gs.Tensor, axis: int):
+    """(Y, its axis, index) when ``t`` is Unsqueeze(Gather(Y, a constant index, that axis)) with the
+    size-1 axis put back at ``axis`` (one frame of a fused op's per-step output, stacked)."""
+    unsqueeze = producer(t)
+    if unsqueeze is None or unsqueeze.op != "Unsqueeze" or len(unsqueeze.inputs) != 2:
+        return None
+    axes = const_value(unsqueeze.inputs[1])
+    rank = len(t.shape) if t.shape is not None else None
+    if axes is None or axes.size != 1 or rank is None or int(axes.reshape(())) % rank != axis:
+        return None
+    gather = producer(unsqueeze.inputs[0])
+    if gather is None or gather.op != "Gather" or len(gather.inputs) != 2:
+        return None
+    index = const_value(gather.inputs[1])
+    data = gather.inputs[0]
+    if index is None or index.ndim != 0 or data.shape is None or len(data.shape) != rank:
+        return None
+    data_axis = int(gather.attrs.get("axis", 0)) % rank
+    return data, data_axis, int(index) % int(data.shape[data_axis])
+
+
+def collapse_gathered_stacks(graph: gs.Graph, ctx: RewriteContext) -> int:
+    """A ``torch.stack`` of every frame of one tensor, one Gather a frame (the states of a fused
+    loop re-wired to its per-step output, see ``emit_state_outputs``): that tensor with its time
+    axis moved to the stack's, reversed first when the frames are stacked last to first (a
+    backward loop's outputs stacked in frame order). Returns how many stacks it replaced."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "Concat" or len(node.inputs) < 2 or node.outputs[0].shape is None:
+            continue
+        rank = len(node.outputs[0].shape)
+        axis = int(node.attrs.get("axis", 0)) % rank
+        frames = [_gathered_frame(t, axis) for t in node.inputs]
+        if any(f is None for f in frames) or len({(id(f[0]), f[1]) for f in frames}) != 1:
+            continue
+        data, data_axis, _ = frames[0]
+        indices = [f[2] for f in frames]
+        length = int(data.shape[data_axis])
+        if indices == list(range(length)):
+            backwards = False
+        elif indices == list(range(length - 1, -1, -1)):
+            backwards = True
+        else:
+            continue
+        emit = Emitter(graph, ctx, prefix=ctx.unique_name("stack_of_frames"))
+        dtype = data.dtype
+        if backwards:
+            data = emit.node(
+                "Slice",
+                [data, emit.ints([-1]), emit.ints([-(1 << 62)]), emit.ints([data_axis]), emit.ints([-1])],
+                tuple(data.shape),
+                dtype,
+            )
+        perm = [a for a in range(rank) if a != data_axis]
+        perm.insert(axis, data_axis)
+        out = node.outputs[0]
+        moved = emit.transpose(data, perm, tuple(out.shape), dtype)
+        if moved is frames[0][0]:
+            moved = emit.node("Identity", [moved], tuple(out.shape), dtype)
+        replace_producer(out, moved, graph, emit)
+        count += 1
+    if count:
+        graph.cleanup().toposort()
+    return count
+
+
 def remaining_recurrence_ops(graph: gs.Graph) -> int:
     """Per-timestep recurrent ops left in ``graph``: the nodes on loop-carried chains (between the
     state of one step and the next, or between a ``state.X`` input and its ``next_state.X``
     output) that were not fused. Data movement only (a KV-cache append) is not counted."""
     tl = Timeline(graph)
     counted: dict[int, gs.Node] = {}
-    cands = tl.state_candidates(minimal=False)  # every carried tensor (xLSTM's C and n too)
-    for c in cands:
-        for p in cands:
-            if tl.step(p) == tl.step(c) - 1 and c.name in tl.local_descendants(p):
-                for node in tensors_between(p, c)[1]:
-                    if not is_framefuse(node):
-                        counted[id(node)] = node
+    # loops over the frames forwards, then backwards (the reversed Timeline)
+    for timeline in (tl, Timeline(graph, tl.shapes, reverse=True)) if tl.frame_count() else (tl,):
+        cands = timeline.state_candidates(minimal=False)  # every carried tensor (xLSTM's C and n too)
+        for c in cands:
+            for p in cands:
+                if timeline.step(p) == timeline.step(c) - 1 and c.name in timeline.local_descendants(p):
+                    for node in tensors_between(p, c)[1]:
+                        if not is_framefuse(node):
+                            counted[id(node)] = node
     outputs = {o.name: o for o in graph.outputs}
     for gi in graph.inputs:
         if not gi.name.startswith("state."):

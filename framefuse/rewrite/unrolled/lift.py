@@ -199,7 +199,24 @@ class Lifter:
             )
         rank = len(shape)
         data = src.source
-        if shape[src.axis] != self.steps:  # the recurrence covers part of the frames
+        if self.tl.reverse:  # time i is frame size − 1 − i: the frames read backwards
+            size = shape[src.axis]
+            start = size - 1 - self.first_frame
+            end = start - self.steps
+            shape = tuple(self.steps if a == src.axis else d for a, d in enumerate(shape))
+            data = self.emit.node(
+                "Slice",
+                [
+                    data,
+                    self.emit.ints([start]),
+                    self.emit.ints([end if end >= 0 else -(1 << 62)]),  # through frame 0
+                    self.emit.ints([src.axis]),
+                    self.emit.ints([-1]),
+                ],
+                shape,
+                self.dtype(t),
+            )
+        elif shape[src.axis] != self.steps:  # the recurrence covers part of the frames
             shape = tuple(self.steps if a == src.axis else d for a, d in enumerate(shape))
             data = self.emit.node(
                 "Slice",

@@ -7,6 +7,11 @@ whole sequence. Every tensor gets the set of time indices of the slice sources i
 the step of a tensor is the largest of them. A tensor consumed by a node of a later step is
 loop-carried state (h_t feeding step t+1), unless the consumer is the *collector* that stacks the
 per-step outputs (``Concat`` of size-1 slices, i.e. ``torch.stack``).
+
+A loop over the frames backwards (``for t in reversed(range(T))``, the reverse half of a
+bidirectional layer) reads frame T−1 first: every one of its states depends on frame T−1, so all
+of them fall in that last step. ``Timeline(graph, reverse=True)`` numbers the frames from the end
+(frame index i is time T−1−i), and the backward loop is then a forward one.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ class SliceSource:
 class Timeline:
     """Time indices of every tensor of ``graph`` (which it toposorts)."""
 
-    def __init__(self, graph: gs.Graph, shapes: Shapes | None = None):
+    def __init__(self, graph: gs.Graph, shapes: Shapes | None = None, *, reverse: bool = False):
         graph.toposort()
         self.graph = graph
+        self.reverse = reverse
         self.shapes = shapes or Shapes(graph)
         self.times: dict[str, frozenset[int]] = {}
         self.slices: dict[str, SliceSource] = {}
@@ -159,8 +165,7 @@ class Timeline:
             if index is None or index.ndim != 0 or not np.issubdtype(index.dtype, np.integer):
                 return None
             axis = int(node.attrs.get("axis", 0)) % len(shape)
-            time = int(index) % shape[axis]
-            return SliceSource(data, axis, time, keepdim=False)
+            return SliceSource(data, axis, self._time(int(index) % shape[axis], shape[axis]), keepdim=False)
         if node.op == "Slice" and len(node.inputs) >= 3:
             starts, ends = const_value(node.inputs[1]), const_value(node.inputs[2])
             axes = const_value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3].name else None
@@ -180,8 +185,16 @@ class Timeline:
             end = max(0, min(size, end + size if end < 0 else end))
             if end - start != 1:
                 return None
-            return SliceSource(data, axis, start, keepdim=True)
+            return SliceSource(data, axis, self._time(start, size), keepdim=True)
         return None
+
+    def _time(self, index: int, size: int) -> int:
+        """The time of frame ``index`` of an axis of ``size`` frames (from the end when reversed)."""
+        return size - 1 - index if self.reverse else index
+
+    def frame_count(self) -> int:
+        """How many frame-read families the graph has (no loop over frames when 0)."""
+        return len(self._families)
 
     # -- loop-carried state --------------------------------------------------------------------
     def _full_stack(self, node: gs.Node) -> bool:
