@@ -247,7 +247,7 @@ def test_ctrl_c_during_run_reports_the_frames_so_far(monkeypatch, step_folder, c
 
 RUNNERS = {
     "ort_session": (
-        "from framefuse.parity.ort_bridge import ort_session\n"
+        "from framefuse.plugins.ort_bridge import ort_session\n"
         "session = ort_session(str(fused))\n"
         "feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)"
         " for i in session.get_inputs()}\n"

@@ -87,7 +87,7 @@ def test_index_simplification_sees_through_row_major_strides():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_lowering_matches_onnxruntime_on_the_original_graph(arch):
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     prepared = _prepared(arch)
     program = lower_onnx(prepared.fused)
@@ -177,7 +177,7 @@ def test_conv1d_lowering_matches_onnxruntime(channels, length, kernel, groups, p
 def test_delta_rule_steps_lower_to_the_ops_reference(op):
     """The single step of both delta rules (their states are transposed to each other: [Dv, Dk]
     and [Dk, Dv]) through the interpreter, against the op's reference in ONNX Runtime."""
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     rng = np.random.default_rng(12)
     b, h, dk, dv = 2, 3, 5, 4

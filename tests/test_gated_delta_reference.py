@@ -121,7 +121,7 @@ def test_schema_shapes_and_errors():
 
 def test_runs_through_onnx_runtime_bridge():
     pytest.importorskip("onnxruntime_extensions")
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     B, H, T, Dk, Dv = 1, 2, 5, 4, 3
     q, k, v, g, beta = inputs(B, H, T, Dk, Dv, seed=8, dtype=torch.float32)

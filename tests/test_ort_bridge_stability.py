@@ -20,7 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from framefuse.parity.ort_bridge import CONTRIB_DOMAIN, OP_DOMAIN_PREFIX, _ortx, prepare_for_ort
+from framefuse.plugins.ort_bridge import CONTRIB_DOMAIN, OP_DOMAIN_PREFIX, _ortx, prepare_for_ort
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ CHILD = textwrap.dedent(
     from onnx import TensorProto
     sys.path.insert(0, sys.argv[3])
     from tests.test_ort_bridge_stability import linear_scan_model
-    from framefuse.parity import ort_bridge
+    from framefuse.plugins import ort_bridge
     from framefuse.engines.onnxruntime import OnnxRuntimeRunner
 
     mode, iterations = sys.argv[1], int(sys.argv[2])

@@ -125,7 +125,7 @@ def test_fp16_runs_in_onnxruntime_and_the_cpu_executor_alike():
     feeds = {
         k: np.random.default_rng(3).standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()
     }
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     session = ort_session(converted)
     names = [o.name for o in session.get_outputs()]
@@ -356,7 +356,7 @@ def test_int8_qdq_graph_matches_onnxruntime(arch):
     assert not any(n.domain == "framefuse" and "Quant" in n.op_type for n in converted.graph.node)
     rng = np.random.default_rng(5)
     feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()}
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     # The engine runs the Q/DQ graph as written (fake quantisation); so does ONNX Runtime with its
     # optimiser off. Optimised, ORT fuses the QDQ GEMMs into integer kernels whose rounding (and, on
@@ -369,7 +369,7 @@ def test_int8_qdq_graph_matches_onnxruntime(arch):
         np.testing.assert_allclose(actual[name], expected[name], atol=1e-5, rtol=1e-5, err_msg=name)
     # Where those kernels saturate (x86 without VNNI: u8s8 pairs summed in int16) framefuse turns
     # the fusion off, and the optimised session runs the graph as written.
-    from framefuse.parity.ort_bridge import int8_kernels_saturate
+    from framefuse.plugins.ort_bridge import int8_kernels_saturate
 
     optimised = ort_session(converted)
     fused_int = dict(zip(names, optimised.run(names, feeds)))
@@ -681,7 +681,7 @@ def test_ort_qdq_fusion_is_turned_off_where_its_int8_kernels_saturate(monkeypatc
     other architectures, or for a graph without Q/DQ, it stays on."""
     import onnxruntime as ort
 
-    from framefuse.parity import ort_bridge
+    from framefuse.plugins import ort_bridge
 
     model, prepared = _fused("min_lstm")
     converted = convert_model(model, "int8", config=prepared.manifest["config"], int8_mode="qdq")

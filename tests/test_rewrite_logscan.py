@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 from torch import nn
 
-from framefuse.parity.ort_bridge import ort_session
+from framefuse.plugins.ort_bridge import ort_session
 from framefuse.rewrite import rewrite_model
 
 B, T, D = 2, 7, 5

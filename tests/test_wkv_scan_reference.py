@@ -138,7 +138,7 @@ def test_schema_shapes_and_errors():
 
 def test_runs_through_onnx_runtime_bridge():
     pytest.importorskip("onnxruntime_extensions")
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     B, T, C = 2, 6, 5
     k, v, time_decay, u = inputs(B, T, C, seed=9)

@@ -8,7 +8,7 @@ CUDA EP is used when asked for (``providers``) or when the device is ``cuda``.
 
 Which graph it runs: the *original* graph (``model.onnx``) by default. A fused graph's framefuse
 nodes exist in ONNX Runtime only as Python references (onnxruntime-extensions custom ops, see
-:mod:`framefuse.parity.ort_bridge`), which is right for parity checks and slow for anything
+:mod:`framefuse.plugins.ort_bridge`), which is right for parity checks and slow for anything
 else, so a fused graph is run only on request (``options={"fused": True}``).
 
 Step form without per-step allocation: a binding holds two ``IOBinding`` objects over the same
@@ -230,11 +230,11 @@ class OnnxRuntimeRunner(EngineRunner):
                 )
             from onnxruntime_extensions import get_library_path
 
-            from framefuse.parity.ort_bridge import prepare_for_ort
+            from framefuse.plugins.ort_bridge import prepare_for_ort
 
             model = prepare_for_ort(model)
             session_options.register_custom_ops_library(get_library_path())
-        from framefuse.parity.ort_bridge import keep_qdq_exact
+        from framefuse.plugins.ort_bridge import keep_qdq_exact
 
         # the CPU provider's fused int8 GEMMs saturate on x86 CPUs without VNNI: run Q/DQ as written there
         qdq_exact = "CPUExecutionProvider" in self.providers and keep_qdq_exact(session_options, model)
@@ -252,7 +252,7 @@ class OnnxRuntimeRunner(EngineRunner):
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc})"
             ) from exc
         if self.fused:
-            from framefuse.parity.ort_bridge import InterruptSafeSession
+            from framefuse.plugins.ort_bridge import InterruptSafeSession
 
             self.session = InterruptSafeSession(self.session)  # framefuse ops are Python callbacks
         self.session_seconds = time.perf_counter() - start

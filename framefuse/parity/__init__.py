@@ -2,8 +2,8 @@
 reference implementations) and compare them with Polygraphy."""
 
 from framefuse.parity.compare import DEFAULT_TOLERANCE, OutputParity, ParityReport, compare, tolerance_for
-from framefuse.parity.ort_bridge import ParitySetupError, ort_session, prepare_for_ort
 from framefuse.parity.runners import OnnxReferenceRunner
+from framefuse.plugins.ort_bridge import ParitySetupError, ort_session, prepare_for_ort
 
 __all__ = [
     "DEFAULT_TOLERANCE",

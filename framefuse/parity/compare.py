@@ -16,8 +16,8 @@ import numpy as np
 
 from framefuse.config import PRECISION_TOLERANCE
 from framefuse.errors import ParityError
-from framefuse.parity.ort_bridge import load_any, ort_session
-from framefuse.rewrite.report import write_text_atomic
+from framefuse.files import write_text_atomic
+from framefuse.plugins.ort_bridge import load_any, ort_session
 
 # Per-dtype tolerance (used as both atol and rtol) when the config does not say otherwise: the
 # precisions' own (config.PRECISION_TOLERANCE), float64 tighter.
@@ -132,7 +132,7 @@ def _feeds(inputs, runner, seed: int, iterations: int, val_range):
     for name, m in meta.items():
         shape = m.shape
         if shape is None or any(not isinstance(d, int) or d < 0 for d in shape):
-            from framefuse.parity.ort_bridge import ParitySetupError
+            from framefuse.plugins.ort_bridge import ParitySetupError
 
             raise ParitySetupError(
                 f"input {name} has a dynamic shape {shape}: pass `inputs` or export with static shapes"

@@ -14,7 +14,7 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 from polygraphy.datatype import DataType
 
-from framefuse.parity.ort_bridge import load_any
+from framefuse.plugins.ort_bridge import load_any
 
 
 class OnnxReferenceRunner(BaseRunner):

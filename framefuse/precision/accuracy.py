@@ -234,7 +234,7 @@ class _Side:
             engine = "cpu" if _has_bf16(self.model) else "onnxruntime"
         self.engine = engine
         if engine == "onnxruntime":
-            from framefuse.parity.ort_bridge import ort_session
+            from framefuse.plugins.ort_bridge import ort_session
 
             session = ort_session(self.model)
             names = [o.name for o in session.get_outputs()]

@@ -66,9 +66,9 @@ def manifest_tolerance(src: Path):
 
 
 def run(args) -> int:
+    from framefuse.files import write_bytes_atomic
     from framefuse.parity import compare
     from framefuse.rewrite.pipeline import rewrite_model
-    from framefuse.rewrite.report import write_bytes_atomic
 
     src = Path(args.model)
     if src.is_dir():  # an artifact folder, as every other stage takes it

@@ -9,7 +9,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from framefuse.files import write_bytes_atomic, write_text_atomic  # noqa: F401 - re-exported
+from framefuse.files import write_text_atomic
 from framefuse.rewrite.base import Declined, Match
 
 

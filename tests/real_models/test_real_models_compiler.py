@@ -22,7 +22,7 @@ def test_real_model_compiles_and_its_ir_matches_onnxruntime(name, export_root):
     from framefuse.compiler import lower_program, naive
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     run = fuse_real_model(name, 1, export_root)
     program = lower_program(run.fused_path)

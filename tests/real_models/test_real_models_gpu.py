@@ -48,7 +48,7 @@ def test_step_kernel_of_real_model_matches_onnxruntime(name, export_root):
     sequence), run on the GPU, against ONNX Runtime on the original export."""
     from framefuse.compiler import lower_program
     from framefuse.compiler.engine import CompiledStep, StepKernelPlan
-    from framefuse.parity.ort_bridge import ort_session
+    from framefuse.plugins.ort_bridge import ort_session
 
     run = fuse_real_model(name, 1, export_root)
     compiled = CompiledStep(lower_program(run.fused_path), device=torch.device("cuda"))
