@@ -196,26 +196,6 @@ def _reference(log_a: np.ndarray, log_b: np.ndarray, axis: int, log_h0: np.ndarr
     return np.moveaxis(np.stack(out), 0, axis)
 
 
-def _evaluate(graph: gs.Graph, cut: dict[str, np.ndarray], out: gs.Tensor) -> np.ndarray:
-    """The graph's own nodes from the tensors named in ``cut`` to ``out`` (a cut copy, those
-    tensors fed with the given values), run by ONNX Runtime."""
-    import onnx
-    import onnxruntime as ort
-
-    sub = graph.copy()
-    tensors = sub.tensors()
-    inputs = [tensors[name] for name in cut]
-    for t in inputs:
-        t.inputs.clear()
-    sub.inputs, sub.outputs = inputs, [tensors[out.name]]
-    sub.cleanup()
-    model = gs.export_onnx(sub)
-    model.ir_version = min(model.ir_version, 10)
-    onnx.checker.check_model(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {name: value.astype(np.float32) for name, value in cut.items()})[0].astype(np.float64)
-
-
 class LogSpaceScanPass:
     name = "log-space-scan"
 
@@ -278,7 +258,7 @@ class LogSpaceScanPass:
                 None if h0 is None else np.asarray(h0, dtype=np.float32).astype(np.float64),
             )
             try:
-                actual = _evaluate(graph, cut, out)
+                actual = U.evaluate_cut(graph, cut, [out])[0]
             except Exception as exc:  # noqa: BLE001 - a subgraph that does not cut at these tensors
                 raise _Decline(f"the expression cannot be evaluated from {', '.join(cut)} alone ({exc})") from exc
             worst = max(worst, float((np.abs(actual - expected) / (1 + np.abs(expected))).max()))

@@ -137,9 +137,18 @@ def default_passes() -> list:
     from framefuse.rewrite.logscan import LogSpaceScanPass
     from framefuse.rewrite.loops import LoopScanPass
     from framefuse.rewrite.rnn_nodes import RnnNodePass
+    from framefuse.rewrite.ssd import ChunkedSSDPass
     from framefuse.rewrite.unrolled import PASSES
 
-    return [RnnNodePass(), OnnxAttentionPass(), AttentionPass(), LoopScanPass(), LogSpaceScanPass(), *PASSES]
+    return [
+        RnnNodePass(),
+        OnnxAttentionPass(),
+        AttentionPass(),
+        LoopScanPass(),
+        LogSpaceScanPass(),
+        ChunkedSSDPass(),
+        *PASSES,
+    ]
 
 
 def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str, int]:

@@ -263,3 +263,26 @@ def cancel_unsqueeze_squeeze(graph: gs.Graph) -> int:
         sq.outputs.clear()
         count += 1
     return count
+
+
+def evaluate_cut(graph: gs.Graph, cut: dict, outputs: list[gs.Tensor]) -> list[np.ndarray]:
+    """The graph's own nodes from the tensors named in ``cut`` to ``outputs``, run by ONNX Runtime
+    on a cut copy of the graph with those tensors fed the given values (float64 results). Raises
+    when ``outputs`` need anything besides ``cut`` and constants: a pass proves a pattern by
+    running what the graph computes there on random inputs."""
+    import onnx
+    import onnxruntime as ort
+
+    sub = graph.copy()
+    tensors = sub.tensors()
+    inputs = [tensors[name] for name in cut]
+    for t in inputs:
+        t.inputs.clear()
+    sub.inputs, sub.outputs = inputs, [tensors[t.name] for t in outputs]
+    sub.cleanup()
+    model = gs.export_onnx(sub)
+    model.ir_version = min(model.ir_version, 10)
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {name: np.asarray(value, dtype=np.float32) for name, value in cut.items()}
+    return [r.astype(np.float64) for r in session.run(None, feeds)]

@@ -15,10 +15,7 @@ from .flow import SEQS, fuse_real_model
 from .models import BY_NAME, MODELS
 
 #: model -> why it does not fully fuse today (from the rewrite report; re-checked by strict xfail).
-XFAIL: dict[str, str] = {
-    "mamba2": "unrolled-chunked-scan: Mamba2's chunked SSD form (exp of segment sums of a cumulative sum) is "
-    "reported but not mapped to SelectiveScan (equality with the per-step recurrence not proved)",
-}
+XFAIL: dict[str, str] = {}
 
 
 def _param(name: str):

@@ -14,7 +14,15 @@ from .flow import fuse_real_model
 #: the benchmark's real models (bench/e2e.py REAL_MODELS)
 BENCHMARKED = ["gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir"]
 # the step forms of models users write as loops or log-space scans, fused and compiled the same way
-COMPILED = BENCHMARKED + ["torch_grucell_loop", "torch_lstmcell_loop", "mingru_log_space", "mingru_log_space_h0"]
+COMPILED = BENCHMARKED + [
+    "torch_grucell_loop",
+    "torch_lstmcell_loop",
+    "mingru_log_space",
+    "mingru_log_space_h0",
+    "mamba2",
+    "zamba2",
+    "bamba",
+]
 
 
 @pytest.mark.parametrize("name", COMPILED)

@@ -41,6 +41,9 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, export_root):
         "torch_lstmcell_loop",
         "mingru_log_space",
         "mingru_log_space_h0",
+        "mamba2",
+        "zamba2",
+        "bamba",
     ],
 )
 def test_step_kernel_of_real_model_matches_onnxruntime(name, export_root):

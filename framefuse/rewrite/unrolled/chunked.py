@@ -1,12 +1,12 @@
-"""Chunked (parallel) forms of a scan, such as Mamba2's SSD: recognised and declined, by name.
+"""Chunked (parallel) forms of a scan that no pass mapped: reported, by name.
 
 A chunked scan has no per-step loop: the decay between positions s ≤ t of a chunk is
 exp(Σ_{s<u≤t} log a_u), computed for all pairs at once as a *segment sum* of a CumSum
 (``cumsum[t] − cumsum[s]``, masked to t ≥ s) and passed through Exp, and the chunks are chained
-through a short loop over the chunk states. Mapping that to SelectiveScan would need a proof that
-the masked segment-sum matrices, the intra-chunk products and the inter-chunk recurrence together
-equal the per-step recurrence; that proof is not implemented, so such graphs are reported (with
-the CumSum and Exp named) instead of passing silently as "nothing to fuse".
+through a short loop over the chunk states. Mamba2's SSD with one group of B and C is mapped to
+SelectiveScan by ``framefuse.rewrite.ssd`` (which proves it on random inputs first); any segment
+sum still in the graph after that (several groups, the chunked linear-attention family) is
+reported here with the CumSum and Exp named, instead of passing silently as "nothing to fuse".
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ class ChunkedScanReportPass:
                 Declined(
                     self.name,
                     f"CumSum {node.name!r} → Exp {exp.name!r}",
-                    "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum (the Mamba2 "
-                    "SSD form) rather than a per-step recurrence. It is not mapped to SelectiveScan: proving the "
-                    "chunked form equal to the per-step recurrence is not implemented; export the model's "
-                    "per-step path (a loop over time) to fuse it",
+                    "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum rather "
+                    "than a per-step recurrence, and no pass mapped it (Mamba2's SSD with one group of B and C "
+                    "is mapped by chunked-ssd, whose decline says why not here); export the model's per-step "
+                    "path (a loop over time) to fuse it",
                 )
             )
         return result

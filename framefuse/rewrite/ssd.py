@@ -1,0 +1,274 @@
+"""Mamba2's chunked scan (SSD) → framefuse ``SelectiveScan``.
+
+transformers' Mamba2 (and the reference ``ssd_chunk_scan`` several ports copy) computes the
+per-head recurrence
+
+    S_t = exp(dt_t·A_h)·S_{t−1} + dt_t·x_t ⊗ B_t        y_t = S_t·C_t + D_h·x_t
+
+(S [P, N] per head h, dt [B, T, H], x [B, T, H, P], B and C [B, T, G·N], A and D constants per
+head) without a loop: the sequence is cut into chunks, the decays inside a chunk are exp of
+*segment sums* of a CumSum of A·dt, and the chunk states are chained by a second, short scan.
+That is the same recurrence as Mamba's selective scan with one channel per (h, p), Δ = dt of the
+head, A repeated over p and n, and B, C shared by every head (one group).
+
+The pass anchors on the CumSum of A·dt (through reshapes, pads and transposes), takes dt and A
+from that product, x from the product x·dt[..., None] beside it, and B and C from the einsums of
+the chunk machinery (the two remaining tensors they read, [B, T, G·N]); the output is the latest
+tensor computed from x, dt, B, C and constants alone that has y's shape. Then it runs the graph's
+own nodes from x, dt, B, C to that output (ONNX Runtime, a cut copy) on random inputs against the
+recurrence — B and C both ways round, D read off the first trial and checked on the second — and
+replaces the region only when they agree. Anything else (several groups, a form it does not
+find) is declined naming the CumSum and the reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from framefuse.rewrite import util as U
+from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+
+CHECK_TOLERANCE = 1e-4  # the graph's chunked form (float32, ONNX Runtime) against the recurrence (float64)
+# ops that only move or repeat data between the scan's inputs and the chunk machinery
+_MOVES = {"Reshape", "Pad", "Transpose", "Slice", "Cast", "Identity", "Unsqueeze", "Squeeze", "Expand", "Tile"}
+
+
+class _Decline(Exception):
+    pass
+
+
+def _source(t: gs.Tensor) -> gs.Tensor:
+    """``t`` before the data movement that produced it."""
+    while True:
+        node = U.producer(t)
+        if node is None or node.op not in _MOVES or not node.inputs:
+            return t
+        t = node.inputs[0]
+
+
+def _product(t: gs.Tensor):
+    """(constant, variable) operands of the Mul behind ``t``'s data movement, or None."""
+    mul = U.producer_op(_source(t), "Mul")
+    if mul is None or len(mul.inputs) != 2:
+        return None
+    for a, b in (mul.inputs, mul.inputs[::-1]):
+        if U.const_value(a) is not None and U.const_value(b) is None:
+            return a, b
+    return None
+
+
+def _anchor(cumsum: gs.Node):
+    """(A [H], dt [B, T, H]) when ``cumsum`` sums A·dt, else None."""
+    found = _product(cumsum.inputs[0])
+    if found is None:
+        return None
+    a, dt = found
+    a_value, dt_shape = U.const_value(a), U.static_shape(dt)
+    if dt_shape is None or len(dt_shape) != 3 or a_value.size != dt_shape[2]:
+        return None
+    return a_value.reshape(-1).astype(np.float64), dt
+
+
+def _x_of(dt: gs.Tensor):
+    """x [B, T, H, P] of the product x·dt[..., None] that reads ``dt``."""
+    b, t, h = U.static_shape(dt)
+    for reader in U.consumers(dt):
+        if reader.op != "Unsqueeze":
+            continue
+        for mul in U.consumers(reader.outputs[0]):
+            if mul.op != "Mul" or len(mul.inputs) != 2:
+                continue
+            other = mul.inputs[1] if mul.inputs[0] is reader.outputs[0] else mul.inputs[0]
+            shape = U.static_shape(other)
+            if shape is not None and len(shape) == 4 and tuple(shape[:3]) == (b, t, h):
+                return other, mul
+    return None
+
+
+def _downstream(start: gs.Tensor) -> list[gs.Tensor]:
+    seen, stack, out = {start.name}, [start], []
+    while stack:
+        for node in stack.pop().outputs:
+            for o in node.outputs:
+                if o.name not in seen:
+                    seen.add(o.name)
+                    stack.append(o)
+                    out.append(o)
+    return out
+
+
+def _inputs_of(out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[int, int]) -> list[gs.Tensor]:
+    """What ``out`` is computed from besides the ``given`` tensors and constants: walking up from
+    it, the first tensors outside the scan's region (``inside``: downstream of dt and of x) that
+    are [B, T, K] (Mamba2's B and C, split from one projection), and any graph input
+    reached (which makes ``out`` not a function of the scan's inputs)."""
+    found: dict[str, gs.Tensor] = {}
+    seen, stack = set(), [out]
+    while stack:
+        t = stack.pop()
+        if t.name in seen or t.name in given or isinstance(t, gs.Constant) or U.const_value(t) is not None:
+            continue
+        seen.add(t.name)
+        shape = U.static_shape(t)
+        if t.name not in inside and shape is not None and len(shape) == 3 and tuple(shape[:2]) == lead:
+            found[t.name] = t
+            continue
+        node = U.producer(t)
+        if node is None:
+            found[t.name] = t
+            continue
+        stack.extend(i for i in node.inputs if i.name)
+    return list(found.values())
+
+
+def _reference(x, dt, a, b, c, d, groups: int):
+    """y [B, T, H, P] of the per-head recurrence, float64 (B, C [B, T, G, N], head h in group
+    h // (H / G))."""
+    batch, steps, heads, p = x.shape
+    n = b.shape[-1]
+    group = np.arange(heads) // (heads // groups)
+    state = np.zeros((batch, heads, p, n))
+    y = np.empty_like(x)
+    for t in range(steps):
+        decay = np.exp(dt[:, t] * a)  # [B, H]
+        bt, ct = b[:, t][:, group], c[:, t][:, group]  # [B, H, N]
+        state = decay[..., None, None] * state + (dt[:, t, :, None] * x[:, t])[..., None] * bt[:, :, None, :]
+        y[:, t] = np.einsum("bhpn,bhn->bhp", state, ct) + d[None, :, None] * x[:, t]
+    return y
+
+
+class ChunkedSSDPass:
+    name = "chunked-ssd"
+
+    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
+        result = PassResult()
+        graph.toposort()
+        for node in list(graph.nodes):
+            if node.op != "CumSum" or not node.inputs or node.name not in {n.name for n in graph.nodes}:
+                continue
+            anchor = _anchor(node)
+            if anchor is None:
+                continue
+            try:
+                result.matches.append(self._rewrite(graph, ctx, node, *anchor))
+            except _Decline as exc:
+                result.declined.append(Declined(self.name, U.node_label(node), f"Mamba2 chunked scan (SSD): {exc}"))
+            graph.cleanup().toposort()
+        return result
+
+    def _rewrite(self, graph, ctx, cumsum: gs.Node, a: np.ndarray, dt: gs.Tensor) -> Match:
+        found = _x_of(dt)
+        if found is None:
+            raise _Decline(f"no product x·dt[..., None] of {dt.name} [B, T, H] with an x of [B, T, H, P]")
+        x, x_dt = found
+        batch, steps, heads, p = U.static_shape(x)
+        order = {o.name: i for i, node in enumerate(graph.nodes) for o in node.outputs}
+        inside = {t.name for t in _downstream(dt) + _downstream(x)}  # A·dt, x·dt and all after them
+        # y: the first few tensors of its shape after the CumSum (the chunks' y reshaped, then with
+        # the D skip added), the latest of them tried first
+        shapes = {(batch, steps, heads, p), (batch, steps, heads * p)}
+        after = [t for t in _downstream(cumsum.outputs[0]) if U.static_shape(t) in shapes]
+        candidates = sorted((t for t in after if U.np_dtype(t) == np.float32), key=lambda t: order.get(t.name, -1))[:4][
+            ::-1
+        ]
+        if not candidates:
+            raise _Decline(f"no tensor of y's shape [B, T, H, P] after {cumsum.name}")
+        rng = np.random.default_rng(0)
+        chosen, problems = None, []
+        for out in candidates:
+            sources = _inputs_of(out, {x.name, dt.name}, inside, (batch, steps))
+            if len(sources) != 2 or U.static_shape(sources[0]) != U.static_shape(sources[1]):
+                problems.append(f"{out.name} reads {[t.name for t in sources]} besides x and dt, not B and C")
+                continue
+            first, second = sources
+            n = U.static_shape(first)[2]  # one group: B and C are [B, T, N]
+            trials = [
+                {
+                    x.name: rng.standard_normal((batch, steps, heads, p)),
+                    dt.name: rng.uniform(0.01, 0.3, (batch, steps, heads)),
+                    first.name: rng.standard_normal((batch, steps, n)),
+                    second.name: rng.standard_normal((batch, steps, n)),
+                }
+                for _ in range(2)
+            ]
+            try:
+                actual = [U.evaluate_cut(graph, trial, [out])[0].reshape(batch, steps, heads, p) for trial in trials]
+            except Exception as exc:  # noqa: BLE001 - a candidate that does not cut here
+                problems.append(f"{out.name} is not computed from x, dt, B and C alone ({type(exc).__name__})")
+                continue
+            for b_t, c_t in ((first, second), (second, first)):
+                error, d = self._check(trials, actual, x, dt, b_t, c_t, a, n)
+                if error <= CHECK_TOLERANCE:
+                    chosen = (out, b_t, c_t, d, error, n)
+                    break
+                problems.append(f"{out.name} with B = {b_t.name}: differs by {error:.3g}")
+            if chosen:
+                break
+        if chosen is None:
+            raise _Decline(
+                f"no output agrees with the recurrence of one group on random inputs ({'; '.join(problems[:3])})"
+            )
+        out, b_t, c_t, d, error, n = chosen
+        return self._replace(graph, ctx, cumsum, out, x, dt, b_t, c_t, a, d, n, error)
+
+    @staticmethod
+    def _check(trials, actual, x, dt, b_t, c_t, a, n):
+        """(max relative difference, D): D per head fitted on the first trial (least squares of
+        the residual against x), the difference taken over both."""
+        batch, steps, heads, p = trials[0][x.name].shape
+        worst, d = 0.0, np.zeros(heads)
+        for k, (trial, got) in enumerate(zip(trials, actual)):
+            xs = trial[x.name].astype(np.float32).astype(np.float64)
+            args = [trial[t.name].astype(np.float32).astype(np.float64) for t in (dt, b_t, c_t)]
+            bs, cs = (v.reshape(batch, steps, 1, n) for v in args[1:])
+            if k == 0:
+                free = _reference(xs, args[0], a, bs, cs, np.zeros(heads), 1)
+                residual = got - free
+                d = (residual * xs).sum(axis=(0, 1, 3)) / np.maximum((xs * xs).sum(axis=(0, 1, 3)), 1e-30)
+            expected = _reference(xs, args[0], a, bs, cs, d, 1)
+            worst = max(worst, float((np.abs(got - expected) / (1 + np.abs(expected))).max()))
+        return worst, d
+
+    def _replace(self, graph, ctx, cumsum, out, x, dt, b_t, c_t, a, d, n, error) -> Match:
+        batch, steps, heads, p = U.static_shape(x)
+        channels = heads * p
+        f32 = np.float32
+        x_in = U.reshape(graph, ctx, x, (batch, steps, channels))
+        dt_wide = U.add_op(
+            graph,
+            ctx,
+            "Expand",
+            [
+                U.unsqueeze(graph, ctx, dt, 3),
+                U.new_const(ctx, "ssd_dt_shape", np.array([batch, steps, heads, p], np.int64)),
+            ],
+            dtype=f32,
+            shape=(batch, steps, heads, p),
+        )
+        dt_in = U.reshape(graph, ctx, dt_wide, (batch, steps, channels))
+        a_in = U.new_const(ctx, "ssd_A", np.repeat(a, p)[:, None].repeat(n, axis=1).astype(f32))
+        d_in = U.new_const(ctx, "ssd_D", np.repeat(d, p).astype(f32))
+        b_in = U.reshape(graph, ctx, b_t, (batch, steps, n))
+        c_in = U.reshape(graph, ctx, c_t, (batch, steps, n))
+        y = U.new_var(ctx, "SelectiveScan_y", f32, (batch, steps, channels))
+        h_last = U.new_var(ctx, "SelectiveScan_h_last", f32, (batch, channels, n))
+        node = make_framefuse_node(
+            graph, ctx, "SelectiveScan", [x_in, dt_in, a_in, b_in, c_in, d_in], [y, h_last], {"delta_softplus": 0}
+        )
+        result = y if U.static_shape(out) == (batch, steps, channels) else U.reshape(graph, ctx, y, U.static_shape(out))
+        U.replace_tensor(graph, out, result)
+        return Match(
+            self.name,
+            "SelectiveScan",
+            node.name,
+            [U.node_label(cumsum)],
+            {
+                "steps": int(steps),
+                "heads": int(heads),
+                "head_dim": int(p),
+                "state": int(n),
+                "form": "chunked (SSD)",
+                "check_max_rel_diff": error,
+            },
+        )
