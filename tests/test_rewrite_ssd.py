@@ -70,14 +70,75 @@ def test_mamba2_chunked_scan_fuses_into_selective_scan_with_parity(tmp_path):
     assert parity.passed, parity.summary()
 
 
-def test_two_groups_of_b_and_c_are_declined_naming_the_cumsum(tmp_path):
-    """n_groups = 2: heads read different B and C; the one-group recurrence does not reproduce the
-    graph on random inputs, so the scan stays as exported and the decline names the CumSum."""
+def test_two_groups_of_b_and_c_fuse_into_a_selective_scan_a_group(tmp_path):
+    """n_groups = 2: heads 0-1 read B, C of group 0 and heads 2-3 those of group 1 — one
+    SelectiveScan a group of heads, their outputs concatenated."""
     source = _export(_mamba2(groups=2), 8, tmp_path)
     fused, report = rewrite_model(source)
+    assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == ["SelectiveScan"] * 2
+    (match,) = [m for m in report.matches if m.pass_name == "chunked-ssd"]
+    assert match.detail["groups"] == 2 and match.detail["state"] == 8
+    parity = compare(source, fused, tolerance=1e-4)
+    assert parity.passed, parity.summary()
+
+
+class OneChunkSSD(torch.nn.Module):
+    """The SSD of one chunk written from its definition (not transformers'): y_t = Σ_(s ≤ t)
+    (C_t·B_s) exp(Σ_(s<u≤t) A dt_u) dt_s x_s + D x_t; ``anti_causal`` masks s ≥ t instead, which
+    is not a recurrence over t."""
+
+    def __init__(self, anti_causal: bool = False):
+        super().__init__()
+        self.a = torch.nn.Parameter(-torch.rand(4) - 0.1)
+        self.d = torch.nn.Parameter(torch.randn(4))
+        self.anti_causal = anti_causal
+
+    def forward(self, x, dt, b, c):
+        cs = torch.cumsum((self.a * dt).transpose(1, 2), dim=-1)  # [B, H, T]
+        seg = cs[..., :, None] - cs[..., None, :]
+        steps = x.shape[1]
+        ones = torch.ones(steps, steps, dtype=torch.bool)
+        mask = torch.triu(ones) if self.anti_causal else torch.tril(ones)
+        decay = torch.exp(seg.masked_fill(~mask, float("-inf")))
+        y = torch.einsum("btn,bsn,bhts,bshp->bthp", c, b, decay, x * dt[..., None])
+        return y + self.d[:, None] * x
+
+
+def _one_chunk(anti_causal: bool):
+    import io
+
+    import onnx
+
+    torch.manual_seed(0)
+    args = (torch.randn(2, 6, 4, 3), torch.rand(2, 6, 4) * 0.3, torch.randn(2, 6, 5), torch.randn(2, 6, 5))
+    buffer = io.BytesIO()
+    torch.onnx.export(
+        OneChunkSSD(anti_causal).eval(),
+        args,
+        buffer,
+        input_names=["x", "dt", "b", "c"],
+        output_names=["y"],
+        dynamo=False,
+    )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def test_an_ssd_written_from_its_definition_fuses():
+    model = _one_chunk(anti_causal=False)
+    fused, report = rewrite_model(model)
+    assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == ["SelectiveScan"]
+    parity = compare(model, fused, tolerance=1e-4)
+    assert parity.passed, parity.summary()
+
+
+def test_a_segment_sum_scan_that_is_not_the_recurrence_is_declined_naming_the_cumsum():
+    """The same expression masked to s ≥ t: the anchors are all there (A·dt under a CumSum, x·dt,
+    B and C), but the graph does not compute the recurrence on random inputs, so nothing is fused
+    and the decline names the CumSum."""
+    model = _one_chunk(anti_causal=True)
+    fused, report = rewrite_model(model)
     assert not [n for n in fused.graph.node if n.domain == "framefuse"]
-    declined = [d for d in report.declined if d.pass_name == "chunked-ssd"]
-    assert declined and "CumSum" in declined[0].where
-    assert "one group" in declined[0].reason or "B and C" in declined[0].reason
-    parity = compare(source, fused, tolerance=1e-5)
+    (declined,) = [d for d in report.declined if d.pass_name == "chunked-ssd"]
+    assert "CumSum" in declined.where and "differs by" in declined.reason
+    parity = compare(model, fused, tolerance=1e-5)
     assert parity.passed, parity.summary()

@@ -9,7 +9,7 @@ per-head recurrence
 head) without a loop: the sequence is cut into chunks, the decays inside a chunk are exp of
 *segment sums* of a CumSum of A·dt, and the chunk states are chained by a second, short scan.
 That is the same recurrence as Mamba's selective scan with one channel per (h, p), Δ = dt of the
-head, A repeated over p and n, and B, C shared by every head (one group).
+head, A repeated over p and n, and B, C shared by the heads of a group.
 
 The pass anchors on the CumSum of A·dt (through reshapes, pads and transposes), takes dt and A
 from that product, x from the product x·dt[..., None] beside it, and B and C from the einsums of
@@ -17,8 +17,10 @@ the chunk machinery (the two remaining tensors they read, [B, T, G·N]); the out
 tensor computed from x, dt, B, C and constants alone that has y's shape. Then it runs the graph's
 own nodes from x, dt, B, C to that output (ONNX Runtime, a cut copy) on random inputs against the
 recurrence — B and C both ways round, D read off the first trial and checked on the second — and
-replaces the region only when they agree. Anything else (several groups, a form it does not
-find) is declined naming the CumSum and the reason.
+replaces the region only when they agree. With G groups of B and C (head h reads group
+h // (H / G)), each group of heads becomes its own SelectiveScan (the op shares one B and C across
+its channels) and their outputs are concatenated. Anything else is declined naming the CumSum and
+the reason.
 """
 
 from __future__ import annotations
@@ -182,7 +184,8 @@ class ChunkedSSDPass:
                 problems.append(f"{out.name} reads {[t.name for t in sources]} besides x and dt, not B and C")
                 continue
             first, second = sources
-            n = U.static_shape(first)[2]  # one group: B and C are [B, T, N]
+            width = U.static_shape(first)[2]  # B and C are [B, T, G·N]
+            n = width
             trials = [
                 {
                     x.name: rng.standard_normal((batch, steps, heads, p)),
@@ -197,40 +200,51 @@ class ChunkedSSDPass:
             except Exception as exc:  # noqa: BLE001 - a candidate that does not cut here
                 problems.append(f"{out.name} is not computed from x, dt, B and C alone ({type(exc).__name__})")
                 continue
-            for b_t, c_t in ((first, second), (second, first)):
-                error, d = self._check(trials, actual, x, dt, b_t, c_t, a, n)
-                if error <= CHECK_TOLERANCE:
-                    chosen = (out, b_t, c_t, d, error, n)
+            # G groups of heads (head h reads group h // (H / G)): G = 1 first, then every G that
+            # divides both the heads and the width
+            for groups in [g for g in range(1, heads + 1) if heads % g == 0 and width % g == 0]:
+                for b_t, c_t in ((first, second), (second, first)):
+                    error, d = self._check(trials, actual, x, dt, b_t, c_t, a, groups)
+                    if error <= CHECK_TOLERANCE:
+                        chosen = (out, b_t, c_t, d, error, width // groups, groups)
+                        break
+                    if groups == 1:
+                        problems.append(f"{out.name} with B = {b_t.name}: differs by {error:.3g}")
+                if chosen:
                     break
-                problems.append(f"{out.name} with B = {b_t.name}: differs by {error:.3g}")
             if chosen:
                 break
         if chosen is None:
             raise _Decline(
-                f"no output agrees with the recurrence of one group on random inputs ({'; '.join(problems[:3])})"
+                f"no output agrees with the recurrence on random inputs, with any number of groups of B and C "
+                f"({'; '.join(problems[:3])})"
             )
-        out, b_t, c_t, d, error, n = chosen
-        return self._replace(graph, ctx, cumsum, out, x, dt, b_t, c_t, a, d, n, error)
+        out, b_t, c_t, d, error, n, groups = chosen
+        return self._replace(graph, ctx, cumsum, out, x, dt, b_t, c_t, a, d, n, groups, error)
 
     @staticmethod
-    def _check(trials, actual, x, dt, b_t, c_t, a, n):
-        """(max relative difference, D): D per head fitted on the first trial (least squares of
-        the residual against x), the difference taken over both."""
+    def _check(trials, actual, x, dt, b_t, c_t, a, groups):
+        """(max relative difference, D) of the recurrence with ``groups`` groups of B and C: D per
+        head fitted on the first trial (least squares of the residual against x), the difference
+        taken over both."""
         batch, steps, heads, p = trials[0][x.name].shape
+        n = trials[0][b_t.name].shape[-1] // groups
         worst, d = 0.0, np.zeros(heads)
         for k, (trial, got) in enumerate(zip(trials, actual)):
             xs = trial[x.name].astype(np.float32).astype(np.float64)
             args = [trial[t.name].astype(np.float32).astype(np.float64) for t in (dt, b_t, c_t)]
-            bs, cs = (v.reshape(batch, steps, 1, n) for v in args[1:])
+            bs, cs = (v.reshape(batch, steps, groups, n) for v in args[1:])
             if k == 0:
-                free = _reference(xs, args[0], a, bs, cs, np.zeros(heads), 1)
+                free = _reference(xs, args[0], a, bs, cs, np.zeros(heads), groups)
                 residual = got - free
                 d = (residual * xs).sum(axis=(0, 1, 3)) / np.maximum((xs * xs).sum(axis=(0, 1, 3)), 1e-30)
-            expected = _reference(xs, args[0], a, bs, cs, d, 1)
+            expected = _reference(xs, args[0], a, bs, cs, d, groups)
             worst = max(worst, float((np.abs(got - expected) / (1 + np.abs(expected))).max()))
         return worst, d
 
-    def _replace(self, graph, ctx, cumsum, out, x, dt, b_t, c_t, a, d, n, error) -> Match:
+    def _replace(self, graph, ctx, cumsum, out, x, dt, b_t, c_t, a, d, n, groups, error) -> Match:
+        """One SelectiveScan a group of heads (the op shares one B and C across its channels),
+        their outputs concatenated over the channels."""
         batch, steps, heads, p = U.static_shape(x)
         channels = heads * p
         f32 = np.float32
@@ -247,15 +261,40 @@ class ChunkedSSDPass:
             shape=(batch, steps, heads, p),
         )
         dt_in = U.reshape(graph, ctx, dt_wide, (batch, steps, channels))
-        a_in = U.new_const(ctx, "ssd_A", np.repeat(a, p)[:, None].repeat(n, axis=1).astype(f32))
-        d_in = U.new_const(ctx, "ssd_D", np.repeat(d, p).astype(f32))
-        b_in = U.reshape(graph, ctx, b_t, (batch, steps, n))
-        c_in = U.reshape(graph, ctx, c_t, (batch, steps, n))
-        y = U.new_var(ctx, "SelectiveScan_y", f32, (batch, steps, channels))
-        h_last = U.new_var(ctx, "SelectiveScan_h_last", f32, (batch, channels, n))
-        node = make_framefuse_node(
-            graph, ctx, "SelectiveScan", [x_in, dt_in, a_in, b_in, c_in, d_in], [y, h_last], {"delta_softplus": 0}
+        a_full = np.repeat(a, p)[:, None].repeat(n, axis=1).astype(f32)
+        d_full = np.repeat(d, p).astype(f32)
+        width = channels // groups
+
+        def part(t, lo, hi, size):
+            if (lo, hi) == (0, size):
+                return t
+            ints = lambda v: U.new_const(ctx, "ssd_slice", np.array([v], np.int64))  # noqa: E731
+            shape = (batch, steps, hi - lo)
+            return U.add_op(graph, ctx, "Slice", [t, ints(lo), ints(hi), ints(2)], dtype=f32, shape=shape)
+
+        b_all = U.reshape(graph, ctx, b_t, (batch, steps, groups * n))
+        c_all = U.reshape(graph, ctx, c_t, (batch, steps, groups * n))
+        ys, nodes = [], []
+        for g in range(groups):
+            lo, hi = g * width, (g + 1) * width
+            inputs = [
+                part(x_in, lo, hi, channels),
+                part(dt_in, lo, hi, channels),
+                U.new_const(ctx, "ssd_A", a_full[lo:hi]),
+                part(b_all, g * n, (g + 1) * n, groups * n),
+                part(c_all, g * n, (g + 1) * n, groups * n),
+                U.new_const(ctx, "ssd_D", d_full[lo:hi]),
+            ]
+            y_g = U.new_var(ctx, "SelectiveScan_y", f32, (batch, steps, width))
+            h_last = U.new_var(ctx, "SelectiveScan_h_last", f32, (batch, width, n))
+            nodes.append(make_framefuse_node(graph, ctx, "SelectiveScan", inputs, [y_g, h_last], {"delta_softplus": 0}))
+            ys.append(y_g)
+        y = (
+            ys[0]
+            if groups == 1
+            else U.add_op(graph, ctx, "Concat", ys, dtype=f32, shape=(batch, steps, channels), attrs={"axis": 2})
         )
+        node = nodes[0]
         result = y if U.static_shape(out) == (batch, steps, channels) else U.reshape(graph, ctx, y, U.static_shape(out))
         U.replace_tensor(graph, out, result)
         return Match(
@@ -268,6 +307,7 @@ class ChunkedSSDPass:
                 "heads": int(heads),
                 "head_dim": int(p),
                 "state": int(n),
+                "groups": int(groups),
                 "form": "chunked (SSD)",
                 "check_max_rel_diff": error,
             },
