@@ -3,10 +3,10 @@
 A chunked scan has no per-step loop: the decay between positions s ≤ t of a chunk is
 exp(Σ_{s<u≤t} log a_u), computed for all pairs at once as a *segment sum* of a CumSum
 (``cumsum[t] − cumsum[s]``, masked to t ≥ s) and passed through Exp, and the chunks are chained
-through a short loop over the chunk states. Mamba2's SSD with one group of B and C is mapped to
-SelectiveScan by ``framefuse.rewrite.ssd`` (which proves it on random inputs first); any segment
-sum still in the graph after that (several groups, the chunked linear-attention family) is
-reported here with the CumSum and Exp named, instead of passing silently as "nothing to fuse".
+through a short loop over the chunk states. Mamba2's SSD is mapped to SelectiveScan by
+``framefuse.rewrite.ssd`` (which proves it on random inputs first); any segment sum still in the
+graph after that (a form that check rejected, the chunked linear-attention family) is reported
+here with the CumSum and Exp named, instead of passing silently as "nothing to fuse".
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class ChunkedScanReportPass:
                     self.name,
                     f"CumSum {node.name!r} → Exp {exp.name!r}",
                     "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum rather "
-                    "than a per-step recurrence, and no pass mapped it (Mamba2's SSD with one group of B and C "
-                    "is mapped by chunked-ssd, whose decline says why not here); export the model's per-step "
+                    "than a per-step recurrence, and no pass mapped it (Mamba2's SSD is mapped by chunked-ssd, "
+                    "whose decline says why not here); export the model's per-step "
                     "path (a loop over time) to fuse it",
                 )
             )
