@@ -126,7 +126,7 @@ def _step_one_slices(exp: gs.Node, axis: int, length: int) -> list[gs.Node] | No
         starts, ends = U.const_value(node.inputs[1]), U.const_value(node.inputs[2])
         axes = U.const_value(node.inputs[3]) if len(node.inputs) > 3 and not U.is_empty(node.inputs[3]) else None
         steps = U.const_value(node.inputs[4]) if len(node.inputs) > 4 and not U.is_empty(node.inputs[4]) else None
-        if starts is None or ends is None or starts.size != 1:
+        if starts is None or ends is None or starts.size != 1 or ends.size != 1:
             return None
         rank = len(U.static_shape(exp.outputs[0]) or ())
         slice_axis = int(axes.reshape(-1)[0]) % rank if axes is not None else 0
