@@ -134,6 +134,7 @@ def default_passes() -> list:
     """The passes in their order."""
     # imported here: framefuse.rewrite.unrolled imports framefuse.rewrite (a cycle at module level)
     from framefuse.rewrite.attention import AttentionPass, OnnxAttentionPass
+    from framefuse.rewrite.chunked_delta import ChunkedDeltaRulePass
     from framefuse.rewrite.logscan import LogSpaceScanPass
     from framefuse.rewrite.loops import LoopScanPass
     from framefuse.rewrite.rnn_nodes import RnnNodePass
@@ -147,6 +148,7 @@ def default_passes() -> list:
         LoopScanPass(),
         LogSpaceScanPass(),
         ChunkedSSDPass(),
+        ChunkedDeltaRulePass(),
         *PASSES,
     ]
 

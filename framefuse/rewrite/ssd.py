@@ -100,10 +100,10 @@ def _downstream(start: gs.Tensor) -> list[gs.Tensor]:
     return out
 
 
-def _inputs_of(out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[int, int]) -> list[gs.Tensor]:
+def _inputs_of(out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[int, ...]) -> list[gs.Tensor]:
     """What ``out`` is computed from besides the ``given`` tensors and constants: walking up from
-    it, the first tensors outside the scan's region (``inside``: downstream of dt and of x) that
-    are [B, T, K] (Mamba2's B and C, split from one projection), and any graph input
+    it, the first tensors outside the scan's region (``inside``) whose shape is ``lead`` and one
+    more axis (Mamba2's B and C, [B, T, K]; the delta rule's q, [B, H, T, Dk]), and any graph input
     reached (which makes ``out`` not a function of the scan's inputs)."""
     found: dict[str, gs.Tensor] = {}
     seen, stack = set(), [out]
@@ -113,7 +113,12 @@ def _inputs_of(out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[in
             continue
         seen.add(t.name)
         shape = U.static_shape(t)
-        if t.name not in inside and shape is not None and len(shape) == 3 and tuple(shape[:2]) == lead:
+        if (
+            t.name not in inside
+            and shape is not None
+            and len(shape) == len(lead) + 1
+            and tuple(shape[: len(lead)]) == lead
+        ):
             found[t.name] = t
             continue
         node = U.producer(t)
