@@ -103,6 +103,45 @@ class BiGRUCellEncoder(nn.Module):
         return torch.cat([torch.stack(fwd, dim=1), torch.stack(bwd, dim=1)], dim=-1)
 
 
+class ChunkDeltaRuleLayer(nn.Module):
+    """A DeltaNet layer whose scan is flash-linear-attention's chunked reference (WY form: a
+    row-by-row solve inside each chunk of 4, a loop over the chunks), with its own projections,
+    unit keys and sigmoid β."""
+
+    def __init__(self, heads: int = 2, head_dim: int = 16, chunk: int = 4):
+        super().__init__()
+        self.heads, self.head_dim, self.chunk = heads, head_dim, chunk
+        self.qkv = nn.Linear(HIDDEN, 3 * heads * head_dim, bias=False)
+        self.beta = nn.Linear(HIDDEN, heads)
+        self.out = nn.Linear(heads * head_dim, 32)
+
+    def forward(self, x):
+        b, length, _ = x.shape
+        h, d, c = self.heads, self.head_dim, self.chunk
+        q, k, v = (t.reshape(b, length, h, d).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        k = nn.functional.normalize(k, dim=-1)
+        beta = torch.sigmoid(self.beta(x)).transpose(1, 2)
+        q = q * d**-0.5
+        v = v * beta[..., None]
+        k_beta = k * beta[..., None]
+        q, k, v, k_beta = (t.reshape(b, h, length // c, c, d) for t in (q, k, v, k_beta))
+        mask = torch.triu(torch.ones(c, c, dtype=torch.bool), diagonal=0)
+        attn = -(k_beta @ k.transpose(-1, -2)).masked_fill(mask, 0)
+        for i in range(1, c):
+            attn[..., i, :i] = attn[..., i, :i] + (attn[..., i, :, None].clone() * attn[..., :, :i].clone()).sum(-2)
+        attn = attn + torch.eye(c, dtype=torch.float)
+        u, w = attn @ v, attn @ k_beta
+        state = k.new_zeros(b, h, d, d)
+        o = torch.zeros_like(v)
+        mask = torch.triu(torch.ones(c, c, dtype=torch.bool), diagonal=1)
+        for i in range(length // c):
+            q_i, k_i = q[:, :, i], k[:, :, i]
+            u_i = u[:, :, i] - w[:, :, i] @ state
+            o[:, :, i] = q_i @ state + (q_i @ k_i.transpose(-1, -2)).masked_fill(mask, 0) @ u_i
+            state = state + k_i.transpose(-1, -2) @ u_i
+        return self.out(o.reshape(b, h, length, d).transpose(1, 2).reshape(b, length, h * d))
+
+
 class LSTMCellPolicy(nn.Module):
     """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
 
@@ -309,6 +348,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
     RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),
+    RealModel("fla_chunk_delta_rule", _seeded(ChunkDeltaRuleLayer), {"DeltaRuleScan": 1}),
     RealModel("mingru_log_space", _seeded(MinGRULogSpace), {"LinearScan": 1}),
     RealModel("mingru_log_space_h0", _seeded(lambda: MinGRULogSpace(initial=True)), {"LinearScan": 1}),
 ]
