@@ -75,6 +75,9 @@ class ChunkedDeltaRulePass:
             scaled = _scaled_by(beta)
             if len({t.name for t, _ in scaled}) != 2:
                 continue
+            live = {id(n) for n in graph.nodes}
+            if not all(id(mul) in live for _, mul in scaled):
+                continue  # a region an earlier match of this pass replaced
             try:
                 result.matches.append(self._rewrite(graph, ctx, beta, scaled))
             except _Decline as exc:
