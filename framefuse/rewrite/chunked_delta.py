@@ -22,7 +22,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
-from framefuse.rewrite.ssd import _downstream, _inputs_of
+from framefuse.rewrite.unrolled.graphutil import descendants
 
 CHECK_TOLERANCE = 1e-4
 MAX_EVALUATIONS = 4  # candidate outputs run through ONNX Runtime per assignment of k and v
@@ -30,23 +30,6 @@ MAX_EVALUATIONS = 4  # candidate outputs run through ONNX Runtime per assignment
 
 class _Decline(Exception):
     pass
-
-
-def _scaled_by(beta: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node]]:
-    """The [B, H, T, D] tensors multiplied by beta[..., None], with their Mul."""
-    lead = U.static_shape(beta)
-    found = []
-    for reader in U.consumers(beta):
-        if reader.op != "Unsqueeze":
-            continue
-        for mul in U.consumers(reader.outputs[0]):
-            if mul.op != "Mul" or len(mul.inputs) != 2:
-                continue
-            other = mul.inputs[1] if mul.inputs[0] is reader.outputs[0] else mul.inputs[0]
-            shape = U.static_shape(other)
-            if shape is not None and len(shape) == 4 and tuple(shape[:3]) == tuple(lead):
-                found.append((other, mul))
-    return found
 
 
 def _reference(q, k, v, beta):
@@ -72,7 +55,7 @@ class ChunkedDeltaRulePass:
             shape = U.static_shape(beta)
             if shape is None or len(shape) != 3 or U.np_dtype(beta) != np.float32 or not beta.outputs:
                 continue
-            scaled = _scaled_by(beta)
+            scaled = U.unsqueezed_products(beta)
             if len({t.name for t, _ in scaled}) != 2:
                 continue
             live = {id(n) for n in graph.nodes}
@@ -91,14 +74,16 @@ class ChunkedDeltaRulePass:
         first, second = {t.name: t for t, _ in scaled}.values()
         order = {o.name: i for i, node in enumerate(graph.nodes) for o in node.outputs}
         # the region: everything computed from k, v or β (q is what the output reads besides)
-        inside = {t.name for t in _downstream(beta) + _downstream(first) + _downstream(second)}
+        after_beta = descendants(beta)
+        inside = after_beta | descendants(first) | descendants(second)
         chosen, problems = None, []
         rng = np.random.default_rng(0)
         for k_t, v_t in ((first, second), (second, first)):
             dk, dv = U.static_shape(k_t)[3], U.static_shape(v_t)[3]
             after = [
                 t
-                for t in _downstream(beta)
+                for name, t in graph.tensors().items()
+                if name in after_beta
                 if U.static_shape(t) == (batch, heads, steps, dv) and U.np_dtype(t) == np.float32
             ]
             # the latest tensor of o's shape computed from q, k, v, β alone (a cheap walk up from
@@ -106,7 +91,7 @@ class ChunkedDeltaRulePass:
             after.sort(key=lambda t: order.get(t.name, -1), reverse=True)
             evaluated = 0
             for out in after:
-                others = _inputs_of(out, {k_t.name, v_t.name, beta.name}, inside, (batch, heads, steps))
+                others = U.inputs_outside(out, {k_t.name, v_t.name, beta.name}, inside, (batch, heads, steps))
                 if len(others) != 1 or U.static_shape(others[0]) != (batch, heads, steps, dk):
                     continue
                 if evaluated == MAX_EVALUATIONS:

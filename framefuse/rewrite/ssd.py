@@ -30,6 +30,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.unrolled.graphutil import descendants
 
 MAX_EVALUATIONS = 4  # candidate outputs run through ONNX Runtime per scan
 CHECK_TOLERANCE = 1e-4  # the graph's chunked form (float32, ONNX Runtime) against the recurrence (float64)
@@ -73,63 +74,6 @@ def _anchor(cumsum: gs.Node):
     return a_value.reshape(-1).astype(np.float64), dt
 
 
-def _x_of(dt: gs.Tensor):
-    """x [B, T, H, P] of the product x·dt[..., None] that reads ``dt``."""
-    b, t, h = U.static_shape(dt)
-    for reader in U.consumers(dt):
-        if reader.op != "Unsqueeze":
-            continue
-        for mul in U.consumers(reader.outputs[0]):
-            if mul.op != "Mul" or len(mul.inputs) != 2:
-                continue
-            other = mul.inputs[1] if mul.inputs[0] is reader.outputs[0] else mul.inputs[0]
-            shape = U.static_shape(other)
-            if shape is not None and len(shape) == 4 and tuple(shape[:3]) == (b, t, h):
-                return other, mul
-    return None
-
-
-def _downstream(start: gs.Tensor) -> list[gs.Tensor]:
-    seen, stack, out = {start.name}, [start], []
-    while stack:
-        for node in stack.pop().outputs:
-            for o in node.outputs:
-                if o.name not in seen:
-                    seen.add(o.name)
-                    stack.append(o)
-                    out.append(o)
-    return out
-
-
-def _inputs_of(out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[int, ...]) -> list[gs.Tensor]:
-    """What ``out`` is computed from besides the ``given`` tensors and constants: walking up from
-    it, the first tensors outside the scan's region (``inside``) whose shape is ``lead`` and one
-    more axis (Mamba2's B and C, [B, T, K]; the delta rule's q, [B, H, T, Dk]), and any graph input
-    reached (which makes ``out`` not a function of the scan's inputs)."""
-    found: dict[str, gs.Tensor] = {}
-    seen, stack = set(), [out]
-    while stack:
-        t = stack.pop()
-        if t.name in seen or t.name in given or isinstance(t, gs.Constant) or U.const_value(t) is not None:
-            continue
-        seen.add(t.name)
-        shape = U.static_shape(t)
-        if (
-            t.name not in inside
-            and shape is not None
-            and len(shape) == len(lead) + 1
-            and tuple(shape[: len(lead)]) == lead
-        ):
-            found[t.name] = t
-            continue
-        node = U.producer(t)
-        if node is None:
-            found[t.name] = t
-            continue
-        stack.extend(i for i in node.inputs if i.name)
-    return list(found.values())
-
-
 def _reference(x, dt, a, b, c, d, groups: int):
     """y [B, T, H, P] of the per-head recurrence, float64 (B, C [B, T, G, N], head h in group
     h // (H / G))."""
@@ -166,18 +110,23 @@ class ChunkedSSDPass:
         return result
 
     def _rewrite(self, graph, ctx, cumsum: gs.Node, a: np.ndarray, dt: gs.Tensor) -> Match:
-        found = _x_of(dt)
-        if found is None:
+        found = U.unsqueezed_products(dt)
+        if not found:
             raise _Decline(f"no product x·dt[..., None] of {dt.name} [B, T, H] with an x of [B, T, H, P]")
-        x, x_dt = found
+        x, _ = found[0]
         batch, steps, heads, p = U.static_shape(x)
         order = {o.name: i for i, node in enumerate(graph.nodes) for o in node.outputs}
-        inside = {t.name for t in _downstream(dt) + _downstream(x)}  # A·dt, x·dt and all after them
+        inside = descendants(dt) | descendants(x)  # A·dt, x·dt and all after them
         # y: the latest tensor of its shape after the CumSum that reads x, dt and two [B, T, K]
         # tensors (B and C) only — a cheap walk up from each; at most MAX_EVALUATIONS are run
         shapes = {(batch, steps, heads, p), (batch, steps, heads * p)}
+        after = descendants(cumsum.outputs[0])
         candidates = sorted(
-            (t for t in _downstream(cumsum.outputs[0]) if U.static_shape(t) in shapes and U.np_dtype(t) == np.float32),
+            (
+                t
+                for name, t in graph.tensors().items()
+                if name in after and U.static_shape(t) in shapes and U.np_dtype(t) == np.float32
+            ),
             key=lambda t: order.get(t.name, -1),
             reverse=True,
         )
@@ -187,7 +136,7 @@ class ChunkedSSDPass:
         chosen, problems = None, []
         evaluated = 0
         for out in candidates:
-            sources = _inputs_of(out, {x.name, dt.name}, inside, (batch, steps))
+            sources = U.inputs_outside(out, {x.name, dt.name}, inside, (batch, steps))
             if len(sources) != 2 or U.static_shape(sources[0]) != U.static_shape(sources[1]):
                 continue
             if evaluated == MAX_EVALUATIONS:

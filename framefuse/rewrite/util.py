@@ -286,3 +286,48 @@ def evaluate_cut(graph: gs.Graph, cut: dict, outputs: list[gs.Tensor]) -> list[n
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {name: np.asarray(value, dtype=np.float32) for name, value in cut.items()}
     return [r.astype(np.float64) for r in session.run(None, feeds)]
+
+
+def _extends(shape, lead: tuple[int, ...]) -> bool:
+    """``shape`` is ``lead`` and one more axis."""
+    return shape is not None and len(shape) == len(lead) + 1 and tuple(shape[: len(lead)]) == tuple(lead)
+
+
+def unsqueezed_products(t: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node]]:
+    """(x, Mul) for every product x · t[..., None] in the graph where x has t's shape and one more
+    axis (Mamba2's x·dt, the delta rule's k·β and v·β)."""
+    lead = static_shape(t)
+    found = []
+    for reader in consumers(t):
+        if reader.op != "Unsqueeze" or lead is None:
+            continue
+        for mul in consumers(reader.outputs[0]):
+            if mul.op != "Mul" or len(mul.inputs) != 2:
+                continue
+            other = mul.inputs[1] if mul.inputs[0] is reader.outputs[0] else mul.inputs[0]
+            if _extends(static_shape(other), lead):
+                found.append((other, mul))
+    return found
+
+
+def inputs_outside(out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[int, ...]) -> list[gs.Tensor]:
+    """What ``out`` is computed from besides the ``given`` tensors and constants: walking up from
+    it, the first tensors outside a region (``inside``, tensor names) whose shape is ``lead`` and
+    one more axis (Mamba2's B and C, [B, T, K]; the delta rule's q, [B, H, T, Dk]), and any graph
+    input reached (which makes ``out`` not a function of the region's inputs)."""
+    found: dict[str, gs.Tensor] = {}
+    seen, stack = set(), [out]
+    while stack:
+        t = stack.pop()
+        if t.name in seen or t.name in given or isinstance(t, gs.Constant) or const_value(t) is not None:
+            continue
+        seen.add(t.name)
+        if t.name not in inside and _extends(static_shape(t), lead):
+            found[t.name] = t
+            continue
+        node = producer(t)
+        if node is None:
+            found[t.name] = t
+            continue
+        stack.extend(i for i in node.inputs if i.name)
+    return list(found.values())
