@@ -826,7 +826,8 @@ def test_dynamic_input_shape_is_declined():
 
 
 @pytest.mark.parametrize(
-    "tactic", ["stepkernel", "stepkernel-pieces", "stepkernel-fewer-blocks", "stepkernel-384-threads"]
+    "tactic",
+    ["stepkernel", "stepkernel-pieces", "stepkernel-fewer-blocks", "stepkernel-384-threads", "stepkernel-paced"],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
     """Without a GPU the engine cannot run the kernel (any of its tactics): the plan is used and
@@ -966,3 +967,54 @@ def test_paired_walk_of_a_segmented_reduction_under_emulation(monkeypatch, tmp_p
     paired = generate(sched)
     assert re.search(r"const int start\d+ = e % 32;", paired.source) and "const int start" not in rotated
     _emulate_against_interpreter(paired, program, 2, tmp_path)
+
+
+@needs_cxx
+def test_a_task_copying_whole_caches_placed_on_fewer_blocks_under_emulation(monkeypatch, tmp_path):
+    """schedule.REPLICA_FLOATS: attention's output projection, whose every block copies both KV
+    caches whole, goes on fewer blocks, a larger share of the product's rows on each; the
+    emulated kernel still computes what the interpreter does."""
+    from framefuse.compiler import schedule as schedule_module
+
+    program = lower_program(_prepared("attention", WIDE).fused)
+    plain = schedule(program, grid=32, threads=64)
+    heavy = {str(t.root): t.blocks for t in plain.tasks if schedule_module.replicated_floats(t) > 0}
+    assert heavy and min(heavy.values()) > 2, heavy  # the output projections, over several blocks
+    per_block = max(schedule_module.replicated_floats(t) for t in plain.tasks)
+    monkeypatch.setattr(schedule_module, "REPLICA_FLOATS", 2 * per_block)
+    capped = schedule(program, grid=32, threads=64)
+    after = {str(t.root): t.blocks for t in capped.tasks if str(t.root) in heavy}
+    assert after.keys() == heavy.keys() and all(blocks <= 2 for blocks in after.values()), after
+    assert capped.levels() == plain.levels()
+    _emulate_against_interpreter(generate(capped), program, 2, tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["attention", "mamba", "lstm"])
+def test_paced_copies_under_emulation(arch, monkeypatch, tmp_path):
+    """codegen.PREFETCH_PACED (off by default, an experiment): each block issues a group's copies
+    a task ahead in its own order; the wait of every task still covers its copies (the emulator
+    lands a copy only at its wait, see test_emulated_copies_land_only_at_their_wait)."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared(arch, WIDE).fused)
+    sched = schedule(program, grid=32, threads=64)
+    plain = generate(sched)
+    monkeypatch.setattr(codegen, "PREFETCH_PACED", True)
+    paced = generate(sched)
+    assert not np.array_equal(paced.ranges(), plain.ranges())  # some block's copies moved
+    _emulate_against_interpreter(paced, program, 2, tmp_path)
+
+
+def test_a_tactic_that_changes_only_the_range_table_is_a_different_kernel():
+    """Paced copies move which commit point issues a block's copies: for min_gru at one block
+    an SM only the range table changes, not the source. The build's selection tells tactics apart
+    by Kernel.identity (source and table), so it still times this one instead of dropping it as
+    "the same kernel"."""
+    program = lower_program(_prepared("min_gru", FULL).fused)
+    sched = schedule(program, grid=132)
+    plain, paced = generate(sched), generate(sched, paced_copies=True)
+    assert plain.digest == paced.digest
+    assert plain.identity != paced.identity
+    assert generate(sched).identity == plain.identity
+    assert paced.describe()["paced_copies"] and not plain.describe()["paced_copies"]

@@ -108,7 +108,15 @@ SCHEDULE_VARIANTS = {
     "copy-pieces-512": ("codegen", "PREFETCH_PIECE_FLOATS", 512),
     "copy-pieces-1024": ("codegen", "PREFETCH_PIECE_FLOATS", 1024),
     "copy-pieces-2048": ("codegen", "PREFETCH_PIECE_FLOATS", 2048),
-    # a task's blocks issue the copies a slot ahead after staging the task's inputs
+    # a task whose every block copies the same state values whole (attention's output projection and
+    # its two KV caches) on at most REPLICA_FLOATS / (those floats a block) blocks
+    "replica-64k": ("schedule", "REPLICA_FLOATS", 64 * 1024),
+    "replica-96k": ("schedule", "REPLICA_FLOATS", 96 * 1024),
+    "replica-128k": ("schedule", "REPLICA_FLOATS", 128 * 1024),
+    "replica-192k": ("schedule", "REPLICA_FLOATS", 192 * 1024),
+    "replica-256k": ("schedule", "REPLICA_FLOATS", 256 * 1024),
+    # each block issues a group's copies a task ahead in its own order, not the kernel's
+    "paced-copies": ("codegen", "PREFETCH_PACED", True),
 }
 # the build's tactics (engines.fusion.STEPKERNELS) as variants, to time a setting under each; a
 # variant name may join several of these and SCHEDULE_VARIANTS with "+" (inline-short-sum+fewer-blocks)
@@ -116,6 +124,7 @@ TACTIC_VARIANTS = {
     "fewer-blocks": "stepkernel-fewer-blocks",
     "pieces": "stepkernel-pieces",
     "384-threads": "stepkernel-384-threads",
+    "paced": "stepkernel-paced",
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
@@ -195,7 +204,8 @@ def main() -> int:
                 timing = time_plan_graph(other_plan, feeds, replays=1000)
                 outs = {k: v.clone() for k, v in other_plan.execute(feeds).items()}
                 torch.cuda.synchronize()
-                diff = max(float((outs[k] - reference[k]).abs().max()) for k in outs) if reference else 0.0
+                # None: no baseline ran before this variant in this process, so there is nothing to compare
+                diff = max(float((outs[k] - reference[k]).abs().max()) for k in outs) if reference else None
                 row = {
                     "arch": arch,
                     "variant": name,

@@ -130,6 +130,7 @@ class Generator:
         trace: bool = False,
         resident: bool = False,
         copy_pieces: int | None = None,
+        paced_copies: bool | None = None,
     ):
         if trace and resident:
             raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
@@ -147,6 +148,7 @@ class Generator:
         self.copy_pieces = PREFETCH_PIECE_FLOATS if copy_pieces is None else int(copy_pieces)
         if self.copy_pieces < 0 or self.copy_pieces % 4:
             raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {self.copy_pieces}")
+        self.paced_copies = PREFETCH_PACED if paced_copies is None else bool(paced_copies)
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -234,6 +236,23 @@ class Generator:
         columns += self._segments(columns, n_columns)
         lay.table = np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
 
+    def _paced_points(self, own: list[int], n_groups: int) -> list[int]:
+        """paced_copies (PREFETCH_PACED): the commit point of each of a block's own groups (indices into
+        self.groups, in its task order): the last point before the block's own task
+        PROLOGUE_GROUPS - 1 ahead of the group's, not the kernel's, so a block that skips tasks
+        does not issue a later task's copies right after its first one. Points only move later
+        than the unpaced k (own task k-P+1 is at least kernel group k-P+1) and stay distinct."""
+        last = n_groups - 1
+        points = [0] * len(own)
+        for k in reversed(range(len(own))):
+            if k < PROLOGUE_GROUPS:
+                want = k
+            else:
+                want = PROLOGUE_GROUPS - 1 + own[k - PROLOGUE_GROUPS + 1]
+            cap = last if k == len(own) - 1 else points[k + 1] - 1
+            points[k] = min(want, cap)
+        return points
+
     def _segments(self, columns: list, n_columns: int) -> list[np.ndarray]:
         """Per block, the prefetch copies of each commit group (a task's weight rows, state and
         weight ranges) as table columns after the ranges: the groups' first copies, then
@@ -283,10 +302,16 @@ class Generator:
             own = list(range(n_groups))
             if PREFETCH_BY_BLOCK_ORDER:
                 own = [j for j, t in enumerate(self.groups) if self._runs(t, b)]
+                ran = len(own)
                 own += [j for j in range(n_groups) if j not in own]
+            points = list(range(n_groups))
+            if PREFETCH_BY_BLOCK_ORDER and self.paced_copies:
+                points = self._paced_points(own[:ran], n_groups)
             for k, j in enumerate(own):
-                start[k, b], end[k, b] = firsts[j], firsts[j + 1]
-                slots[j, b] = k
+                if k >= len(points):
+                    break
+                start[points[k], b], end[points[k], b] = firsts[j], firsts[j + 1]
+                slots[j, b] = points[k]
         lay.groups, lay.slots = list(self.groups), slots
         out = []
         for k in range(n_groups):
@@ -996,6 +1021,10 @@ EXP_INTRINSIC = """#ifndef FFK_EXACT_MATH
 PREFETCH_PIECE_FLOATS = 0
 PREFETCH_BY_WARP = True  # the prologue's copies shared out over the warps (one copy a warp)
 PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (see _segments)
+# ... and each is issued a task ahead in the block's own order (_paced_points), not the kernel's:
+# faster for attention and the transformers, slower for xlstm and delta_net (H100, README), so a
+# tactic of the build's selection (engines/fusion.STEPKERNEL_PACED), not a default
+PREFETCH_PACED = False
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
 _NODE_VAR = re.compile(r"\b(lo|hi|plo|from)(\d+)\b")
@@ -1259,6 +1288,7 @@ class Kernel:
     done_words: int = 0  # mapped host words the host waits on (see Generator._done)
     resident: bool = False  # ffk_resident: launched once, a frame per bell (see Generator._resident_loop)
     copy_pieces: int = 0  # prefetch copies cut into pieces of this many floats (0: whole)
+    paced_copies: bool = False  # each block issues a group's copies a task ahead in its own order
 
     @property
     def name(self) -> str:
@@ -1267,6 +1297,15 @@ class Kernel:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def identity(self) -> str:
+        """What the kernel computes and how, as a hash: its source and its range table (two tactics
+        can differ only in the table: paced copies change which commit point issues a block's
+        copies, often not the source)."""
+        digest = hashlib.sha256(self.source.encode())
+        digest.update(self.ranges().tobytes())
+        return digest.hexdigest()
 
     @property
     def smem_bytes(self) -> int:
@@ -1286,6 +1325,7 @@ class Kernel:
         info.update(
             {
                 "source_sha256": self.digest,
+                "source_and_ranges_sha256": self.identity,
                 "smem_bytes": self.smem_bytes,
                 "weight_bytes": 4 * self.layout.weight_floats,
                 "flagged_bytes": 8 * self.layout.ll_words,
@@ -1293,6 +1333,7 @@ class Kernel:
                 "prefetched_leaves": len(self.layout.leaf_prefetch),
                 "done_words": self.done_words,
                 "copy_pieces": self.copy_pieces,
+                "paced_copies": self.paced_copies,
             }
         )
         return info
@@ -1306,6 +1347,7 @@ def generate(
     trace: bool = False,
     resident: bool = False,
     copy_pieces: int | None = None,
+    paced_copies: bool | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
@@ -1317,6 +1359,7 @@ def generate(
         trace=trace,
         resident=resident,
         copy_pieces=copy_pieces,
+        paced_copies=paced_copies,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -1329,6 +1372,7 @@ def generate(
         gen.done_words,
         resident,
         gen.copy_pieces,
+        gen.paced_copies,
     )
 
 

@@ -119,6 +119,7 @@ class CompiledStep:
         prefetch: bool = True,
         trace: bool = False,
         copy_pieces: int | None = None,
+        paced_copies: bool | None = None,
         grid_fraction: float = 1.0,
         fast_math: bool | None = None,
         log=None,
@@ -143,9 +144,15 @@ class CompiledStep:
         start = time.perf_counter()
         self.schedule = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
         self.kernel = generate(
-            self.schedule, smem_limit_bytes=smem_limit, prefetch=prefetch, trace=trace, copy_pieces=copy_pieces
+            self.schedule,
+            smem_limit_bytes=smem_limit,
+            prefetch=prefetch,
+            trace=trace,
+            copy_pieces=copy_pieces,
+            paced_copies=paced_copies,
         )
         self.copy_pieces = self.kernel.copy_pieces
+        self.paced_copies = self.kernel.paced_copies
         self.kernel_prefetch = prefetch
         self.schedule_s = time.perf_counter() - start
         path = write_source(self.kernel)
@@ -299,6 +306,7 @@ class CompiledStep:
                 prefetch=self.kernel_prefetch,
                 resident=True,
                 copy_pieces=self.copy_pieces,
+                paced_copies=self.paced_copies,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -330,6 +338,7 @@ def compile_step(
     grid=None,
     threads=THREADS,
     copy_pieces=None,
+    paced_copies=None,
     grid_fraction=1.0,
     fast_math=FAST_MATH,
     log=None,
@@ -343,6 +352,7 @@ def compile_step(
         grid=grid,
         threads=threads,
         copy_pieces=copy_pieces,
+        paced_copies=paced_copies,
         grid_fraction=grid_fraction,
         fast_math=fast_math,
         log=log,

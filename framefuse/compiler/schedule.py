@@ -93,6 +93,11 @@ HOST_READ_CHUNK = 1024  # a graph input is read from host memory by as few block
 # (LayerNorm + 32 products) on one block took 1.5-2 us; on 4 blocks min_gru's step is 0.5 us and
 # mamba's 1 us shorter (H100); 4-float chunks measured the same as 8.
 HOST_WRITE_CHUNK = 8
+# A task whose blocks each copy the same state or weight values whole (attention's output
+# projection: every block recomputes the attention over the window, so every block copies both
+# KV caches, 8064 floats a layer) is placed on at most REPLICA_FLOATS / (those floats a block)
+# blocks. None: no limit (an experiment; see README).
+REPLICA_FLOATS: int | None = None
 
 
 @dataclass
@@ -918,13 +923,14 @@ def _place(
     block's warps are mostly idle at two rows a block anyway. A task whose arrays would then
     outgrow shared memory keeps its blocks."""
     level = _task_levels(ordered)
+    wanted = [_replica_capped_blocks(task) for task in ordered]
     spans: dict[int, int] = {}
     for lv in sorted(set(level)):
-        members = sorted((i for i in range(len(ordered)) if level[i] == lv), key=lambda i: ordered[i].blocks)
+        members = sorted((i for i in range(len(ordered)) if level[i] == lv), key=lambda i: wanted[i])
         remaining = grid
         for n, i in enumerate(members):
             share = max(1, remaining // (len(members) - n))
-            spans[i] = min(ordered[i].blocks, share)
+            spans[i] = min(wanted[i], share)
             remaining = max(0, remaining - spans[i])
     placed = []
     offset, current = 0, None
@@ -956,6 +962,26 @@ def _place(
         moved.side = list(task.side)
         placed.append(moved)
     return placed
+
+
+def replicated_floats(task: Task) -> int:
+    """Floats of state and weight values a block of ``task`` copies that the task's blocks copy
+    over more than twice their size in all: values each block reads whole, not a share of."""
+    if task.blocks < 2:
+        return 0
+    total = 0
+    for leaf, lo, hi in task.leaves.values():
+        span = np.maximum(hi - lo, 0)[task.first : task.first + task.blocks]
+        if span.size and int(span.sum()) > 2 * leaf.size:
+            total += int(span.max())
+    return total
+
+
+def _replica_capped_blocks(task: Task) -> int:
+    replicated = replicated_floats(task)
+    if REPLICA_FLOATS is None or replicated == 0:
+        return task.blocks
+    return max(1, min(task.blocks, REPLICA_FLOATS // replicated))
 
 
 def _computed_parts(node: Node, materialized: dict, found: list) -> int:

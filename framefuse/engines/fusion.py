@@ -457,10 +457,16 @@ STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/c
 # 15.8 us: fewer blocks copy the KV cache; every recurrent zoo model slower); or blocks of 384
 # threads instead of 256 (H100, bench/h100/2026-11-26-s16/sweep.json, device time at 132 blocks:
 # gru 10.86 -> 10.31 us, lstm 12.14 -> 11.71, mamba 19.98 -> 19.66, min_gru and attention within
-# 0.05: more warps a block hide more of each phase's latency; 512 was no better).
+# 0.05: more warps a block hide more of each phase's latency; 512 was no better); or each block
+# issuing a task's copies a task ahead in its own task order instead of the kernel's (H100,
+# bench/h100/2026-11-26-s18/, device time: attention 16.07-16.08 -> 15.45-15.59 us, transformers
+# Llama 14.25-14.32 -> 14.01, GPT-2 13.76-13.87 -> 13.61, gru 10.1-10.2 -> 9.9; xlstm 21.0 -> 21.8-22.1,
+# delta_net 16.4 -> 16.7, jamba 18.0-18.4 -> 18.6-18.7: a block that skips tasks then issues a late
+# task's copies just before its next task instead of during an earlier wait).
 STEPKERNEL_PIECES = "stepkernel-pieces"
 STEPKERNEL_FEWER_BLOCKS = "stepkernel-fewer-blocks"
 STEPKERNEL_WIDE = "stepkernel-384-threads"
+STEPKERNEL_PACED = "stepkernel-paced"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -473,6 +479,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_PIECES: {"copy_pieces": COPY_PIECES_TACTIC},
     STEPKERNEL_FEWER_BLOCKS: {"copy_pieces": 0, "grid_fraction": FEWER_BLOCKS_FRACTION},
     STEPKERNEL_WIDE: {"copy_pieces": 0, "threads": WIDE_THREADS},
+    STEPKERNEL_PACED: {"copy_pieces": 0, "paced_copies": True},
 }
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
@@ -561,15 +568,16 @@ def apply_selection(
         step = stepkernel_candidate(executor, plan, say, exact_math=exact_math)
         if step is not None:
             alternatives[STEPKERNEL] = step
-            seen = {step.compiled.kernel.digest}
+            seen = {step.compiled.kernel.identity}
             for tactic in STEPKERNELS:
                 if tactic == STEPKERNEL:
                     continue
                 other = stepkernel_candidate(executor, plan, say, name=tactic, exact_math=exact_math)
-                # a tactic that changes nothing here (no copy long enough to cut) is the same kernel
-                if other is not None and other.compiled.kernel.digest not in seen:
+                # a tactic that changes nothing here (no copy long enough to cut) is the same kernel:
+                # the same source and the same range table (a tactic may change only the table)
+                if other is not None and other.compiled.kernel.identity not in seen:
                     alternatives[tactic] = other
-                    seen.add(other.compiled.kernel.digest)
+                    seen.add(other.compiled.kernel.identity)
         if unfused_executor is not None:
             shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
             try:
@@ -629,6 +637,7 @@ __all__ = [
     "STEPKERNELS",
     "STEPKERNEL_FEWER_BLOCKS",
     "STEPKERNEL_WIDE",
+    "STEPKERNEL_PACED",
     "STEPKERNEL_PIECES",
     "UNFUSED",
     "apply_selection",
