@@ -1,4 +1,5 @@
-"""The delta rule in its chunked (WY) form → framefuse ``DeltaRuleScan``.
+"""The delta rule in its chunked (WY) form → framefuse ``DeltaRuleScan``, and the gated delta rule
+in its chunked form → ``GatedDeltaRuleScan``.
 
 flash-linear-attention's reference ``chunk_delta_rule`` (and code copied from it) computes
 
@@ -6,13 +7,18 @@ flash-linear-attention's reference ``chunk_delta_rule`` (and code copied from it
 
 without a loop over t: k and v are scaled by β (``k * beta[..., None]``, ``v * beta[..., None]``),
 a triangular system inside each chunk is solved row by row, and the chunk states are chained by a
-loop over the chunks. The pass anchors on β: a [B, H, T] tensor read, through an Unsqueeze, by the
-two products k·β and v·β ([B, H, T, D]). q is the one other [B, H, T, Dk] tensor the output is
-computed from; the output is the latest tensor of o's shape after β that is computed from q, k,
-v, β and constants alone. The graph's own nodes (a cut copy, ONNX Runtime) are run on random
-inputs against the recurrence — k and v both ways round, a scale of q (the reference code's
-d_k^−½) read off the first trial and checked on the second — before the region is replaced by
-``DeltaRuleScan(s·q, k, v, β)``. Anything else is declined naming β's reader and the reason.
+loop over the chunks. Its gated twin ``chunk_gated_delta_rule`` adds log-decays g [B, H, T]
+(S_t = exp(g_t)(I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ in the [Dk, Dv] layout): their cumulative
+sums inside each chunk weight the same solve and the chunk-to-chunk products. The pass anchors on
+β: a [B, H, T] tensor read, through an Unsqueeze, by the two products k·β and v·β
+([B, H, T, D]). q is the one other [B, H, T, Dk] tensor the output is computed from, and g, when
+there is one, the one [B, H, T] (or [B, H, T, 1]) tensor besides β; the output is the latest
+tensor of o's shape after β that is computed from q, k, v, β, g and constants alone. The graph's
+own nodes (a cut copy, ONNX Runtime) are run on random inputs against the recurrence — k and v
+both ways round, a scale of q (the reference code's d_k^−½) read off the first trial and checked
+on the second — before the region is replaced by ``DeltaRuleScan(s·q, k, v, β)`` or
+``GatedDeltaRuleScan(s·q, k, v, g, β)``. Anything else is declined naming β's reader and the
+reason.
 """
 
 from __future__ import annotations
@@ -32,17 +38,32 @@ class _Decline(Exception):
     pass
 
 
-def _reference(q, k, v, beta):
-    """o [B, H, T, Dv] of the delta rule, float64, from S = 0."""
+def _reference(q, k, v, beta, g=None):
+    """o [B, H, T, Dv] of the delta rule (gated by exp(g) when g is given), float64, from S = 0."""
     b, h, steps, dk = q.shape
     state = np.zeros((b, h, v.shape[-1], dk))
     out = np.empty((b, h, steps, v.shape[-1]))
     for t in range(steps):
+        if g is not None:
+            state = state * np.exp(g[:, :, t, None, None])
         kt, vt, bt = k[:, :, t], v[:, :, t], beta[:, :, t, None]
         sk = np.einsum("bhvk,bhk->bhv", state, kt)
         state = state + np.einsum("bhv,bhk->bhvk", bt * (vt - sk), kt)
         out[:, :, t] = np.einsum("bhvk,bhk->bhv", state, q[:, :, t])
     return out
+
+
+def _independent(found: list, given: set, inside: set, lead: tuple) -> list:
+    """``found`` less the tensors computed from the others (and ``given``) alone: with T equal to
+    the head width, the chunk machinery's q·exp(cumulative g) has q's shape and sits outside the
+    region, so the walk up from the output stops at it beside q and g themselves."""
+    kept = []
+    for t in found:
+        node = U.producer(t)
+        rest = given | {o.name for o in found if o is not t}
+        if node is None or any(U.inputs_outside(i, rest, inside, lead, lead_too=True) for i in node.inputs if i.name):
+            kept.append(t)
+    return kept
 
 
 class ChunkedDeltaRulePass:
@@ -91,54 +112,63 @@ class ChunkedDeltaRulePass:
             after.sort(key=lambda t: order.get(t.name, -1), reverse=True)
             evaluated = 0
             for out in after:
-                others = U.inputs_outside(out, {k_t.name, v_t.name, beta.name}, inside, (batch, heads, steps))
-                if len(others) != 1 or U.static_shape(others[0]) != (batch, heads, steps, dk):
+                lead = (batch, heads, steps)
+                given = {k_t.name, v_t.name, beta.name}
+                others = _independent(U.inputs_outside(out, given, inside, lead, lead_too=True), given, inside, lead)
+                queries = [t for t in others if U.static_shape(t) == (*lead, dk) and dk != 1]
+                gates = [t for t in others if U.static_shape(t) in (lead, (*lead, 1))]
+                if len(queries) != 1 or len(gates) > 1 or len(queries) + len(gates) != len(others):
                     continue
                 if evaluated == MAX_EVALUATIONS:
                     break
                 evaluated += 1
-                q_t = others[0]
+                q_t, g_t = queries[0], (gates[0] if gates else None)
                 trials = []
-                for _ in range(2):
+                for trial_index in range(2):
                     kk = rng.standard_normal((batch, heads, steps, dk))
                     kk /= np.linalg.norm(kk, axis=-1, keepdims=True)  # unit keys: a contraction, as the rule wants
-                    trials.append(
-                        {
-                            q_t.name: rng.standard_normal((batch, heads, steps, dk)),
-                            k_t.name: kk,
-                            v_t.name: rng.standard_normal((batch, heads, steps, dv)),
-                            beta.name: rng.uniform(0.05, 0.95, (batch, heads, steps)),
-                        }
-                    )
+                    trial = {
+                        q_t.name: rng.standard_normal((batch, heads, steps, dk)),
+                        k_t.name: kk,
+                        v_t.name: rng.standard_normal((batch, heads, steps, dv)),
+                        beta.name: rng.uniform(0.05, 0.95, (batch, heads, steps)),
+                    }
+                    if g_t is not None:  # log-decays, the second trial's stronger
+                        decays = rng.uniform(-0.5 * (1 + 3 * trial_index), -0.01, lead)
+                        trial[g_t.name] = decays.reshape(U.static_shape(g_t))
+                    trials.append(trial)
+                what = "q, k, v, β and g" if g_t is not None else "q, k, v and β"
                 try:
                     got = [U.evaluate_cut(graph, trial, [out])[0] for trial in trials]
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not cut here
-                    problems.append(f"{out.name} is not computed from q, k, v and β alone ({type(exc).__name__})")
+                    problems.append(f"{out.name} is not computed from {what} alone ({type(exc).__name__})")
                     continue
-                expected = [
-                    _reference(*(trial[t.name].astype(np.float32).astype(np.float64) for t in (q_t, k_t, v_t, beta)))
-                    for trial in trials
-                ]
+
+                expected = []
+                for trial in trials:
+                    args = [trial[t.name].astype(np.float32).astype(np.float64) for t in (q_t, k_t, v_t, beta)]
+                    gate = None if g_t is None else trial[g_t.name].astype(np.float32).astype(np.float64).reshape(lead)
+                    expected.append(_reference(*args, gate))
                 scale = float((got[0] * expected[0]).sum() / max((expected[0] ** 2).sum(), 1e-30))
                 error = max(
                     float((np.abs(g - scale * e) / (1 + np.abs(scale * e))).max()) for g, e in zip(got, expected)
                 )
                 if error <= CHECK_TOLERANCE:
-                    chosen = (out, q_t, k_t, v_t, scale, error)
+                    chosen = (out, q_t, k_t, v_t, g_t, scale, error)
                     break
                 problems.append(f"{out.name} with k = {k_t.name}: differs by {error:.3g}")
             if chosen:
                 break
         if chosen is None:
             raise _Decline(
-                "no output agrees with the delta rule on random inputs"
+                "no output agrees with the delta rule (gated or not) on random inputs"
                 + (
                     f" ({'; '.join(problems[:3])})"
                     if problems
                     else " (no tensor of o's shape is computed from q, k, v, β alone)"
                 )
             )
-        out, q_t, k_t, v_t, scale, error = chosen
+        out, q_t, k_t, v_t, g_t, scale, error = chosen
         f32 = np.float32
         q_in = q_t
         if abs(scale - 1.0) > 1e-6:
@@ -152,12 +182,27 @@ class ChunkedDeltaRulePass:
             )
         dk, dv = U.static_shape(k_t)[3], U.static_shape(v_t)[3]
         o = U.new_var(ctx, "DeltaRuleScan_o", f32, (batch, heads, steps, dv))
-        s_last = U.new_var(ctx, "DeltaRuleScan_S_last", f32, (batch, heads, dv, dk))
-        node = make_framefuse_node(graph, ctx, "DeltaRuleScan", [q_in, k_t, v_t, beta], [o, s_last], {})
+        if g_t is None:
+            op, inputs = "DeltaRuleScan", [q_in, k_t, v_t, beta]
+            s_last = U.new_var(ctx, "DeltaRuleScan_S_last", f32, (batch, heads, dv, dk))
+        else:
+            g_in = g_t
+            if U.static_shape(g_t) != (batch, heads, steps):  # [B, H, T, 1]
+                g_in = U.add_op(
+                    graph,
+                    ctx,
+                    "Reshape",
+                    [g_t, U.new_const(ctx, "gated_delta_g_shape", np.array([batch, heads, steps], np.int64))],
+                    dtype=f32,
+                    shape=(batch, heads, steps),
+                )
+            op, inputs = "GatedDeltaRuleScan", [q_in, k_t, v_t, g_in, beta]
+            s_last = U.new_var(ctx, "GatedDeltaRuleScan_S_last", f32, (batch, heads, dk, dv))
+        node = make_framefuse_node(graph, ctx, op, inputs, [o, s_last], {})
         U.replace_tensor(graph, out, o)
         return Match(
             self.name,
-            "DeltaRuleScan",
+            op,
             node.name,
             [U.node_label(scaled[0][1])],
             {
@@ -165,6 +210,7 @@ class ChunkedDeltaRulePass:
                 "heads": int(heads),
                 "q_scale": scale,
                 "form": "chunked (WY)",
+                "gated": g_t is not None,
                 "check_max_rel_diff": error,
             },
         )

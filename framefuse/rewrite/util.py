@@ -310,10 +310,13 @@ def unsqueezed_products(t: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node]]:
     return found
 
 
-def inputs_outside(out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[int, ...]) -> list[gs.Tensor]:
+def inputs_outside(
+    out: gs.Tensor, given: set[str], inside: set[str], lead: tuple[int, ...], *, lead_too: bool = False
+) -> list[gs.Tensor]:
     """What ``out`` is computed from besides the ``given`` tensors and constants: walking up from
     it, the first tensors outside a region (``inside``, tensor names) whose shape is ``lead`` and
-    one more axis (Mamba2's B and C, [B, T, K]; the delta rule's q, [B, H, T, Dk]), and any graph
+    one more axis (Mamba2's B and C, [B, T, K]; the delta rule's q, [B, H, T, Dk]) or, with
+    ``lead_too``, ``lead`` itself (the gated delta rule's log-decays, [B, H, T]), and any graph
     input reached (which makes ``out`` not a function of the region's inputs)."""
     found: dict[str, gs.Tensor] = {}
     seen, stack = set(), [out]
@@ -322,7 +325,8 @@ def inputs_outside(out: gs.Tensor, given: set[str], inside: set[str], lead: tupl
         if t.name in seen or t.name in given or isinstance(t, gs.Constant) or const_value(t) is not None:
             continue
         seen.add(t.name)
-        if t.name not in inside and _extends(static_shape(t), lead):
+        shape = static_shape(t)
+        if t.name not in inside and (_extends(shape, lead) or (lead_too and shape == tuple(lead))):
             found[t.name] = t
             continue
         node = producer(t)

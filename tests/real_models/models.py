@@ -142,6 +142,54 @@ class ChunkDeltaRuleLayer(nn.Module):
         return self.out(o.reshape(b, h, length, d).transpose(1, 2).reshape(b, length, h * d))
 
 
+class ChunkGatedDeltaRuleLayer(nn.Module):
+    """A Gated DeltaNet layer (as Qwen3-Next and fla's GatedDeltaNet write it: unit q and k,
+    sigmoid β, log-decay g = −exp(A)·softplus(a(x) + dt_bias)) whose scan is the chunked gated
+    delta rule of fla's reference ``chunk_gated_delta_rule``: g summed inside each chunk of 4
+    weights a row-by-row solve, then a loop over the chunks carries the decayed state."""
+
+    def __init__(self, heads: int = 2, head_dim: int = 16, chunk: int = 4):
+        super().__init__()
+        self.heads, self.head_dim, self.chunk = heads, head_dim, chunk
+        self.qkv = nn.Linear(HIDDEN, 3 * heads * head_dim, bias=False)
+        self.beta = nn.Linear(HIDDEN, heads)
+        self.a = nn.Linear(HIDDEN, heads, bias=False)
+        self.a_log = nn.Parameter(torch.log(torch.linspace(1.0, 4.0, heads)))
+        self.dt_bias = nn.Parameter(torch.linspace(-1.0, 0.5, heads))
+        self.out = nn.Linear(heads * head_dim, 32)
+
+    def forward(self, x):
+        b, length, _ = x.shape
+        h, d, c = self.heads, self.head_dim, self.chunk
+        q, k, v = (t.reshape(b, length, h, d).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        q, k = nn.functional.normalize(q, dim=-1), nn.functional.normalize(k, dim=-1)
+        beta = torch.sigmoid(self.beta(x)).transpose(1, 2)
+        g = (-self.a_log.exp() * nn.functional.softplus(self.a(x) + self.dt_bias)).transpose(1, 2)
+        q = q * d**-0.5
+        v = v * beta[..., None]
+        k_beta = k * beta[..., None]
+        q, k, v, k_beta = (t.reshape(b, h, length // c, c, d) for t in (q, k, v, k_beta))
+        decay = g.reshape(b, h, length // c, c).cumsum(-1)
+        decay_mask = (decay.unsqueeze(-1) - decay.unsqueeze(-2)).tril().exp().tril()
+        mask = torch.triu(torch.ones(c, c, dtype=torch.bool), diagonal=0)
+        attn = -((k_beta @ k.transpose(-1, -2)) * decay_mask).masked_fill(mask, 0)
+        for i in range(1, c):
+            attn[..., i, :i] = attn[..., i, :i] + (attn[..., i, :, None].clone() * attn[..., :, :i].clone()).sum(-2)
+        attn = attn + torch.eye(c, dtype=torch.float)
+        u, w = attn @ v, attn @ (k_beta * decay.exp().unsqueeze(-1))
+        state = k.new_zeros(b, h, d, d)
+        o = torch.zeros_like(v)
+        mask = torch.triu(torch.ones(c, c, dtype=torch.bool), diagonal=1)
+        for i in range(length // c):
+            q_i, k_i, g_i = q[:, :, i], k[:, :, i], decay[:, :, i]
+            v_new = u[:, :, i] - w[:, :, i] @ state
+            inner = (q_i @ k_i.transpose(-1, -2) * decay_mask[:, :, i]).masked_fill(mask, 0)
+            o[:, :, i] = (q_i * g_i[..., None].exp()) @ state + inner @ v_new
+            last = g_i[..., -1, None]
+            state = state * last[..., None].exp() + (k_i * (last - g_i).exp()[..., None]).transpose(-1, -2) @ v_new
+        return self.out(o.reshape(b, h, length, d).transpose(1, 2).reshape(b, length, h * d))
+
+
 class LSTMCellPolicy(nn.Module):
     """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
 
@@ -349,6 +397,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
     RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),
     RealModel("fla_chunk_delta_rule", _seeded(ChunkDeltaRuleLayer), {"DeltaRuleScan": 1}),
+    RealModel("fla_chunk_gated_delta_rule", _seeded(ChunkGatedDeltaRuleLayer), {"GatedDeltaRuleScan": 1}),
     RealModel("mingru_log_space", _seeded(MinGRULogSpace), {"LinearScan": 1}),
     RealModel("mingru_log_space_h0", _seeded(lambda: MinGRULogSpace(initial=True)), {"LinearScan": 1}),
 ]
