@@ -53,19 +53,6 @@ def _reference(q, k, v, beta, g=None):
     return out
 
 
-def _independent(found: list, given: set, inside: set, lead: tuple) -> list:
-    """``found`` less the tensors computed from the others (and ``given``) alone: with T equal to
-    the head width, the chunk machinery's q·exp(cumulative g) has q's shape and sits outside the
-    region, so the walk up from the output stops at it beside q and g themselves."""
-    kept = []
-    for t in found:
-        node = U.producer(t)
-        rest = given | {o.name for o in found if o is not t}
-        if node is None or any(U.inputs_outside(i, rest, inside, lead, lead_too=True) for i in node.inputs if i.name):
-            kept.append(t)
-    return kept
-
-
 class ChunkedDeltaRulePass:
     name = "chunked-delta-rule"
 
@@ -114,7 +101,7 @@ class ChunkedDeltaRulePass:
             for out in after:
                 lead = (batch, heads, steps)
                 given = {k_t.name, v_t.name, beta.name}
-                others = _independent(U.inputs_outside(out, given, inside, lead, lead_too=True), given, inside, lead)
+                others = U.drop_derived(U.inputs_outside(out, given, inside, lead, lead_too=True), given, inside, lead)
                 queries = [t for t in others if U.static_shape(t) == (*lead, dk) and dk != 1]
                 gates = [t for t in others if U.static_shape(t) in (lead, (*lead, 1))]
                 if len(queries) != 1 or len(gates) > 1 or len(queries) + len(gates) != len(others):

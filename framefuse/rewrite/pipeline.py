@@ -135,6 +135,7 @@ def default_passes() -> list:
     # imported here: framefuse.rewrite.unrolled imports framefuse.rewrite (a cycle at module level)
     from framefuse.rewrite.attention import AttentionPass, OnnxAttentionPass
     from framefuse.rewrite.chunked_delta import ChunkedDeltaRulePass
+    from framefuse.rewrite.chunked_gla import ChunkedGLAPass
     from framefuse.rewrite.logscan import LogSpaceScanPass
     from framefuse.rewrite.loops import LoopScanPass
     from framefuse.rewrite.rnn_nodes import RnnNodePass
@@ -149,6 +150,7 @@ def default_passes() -> list:
         LogSpaceScanPass(),
         ChunkedSSDPass(),
         ChunkedDeltaRulePass(),
+        ChunkedGLAPass(),
         *PASSES,
     ]
 

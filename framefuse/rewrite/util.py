@@ -265,6 +265,19 @@ def cancel_unsqueeze_squeeze(graph: gs.Graph) -> int:
     return count
 
 
+def drop_derived(found: list[gs.Tensor], given: set[str], inside: set[str], lead: tuple[int, ...]) -> list[gs.Tensor]:
+    """``found`` (from inputs_outside) less the tensors computed from the others and ``given``
+    alone: with T equal to a head width, the chunk machinery's q·exp(cumulative g) has q's shape
+    and sits outside the region, so the walk up from an output stops at it beside q and g."""
+    kept = []
+    for t in found:
+        node = producer(t)
+        rest = given | {o.name for o in found if o is not t}
+        if node is None or any(inputs_outside(i, rest, inside, lead, lead_too=True) for i in node.inputs if i.name):
+            kept.append(t)
+    return kept
+
+
 def evaluate_cut(graph: gs.Graph, cut: dict, outputs: list[gs.Tensor]) -> list[np.ndarray]:
     """The graph's own nodes from the tensors named in ``cut`` to ``outputs``, run by ONNX Runtime
     on a cut copy of the graph with those tensors fed the given values (float64 results). Raises

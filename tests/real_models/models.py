@@ -190,6 +190,51 @@ class ChunkGatedDeltaRuleLayer(nn.Module):
         return self.out(o.reshape(b, h, length, d).transpose(1, 2).reshape(b, length, h * d))
 
 
+class ChunkGLALayer(nn.Module):
+    """A gated linear attention layer as fla's GatedLinearAttention writes it (a low-rank key gate
+    g = logsigmoid(W₂ W₁ x) / 16 a key dimension, a SiLU output gate) whose scan is the chunked
+    form: cumulative log-gates inside each chunk of 4 weight the intra-chunk attention, a loop over
+    the chunks carries the decayed state."""
+
+    def __init__(self, heads: int = 2, key_dim: int = 8, value_dim: int = 16, chunk: int = 4):
+        super().__init__()
+        self.heads, self.key_dim, self.value_dim, self.chunk = heads, key_dim, value_dim, chunk
+        self.q = nn.Linear(HIDDEN, heads * key_dim, bias=False)
+        self.k = nn.Linear(HIDDEN, heads * key_dim, bias=False)
+        self.v = nn.Linear(HIDDEN, heads * value_dim, bias=False)
+        self.gate_low = nn.Linear(HIDDEN, 16, bias=False)
+        self.gate = nn.Linear(16, heads * key_dim)
+        self.out_gate = nn.Linear(HIDDEN, heads * value_dim, bias=False)
+        self.out = nn.Linear(heads * value_dim, 32)
+
+    def forward(self, x):
+        b, length, _ = x.shape
+        h, dk, dv, c = self.heads, self.key_dim, self.value_dim, self.chunk
+
+        def heads_of(t, d):
+            return t.reshape(b, length, h, d).transpose(1, 2)
+
+        q, k, v = heads_of(self.q(x), dk), heads_of(self.k(x), dk), heads_of(self.v(x), dv)
+        g = heads_of(nn.functional.logsigmoid(self.gate(self.gate_low(x))) / 16, dk)
+        q = q * dk**-0.5
+        q, k, v, g = (t.reshape(b, h, length // c, c, t.shape[-1]) for t in (q, k, v, g))
+        g = g.cumsum(-2)
+        state = k.new_zeros(b, h, dk, dv)
+        o = torch.zeros_like(v)
+        mask = torch.triu(torch.ones(c, c, dtype=torch.bool), diagonal=1)
+        for i in range(length // c):
+            g_i = g[:, :, i]
+            last = g_i[:, :, -1:]
+            q_i = q[:, :, i] * g_i.exp()
+            attn = (q_i @ (k[:, :, i] * (-g_i).exp()).transpose(-1, -2)).masked_fill(mask, 0)
+            o[:, :, i] = q_i @ state + attn @ v[:, :, i]
+            state = (
+                state * last.transpose(-1, -2).exp() + (k[:, :, i] * (last - g_i).exp()).transpose(-1, -2) @ v[:, :, i]
+            )
+        o = o.reshape(b, h, length, dv).transpose(1, 2).reshape(b, length, h * dv)
+        return self.out(o * nn.functional.silu(self.out_gate(x)))
+
+
 class LSTMCellPolicy(nn.Module):
     """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
 
@@ -398,6 +443,7 @@ MODELS: list[RealModel] = [
     RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),
     RealModel("fla_chunk_delta_rule", _seeded(ChunkDeltaRuleLayer), {"DeltaRuleScan": 1}),
     RealModel("fla_chunk_gated_delta_rule", _seeded(ChunkGatedDeltaRuleLayer), {"GatedDeltaRuleScan": 1}),
+    RealModel("fla_chunk_gla", _seeded(ChunkGLALayer), {"LinearScan": 1}),
     RealModel("mingru_log_space", _seeded(MinGRULogSpace), {"LinearScan": 1}),
     RealModel("mingru_log_space_h0", _seeded(lambda: MinGRULogSpace(initial=True)), {"LinearScan": 1}),
 ]

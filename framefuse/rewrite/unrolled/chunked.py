@@ -56,8 +56,9 @@ class ChunkedScanReportPass:
                     self.name,
                     f"CumSum {node.name!r} → Exp {exp.name!r}",
                     "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum rather "
-                    "than a per-step recurrence, and no pass mapped it (Mamba2's SSD is mapped by chunked-ssd, "
-                    "whose decline says why not here); export the model's per-step "
+                    "than a per-step recurrence, and no pass mapped it (Mamba2's SSD, the chunked delta rule "
+                    "and gated linear attention are mapped by chunked-ssd, chunked-delta-rule and chunked-gla, "
+                    "whose declines say why not here); export the model's per-step "
                     "path (a loop over time) to fuse it",
                 )
             )
