@@ -671,6 +671,70 @@ def test_build_refuses_a_precision_the_engine_cannot_run(tmp_path, capsys):
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
+def _sensitive_step_model(path):
+    """A step graph with two quantizable products: a = x·W1 (exact in int8) and b = a·W2, whose every
+    output channel holds one weight of 1000 (against an input that is always 0) and weights of
+    ±0.3: int8 (a step of 1000/127) rounds those to 0, so b is wrong with W2 int8 and right with
+    it in float32; the policy head y = h·W3 stays float32 anyway."""
+    rng = np.random.default_rng(1)
+    w1 = rng.integers(-127, 128, (8, 8)).astype(np.float32) / 254  # on an int8 grid: exact in int8
+    w1[1] = 127 / 254
+    w1[:, 0] = 0.0  # a[0] = 0: the outlier row of W2 never contributes
+    w2 = rng.choice([-1.0, 1.0], (8, 8)).astype(np.float32) * 0.3
+    w2[0, :] = 1000.0
+    w3 = rng.standard_normal((8, 4)).astype(np.float32)
+    half = np.array(0.5, np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="first"),
+        helper.make_node("MatMul", ["a", "w2"], ["b"], name="sensitive"),
+        helper.make_node("Mul", ["state.h", "half"], ["kept"]),
+        helper.make_node("Add", ["kept", "b"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["next_state.h"]),
+        helper.make_node("MatMul", ["next_state.h", "w3"], ["y"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sensitive",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+            helper.make_tensor_value_info("state.h", TensorProto.FLOAT, [1, 8]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("next_state.h", TensorProto.FLOAT, [1, 8]),
+        ],
+        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("w3", w3), ("half", half))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_int8_build_that_fails_the_gate_keeps_its_most_sensitive_product_in_float32(tmp_path):
+    """The int8 weight-only build of a graph whose one product int8 ruins fails the gate with every
+    product int8; the build ranks the products by their own error, keeps that one in float32,
+    passes, and says so in the log and the accuracy report. With fallback off it is refused."""
+    from framefuse.engines.cli import convert_precision
+    from framefuse.precision import AccuracyError
+
+    source = _sensitive_step_model(tmp_path / "model.onnx")
+    lines: list[str] = []
+    target = convert_precision(source, "int8", None, tmp_path, lines.append, gate=(200, None))
+    assert target == tmp_path / "model.int8.onnx"
+    converted = onnx.load(str(target))
+    quantized = {n.name for n in converted.graph.node if n.op_type == "DequantizeLinear"}
+    assert quantized == {"w1_DequantizeLinear"}  # the sensitive product's weight stayed float32
+    assert any("failed" in line and "ranking its 2 products" in line for line in lines), lines
+    assert any("with sensitive in float32: passes" in line for line in lines), lines
+    report = json.loads((tmp_path / "accuracy.int8.json").read_text())
+    assert any(note.startswith("kept in float32 for accuracy: sensitive (1 of 2") for note in report["notes"])
+    target.unlink()
+    (tmp_path / "accuracy.int8.json").unlink()
+    with pytest.raises(AccuracyError, match="build rejected"):
+        convert_precision(source, "int8", None, tmp_path, lines.append, gate=(200, None), fallback=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 

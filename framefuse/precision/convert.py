@@ -100,6 +100,17 @@ def convert_model(
     return quantize_int8(model, calib=calib, config=config, keep_fp32=keep, weights_only=mode == "weights")
 
 
+def int8_candidates(model: onnx.ModelProto, config: Mapping | None = None) -> list[str]:
+    """The names (as quantize_int8 names the nodes) of the products an int8 build of ``model``
+    quantizes: the MatMul / Gemm nodes with a constant weight outside the state recurrence, the
+    policy head and the config's ``keep_fp32``. Naming some of them in ``keep_fp32`` keeps them in
+    float32 (the build's accuracy fallback)."""
+    from framefuse.precision.quantize import _named, weight_gemms
+
+    keep = list((config or {}).get("keep_fp32") or []) + policy_head(model)
+    return [node.name for node in weight_gemms(_named(model), keep)]
+
+
 def int8_mode_of(int8_mode: str | None, config: Mapping | None = None, *, calib=None) -> str:
     """The int8 mode a build runs: ``int8_mode`` when given, else ``config["int8_mode"]`` (or the
     older ``config["int8_weights_only"]``), else "qdq" when a calibration set is given (it calibrates

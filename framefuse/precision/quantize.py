@@ -18,8 +18,10 @@ min/max of every tensor the quantizer needs is handed to ``quantize_static`` thr
 calibration cache (``calibration_cache_path``), so the quantizer itself is ORT's, unchanged.
 
 ``weights_only=True``: Q/DQ on the weights only (no activation quantization, no calibration
-needed). In the cuda-graph engine a DequantizeLinear of a constant is folded at planning time, so
-the weight is dequantised once at load: the run costs what fp32 costs, with int8 weight error.
+needed); a build that fails the accuracy gate keeps products in float32 through ``keep_fp32``
+(framefuse.engines.cli._int8_fallback). In the cuda-graph engine a DequantizeLinear of a constant
+is folded at planning time, so the weight is dequantised once at load: the run costs what fp32
+costs, with int8 weight error.
 """
 
 from __future__ import annotations
