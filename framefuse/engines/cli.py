@@ -232,7 +232,6 @@ def convert_precision(
 
     from framefuse.engines import artifact
     from framefuse.precision import convert_model
-    from framefuse.precision.convert import int8_candidates
 
     config = None
     manifest_data: dict = {}
@@ -274,11 +273,10 @@ def convert_precision(
             original = onnx.load(str(source))
             found = _int8_fallback(source, original, config, report, frames, tolerance, inputs, log)
             if found is not None:
-                model, better, kept = found
+                model, better, kept, candidates = found
                 better.notes = report.notes + [
-                    f"kept in float32 for accuracy: {', '.join(kept)} ({len(kept)} of "
-                    f"{len(int8_candidates(original, config))} quantizable products; the gate failed with all "
-                    f"of them int8: {'; '.join(report.failures())})"
+                    f"kept in float32 for accuracy: {', '.join(kept)} ({len(kept)} of {candidates} quantizable "
+                    f"products; the gate failed with all of them int8: {'; '.join(report.failures())})"
                 ]
                 report = better
                 label = f"{label}, {len(kept)} product{'s' if len(kept) > 1 else ''} in float32"
@@ -304,8 +302,8 @@ SENSITIVITY_FRAMES = 200
 
 
 def _int8_fallback(source: Path, original, config, first, frames: int, tolerance, inputs, log):
-    """(model, report, kept) of the first int8 weight-only build that passes the gate with the
-    products in ``kept`` in float32, or None. The products are ranked once by the error of a build
+    """(model, report, kept, candidates) of the first int8 weight-only build that passes the gate
+    with the products in ``kept`` (of ``candidates`` quantizable ones) in float32, or None. The products are ranked once by the error of a build
     where only that one is int8 (argmax disagreement, then the mean |diff| of the outputs), then
     kept in float32 greedily in that order."""
     from framefuse.precision import accuracy_report, convert_model
@@ -342,7 +340,7 @@ def _int8_fallback(source: Path, original, config, first, frames: int, tolerance
         verdict = "passes" if report.passed else "; ".join(report.failures())
         log(f"accuracy gate: int8 (weights) with {', '.join(kept)} in float32: {verdict}")
         if report.passed:
-            return model, report, kept
+            return model, report, kept, len(names)
     return None
 
 

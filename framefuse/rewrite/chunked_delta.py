@@ -136,10 +136,7 @@ class ChunkedDeltaRulePass:
                     args = [trial[t.name].astype(np.float32).astype(np.float64) for t in (q_t, k_t, v_t, beta)]
                     gate = None if g_t is None else trial[g_t.name].astype(np.float32).astype(np.float64).reshape(lead)
                     expected.append(_reference(*args, gate))
-                scale = float((got[0] * expected[0]).sum() / max((expected[0] ** 2).sum(), 1e-30))
-                error = max(
-                    float((np.abs(g - scale * e) / (1 + np.abs(scale * e))).max()) for g, e in zip(got, expected)
-                )
+                scale, error = U.fitted_scale(got, expected)
                 if error <= CHECK_TOLERANCE:
                     chosen = (out, q_t, k_t, v_t, g_t, scale, error)
                     break
@@ -157,16 +154,7 @@ class ChunkedDeltaRulePass:
             )
         out, q_t, k_t, v_t, g_t, scale, error = chosen
         f32 = np.float32
-        q_in = q_t
-        if abs(scale - 1.0) > 1e-6:
-            q_in = U.add_op(
-                graph,
-                ctx,
-                "Mul",
-                [q_t, U.new_const(ctx, "delta_q_scale", np.array(scale, f32))],
-                dtype=f32,
-                shape=U.static_shape(q_t),
-            )
+        q_in = U.scaled(graph, ctx, q_t, scale, "delta_q_scale")
         dk, dv = U.static_shape(k_t)[3], U.static_shape(v_t)[3]
         o = U.new_var(ctx, "DeltaRuleScan_o", f32, (batch, heads, steps, dv))
         if g_t is None:

@@ -140,10 +140,7 @@ class ChunkedGLAPass:
                 continue
             for q, k, v in assignments:
                 expected = [_reference(*(_as64(trial, t) for t in (q, k, v, g))) for trial in trials]
-                scale = float((got[0] * expected[0]).sum() / max((expected[0] ** 2).sum(), 1e-30))
-                error = max(
-                    float((np.abs(x - scale * e) / (1 + np.abs(scale * e))).max()) for x, e in zip(got, expected)
-                )
+                scale, error = U.fitted_scale(got, expected)
                 if error <= CHECK_TOLERANCE:
                     chosen = (out, q, k, v, scale, error)
                     break
@@ -198,9 +195,7 @@ class ChunkedGLAPass:
         )
         states = op("Reshape", [states, const("gla_moved", list(moved))], moved)
         states = op("Transpose", [states], full, perm=[0, 2, 1, 3, 4])
-        query = q
-        if abs(scale - 1.0) > 1e-6:
-            query = op("Mul", [q, U.new_const(ctx, "gla_q_scale", np.array(scale, f32))], U.static_shape(q))
+        query = U.scaled(graph, ctx, q, scale, "gla_q_scale")
         product = op(
             "Mul", [op("Unsqueeze", [query, const("gla_axis", [4])], (batch, heads, steps, dk, 1)), states], full
         )

@@ -278,6 +278,30 @@ def drop_derived(found: list[gs.Tensor], given: set[str], inside: set[str], lead
     return kept
 
 
+def fitted_scale(got: list[np.ndarray], expected: list[np.ndarray]) -> tuple[float, float]:
+    """(s, error): the scale s that best maps ``expected[0]`` onto ``got[0]`` (least squares; the
+    reference code's q·d^−½ the cut may sit above), and the worst relative error of s·expected
+    against got over every trial. A pass that checks a region against a reference on random
+    trials fits the scale on the first and so checks it on the others."""
+    scale = float((got[0] * expected[0]).sum() / max((expected[0] ** 2).sum(), 1e-30))
+    error = max(float((np.abs(g - scale * e) / (1 + np.abs(scale * e))).max()) for g, e in zip(got, expected))
+    return scale, error
+
+
+def scaled(graph: gs.Graph, ctx: RewriteContext, t: gs.Tensor, scale: float, prefix: str) -> gs.Tensor:
+    """``t`` · scale (a Mul with a scalar constant), or ``t`` itself when the scale is 1."""
+    if abs(scale - 1.0) <= 1e-6:
+        return t
+    return add_op(
+        graph,
+        ctx,
+        "Mul",
+        [t, new_const(ctx, prefix, np.array(scale, np.float32))],
+        dtype=np.float32,
+        shape=static_shape(t),
+    )
+
+
 def evaluate_cut(graph: gs.Graph, cut: dict, outputs: list[gs.Tensor]) -> list[np.ndarray]:
     """The graph's own nodes from the tensors named in ``cut`` to ``outputs``, run by ONNX Runtime
     on a cut copy of the graph with those tensors fed the given values (float64 results). Raises
