@@ -22,7 +22,7 @@ from framefuse.compiler import iexpr as ix
 from framefuse.compiler.codegen import generate
 from framefuse.compiler.emulate import compiler as cxx_compiler
 from framefuse.compiler.emulate import emulate
-from framefuse.compiler.ir import Concat
+from framefuse.compiler.ir import Concat, Map
 from framefuse.compiler.lower import lower_onnx
 from framefuse.compiler.schedule import schedule
 from framefuse.models import ARCHITECTURES
@@ -404,8 +404,14 @@ def test_a_normalization_folds_into_the_products_that_read_it(bias):
     model = _layer_norm_then_product(n, m, rng, bias=bias)
     raw, program = lower_onnx(model), lower_program(model)
     assert sum(FoldNorms.fold(d) is not None for d in raw.nodes() if isinstance(d, Dot)) == 1
+    from framefuse.compiler.schedule import frame_source
+
     (product,) = [d for d in program.nodes() if isinstance(d, Dot)]
-    assert product.src.kind == "leaf" or product.src.src.kind == "leaf"  # it reads x (through a reshape at most)
+    source = product.src
+    while isinstance(source, Map):
+        source = source.src
+    # it reads x: the input itself, or its slice of the frame published with the LayerNorm's 1/σ
+    assert source.kind == "leaf" or frame_source(source) is not None
     assert not any(FoldNorms.fold(d) for d in program.nodes() if isinstance(d, Dot))  # nothing left to fold
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for offset in (0.0, 30.0, 100.0):
@@ -446,7 +452,7 @@ def test_schedule_reports_levels_tasks_and_one_kernel_source():
 def test_tasks_of_one_level_run_on_disjoint_blocks():
     """Tasks that do not wait on one another (mamba's three x-projection slices, attention's q, k
     and v) get their own blocks where the grid has room, so they run side by side."""
-    for arch in ("mamba", "attention", "delta_net"):
+    for arch in ("mamba", "attention", "xlstm"):
         sched = schedule(lower_program(_prepared(arch).fused), grid=64)
         by_level: dict[int, list] = {}
         for task, level in zip(sched.tasks, sched.task_levels()):
@@ -481,7 +487,7 @@ def test_side_stores_never_add_a_level(arch, monkeypatch):
         if task.root.id in level_without:
             assert level <= level_without[task.root.id], f"{arch}: {task.root.label} waits a level longer"
     if arch == "xlstm":
-        assert with_side.levels() == 9
+        assert with_side.levels() == 8  # (9 before the first layer's products read the frame)
 
 
 def test_flagged_values_are_staged_never_waited_on_one_by_one():
@@ -512,12 +518,14 @@ def test_host_facing_blocks_raise_done_words_and_the_frame_is_read_at_entry():
     assert body.count("ffk_load_host(") == 1
 
 
-def test_later_copies_are_issued_a_task_ahead_and_waited_on_exactly():
+def test_later_copies_are_issued_a_task_ahead_and_waited_on_exactly(monkeypatch):
     """The prologue issues the first PROLOGUE_GROUPS commit groups; each later one is issued
     before the task a group ahead of its own, and every task waits for exactly its own group
-    (cp.async.wait_group N leaves the N groups committed after it in flight)."""
-    from framefuse.compiler import codegen
+    (cp.async.wait_group N leaves the N groups committed after it in flight). (Without the frame's
+    scalars, whose one-block task has copies of its own, every block has the same copy groups.)"""
+    from framefuse.compiler import codegen, simplify
 
+    monkeypatch.setattr(simplify, "COMPOSE_INPUT_PRODUCTS", False)
     kernel = generate_source(_prepared("min_gru").fused, grid=16)
     body = kernel.source[kernel.source.index("ffk_step(") :]
     waits = [int(w) for w in re.findall(r"ffk_prefetch_wait<(\d+)>", body)]
@@ -580,7 +588,8 @@ def test_cheap_scalars_are_recomputed_not_given_a_phase():
     stage, the sums beside the products, root (it had two phases more for the scalars and two
     for the normalized row and its copy)."""
     kernel = generate_source(_prepared("min_gru").fused, grid=16)
-    layer = kernel.schedule.tasks[2]
+    # the second layer's scan (the first layer's 1/σ comes with the frame: simplify.PublishFrameScalars)
+    layer = [t for t in kernel.schedule.tasks if "LinearScan" in t.root.label][1]
     assert layer.phases() == 4
     by_phase = {}
     for unit in layer.units.values():
@@ -643,10 +652,12 @@ def test_products_that_wait_for_nothing_run_before_the_staging():
 def test_kv_cache_is_read_as_a_view_of_the_state_and_the_new_row():
     """Readers of the attention KV cache take the old rows from the state and wait only for the
     new row: no task stages a whole cache (a Concat) from flag-tagged words."""
+    from framefuse.compiler.schedule import frame_source
+
     sched = schedule(lower_program(_prepared("attention").fused), grid=16)
     for task in sched.tasks:
         for unit in task.arrays():
-            if task.view.source_kind(unit.node) == "materialized":
+            if task.view.source_kind(unit.node) == "materialized" and frame_source(unit.node) is None:
                 assert not isinstance(unit.node, Concat), f"{task.root.label} stages {unit.node.label}"
 
 
@@ -827,7 +838,14 @@ def test_dynamic_input_shape_is_declined():
 
 @pytest.mark.parametrize(
     "tactic",
-    ["stepkernel", "stepkernel-pieces", "stepkernel-fewer-blocks", "stepkernel-384-threads", "stepkernel-paced"],
+    [
+        "stepkernel",
+        "stepkernel-pieces",
+        "stepkernel-fewer-blocks",
+        "stepkernel-384-threads",
+        "stepkernel-paced",
+        "stepkernel-unframed",
+    ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
     """Without a GPU the engine cannot run the kernel (any of its tactics): the plan is used and
@@ -843,13 +861,20 @@ def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
 
 
 @needs_cxx
-@pytest.mark.parametrize("k, lanes", [(64, 16), (24, 8), (10, 16), (3, 4), (1, 1)])
-def test_short_product_rows_run_in_lane_segments(k, lanes, tmp_path):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["lanes-by-row", "one-pass"])
+@pytest.mark.parametrize("k, by_row, in_one_pass", [(64, 16, 4), (24, 8, 4), (10, 16, 4), (3, 4, 4), (1, 1, 1)])
+def test_short_product_rows_run_in_lane_segments(k, by_row, in_one_pass, one_pass, monkeypatch, tmp_path):
     """A product whose rows are shorter than a warp's loads, with more rows a block than warps,
     gives each row a segment of lanes (codegen._dot_lanes / runtime ffk_seg_dot): float4 loads
     when the row is a multiple of 4 floats, single floats otherwise, rows past the end computed
-    again and not stored. The emulated kernel equals the interpreter; a product of a constant input
-    is folded away at compile time (simplify.FoldConstants) and the kernel's output still includes it."""
+    again and not stored; with SEGMENT_ONE_PASS, fewer lanes a row (down to 4) until the block's
+    warps take its rows in one pass. The emulated kernel equals the interpreter; a product of a
+    constant input is folded away at compile time (simplify.FoldConstants) and the kernel's output
+    still includes it."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "SEGMENT_ONE_PASS", one_pass)
+    lanes = in_one_pass if one_pass else by_row
     f32 = TensorProto.FLOAT
     rng = np.random.default_rng(k)
     m = 37  # rows: 19 and 18 on two blocks of 2 warps, the last segment of a warp past the end
@@ -1006,11 +1031,14 @@ def test_paced_copies_under_emulation(arch, monkeypatch, tmp_path):
     _emulate_against_interpreter(paced, program, 2, tmp_path)
 
 
-def test_a_tactic_that_changes_only_the_range_table_is_a_different_kernel():
+def test_a_tactic_that_changes_only_the_range_table_is_a_different_kernel(monkeypatch):
     """Paced copies move which commit point issues a block's copies: for min_gru at one block
-    an SM only the range table changes, not the source. The build's selection tells tactics apart
-    by Kernel.identity (source and table), so it still times this one instead of dropping it as
-    "the same kernel"."""
+    an SM (its in-projection a level of its own) only the range table changes, not the source. The
+    build's selection tells tactics apart by Kernel.identity (source and table), so it still times
+    this one instead of dropping it as "the same kernel"."""
+    from framefuse.compiler import simplify
+
+    monkeypatch.setattr(simplify, "COMPOSE_INPUT_PRODUCTS", False)
     program = lower_program(_prepared("min_gru", FULL).fused)
     sched = schedule(program, grid=132)
     plain, paced = generate(sched), generate(sched, paced_copies=True)

@@ -117,6 +117,13 @@ SCHEDULE_VARIANTS = {
     "replica-256k": ("schedule", "REPLICA_FLOATS", 256 * 1024),
     # each block issues a group's copies a task ahead in its own order, not the kernel's
     "paced-copies": ("codegen", "PREFETCH_PACED", True),
+    # the frame's in-projection kept a level of its own (before 2026-11-26 session 19): no
+    # composition of the first layer's products into products of the frame, no frame scalars
+    "no-compose": ("simplify", "COMPOSE_INPUT_PRODUCTS", False),
+    # composed, the first LayerNorm's 1/σ recomputed by each reading block (the H200 experiment)
+    "no-frame-scalars": ("simplify", "PUBLISH_FRAME_SCALARS", False),
+    # segmented products at the lanes their row length gives, however many passes the rows take
+    "seg-passes": ("codegen", "SEGMENT_ONE_PASS", False),
 }
 # the build's tactics (engines.fusion.STEPKERNELS) as variants, to time a setting under each; a
 # variant name may join several of these and SCHEDULE_VARIANTS with "+" (inline-short-sum+fewer-blocks)
@@ -125,6 +132,7 @@ TACTIC_VARIANTS = {
     "pieces": "stepkernel-pieces",
     "384-threads": "stepkernel-384-threads",
     "paced": "stepkernel-paced",
+    "unframed": "stepkernel-unframed",
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
@@ -196,7 +204,10 @@ def main() -> int:
                     saved.append((sched_module, constant, getattr(sched_module, constant)))
                     setattr(sched_module, constant, _variant_value(value))
                 try:
-                    other = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"), **tactic)
+                    compose = tactic.pop("compose_input", None)
+                    other = CompiledStep(
+                        lower_program(prepared.fused, compose_input=compose), device=torch.device("cuda"), **tactic
+                    )
                 finally:
                     for sched_module, constant, value in reversed(saved):
                         setattr(sched_module, constant, value)

@@ -17,13 +17,15 @@ from __future__ import annotations
 from framefuse.compiler.ir import CompileError, Program
 
 
-def lower_program(model_or_path, *, simplified: bool = True) -> Program:
-    """The step IR of a fused ONNX graph (path or ModelProto), simplified unless asked not to."""
+def lower_program(model_or_path, *, simplified: bool = True, compose_input: bool | None = None) -> Program:
+    """The step IR of a fused ONNX graph (path or ModelProto), simplified unless asked not to
+    (``compose_input``: the first layer's products as products of the frame, see
+    simplify.ComposeInputProducts; None: simplify.COMPOSE_INPUT_PRODUCTS)."""
     from framefuse.compiler.lower import lower_onnx
     from framefuse.compiler.simplify import simplify
 
     program = lower_onnx(model_or_path)
-    return simplify(program) if simplified else program
+    return simplify(program, compose_input=compose_input) if simplified else program
 
 
 def generate_source(

@@ -31,7 +31,7 @@ import numpy as np
 from framefuse.compiler import iexpr as ix
 from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Reduce
 from framefuse.compiler.ops import EW, c_float
-from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branches
+from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branches, frame_source
 
 RUNTIME = Path(__file__).resolve().parent / "runtime.cuh"
 KERNEL_NAME = "ffk_step"
@@ -545,6 +545,14 @@ class Generator:
             self._entry(body)
         self._stamp(body, len(self.sched.tasks), 0)
         for t, task in enumerate(self.sched.tasks):
+            leaf = self._framed_input(task)
+            if leaf is not None:
+                body.items += [
+                    f"// task {t}'s frame element, read before anything else (its scalars are computed from it later)",
+                    f"float ffk_host{t} = 0.0f;",
+                    f"if ({_in_task(task)} && tid < {leaf.size})",
+                    f"    ffk_host{t} = ffk_load_host(in{self.input_names.index(leaf.name)} + tid);",
+                ]
             if self._early_input(task):
                 leaf = task.root
                 body.items += [
@@ -733,7 +741,7 @@ class Generator:
         code.items.append(f"// array {_name(unit.node)} {list(unit.node.shape)}, a thread per element")
         code.items.append(_ONCE)
         code.items.append(loop)
-        em = Emitter(self, t, task, loop)
+        em = Emitter(self, t, task, loop, per_thread=True)
         var = ix.Var("e", max(unit.node.size, 1))
         value = em.value(unit.node, ix.unflatten(var, unit.node.shape), expand_self=True)
         em.top.insert(f"{self.arr(t, uid)}[e - lo{uid}] = {value.text};")
@@ -875,6 +883,11 @@ class Generator:
         lanes = WARP_LANES
         while lanes > 1 and lanes >= 2 * loads:
             lanes //= 2
+        # fewer lanes a row, more loads a lane, while the block's rows take more than one pass of
+        # its warps: each pass is a chain of loads and shuffles (the frame's R·x, 64 rows of 64 on
+        # one block at 16 lanes a row: four passes, 1600 cycles on the H100)
+        while SEGMENT_ONE_PASS and lanes > SEGMENT_MIN_LANES and unit.span > self.nwarps * (WARP_LANES // lanes):
+            lanes //= 2
         return lanes
 
     def _dot(self, code: Code, t: int, task: Task, unit: Unit) -> None:
@@ -931,6 +944,18 @@ class Generator:
             and not task.side
         )
 
+    def _framed_input(self, task: Task) -> Leaf | None:
+        """The graph input a frame task (``Concat([x, scalars of x])`` on one block, see
+        schedule.framed_inputs) reads from host memory itself, when the block's threads can hold
+        one element each."""
+        leaf = frame_source(task.root)
+        if leaf is None or leaf.id in self.sched.materialized or task.blocks != 1 or leaf.size > self.threads:
+            return None
+        starts = [u._start() for u in task.units.values() if u.how in ("root", "thread")]
+        if any(s is None or int(s[task.first]) != 0 for s in starts):
+            return None  # (every element loop of the task must start at element 0: e == tid)
+        return leaf
+
     def _root(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         node = task.root
         if self._early_input(task):
@@ -952,7 +977,7 @@ class Generator:
             code.items.append(f"// root {_name(node)} {list(node.shape)}, a thread per element")
         code.items.append(_ONCE)
         code.items.append(loop)
-        em = Emitter(self, t, task, loop, side={s.id for s in task.side}, lanes=warp)
+        em = Emitter(self, t, task, loop, side={s.id for s in task.side}, lanes=warp, per_thread=not warp)
         var = ix.Var("e", max(node.size, 1))
         value = em.value(node, ix.unflatten(var, node.shape))
         for stmt in self.stores(node, "e", value.text):
@@ -997,6 +1022,8 @@ SEGMENTED_REDUCE = True  # reduction arrays with more elements than a block's wa
 # vs 13.44, Llama 14.32/14.44 vs 14.23, Jamba 18.16/18.06 vs 18.05: no consistent gain, so off
 PAIRED_WALK = False
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
+SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take its rows in one pass
+SEGMENT_MIN_LANES = 4  # ... but no fewer than this
 COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run before its staging
 STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on different warps (see _first_warp)
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
@@ -1108,8 +1135,18 @@ def _accumulate(op: str, acc: str, value: str) -> str:
 class Emitter:
     """C for the values of one unit's element, with hoisting (see the module docstring)."""
 
-    def __init__(self, gen: Generator, t: int, task: Task, top: Code, side: set | None = None, lanes: bool = False):
+    def __init__(
+        self,
+        gen: Generator,
+        t: int,
+        task: Task,
+        top: Code,
+        side: set | None = None,
+        lanes: bool = False,
+        per_thread: bool = False,
+    ):
         self.lanes = lanes  # a warp per element (see Generator._warp_root)
+        self.per_thread = per_thread  # element e of a loop from the block's first element + tid
         self.gen = gen
         self.t = t
         self.task = task
@@ -1210,6 +1247,10 @@ class Emitter:
             load = "ffk_ld_cg" if gen.resident else "__ldg"
             return self.bind(key, f"{load}(sin{gen.state_names.index(node.name)} + {c})", free)
         gen.host_tasks.add(self.t)
+        framed = gen._framed_input(self.task)
+        if framed is not None and framed.id == node.id and c == "e" and self.per_thread:
+            # element e of a loop that starts at tid on the task's one block: read at entry
+            return self.bind(key, f"ffk_host{self.t}", free)
         return self.bind(key, f"ffk_load_host(in{gen.input_names.index(node.name)} + {c})", free)
 
     def _reduce(self, node: Reduce, index: list, flat, free: frozenset, key) -> Val:

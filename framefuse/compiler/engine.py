@@ -209,9 +209,13 @@ class CompiledStep:
             )
 
     def describe(self) -> dict:
+        from framefuse.compiler.schedule import frame_source
+
         info = self.kernel.describe()
         info.update(
             {
+                # the first layer's products read the frame, published with its scalars by one block
+                "framed": any(frame_source(t.root) is not None for t in self.schedule.tasks),
                 "gpu": self.props["name"],
                 "arch": self.props["arch"],
                 "nvrtc_options": list(self.nvrtc_options),
@@ -341,11 +345,13 @@ def compile_step(
     paced_copies=None,
     grid_fraction=1.0,
     fast_math=FAST_MATH,
+    compose_input=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
-    by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS)."""
-    program = lower_program(model_or_path)
+    by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS;
+    ``compose_input``: see lower_program)."""
+    program = lower_program(model_or_path, compose_input=compose_input)
     return CompiledStep(
         program,
         device=device,

@@ -72,6 +72,10 @@ DOT_REDUNDANCY = 2.0
 DOT_SMALL_MACS = 1 << 14
 # ... (a product computed by at most this many blocks is published where it is computed)
 FEW_BLOCKS = 8
+# ... except a product of the frame itself needing at most this many a block: published, it is
+# a level of its own right after the frame arrives, recomputed it is a phase of 16 multiply-adds a
+# thread (the LayerNorm statistics of a composed in-projection, simplify.ComposeInputProducts)
+INPUT_DOT_BLOCK_MACS = 1 << 12
 # A product needing more multiply-adds than this from one block is spread over the grid.
 DOT_BLOCK_MACS = 1 << 14
 # A product is stored by another task (a side store) only if that task computes at most this many
@@ -219,15 +223,23 @@ def is_pure_view(node: Node, materialized: dict, memo: dict | None = None) -> bo
         return memo[node.id]
     if isinstance(node, Map):
         src = node.src
-        result = isinstance(src, Leaf) or src.id in materialized or is_pure_view(src, materialized, memo)
+        result = _device_leaf(src) or src.id in materialized or is_pure_view(src, materialized, memo)
     elif isinstance(node, Concat):
-        result = all(
-            isinstance(s, Leaf) or s.id in materialized or is_pure_view(s, materialized, memo) for s in node.srcs
-        )
+        result = all(_device_leaf(s) or s.id in materialized or is_pure_view(s, materialized, memo) for s in node.srcs)
     else:
         result = False
     memo[node.id] = result
     return result
+
+
+def _host_leaf(node: Node) -> bool:
+    return isinstance(node, Leaf) and node.role == "input"
+
+
+def _device_leaf(node: Node) -> bool:
+    """A leaf every block may read where it lies: not a graph input (host memory; read by the
+    task that publishes it, see schedule())."""
+    return isinstance(node, Leaf) and node.role != "input"
 
 
 class TaskView:
@@ -551,6 +563,11 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
     reduction is cheap once the reduction is an array, so costs are judged again next round."""
     found: set[int] = set()
     memo: dict = {}
+    framed = frame_source(view.root) is not None
+    if framed:  # the frame is read from host memory once: a warp's loop over it reads a staged copy
+        for unit in units.values():
+            if unit.how not in ("root", "thread"):
+                found.update(o.node.id for o in unit.occurrences if _host_leaf(o.node))
     for unit in units.values():
         # every flag-tagged value a task reads is staged into shared memory in its first phase,
         # all loads in flight at once: a wait inside a loop is one round trip per iteration, and
@@ -578,6 +595,9 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
             ):
                 continue
             if few and node.size == 1 and cost <= SCALAR_RECOMPUTE_COST and not isinstance(node, Reduce):
+                continue
+            if framed and isinstance(node, Reduce) and node.extent >= WARP:
+                found.add(node_id)  # a warp's reduction, not one thread's loop beside 64 copies
                 continue
             pairs = [enumerate_pairs(o, unit.var, elements) for o in occs]
             if any(p is None for p in pairs) or max_readers(pairs, node.size) > 1:
@@ -669,7 +689,11 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                         0,
                     )
                 )
-            elif replication > DOT_REDUNDANCY and redundant > DOT_SMALL_MACS:
+            elif (
+                replication > DOT_REDUNDANCY
+                and redundant > DOT_SMALL_MACS
+                and not (per_block <= INPUT_DOT_BLOCK_MACS and reads_graph_input(node))
+            ):
                 readers = {id(u): u for u, _ in reads_by.get(node.id, [])}
                 target = materialize_point(node, users, outputs)
                 # a product that many blocks need whole, read once per element by one replicated
@@ -774,8 +798,13 @@ def consumers(program: Program) -> dict[int, list[Node]]:
 
 def materialize_point(node: Node, users: dict, outputs: set) -> Node:
     """Climb from a product through the elementwise chain above it while each step has one
-    reader of the same shape: the residual sum rather than the bare product."""
+    reader of the same shape: the residual sum rather than the bare product. Not to a step whose
+    other inputs lie deeper (more products and reductions below them) than the value climbed so
+    far: the value would wait for them (an in-projection of the frame, read again as the residual
+    of the layer after the first, would be published a level after the first layer instead of
+    beside it)."""
     current = node
+    memo: dict = {}
     while current.id not in outputs:
         readers = users.get(current.id, [])
         if len(readers) != 1:
@@ -783,8 +812,90 @@ def materialize_point(node: Node, users: dict, outputs: set) -> Node:
         up = readers[0]
         if not isinstance(up, Ew) or up.shape != current.shape:
             break
+        depth = product_depth(current, memo)
+        if any(product_depth(a, memo) > depth for a in up.args if a is not current):
+            break
         current = up
     return current
+
+
+def product_depth(node: Node, memo: dict) -> int:
+    """The most products and reductions on a path from the leaves to ``node`` (a frame with its
+    scalars counts as the input it publishes)."""
+    stack = [node]
+    while stack:
+        top = stack[-1]
+        if top.id in memo:
+            stack.pop()
+            continue
+        if frame_source(top) is not None:
+            memo[top.id] = 0
+            stack.pop()
+            continue
+        pending = [a for a in top.inputs() if a.id not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        below = max((memo[a.id] for a in top.inputs()), default=0)
+        memo[top.id] = below + (1 if isinstance(top, (Dot, Reduce)) else 0)
+        stack.pop()
+    return memo[node.id]
+
+
+def reads_graph_input(node: Dot) -> bool:
+    """A product of a graph input itself (through data movement only; from the frame's
+    published array too, see frame_source)."""
+    src = node.src
+    while isinstance(src, Map):
+        src = src.src
+    return (isinstance(src, Leaf) and src.role == "input") or frame_source(src) is not None
+
+
+def frame_source(node: Node) -> Leaf | None:
+    """The graph input whose published array ``node`` is, when it is one (simplify's
+    PublishFrameScalars: ``Concat([x, s1, ...])``, the s computed from x alone), else None."""
+    if not isinstance(node, Concat) or node.axis != 0 or not node.srcs:
+        return None
+    first = node.srcs[0]
+    while isinstance(first, Map):
+        first = first.src
+    if not (isinstance(first, Leaf) and first.role == "input"):
+        return None
+    return first
+
+
+def framed_inputs(program: Program, users: dict) -> dict[int, Node]:
+    """Graph input id -> its frame node, for each input that nothing but its frame's own
+    computation reads: the frame's task then reads the input from host memory itself, and the
+    input has no task of its own."""
+    found: dict[int, Node] = {}
+    nodes = program.nodes()
+    for node in nodes:
+        leaf = frame_source(node)
+        if leaf is None or leaf.id in found:
+            continue
+        inside: set[int] = set()
+        stack = [node]
+        while stack:
+            top = stack.pop()
+            if top.id in inside:
+                continue
+            inside.add(top.id)
+            stack.extend(top.inputs())
+        # every node computed from the input, up to the frame, lies inside the frame's computation
+        depends: set[int] = {leaf.id}
+        ok = True
+        for other in nodes:
+            if other.id == node.id or other.id == leaf.id:
+                continue
+            if any(a.id in depends for a in other.inputs()):
+                if other.id not in inside:
+                    ok = False
+                    break
+                depends.add(other.id)
+        if ok:
+            found[leaf.id] = node
+    return found
 
 
 def canonical_output(node: Node) -> Node:
@@ -811,9 +922,12 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
     # Graph inputs live in pinned host memory; reads of the same bytes from every block are
     # serialised over PCIe (~1 us each, measured), so each input has a task of its own whose
     # blocks read whole lines once and publish the values as flag-tagged words.
+    frames = framed_inputs(program, users)
+    host_chunk: dict[int, int] = {}
     for leaf in program.inputs.values():
-        materialized[leaf.id] = leaf
-    host_chunk = {leaf.id: HOST_READ_CHUNK for leaf in program.inputs.values()}
+        source = frames.get(leaf.id, leaf)
+        materialized[source.id] = source
+        host_chunk[source.id] = HOST_READ_CHUNK
     for nid, names in destinations.items():
         if any(n not in program.state_of.values() for n in names):
             host_chunk[nid] = max(host_chunk.get(nid, 1), HOST_WRITE_CHUNK)
@@ -853,7 +967,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
     # non-output that its readers can compute without any rule firing again.
     for nid in sorted(materialized, reverse=True):
         node = materialized[nid]
-        if nid in outputs or isinstance(node, Leaf):
+        if nid in outputs or isinstance(node, Leaf) or frame_source(node) is not None:
             continue
         trial = {k: v for k, v in materialized.items() if k != nid}
         readers = [t for t in tasks.values() if nid in t.reads]
@@ -1007,8 +1121,8 @@ def _mostly_views(tasks: dict, materialized: dict) -> list[Problem]:
     problems = []
     for nid in sorted(read):
         node = materialized.get(nid)
-        if node is None or not isinstance(node, (Map, Concat)) or nid not in tasks:
-            continue
+        if node is None or not isinstance(node, (Map, Concat)) or nid not in tasks or frame_source(node) is not None:
+            continue  # (a frame and its scalars are published together, by one block)
         found: list[Node] = []
         views = sum(_computed_parts(s, materialized, found) for s in node.inputs())  # Map: its source
         computed = sum(n.size for n in found)
@@ -1026,6 +1140,8 @@ def _shared_products(tasks: dict, users: dict, outputs: set) -> list[Problem]:
     for task in tasks.values():
         for unit in task.arrays():
             if unit.how == "dot" and unit.node.id != task.root.id:
+                if reads_graph_input(unit.node) and unit.span * unit.node.k <= INPUT_DOT_BLOCK_MACS:
+                    continue  # recomputed where read (see INPUT_DOT_BLOCK_MACS)
                 seen[unit.node.id] = seen.get(unit.node.id, 0) + 1
     for task in tasks.values():
         for unit in task.arrays():
@@ -1050,11 +1166,14 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
     while changed:
         changed = False
         for out_id in sorted(tasks):
-            if out_id in side_of or out_id in side_of.values():
+            if out_id in side_of:
                 continue
             node = materialized[out_id]
-            if isinstance(node, Leaf):  # a graph input is read from host memory by its own task only
-                continue
+            if isinstance(node, Leaf) or frame_source(node) is not None:
+                continue  # a graph input is read from host memory by its own task only
+            # a host moves with what it stores (an LSTM's h with its c, into the residual sum
+            # after it)
+            carried = absorbed_by(out_id)
             for host_id in sorted(current):
                 host = current[host_id]
                 if host_id == out_id or host_id in side_of or out_id not in host.reads:
@@ -1066,10 +1185,10 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                     threads,
                     users,
                     outputs,
-                    inline_through=absorbed_by(host_id) + [out_id],
+                    inline_through=absorbed_by(host_id) + [out_id] + carried,
                     min_chunk=host.min_chunk,
                 )
-                if problems or not _computes_once(trial, node):
+                if problems or not all(_computes_once(trial, materialized[n]) for n in [out_id] + carried):
                     continue
                 # the products the side store brings into the host (the stored value itself, or
                 # the products under it: a normalization folded into a K row's product)
@@ -1079,9 +1198,12 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                 if added > ABSORB_DOT_MACS:
                     continue
                 before = _levels_by_task(current, side_of)
-                side_of[out_id] = host_id
+                for moved in [out_id] + carried:
+                    side_of[moved] = host_id
                 if _has_cycle(current, side_of, trial, host_id) or _deepens(before, current, side_of, trial, host_id):
                     del side_of[out_id]
+                    for moved in carried:
+                        side_of[moved] = out_id
                     continue
                 current[host_id] = trial
                 current.pop(out_id, None)

@@ -33,8 +33,9 @@ import hashlib
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce, broadcast_to, reshape
+from framefuse.compiler.ir import Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce, broadcast_to, reshape, slice_axis
 from framefuse.compiler.naive import evaluate_node, index_grid
+from framefuse.compiler.ops import EW
 
 MAP_EVAL_LIMIT = 1 << 22
 # Compute products of constants at compile time (FoldConstants); off only to measure it.
@@ -422,7 +423,307 @@ class FoldConstants(Rebuilder):
         return Leaf("weight", f"{label}.folded", node.shape, value, label=label)
 
 
-def simplify(program: Program) -> Program:
+# -- values affine in a graph input ------------------------------------------------------------------
+
+
+# A graph input of at most this many floats is a source of affine forms (ComposeInputProducts):
+# a block that needs a sum of squares of a value affine in it computes a k×k product of the input.
+AFFINE_SOURCE_MAX = 64
+# An affine form is kept for values with at most this many (k + 1) × size coefficients.
+AFFINE_COEFFS_MAX = 1 << 20
+# Compose the products of a small graph input into their readers (ComposeInputProducts); off only
+# to measure it.
+COMPOSE_INPUT_PRODUCTS = True
+
+
+class ComposeInputProducts(Rebuilder):
+    """Values affine in a small graph input x (k floats) computed from x directly.
+
+    Every zoo model starts ``h = W_in·x + b`` and a LayerNorm of h feeding products. h is a level of
+    its own in the kernel (every block of the next products needs all of h for the LayerNorm's
+    sums), although everything before the LayerNorm's 1/σ is affine in x. Here each value's affine
+    form ``A·x + c`` is computed at compile time (float64), and where a value that is affine in x
+    (and went through a product at least as wide as x) is read by something that is not, that
+    reader reads ``Dot(x, A) + c`` instead. So the products of the LayerNorm's output are products
+    of x (``(W∘g)·C·x``, C the centring of W_in: the mean is subtracted in the weights), the mean is a
+    row of 64 weights, and a sum of squares of an affine value is ``|R·x + v|² + e`` with ``A = QR``,
+    ``v = Qᵀc`` and ``e = |c − Qv|²`` (a k×k product, no cancellation: each term is a square). The
+    products of the first layer then read the frame itself, one level after it arrives.
+    """
+
+    def __init__(self, program: Program):
+        super().__init__(program)
+        # node id -> (the source leaf, None for a constant; F [k + 1, size]; the most products and
+        # sums on a path from the source)
+        self.forms: dict[int, tuple] = {}
+        self.expanded: dict[int, Node] = {}
+        for node in program.nodes():
+            form = self._form(node)
+            if form is not None:
+                self.forms[node.id] = form
+
+    # the forms: F[0] is the constant part, F[1 + j] the coefficients of x[j], over the flat elements
+    def _form(self, node: Node):
+        if isinstance(node, Leaf):
+            if node.role == "input" and 0 < node.size <= AFFINE_SOURCE_MAX:
+                k = node.size
+                return node, np.vstack([np.zeros((1, k)), np.eye(k)]), 0
+            if node.role in ("weight", "const") and node.size <= AFFINE_COEFFS_MAX:
+                value = np.broadcast_to(np.asarray(node.array, dtype=np.float64).reshape(-1), (node.size,))
+                return None, value.reshape(1, -1).copy(), 0
+            return None
+        args = [self.forms.get(a.id) for a in node.inputs()]
+        if any(a is None for a in args):
+            return None
+        sources = {id(a[0]): a[0] for a in args if a[0] is not None}
+        if len(sources) > 1:
+            return None
+        source = next(iter(sources.values()), None)
+        rows = 1 if source is None else source.size + 1
+        if rows * node.size > AFFINE_COEFFS_MAX:
+            return None
+        steps = max(a[2] for a in args)
+        fs = [_widen(a[1], rows) for a in args]
+        if isinstance(node, Map):
+            flat = source_flat(node)
+            if flat is None:
+                return None
+            return source, fs[0][:, flat], steps
+        if isinstance(node, Concat):
+            parts = [f.reshape((rows,) + s.shape) for f, s in zip(fs, node.srcs)]
+            return source, np.concatenate(parts, axis=node.axis + 1).reshape(rows, -1), steps
+        if isinstance(node, Reduce):
+            if node.op != "sum":
+                return None
+            total = fs[0].reshape((rows,) + node.src.shape).sum(axis=tuple(a + 1 for a in node.axes))
+            return source, total.reshape(rows, -1), steps + 1
+        if isinstance(node, Dot):
+            f = fs[0].reshape(rows, -1, node.k) @ node.rows.astype(np.float64).T
+            return source, f.reshape(rows, -1), steps + 1
+        if not isinstance(node, Ew):
+            return None
+        if source is None:  # a constant expression: its value
+            with np.errstate(all="ignore"):
+                value = EW[node.op].numpy(*[f[0] for f in fs], node.params)
+            return None, np.broadcast_to(np.asarray(value, dtype=np.float64), (node.size,)).reshape(1, -1).copy(), 0
+        constant = [a[0] is None for a in args]
+        if node.op in ("add", "sub") and len(fs) == 2:
+            b = fs[1] if node.op == "add" else -fs[1]
+            return source, fs[0] + b, steps
+        if node.op == "neg":
+            return source, -fs[0], steps
+        if node.op == "mul" and len(fs) == 2 and any(constant):
+            scale, value = (fs[0], fs[1]) if constant[0] else (fs[1], fs[0])
+            return source, value * scale[0][None, :], steps
+        if node.op == "div" and constant[1]:
+            return source, fs[0] / fs[1][0][None, :], steps
+        return None
+
+    def _composable(self, node: Node, steps: int = 2) -> bool:
+        """Worth reading as Dot(x, A) + c: affine in a source through at least two products or
+        sums (a product of h = W_in·x + b, or its mean, is; h itself is computed as it was)."""
+        form = self.forms.get(node.id)
+        return form is not None and form[0] is not None and not isinstance(node, Leaf) and form[2] >= steps
+
+    def expand(self, node: Node) -> Node:
+        """``node`` as ``Dot(x, A) + c`` (a data movement of a composable value stays one, over
+        the expanded value: a broadcast of the mean is not 256 products)."""
+        if node.id in self.expanded:
+            return self.expanded[node.id]
+        if isinstance(node, Map) and node.size > node.src.size and self._composable(node.src):
+            out = with_inputs(node, [self.expand(node.src)])
+        else:
+            source, f, _ = self.forms[node.id]
+            label = node.label or "affine"
+            flat = reshape(source, (source.size,), label)
+            out = Dot(flat, f[1:].T, f"{label} (composed)")
+            if f[0].any():
+                bias = Leaf("weight", f"{label}.composed_bias", (node.size,), f[0].astype(np.float32), label=label)
+                out = Ew("add", [out, bias], label=label)
+            out = reshape(out, node.shape, label)
+        self.expanded[node.id] = out
+        return out
+
+    def sum_of_squares(self, node: Reduce) -> Node | None:
+        """Σ (A·x + c)² over the reduced axes as Σ (R·x + v)² + e (see the class doc), when the
+        groups are wider than x (otherwise the value itself is as cheap)."""
+        if node.op != "sum" or not isinstance(node.src, Ew):
+            return None
+        square = node.src
+        if square.op == "square":
+            value = square.args[0]
+        elif square.op == "mul" and square.args[0] is square.args[1]:
+            value = square.args[0]
+        else:
+            return None
+        if not self._composable(value, steps=1):
+            return None
+        source, f, _ = self.forms[value.id]
+        k = source.size
+        src_shape = value.shape
+        kept = [a for a in range(len(src_shape)) if a not in node.axes]
+        order = [0] + [a + 1 for a in kept] + [a + 1 for a in node.axes]
+        groups = f.reshape((k + 1,) + src_shape).transpose(order).reshape(k + 1, node.size, -1)
+        width = groups.shape[2]
+        if width <= k:
+            return None
+        r_rows, v_rows, e_all = [], [], []
+        for g in range(node.size):
+            a = groups[1:, g, :].T  # [width, k]
+            c = groups[0, g, :]
+            q, r = np.linalg.qr(a)
+            v = q.T @ c
+            r_rows.append(r)
+            v_rows.append(v)
+            e_all.append(float(np.sum((c - q @ v) ** 2)))
+        rank = r_rows[0].shape[0]
+        label = node.label or "sum of squares"
+        flat = reshape(source, (k,), label)
+        u = Dot(flat, np.concatenate(r_rows, axis=0), f"{label} (R·x)")
+        if any(np.any(v) for v in v_rows):
+            shift = np.concatenate(v_rows).astype(np.float32)
+            u = Ew("add", [u, Leaf("weight", f"{label}.qr_shift", shift.shape, shift, label=label)], label=label)
+        total = Reduce("sum", reshape(Ew("square", [u], label=label), (node.size, rank), label), [1], label)
+        if any(e_all):
+            rest = np.asarray(e_all, dtype=np.float32)
+            total = Ew("add", [total, Leaf("weight", f"{label}.qr_rest", rest.shape, rest, label=label)], label=label)
+        return reshape(total, node.shape, label)
+
+    def transform(self, node, inputs):
+        if node.id in self.forms:  # affine itself: its readers decide
+            return with_inputs(node, inputs)
+        if isinstance(node, Reduce):
+            folded = self.sum_of_squares(node)
+            if folded is not None:
+                return folded
+        new_inputs = [
+            self.expand(original) if self._composable(original) else new for original, new in zip(node.inputs(), inputs)
+        ]
+        return with_inputs(node, new_inputs)
+
+
+def _widen(f: np.ndarray, rows: int) -> np.ndarray:
+    """A constant's form [1, n] as a form over ``rows`` rows (zero coefficients)."""
+    if f.shape[0] == rows:
+        return f
+    out = np.zeros((rows, f.shape[1]))
+    out[0] = f[0]
+    return out
+
+
+# -- scalars of the frame, published with it ---------------------------------------------------------
+
+
+# A computed value of at most this many floats that depends on a graph input alone (the first
+# LayerNorm's 1/σ once ComposeInputProducts made it a function of the frame) is computed by the
+# block that reads the frame and published beside it (PublishFrameScalars) ...
+FRAME_SCALARS_MAX = 8
+# ... when everything it takes costs that block at most this many multiply-adds (|R·x + v|² of a
+# 64-float frame: 4096).
+FRAME_SCALAR_MACS = 1 << 13
+# Publish the frame's scalars with the frame (PublishFrameScalars); off only to measure it.
+PUBLISH_FRAME_SCALARS = True
+
+
+def _closure(node: Node) -> dict[int, Node]:
+    """``node`` and every computed node under it (leaves aside)."""
+    found: dict[int, Node] = {}
+    stack = [node]
+    while stack:
+        top = stack.pop()
+        if top.id in found or isinstance(top, Leaf):
+            continue
+        found[top.id] = top
+        stack.extend(top.inputs())
+    return found
+
+
+def _macs(nodes: dict) -> int:
+    return sum(n.k * n.size for n in nodes.values() if isinstance(n, Dot))
+
+
+class PublishFrameScalars(Rebuilder):
+    """The frame x and the small values computed from it alone, as one published array.
+
+    After ComposeInputProducts every product of the first layer reads the frame directly, but
+    also the LayerNorm's 1/σ, a scalar of x through a k×k product (|R·x + v|²). Recomputed by each
+    reading block it cost every block 16 KB of R and a phase; as a task of its own, a level (H200:
+    lstm 12.1 → 12.7 µs and 11.9). Here it is part of the frame: ``F = [x, s1, s2, ...]`` is one
+    value, computed by the one block that reads x from host memory (the scheduler gives a frame
+    node that block, see schedule.frame_of), and every other reader of x or of an ``s`` reads its
+    slice of F. The values inside F's own computation still read x itself.
+    """
+
+    def __init__(self, program: Program):
+        super().__init__(program)
+        self.inner: set[int] = set()
+        self.views: dict[int, Node] = {}
+        self.frame: Node | None = None
+        self.source: Leaf | None = None
+        nodes = program.nodes()
+        for leaf in program.inputs.values():
+            if self._plan(leaf, nodes):
+                break
+
+    def _plan(self, leaf: Leaf, nodes: list) -> bool:
+        # which nodes are functions of this input alone (weights and constants aside)
+        only: dict[int, bool] = {}
+        for node in nodes:
+            if isinstance(node, Leaf):
+                only[node.id] = node is leaf
+                continue
+            ins = node.inputs()
+            only[node.id] = all(only[a.id] or (isinstance(a, Leaf) and a.role in ("weight", "const")) for a in ins)
+            only[node.id] = only[node.id] and any(only[a.id] for a in ins)
+        readers: dict[int, list] = {}
+        for node in nodes:
+            for a in node.inputs():
+                readers.setdefault(a.id, []).append(node)
+        outputs = {n.id for n in self.program.outputs.values()}
+
+        def small(node: Node) -> bool:
+            return only[node.id] and not isinstance(node, Leaf) and node.size <= FRAME_SCALARS_MAX
+
+        scalars = [
+            n
+            for n in nodes
+            if small(n)
+            and not isinstance(n, Map)
+            and (n.id in outputs or any(not small(r) for r in readers.get(n.id, [])))
+        ]
+        # the cheapest first while the block's products fit (the L2 norm of an x-only key, 16K
+        # multiply-adds, is left to the key's own blocks)
+        inner: dict[int, Node] = {}
+        kept = []
+        for scalar in sorted(scalars, key=lambda n: _macs(_closure(n))):
+            trial = {**inner, **_closure(scalar)}
+            if _macs(trial) > FRAME_SCALAR_MACS or not any(
+                isinstance(n, (Dot, Reduce)) for n in _closure(scalar).values()
+            ):
+                continue
+            inner, kept = trial, kept + [scalar]
+        scalars = [n for n in nodes if any(n is k for k in kept)]  # graph order
+        if not scalars:
+            return False
+        label = f"frame {leaf.name} and {len(scalars)} scalar(s) of it"
+        parts = [reshape(leaf, (leaf.size,), label)] + [reshape(s, (s.size,), label) for s in scalars]
+        frame = Concat(parts, 0, label=label)
+        offset = 0
+        for node in [leaf] + scalars:
+            view = slice_axis(frame, 0, offset, 1, node.size, label)
+            self.views[node.id] = reshape(view, node.shape, label)
+            offset += node.size
+        self.inner = set(inner) | {p.id for p in parts}
+        self.frame, self.source = frame, leaf
+        return True
+
+    def transform(self, node, inputs):
+        if node.id in self.inner or self.frame is None:
+            return node
+        return with_inputs(node, [self.views.get(a.id, new) for a, new in zip(node.inputs(), inputs)])
+
+
+def simplify(program: Program, *, compose_input: bool | None = None) -> Program:
     """The passes in order: slices sink first (composing would hide them inside longer index
     functions), then normalizations fold into their products (before maps compose, while a
     broadcast is still a Map of its own), then products of constants fold, then maps compose,
@@ -432,9 +733,13 @@ def simplify(program: Program) -> Program:
         program = FoldNorms(program).run()
     if FOLD_CONSTANTS:
         program = FoldConstants(program).run()
+    if COMPOSE_INPUT_PRODUCTS if compose_input is None else compose_input:
+        program = ComposeInputProducts(program).run()
+        if PUBLISH_FRAME_SCALARS:
+            program = PublishFrameScalars(program).run()
     program = ComposeMaps(program).run()
     program = MergeCommon(program).run()
     return program
 
 
-__all__ = ["FoldConstants", "FoldNorms", "simplify"]
+__all__ = ["ComposeInputProducts", "FoldConstants", "FoldNorms", "PublishFrameScalars", "simplify"]

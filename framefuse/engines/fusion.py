@@ -467,6 +467,13 @@ STEPKERNEL_PIECES = "stepkernel-pieces"
 STEPKERNEL_FEWER_BLOCKS = "stepkernel-fewer-blocks"
 STEPKERNEL_WIDE = "stepkernel-384-threads"
 STEPKERNEL_PACED = "stepkernel-paced"
+# Every other tactic computes the first layer's products from the frame, the first LayerNorm's 1/σ
+# published with it (compiler/simplify.ComposeInputProducts, PublishFrameScalars: a level less);
+# this one keeps the frame's in-projection a level of its own, as before session 19 (H100,
+# bench/h100/2026-11-26-s19/, device time composed / not: lstm 11.1 / 12.1 us, attention 14.7 /
+# 16.1, jamba 17.1 / 18.1, liquid 14.0 / 14.8, mamba 19.6 / 20.1; but min_gru 10.5 / 10.1, min_lstm
+# 11.3 / 10.8, gru 10.6 / 10.3, gated_ssm 12.0 / 11.6, delta_net 16.75 / 16.4, xlstm 22.0 / 21.4).
+STEPKERNEL_UNFRAMED = "stepkernel-unframed"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -480,6 +487,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_FEWER_BLOCKS: {"copy_pieces": 0, "grid_fraction": FEWER_BLOCKS_FRACTION},
     STEPKERNEL_WIDE: {"copy_pieces": 0, "threads": WIDE_THREADS},
     STEPKERNEL_PACED: {"copy_pieces": 0, "paced_copies": True},
+    STEPKERNEL_UNFRAMED: {"copy_pieces": 0, "compose_input": False},
 }
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
@@ -638,6 +646,7 @@ __all__ = [
     "STEPKERNEL_FEWER_BLOCKS",
     "STEPKERNEL_WIDE",
     "STEPKERNEL_PACED",
+    "STEPKERNEL_UNFRAMED",
     "STEPKERNEL_PIECES",
     "UNFUSED",
     "apply_selection",

@@ -87,7 +87,8 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
     [(a, "stepkernel-pieces") for a in ARCHS]
     + [(a, "stepkernel-fewer-blocks") for a in ("attention", "lstm", "mamba", "xlstm", "delta_net")]
     + [(a, "stepkernel-384-threads") for a in ARCHS]
-    + [(a, "stepkernel-paced") for a in ARCHS],
+    + [(a, "stepkernel-paced") for a in ARCHS]
+    + [(a, "stepkernel-unframed") for a in ARCHS],
 )
 def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     """The build's step-kernel tactics at the benchmark's size (where copies are long enough to be
@@ -104,6 +105,8 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     kernel = session.engine.metadata["selection"]["stepkernel"]
     assert kernel["copy_pieces"] == STEPKERNELS[tactic]["copy_pieces"]
     assert kernel["paced_copies"] == STEPKERNELS[tactic].get("paced_copies", False)
+    if not STEPKERNELS[tactic].get("compose_input", True):
+        assert not kernel["framed"]  # the frame's in-projection a task of its own
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert kernel["grid"] == round(sms * STEPKERNELS[tactic].get("grid_fraction", 1.0))
 

@@ -19,6 +19,8 @@ from .models import BATCH, BY_NAME
 
 #: The two sequence lengths whose fused graphs must have the same node count.
 SEQS = (8, 16)
+#: The lengths the GPU test runs each fused graph at on the cuda-graph engine (issue 21: T = 8 and 32).
+GPU_SEQS = (8, 32)
 
 
 @dataclass
