@@ -1046,3 +1046,30 @@ def test_a_tactic_that_changes_only_the_range_table_is_a_different_kernel(monkey
     assert plain.identity != paced.identity
     assert generate(sched).identity == plain.identity
     assert paced.describe()["paced_copies"] and not plain.describe()["paced_copies"]
+
+
+@pytest.mark.parametrize("arch", ["lstm", "attention", "delta_net"])
+def test_the_first_layernorm_scale_is_published_with_the_frame(arch):
+    """simplify.ComposeInputProducts makes the first layer's products products of the frame x;
+    PublishFrameScalars puts the first LayerNorm's 1/σ (a scalar of x alone, |R·x + v|²) beside x
+    in one value, which one block computes right after it reads x from host memory (the early read
+    of the prologue). Every kernel is a level shorter than with the in-projection a level of its own
+    (stepkernel-unframed), no other task reads host memory, and a scalar that would cost the block
+    more than FRAME_SCALAR_MACS (delta_net's key norms, 16K multiply-adds) stays with its readers."""
+    from framefuse.compiler.schedule import frame_source
+    from framefuse.compiler.simplify import FRAME_SCALAR_MACS
+
+    fused = _prepared(arch, FULL).fused  # the benchmark's size (at SMALL lstm's unframed kernel has 4 levels too)
+    framed = schedule(lower_program(fused), grid=132)
+    unframed = schedule(lower_program(fused, compose_input=False), grid=132)
+    assert framed.levels() == unframed.levels() - 1
+    (frame_task,) = [t for t in framed.tasks if frame_source(t.root) is not None]
+    assert frame_task.blocks == 1 and not frame_task.reads  # waits for nothing: reads x itself
+    assert frame_task.root.size == 64 + 1  # x and the one scalar within FRAME_SCALAR_MACS
+    assert FRAME_SCALAR_MACS >= 64 * 64
+    leaf = frame_source(frame_task.root)
+    assert leaf.id not in framed.materialized  # x has no task of its own
+    source = generate(framed).source
+    body = source[source.index("ffk_step(") :]
+    assert body.count("ffk_load_host(") == 1  # the prologue's read; the frame task uses its register
+    assert not any(frame_source(t.root) is not None for t in unframed.tasks)

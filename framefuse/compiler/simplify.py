@@ -621,6 +621,8 @@ FRAME_SCALARS_MAX = 8
 # ... when everything it takes costs that block at most this many multiply-adds (|R·x + v|² of a
 # 64-float frame: 4096).
 FRAME_SCALAR_MACS = 1 << 13
+# ... when the frame is at most this many floats (one a thread of the block that reads it)
+FRAME_INPUT_MAX = 256
 # Publish the frame's scalars with the frame (PublishFrameScalars); off only to measure it.
 PUBLISH_FRAME_SCALARS = True
 
@@ -662,7 +664,7 @@ class PublishFrameScalars(Rebuilder):
         self.source: Leaf | None = None
         nodes = program.nodes()
         for leaf in program.inputs.values():
-            if self._plan(leaf, nodes):
+            if leaf.size <= FRAME_INPUT_MAX and self._plan(leaf, nodes):
                 break
 
     def _plan(self, leaf: Leaf, nodes: list) -> bool:
