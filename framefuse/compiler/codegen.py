@@ -945,7 +945,7 @@ class Generator:
         )
 
     def _framed_input(self, task: Task) -> Leaf | None:
-        """The graph input a frame task (``Concat([x, scalars of x])`` on one block, see
+        """The graph input a frame task (``FrameConcat([x, scalars of x])`` on one block, see
         schedule.framed_inputs) reads from host memory itself, when the block's threads can hold
         one element each."""
         leaf = frame_source(task.root)

@@ -129,6 +129,14 @@ class Concat(Node):
         return self.srcs
 
 
+class FrameConcat(Concat):
+    """``[x, s1, s2, ...]``: a graph input and small values computed from it alone, published
+    together by the one block that reads x from host memory (simplify.PublishFrameScalars,
+    schedule.framed_inputs)."""
+
+    __slots__ = ()
+
+
 class Ew(Node):
     """An elementwise op of :data:`framefuse.compiler.ops.EW` over inputs of this node's shape."""
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Program, Reduce
 from framefuse.compiler.ops import EW
 
 # An inline value read by more than one element is cached in shared memory when its inline cost
@@ -853,8 +853,8 @@ def reads_graph_input(node: Dot) -> bool:
 
 def frame_source(node: Node) -> Leaf | None:
     """The graph input whose published array ``node`` is, when it is one (simplify's
-    PublishFrameScalars: ``Concat([x, s1, ...])``, the s computed from x alone), else None."""
-    if not isinstance(node, Concat) or node.axis != 0 or not node.srcs:
+    PublishFrameScalars: ``FrameConcat([x, s1, ...])``, the s computed from x alone), else None."""
+    if not isinstance(node, FrameConcat) or node.axis != 0 or not node.srcs:
         return None
     first = node.srcs[0]
     while isinstance(first, Map):

@@ -33,7 +33,20 @@ import hashlib
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce, broadcast_to, reshape, slice_axis
+from framefuse.compiler.ir import (
+    Concat,
+    Dot,
+    Ew,
+    FrameConcat,
+    Leaf,
+    Map,
+    Node,
+    Program,
+    Reduce,
+    broadcast_to,
+    reshape,
+    slice_axis,
+)
 from framefuse.compiler.naive import evaluate_node, index_grid
 from framefuse.compiler.ops import EW
 
@@ -87,7 +100,7 @@ def with_inputs(node: Node, inputs: list[Node]) -> Node:
     if isinstance(node, Map):
         return Map(inputs[0], node.shape, node.fn, node.what, node.label, slice=node.slice)
     if isinstance(node, Concat):
-        return Concat(inputs, node.axis, node.label)
+        return type(node)(inputs, node.axis, node.label)  # a FrameConcat stays one
     if isinstance(node, Ew):
         return Ew(node.op, inputs, node.params, node.label)
     if isinstance(node, Reduce):
@@ -236,7 +249,7 @@ class MergeCommon(Rebuilder):
             return ("map", self.base(node.src).id, node.src.size, hashlib.sha1(flat.tobytes()).hexdigest())
         ids = tuple(self.arg_key(c) for c in node.inputs())
         if isinstance(node, Concat):
-            return ("concat", node.axis, node.shape, tuple(c.id for c in node.inputs()))
+            return (type(node).__name__, node.axis, node.shape, tuple(c.id for c in node.inputs()))
         if isinstance(node, Ew):
             return ("ew", node.op, node.params, node.size, ids)
         if isinstance(node, Reduce):
@@ -709,7 +722,7 @@ class PublishFrameScalars(Rebuilder):
             return False
         label = f"frame {leaf.name} and {len(scalars)} scalar(s) of it"
         parts = [reshape(leaf, (leaf.size,), label)] + [reshape(s, (s.size,), label) for s in scalars]
-        frame = Concat(parts, 0, label=label)
+        frame = FrameConcat(parts, 0, label=label)
         offset = 0
         for node in [leaf] + scalars:
             view = slice_axis(frame, 0, offset, 1, node.size, label)
