@@ -665,7 +665,7 @@ class PublishFrameScalars(Rebuilder):
     reading block it cost every block 16 KB of R and a phase; as a task of its own, a level (H200:
     lstm 12.1 → 12.7 µs and 11.9). Here it is part of the frame: ``F = [x, s1, s2, ...]`` is one
     value, computed by the one block that reads x from host memory (the scheduler gives a frame
-    node that block, see schedule.frame_of), and every other reader of x or of an ``s`` reads its
+    node that block, see schedule.framed_inputs), and every other reader of x or of an ``s`` reads its
     slice of F. The values inside F's own computation still read x itself.
     """
 
@@ -700,17 +700,15 @@ class PublishFrameScalars(Rebuilder):
             return only[node.id] and not isinstance(node, Leaf) and node.size <= FRAME_SCALARS_MAX
 
         scalars = [
-            n
-            for n in nodes
-            if small(n)
-            and not isinstance(n, Map)
-            and (n.id in outputs or any(not small(r) for r in readers.get(n.id, [])))
+            n for n in nodes if small(n) and not isinstance(n, Map) and any(not small(r) for r in readers.get(n.id, []))
         ]
         # the cheapest first while the block's products fit (the L2 norm of an x-only key, 16K
         # multiply-adds, is left to the key's own blocks)
         inner: dict[int, Node] = {}
         kept = []
         for scalar in sorted(scalars, key=lambda n: _macs(_closure(n))):
+            if outputs & set(_closure(scalar)):
+                continue  # a graph output stays where it is (its own task would read x from host)
             trial = {**inner, **_closure(scalar)}
             if _macs(trial) > FRAME_SCALAR_MACS or not any(
                 isinstance(n, (Dot, Reduce)) for n in _closure(scalar).values()
