@@ -848,7 +848,7 @@ def reads_graph_input(node: Dot) -> bool:
     src = node.src
     while isinstance(src, Map):
         src = src.src
-    return (isinstance(src, Leaf) and src.role == "input") or frame_source(src) is not None
+    return _host_leaf(src) or frame_source(src) is not None
 
 
 def frame_source(node: Node) -> Leaf | None:
@@ -859,12 +859,12 @@ def frame_source(node: Node) -> Leaf | None:
     first = node.srcs[0]
     while isinstance(first, Map):
         first = first.src
-    if not (isinstance(first, Leaf) and first.role == "input"):
+    if not _host_leaf(first):
         return None
     return first
 
 
-def framed_inputs(program: Program, users: dict) -> dict[int, Node]:
+def framed_inputs(program: Program) -> dict[int, Node]:
     """Graph input id -> its frame node, for each input that nothing but its frame's own
     computation reads: the frame's task then reads the input from host memory itself, and the
     input has no task of its own."""
@@ -922,7 +922,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
     # Graph inputs live in pinned host memory; reads of the same bytes from every block are
     # serialised over PCIe (~1 us each, measured), so each input has a task of its own whose
     # blocks read whole lines once and publish the values as flag-tagged words.
-    frames = framed_inputs(program, users)
+    frames = framed_inputs(program)
     host_chunk: dict[int, int] = {}
     for leaf in program.inputs.values():
         source = frames.get(leaf.id, leaf)

@@ -674,7 +674,6 @@ class PublishFrameScalars(Rebuilder):
         self.inner: set[int] = set()
         self.views: dict[int, Node] = {}
         self.frame: Node | None = None
-        self.source: Leaf | None = None
         nodes = program.nodes()
         for leaf in program.inputs.values():
             if leaf.size <= FRAME_INPUT_MAX and self._plan(leaf, nodes):
@@ -704,15 +703,15 @@ class PublishFrameScalars(Rebuilder):
         ]
         # the cheapest first while the block's products fit (the L2 norm of an x-only key, 16K
         # multiply-adds, is left to the key's own blocks)
+        closures = {n.id: _closure(n) for n in scalars}
         inner: dict[int, Node] = {}
         kept = []
-        for scalar in sorted(scalars, key=lambda n: _macs(_closure(n))):
-            if outputs & set(_closure(scalar)):
+        for scalar in sorted(scalars, key=lambda n: _macs(closures[n.id])):
+            own = closures[scalar.id]
+            if outputs & set(own):
                 continue  # a graph output stays where it is (its own task would read x from host)
-            trial = {**inner, **_closure(scalar)}
-            if _macs(trial) > FRAME_SCALAR_MACS or not any(
-                isinstance(n, (Dot, Reduce)) for n in _closure(scalar).values()
-            ):
+            trial = {**inner, **own}
+            if _macs(trial) > FRAME_SCALAR_MACS or not any(isinstance(n, (Dot, Reduce)) for n in own.values()):
                 continue
             inner, kept = trial, kept + [scalar]
         scalars = [n for n in nodes if any(n is k for k in kept)]  # graph order
@@ -727,7 +726,7 @@ class PublishFrameScalars(Rebuilder):
             self.views[node.id] = reshape(view, node.shape, label)
             offset += node.size
         self.inner = set(inner) | {p.id for p in parts}
-        self.frame, self.source = frame, leaf
+        self.frame = frame
         return True
 
     def transform(self, node, inputs):
