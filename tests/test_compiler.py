@@ -426,6 +426,58 @@ def test_a_normalization_folds_into_the_products_that_read_it(bias):
             _close(outputs["y"][0], reference, f"emulated kernel vs interpreter, mean {offset}", tol=3e-5)
 
 
+def test_a_composed_layernorm_variance_is_one_centred_sum_of_squares():
+    """A LayerNorm of h = W_in·x + b (x a small graph input): its variance E[d²] − E[d]² becomes
+    the sum of squares of the centred form, |R·x + v|² + e with R from the QR of the centred
+    coefficients (ComposeInputProducts.variance). The frame's task has one product of x, R·x, and no
+    row for the mean after it; nothing cancels, so the interpreter and the emulated kernel stay
+    within 1e-4 of ONNX Runtime when h's mean is far from zero."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from framefuse.compiler.ir import Dot
+    from framefuse.compiler.schedule import frame_source
+
+    k, n, m = 48, 192, 24
+    rng = np.random.default_rng(5)
+    for offset in (0.0, 40.0):
+        inits = [
+            numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w_in"),
+            numpy_helper.from_array((offset + rng.standard_normal(n)).astype(np.float32), "b_in"),
+            numpy_helper.from_array((1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32), "g"),
+            numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"),
+            numpy_helper.from_array((rng.standard_normal((n, m)) / np.sqrt(n)).astype(np.float32), "w"),
+        ]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w_in"], ["hw"]),
+            helper.make_node("Add", ["hw", "b_in"], ["h"]),
+            helper.make_node("LayerNormalization", ["h", "g", "b"], ["hn"], axis=-1, epsilon=1e-5),
+            helper.make_node("MatMul", ["hn", "w"], ["y"]),
+        ]
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m])],
+            inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        program = lower_program(model)
+        frames = [t for t in schedule(program, grid=4, threads=64).tasks if frame_source(t.root) is not None]
+        assert len(frames) == 1, "the LayerNorm's 1/σ is published with the frame"
+        norm_products = [d.label for d in program.nodes() if isinstance(d, Dot) and "LayerNormalization" in d.label]
+        assert len(norm_products) == 1 and norm_products[0].endswith("(R·x)"), norm_products  # no mean row
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for _ in range(3):
+            frame = rng.standard_normal((1, k)).astype(np.float32)
+            (expected,) = session.run(None, {"x": frame})
+            reference = naive.run(program, {"x": frame})["y"]
+            _close(reference, expected, f"interpreter, mean {offset}", tol=1e-4)
+            if cxx_compiler() is not None:
+                outputs, _ = emulate(generate(schedule(program, grid=4, threads=64)), {"x": frame[None]}, {}, steps=1)
+                _close(outputs["y"][0], expected, f"emulated kernel vs ONNX Runtime, mean {offset}", tol=1e-4)
+
+
 def test_zoo_normalizations_fold_into_their_products():
     """Every LayerNorm that feeds products in the zoo is folded (an LSTM layer's 4 gate products
     and the head's, mamba's in-projections...), and the kernel's tasks lose the normalizing phase."""
@@ -1029,6 +1081,42 @@ def test_paced_copies_under_emulation(arch, monkeypatch, tmp_path):
     paced = generate(sched)
     assert not np.array_equal(paced.ranges(), plain.ranges())  # some block's copies moved
     _emulate_against_interpreter(paced, program, 2, tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize("level,ahead", [(1, 1), (2, 0)], ids=["frame-block", "level-2"])
+def test_deferred_copies_under_emulation(level, ahead, monkeypatch, tmp_path):
+    """codegen.COPIES_AFTER_LEVEL (off by default, measured mixed on the H100): a block whose first
+    task is at level 1 or 2 issues the copies of its far tasks only after its early tasks. Its
+    commit points move later, never past the wait of their own task: the emulated kernel (a copy
+    lands only at its wait) still matches the interpreter, and the frame's block of attention no
+    longer issues the output projection's copies (weight rows and both KV caches) before the frame."""
+    from framefuse.compiler import codegen
+    from framefuse.compiler.schedule import frame_source
+
+    program = lower_program(_prepared("attention").fused)
+    sched = schedule(program, grid=16, threads=64)
+    plain = generate(sched)
+    monkeypatch.setattr(codegen, "COPIES_AFTER_LEVEL", level)
+    monkeypatch.setattr(codegen, "COPIES_AHEAD_LEVELS", ahead)
+    deferred = generate(sched)
+    moved = (deferred.layout.slots != plain.layout.slots).any(axis=0)
+    assert moved.sum() >= 4
+    frame_block = next(t.first for t in sched.tasks if frame_source(t.root) is not None)
+    levels, groups = sched.task_levels(), deferred.layout.groups
+    own = [
+        j
+        for j, t in enumerate(groups)
+        if sched.tasks[t].first <= frame_block < sched.tasks[t].first + sched.tasks[t].blocks
+    ]
+    early = [j for j in own if levels[groups[j]] <= level + ahead]
+    far = [j for j in own if levels[groups[j]] > level + ahead]
+    assert early and far
+    # a commit point after the last early task's code: the one before the next group's task or later
+    after_early = max(early) + codegen.PROLOGUE_GROUPS
+    assert all(deferred.layout.slots[j, frame_block] >= after_early for j in far)
+    assert not all(plain.layout.slots[j, frame_block] >= after_early for j in far)
+    _emulate_against_interpreter(deferred, program, 2, tmp_path)
 
 
 def test_a_tactic_that_changes_only_the_range_table_is_a_different_kernel(monkeypatch):

@@ -124,6 +124,16 @@ SCHEDULE_VARIANTS = {
     "no-frame-scalars": ("simplify", "PUBLISH_FRAME_SCALARS", False),
     # segmented products at the lanes their row length gives, however many passes the rows take
     "seg-passes": ("codegen", "SEGMENT_ONE_PASS", False),
+    # the first LayerNorm's variance from the frame as E[d²] − E[d]² (a second product of x, the
+    # mean's row, after R·x), as before 2026-11-26 session 20, not one centred sum of squares
+    "uncentred-variance": ("simplify", "CENTRED_VARIANCE", False),
+    # a block whose first task is at level 1 (the frame's, a state shift's) issues the copies of
+    # its tasks past level 2 only once its tasks up to level 2 are done (codegen._deferred_points)
+    "defer-1": [("codegen", "COPIES_AFTER_LEVEL", 1), ("codegen", "COPIES_AHEAD_LEVELS", 1)],
+    # ... and a block whose first task is at level 1 or 2 those past level 2
+    "defer-2": [("codegen", "COPIES_AFTER_LEVEL", 2), ("codegen", "COPIES_AHEAD_LEVELS", 0)],
+    # ... and a block whose first task is at level 1 those past level 1
+    "defer-1-0": [("codegen", "COPIES_AFTER_LEVEL", 1), ("codegen", "COPIES_AHEAD_LEVELS", 0)],
 }
 # the build's tactics (engines.fusion.STEPKERNELS) as variants, to time a setting under each; a
 # variant name may join several of these and SCHEDULE_VARIANTS with "+" (inline-short-sum+fewer-blocks)

@@ -253,6 +253,39 @@ class Generator:
             points[k] = min(want, cap)
         return points
 
+    def _deferred_points(self, own: list[int], points: list[int], b: int, levels: list[int]) -> list[int]:
+        """COPIES_AFTER_LEVEL: when block b's first task is at most that level, its copies for its
+        tasks more than COPIES_AHEAD_LEVELS levels past it are issued only once its tasks before
+        them are done (at the first commit point after the last of those), not in the prologue
+        or at points before them. Issuing a far task's copies (attention's output projection:
+        35 KB of weight rows and KV cache) stalls the warps until the memory system takes them:
+        on the H100 the frame block issued them for 2000 cycles before it could start the
+        frame's task, which every other task waits for. The other groups' points stay; the
+        deferred ones move later, stay distinct and are still issued before their own tasks,
+        or nothing moves."""
+        tasks = [t for t in range(len(self.sched.tasks)) if self._runs(t, b)]
+        if not tasks or levels[tasks[0]] > COPIES_AFTER_LEVEL:
+            return points
+        leading = []  # its first tasks, and those right after them
+        for t in tasks:
+            if levels[t] > COPIES_AFTER_LEVEL + COPIES_AHEAD_LEVELS:
+                break
+            leading.append(t)
+        last = leading[-1]
+        keep = sum(1 for j in own if self.groups[j] <= last)
+        after = [i for i, t in enumerate(self.groups) if t > last]
+        if keep >= len(own) or not after:
+            return points
+        first_point = PROLOGUE_GROUPS - 1 + after[0]  # issued just before that task, after `last`
+        moved = list(points[: len(own)])
+        previous = moved[keep - 1] if keep else -1
+        for k in range(keep, len(own)):
+            p = max(moved[k], first_point, previous + 1)
+            if p > min(own[k] + PROLOGUE_GROUPS - 1, len(self.groups) - 1):
+                return points  # it would land after its own task: keep the block as it was
+            moved[k] = previous = p
+        return moved  # (the groups of tasks the block does not run copy nothing: no point)
+
     def _segments(self, columns: list, n_columns: int) -> list[np.ndarray]:
         """Per block, the prefetch copies of each commit group (a task's weight rows, state and
         weight ranges) as table columns after the ranges: the groups' first copies, then
@@ -295,6 +328,7 @@ class Generator:
         # copies earlier: attention's output-projection blocks waited 0.8 us for their KV cache
         # issued only after the task before theirs in the kernel, not in their own order.
         n_groups = len(self.groups)
+        levels = self.sched.task_levels()
         start = np.zeros((n_groups, grid), dtype=np.int64)
         end = np.zeros((n_groups, grid), dtype=np.int64)
         slots = np.tile(np.arange(n_groups, dtype=np.int64)[:, None], (1, grid))
@@ -307,6 +341,8 @@ class Generator:
             points = list(range(n_groups))
             if PREFETCH_BY_BLOCK_ORDER and self.paced_copies:
                 points = self._paced_points(own[:ran], n_groups)
+            if PREFETCH_BY_BLOCK_ORDER and COPIES_AFTER_LEVEL > 0:
+                points = self._deferred_points(own[:ran], points, b, levels)
             for k, j in enumerate(own):
                 if k >= len(points):
                     break
@@ -1052,6 +1088,10 @@ PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (s
 # faster for attention and the transformers, slower for xlstm and delta_net (H100, README), so a
 # tactic of the build's selection (engines/fusion.STEPKERNEL_PACED), not a default
 PREFETCH_PACED = False
+# A block's copies for its tasks past this dependency level wait until its tasks up to the level
+# are done (_deferred_points); 0: issued by the commit points above only.
+COPIES_AFTER_LEVEL = 0
+COPIES_AHEAD_LEVELS = 1  # ... the copies of the tasks this many levels past them stay where they are
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
 _NODE_VAR = re.compile(r"\b(lo|hi|plo|from)(\d+)\b")

@@ -33,6 +33,7 @@ import hashlib
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
+from framefuse.compiler import ir
 from framefuse.compiler.ir import (
     Concat,
     Dot,
@@ -447,6 +448,9 @@ AFFINE_COEFFS_MAX = 1 << 20
 # Compose the products of a small graph input into their readers (ComposeInputProducts); off only
 # to measure it.
 COMPOSE_INPUT_PRODUCTS = True
+# ... and a LayerNorm's variance of such a value as the sum of squares of its centred form
+# (ComposeInputProducts.variance); off only to measure it
+CENTRED_VARIANCE = True
 
 
 class ComposeInputProducts(Rebuilder):
@@ -562,26 +566,52 @@ class ComposeInputProducts(Rebuilder):
         groups are wider than x (otherwise the value itself is as cheap)."""
         if node.op != "sum" or not isinstance(node.src, Ew):
             return None
-        square = node.src
-        if square.op == "square":
-            value = square.args[0]
-        elif square.op == "mul" and square.args[0] is square.args[1]:
-            value = square.args[0]
-        else:
+        value = _squared(node.src)
+        if value is None or not self._composable(value, steps=1):
             return None
-        if not self._composable(value, steps=1):
+        return self._qr_sum_of_squares(value, node.axes, node.shape, node.label, centre=False)
+
+    def variance(self, node: Ew) -> Node | None:
+        """``E[d²] − E[d]²`` over the same axes (a LayerNorm's variance, lower._layer_norm) as
+        ``E[(d − E[d])²]`` when d is affine in x: the centring goes into the weights, so the frame's
+        task computes one sum of squares ``|R·x + v|² + e`` (R of the centred coefficients), not
+        that and the mean's own product of x after it (the mean's row on one warp, after R·x:
+        ~400 cycles on the H100 before the frame's scalars are out), and nothing cancels."""
+        if node.op != "sub" or len(node.args) != 2:
             return None
+        mean_square, square = node.args
+        mean = _squared(square) if isinstance(square, Ew) else None
+        if mean is None:
+            return None
+        first, second = _mean_of(mean_square), _mean_of(mean)
+        if first is None or second is None:
+            return None
+        (total, count), (mean_total, mean_count) = first, second
+        if count != mean_count or total.axes != mean_total.axes or total.shape != mean_total.shape:
+            return None
+        value = _squared(total.src) if isinstance(total.src, Ew) else None
+        if value is None or value is not mean_total.src or not self._composable(value, steps=1):
+            return None
+        centred = self._qr_sum_of_squares(value, total.axes, total.shape, node.label, centre=True)
+        if centred is None:
+            return None
+        return reshape(ir.ew("mul", centred, ir.constant(1.0 / count), label=node.label), node.shape, node.label)
+
+    def _qr_sum_of_squares(self, value: Node, axes, shape, label: str, *, centre: bool) -> Node | None:
         source, f, _ = self.forms[value.id]
         k = source.size
         src_shape = value.shape
-        kept = [a for a in range(len(src_shape)) if a not in node.axes]
-        order = [0] + [a + 1 for a in kept] + [a + 1 for a in node.axes]
-        groups = f.reshape((k + 1,) + src_shape).transpose(order).reshape(k + 1, node.size, -1)
+        kept = [a for a in range(len(src_shape)) if a not in axes]
+        order = [0] + [a + 1 for a in kept] + [a + 1 for a in axes]
+        size = int(np.prod(shape, dtype=np.int64))
+        groups = f.reshape((k + 1,) + src_shape).transpose(order).reshape(k + 1, size, -1)
+        if centre:  # each group's coefficients and constants less their means over the group
+            groups = groups - groups.mean(axis=2, keepdims=True)
         width = groups.shape[2]
         if width <= k:
             return None
         r_rows, v_rows, e_all = [], [], []
-        for g in range(node.size):
+        for g in range(size):
             a = groups[1:, g, :].T  # [width, k]
             c = groups[0, g, :]
             q, r = np.linalg.qr(a)
@@ -590,17 +620,17 @@ class ComposeInputProducts(Rebuilder):
             v_rows.append(v)
             e_all.append(float(np.sum((c - q @ v) ** 2)))
         rank = r_rows[0].shape[0]
-        label = node.label or "sum of squares"
+        label = label or "sum of squares"
         flat = reshape(source, (k,), label)
         u = Dot(flat, np.concatenate(r_rows, axis=0), f"{label} (R·x)")
         if any(np.any(v) for v in v_rows):
             shift = np.concatenate(v_rows).astype(np.float32)
             u = Ew("add", [u, Leaf("weight", f"{label}.qr_shift", shift.shape, shift, label=label)], label=label)
-        total = Reduce("sum", reshape(Ew("square", [u], label=label), (node.size, rank), label), [1], label)
+        total = Reduce("sum", reshape(Ew("square", [u], label=label), (size, rank), label), [1], label)
         if any(e_all):
             rest = np.asarray(e_all, dtype=np.float32)
             total = Ew("add", [total, Leaf("weight", f"{label}.qr_rest", rest.shape, rest, label=label)], label=label)
-        return reshape(total, node.shape, label)
+        return reshape(total, shape, label)
 
     def transform(self, node, inputs):
         if node.id in self.forms:  # affine itself: its readers decide
@@ -609,10 +639,38 @@ class ComposeInputProducts(Rebuilder):
             folded = self.sum_of_squares(node)
             if folded is not None:
                 return folded
+        if isinstance(node, Ew) and CENTRED_VARIANCE:
+            folded = self.variance(node)
+            if folded is not None:
+                return folded
         new_inputs = [
             self.expand(original) if self._composable(original) else new for original, new in zip(node.inputs(), inputs)
         ]
         return with_inputs(node, new_inputs)
+
+
+def _squared(node: Ew) -> Node | None:
+    """v for ``square(v)`` or ``v * v``."""
+    if node.op == "square":
+        return node.args[0]
+    if node.op == "mul" and len(node.args) == 2 and node.args[0] is node.args[1]:
+        return node.args[0]
+    return None
+
+
+def _mean_of(node: Node) -> tuple[Reduce, int] | None:
+    """(the sum, n) for ``sum(v) * (1/n)`` (ir.mean), n the count of the summed elements."""
+    if not (isinstance(node, Ew) and node.op == "mul" and len(node.args) == 2):
+        return None
+    for total, scale in (node.args, node.args[::-1]):
+        if isinstance(total, Map) and isinstance(total.src, Reduce) and total.size == total.src.size:
+            total = total.src  # (the kept axes of ir.reduce(keepdims=True))
+        if not (isinstance(total, Reduce) and total.op == "sum" and isinstance(scale, Leaf) and scale.size == 1):
+            continue
+        count = int(np.prod([total.src.shape[a] for a in total.axes], dtype=np.int64))
+        if count > 0 and np.isclose(float(np.asarray(scale.array).reshape(-1)[0]) * count, 1.0, rtol=1e-6):
+            return total, count
+    return None
 
 
 def _widen(f: np.ndarray, rows: int) -> np.ndarray:
