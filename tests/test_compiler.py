@@ -1084,24 +1084,30 @@ def test_paced_copies_under_emulation(arch, monkeypatch, tmp_path):
 
 
 @needs_cxx
-@pytest.mark.parametrize("level,ahead", [(1, 1), (2, 0)], ids=["frame-block", "level-2"])
-def test_deferred_copies_under_emulation(level, ahead, monkeypatch, tmp_path):
-    """codegen.COPIES_AFTER_LEVEL (off by default, measured mixed on the H100): a block whose first
-    task is at level 1 or 2 issues the copies of its far tasks only after its early tasks. Its
-    commit points move later, never past the wait of their own task: the emulated kernel (a copy
-    lands only at its wait) still matches the interpreter, and the frame's block of attention no
-    longer issues the output projection's copies (weight rows and both KV caches) before the frame."""
+@pytest.mark.parametrize(
+    "level,ahead,frame_only", [(1, 1, True), (1, 1, False), (2, 0, False)], ids=["frame-block", "level-1", "level-2"]
+)
+def test_deferred_copies_under_emulation(level, ahead, frame_only, monkeypatch, tmp_path):
+    """codegen.COPIES_AFTER_LEVEL / FRAME_BLOCK_COPIES_LATE (off by default, measured mixed on the
+    H100): a block whose first task is at level 1 or 2 (or the frame's block alone) issues the
+    copies of its far tasks only after its early tasks. Its commit points move later, never past
+    the wait of their own task: the emulated kernel (a copy lands only at its wait) still matches
+    the interpreter, and the frame's block of attention no longer issues the output projection's
+    copies (weight rows and both KV caches) before the frame."""
     from framefuse.compiler import codegen
     from framefuse.compiler.schedule import frame_source
 
     program = lower_program(_prepared("attention").fused)
     sched = schedule(program, grid=16, threads=64)
     plain = generate(sched)
-    monkeypatch.setattr(codegen, "COPIES_AFTER_LEVEL", level)
-    monkeypatch.setattr(codegen, "COPIES_AHEAD_LEVELS", ahead)
+    if frame_only:
+        monkeypatch.setattr(codegen, "FRAME_BLOCK_COPIES_LATE", True)
+    else:
+        monkeypatch.setattr(codegen, "COPIES_AFTER_LEVEL", level)
+        monkeypatch.setattr(codegen, "COPIES_AHEAD_LEVELS", ahead)
     deferred = generate(sched)
     moved = (deferred.layout.slots != plain.layout.slots).any(axis=0)
-    assert moved.sum() >= 4
+    assert moved.sum() == 1 if frame_only else moved.sum() >= 4
     frame_block = next(t.first for t in sched.tasks if frame_source(t.root) is not None)
     levels, groups = sched.task_levels(), deferred.layout.groups
     own = [

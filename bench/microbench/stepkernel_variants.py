@@ -130,6 +130,8 @@ SCHEDULE_VARIANTS = {
     # a block whose first task is at level 1 (the frame's, a state shift's) issues the copies of
     # its tasks past level 2 only once its tasks up to level 2 are done (codegen._deferred_points)
     "defer-1": [("codegen", "COPIES_AFTER_LEVEL", 1), ("codegen", "COPIES_AHEAD_LEVELS", 1)],
+    # ... the frame's block alone
+    "defer-frame": ("codegen", "FRAME_BLOCK_COPIES_LATE", True),
     # ... and a block whose first task is at level 1 or 2 those past level 2
     "defer-2": [("codegen", "COPIES_AFTER_LEVEL", 2), ("codegen", "COPIES_AHEAD_LEVELS", 0)],
     # ... and a block whose first task is at level 1 those past level 1

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Reduce
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Reduce
 from framefuse.compiler.ops import EW, c_float
 from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branches, frame_source
 
@@ -253,7 +253,9 @@ class Generator:
             points[k] = min(want, cap)
         return points
 
-    def _deferred_points(self, own: list[int], points: list[int], b: int, levels: list[int]) -> list[int]:
+    def _deferred_points(
+        self, own: list[int], points: list[int], b: int, levels: list[int], *, after_level=None, ahead=None
+    ) -> list[int]:
         """COPIES_AFTER_LEVEL: when block b's first task is at most that level, its copies for its
         tasks more than COPIES_AHEAD_LEVELS levels past it are issued only once its tasks before
         them are done (at the first commit point after the last of those), not in the prologue
@@ -263,12 +265,14 @@ class Generator:
         frame's task, which every other task waits for. The other groups' points stay; the
         deferred ones move later, stay distinct and are still issued before their own tasks,
         or nothing moves."""
+        after_level = COPIES_AFTER_LEVEL if after_level is None else after_level
+        ahead = COPIES_AHEAD_LEVELS if ahead is None else ahead
         tasks = [t for t in range(len(self.sched.tasks)) if self._runs(t, b)]
-        if not tasks or levels[tasks[0]] > COPIES_AFTER_LEVEL:
+        if not tasks or levels[tasks[0]] > after_level:
             return points
         leading = []  # its first tasks, and those right after them
         for t in tasks:
-            if levels[t] > COPIES_AFTER_LEVEL + COPIES_AHEAD_LEVELS:
+            if levels[t] > after_level + ahead:
                 break
             leading.append(t)
         last = leading[-1]
@@ -329,6 +333,7 @@ class Generator:
         # issued only after the task before theirs in the kernel, not in their own order.
         n_groups = len(self.groups)
         levels = self.sched.task_levels()
+        frame_blocks = {t.first for t in self.sched.tasks if isinstance(t.root, FrameConcat) and t.blocks == 1}
         start = np.zeros((n_groups, grid), dtype=np.int64)
         end = np.zeros((n_groups, grid), dtype=np.int64)
         slots = np.tile(np.arange(n_groups, dtype=np.int64)[:, None], (1, grid))
@@ -343,6 +348,8 @@ class Generator:
                 points = self._paced_points(own[:ran], n_groups)
             if PREFETCH_BY_BLOCK_ORDER and COPIES_AFTER_LEVEL > 0:
                 points = self._deferred_points(own[:ran], points, b, levels)
+            elif PREFETCH_BY_BLOCK_ORDER and FRAME_BLOCK_COPIES_LATE and b in frame_blocks:
+                points = self._deferred_points(own[:ran], points, b, levels, after_level=1, ahead=1)
             for k, j in enumerate(own):
                 if k >= len(points):
                     break
@@ -1092,6 +1099,8 @@ PREFETCH_PACED = False
 # are done (_deferred_points); 0: issued by the commit points above only.
 COPIES_AFTER_LEVEL = 0
 COPIES_AHEAD_LEVELS = 1  # ... the copies of the tasks this many levels past them stay where they are
+# ... the same for the frame's block alone (level 1, one level ahead; see _deferred_points)
+FRAME_BLOCK_COPIES_LATE = False
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
 _NODE_VAR = re.compile(r"\b(lo|hi|plo|from)(\d+)\b")
