@@ -1095,11 +1095,12 @@ PREFETCH_BY_BLOCK_ORDER = True  # a block's commit slots follow its own tasks (s
 # faster for attention and the transformers, slower for xlstm and delta_net (H100, README), so a
 # tactic of the build's selection (engines/fusion.STEPKERNEL_PACED), not a default
 PREFETCH_PACED = False
-# A block's copies for its tasks past this dependency level wait until its tasks up to the level
-# are done (_deferred_points); 0: issued by the commit points above only.
+# When a block's first task is at most this dependency level, its copies for the tasks more than
+# COPIES_AHEAD_LEVELS levels past it wait until its tasks before them are done (_deferred_points);
+# 0: every copy at the commit points above. Mixed on the H100 (session 20, README), so off
 COPIES_AFTER_LEVEL = 0
-COPIES_AHEAD_LEVELS = 1  # ... the copies of the tasks this many levels past them stay where they are
-# ... the same for the frame's block alone (level 1, one level ahead; see _deferred_points)
+COPIES_AHEAD_LEVELS = 1
+# ... the same for the frame's block alone (level 1, one level ahead): mixed too, off
 FRAME_BLOCK_COPIES_LATE = False
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
