@@ -1047,6 +1047,85 @@ def test_paired_walk_of_a_segmented_reduction_under_emulation(monkeypatch, tmp_p
 
 
 @needs_cxx
+@pytest.mark.parametrize("vector", [True, False])
+def test_attention_scores_walk_float4s_under_emulation(vector, monkeypatch, tmp_path):
+    """codegen.VECTOR_WALK: attention's q·k over a head (q staged, k from the prefetched cache or
+    the new row, a Concat chosen once per element) reads float4s at proven 16-byte alignment; the
+    emulator aborts on a misaligned float4, and both walks compute what the interpreter does."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("attention", FULL).fused)
+    sched = schedule(program, grid=4, threads=64)
+    monkeypatch.setattr(codegen, "VECTOR_WALK", vector)
+    kernel = generate(sched)
+    walks = re.findall(r"const float4 (\w+) = ffk_ld4\(p\d+ \+ c\d+\), (\w+) = ffk_ld4\(p\d+ \+ c\d+\);", kernel.source)
+    # the second layer's scores (the first layer's q is recomputed from the frame inline: scalar)
+    assert len(walks) == (1 if vector else 0), walks
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
+def test_the_float4_walk_is_refused_where_a_row_is_not_aligned(monkeypatch):
+    """An operand whose row start is not 16-byte aligned (every shared-memory array moved 8 bytes)
+    keeps the scalar walk: _vector_operands checks each base and every element's row start."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("attention", FULL).fused)
+    sched = schedule(program, grid=4, threads=64)
+    gen = codegen.Generator(sched)
+    found = []
+    for t, task in enumerate(sched.tasks):
+        for unit in task.units.values():
+            if unit.how == "reduce" and gen._reduce_lanes(unit) < codegen.WARP_LANES:
+                var = ix.Var("e", unit.node.size)
+                r = ix.Var("r", unit.node.extent)
+                lanes = gen._reduce_lanes(unit)
+                if gen._vector_operands(t, task, unit.node, var, r, lanes) is not None:
+                    found.append((t, task, unit.node, var, r, lanes))
+    assert len(found) == 1  # the second layer's scores
+    monkeypatch.setattr(gen, "arena_offset", gen.arena_offset + 2)  # every array 8 bytes off
+    assert all(gen._vector_operands(t, task, node, var, r, lanes) is None for t, task, node, var, r, lanes in found)
+
+
+@pytest.mark.parametrize("arch", ["attention", "lstm", "mamba"])
+def test_the_frame_task_runs_on_a_quiet_block(arch, monkeypatch):
+    """schedule.FRAME_BLOCK_QUIET: the frame's one block runs no task before the frame's nor another
+    task of its level, and copies no more for its next tasks than the block _place gave it
+    (attention's first free block: the output projection's rows and both KV caches, 10214 floats)."""
+    from framefuse.compiler import schedule as schedule_module
+    from framefuse.compiler.ir import FrameConcat
+
+    program = lower_program(_prepared(arch, FULL).fused)
+
+    def frame_block(sched):
+        i = next(i for i, t in enumerate(sched.tasks) if isinstance(t.root, FrameConcat))
+        b = sched.tasks[i].first
+        runs = [j for j, t in enumerate(sched.tasks) if t.first <= b < t.first + t.blocks]
+        later = [sched.tasks[j] for j in runs if j > i][: schedule_module.FRAME_BLOCK_LOOKAHEAD]
+        return i, b, runs, sum(schedule_module.block_copy_floats(t, b) for t in later)
+
+    quiet = schedule(program, grid=132)
+    i, b, runs, copies = frame_block(quiet)
+    levels = quiet.task_levels()
+    assert min(runs) == i and not any(levels[j] == levels[i] for j in runs if j != i)
+    monkeypatch.setattr(schedule_module, "FRAME_BLOCK_QUIET", False)
+    plain = schedule(program, grid=132)
+    _, b0, _, copies0 = frame_block(plain)
+    assert copies <= copies0 and quiet.levels() == plain.levels()
+    if arch == "attention":
+        assert copies0 > 8000 and copies < 1000, (b0, copies0, b, copies)
+
+
+@needs_cxx
+def test_the_frame_task_on_the_first_free_block_under_emulation(monkeypatch, tmp_path):
+    """FRAME_BLOCK_QUIET off (the placement before session 21, a variant): still correct."""
+    from framefuse.compiler import schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "FRAME_BLOCK_QUIET", False)
+    program = lower_program(_prepared("lstm").fused)
+    _emulate_against_interpreter(generate(schedule(program, grid=3, threads=64)), program, 2, tmp_path)
+
+
+@needs_cxx
 def test_a_task_copying_whole_caches_placed_on_fewer_blocks_under_emulation(monkeypatch, tmp_path):
     """schedule.REPLICA_FLOATS: attention's output projection, whose every block copies both KV
     caches whole, goes on fewer blocks, a larger share of the product's rows on each; the

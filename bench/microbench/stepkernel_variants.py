@@ -92,6 +92,11 @@ SCHEDULE_VARIANTS = {
     # a segmented reduction's walk as pairs of halves, not one rotated loop (codegen.PAIRED_WALK;
     # measured 2026-11-26 with the pairs as the default, under the name rotated-walk for the loop)
     "paired-walk": ("codegen", "PAIRED_WALK", True),
+    # the scalar rotated walk where the float4 walk applies (before session 21: codegen.VECTOR_WALK)
+    "scalar-walk": ("codegen", "VECTOR_WALK", False),
+    # the frame's task on the first free block of its level (before session 21: schedule.FRAME_BLOCK_QUIET)
+    "frame-block-first": ("schedule", "FRAME_BLOCK_QUIET", False),
+    "session-20": [("codegen", "VECTOR_WALK", False), ("schedule", "FRAME_BLOCK_QUIET", False)],
     # every product row a warp, however short (before 2026-11-25's lane segments)
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],

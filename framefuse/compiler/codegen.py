@@ -57,7 +57,7 @@ class Code:
             return
         *before, head = self.head.split("\n")  # a #pragma line before a loop
         out.extend(pad + line for line in before)
-        out.append(pad + head + " {")
+        out.append(pad + (head + " {" if head else "{"))
         for item in self.items:
             if isinstance(item, Code):
                 item.render(indent + 1, out)
@@ -870,7 +870,10 @@ class Generator:
         trips = -(-node.extent // lanes)
         j = em.fresh("j")
         source_index = node.source_index(ix.unflatten(var, node.shape), r)
-        if PAIRED_WALK and trips % 2 == 0 and node.extent % WARP_LANES == 0:
+        operands = self._vector_operands(t, task, node, var, r, lanes) if VECTOR_WALK else None
+        if operands is not None:
+            self._vector_walk(em, node, acc, operands, lanes, j, r)
+        elif PAIRED_WALK and trips % 2 == 0 and node.extent % WARP_LANES == 0:
             # Step j reads position start + j, which is a base plus a constant (its unrolled loads
             # take immediate offsets), and its partner in the other half, (start + j) -/+ half:
             # lanes * half is a multiple of 32 words, so both fall in the lane's own bank. The
@@ -914,6 +917,119 @@ class Generator:
         em.stack.pop()
         em.top.insert(f"{acc} = ffk_seg_{node.op}<{lanes}>({acc});")
         em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
+
+    def _vector_operands(self, t: int, task: Task, node: Reduce, var: ix.Var, r: ix.Var, lanes: int) -> list | None:
+        """For a sum of products of two shared-memory values that are contiguous along the
+        reduced axis (attention's q·k over a head: q staged, k from the prefetched cache or the
+        new row), each operand's pointer branches [(guards, base, flat index)], every flat index
+        ``f(element) + r`` with ``f`` a multiple of 4 and every base 16-byte aligned, so the walk
+        reads float4s. None where anything is not so (the scalar walk then reads it)."""
+        src = node.src
+        extent = node.extent
+        if node.op != "sum" or extent % (4 * lanes) or not isinstance(src, Ew) or src.op != "mul":
+            return None
+        if task.view.kind(src) != "inline" or node.size * extent > VECTOR_CHECK_LIMIT:
+            return None
+        index = node.source_index(ix.unflatten(var, node.shape), r)
+        elements = np.arange(node.size, dtype=np.int64)[:, None]
+        positions = np.arange(extent, dtype=np.int64)[None, :]
+        env = {var: elements, r: positions}
+        operands = []
+        for arg in src.args:
+            branches = self._pointer_branches(t, task, arg, index, (), r)
+            if branches is None:
+                return None
+            for guards, _base, flat in branches:
+                mask = np.ones((node.size, 1), dtype=bool)
+                for pos, start, stop in guards:
+                    p = np.broadcast_to(ix.evaluate(pos, env), (node.size, 1))
+                    mask &= (p >= start) & (p < stop)
+                where = np.broadcast_to(ix.evaluate(flat, env), (node.size, extent))[mask[:, 0]]
+                if where.size and ((where[:, :1] % 4).any() or (where - where[:, :1] != positions).any()):
+                    return None
+            operands.append(branches)
+        return operands
+
+    def _pointer_branches(self, t: int, task: Task, node: Node, index: list, guards: tuple, r: ix.Var) -> list | None:
+        """Where ``node``'s element at ``index`` lies in shared memory, per branch of the Concats
+        on the way (none of them along ``r``): [(guards, (aligned base, origin), flat index)], the
+        element at base + flat - origin (origin: the block's first element there, a multiple of 4)."""
+        kind = task.view.kind(node)
+        flat = ix.flatten(index, node.shape)
+        if isinstance(node, Leaf) and not (node.role == "input" and kind in ("materialized", "array")):
+            offset = self.layout.leaf_prefetch.get((t, node.id))
+            if node.role == "const" or offset is None or (self.prefetch_offset + offset) % 4:
+                return None  # plo (the copy's origin) is a multiple of 4 by construction (_segments)
+            return [(guards, (f"ffk_smem + {self.prefetch_offset + offset}", f"plo{node.id}"), flat)]
+        if kind in ("array", "dot"):
+            unit = task.units.get(node.id)
+            if unit is None or unit.lo is None:
+                return None
+            los = unit.lo[task.first : task.first + task.blocks]
+            if (self.arena_offset + self.layout.arena[(t, node.id)]) % 4 or (los % 4).any():
+                return None
+            return [(guards, (self.arr(t, node.id), f"lo{node.id}"), flat)]
+        if kind != "inline":
+            return None
+        if isinstance(node, Map):
+            return self._pointer_branches(t, task, node.src, node.source_index(index), guards, r)
+        if isinstance(node, Concat):
+            found = []
+            for src, sub, guard in concat_branches(node, index):
+                inner = guards
+                if guard is not None:
+                    if r in ix.free_vars(guard[0]):
+                        return None
+                    inner = guards + (guard,)
+                branches = self._pointer_branches(t, task, src, sub, inner, r)
+                if branches is None:
+                    return None
+                found += branches
+            return found
+        return None
+
+    def _vector_walk(self, em: Emitter, node: Reduce, acc: str, operands: list, lanes: int, j: str, r: ix.Var) -> None:
+        """The sum of products of _vector_operands: a pointer per operand chosen once per element,
+        then float4 loads. Lane ``sub`` reads chunks sub, sub + lanes, ... of the row, starting
+        at the element's own chunk, so that the 8 lanes of a quarter warp (4 elements with 2
+        lanes each for attention's scores) read 8 different 16-byte bank groups."""
+        scope = em.stack[-1]
+        trips = node.extent // (4 * lanes)
+        pointers = []
+        block = Code("")
+        block.items.append(f"const int {r.name} = 0;  // the pointers to the element's row start")
+        block.items.append(f"(void){r.name};")
+        for branches in operands:
+            p = em.fresh("p")
+            pointers.append(p)
+            scope.insert(f"const float* {p};")
+            for i, (guards, (base, origin), flat) in enumerate(branches):
+                text = f"{p} = {base} + ({ix.to_c(flat)} - {origin});"
+                if len(branches) == 1:
+                    block.items.append(text)
+                    continue
+                if i == len(branches) - 1:
+                    head = "else"
+                else:
+                    test = " && ".join(f"{ix.to_c(pos)} >= {start} && {ix.to_c(pos)} < {stop}" for pos, start, stop in guards)
+                    head = f"{'else ' if i else ''}if ({test or 'true'})"
+                branch = Code(head)
+                branch.items.append(text)
+                block.items.append(branch)
+        scope.insert(block)
+        walk = f"(({j} + e) & {trips - 1})" if trips & (trips - 1) == 0 else f"(({j} + e) % {trips})"
+        loop = Code(f"#pragma unroll\nfor (int {j} = 0; {j} < {trips}; ++{j})")
+        c = em.fresh("c")
+        x, y = em.fresh("x"), em.fresh("y")
+        loop.items += [
+            f"const int {c} = 4 * (sub + {lanes} * {walk});" if trips > 1 else f"const int {c} = 4 * sub;",
+            f"const float4 {x} = ffk_ld4({pointers[0]} + {c}), {y} = ffk_ld4({pointers[1]} + {c});",
+            f"{acc} += {x}.x * {y}.x;",
+            f"{acc} += {x}.y * {y}.y;",
+            f"{acc} += {x}.z * {y}.z;",
+            f"{acc} += {x}.w * {y}.w;",
+        ]
+        scope.insert(loop)
 
     def _dot_lanes(self, unit: Unit) -> int:
         """Lanes per element of a product array: a warp each, unless a row has fewer float4
@@ -1064,6 +1180,10 @@ SEGMENTED_REDUCE = True  # reduction arrays with more elements than a block's wa
 # bench/h100/2026-11-26-s17/variants-walk.json) attention 15.85/15.97 vs 16.10 us, GPT-2 13.57/13.56
 # vs 13.44, Llama 14.32/14.44 vs 14.23, Jamba 18.16/18.06 vs 18.05: no consistent gain, so off
 PAIRED_WALK = False
+# A segmented sum of products of two shared-memory rows that are contiguous and 16-byte aligned
+# along the reduced axis reads them as float4s (Generator._vector_walk): attention's scores
+VECTOR_WALK = True
+VECTOR_CHECK_LIMIT = 1 << 22  # elements x extent checked numerically for the float4 walk, at most
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
 SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take its rows in one pass
 SEGMENT_MIN_LANES = 4  # ... but no fewer than this

@@ -17,6 +17,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -179,6 +180,16 @@ inline void ffk_prefetch(float* dst, const float* src, int n) {
 }
 inline void ffk_prefetch_lanes(float* dst, const float* src, int n, int lane) {
     ffk_emu_open.push_back({dst, src, n, lane, 32});
+}
+// A misaligned float4 load faults on the GPU: the emulator refuses one too
+inline float4 ffk_ld4(const float* p) {
+    if (reinterpret_cast<std::uintptr_t>(p) & 15) {
+        std::fprintf(stderr, "ffk_ld4: misaligned address %p (block %u thread %u)\n", (const void*)p, blockIdx.x, threadIdx.x);
+        std::abort();
+    }
+    float4 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
 }
 inline void ffk_prefetch_commit() {
     ffk_emu_groups.push_back(std::move(ffk_emu_open));

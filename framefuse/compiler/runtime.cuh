@@ -230,6 +230,8 @@ FFK_DEVICE void ffk_prefetch_lanes(float* dst, const float* src, int n, int lane
     }
 }
 FFK_DEVICE void ffk_prefetch_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Four floats of shared memory at a 16-byte aligned address (the generator proves the alignment)
+FFK_DEVICE float4 ffk_ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 template <int N>
 FFK_DEVICE void ffk_prefetch_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");

@@ -102,6 +102,13 @@ HOST_WRITE_CHUNK = 8
 # KV caches, 8064 floats a layer) is placed on at most REPLICA_FLOATS / (those floats a block)
 # blocks. None: no limit (an experiment; see README).
 REPLICA_FLOATS: int | None = None
+# The frame's task goes on the block that runs nothing before it and whose next tasks copy the
+# fewest floats into shared memory: the block issues those copies in the kernel's prologue, before
+# the frame's task (attention's frame block issued its output projection's 35 KB, ~2000 cycles,
+# before computing the frame's products; session 20, probe-frame-block.log). False: the first
+# free block of the frame's level (_place).
+FRAME_BLOCK_QUIET = True
+FRAME_BLOCK_LOOKAHEAD = 2  # the tasks after the frame's that count, on the candidate block
 
 
 @dataclass
@@ -1003,6 +1010,8 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
     for out_id in side_of:
         tasks.pop(out_id, None)
     ordered = _place(_order_tasks(tasks, side_of), materialized, grid, threads, users, outputs, smem_floats)
+    if FRAME_BLOCK_QUIET:
+        ordered = _quiet_frame_block(ordered, materialized, grid, threads, users, outputs)
     producer: dict[int, int] = {}
     for i, task in enumerate(ordered):
         producer[task.root.id] = i
@@ -1076,6 +1085,64 @@ def _place(
         moved.side = list(task.side)
         placed.append(moved)
     return placed
+
+
+def block_copy_floats(task: Task, b: int) -> int:
+    """Floats of state, weight values and weight rows block ``b`` copies into shared memory for
+    ``task`` (as codegen's prefetch would, before its shared-memory budget)."""
+    if not task.first <= b < task.first + task.blocks:
+        return 0
+    total = 0
+    for _leaf, lo, hi in task.leaves.values():
+        if hi[b] > lo[b]:
+            total += int(hi[b] - (lo[b] // 4) * 4)
+    for unit in task.units.values():
+        if unit.how != "dot" or unit.hi is None or unit.hi[b] <= unit.lo[b]:
+            continue
+        n = unit.node.n
+        lo, hi = int(unit.lo[b]), int(unit.hi[b])
+        rows = n if hi - lo >= n else int((np.arange(lo, hi) % n).max() - (np.arange(lo, hi) % n).min() + 1)
+        total += rows * unit.node.k
+    return total
+
+
+def _quiet_frame_block(ordered: list, materialized: dict, grid: int, threads: int, users: dict, outputs: set) -> list:
+    """Move each one-block frame task (see FRAME_BLOCK_QUIET) to the block that runs no task
+    before it nor another of its level and copies the fewest floats for its next
+    FRAME_BLOCK_LOOKAHEAD tasks; the block _place gave it wins ties."""
+    out = list(ordered)
+    for i, task in enumerate(ordered):
+        if not isinstance(task.root, FrameConcat) or task.blocks != 1:
+            continue
+
+        def cost(b: int) -> int:
+            later = [t for t in out[i + 1 :] if t.first <= b < t.first + t.blocks][:FRAME_BLOCK_LOOKAHEAD]
+            return sum(block_copy_floats(t, b) for t in later)
+
+        level = _task_levels(out)
+        # a block free of every task before it and of the other tasks of its level (see _place)
+        busy = [t for j, t in enumerate(out) if j != i and (j < i or level[j] <= level[i])]
+        free = [b for b in range(grid) if not any(t.first <= b < t.first + t.blocks for t in busy)]
+        if task.first not in free:
+            free.append(task.first)
+        best = min(free, key=lambda b: (cost(b), b != task.first, b))
+        if best == task.first:
+            continue
+        moved, _ = build_task(
+            task.root,
+            materialized,
+            grid,
+            threads,
+            users,
+            outputs,
+            inline_through=[s.id for s in task.side],
+            min_chunk=task.min_chunk,
+            first=best,
+            span=1,
+        )
+        moved.side = list(task.side)
+        out[i] = moved
+    return out
 
 
 def replicated_floats(task: Task) -> int:
