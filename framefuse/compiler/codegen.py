@@ -1011,7 +1011,9 @@ class Generator:
                 if i == len(branches) - 1:
                     head = "else"
                 else:
-                    test = " && ".join(f"{ix.to_c(pos)} >= {start} && {ix.to_c(pos)} < {stop}" for pos, start, stop in guards)
+                    test = " && ".join(
+                        f"{ix.to_c(pos)} >= {start} && {ix.to_c(pos)} < {stop}" for pos, start, stop in guards
+                    )
                     head = f"{'else ' if i else ''}if ({test or 'true'})"
                 branch = Code(head)
                 branch.items.append(text)

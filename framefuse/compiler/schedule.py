@@ -1115,7 +1115,7 @@ def _quiet_frame_block(ordered: list, materialized: dict, grid: int, threads: in
         if not isinstance(task.root, FrameConcat) or task.blocks != 1:
             continue
 
-        def cost(b: int) -> int:
+        def cost(b: int, i: int = i) -> int:
             later = [t for t in out[i + 1 :] if t.first <= b < t.first + t.blocks][:FRAME_BLOCK_LOOKAHEAD]
             return sum(block_copy_floats(t, b) for t in later)
 
