@@ -1039,6 +1039,7 @@ def test_paired_walk_of_a_segmented_reduction_under_emulation(monkeypatch, tmp_p
 
     program = lower_program(_prepared("attention", WIDE).fused)
     sched = schedule(program, grid=4, threads=64)  # the scores: a lane an element, 64 positions a row
+    monkeypatch.setattr(codegen, "VECTOR_WALK", False)  # the pairs are an alternative to the scalar walk
     rotated = generate(sched).source
     monkeypatch.setattr(codegen, "PAIRED_WALK", True)
     paired = generate(sched)
@@ -1059,8 +1060,10 @@ def test_attention_scores_walk_float4s_under_emulation(vector, monkeypatch, tmp_
     monkeypatch.setattr(codegen, "VECTOR_WALK", vector)
     kernel = generate(sched)
     walks = re.findall(r"const float4 (\w+) = ffk_ld4\(p\d+ \+ c\d+\), (\w+) = ffk_ld4\(p\d+ \+ c\d+\);", kernel.source)
-    # the second layer's scores (the first layer's q is recomputed from the frame inline: scalar)
-    assert len(walks) == (1 if vector else 0), walks
+    # both layers' scores; the first layer's q is the frame's product times the LayerNorm's 1/σ,
+    # a factor that does not depend on the position: it scales the sum once
+    assert len(walks) == (2 if vector else 0), walks
+    assert ("*= *p" in kernel.source) == vector
     _emulate_against_interpreter(kernel, program, 2, tmp_path)
 
 
@@ -1081,7 +1084,7 @@ def test_the_float4_walk_is_refused_where_a_row_is_not_aligned(monkeypatch):
                 lanes = gen._reduce_lanes(unit)
                 if gen._vector_operands(t, task, unit.node, var, r, lanes) is not None:
                     found.append((t, task, unit.node, var, r, lanes))
-    assert len(found) == 1  # the second layer's scores
+    assert len(found) == 2  # both layers' scores
     monkeypatch.setattr(gen, "arena_offset", gen.arena_offset + 2)  # every array 8 bytes off
     assert all(gen._vector_operands(t, task, node, var, r, lanes) is None for t, task, node, var, r, lanes in found)
 

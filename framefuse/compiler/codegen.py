@@ -918,27 +918,46 @@ class Generator:
         em.top.insert(f"{acc} = ffk_seg_{node.op}<{lanes}>({acc});")
         em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
 
-    def _vector_operands(self, t: int, task: Task, node: Reduce, var: ix.Var, r: ix.Var, lanes: int) -> list | None:
+    def _vector_operands(self, t: int, task: Task, node: Reduce, var: ix.Var, r: ix.Var, lanes: int) -> tuple | None:
         """For a sum of products of two shared-memory values that are contiguous along the
         reduced axis (attention's q·k over a head: q staged, k from the prefetched cache or the
         new row), each operand's pointer branches [(guards, base, flat index)], every flat index
         ``f(element) + r`` with ``f`` a multiple of 4 and every base 16-byte aligned, so the walk
-        reads float4s. None where anything is not so (the scalar walk then reads it)."""
+        reads float4s; and the pointer branches of the product's factors that do not depend on r
+        (the first layer's q is the frame's product times its LayerNorm's 1/σ), which scale the
+        sum once. None where anything is not so (the scalar walk then reads it)."""
         src = node.src
         extent = node.extent
         if node.op != "sum" or extent % (4 * lanes) or not isinstance(src, Ew) or src.op != "mul":
             return None
-        if task.view.kind(src) != "inline" or node.size * extent > VECTOR_CHECK_LIMIT:
+        if node.size * extent > VECTOR_CHECK_LIMIT:
             return None
-        index = node.source_index(ix.unflatten(var, node.shape), r)
+        factors: list[tuple[Node, list]] = []
+
+        def collect(n: Node, idx: list) -> None:
+            # through the product tree and the views over it (a Map is index arithmetic)
+            if task.view.kind(n) == "inline" and isinstance(n, Ew) and n.op == "mul":
+                for a in n.args:
+                    collect(a, idx)
+            elif task.view.kind(n) == "inline" and isinstance(n, Map):
+                collect(n.src, n.source_index(idx))
+            else:
+                factors.append((n, idx))
+
+        if task.view.kind(src) != "inline":
+            return None
+        collect(src, node.source_index(ix.unflatten(var, node.shape), r))
         elements = np.arange(node.size, dtype=np.int64)[:, None]
         positions = np.arange(extent, dtype=np.int64)[None, :]
         env = {var: elements, r: positions}
-        operands = []
-        for arg in src.args:
-            branches = self._pointer_branches(t, task, arg, index, (), r)
+        operands, scales = [], []
+        for factor, index in factors:
+            branches = self._pointer_branches(t, task, factor, index, (), r)
             if branches is None:
                 return None
+            if not any(r in ix.free_vars(flat) for _guards, _base, flat in branches):
+                scales.append(branches)
+                continue
             for guards, _base, flat in branches:
                 mask = np.ones((node.size, 1), dtype=bool)
                 for pos, start, stop in guards:
@@ -948,7 +967,9 @@ class Generator:
                 if where.size and ((where[:, :1] % 4).any() or (where - where[:, :1] != positions).any()):
                     return None
             operands.append(branches)
-        return operands
+        if len(operands) != 2:
+            return None
+        return operands, scales
 
     def _pointer_branches(self, t: int, task: Task, node: Node, index: list, guards: tuple, r: ix.Var) -> list | None:
         """Where ``node``'s element at ``index`` lies in shared memory, per branch of the Concats
@@ -988,18 +1009,20 @@ class Generator:
             return found
         return None
 
-    def _vector_walk(self, em: Emitter, node: Reduce, acc: str, operands: list, lanes: int, j: str, r: ix.Var) -> None:
+    def _vector_walk(self, em: Emitter, node: Reduce, acc: str, found: tuple, lanes: int, j: str, r: ix.Var) -> None:
         """The sum of products of _vector_operands: a pointer per operand chosen once per element,
         then float4 loads. Lane ``sub`` reads chunks sub, sub + lanes, ... of the row, starting
         at the element's own chunk, so that the 8 lanes of a quarter warp (4 elements with 2
-        lanes each for attention's scores) read 8 different 16-byte bank groups."""
+        lanes each for attention's scores) read 8 different 16-byte bank groups. The factors
+        that do not depend on the position scale the lane's partial sum once."""
+        operands, scales = found
         scope = em.stack[-1]
         trips = node.extent // (4 * lanes)
         pointers = []
         block = Code("")
         block.items.append(f"const int {r.name} = 0;  // the pointers to the element's row start")
         block.items.append(f"(void){r.name};")
-        for branches in operands:
+        for branches in operands + scales:
             p = em.fresh("p")
             pointers.append(p)
             scope.insert(f"const float* {p};")
@@ -1032,6 +1055,8 @@ class Generator:
             f"{acc} += {x}.w * {y}.w;",
         ]
         scope.insert(loop)
+        for p in pointers[2:]:
+            scope.insert(f"{acc} *= *{p};")
 
     def _dot_lanes(self, unit: Unit) -> int:
         """Lanes per element of a product array: a warp each, unless a row has fewer float4
