@@ -1089,6 +1089,26 @@ def test_the_float4_walk_is_refused_where_a_row_is_not_aligned(monkeypatch):
     assert all(gen._vector_operands(t, task, node, var, r, lanes) is None for t, task, node, var, r, lanes in found)
 
 
+@needs_cxx
+@pytest.mark.parametrize("races", [False, True])
+def test_row_followers_under_emulation(races, monkeypatch, tmp_path):
+    """codegen.ROW_FOLLOWERS (off by default until measured): attention's softmax weights are
+    computed by the warp of their row's max, after a __syncwarp, instead of in a phase of their own;
+    one barrier fewer a layer, and the emulated kernel (with ThreadSanitizer: the warp's lanes read
+    lane 0's store of the max only after the __syncwarp) computes what the interpreter does."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("attention", FULL).fused)
+    sched = schedule(program, grid=3, threads=128)  # a warp per row max (at 64 threads: 16 lanes)
+    plain = generate(sched)
+    monkeypatch.setattr(codegen, "ROW_FOLLOWERS", True)
+    rows = generate(sched)
+    layers = len(re.findall(r"framefuse::Attention\) \[1, 4, 1\]: max over", rows.source))
+    assert layers == 2 and rows.source.count("const int ffk_row = e;") == layers
+    assert plain.source.count("__syncthreads();") - rows.source.count("__syncthreads();") == layers
+    _emulate_against_interpreter(rows, program, 2, tmp_path, races=races)
+
+
 @pytest.mark.parametrize("arch", ["attention", "lstm", "mamba"])
 def test_the_frame_task_runs_on_a_quiet_block(arch, monkeypatch):
     """schedule.FRAME_BLOCK_QUIET: the frame's one block runs no task before the frame's nor another

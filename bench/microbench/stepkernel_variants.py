@@ -97,6 +97,8 @@ SCHEDULE_VARIANTS = {
     # the frame's task on the first free block of its level (before session 21: schedule.FRAME_BLOCK_QUIET)
     "frame-block-first": ("schedule", "FRAME_BLOCK_QUIET", False),
     "session-20": [("codegen", "VECTOR_WALK", False), ("schedule", "FRAME_BLOCK_QUIET", False)],
+    # attention's softmax weights computed by the row max's warp, a phase and a barrier less (codegen.ROW_FOLLOWERS)
+    "row-followers": ("codegen", "ROW_FOLLOWERS", True),
     # every product row a warp, however short (before 2026-11-25's lane segments)
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],

@@ -718,7 +718,9 @@ class Generator:
         code.items.append(
             f"const int lo_root = {_block_in_task(task)} * {task.chunk}, hi_root = min(lo_root + {task.chunk}, {task.root.size});"
         )
-        phases = sorted({u.phase for u in task.units.values()})
+        self._followers = self._row_followers(task) if ROW_FOLLOWERS else {}
+        followed = {w.node.id for w in self._followers.values()}
+        phases = sorted({u.phase for u in task.units.values() if u.node.id not in followed})
         for k, phase in enumerate(phases):
             if phase != phases[0]:
                 code.items.append("__syncthreads();")
@@ -740,7 +742,7 @@ class Generator:
                 self._stage(code, t, staged)
             self._warp_offset = 0
             for unit in sorted(task.units.values(), key=lambda u: u.node.id):
-                if unit.phase != phase or unit in staged:
+                if unit.phase != phase or unit in staged or unit.node.id in followed:
                     continue
                 if unit is root:
                     self._root(code, t, task, unit)
@@ -756,6 +758,72 @@ class Generator:
             self._stamp(code, t, 1)
         self._clock(code, t, len(phases))
         self._stamp(code, t, 2)
+
+    def _row_followers(self, task: Task) -> dict:
+        """Reduction unit id -> the thread unit of the next phase computed by the reduction's warp
+        right after it (ROW_FOLLOWERS): a warp-per-element reduction over exactly a warp's 32
+        positions (attention's row max over a 32-key window), followed by an elementwise unit over
+        the same rows with one element a position (the softmax weights exp(s - max)) that reads
+        nothing computed in the reduction's phase but the reduction. Lane l of the row's warp
+        computes the row's element l after a __syncwarp: the follower's phase and its barrier go."""
+        phases = sorted({u.phase for u in task.units.values()})
+        span = slice(task.first, task.first + task.blocks)
+        found: dict[int, Unit] = {}
+        taken: set[int] = set()
+        for red in sorted(task.units.values(), key=lambda u: u.node.id):
+            if red.how != "reduce" or red.node.extent != WARP_LANES or self._reduce_lanes(red) != WARP_LANES:
+                continue
+            k = phases.index(red.phase)
+            if k + 1 >= len(phases):
+                continue
+            same_phase = {u.node.id for u in task.units.values() if u.phase == red.phase}
+            for w in sorted(task.units.values(), key=lambda u: u.node.id):
+                if (
+                    w.how != "thread"
+                    or w.node.id in taken
+                    or w.phase != phases[k + 1]
+                    or task.view.source_kind(w.node) == "materialized"
+                    or tuple(w.node.shape) != tuple(red.node.shape) + (WARP_LANES,)
+                    or (w.deps & same_phase) - {red.node.id}
+                    or red.node.id not in w.deps
+                    or w.lo is None
+                    or red.lo is None
+                ):
+                    continue
+                rows = np.maximum(red.hi[span] - red._start()[span], 0)
+                if not (rows > 0).any():
+                    continue
+                live = rows > 0
+                if (w._start()[span][live] != red._start()[span][live] * WARP_LANES).any():
+                    continue
+                if (w.hi[span][live] != red.hi[span][live] * WARP_LANES).any():
+                    continue
+                if (w.lo[span][live] != red.lo[span][live] * WARP_LANES).any():
+                    continue
+                found[red.node.id] = w
+                taken.add(w.node.id)
+                break
+        return found
+
+    def _follow_row(self, loop: Code, t: int, task: Task, w: Unit) -> None:
+        """The follower of a warp-per-element reduction (see _row_followers), in its warp loop."""
+        uid = w.node.id
+        inner = Code("")
+        loop.items += [
+            "__syncwarp();  // lane 0's store of the row's value is seen by the warp's lanes",
+            inner,
+        ]
+        inner.items.append("const int ffk_row = e;")
+        body = Code("")
+        inner.items.append(body)
+        body.items.append(f"const int e = ffk_row * {WARP_LANES} + lane;  // the row's element at this lane")
+        guard = Code(f"if (e < hi{uid})")
+        body.items.append(f"// array {_name(w.node)} {list(w.node.shape)}, a lane per element, in the row's warp")
+        body.items.append(guard)
+        em = Emitter(self, t, task, guard)
+        var = ix.Var("e", max(w.node.size, 1))
+        value = em.value(w.node, ix.unflatten(var, w.node.shape), expand_self=True)
+        em.top.insert(f"{self.arr(t, uid)}[e - lo{uid}] = {value.text};")
 
     def arr(self, t: int, uid: int) -> str:
         return f"(ffk_smem + {self.arena_offset + self.layout.arena[(t, uid)]})"
@@ -839,6 +907,9 @@ class Generator:
         em.top.close_child(outer)
         em.top.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         em.top.insert(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
+        follower = getattr(self, "_followers", {}).get(uid)
+        if follower is not None:
+            self._follow_row(loop, t, task, follower)
 
     def _segmented_reduce(self, code: Code, t: int, task: Task, unit: Unit, lanes: int) -> None:
         """A reduction array with ``lanes`` lanes per element, 32 / lanes elements a warp. The
@@ -1210,6 +1281,10 @@ PAIRED_WALK = False
 # A segmented sum of products of two shared-memory rows that are contiguous and 16-byte aligned
 # along the reduced axis reads them as float4s (Generator._vector_walk): attention's scores
 VECTOR_WALK = True
+# A warp-per-element reduction over a warp's 32 positions computes the next phase's elementwise
+# unit over its rows in the same warp (Generator._row_followers: attention's softmax weights beside
+# its row max, a phase and a barrier less). Not measured yet on the GPU: off, variant `row-followers`
+ROW_FOLLOWERS = False
 VECTOR_CHECK_LIMIT = 1 << 22  # elements x extent checked numerically for the float4 walk, at most
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
 SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take its rows in one pass

@@ -63,6 +63,9 @@ inline FfkEmuBlock& ffk_emu_block() { return (*ffk_emu_blocks)[blockIdx.x]; }
 
 inline void __syncthreads() { ffk_emu_block().bar->arrive_and_wait(); }
 
+// the warp's lanes meet; their shared-memory writes before it are seen after it
+inline void __syncwarp() { ffk_emu_block().warp_bars[threadIdx.x / 32]->arrive_and_wait(); }
+
 inline float __shfl_xor_sync(unsigned, float v, int offset) {
     FfkEmuBlock& blk = ffk_emu_block();
     const unsigned t = threadIdx.x, warp = t / 32, lane = t % 32;
