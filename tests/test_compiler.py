@@ -1109,6 +1109,24 @@ def test_row_followers_under_emulation(races, monkeypatch, tmp_path):
     _emulate_against_interpreter(rows, program, 2, tmp_path, races=races)
 
 
+@needs_cxx
+def test_vector_reduce_under_emulation(monkeypatch, tmp_path):
+    """codegen.VECTOR_REDUCE (off by default until measured): a thread's own sum whose factor is
+    contiguous along the positions (attention's softmax sum over the weights of a head) reads
+    float4s; a factor that changes source along the positions (P·V's cached V rows, then the new
+    one) keeps the scalar loop. Under emulation (misaligned float4s abort) it computes what the
+    interpreter does."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("attention", FULL).fused)
+    sched = schedule(program, grid=3, threads=128)
+    monkeypatch.setattr(codegen, "VECTOR_REDUCE", True)
+    kernel = generate(sched)
+    sums = re.findall(r"const float4 (\w+) = ffk_ld4\(p\d+ \+ c\d+\);", kernel.source)
+    assert len(sums) == 2, sums  # the softmax sum of each layer
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
 @pytest.mark.parametrize("arch", ["attention", "lstm", "mamba"])
 def test_the_frame_task_runs_on_a_quiet_block(arch, monkeypatch):
     """schedule.FRAME_BLOCK_QUIET: the frame's one block runs no task before the frame's nor another

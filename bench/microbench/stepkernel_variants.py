@@ -99,6 +99,9 @@ SCHEDULE_VARIANTS = {
     "session-20": [("codegen", "VECTOR_WALK", False), ("schedule", "FRAME_BLOCK_QUIET", False)],
     # attention's softmax weights computed by the row max's warp, a phase and a barrier less (codegen.ROW_FOLLOWERS)
     "row-followers": ("codegen", "ROW_FOLLOWERS", True),
+    # a thread's own sum read four positions at a time where a factor is contiguous (the softmax sum; codegen.VECTOR_REDUCE)
+    "vector-reduce": ("codegen", "VECTOR_REDUCE", True),
+    "row-followers+vector-reduce": [("codegen", "ROW_FOLLOWERS", True), ("codegen", "VECTOR_REDUCE", True)],
     # every product row a warp, however short (before 2026-11-25's lane segments)
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],

@@ -1042,6 +1042,80 @@ class Generator:
             return None
         return operands, scales
 
+    def _vector_factors(self, t: int, task: Task, node: Reduce, index: list, r: ix.Var) -> list | None:
+        """For a thread's own sum over r (attention's P·V: the softmax weights times the cached
+        or new V row; the softmax sum: the weights alone), each factor of the summand's product as
+        (kind, pointer branches, stride): "float4" where its positions are contiguous along r from a
+        16-byte aligned start for every element, "strided" (a constant stride s: p[r * s]) or
+        "scalar" (no r at all). None unless every factor resolves to shared memory and at least one
+        reads float4s (checked numerically over every value of the index's variables)."""
+        extent = node.extent
+        if node.op != "sum" or extent % 4:
+            return None
+        factors: list[tuple[Node, list]] = []
+
+        def collect(n: Node, idx: list) -> None:
+            if task.view.kind(n) == "inline" and isinstance(n, Ew) and n.op == "mul":
+                for a in n.args:
+                    collect(a, idx)
+            elif task.view.kind(n) == "inline" and isinstance(n, Map):
+                collect(n.src, n.source_index(idx))
+            else:
+                factors.append((n, idx))
+
+        collect(node.src, node.source_index(index, r))
+        resolved = []
+        for factor, idx in factors:
+            branches = self._pointer_branches(t, task, factor, idx, (), r)
+            if branches is None:
+                return None
+            resolved.append(branches)
+        names: set = set()
+        for branches in resolved:
+            for guards, _base, flat in branches:
+                names |= ix.free_vars(flat)
+                for pos, _start, _stop in guards:
+                    names |= ix.free_vars(pos)
+        names.discard(r)
+        variables = sorted(names, key=lambda v: v.name)
+        count = int(np.prod([v.extent for v in variables], dtype=np.int64)) if variables else 1
+        if count * extent > VECTOR_CHECK_LIMIT:
+            return None
+        grids = np.meshgrid(*[np.arange(v.extent, dtype=np.int64) for v in variables], indexing="ij")
+        env = {v: g.reshape(-1, 1) for v, g in zip(variables, grids)}
+        positions = np.arange(extent, dtype=np.int64)[None, :]
+        env[r] = positions
+        found = []
+        for branches in resolved:
+            kinds = set()
+            strides = set()
+            for guards, _base, flat in branches:
+                mask = np.ones((count, 1), dtype=bool)
+                for pos, start, stop in guards:
+                    value = np.broadcast_to(ix.evaluate(pos, env), (count, 1))
+                    mask &= (value >= start) & (value < stop)
+                where = np.broadcast_to(ix.evaluate(flat, env), (count, extent))[mask[:, 0]]
+                if not where.size:
+                    continue
+                step = where - where[:, :1]
+                stride = int(step[0, 1]) if extent > 1 else 0
+                if (step != stride * positions).any():
+                    return None
+                strides.add(stride)
+                if stride == 0:
+                    kinds.add("scalar")
+                elif stride == 1 and not (where[:, :1] % 4).any():
+                    kinds.add("float4")
+                else:
+                    kinds.add("strided")
+            if len(strides) > 1 or len(kinds) > 1:
+                return None
+            kind = kinds.pop() if kinds else "scalar"
+            found.append((kind, branches, strides.pop() if strides else 0))
+        if not any(kind == "float4" for kind, _, _ in found):
+            return None
+        return found
+
     def _pointer_branches(self, t: int, task: Task, node: Node, index: list, guards: tuple, r: ix.Var) -> list | None:
         """Where ``node``'s element at ``index`` lies in shared memory, per branch of the Concats
         on the way (none of them along ``r``): [(guards, (aligned base, origin), flat index)], the
@@ -1285,6 +1359,10 @@ VECTOR_WALK = True
 # unit over its rows in the same warp (Generator._row_followers: attention's softmax weights beside
 # its row max, a phase and a barrier less). Not measured yet on the GPU: off, variant `row-followers`
 ROW_FOLLOWERS = False
+# ... and a thread's own sum over positions with a factor contiguous along them (attention's P·V
+# and softmax sum read the weights four at a time; Emitter._vector_sum). Not measured yet: off,
+# variant `vector-reduce`
+VECTOR_REDUCE = False
 VECTOR_CHECK_LIMIT = 1 << 22  # elements x extent checked numerically for the float4 walk, at most
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
 SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take its rows in one pass
@@ -1534,6 +1612,17 @@ class Emitter:
         scope.insert(f"float {acc} = {REDUCE_INIT[node.op]};")
         r = ix.Var(self.fresh("r"), node.extent)
         split = self.lanes and level == 0 and node.extent >= WARP_SPLIT_MIN
+        found = None
+        if VECTOR_REDUCE and not split:
+            found = self.gen._vector_factors(self.t, self.task, node, index, r)
+        if found is not None:
+            self._vector_sum(scope, acc, found, node.extent, r)
+            result = Val(acc, free)
+            scope.memo[key] = result
+            self.stack = saved
+            if node.id in self.side:
+                return self.bind(("side", key), acc, free, node=node, flat=flat)
+            return result
         if split:  # a warp per root element: the lanes share the reduction, then a warp reduction
             loop, inner = _lane_loop(r, self.fresh("j"), unroll=2)
         else:
@@ -1553,6 +1642,50 @@ class Emitter:
         if node.id in self.side:
             return self.bind(("side", key), acc, free, node=node, flat=flat)
         return result
+
+    def _vector_sum(self, scope: Scope, acc: str, found: list, extent: int, r: ix.Var) -> None:
+        """The sum of Generator._vector_factors: a pointer per factor chosen once, then four
+        positions a step, the float4 factors in one load each, the products in the scalar loop's
+        order."""
+        pointers = []
+        block = Code("")
+        block.items.append(f"const int {r.name} = 0;  // the pointers to the first position")
+        block.items.append(f"(void){r.name};")
+        for _kind, branches, _stride in found:
+            p = self.fresh("p")
+            pointers.append(p)
+            scope.insert(f"const float* {p};")
+            for i, (guards, (base, origin), flat) in enumerate(branches):
+                text = f"{p} = {base} + ({ix.to_c(flat)} - {origin});"
+                if len(branches) == 1:
+                    block.items.append(text)
+                    continue
+                if i == len(branches) - 1:
+                    head = "else"
+                else:
+                    test = " && ".join(
+                        f"{ix.to_c(pos)} >= {start} && {ix.to_c(pos)} < {stop}" for pos, start, stop in guards
+                    )
+                    head = f"{'else ' if i else ''}if ({test or 'true'})"
+                branch = Code(head)
+                branch.items.append(text)
+                block.items.append(branch)
+        scope.insert(block)
+        c = self.fresh("c")
+        loop = Code(f"#pragma unroll 2\nfor (int {c} = 0; {c} < {extent}; {c} += 4)")
+        lanes_of = []
+        for (kind, _branches, stride), p in zip(found, pointers):
+            if kind == "float4":
+                x = self.fresh("x")
+                loop.items.append(f"const float4 {x} = ffk_ld4({p} + {c});")
+                lanes_of.append([f"{x}.x", f"{x}.y", f"{x}.z", f"{x}.w"])
+            elif kind == "strided":
+                lanes_of.append([f"{p}[({c} + {i}) * {stride}]" for i in range(4)])
+            else:
+                lanes_of.append([f"(*{p})"] * 4)
+        for i in range(4):
+            loop.items.append(f"{acc} += {' * '.join(terms[i] for terms in lanes_of)};")
+        scope.insert(loop)
 
     def _concat(self, node: Concat, index: list, flat, free: frozenset, key) -> Val:
         branches = list(concat_branches(node, index))
