@@ -1112,18 +1112,20 @@ def test_row_followers_under_emulation(races, monkeypatch, tmp_path):
 @needs_cxx
 def test_vector_reduce_under_emulation(monkeypatch, tmp_path):
     """codegen.VECTOR_REDUCE (off by default until measured): a thread's own sum whose factor is
-    contiguous along the positions (attention's softmax sum over the weights of a head) reads
-    float4s; a factor that changes source along the positions (P·V's cached V rows, then the new
-    one) keeps the scalar loop. Under emulation (misaligned float4s abort) it computes what the
-    interpreter does."""
+    contiguous along the positions reads it four positions at a time (attention's softmax sum over
+    a head's weights; P·V's weights, with the cached V rows at a stride of a row) over the longest
+    prefix on which every factor has one source: P·V's V rows come from the cache up to the
+    window's last position, so positions 28-31 stay in the scalar loop after it. Under emulation
+    (a misaligned float4 aborts) it computes what the interpreter does."""
     from framefuse.compiler import codegen
 
-    program = lower_program(_prepared("attention", FULL).fused)
+    program = lower_program(_prepared("attention", {"model": {"embed": 256, "layers": 2}, "seq": 32, "seed": 0}).fused)
     sched = schedule(program, grid=3, threads=128)
     monkeypatch.setattr(codegen, "VECTOR_REDUCE", True)
     kernel = generate(sched)
     sums = re.findall(r"const float4 (\w+) = ffk_ld4\(p\d+ \+ c\d+\);", kernel.source)
-    assert len(sums) == 2, sums  # the softmax sum of each layer
+    assert len(sums) == 4, sums  # per layer: P·V and the softmax sum
+    assert len(re.findall(r"for \(int r\d+ = 28; r\d+ < 32; \+\+r\d+\)", kernel.source)) == 2  # P·V's rest
     _emulate_against_interpreter(kernel, program, 2, tmp_path)
 
 

@@ -1049,7 +1049,7 @@ class Generator:
         16-byte aligned start for every element, "strided" (a constant stride s: p[r * s]) or
         "scalar" (no r at all). None unless every factor resolves to shared memory and at least one
         reads float4s (checked numerically over every value of the index's variables)."""
-        extent = node.extent
+        extent = r.extent  # the positions [0, r.extent) of the sum (a prefix of it, see Emitter._reduce)
         if node.op != "sum" or extent % 4:
             return None
         factors: list[tuple[Node, list]] = []
@@ -1360,8 +1360,8 @@ VECTOR_WALK = True
 # its row max, a phase and a barrier less). Not measured yet on the GPU: off, variant `row-followers`
 ROW_FOLLOWERS = False
 # ... and a thread's own sum over positions with a factor contiguous along them (attention's P·V
-# and softmax sum read the weights four at a time; Emitter._vector_sum). Not measured yet: off,
-# variant `vector-reduce`
+# and softmax sum read the weights four at a time, P·V over the prefix where V comes from the cache;
+# Emitter._vector_sum). Not measured yet: off, variant `vector-reduce`
 VECTOR_REDUCE = False
 VECTOR_CHECK_LIMIT = 1 << 22  # elements x extent checked numerically for the float4 walk, at most
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
@@ -1612,11 +1612,25 @@ class Emitter:
         scope.insert(f"float {acc} = {REDUCE_INIT[node.op]};")
         r = ix.Var(self.fresh("r"), node.extent)
         split = self.lanes and level == 0 and node.extent >= WARP_SPLIT_MIN
-        found = None
+        found, span = None, 0
         if VECTOR_REDUCE and not split:
-            found = self.gen._vector_factors(self.t, self.task, node, index, r)
+            # the longest prefix of the positions, a multiple of 4, over which every factor reads
+            # one source (P·V: the cached V rows up to the window's last position, the new row)
+            for span in range(node.extent - node.extent % 4, max(node.extent // 2, 4) - 1, -4):
+                prefix = ix.Var(r.name, span)
+                found = self.gen._vector_factors(self.t, self.task, node, index, prefix)
+                if found is not None:
+                    break
         if found is not None:
-            self._vector_sum(scope, acc, found, node.extent, r)
+            self._vector_sum(scope, acc, found, span, prefix)
+            if span < node.extent:  # the rest of the positions in the scalar loop, in order
+                loop = Code(f"for (int {r.name} = {span}; {r.name} < {node.extent}; ++{r.name})")
+                scope.open_child(loop)
+                self.stack.append(Scope(loop, var=r))
+                val = self.value(node.src, node.source_index(index, r))
+                self.stack[-1].insert(_accumulate(node.op, acc, val.text))
+                self.stack.pop()
+                scope.close_child(loop)
             result = Val(acc, free)
             scope.memo[key] = result
             self.stack = saved
