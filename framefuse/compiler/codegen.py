@@ -990,61 +990,27 @@ class Generator:
         em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
 
     def _vector_operands(self, t: int, task: Task, node: Reduce, var: ix.Var, r: ix.Var, lanes: int) -> tuple | None:
-        """For a sum of products of two shared-memory values that are contiguous along the
-        reduced axis (attention's q·k over a head: q staged, k from the prefetched cache or the
-        new row), each operand's pointer branches [(guards, base, flat index)], every flat index
-        ``f(element) + r`` with ``f`` a multiple of 4 and every base 16-byte aligned, so the walk
-        reads float4s; and the pointer branches of the product's factors that do not depend on r
-        (the first layer's q is the frame's product times its LayerNorm's 1/σ), which scale the
-        sum once. None where anything is not so (the scalar walk then reads it)."""
-        src = node.src
-        extent = node.extent
-        if node.op != "sum" or extent % (4 * lanes) or not isinstance(src, Ew) or src.op != "mul":
+        """For a segmented sum of products of two shared-memory rows contiguous and 16-byte
+        aligned along the reduced axis (attention's q·k over a head: q staged, k from the
+        prefetched cache or the new row), the two rows' pointer branches, and those of the
+        factors that do not depend on the position (the first layer's q is the frame's product
+        times its LayerNorm's 1/σ), which scale the sum once. None where anything is not so (the
+        scalar walk then reads it). See _vector_factors."""
+        if node.extent % (4 * lanes):
             return None
-        if node.size * extent > VECTOR_CHECK_LIMIT:
+        found = self._vector_factors(t, task, node, ix.unflatten(var, node.shape), r)
+        if found is None:
             return None
-        factors: list[tuple[Node, list]] = []
-
-        def collect(n: Node, idx: list) -> None:
-            # through the product tree and the views over it (a Map is index arithmetic)
-            if task.view.kind(n) == "inline" and isinstance(n, Ew) and n.op == "mul":
-                for a in n.args:
-                    collect(a, idx)
-            elif task.view.kind(n) == "inline" and isinstance(n, Map):
-                collect(n.src, n.source_index(idx))
-            else:
-                factors.append((n, idx))
-
-        if task.view.kind(src) != "inline":
-            return None
-        collect(src, node.source_index(ix.unflatten(var, node.shape), r))
-        elements = np.arange(node.size, dtype=np.int64)[:, None]
-        positions = np.arange(extent, dtype=np.int64)[None, :]
-        env = {var: elements, r: positions}
-        operands, scales = [], []
-        for factor, index in factors:
-            branches = self._pointer_branches(t, task, factor, index, (), r)
-            if branches is None:
-                return None
-            if not any(r in ix.free_vars(flat) for _guards, _base, flat in branches):
-                scales.append(branches)
-                continue
-            for guards, _base, flat in branches:
-                mask = np.ones((node.size, 1), dtype=bool)
-                for pos, start, stop in guards:
-                    p = np.broadcast_to(ix.evaluate(pos, env), (node.size, 1))
-                    mask &= (p >= start) & (p < stop)
-                where = np.broadcast_to(ix.evaluate(flat, env), (node.size, extent))[mask[:, 0]]
-                if where.size and ((where[:, :1] % 4).any() or (where - where[:, :1] != positions).any()):
-                    return None
-            operands.append(branches)
-        if len(operands) != 2:
+        operands = [branches for kind, branches, _ in found if kind == "float4"]
+        scales = [branches for kind, branches, _ in found if kind == "scalar"]
+        if len(operands) != 2 or len(operands) + len(scales) != len(found):
             return None
         return operands, scales
 
     def _vector_factors(self, t: int, task: Task, node: Reduce, index: list, r: ix.Var) -> list | None:
-        """For a thread's own sum over r (attention's P·V: the softmax weights times the cached
-        or new V row; the softmax sum: the weights alone), each factor of the summand's product as
+        """For a sum over r (attention's scores: q times the cached or new K row; P·V: the
+        softmax weights times the cached V rows; the softmax sum: the weights alone), each factor of
+        the summand's product (through the product tree and the views over it) as
         (kind, pointer branches, stride): "float4" where its positions are contiguous along r from a
         16-byte aligned start for every element, "strided" (a constant stride s: p[r * s]) or
         "scalar" (no r at all). None unless every factor resolves to shared memory and at least one
