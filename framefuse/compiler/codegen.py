@@ -1129,30 +1129,7 @@ class Generator:
         operands, scales = found
         scope = em.stack[-1]
         trips = node.extent // (4 * lanes)
-        pointers = []
-        block = Code("")
-        block.items.append(f"const int {r.name} = 0;  // the pointers to the element's row start")
-        block.items.append(f"(void){r.name};")
-        for branches in operands + scales:
-            p = em.fresh("p")
-            pointers.append(p)
-            scope.insert(f"const float* {p};")
-            for i, (guards, (base, origin), flat) in enumerate(branches):
-                text = f"{p} = {base} + ({ix.to_c(flat)} - {origin});"
-                if len(branches) == 1:
-                    block.items.append(text)
-                    continue
-                if i == len(branches) - 1:
-                    head = "else"
-                else:
-                    test = " && ".join(
-                        f"{ix.to_c(pos)} >= {start} && {ix.to_c(pos)} < {stop}" for pos, start, stop in guards
-                    )
-                    head = f"{'else ' if i else ''}if ({test or 'true'})"
-                branch = Code(head)
-                branch.items.append(text)
-                block.items.append(branch)
-        scope.insert(block)
+        pointers = _pointers(scope, em.fresh, operands + scales, r, "the pointers to the element's row start")
         walk = f"(({j} + e) & {trips - 1})" if trips & (trips - 1) == 0 else f"(({j} + e) % {trips})"
         loop = Code(f"#pragma unroll\nfor (int {j} = 0; {j} < {trips}; ++{j})")
         c = em.fresh("c")
@@ -1587,33 +1564,22 @@ class Emitter:
                 found = self.gen._vector_factors(self.t, self.task, node, index, prefix)
                 if found is not None:
                     break
+        start = 0
         if found is not None:
             self._vector_sum(scope, acc, found, span, prefix)
-            if span < node.extent:  # the rest of the positions in the scalar loop, in order
-                loop = Code(f"for (int {r.name} = {span}; {r.name} < {node.extent}; ++{r.name})")
-                scope.open_child(loop)
-                self.stack.append(Scope(loop, var=r))
-                val = self.value(node.src, node.source_index(index, r))
-                self.stack[-1].insert(_accumulate(node.op, acc, val.text))
-                self.stack.pop()
-                scope.close_child(loop)
-            result = Val(acc, free)
-            scope.memo[key] = result
-            self.stack = saved
-            if node.id in self.side:
-                return self.bind(("side", key), acc, free, node=node, flat=flat)
-            return result
-        if split:  # a warp per root element: the lanes share the reduction, then a warp reduction
-            loop, inner = _lane_loop(r, self.fresh("j"), unroll=2)
-        else:
-            loop = Code(f"for (int {r.name} = 0; {r.name} < {node.extent}; ++{r.name})")
-            inner = Scope(loop, var=r)
-        scope.open_child(loop)
-        self.stack.append(inner)
-        val = self.value(node.src, node.source_index(index, r))
-        self.stack[-1].insert(_accumulate(node.op, acc, val.text))
-        self.stack.pop()
-        scope.close_child(loop)
+            start = span  # the rest of the positions in the scalar loop, in order
+        if start < node.extent:
+            if split:  # a warp per root element: the lanes share the reduction, then a warp reduction
+                loop, inner = _lane_loop(r, self.fresh("j"), unroll=2)
+            else:
+                loop = Code(f"for (int {r.name} = {start}; {r.name} < {node.extent}; ++{r.name})")
+                inner = Scope(loop, var=r)
+            scope.open_child(loop)
+            self.stack.append(inner)
+            val = self.value(node.src, node.source_index(index, r))
+            self.stack[-1].insert(_accumulate(node.op, acc, val.text))
+            self.stack.pop()
+            scope.close_child(loop)
         if split:
             scope.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         result = Val(acc, free)
@@ -1627,30 +1593,9 @@ class Emitter:
         """The sum of Generator._vector_factors: a pointer per factor chosen once, then four
         positions a step, the float4 factors in one load each, the products in the scalar loop's
         order."""
-        pointers = []
-        block = Code("")
-        block.items.append(f"const int {r.name} = 0;  // the pointers to the first position")
-        block.items.append(f"(void){r.name};")
-        for _kind, branches, _stride in found:
-            p = self.fresh("p")
-            pointers.append(p)
-            scope.insert(f"const float* {p};")
-            for i, (guards, (base, origin), flat) in enumerate(branches):
-                text = f"{p} = {base} + ({ix.to_c(flat)} - {origin});"
-                if len(branches) == 1:
-                    block.items.append(text)
-                    continue
-                if i == len(branches) - 1:
-                    head = "else"
-                else:
-                    test = " && ".join(
-                        f"{ix.to_c(pos)} >= {start} && {ix.to_c(pos)} < {stop}" for pos, start, stop in guards
-                    )
-                    head = f"{'else ' if i else ''}if ({test or 'true'})"
-                branch = Code(head)
-                branch.items.append(text)
-                block.items.append(branch)
-        scope.insert(block)
+        pointers = _pointers(
+            scope, self.fresh, [branches for _, branches, _ in found], r, "the pointers to the first position"
+        )
         c = self.fresh("c")
         loop = Code(f"#pragma unroll 2\nfor (int {c} = 0; {c} < {extent}; {c} += 4)")
         lanes_of = []
@@ -1699,6 +1644,37 @@ class Emitter:
         if node.id in self.side:
             return self.bind(("side", key), out, free, node=node, flat=flat)
         return result
+
+
+def _pointers(scope: Scope, fresh, operands: list, r: ix.Var, why: str) -> list[str]:
+    """A pointer per operand of a float4 walk or sum (Generator._vector_factors), declared in
+    ``scope`` and set once, in a block where the position ``r`` is 0, through each operand's
+    Concat branches: their names."""
+    pointers = []
+    block = Code("")
+    block.items.append(f"const int {r.name} = 0;  // {why}")
+    block.items.append(f"(void){r.name};")
+    for branches in operands:
+        p = fresh("p")
+        pointers.append(p)
+        scope.insert(f"const float* {p};")
+        for i, (guards, (base, origin), flat) in enumerate(branches):
+            text = f"{p} = {base} + ({ix.to_c(flat)} - {origin});"
+            if len(branches) == 1:
+                block.items.append(text)
+                continue
+            if i == len(branches) - 1:
+                head = "else"
+            else:
+                test = " && ".join(
+                    f"{ix.to_c(pos)} >= {start} && {ix.to_c(pos)} < {stop}" for pos, start, stop in guards
+                )
+                head = f"{'else ' if i else ''}if ({test or 'true'})"
+            branch = Code(head)
+            branch.items.append(text)
+            block.items.append(branch)
+    scope.insert(block)
+    return pointers
 
 
 @dataclass

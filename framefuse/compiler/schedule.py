@@ -1067,23 +1067,8 @@ def _place(
         if first == task.first and spans[i] == task.blocks:
             placed.append(task)
             continue
-        moved, _ = build_task(
-            task.root,
-            materialized,
-            grid,
-            threads,
-            users,
-            outputs,
-            inline_through=[s.id for s in task.side],
-            min_chunk=task.min_chunk,
-            first=first,
-            span=spans[i],
-        )
-        if task_smem_floats(moved) > smem_floats:
-            placed.append(task)
-            continue
-        moved.side = list(task.side)
-        placed.append(moved)
+        moved = _moved(task, materialized, grid, threads, users, outputs, first, spans[i])
+        placed.append(task if task_smem_floats(moved) > smem_floats else moved)
     return placed
 
 
@@ -1128,21 +1113,28 @@ def _quiet_frame_block(ordered: list, materialized: dict, grid: int, threads: in
         best = min(free, key=lambda b: (cost(b), b != task.first, b))
         if best == task.first:
             continue
-        moved, _ = build_task(
-            task.root,
-            materialized,
-            grid,
-            threads,
-            users,
-            outputs,
-            inline_through=[s.id for s in task.side],
-            min_chunk=task.min_chunk,
-            first=best,
-            span=1,
-        )
-        moved.side = list(task.side)
-        out[i] = moved
+        out[i] = _moved(task, materialized, grid, threads, users, outputs, best, 1)
     return out
+
+
+def _moved(
+    task: Task, materialized: dict, grid: int, threads: int, users: dict, outputs: set, first: int, span: int
+) -> Task:
+    """``task`` rebuilt on the blocks [first, first + span), with its side stores."""
+    moved, _ = build_task(
+        task.root,
+        materialized,
+        grid,
+        threads,
+        users,
+        outputs,
+        inline_through=[s.id for s in task.side],
+        min_chunk=task.min_chunk,
+        first=first,
+        span=span,
+    )
+    moved.side = list(task.side)
+    return moved
 
 
 def replicated_floats(task: Task) -> int:
