@@ -156,6 +156,7 @@ class Generator:
         self.host_tasks: set[int] = set()  # tasks that read a graph input or write a graph output
         self.done_words = 0
         self._t = -1
+        self._followers: dict[int, Unit] = {}  # the current task's (see _row_followers)
         self._plan()
 
     # -- layout -------------------------------------------------------------------------------------
@@ -907,7 +908,7 @@ class Generator:
         em.top.close_child(outer)
         em.top.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         em.top.insert(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
-        follower = getattr(self, "_followers", {}).get(uid)
+        follower = self._followers.get(uid)
         if follower is not None:
             self._follow_row(loop, t, task, follower)
 

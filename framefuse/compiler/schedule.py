@@ -1086,7 +1086,8 @@ def block_copy_floats(task: Task, b: int) -> int:
             continue
         n = unit.node.n
         lo, hi = int(unit.lo[b]), int(unit.hi[b])
-        rows = n if hi - lo >= n else int((np.arange(lo, hi) % n).max() - (np.arange(lo, hi) % n).min() + 1)
+        cols = np.arange(lo, hi) % n
+        rows = n if hi - lo >= n else int(cols.max() - cols.min() + 1)
         total += rows * unit.node.k
     return total
 
