@@ -270,6 +270,40 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
         _close(final[name], value, f"final {name}", tol=1e-5)
 
 
+SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm"]  # their scans are linear: the compiler runs the window
+
+
+def _sequence_program(arch, config):
+    prepared = prepare_cached(arch, config)["sequence"]
+    assert prepared.fused is not None, prepared.fused_error
+    return prepared, lower_program(prepared.fused)
+
+
+@pytest.mark.parametrize("arch", SEQUENCE_ARCHS)
+def test_sequence_form_lowering_matches_onnxruntime_on_the_original_graph(arch):
+    from framefuse.plugins.ort_bridge import ort_session
+
+    prepared, program = _sequence_program(arch, {**SMALL, "seq": 8})
+    assert program.counts().get("scan") == 2  # one a layer
+    session = ort_session(prepared.onnx, fused=False)
+    feeds = _feeds(program, np.random.default_rng(7))
+    names = [o.name for o in session.get_outputs()]
+    expected = dict(zip(names, session.run(names, feeds)))
+    actual = naive.run(program, feeds)
+    for name in names:
+        _close(actual[name], expected[name], f"{arch} {name}")
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", SEQUENCE_ARCHS)
+def test_sequence_form_kernel_emulated_matches_the_interpreter(arch, tmp_path):
+    """16 positions over 16 blocks: the scans' outputs cross blocks to the products that read them."""
+    _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 16, "seed": 0})
+    kernel = generate(schedule(program, grid=16, threads=128))
+    assert "for (int s" in kernel.source  # the recurrence's loop over positions
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=arch == "min_gru")
+
+
 @needs_cxx
 @pytest.mark.parametrize("arch", ARCHS)
 def test_resident_kernel_emulated_matches_the_interpreter(arch, tmp_path):
@@ -789,12 +823,13 @@ def test_generated_source_is_the_same_for_the_same_graph():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ["min_gru", "mamba", "attention"])
+@pytest.mark.parametrize("arch", ["min_gru", "mamba", "attention", "min_gru/sequence"])
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
-    prepared = _prepared(arch)
+    arch, _, form = arch.partition("/")
+    prepared = prepare_cached(arch, SMALL)[form] if form else _prepared(arch)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
     for resident in (False, True):
         kernel = generate_source(prepared.fused, grid=132, resident=resident)
@@ -830,9 +865,23 @@ def _graph(nodes, inputs, outputs, initializers=()):
     return model
 
 
-def test_sequence_form_is_declined_naming_the_node():
+def test_sequence_form_of_a_nonlinear_recurrence_is_declined_naming_the_node():
     f32 = TensorProto.FLOAT
     model = _graph(
+        [helper.make_node("LSTMSeq", ["X", "W", "R"], ["Y", "next_state.h"], domain="framefuse", name="lstm0")],
+        [helper.make_tensor_value_info(n, f32, s) for n, s in (("X", [2, 1, 4]), ("W", [1, 16, 4]), ("R", [1, 16, 4]))],
+        [
+            helper.make_tensor_value_info("Y", f32, [2, 1, 1, 4]),
+            helper.make_tensor_value_info("next_state.h", f32, [1, 1, 4]),
+        ],
+    )
+    with pytest.raises(CompileError, match=r"node 'lstm0' \(framefuse::LSTMSeq\).*2 time steps"):
+        lower_onnx(model, fold=False)
+
+
+def _linear_scan_window(t: int, width: int, batch: int = 1):
+    f32 = TensorProto.FLOAT
+    return _graph(
         [
             helper.make_node(
                 "LinearScan", ["a", "b", "state.h"], ["h", "next_state.h"], domain="framefuse", name="scan0"
@@ -840,15 +889,33 @@ def test_sequence_form_is_declined_naming_the_node():
         ],
         [
             helper.make_tensor_value_info(n, f32, s)
-            for n, s in (("a", [1, 2, 4]), ("b", [1, 2, 4]), ("state.h", [1, 4]))
+            for n, s in (("a", [batch, t, width]), ("b", [batch, t, width]), ("state.h", [batch, width]))
         ],
         [
-            helper.make_tensor_value_info("h", f32, [1, 2, 4]),
-            helper.make_tensor_value_info("next_state.h", f32, [1, 4]),
+            helper.make_tensor_value_info("h", f32, [batch, t, width]),
+            helper.make_tensor_value_info("next_state.h", f32, [batch, width]),
         ],
     )
-    with pytest.raises(CompileError, match=r"node 'scan0' \(framefuse::LinearScan\).*2 time steps"):
-        lower_onnx(model, fold=False)
+
+
+@pytest.mark.parametrize("t,width,batch", [(2, 4, 1), (33, 5, 3), (64, 96, 1)])
+def test_a_linear_scan_window_lowers_to_one_scan_with_the_ops_reference(t, width, batch):
+    import torch
+
+    from framefuse.plugins.linear_scan.naive import reference
+
+    program = lower_onnx(_linear_scan_window(t, width, batch), fold=False)
+    assert program.counts().get("scan") == 1
+    rng = np.random.default_rng(t)
+    a = rng.uniform(-1, 1, (batch, t, width)).astype(np.float32)
+    b = rng.standard_normal((batch, t, width)).astype(np.float32)
+    h0 = rng.standard_normal((batch, width)).astype(np.float32)
+    got = naive.run(program, {"a": a, "b": b, "state.h": h0})
+    want_y, want_h = reference(
+        torch.from_numpy(a).double(), torch.from_numpy(b).double(), torch.from_numpy(h0).double()
+    )
+    _close(got["h"], want_y.numpy(), "y")
+    _close(got["next_state.h"], want_h.numpy(), "h_T")
 
 
 def test_unknown_op_is_declined_naming_the_node():

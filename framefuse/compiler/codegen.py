@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Reduce
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Reduce, Scan
 from framefuse.compiler.ops import EW, c_float
 from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branches, frame_source
 
@@ -1522,6 +1522,8 @@ class Emitter:
             return self.bind(key, spec.c([a.text for a in args], node.params), deps, node=node, flat=flat)
         if isinstance(node, Reduce):
             return self._reduce(node, index, flat, free, key)
+        if isinstance(node, Scan):
+            return self._scan(node, index, flat, free, key)
         if isinstance(node, Dot):
             raise CompileError(f"{node}: a product reached inline (the scheduler makes every product a unit)")
         raise CompileError(f"{node}: no code for {type(node).__name__}")
@@ -1588,6 +1590,35 @@ class Emitter:
         self.stack = saved
         if node.id in self.side:
             return self.bind(("side", key), acc, free, node=node, flat=flat)
+        return result
+
+    def _scan(self, node: Scan, index: list, flat, free: frozenset, key) -> Val:
+        """The recurrence from its initial value through positions 0..t of the element's own t:
+        each element is independent of the others (no carried value between threads), at the cost
+        of the earlier positions' steps recomputed per element."""
+        level = self.target(free)
+        saved = self.stack
+        self.stack = saved[: level + 1]
+        scope = self.stack[-1]
+        spec = EW[node.op]
+        self.gen.need_header(spec.header)
+        h = self.fresh("h")
+        init = self.value(node.init, node.init_index(index))
+        scope.insert(f"float {h} = {init.text};")
+        s = ix.Var(self.fresh("s"), node.steps)
+        loop = Code(f"for (int {s.name} = 0; {s.name} <= {ix.to_c(index[node.axis])}; ++{s.name})")
+        inner = Scope(loop, var=s)
+        scope.open_child(loop)
+        self.stack.append(inner)
+        items = [self.value(x, node.at(index, s)).text for x in node.xs]
+        inner.insert(f"{h} = {spec.c(node.step_args(items, h), node.params)};")
+        self.stack.pop()
+        scope.close_child(loop)
+        result = Val(h, free)
+        scope.memo[key] = result
+        self.stack = saved
+        if node.id in self.side:
+            return self.bind(("side", key), h, free, node=node, flat=flat)
         return result
 
     def _vector_sum(self, scope: Scope, acc: str, found: list, extent: int, r: ix.Var) -> None:

@@ -9,8 +9,11 @@
     Dot     out[..., n] = Σ_k src[..., k] · rows[n, k] with ``rows`` a constant matrix (a GEMV /
             small GEMM by a weight; the weight kept as [N, K] so a row is contiguous)
 
+    Scan    out[..., t, ...] = h = op(xs[..., t, ...], h): a first-order recurrence along one axis
+
 Everything a model does at one step — LayerNorm, softmax, attention over the KV window, the
-single-step body of every framefuse op — is built from these six; the reference interpreter
+single-step body of every framefuse op — is built from the first six; a window of T steps adds
+Scan for the recurrences. The reference interpreter
 (:mod:`framefuse.compiler.naive`) gives each its meaning, and the code generator
 (:mod:`framefuse.compiler.codegen`) turns a whole program into one CUDA kernel.
 
@@ -163,6 +166,66 @@ class Ew(Node):
 
     def inputs(self):
         return self.args
+
+
+class Scan(Node):
+    """A first-order recurrence along ``axis``: with ``h`` = ``init`` before the first position,
+    out[..., t, ...] = h = op(xs[..., t, ...] with h as its argument number ``carry``) for each
+    t in order. ``op`` is an elementwise op of :data:`framefuse.compiler.ops.EW` (a framefuse op's
+    single-step body: ``linear_scan_step(a, b, h)``); ``init`` has the shape without ``axis``.
+
+    The sequence form of a scan op: every other instruction of a T-step window already runs over
+    all positions at once; this one carries a value from one position to the next."""
+
+    __slots__ = ("op", "xs", "init", "axis", "carry", "params")
+    kind = "scan"
+
+    def __init__(
+        self, op: str, xs: Sequence[Node], init: Node, axis: int, carry: int, params: tuple = (), label: str = ""
+    ):
+        from framefuse.compiler.ops import EW
+
+        spec = EW.get(op)
+        if spec is None:
+            raise CompileError(f"{label}: elementwise op {op!r} is not in the compiler's table")
+        xs = tuple(xs)
+        if not xs or len(xs) + 1 != spec.arity or not 0 <= carry <= len(xs):
+            raise CompileError(f"{label}: a scan of {op} takes {spec.arity - 1} inputs and the carried value")
+        shape = xs[0].shape
+        axis %= len(shape)
+        for x in xs[1:]:
+            if x.shape != shape:
+                raise CompileError(f"{label}: scan inputs have shapes {[list(x.shape) for x in xs]}")
+        carried = shape[:axis] + shape[axis + 1 :]
+        if init.shape != carried:
+            raise CompileError(f"{label}: the scan's initial value is {list(init.shape)}, not {list(carried)}")
+        super().__init__(shape, label)
+        self.op = op
+        self.xs = xs
+        self.init = init
+        self.axis = axis
+        self.carry = carry
+        self.params = tuple(params)
+
+    def inputs(self):
+        return self.xs + (self.init,)
+
+    @property
+    def steps(self) -> int:
+        return self.shape[self.axis]
+
+    def step_args(self, items: list, carried):
+        """The op's arguments: ``items`` (one per x) with the carried value at its place."""
+        return list(items[: self.carry]) + [carried] + list(items[self.carry :])
+
+    def init_index(self, index: list) -> list:
+        return list(index[: self.axis]) + list(index[self.axis + 1 :])
+
+    def at(self, index: list, position) -> list:
+        """``index`` with its position along the scanned axis replaced by ``position``."""
+        out = list(index)
+        out[self.axis] = position
+        return out
 
 
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -441,6 +504,7 @@ __all__ = [
     "Program",
     "REDUCE_OPS",
     "Reduce",
+    "Scan",
     "broadcast_shape",
     "broadcast_to",
     "concat",

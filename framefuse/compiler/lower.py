@@ -717,7 +717,21 @@ def _step_ew(ctx: Ctx, op: str, *args: Node, params: tuple = ()) -> Node:
     return ir.ew(op, *args, params=params, label=ctx.label)
 
 
+def _scan_window(ctx: Ctx, op: str, xs: list[Node], init: Node, carry: int) -> list[Node]:
+    """The sequence form [B, T, ...] of a scan op whose step is the elementwise ``op``: the outputs
+    over every position and the state after the last."""
+    y = ir.Scan(op, xs, init, 1, carry, label=ctx.label)
+    last = ir.slice_axis(y, 1, y.steps - 1, 1, 1, ctx.label)
+    return [y, ir.reshape(last, init.shape, ctx.label)]
+
+
 def _linear_scan(ctx, ins):
+    a, b = as_node(ins[0], ctx.label), as_node(ins[1], ctx.label)
+    if a.rank == 3 and a.shape[1] > 1:
+        shape = ir.broadcast_shape(a.shape, b.shape, label=ctx.label)
+        a, b = ir.broadcast_to(a, shape, ctx.label), ir.broadcast_to(b, shape, ctx.label)
+        h0 = _state_or(ctx, ins[2] if len(ins) > 2 else None, (shape[0], shape[2]))
+        return _scan_window(ctx, "linear_scan_step", [a, b], h0, 2)
     a, b = _one_step(ctx, ins[0], 1, "a"), _one_step(ctx, ins[1], 1, "b")
     h0 = _state_or(ctx, ins[2] if len(ins) > 2 else None, a.shape)
     h = _step_ew(ctx, "linear_scan_step", a, b, h0)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce, Scan
 from framefuse.compiler.ops import EW
 
 
@@ -56,6 +56,16 @@ def evaluate_node(node: Node, values: Mapping[int, np.ndarray]) -> np.ndarray:
             return np.asarray(fn(src, axis=node.axes), dtype=np.float64).reshape(shape)
     if isinstance(node, Dot):
         return np.asarray(values[node.src.id] @ node.rows.astype(np.float64).T).reshape(shape)
+    if isinstance(node, Scan):
+        spec = EW[node.op]
+        xs = [np.moveaxis(values[x.id], node.axis, 0) for x in node.xs]
+        h = np.asarray(values[node.init.id], dtype=np.float64)
+        out = np.empty((node.steps,) + h.shape, dtype=np.float64)
+        with np.errstate(all="ignore"):
+            for t in range(node.steps):
+                h = np.asarray(spec.numpy(*node.step_args([x[t] for x in xs], h), node.params), dtype=np.float64)
+                out[t] = h.reshape(out.shape[1:])
+        return np.moveaxis(out, 0, node.axis)
     raise CompileError(f"{node}: no reference for {type(node).__name__}")
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Program, Reduce
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Program, Reduce, Scan
 from framefuse.compiler.ops import EW
 
 # An inline value read by more than one element is cached in shared memory when its inline cost
@@ -296,6 +296,9 @@ def inline_cost(node: Node, view: TaskView, memo: dict) -> int:
         cost = EW[node.op].cost + sum(inline_cost(a, view, memo) for a in node.args)
     elif isinstance(node, Reduce):
         cost = node.extent * (1 + inline_cost(node.src, view, memo))
+    elif isinstance(node, Scan):  # an element at position t runs the recurrence up to t: T/2 steps on average
+        step = EW[node.op].cost + sum(inline_cost(x, view, memo) for x in node.xs)
+        cost = inline_cost(node.init, view, memo) + (node.steps + 1) // 2 * step
     else:
         cost = 0
     memo[node.id] = cost
@@ -374,6 +377,11 @@ class Walk:
         elif isinstance(node, Reduce):
             r = self.new_var(node.extent)
             self.visit(node.src, node.source_index(index, r), loops + (r,), guards)
+        elif isinstance(node, Scan):  # positions 0..t: the loop's variable spans the axis
+            s = self.new_var(node.steps)
+            for x in node.xs:
+                self.visit(x, node.at(index, s), loops + (s,), guards)
+            self.visit(node.init, node.init_index(index), loops, guards)
 
 
 # -- numeric analysis -------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from framefuse.compiler.ir import (
     Node,
     Program,
     Reduce,
+    Scan,
     broadcast_to,
     reshape,
     slice_axis,
@@ -108,7 +109,9 @@ def with_inputs(node: Node, inputs: list[Node]) -> Node:
         return Reduce(node.op, inputs[0], node.axes, node.label)
     if isinstance(node, Dot):
         return Dot(inputs[0], node.rows, node.label)
-    return node
+    if isinstance(node, Scan):
+        return Scan(node.op, inputs[:-1], inputs[-1], node.axis, node.carry, node.params, node.label)
+    raise ir.CompileError(f"{node}: the simplifier cannot rebuild a {type(node).__name__} over new inputs")
 
 
 class ComposeMaps(Rebuilder):
