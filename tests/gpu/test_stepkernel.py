@@ -366,3 +366,28 @@ def test_stepkernel_of_lstm_cells_fused_from_a_step_form_export(tmp_path):
     final = session.get_state()
     for name, value in state.items():
         _close(final[name], value, name)
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "min_lstm", "gated_ssm"])
+@pytest.mark.parametrize("seq,batch", [(32, 1), (7, 2), (64, 1)])
+def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
+    """The sequence form (T frames in, no state carried out) as one kernel: the scans run their
+    recurrence inside it (compiler ir.Scan); windows of zeros, of NaN and of random frames."""
+    from framefuse.engines import cuda_graph
+
+    prepared = prepare_cached(arch, {"model": {"embed": 64, "layers": 2}, "seq": seq, "batch": batch, "seed": 5})[
+        "sequence"
+    ]
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    sess = _ort(prepared)
+    shape = prepared.input_shapes()["x"]
+    rng = np.random.default_rng(6)
+    windows = [rng.standard_normal(shape).astype(np.float32) for _ in range(5)] + [np.zeros(shape, np.float32)]
+    poisoned = rng.standard_normal(shape).astype(np.float32)
+    poisoned[0, seq // 2, 3] = np.nan
+    windows.append(poisoned)
+    out_name = prepared.manifest["outputs"][0]["name"]
+    for i, window in enumerate(windows):
+        expected = sess.run([out_name], {"x": window})[0]
+        _close(engine.run({"x": window})[out_name], expected, f"{arch} T={seq} window {i}")
