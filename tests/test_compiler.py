@@ -270,7 +270,7 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
         _close(final[name], value, f"final {name}", tol=1e-5)
 
 
-SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm"]  # their scans are linear: the compiler runs the window
+SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba"]  # linear scans: the window compiles
 
 
 def _sequence_program(arch, config):
@@ -284,7 +284,8 @@ def test_sequence_form_lowering_matches_onnxruntime_on_the_original_graph(arch):
     from framefuse.plugins.ort_bridge import ort_session
 
     prepared, program = _sequence_program(arch, {**SMALL, "seq": 8})
-    assert program.counts().get("scan") == 2  # one a layer
+    scans = [n for n in onnx.load(str(prepared.fused)).graph.node if n.op_type in ("LinearScan", "SelectiveScan")]
+    assert scans and program.counts().get("scan") == len(scans)  # each op's window one Scan
     session = ort_session(prepared.onnx, fused=False)
     feeds = _feeds(program, np.random.default_rng(7))
     names = [o.name for o in session.get_outputs()]

@@ -738,8 +738,36 @@ def _linear_scan(ctx, ins):
     return [_unsq(h, [1], ctx.label), h]
 
 
+def _selective_scan_window(ctx, ins):
+    x, dt = as_node(ins[0], ctx.label), as_node(ins[1], ctx.label)  # [B, T, D]
+    A = as_node(ins[2], ctx.label)  # [D, N]
+    Bm, Cm = as_node(ins[3], ctx.label), as_node(ins[4], ctx.label)  # [B, T, N]
+    batch, steps, d = x.shape
+    n = A.shape[1]
+    full = (batch, steps, d, n)
+    dt_bias = _state_or(ctx, ins[7], (d,))
+    delta = _step_ew(ctx, "ssm_delta", dt, dt_bias, params=(int(ctx.attr("delta_softplus", 1)),))
+    delta_x = _step_ew(ctx, "mul", delta, x)
+    h0 = _state_or(ctx, ins[8], (batch, d, n))
+    xs = [
+        ir.broadcast_to(_unsq(delta, [-1], ctx.label), full, ctx.label),
+        ir.broadcast_to(A, full, ctx.label),
+        ir.broadcast_to(_unsq(delta_x, [-1], ctx.label), full, ctx.label),
+        ir.broadcast_to(_unsq(Bm, [2], ctx.label), full, ctx.label),
+    ]
+    h, last = _scan_window(ctx, "ssm_state", xs, h0, 0)
+    y = ir.reduce("sum", _step_ew(ctx, "mul", h, _unsq(Cm, [2], ctx.label)), [-1], False, ctx.label)
+    if ins[5] is not None:
+        y = _step_ew(ctx, "add", y, _step_ew(ctx, "mul", as_node(ins[5], ctx.label), x))
+    if ins[6] is not None:
+        y = _step_ew(ctx, "ssm_gate", y, as_node(ins[6], ctx.label))
+    return [y, last]
+
+
 def _selective_scan(ctx, ins):
     ins = list(ins) + [None] * (9 - len(ins))
+    if as_node(ins[0], ctx.label).shape[1] > 1:
+        return _selective_scan_window(ctx, ins)
     x, dt = _one_step(ctx, ins[0], 1, "x"), _one_step(ctx, ins[1], 1, "dt")
     A = as_node(ins[2], ctx.label)  # [D, N]
     Bm, Cm = _one_step(ctx, ins[3], 1, "B"), _one_step(ctx, ins[4], 1, "C")  # [B, N]
