@@ -270,7 +270,7 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
         _close(final[name], value, f"final {name}", tol=1e-5)
 
 
-SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba"]  # linear scans: the window compiles
+SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "xlstm"]  # linear scans: windows compile
 
 
 def _sequence_program(arch, config):
@@ -284,8 +284,9 @@ def test_sequence_form_lowering_matches_onnxruntime_on_the_original_graph(arch):
     from framefuse.plugins.ort_bridge import ort_session
 
     prepared, program = _sequence_program(arch, {**SMALL, "seq": 8})
-    scans = [n for n in onnx.load(str(prepared.fused)).graph.node if n.op_type in ("LinearScan", "SelectiveScan")]
-    assert scans and program.counts().get("scan") == len(scans)  # each op's window one Scan
+    scans_of = {"LinearScan": 1, "SelectiveScan": 1, "MLSTMScan": 3}  # MLSTMScan: m, then C and n
+    expected = sum(scans_of.get(n.op_type, 0) for n in onnx.load(str(prepared.fused)).graph.node)
+    assert expected and program.counts().get("scan") == expected
     session = ort_session(prepared.onnx, fused=False)
     feeds = _feeds(program, np.random.default_rng(7))
     names = [o.name for o in session.get_outputs()]
@@ -897,6 +898,77 @@ def _linear_scan_window(t: int, width: int, batch: int = 1):
             helper.make_tensor_value_info("next_state.h", f32, [batch, width]),
         ],
     )
+
+
+def test_a_window_too_large_for_one_recurrence_an_element_is_declined_naming_the_node(monkeypatch):
+    from framefuse.compiler import lower
+
+    monkeypatch.setattr(lower, "SCAN_MAX_ELEMENTS", 63)
+    lower_onnx(_linear_scan_window(7, 9), fold=False)  # 63 elements: compiled
+    with pytest.raises(CompileError, match=r"node 'scan0' \(framefuse::LinearScan\).*\[1, 8, 9\] has 72 elements"):
+        lower_onnx(_linear_scan_window(8, 9), fold=False)
+
+
+def _one_node_window(op: str, feeds: dict, outputs: dict, **attrs):
+    f32 = TensorProto.FLOAT
+    return _graph(
+        [helper.make_node(op, list(feeds), list(outputs), domain="framefuse", name="op0", **attrs)],
+        [helper.make_tensor_value_info(n, f32, list(v.shape)) for n, v in feeds.items()],
+        [helper.make_tensor_value_info(n, f32, list(shape)) for n, shape in outputs.items()],
+    )
+
+
+@pytest.mark.parametrize("t,batch", [(2, 1), (9, 2)])
+def test_selective_and_mlstm_windows_lower_to_scans_with_the_ops_reference(t, batch):
+    """The two other scans the compiler runs over a window, each against the op's naive.py:
+    SelectiveScan (one Scan over [B, T, D, N]) and MLSTMScan (the stabiliser, then C and n)."""
+    import torch
+
+    from framefuse.plugins.mlstm_scan.naive import reference as mlstm_reference
+    from framefuse.plugins.selective_scan.naive import reference as ssm_reference
+
+    rng = np.random.default_rng(t)
+
+    def rand(*shape, scale=1.0):
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    d, n = 5, 3
+    feeds = {
+        "x": rand(batch, t, d),
+        "dt": rand(batch, t, d, scale=0.5),
+        "A": -np.abs(rand(d, n)),
+        "B": rand(batch, t, n),
+        "C": rand(batch, t, n),
+        "D": rand(d),
+        "z": rand(batch, t, d),
+        "dt_bias": rand(d, scale=0.1),
+        "h0": rand(batch, d, n),
+    }
+    program = lower_onnx(_one_node_window("SelectiveScan", feeds, {"y": (batch, t, d), "h": (batch, d, n)}), fold=False)
+    assert program.counts().get("scan") == 1
+    got = naive.run(program, feeds)
+    want = ssm_reference(*(torch.from_numpy(v).double() for v in feeds.values()))
+    _close(got["y"], want[0].numpy(), "ssm y")
+    _close(got["h"], want[1].numpy(), "ssm h_T")
+
+    h, dk, dv = 2, 4, 3
+    feeds = {
+        "q": rand(batch, h, t, dk),
+        "k": rand(batch, h, t, dk, scale=0.5),
+        "v": rand(batch, h, t, dv),
+        "i_pre": rand(batch, h, t),
+        "f_pre": rand(batch, h, t, scale=2.0),
+        "C0": rand(batch, h, dv, dk),
+        "n0": rand(batch, h, dk),
+        "m0": rand(batch, h),
+    }
+    outputs = {"h": (batch, h, t, dv), "C": (batch, h, dv, dk), "n": (batch, h, dk), "m": (batch, h)}
+    program = lower_onnx(_one_node_window("MLSTMScan", feeds, outputs, eps=1e-6), fold=False)
+    assert program.counts().get("scan") == 3
+    got = naive.run(program, feeds)
+    want = mlstm_reference(*(torch.from_numpy(v).double() for v in feeds.values()), eps=1e-6)
+    for name, value in zip(outputs, want):
+        _close(got[name], value.numpy(), f"mlstm {name}")
 
 
 @pytest.mark.parametrize("t,width,batch", [(2, 4, 1), (33, 5, 3), (64, 96, 1)])

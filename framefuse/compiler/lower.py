@@ -26,6 +26,10 @@ FLOAT_LIKE = {FLOAT}
 INT_TYPES = {2, 3, 5, 6, 7, 12, 13}  # uint8, int8, int16, int32, int64, uint32, uint64
 STATE_PREFIX, NEXT_STATE_PREFIX = "state.", "next_state."
 WKV_MAX_INIT = -1e38
+# The most elements (positions x carried values) a window's Scan may have: each element runs the
+# recurrence up to its own position, and scheduling such a window took 154 s on a 2-core CPU for
+# xlstm's C (524,288 elements at embed 256, T = 32) — a build times six tactics.
+SCAN_MAX_ELEMENTS = 1 << 17
 
 
 @dataclass
@@ -720,8 +724,17 @@ def _step_ew(ctx: Ctx, op: str, *args: Node, params: tuple = ()) -> Node:
 def _scan_window(ctx: Ctx, op: str, xs: list[Node], init: Node, carry: int) -> list[Node]:
     """The sequence form [B, T, ...] of a scan op whose step is the elementwise ``op``: the outputs
     over every position and the state after the last."""
-    y = ir.Scan(op, xs, init, 1, carry, label=ctx.label)
-    last = ir.slice_axis(y, 1, y.steps - 1, 1, 1, ctx.label)
+    return _scan_window_at(ctx, op, xs, init, carry, axis=1)
+
+
+def _scan_window_at(ctx: Ctx, op: str, xs: list[Node], init: Node, carry: int, *, axis: int) -> list[Node]:
+    y = ir.Scan(op, xs, init, axis, carry, label=ctx.label)
+    if y.size > SCAN_MAX_ELEMENTS:
+        raise ctx.fail(
+            f"its window's recurrence over {list(y.shape)} has {y.size} elements, more than the "
+            f"{SCAN_MAX_ELEMENTS} the step compiler runs one recurrence an element for"
+        )
+    last = ir.slice_axis(y, axis, y.steps - 1, 1, 1, ctx.label)
     return [y, ir.reshape(last, init.shape, ctx.label)]
 
 
@@ -893,8 +906,54 @@ def _delta_update(ctx, op: str, S, q, k, v, gates: list, *, k_last: bool):
     return [_unsq(o, [2], label), S_new]
 
 
+def _mlstm_window(ctx, ins):
+    """Three scans over the window: the stabiliser m (a max-plus recurrence), then C and n, each
+    linear in its state given the gates that m sets."""
+    label = ctx.label
+    q, k, v = (as_node(ins[i], label) for i in range(3))  # [B, H, T, D]
+    i_pre, f_pre = as_node(ins[3], label), as_node(ins[4], label)  # [B, H, T]
+    batch, heads, steps, dk = k.shape
+    dv = v.shape[-1]
+    C0 = _state_or(ctx, ins[5], (batch, heads, dv, dk))
+    n0 = _state_or(ctx, ins[6], (batch, heads, dk))
+    m0 = _state_or(ctx, ins[7], (batch, heads))
+    eps = float(ctx.attr("eps", 0.0))
+    m_all, m_last = _scan_window_at(ctx, "mlstm_m", [f_pre, i_pre], m0, 1, axis=2)
+    m_prev = ir.concat([_unsq(m0, [2], label), ir.slice_axis(m_all, 2, 0, 1, steps - 1, label)], 2, label)
+    fg = ir.ew("mlstm_fgate", f_pre, m_prev, m_all, label=label)
+    ig = ir.ew("mlstm_igate", i_pre, m_all, label=label)
+    full = (batch, heads, steps, dv, dk)
+    vk = ir.ew("mul", _unsq(v, [4], label), _unsq(k, [3], label), label=label)
+    C_all, C_last = _scan_window_at(
+        ctx,
+        "linear_scan_step",
+        [
+            ir.broadcast_to(_unsq(fg, [3, 4], label), full, label),
+            ir.ew("mul", _unsq(ig, [3, 4], label), vk, label=label),
+        ],
+        C0,
+        2,
+        axis=2,
+    )
+    n_all, n_last = _scan_window_at(
+        ctx,
+        "linear_scan_step",
+        [ir.broadcast_to(_unsq(fg, [3], label), k.shape, label), ir.ew("mul", _unsq(ig, [3], label), k, label=label)],
+        n0,
+        2,
+        axis=2,
+    )
+    numerator = ir.reduce("sum", ir.ew("mul", C_all, _unsq(q, [3], label), label=label), [-1], False, label)
+    nq = ir.reduce("sum", ir.ew("mul", n_all, q, label=label), [-1], False, label)
+    denominator = ir.ew("mlstm_denominator", nq, m_all, params=(eps,), label=label)
+    h = ir.ew("div", numerator, _unsq(denominator, [3], label), label=label)
+    return [h, C_last, n_last, m_last]
+
+
 def _mlstm(ctx, ins):
     ins = list(ins) + [None] * (8 - len(ins))
+    if as_node(ins[0], ctx.label).shape[2] > 1:
+        return _mlstm_window(ctx, ins)
     q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))
     i_pre, f_pre = _one_step(ctx, ins[3], 2, "i_pre"), _one_step(ctx, ins[4], 2, "f_pre")  # [B, H]
     batch, heads, dk = k.shape
