@@ -270,7 +270,8 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
         _close(final[name], value, f"final {name}", tol=1e-5)
 
 
-SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "xlstm"]  # linear scans: windows compile
+# linear scans (their windows are Scans) and the nonlinear ones unrolled (windows of up to 8)
+SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "xlstm", "lstm", "gru", "liquid"]
 
 
 def _sequence_program(arch, config):
@@ -285,8 +286,10 @@ def test_sequence_form_lowering_matches_onnxruntime_on_the_original_graph(arch):
 
     prepared, program = _sequence_program(arch, {**SMALL, "seq": 8})
     scans_of = {"LinearScan": 1, "SelectiveScan": 1, "MLSTMScan": 3}  # MLSTMScan: m, then C and n
-    expected = sum(scans_of.get(n.op_type, 0) for n in onnx.load(str(prepared.fused)).graph.node)
-    assert expected and program.counts().get("scan") == expected
+    ops = [n.op_type for n in onnx.load(str(prepared.fused)).graph.node if n.domain == "framefuse"]
+    assert program.counts().get("scan", 0) == sum(scans_of.get(op, 0) for op in ops)
+    if arch in ("lstm", "gru", "liquid"):  # unrolled: a product by R a position and layer
+        assert program.counts()["dot"] >= 8 * len(ops)
     session = ort_session(prepared.onnx, fused=False)
     feeds = _feeds(program, np.random.default_rng(7))
     names = [o.name for o in session.get_outputs()]
@@ -299,10 +302,12 @@ def test_sequence_form_lowering_matches_onnxruntime_on_the_original_graph(arch):
 @needs_cxx
 @pytest.mark.parametrize("arch", SEQUENCE_ARCHS)
 def test_sequence_form_kernel_emulated_matches_the_interpreter(arch, tmp_path):
-    """16 positions over 16 blocks: the scans' outputs cross blocks to the products that read them."""
-    _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 16, "seed": 0})
+    """8 positions over 16 blocks: the scans' (and cells') outputs cross blocks to the products
+    that read them."""
+    _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0})
     kernel = generate(schedule(program, grid=16, threads=128))
-    assert "for (int s" in kernel.source  # the recurrence's loop over positions
+    if program.counts().get("scan"):
+        assert "for (int s" in kernel.source  # the recurrence's loop over positions
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=arch == "min_gru")
 
 
@@ -867,17 +872,20 @@ def _graph(nodes, inputs, outputs, initializers=()):
     return model
 
 
-def test_sequence_form_of_a_nonlinear_recurrence_is_declined_naming_the_node():
+def test_a_nonlinear_window_longer_than_the_unroll_is_declined_naming_the_node():
+    from framefuse.compiler.lower import UNROLL_MAX_STEPS
+
     f32 = TensorProto.FLOAT
+    t = UNROLL_MAX_STEPS + 1
     model = _graph(
         [helper.make_node("LSTMSeq", ["X", "W", "R"], ["Y", "next_state.h"], domain="framefuse", name="lstm0")],
-        [helper.make_tensor_value_info(n, f32, s) for n, s in (("X", [2, 1, 4]), ("W", [1, 16, 4]), ("R", [1, 16, 4]))],
+        [helper.make_tensor_value_info(n, f32, s) for n, s in (("X", [t, 1, 4]), ("W", [1, 16, 4]), ("R", [1, 16, 4]))],
         [
-            helper.make_tensor_value_info("Y", f32, [2, 1, 1, 4]),
+            helper.make_tensor_value_info("Y", f32, [t, 1, 1, 4]),
             helper.make_tensor_value_info("next_state.h", f32, [1, 1, 4]),
         ],
     )
-    with pytest.raises(CompileError, match=r"node 'lstm0' \(framefuse::LSTMSeq\).*2 time steps"):
+    with pytest.raises(CompileError, match=rf"node 'lstm0' \(framefuse::LSTMSeq\).*{t} time steps.*at most"):
         lower_onnx(model, fold=False)
 
 

@@ -30,6 +30,13 @@ WKV_MAX_INIT = -1e38
 # recurrence up to its own position, and scheduling such a window took 154 s on a 2-core CPU for
 # xlstm's C (524,288 elements at embed 256, T = 32) — a build times six tactics.
 SCAN_MAX_ELEMENTS = 1 << 17
+# LSTMSeq / GRUSeq / LiquidScan windows unrolled into T cells, each a product by R of the hidden
+# value before it (about two dependency levels a position), up to UNROLL_MAX_STEPS positions: the
+# schedule of an unrolled window grows faster than T (2-layer lstm at embed 256 on a 2-core CPU:
+# T = 8 11 s and 0.9 GB, T = 16 53 s and 3.3 GB, T = 32 killed at 21 GB), and a build times six
+# tactics. Longer windows are declined naming the node (a time loop inside the kernel is next).
+UNROLL_NONLINEAR = True
+UNROLL_MAX_STEPS = 8
 
 
 @dataclass
@@ -822,7 +829,83 @@ def _gate(node: Node, g: int, hidden: int, label: str) -> Node:
     return ir.slice_axis(node, -1, g * hidden, 1, hidden, label)
 
 
+def _position(node: Node, axis: int, t: int, label: str) -> Node:
+    """Position ``t`` of ``node`` along ``axis``, the axis dropped."""
+    shape = list(node.shape)
+    shape.pop(axis)
+    return ir.reshape(ir.slice_axis(node, axis, t, 1, 1, label), shape, label)
+
+
+def _rnn_window(ctx, ins, gates: int):
+    """An LSTMSeq / GRUSeq window ``X [T, B, I]``: the input products of every position at once,
+    then the cells in order, each a product by R of the hidden value before it (the recurrence is
+    nonlinear: no position starts before the one before it ends, but a layer's cell at t runs
+    beside the layer below's at t + 1 — the wavefront falls out of the dependency levels)."""
+    X = as_node(ins[0], ctx.label)
+    W, R = _weight(ctx, ins[1], "W"), _weight(ctx, ins[2], "R")
+    hidden = R.shape[1]
+    bias = ins[3] if len(ins) > 3 else None
+    bias = np.zeros(2 * gates * hidden, np.float32) if bias is None else _weight(ctx, bias, "bias")
+    h0 = _state_or(ctx, ins[4] if len(ins) > 4 else None, (X.shape[1], hidden))
+    return X, W, R, bias[: gates * hidden], bias[gates * hidden :], h0, hidden
+
+
+def _unrolled_steps(ctx, value, axis: int, what: str) -> int:
+    """The window's positions when it is unrolled; a refusal naming the node when it is too long."""
+    steps = as_node(value, ctx.label).shape[axis]
+    if steps > UNROLL_MAX_STEPS:
+        raise ctx.fail(
+            f"{what} has {steps} time steps: the step compiler unrolls a nonlinear recurrence over at most "
+            f"{UNROLL_MAX_STEPS} (longer windows go through the cuda-graph plan)"
+        )
+    return steps
+
+
+def _lstm_window(ctx, ins):
+    X, W, R, wb, rb, h, H = _rnn_window(ctx, ins, 4)
+    c = _state_or(ctx, ins[5] if len(ins) > 5 else None, h.shape)
+    wx = _step_ew(ctx, "add", ir.Dot(X, W, ctx.label), ir.constant(wb + rb))  # [T, B, 4H]
+    ys = []
+    for t in range(X.shape[0]):
+        pre = _step_ew(ctx, "add", _position(wx, 0, t, ctx.label), ir.Dot(h, R, ctx.label))
+        i, o, f, g = (_gate(pre, k, H, ctx.label) for k in range(4))
+        c = _step_ew(ctx, "lstm_cell", i, f, g, c)
+        h = _step_ew(ctx, "lstm_hidden", o, c)
+        ys.append(_unsq(h, [0], ctx.label))
+    return [ir.concat(ys, 0, ctx.label), h, c]
+
+
+def _gru_window(ctx, ins):
+    X, W, R, wb, rb, h, H = _rnn_window(ctx, ins, 3)
+    gx_all = _step_ew(ctx, "add", ir.Dot(X, W, ctx.label), ir.constant(wb))  # [T, B, 3H]
+    ys = []
+    for t in range(X.shape[0]):
+        gx = _position(gx_all, 0, t, ctx.label)
+        gh = _step_ew(ctx, "add", ir.Dot(h, R, ctx.label), ir.constant(rb))
+        xz, xr, xh = (_gate(gx, k, H, ctx.label) for k in range(3))
+        hz, hr, hh = (_gate(gh, k, H, ctx.label) for k in range(3))
+        h = _step_ew(ctx, "gru_hidden", xz, hz, xr, hr, xh, hh, h)
+        ys.append(_unsq(h, [0], ctx.label))
+    return [ir.concat(ys, 0, ctx.label), h]
+
+
+def _liquid_window(ctx, ins):
+    xg = as_node(ins[0], ctx.label)  # [B, T, 4H]
+    R = _weight(ctx, ins[1], "R")
+    H = R.shape[1]
+    h = _state_or(ctx, ins[2] if len(ins) > 2 else None, (xg.shape[0], H))
+    ys = []
+    for t in range(xg.shape[1]):
+        g = _step_ew(ctx, "add", _position(xg, 1, t, ctx.label), ir.Dot(h, R, ctx.label))
+        g1, g2, ga, gb = (_gate(g, k, H, ctx.label) for k in range(4))
+        h = _step_ew(ctx, "liquid_hidden", g1, g2, ga, gb, params=(float(ctx.attr("ts", 1.0)),))
+        ys.append(_unsq(h, [1], ctx.label))
+    return [ir.concat(ys, 1, ctx.label), h]
+
+
 def _lstm(ctx, ins):
+    if UNROLL_NONLINEAR and _unrolled_steps(ctx, ins[0], 0, "X") > 1:
+        return _lstm_window(ctx, ins)
     x, W, R, wb, rb, h0, H = _rnn_inputs(ctx, ins, 4)
     c0 = _state_or(ctx, ins[5] if len(ins) > 5 else None, h0.shape)
     pre = _step_ew(
@@ -837,6 +920,8 @@ def _lstm(ctx, ins):
 def _gru(ctx, ins):
     if int(ctx.attr("linear_before_reset", 1)) != 1:
         raise ctx.fail("GRUSeq with linear_before_reset = 0")
+    if UNROLL_NONLINEAR and _unrolled_steps(ctx, ins[0], 0, "X") > 1:
+        return _gru_window(ctx, ins)
     x, W, R, wb, rb, h0, H = _rnn_inputs(ctx, ins, 3)
     gx = _step_ew(ctx, "add", ir.Dot(x, W, ctx.label), ir.constant(wb))
     gh = _step_ew(ctx, "add", ir.Dot(h0, R, ctx.label), ir.constant(rb))
@@ -847,6 +932,8 @@ def _gru(ctx, ins):
 
 
 def _liquid(ctx, ins):
+    if UNROLL_NONLINEAR and _unrolled_steps(ctx, ins[0], 1, "xg") > 1:
+        return _liquid_window(ctx, ins)
     xg = _one_step(ctx, ins[0], 1, "xg")  # [B, 4H]
     R = _weight(ctx, ins[1], "R")
     H = R.shape[1]

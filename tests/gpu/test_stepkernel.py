@@ -368,8 +368,11 @@ def test_stepkernel_of_lstm_cells_fused_from_a_step_form_export(tmp_path):
         _close(final[name], value, name)
 
 
-@pytest.mark.parametrize("arch", ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba"])
-@pytest.mark.parametrize("seq,batch", [(32, 1), (7, 2), (64, 1)])
+@pytest.mark.parametrize(
+    "arch,seq,batch",
+    [(a, s, b) for a in ("min_gru", "min_lstm", "gated_ssm", "mamba", "jamba") for s, b in ((32, 1), (7, 2), (64, 1))]
+    + [(a, s, b) for a in ("lstm", "gru", "liquid", "xlstm") for s, b in ((8, 1), (5, 2))],
+)
 def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
     """The sequence form (T frames in, no state carried out) as one kernel: the scans run their
     recurrence inside it (compiler ir.Scan); windows of zeros, of NaN and of random frames."""
