@@ -177,7 +177,11 @@ VARIANTS = {**SOURCE_VARIANTS, **COMPILE_VARIANTS, **SCHEDULE_VARIANTS}
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--archs", default="min_gru,mamba", help="zoo architectures; real:NAME for tests/real_models")
+    parser.add_argument(
+        "--archs",
+        default="min_gru,mamba",
+        help="zoo architectures (ARCH/sequenceT: the sequence form, T frames); real:NAME for tests/real_models",
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -199,6 +203,9 @@ def main() -> int:
             from tests.real_models.flow import fuse_real_model
 
             prepared = SimpleNamespace(fused=fuse_real_model(arch[5:], 1, root).fused_path)
+        elif "/sequence" in arch:  # min_gru/sequence32: the sequence form's window of 32 frames as one kernel
+            name, _, steps = arch.partition("/sequence")
+            prepared = prepare(name, root / arch.replace("/", "-"), {"seq": int(steps or 32)})["sequence"]
         else:
             prepared = prepare(arch, root / arch)["step"]
         compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
