@@ -50,6 +50,44 @@ def test_real_model_compiles_and_its_ir_matches_onnxruntime(name, export_root):
         assert err.max() <= 1e-4, f"{name} {out}: max rel diff {err.max():.3g}"
 
 
+WINDOWS = [(n, 8) for n in BENCHMARKED + ["mingru_log_space"]] + [
+    (n, 32) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "mingru_log_space")
+]
+
+
+@pytest.mark.parametrize("name,steps", WINDOWS, ids=lambda v: str(v))
+def test_real_model_window_compiles_and_its_ir_matches_onnxruntime(name, steps, export_root):
+    """The sequence form (issue 17): a window of T frames in one kernel — scans as the IR's Scan,
+    LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) unrolled up to 8 positions."""
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.schedule import schedule
+    from framefuse.plugins.ort_bridge import ort_session
+
+    run = fuse_real_model(name, steps, export_root)
+    program = lower_program(run.fused_path)
+    kernel = generate(schedule(program, grid=132, threads=256, smem_floats=28 * 1024), smem_limit_bytes=226 * 1024)
+    assert kernel.source.count('extern "C" __global__') == 1
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    session = ort_session(run.source, fused=False)
+    names = [o.name for o in session.get_outputs()]
+    expected = dict(zip(names, session.run(names, feeds)))
+    actual = naive.run(program, feeds)
+    for out in names:
+        err = np.abs(actual[out] - expected[out]) / (1 + np.abs(expected[out]))
+        assert err.max() <= 1e-4, f"{name} T={steps} {out}: max rel diff {err.max():.3g}"
+
+
+@pytest.mark.parametrize("name,op", [("torch_lstm_bidir", "LSTMSeq"), ("torch_gru_bidir", "GRUSeq")])
+def test_real_model_window_past_the_unroll_is_declined_naming_the_node(name, op, export_root):
+    from framefuse.compiler import CompileError, lower_program
+
+    run = fuse_real_model(name, 32, export_root)
+    with pytest.raises(CompileError, match=rf"\(framefuse::{op}\): X has 32 time steps"):
+        lower_program(run.fused_path)
+
+
 @pytest.mark.parametrize("name", ["torch_lstm_bidir", "torch_gru_bidir"])
 def test_products_of_the_zero_initial_state_fold_away(name, export_root):
     """nn.LSTM / nn.GRU exported without an initial state multiply their recurrent weights by
