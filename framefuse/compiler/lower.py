@@ -728,13 +728,9 @@ def _step_ew(ctx: Ctx, op: str, *args: Node, params: tuple = ()) -> Node:
     return ir.ew(op, *args, params=params, label=ctx.label)
 
 
-def _scan_window(ctx: Ctx, op: str, xs: list[Node], init: Node, carry: int) -> list[Node]:
-    """The sequence form [B, T, ...] of a scan op whose step is the elementwise ``op``: the outputs
-    over every position and the state after the last."""
-    return _scan_window_at(ctx, op, xs, init, carry, axis=1)
-
-
-def _scan_window_at(ctx: Ctx, op: str, xs: list[Node], init: Node, carry: int, *, axis: int) -> list[Node]:
+def _scan_window(ctx: Ctx, op: str, xs: list[Node], init: Node, carry: int, *, axis: int = 1) -> list[Node]:
+    """The sequence form of a scan op whose step is the elementwise ``op``, positions along
+    ``axis``: the outputs over every position and the state after the last."""
     y = ir.Scan(op, xs, init, axis, carry, label=ctx.label)
     if y.size > SCAN_MAX_ELEMENTS:
         raise ctx.fail(
@@ -814,14 +810,16 @@ def _selective_scan(ctx, ins):
     return [_unsq(y, [1], ctx.label), h]
 
 
-def _rnn_inputs(ctx, ins, gates: int):
-    x = _one_step(ctx, ins[0], 0, "X")  # [B, I]
+def _rnn_inputs(ctx, ins, gates: int, *, window: bool = False):
+    """(x, W, R, W's bias, R's bias, h0, hidden) of an LSTMSeq / GRUSeq: x is X [B, I] of the step,
+    or with ``window`` X [T, B, I] whole."""
+    x = as_node(ins[0], ctx.label) if window else _one_step(ctx, ins[0], 0, "X")
     W = _weight(ctx, ins[1], "W")
     R = _weight(ctx, ins[2], "R")
     hidden = R.shape[1]
     bias = ins[3] if len(ins) > 3 else None
     bias = np.zeros(2 * gates * hidden, np.float32) if bias is None else _weight(ctx, bias, "bias")
-    h0 = _state_or(ctx, ins[4] if len(ins) > 4 else None, (x.shape[0], hidden))
+    h0 = _state_or(ctx, ins[4] if len(ins) > 4 else None, (x.shape[-2], hidden))
     return x, W, R, bias[: gates * hidden], bias[gates * hidden :], h0, hidden
 
 
@@ -836,20 +834,6 @@ def _position(node: Node, axis: int, t: int, label: str) -> Node:
     return ir.reshape(ir.slice_axis(node, axis, t, 1, 1, label), shape, label)
 
 
-def _rnn_window(ctx, ins, gates: int):
-    """An LSTMSeq / GRUSeq window ``X [T, B, I]``: the input products of every position at once,
-    then the cells in order, each a product by R of the hidden value before it (the recurrence is
-    nonlinear: no position starts before the one before it ends, but a layer's cell at t runs
-    beside the layer below's at t + 1 — the wavefront falls out of the dependency levels)."""
-    X = as_node(ins[0], ctx.label)
-    W, R = _weight(ctx, ins[1], "W"), _weight(ctx, ins[2], "R")
-    hidden = R.shape[1]
-    bias = ins[3] if len(ins) > 3 else None
-    bias = np.zeros(2 * gates * hidden, np.float32) if bias is None else _weight(ctx, bias, "bias")
-    h0 = _state_or(ctx, ins[4] if len(ins) > 4 else None, (X.shape[1], hidden))
-    return X, W, R, bias[: gates * hidden], bias[gates * hidden :], h0, hidden
-
-
 def _unrolled_steps(ctx, value, axis: int, what: str) -> int:
     """The window's positions when it is unrolled; a refusal naming the node when it is too long."""
     steps = as_node(value, ctx.label).shape[axis]
@@ -862,7 +846,11 @@ def _unrolled_steps(ctx, value, axis: int, what: str) -> int:
 
 
 def _lstm_window(ctx, ins):
-    X, W, R, wb, rb, h, H = _rnn_window(ctx, ins, 4)
+    """An LSTMSeq window ``X [T, B, I]``: the input products of every position at once, then the
+    cells in order, each a product by R of the hidden value before it (nonlinear: no position
+    starts before the one before it ends, but a layer's cell at t runs beside the layer below's at
+    t + 1 — the wavefront falls out of the dependency levels)."""
+    X, W, R, wb, rb, h, H = _rnn_inputs(ctx, ins, 4, window=True)
     c = _state_or(ctx, ins[5] if len(ins) > 5 else None, h.shape)
     wx = _step_ew(ctx, "add", ir.Dot(X, W, ctx.label), ir.constant(wb + rb))  # [T, B, 4H]
     ys = []
@@ -876,7 +864,7 @@ def _lstm_window(ctx, ins):
 
 
 def _gru_window(ctx, ins):
-    X, W, R, wb, rb, h, H = _rnn_window(ctx, ins, 3)
+    X, W, R, wb, rb, h, H = _rnn_inputs(ctx, ins, 3, window=True)
     gx_all = _step_ew(ctx, "add", ir.Dot(X, W, ctx.label), ir.constant(wb))  # [T, B, 3H]
     ys = []
     for t in range(X.shape[0]):
@@ -1005,13 +993,13 @@ def _mlstm_window(ctx, ins):
     n0 = _state_or(ctx, ins[6], (batch, heads, dk))
     m0 = _state_or(ctx, ins[7], (batch, heads))
     eps = float(ctx.attr("eps", 0.0))
-    m_all, m_last = _scan_window_at(ctx, "mlstm_m", [f_pre, i_pre], m0, 1, axis=2)
+    m_all, m_last = _scan_window(ctx, "mlstm_m", [f_pre, i_pre], m0, 1, axis=2)
     m_prev = ir.concat([_unsq(m0, [2], label), ir.slice_axis(m_all, 2, 0, 1, steps - 1, label)], 2, label)
     fg = ir.ew("mlstm_fgate", f_pre, m_prev, m_all, label=label)
     ig = ir.ew("mlstm_igate", i_pre, m_all, label=label)
     full = (batch, heads, steps, dv, dk)
     vk = ir.ew("mul", _unsq(v, [4], label), _unsq(k, [3], label), label=label)
-    C_all, C_last = _scan_window_at(
+    C_all, C_last = _scan_window(
         ctx,
         "linear_scan_step",
         [
@@ -1022,7 +1010,7 @@ def _mlstm_window(ctx, ins):
         2,
         axis=2,
     )
-    n_all, n_last = _scan_window_at(
+    n_all, n_last = _scan_window(
         ctx,
         "linear_scan_step",
         [ir.broadcast_to(_unsq(fg, [3], label), k.shape, label), ir.ew("mul", _unsq(ig, [3], label), k, label=label)],

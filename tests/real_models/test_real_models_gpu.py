@@ -31,31 +31,39 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, seq, export_r
 
 
 @pytest.mark.parametrize(
-    "name",
+    "name,steps",
     [
-        "gpt2_sdpa",
-        "llama_gqa_sdpa",
-        "mamba",
-        "jamba",
-        "torch_lstm_bidir",
-        "torch_gru_bidir",
-        "torch_grucell_loop",
-        "torch_lstmcell_loop",
-        "mingru_log_space",
-        "mingru_log_space_h0",
-        "mamba2",
-        "zamba2",
-        "bamba",
-    ],
+        (name, 1)
+        for name in (
+            "gpt2_sdpa",
+            "llama_gqa_sdpa",
+            "mamba",
+            "jamba",
+            "torch_lstm_bidir",
+            "torch_gru_bidir",
+            "torch_grucell_loop",
+            "torch_lstmcell_loop",
+            "mingru_log_space",
+            "mingru_log_space_h0",
+            "mamba2",
+            "zamba2",
+            "bamba",
+        )
+    ]
+    # the sequence form (issue 17): scans as the IR's Scan, LSTM / GRU cells unrolled
+    + [(n, 8) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir")]
+    + [(n, 32) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "mingru_log_space")],
+    ids=lambda v: str(v),
 )
-def test_step_kernel_of_real_model_matches_onnxruntime(name, export_root):
+def test_step_kernel_of_real_model_matches_onnxruntime(name, steps, export_root):
     """The step compiler's one kernel of each benchmarked real model at T = 1 (a length-1
-    sequence), run on the GPU, against ONNX Runtime on the original export."""
+    sequence) and of windows of T frames, run on the GPU, against ONNX Runtime on the original
+    export."""
     from framefuse.compiler import lower_program
     from framefuse.compiler.engine import CompiledStep, StepKernelPlan
     from framefuse.plugins.ort_bridge import ort_session
 
-    run = fuse_real_model(name, 1, export_root)
+    run = fuse_real_model(name, steps, export_root)
     compiled = CompiledStep(lower_program(run.fused_path), device=torch.device("cuda"))
     plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
     rng = np.random.default_rng(3)
@@ -70,36 +78,4 @@ def test_step_kernel_of_real_model_matches_onnxruntime(name, export_root):
     for out in names:
         got = actual[out].cpu().numpy()
         err = np.abs(got - expected[out]) / (1 + np.abs(expected[out]))
-        assert err.max() <= 1e-4, f"{name} {out}: max rel diff {err.max():.3g} (step kernel vs ONNX Runtime)"
-
-
-@pytest.mark.parametrize(
-    "name,steps",
-    [(n, 8) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir")]
-    + [(n, 32) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "mingru_log_space")],
-    ids=lambda v: str(v),
-)
-def test_window_kernel_of_real_model_matches_onnxruntime(name, steps, export_root):
-    """The sequence form's one kernel (issue 17: scans as the IR's Scan, LSTM / GRU cells unrolled)
-    of the benchmarked real models, on the GPU, against ONNX Runtime on the original export."""
-    from framefuse.compiler import lower_program
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
-    from framefuse.plugins.ort_bridge import ort_session
-
-    run = fuse_real_model(name, steps, export_root)
-    compiled = CompiledStep(lower_program(run.fused_path), device=torch.device("cuda"))
-    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
-    rng = np.random.default_rng(4)
-    feeds = {n: rng.standard_normal(spec.shape).astype(np.float32) for n, spec in compiled.input_specs.items()}
-    session = ort_session(run.source, fused=False)
-    names = [o.name for o in session.get_outputs()]
-    expected = dict(zip(names, session.run(names, feeds)))
-    for _ in range(2):
-        actual = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
-    torch.cuda.synchronize()
-    for out in names:
-        got = actual[out].cpu().numpy()
-        err = np.abs(got - expected[out]) / (1 + np.abs(expected[out]))
-        assert err.max() <= 1e-4, (
-            f"{name} T={steps} {out}: max rel diff {err.max():.3g} (window kernel vs ONNX Runtime)"
-        )
+        assert err.max() <= 1e-4, f"{name} T={steps} {out}: max rel diff {err.max():.3g} (step kernel vs ONNX Runtime)"
