@@ -260,7 +260,7 @@ def main() -> int:
             source = (
                 compiled.kernel.source if name in COMPILE_VARIANTS else SOURCE_VARIANTS[name](compiled.kernel.source)
             )
-            path = root / f"{arch}-{name}.cu"
+            path = root / f"{arch.replace('/', '-')}-{name}.cu"
             path.write_text(source)
             compiled.fn = base_fn if name == "baseline" else cuda.get_kernel(path, KERNEL_NAME, options)
             if compiled.kernel.smem_bytes > 48 * 1024:
