@@ -251,7 +251,8 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
 
 
 def trace_arch(arch: str, root: Path) -> list:
-    """The per-task timeline of one launch (device inputs), from a traced build of the kernel."""
+    """The per-task timeline of one launch (device inputs), from a traced build of the kernel;
+    ``ARCH/sequenceT``: the sequence form's window of T frames."""
     import torch
 
     from framefuse.compiler import lower_program
@@ -259,7 +260,11 @@ def trace_arch(arch: str, root: Path) -> list:
     from framefuse.engines.fusion import example_feeds
     from framefuse.runtime.pipeline import prepare
 
-    prepared = prepare(arch, root / f"trace-{arch}")["step"]
+    name, _, steps = arch.partition("/sequence")
+    if arch != name:
+        prepared = prepare(name, root / f"trace-{name}-{steps}", {"seq": int(steps or 32)})["sequence"]
+    else:
+        prepared = prepare(arch, root / f"trace-{arch}")["step"]
     compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"), trace=True)
     plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
     feeds = example_feeds(plan)
@@ -293,7 +298,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-plan", action="store_true", help="skip the cuda-graph plan comparison")
     parser.add_argument("--no-resident", action="store_true", help="skip the resident kernel (Session(resident=True))")
-    parser.add_argument("--trace", default="", help="architectures whose per-task timeline is printed")
+    parser.add_argument(
+        "--trace",
+        default="",
+        help="architectures whose per-task timeline is printed (ARCH/sequenceT: the sequence form)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import torch

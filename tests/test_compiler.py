@@ -312,6 +312,23 @@ def test_sequence_form_kernel_emulated_matches_the_interpreter(arch, tmp_path):
 
 
 @needs_cxx
+def test_a_staged_copy_over_shared_memory_is_read_in_place(tmp_path):
+    """Mamba's convolution reads its in-projection's window channel-major: a block's copy is the
+    hull over every position, nearly the whole value. Under a shared-memory budget those copies
+    overflow, the schedule reads them where they lie (flag-waited words) instead of failing, and
+    the kernel still computes the interpreter's values."""
+    _, program = _sequence_program("mamba", {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0})
+
+    def waits(kernel):
+        return kernel.source[kernel.source.index("ffk_step(") :].count("ffk_ll_wait(")
+
+    assert waits(generate(schedule(program, grid=16, threads=128))) == 0  # fits: everything staged
+    kernel = generate(schedule(program, grid=16, threads=128, smem_floats=1024))
+    assert waits(kernel) > 0
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+
+
+@needs_cxx
 @pytest.mark.parametrize("arch", ARCHS)
 def test_resident_kernel_emulated_matches_the_interpreter(arch, tmp_path):
     """ffk_resident under emulation: one launch, a host thread ringing 4 frames (the frame written

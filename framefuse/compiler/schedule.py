@@ -175,6 +175,7 @@ class Task:
     side: list = field(default_factory=list)  # absorbed output nodes, stored while computing the root
     leaves: dict = field(default_factory=dict)  # state/weight leaf id -> (leaf, lo, hi) per block
     reads: set = field(default_factory=set)  # ids of the materialized nodes read
+    stage_limit: int | None = None  # see build_task
 
     @property
     def root_unit(self) -> Unit:
@@ -253,11 +254,19 @@ class TaskView:
     """How a task sees each node: its root, one of its arrays, a materialized value read from
     global memory, a leaf, a product computed by warps, or inline."""
 
-    def __init__(self, root: Node, materialized: dict, arrays: set, inline_through: Iterable[int] = ()):
+    def __init__(
+        self,
+        root: Node,
+        materialized: dict,
+        arrays: set,
+        inline_through: Iterable[int] = (),
+        read_in_place: Iterable[int] = (),
+    ):
         self.root = root
         self.materialized = materialized
         self.arrays = arrays
         self.inline_through = set(inline_through)
+        self.read_in_place = set(read_in_place)  # materialized values not staged (see build_task)
         self._views: dict = {}
 
     def kind(self, node: Node) -> str:
@@ -511,24 +520,49 @@ def build_task(
     min_chunk: int = 1,
     first: int = 0,
     span: int | None = None,
+    stage_limit: int | None = None,
 ) -> tuple[Task, list[Problem]]:
     """The units of the task producing ``root``, their per-block ranges, and what should be
     materialized so that it runs well. ``min_chunk``: elements per block at least (a task that
-    reads or writes host memory gives each block whole 128-byte lines)."""
-    arrays: set[int] = set()
+    reads or writes host memory gives each block whole 128-byte lines). ``stage_limit``: the most
+    floats a block stages of one materialized value; a value needing more is read in place."""
+    read_in_place: set[int] = set()
     for _ in range(64):
-        view = TaskView(root, materialized, arrays, inline_through)
-        units = _collect_units(view, root)
-        extra = _cache_candidates(view, units, grid, threads)
-        if not extra - arrays:
+        arrays: set[int] = set()
+        for _ in range(64):
+            view = TaskView(root, materialized, arrays, inline_through, read_in_place)
+            units = _collect_units(view, root)
+            extra = _cache_candidates(view, units, grid, threads)
+            if not extra - arrays:
+                break
+            arrays |= extra
+        else:
+            raise CompileError(f"{root.label or root}: the shared-memory arrays did not settle")
+        chunk, blocks, first_block, lo, hi = root_ranges(root.size, grid, min_chunk, first, span)
+        task = Task(root, units, chunk, blocks, view, min_chunk, first_block, stage_limit=stage_limit)
+        task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
+        problems = _ranges(task, grid, threads, users, outputs)
+        # A block's copy of a value is the hull of what its elements read: a channel-major
+        # reader of a [T, C] value (mamba's convolution over its in-projection's window, the
+        # transpose back) needs a few channels at every position, and the hull is nearly the
+        # whole value (31,751 floats a block). When such copies alone overflow shared memory
+        # (nothing left that materializing could shrink), the largest is read where it lies.
+        # (a product's input rows always come from shared memory: those stay)
+        staged = [
+            u
+            for u in task.arrays()
+            if u.how == "thread" and view.source_kind(u.node) == "materialized" and u.node.id not in read_in_place
+        ]
+        if (
+            stage_limit is None
+            or task_smem_floats(task) <= stage_limit
+            or not staged
+            or any(u.node.id not in materialized for u in task.arrays())
+        ):
             break
-        arrays |= extra
+        read_in_place.add(max(staged, key=lambda u: u.storage).node.id)
     else:
-        raise CompileError(f"{root.label or root}: the shared-memory arrays did not settle")
-    chunk, blocks, first, lo, hi = root_ranges(root.size, grid, min_chunk, first, span)
-    task = Task(root, units, chunk, blocks, view, min_chunk, first)
-    task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
-    problems = _ranges(task, grid, threads, users, outputs)
+        raise CompileError(f"{root.label or root}: the values read in place did not settle")
     task.reads = {o.node.id for u in units.values() for o in u.occurrences if view.kind(o.node) == "materialized"} | {
         u.node.id for u in task.arrays() if u.how == "thread" and view.source_kind(u.node) == "materialized"
     }
@@ -588,7 +622,7 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
         # all loads in flight at once: a wait inside a loop is one round trip per iteration, and
         # one in the root (a residual) is a round trip after the products (~0.3 us on the H100)
         for occ in unit.occurrences:
-            if view.kind(occ.node) == "materialized":
+            if view.kind(occ.node) == "materialized" and occ.node.id not in view.read_in_place:
                 found.add(occ.node.id)
     for unit in units.values():
         elements = max(unit.node.size, 1)
@@ -952,7 +986,14 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         problems: list[Problem] = []
         for node in list(materialized.values()):
             task, found = build_task(
-                node, materialized, grid, threads, users, outputs, min_chunk=host_chunk.get(node.id, 1)
+                node,
+                materialized,
+                grid,
+                threads,
+                users,
+                outputs,
+                min_chunk=host_chunk.get(node.id, 1),
+                stage_limit=smem_floats,
             )
             tasks[node.id] = task
             problems += found
@@ -989,7 +1030,16 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         ok = bool(readers)
         rebuilt = {}
         for task in readers:
-            built, found = build_task(task.root, trial, grid, threads, users, outputs, min_chunk=task.min_chunk)
+            built, found = build_task(
+                task.root,
+                trial,
+                grid,
+                threads,
+                users,
+                outputs,
+                min_chunk=task.min_chunk,
+                stage_limit=task.stage_limit,
+            )
             others = {**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}
             found += _shared_products(others, users, outputs) + _mostly_views(others, trial)
             if any(p.node.id not in trial for p in found) or task_smem_floats(built) > smem_floats:
@@ -1011,7 +1061,15 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         absorbed = [o for o, h in side_of.items() if h == host_id]
         host = tasks[host_id]
         task, _ = build_task(
-            host.root, materialized, grid, threads, users, outputs, inline_through=absorbed, min_chunk=host.min_chunk
+            host.root,
+            materialized,
+            grid,
+            threads,
+            users,
+            outputs,
+            inline_through=absorbed,
+            min_chunk=host.min_chunk,
+            stage_limit=host.stage_limit,
         )
         task.side = [materialized[o] for o in absorbed]
         tasks[host_id] = task
@@ -1141,6 +1199,7 @@ def _moved(
         min_chunk=task.min_chunk,
         first=first,
         span=span,
+        stage_limit=task.stage_limit,
     )
     moved.side = list(task.side)
     return moved
@@ -1255,6 +1314,7 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                     outputs,
                     inline_through=absorbed_by(host_id) + [out_id] + carried,
                     min_chunk=host.min_chunk,
+                    stage_limit=host.stage_limit,
                 )
                 if problems or not all(_computes_once(trial, materialized[n]) for n in [out_id] + carried):
                     continue

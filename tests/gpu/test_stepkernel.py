@@ -403,3 +403,30 @@ def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
     expected = fused.run([out_name], {"x": poisoned})[0]
     assert np.isnan(expected[0, seq // 2 :]).any(), "the NaN frame reaches the output"
     _close(engine.run({"x": poisoned})[out_name], expected, f"{arch} T={seq} NaN window vs the fused graph")
+
+
+def test_stepkernel_of_mamba_at_embed_256_reads_its_transposed_window_in_place(monkeypatch):
+    """At embed 256 and T = 32 a block's copy of mamba's in-projection window (read channel-major
+    by the convolution) would overflow shared memory: the kernel reads those values where they
+    lie (schedule.build_task's stage_limit), and still matches ONNX Runtime. (The build declines
+    this window for its scan's size, lower.SCAN_MAX_ELEMENTS, lifted here: it is the GPU case of
+    the in-place reads.)"""
+    from framefuse.compiler import lower
+    from framefuse.engines import cuda_graph
+
+    monkeypatch.setattr(lower, "SCAN_MAX_ELEMENTS", 1 << 18)
+
+    prepared = prepare_cached("mamba", {"model": {"embed": 256, "layers": 2}, "seq": 32, "batch": 1, "seed": 5})[
+        "sequence"
+    ]
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    source = engine.default_plan.compiled.kernel.source
+    assert "ffk_ll_wait(" in source[source.index("ffk_step(") :]
+    sess = _ort(prepared)
+    rng = np.random.default_rng(8)
+    out_name = prepared.manifest["outputs"][0]["name"]
+    for i in range(3):
+        window = rng.standard_normal(prepared.input_shapes()["x"]).astype(np.float32)
+        expected = sess.run([out_name], {"x": window})[0]
+        _close(engine.run({"x": window})[out_name], expected, f"mamba embed 256 T=32 window {i}")
