@@ -524,8 +524,9 @@ def build_task(
 ) -> tuple[Task, list[Problem]]:
     """The units of the task producing ``root``, their per-block ranges, and what should be
     materialized so that it runs well. ``min_chunk``: elements per block at least (a task that
-    reads or writes host memory gives each block whole 128-byte lines). ``stage_limit``: the most
-    floats a block stages of one materialized value; a value needing more is read in place."""
+    reads or writes host memory gives each block whole 128-byte lines). ``stage_limit``: the
+    shared memory (floats) a block of the task may use; when the staged copies of materialized
+    values alone exceed it, the largest copies are read in place (flag-waited loads) instead."""
     read_in_place: set[int] = set()
     for _ in range(64):
         arrays: set[int] = set()
@@ -546,8 +547,9 @@ def build_task(
         # reader of a [T, C] value (mamba's convolution over its in-projection's window, the
         # transpose back) needs a few channels at every position, and the hull is nearly the
         # whole value (31,751 floats a block). When such copies alone overflow shared memory
-        # (nothing left that materializing could shrink), the largest is read where it lies.
-        # (a product's input rows always come from shared memory: those stay)
+        # (nothing left that materializing could shrink), the largest is read where it lies. A
+        # product's input rows stay staged whatever this says (_collect_units), so a value once
+        # chosen is not chosen again.
         staged = [
             u
             for u in task.arrays()
