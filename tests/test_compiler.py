@@ -312,6 +312,31 @@ def test_sequence_form_kernel_emulated_matches_the_interpreter(arch, tmp_path):
 
 
 @needs_cxx
+@pytest.mark.parametrize("arch", ["min_gru", "mamba", "xlstm"])
+def test_scan_prefix_ranges_stage_less_and_keep_the_values(arch, monkeypatch, tmp_path):
+    """schedule.SCAN_PREFIX_RANGES: a Scan element at position t reads positions 0..t only, so the
+    blocks holding early positions stage less of the scan's inputs; the emulated kernel (with
+    ThreadSanitizer) still computes the interpreter's values."""
+    from framefuse.compiler import schedule as sched
+
+    _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0})
+
+    def staged(s):
+        return sum(
+            int((u.hi - u.lo).clip(0).sum())
+            for task in s.tasks
+            for u in task.arrays()
+            if u.how == "thread" and task.view.source_kind(u.node) == "materialized"
+        )
+
+    before = staged(schedule(program, grid=16, threads=128))
+    monkeypatch.setattr(sched, "SCAN_PREFIX_RANGES", True)
+    after_schedule = schedule(program, grid=16, threads=128)
+    assert staged(after_schedule) < before
+    _emulate_against_interpreter(generate(after_schedule), program, 1, tmp_path, races=True)
+
+
+@needs_cxx
 def test_a_staged_copy_over_shared_memory_is_read_in_place(tmp_path):
     """Mamba's convolution reads its in-projection's window channel-major: a block's copy is the
     hull over every position, nearly the whole value. Under a shared-memory budget those copies

@@ -99,6 +99,8 @@ SCHEDULE_VARIANTS = {
     "session-20": [("codegen", "VECTOR_WALK", False), ("schedule", "FRAME_BLOCK_QUIET", False)],
     # attention's softmax weights computed by the row max's warp, a phase and a barrier less (codegen.ROW_FOLLOWERS)
     "row-followers": ("codegen", "ROW_FOLLOWERS", True),
+    # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
+    "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a thread's own sum read four positions at a time where a factor is contiguous (the softmax sum; codegen.VECTOR_REDUCE)
     "vector-reduce": ("codegen", "VECTOR_REDUCE", True),
     "row-followers+vector-reduce": [("codegen", "ROW_FOLLOWERS", True), ("codegen", "VECTOR_REDUCE", True)],

@@ -109,6 +109,12 @@ REPLICA_FLOATS: int | None = None
 # free block of the frame's level (_place).
 FRAME_BLOCK_QUIET = True
 FRAME_BLOCK_LOOKAHEAD = 2  # the tasks after the frame's that count, on the candidate block
+# A Scan element at position t reads its inputs at positions 0..t; the range analysis took every
+# position (the loop variable's whole extent), so a block stages each input's whole window even
+# where its elements sit early (min_gru's T = 32 window: 8,130 floats a block of each of two
+# inputs, over every block; session 23's trace put ~11 us a layer on that phase). True: the
+# bound s <= t is a guard, each block stages the prefix it reads. Not yet timed on a GPU: off.
+SCAN_PREFIX_RANGES = False
 
 
 @dataclass
@@ -388,8 +394,11 @@ class Walk:
             self.visit(node.src, node.source_index(index, r), loops + (r,), guards)
         elif isinstance(node, Scan):  # positions 0..t: the loop's variable spans the axis
             s = self.new_var(node.steps)
+            inner = guards
+            if SCAN_PREFIX_RANGES:  # only s <= t is read (codegen.Emitter._scan's loop bound)
+                inner = guards + ((ix.add(index[node.axis], ix.mul(s, -1)), 0, node.steps),)
             for x in node.xs:
-                self.visit(x, node.at(index, s), loops + (s,), guards)
+                self.visit(x, node.at(index, s), loops + (s,), inner)
             self.visit(node.init, node.init_index(index), loops, guards)
 
 
