@@ -393,10 +393,10 @@ def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
     for i, window in enumerate(windows):
         expected = sess.run([out_name], {"x": window})[0]
         _close(engine.run({"x": window})[out_name], expected, f"{arch} T={seq} window {i}")
-    # ONNX Runtime's own LSTM / GRU ops drop a NaN instead of carrying it in the state (its
-    # activations clamp their input), where torch's nn.LSTM carries it to every later position:
-    # the NaN window's reference is the fused graph, whose framefuse ops run their CPU reference
-    # kernels inside ONNX Runtime with torch's semantics.
+    # ONNX Runtime's own LSTM / GRU ops do not carry a NaN in their state (an nn.LSTM with a NaN
+    # at t = 2, exported: torch gives NaN at every t >= 2, ONNX Runtime's LSTM op none at all),
+    # where the kernel, like torch, carries it: the NaN window's reference is the fused graph,
+    # whose framefuse ops run their CPU reference kernels inside ONNX Runtime.
     from framefuse.plugins.ort_bridge import ort_session
 
     fused = ort_session(prepared.fused, fused=True)
