@@ -748,67 +748,55 @@ def bench_row(
     # next, and an engine timed in one stretch took whichever it fell in (gated_ssm, 2026-11-26:
     # 24.2 and 24.7 us in two runs, 18.7-23.6 in windows of one process). A resident kernel holds
     # every SM and must stop before anything waits for the device: it is timed alone, after.
-    live: dict[str, Callable] = {}
-    for name, make in makers:
-        call = None
-        try:
-            start = time.perf_counter()
-            with torch.no_grad():
-                call = make()
-                first = np.array(call(0), copy=True)  # zero state, input 0: compared with ORT
-                result = {"setup_s": time.perf_counter() - start}
-                if name not in FLOORS:
-                    result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
-                if name == "framefuse_resident":
-                    result.update(measure(call, iters=settings.iters, warmup=settings.warmup))
-                    result["rounds"] = 1
-                    call.close()
-                    result["kernels"] = {"skipped": "resident: no launch per call (one kernel, launched once)"}
-                    _finish_engine(row, name, call, result, settings=settings, dev=dev)
-                else:
-                    row["engines"][name] = result
-                    live[name] = call
-                    call = None  # kept for the rounds
-        except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
-            _engine_failed(row, name, exc)
-        finally:
-            if call is not None and hasattr(call, "close"):
-                call.close()
+    def make_and_time(group: list) -> None:
+        live: dict[str, Callable] = {}
+        for name, make in group:
             call = None
-            if on_gpu:
-                torch.cuda.synchronize(dev)
-    try:
-        with torch.no_grad():
-            timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
-        for name, call in live.items():
-            if isinstance(timed[name], BaseException):
-                _engine_failed(row, name, timed[name])
-                continue
-            row["engines"][name].update(timed[name])
-            _finish_engine(row, name, call, row["engines"][name], settings=settings, dev=dev)
-    finally:
-        for call in live.values():
-            if hasattr(call, "close"):
-                call.close()
-        live.clear()
-        if on_gpu:
-            torch.cuda.synchronize(dev)
-    for name, make in late:
+            try:
+                start = time.perf_counter()
+                with torch.no_grad():
+                    call = make()
+                    first = np.array(call(0), copy=True)  # zero state, input 0: compared with ORT
+                    result = {"setup_s": time.perf_counter() - start}
+                    if name not in FLOORS:
+                        result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
+                    if name == "framefuse_resident":
+                        result.update(measure(call, iters=settings.iters, warmup=settings.warmup))
+                        result["rounds"] = 1
+                        call.close()
+                        result["kernels"] = {"skipped": "resident: no launch per call (one kernel, launched once)"}
+                        _finish_engine(row, name, call, result, settings=settings, dev=dev)
+                    else:
+                        row["engines"][name] = result
+                        live[name] = call
+                        call = None  # kept for the rounds
+            except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
+                _engine_failed(row, name, exc)
+            finally:
+                if call is not None and hasattr(call, "close"):
+                    call.close()
+                call = None
+                if on_gpu:
+                    torch.cuda.synchronize(dev)
         try:
-            start = time.perf_counter()
             with torch.no_grad():
-                call = make()
-                first = np.array(call(0), copy=True)
-                result = {"setup_s": time.perf_counter() - start, "max_abs_err_vs_ort": max_abs_err(first, reference)}
-                result.update(measure(call, iters=settings.iters, warmup=settings.warmup))
-            result["rounds"] = 1
-            row["engines"][name] = result
-            _finish_engine(row, name, call, result, settings=settings, dev=dev)
-        except Exception as exc:  # noqa: BLE001 - a failing engine is a result, not a crash
-            _engine_failed(row, name, exc)
+                timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
+            for name, call in live.items():
+                if isinstance(timed[name], BaseException):
+                    _engine_failed(row, name, timed[name])
+                    continue
+                row["engines"][name].update(timed[name])
+                _finish_engine(row, name, call, row["engines"][name], settings=settings, dev=dev)
         finally:
+            for call in live.values():
+                if hasattr(call, "close"):
+                    call.close()
+            live.clear()
             if on_gpu:
                 torch.cuda.synchronize(dev)
+
+    make_and_time(makers)
+    make_and_time(late)  # reduce-overhead on its own, after every other engine (see `late`)
     finish_row(row)
     profile_row(row, settings, dev)
     built.clear()
