@@ -316,9 +316,12 @@ def test_sequence_form_kernel_emulated_matches_the_interpreter(arch, tmp_path):
 def test_scan_prefix_ranges_stage_less_and_keep_the_values(arch, monkeypatch, tmp_path):
     """schedule.SCAN_PREFIX_RANGES: a Scan element at position t reads positions 0..t only, so the
     blocks holding early positions stage less of the scan's inputs; the emulated kernel (with
-    ThreadSanitizer) still computes the interpreter's values."""
+    ThreadSanitizer) still computes the interpreter's values. With simplify.SCAN_COLUMNS off: a
+    column scan's blocks stage whole columns, which a prefix does not shorten."""
     from framefuse.compiler import schedule as sched
+    from framefuse.compiler import simplify
 
+    monkeypatch.setattr(simplify, "SCAN_COLUMNS", False)
     _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0})
 
     def staged(s):
@@ -334,6 +337,46 @@ def test_scan_prefix_ranges_stage_less_and_keep_the_values(arch, monkeypatch, tm
     after_schedule = schedule(program, grid=16, threads=128)
     assert staged(after_schedule) < before
     _emulate_against_interpreter(generate(after_schedule), program, 1, tmp_path, races=True)
+
+
+def _staged_floats(sched) -> int:
+    """Floats of flag-tagged values staged into shared memory, summed over the blocks."""
+    return sum(
+        int((u.hi - u.lo).clip(0).sum())
+        for task in sched.tasks
+        for u in task.arrays()
+        if u.how == "thread" and task.view.source_kind(u.node) == "materialized"
+    )
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["min_gru", "min_lstm", "gated_ssm"])
+def test_a_window_scan_runs_its_columns_in_order_in_a_task_of_its_own(arch, monkeypatch, tmp_path):
+    """simplify.ScanColumns: every window scan runs along its last axis, in a task of its own
+    whose blocks own whole columns; the column loop runs each position once; the emulated kernel
+    (ThreadSanitizer) computes the interpreter's values, and stages less over the grid than the
+    scans computed where they are read. The inputs are stored column by column, so a block stages
+    no more than its own columns of each."""
+    from framefuse.compiler import simplify
+
+    config = {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    sched = schedule(program, grid=16, threads=128)
+    scans = [n for n in program.nodes() if n.kind == "scan"]
+    assert scans and all(n.axis == n.rank - 1 for n in scans)
+    for scan in scans:
+        (task,) = [t for t in sched.tasks if t.root.id == scan.id]
+        assert task.chunk % scan.steps == 0
+        assert scan.id in sched.layouts  # stored back in the window's order
+        for u in task.arrays():
+            if u.how == "thread" and task.view.source_kind(u.node) == "materialized":
+                assert u.node.id in sched.layouts and u.storage <= task.chunk, (u.node, u.storage, task.chunk)
+    kernel = generate(sched)
+    assert kernel.source.count("a thread per column") == len(scans)
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+    monkeypatch.setattr(simplify, "SCAN_COLUMNS", False)
+    _, rows = _sequence_program(arch, config)
+    assert _staged_floats(sched) < _staged_floats(schedule(rows, grid=16, threads=128))
 
 
 @needs_cxx

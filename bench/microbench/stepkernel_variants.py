@@ -101,6 +101,9 @@ SCHEDULE_VARIANTS = {
     "row-followers": ("codegen", "ROW_FOLLOWERS", True),
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
+    # a window's Scan along its own axis, each element running its prefix inside whatever task reads
+    # it (before session 24's column scans: simplify.SCAN_COLUMNS)
+    "scan-rows": ("simplify", "SCAN_COLUMNS", False),
     # a thread's own sum read four positions at a time where a factor is contiguous (the softmax sum; codegen.VECTOR_REDUCE)
     "vector-reduce": ("codegen", "VECTOR_REDUCE", True),
     "row-followers+vector-reduce": [("codegen", "ROW_FOLLOWERS", True), ("codegen", "VECTOR_REDUCE", True)],

@@ -31,7 +31,16 @@ import numpy as np
 from framefuse.compiler import iexpr as ix
 from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Reduce, Scan
 from framefuse.compiler.ops import EW, c_float
-from framefuse.compiler.schedule import ROOT, Schedule, Task, Unit, concat_branches, frame_source
+from framefuse.compiler.schedule import (
+    ROOT,
+    Schedule,
+    Task,
+    Unit,
+    column_scan,
+    concat_branches,
+    frame_source,
+    stored_flat,
+)
 
 RUNTIME = Path(__file__).resolve().parent / "runtime.cuh"
 KERNEL_NAME = "ffk_step"
@@ -1088,7 +1097,7 @@ class Generator:
         on the way (none of them along ``r``): [(guards, (aligned base, origin), flat index)], the
         element at base + flat - origin (origin: the block's first element there, a multiple of 4)."""
         kind = task.view.kind(node)
-        flat = ix.flatten(index, node.shape)
+        flat = task.view.flat(node, index)
         if isinstance(node, Leaf) and not (node.role == "input" and kind in ("materialized", "array")):
             offset = self.layout.leaf_prefetch.get((t, node.id))
             if node.role == "const" or offset is None or (self.prefetch_offset + offset) % 4:
@@ -1241,6 +1250,9 @@ class Generator:
             early.items += self.stores(node, "e", f"ffk_host{t}")
             code.items.append(early)
             return
+        if column_scan(node) and task.chunk % node.steps == 0 and not task.side:
+            self._column_root(code, t, task)
+            return
         warp = self._warp_root(task, unit)
         if warp:
             loop = Code("for (int e = lo_root + warp; e < hi_root; e += NWARPS)")
@@ -1255,8 +1267,51 @@ class Generator:
         em = Emitter(self, t, task, loop, side={s.id for s in task.side}, lanes=warp, per_thread=not warp)
         var = ix.Var("e", max(node.size, 1))
         value = em.value(node, ix.unflatten(var, node.shape))
-        for stmt in self.stores(node, "e", value.text):
+        for stmt in self.stores(node, "e", value.text, self.stored_c(node, var)):
             em.top.insert(em.once(stmt))
+
+    def _column_root(self, code: Code, t: int, task: Task) -> None:
+        """A column scan's root (schedule.column_scan): the block's elements are whole columns
+        (its chunk a multiple of the positions); a thread takes a column and runs the recurrence
+        through its positions in order, storing each, so a column costs T steps, not T(T+1)/2."""
+        node = task.root
+        steps = node.steps
+        spec = EW[node.op]
+        self.need_header(spec.header)
+        code.items.append(
+            f"// root {_name(node)} {list(node.shape)}: a thread per column, its {steps} positions in order"
+        )
+        code.items.append(_ONCE)
+        loop = Code(f"for (int col = lo_root / {steps} + tid; col < hi_root / {steps}; col += NT)")
+        code.items.append(loop)
+        em = Emitter(self, t, task, loop)
+        col = ix.Var("col", max(node.size // steps, 1))
+        index = ix.unflatten(col, node.shape[:-1]) + [None]
+        h = em.fresh("h")
+        init = em.value(node.init, node.init_index(index))
+        em.top.insert(f"float {h} = {init.text};")
+        s = ix.Var(em.fresh("s"), steps)
+        inner_code = Code(f"#pragma unroll 4\nfor (int {s.name} = 0; {s.name} < {steps}; ++{s.name})")
+        scope = em.top
+        scope.open_child(inner_code)
+        inner = Scope(inner_code, var=s)
+        em.stack.append(inner)
+        at = node.at(index, s)
+        items = [em.value(x, at).text for x in node.xs]
+        inner.insert(f"{h} = {spec.c(node.step_args(items, h), node.params)};")
+        flat = ix.flatten(at, node.shape)
+        for stmt in self.stores(node, ix.to_c(flat), h, self.stored_c(node, flat)):
+            inner.insert(stmt)
+        em.stack.pop()
+        scope.close_child(inner_code)
+
+    def stored_c(self, node: Node, flat) -> str | None:
+        """C for where element ``flat`` (an IExpr) of ``node`` lies in its flag-tagged copy when
+        that is stored in another order than its own (schedule.column_layouts), else None."""
+        order = self.sched.layouts.get(node.id)
+        if order is None:
+            return None
+        return ix.to_c(stored_flat(node, ix.unflatten(flat, node.shape), order))
 
     def _warp_root(self, task: Task, unit: Unit) -> bool:
         """A root whose elements each reduce over a long extent (a delta-rule row: S·k over the
@@ -1267,7 +1322,10 @@ class Generator:
             return False
         return any(occ.loops and occ.loops[0].extent >= WARP_SPLIT_MIN for occ in unit.occurrences)
 
-    def stores(self, node: Node, flat: str, value: str) -> list[str]:
+    def stores(self, node: Node, flat: str, value: str, stored: str | None = None) -> list[str]:
+        """The stores of element ``flat`` of ``node``: graph outputs and next states in their own
+        order, the flag-tagged copy at ``stored`` (its stored order, see schedule.column_layouts;
+        default ``flat``)."""
         out = []
         for name in self.sched.destinations.get(node.id, []):
             if name in self.output_names:
@@ -1277,7 +1335,8 @@ class Generator:
                 state = next(s for s, o in self.program.state_of.items() if o == name)
                 out.append(f"sout{self.state_names.index(state)}[{flat}] = {value};")
         if node.id in self.layout.ll:
-            out.append(f"ffk_ll_store(ffk_ll + {self.layout.ll[node.id]} + {flat}, {value}, epoch);")
+            at = flat if stored is None else stored
+            out.append(f"ffk_ll_store(ffk_ll + {self.layout.ll[node.id]} + {at}, {value}, epoch);")
         return out
 
     def need_header(self, path: Path | None) -> None:
@@ -1477,7 +1536,7 @@ class Emitter:
         val = Val(name, free)
         scope.memo[key] = val
         if node is not None and node.id in self.side:
-            for stmt in self.gen.stores(node, ix.to_c(flat), name):
+            for stmt in self.gen.stores(node, ix.to_c(flat), name, self.gen.stored_c(node, flat)):
                 scope.insert(self.once(stmt, level))
         return val
 
@@ -1503,9 +1562,10 @@ class Emitter:
         if isinstance(node, Leaf) and not (node.role == "input" and kind in ("materialized", "array")):
             return self._leaf(node, flat, free, key)
         if kind == "materialized":
-            return self.bind(key, f"ffk_ll_wait(ffk_ll + {gen.layout.ll[node.id]} + {ix.to_c(flat)}, epoch)", free)
+            at = ix.to_c(self.view.flat(node, index))
+            return self.bind(key, f"ffk_ll_wait(ffk_ll + {gen.layout.ll[node.id]} + {at}, epoch)", free)
         if kind in ("array", "dot"):
-            text = f"{gen.arr(self.t, node.id)}[{ix.to_c(flat)} - lo{node.id}]"
+            text = f"{gen.arr(self.t, node.id)}[{ix.to_c(self.view.flat(node, index))} - lo{node.id}]"
             return self.bind(key, text, free, node=node, flat=flat)
         if isinstance(node, Map):
             val = self.value(node.src, node.source_index(index))

@@ -88,6 +88,7 @@ REPLICATE_OPS = 512
 # ... and so is one whose blocks each stage more than this many times its size of flagged values
 STAGED_RATIO = 4
 STAGED_MIN = 1024
+SPARSE_COPY_RATIO = 8  # see _sparse_copy
 ENUM_LIMIT = 1 << 23  # index combinations enumerated per occurrence before assuming the worst
 THREADS = 256
 WARP = 32
@@ -113,8 +114,87 @@ FRAME_BLOCK_LOOKAHEAD = 2  # the tasks after the frame's that count, on the cand
 # position (the loop variable's whole extent), so a block stages each input's whole window even
 # where its elements sit early (min_gru's T = 32 window: 8,130 floats a block of each of two
 # inputs, over every block; session 23's trace put ~11 us a layer on that phase). True: the
-# bound s <= t is a guard, each block stages the prefix it reads. Not yet timed on a GPU: off.
+# bound s <= t is a guard, each block stages the prefix it reads. Timed (H100, session 24): 1.5-2 % faster
+# in the row form, which no default kernel uses since column scans (simplify.SCAN_COLUMNS): off.
 SCAN_PREFIX_RANGES = False
+
+
+def column_scan(node: Node) -> bool:
+    """A recurrence along its last axis over more than one position (simplify.ScanColumns): it
+    gets a task of its own, each block whole columns, each thread a column whose positions it
+    runs in order (codegen's column loop), O(T) instead of an element's O(t) prefix."""
+    return isinstance(node, Scan) and node.axis == node.rank - 1 and node.steps > 1
+
+
+def stored_flat(node: Node, index: list, order: tuple) -> ix.IExpr:
+    """Where element ``index`` of a value stored with its axes in ``order`` lies (see
+    column_layouts)."""
+    return ix.flatten([index[i] for i in order], [node.shape[i] for i in order])
+
+
+def _walk_order(shape: tuple, index_of, target: Node) -> tuple | None:
+    """The order of ``target``'s axes in which a reader of ``shape`` walks them (its last axis
+    fastest) when ``index_of`` (reader index -> target index) maps each of them to one of the
+    reader's axes, or None; None also when that is the target's own order."""
+    variables = [ix.Var(f"o{j}", max(int(d), 1)) for j, d in enumerate(shape)]
+    index = index_of(variables)
+    keys = []
+    for axis, expr in enumerate(index):
+        if target.shape[axis] == 1:
+            keys.append((-1, axis))  # a unit axis goes anywhere
+        elif isinstance(expr, ix.Var) and expr in variables:
+            keys.append((variables.index(expr), axis))
+        else:
+            return None
+    positions = [k for k, _ in keys if k >= 0]
+    if len(set(positions)) != len(positions):
+        return None
+    order = tuple(axis for _, axis in sorted(keys))
+    long = [axis for axis in order if target.shape[axis] > 1]
+    return None if long == sorted(long) else order
+
+
+def column_layouts(program: Program, users: dict) -> dict[int, tuple]:
+    """node id -> the order of axes its flag-tagged copy is stored in, for the values around a
+    column scan: those its inputs are computed from elementwise and through data movement
+    (min_gru's gate, a reshape of a sigmoid of the window's [T, D] product; mamba's Δ, broadcast
+    over the state's columns), stored in the order the scan walks them, position fastest, so that
+    a block owning a few columns stages one contiguous range instead of the hull of a few channels
+    at every position (nearly the whole window); and the scan itself, stored back in the order its
+    readers walk it (the window's [T, D], a row of which a product reads). Only values that
+    nothing else reads. Stores and reads of such a value go through stored_flat; its own task
+    computes it in its natural order."""
+    found: dict[int, tuple] = {}
+    for scan in program.nodes():
+        if not column_scan(scan):
+            continue
+        readers = users.get(scan.id, [])
+        if readers and all(isinstance(r, Map) for r in readers):
+            orders = {_walk_order(r.shape, r.source_index, scan) for r in readers}
+            if len(orders) == 1 and None not in orders:
+                found[scan.id] = orders.pop()
+        # the region below the inputs, through elementwise ops and data movement, each node with
+        # its index as a function of the scan's
+        region: dict[int, tuple] = {}
+        pending = [(x, lambda index: index) for x in scan.xs]
+        while pending:
+            node, index_of = pending.pop()
+            if node.id in region or isinstance(node, Leaf):
+                continue
+            region[node.id] = (node, index_of)
+            if isinstance(node, Map):
+                pending.append((node.src, lambda index, m=node, f=index_of: m.source_index(f(index))))
+            elif isinstance(node, Ew):
+                pending += [(arg, index_of) for arg in node.args if arg.shape == node.shape]
+        for node, index_of in region.values():
+            if isinstance(node, Map) or node.id in found:
+                continue
+            if any(r.id not in region and r.id != scan.id for r in users.get(node.id, [])):
+                continue  # read elsewhere in its own order
+            order = _walk_order(scan.shape, index_of, node)
+            if order is not None:
+                found[node.id] = order
+    return found
 
 
 @dataclass
@@ -205,6 +285,7 @@ class Schedule:
     ll_nodes: dict  # node id -> Node: materialized values read inside the launch (flag-tagged)
     producer: dict  # node id -> index of the task that stores it
     notes: list = field(default_factory=list)
+    layouts: dict = field(default_factory=dict)  # node id -> its stored order of axes (column_layouts)
 
     def task_levels(self) -> list[int]:
         """Each task's dependency level: 1 + the deepest level of the tasks it waits on."""
@@ -267,13 +348,23 @@ class TaskView:
         arrays: set,
         inline_through: Iterable[int] = (),
         read_in_place: Iterable[int] = (),
+        layouts: dict | None = None,
     ):
         self.root = root
         self.materialized = materialized
         self.arrays = arrays
         self.inline_through = set(inline_through)
         self.read_in_place = set(read_in_place)  # materialized values not staged (see build_task)
+        self.layouts = layouts or {}  # see column_layouts
         self._views: dict = {}
+
+    def flat(self, node: Node, index: list) -> ix.IExpr:
+        """The flat index of ``node``'s element at ``index`` where this task reads it: a
+        materialized value's flag-tagged copy (or a staged copy of it) in its stored order."""
+        order = self.layouts.get(node.id)
+        if order is not None and self.source_kind(node) == "materialized":
+            return stored_flat(node, index, order)
+        return ix.flatten(index, node.shape)
 
     def kind(self, node: Node) -> str:
         if node.id == self.root.id:
@@ -371,7 +462,7 @@ class Walk:
             self.expand(node, ix.unflatten(unit.var, node.shape), (), ())
 
     def visit(self, node: Node, index: list, loops: tuple, guards: tuple) -> None:
-        flat = ix.flatten(index, node.shape)
+        flat = self.view.flat(node, index)
         key = (node.id, repr(flat), repr(guards))
         if key in self.seen:
             return
@@ -392,6 +483,12 @@ class Walk:
         elif isinstance(node, Reduce):
             r = self.new_var(node.extent)
             self.visit(node.src, node.source_index(index, r), loops + (r,), guards)
+        elif isinstance(node, Scan) and node.id == self.view.root.id and column_scan(node):
+            # the column loop (codegen's _column_root) reads each position's inputs once, at its
+            # own position
+            for x in node.xs:
+                self.visit(x, index, loops, guards)
+            self.visit(node.init, node.init_index(index), loops, guards)
         elif isinstance(node, Scan):  # positions 0..t: the loop's variable spans the axis
             s = self.new_var(node.steps)
             inner = guards
@@ -454,13 +551,14 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
 
 
 def root_ranges(
-    elements: int, grid: int, min_chunk: int = 1, first: int = 0, span: int | None = None
+    elements: int, grid: int, min_chunk: int = 1, first: int = 0, span: int | None = None, align: int = 1
 ) -> tuple[int, int, int, np.ndarray, np.ndarray]:
     """(chunk, blocks, first, lo, hi): the root's elements in chunks over at most ``span`` (default:
     the grid) blocks [first, first + blocks), ``first`` moved down where they would run past the
-    grid."""
+    grid; a chunk is a multiple of ``align`` (a column scan's blocks own whole columns)."""
     blocks = max(1, min(span or grid, grid, elements))
     chunk = max(-(-elements // blocks) if elements else 1, min_chunk)
+    chunk = -(-chunk // align) * align
     blocks = -(-elements // chunk) if elements else 0
     first = max(0, min(int(first), grid - blocks))
     lo = np.clip((np.arange(grid, dtype=np.int64) - first) * chunk, 0, elements)
@@ -530,6 +628,7 @@ def build_task(
     first: int = 0,
     span: int | None = None,
     stage_limit: int | None = None,
+    layouts: dict | None = None,
 ) -> tuple[Task, list[Problem]]:
     """The units of the task producing ``root``, their per-block ranges, and what should be
     materialized so that it runs well. ``min_chunk``: elements per block at least (a task that
@@ -540,7 +639,7 @@ def build_task(
     for _ in range(64):
         arrays: set[int] = set()
         for _ in range(64):
-            view = TaskView(root, materialized, arrays, inline_through, read_in_place)
+            view = TaskView(root, materialized, arrays, inline_through, read_in_place, layouts)
             units = _collect_units(view, root)
             extra = _cache_candidates(view, units, grid, threads)
             if not extra - arrays:
@@ -548,7 +647,8 @@ def build_task(
             arrays |= extra
         else:
             raise CompileError(f"{root.label or root}: the shared-memory arrays did not settle")
-        chunk, blocks, first_block, lo, hi = root_ranges(root.size, grid, min_chunk, first, span)
+        align = root.steps if column_scan(root) else 1
+        chunk, blocks, first_block, lo, hi = root_ranges(root.size, grid, min_chunk, first, span, align)
         task = Task(root, units, chunk, blocks, view, min_chunk, first_block, stage_limit=stage_limit)
         task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
         problems = _ranges(task, grid, threads, users, outputs)
@@ -564,6 +664,10 @@ def build_task(
             for u in task.arrays()
             if u.how == "thread" and view.source_kind(u.node) == "materialized" and u.node.id not in read_in_place
         ]
+        sparse = {u.node.id for u in staged if _sparse_copy(task, u)}
+        if sparse:
+            read_in_place |= sparse
+            continue
         if (
             stage_limit is None
             or task_smem_floats(task) <= stage_limit
@@ -578,6 +682,25 @@ def build_task(
         u.node.id for u in task.arrays() if u.how == "thread" and view.source_kind(u.node) == "materialized"
     }
     return task, problems
+
+
+def _sparse_copy(task: Task, staged: Unit) -> bool:
+    """Whether a block's copy of a value stored in another order than its readers' (column_layouts:
+    gated_ssm's gate, stored column by column for its scan, read a row at a time by the product
+    beside it) would be mostly elements nobody reads: its hull is more than SPARSE_COPY_RATIO
+    times what the units reading it compute, each element reading it once, outside any loop. Such
+    a value is read where it lies, each thread waiting for its own element."""
+    if staged.node.id not in task.view.layouts or staged.storage < STAGED_MIN:
+        return False
+    readers = 0
+    for unit in task.units.values():
+        occs = [o for o in unit.occurrences if o.node.id == staged.node.id]
+        if not occs or unit is staged:
+            continue
+        if unit.how not in ("root", "thread") or any(o.loops for o in occs):
+            return False
+        readers += max(unit.span, 1) * len(occs)
+    return readers > 0 and staged.storage > SPARSE_COPY_RATIO * readers
 
 
 def _collect_units(view: TaskView, root: Node) -> dict:
@@ -979,6 +1102,10 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
         destinations.setdefault(node.id, []).append(name)
         materialized[node.id] = node
     outputs = set(destinations)
+    for node in program.nodes():
+        if column_scan(node):
+            materialized[node.id] = node
+    layouts = column_layouts(program, users)
     # Graph inputs live in pinned host memory; reads of the same bytes from every block are
     # serialised over PCIe (~1 us each, measured), so each input has a task of its own whose
     # blocks read whole lines once and publish the values as flag-tagged words.
@@ -1005,6 +1132,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
                 outputs,
                 min_chunk=host_chunk.get(node.id, 1),
                 stage_limit=smem_floats,
+                layouts=layouts,
             )
             tasks[node.id] = task
             problems += found
@@ -1034,7 +1162,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
     # non-output that its readers can compute without any rule firing again.
     for nid in sorted(materialized, reverse=True):
         node = materialized[nid]
-        if nid in outputs or isinstance(node, Leaf) or frame_source(node) is not None:
+        if nid in outputs or isinstance(node, Leaf) or frame_source(node) is not None or column_scan(node):
             continue
         trial = {k: v for k, v in materialized.items() if k != nid}
         readers = [t for t in tasks.values() if nid in t.reads]
@@ -1050,6 +1178,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
                 outputs,
                 min_chunk=task.min_chunk,
                 stage_limit=task.stage_limit,
+                layouts=layouts,
             )
             others = {**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}
             found += _shared_products(others, users, outputs) + _mostly_views(others, trial)
@@ -1062,7 +1191,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
             tasks.pop(nid, None)
             tasks.update(rebuilt)
             notes.append(f"{node.label or node} computed where it is read (its materialization became unnecessary)")
-    side_of = _absorb(tasks, materialized, outputs, grid, threads, users)
+    side_of = _absorb(tasks, materialized, outputs, grid, threads, users, layouts)
     for nid in side_of:
         notes.append(
             f"{materialized[nid].label or materialized[nid]} stored by the task of "
@@ -1081,6 +1210,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
             inline_through=absorbed,
             min_chunk=host.min_chunk,
             stage_limit=host.stage_limit,
+            layouts=layouts,
         )
         task.side = [materialized[o] for o in absorbed]
         tasks[host_id] = task
@@ -1096,7 +1226,7 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
             producer[s.id] = i
     read_ids = set().union(*(t.reads for t in ordered)) if ordered else set()
     ll_nodes = {nid: materialized[nid] for nid in sorted(read_ids)}
-    return Schedule(program, grid, threads, ordered, materialized, destinations, ll_nodes, producer, notes)
+    return Schedule(program, grid, threads, ordered, materialized, destinations, ll_nodes, producer, notes, layouts)
 
 
 def _task_levels(ordered: list) -> list[int]:
@@ -1211,6 +1341,7 @@ def _moved(
         first=first,
         span=span,
         stage_limit=task.stage_limit,
+        layouts=task.view.layouts,
     )
     moved.side = list(task.side)
     return moved
@@ -1291,9 +1422,10 @@ def _shared_products(tasks: dict, users: dict, outputs: set) -> list[Problem]:
     return problems
 
 
-def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: int, users: dict) -> dict:
+def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: int, users: dict, layouts: dict) -> dict:
     """materialized value id -> id of the task that stores it as a side store (it computes every
-    element exactly once anyway)."""
+    element exactly once anyway). A column scan's task, and a value stored in another order than
+    its own (column_layouts), take no part: the column loop stores nothing but its scan."""
     side_of: dict[int, int] = {}
     current = dict(tasks)  # host id -> its task as built with what it absorbed so far
 
@@ -1309,12 +1441,14 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
             node = materialized[out_id]
             if isinstance(node, Leaf) or frame_source(node) is not None:
                 continue  # a graph input is read from host memory by its own task only
+            if column_scan(node) or out_id in layouts:
+                continue
             # a host moves with what it stores (an LSTM's h with its c, into the residual sum
             # after it)
             carried = absorbed_by(out_id)
             for host_id in sorted(current):
                 host = current[host_id]
-                if host_id == out_id or host_id in side_of or out_id not in host.reads:
+                if host_id == out_id or host_id in side_of or out_id not in host.reads or column_scan(host.root):
                     continue
                 trial, problems = build_task(
                     host.root,
@@ -1326,6 +1460,7 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                     inline_through=absorbed_by(host_id) + [out_id] + carried,
                     min_chunk=host.min_chunk,
                     stage_limit=host.stage_limit,
+                    layouts=layouts,
                 )
                 if problems or not all(_computes_once(trial, materialized[n]) for n in [out_id] + carried):
                     continue
