@@ -994,12 +994,29 @@ def _linear_scan_window(t: int, width: int, batch: int = 1):
 
 
 def test_a_window_too_large_for_one_recurrence_an_element_is_declined_naming_the_node(monkeypatch):
-    from framefuse.compiler import lower
+    """The bound of the row form (each element running its prefix); a scan run column by column
+    has none."""
+    from framefuse.compiler import lower, simplify
 
     monkeypatch.setattr(lower, "SCAN_MAX_ELEMENTS", 63)
+    lower_onnx(_linear_scan_window(8, 9), fold=False)  # columns: no bound
+    monkeypatch.setattr(simplify, "SCAN_COLUMNS", False)
     lower_onnx(_linear_scan_window(7, 9), fold=False)  # 63 elements: compiled
     with pytest.raises(CompileError, match=r"node 'scan0' \(framefuse::LinearScan\).*\[1, 8, 9\] has 72 elements"):
         lower_onnx(_linear_scan_window(8, 9), fold=False)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "xlstm"])
+def test_windows_past_the_row_bound_lower_to_column_scans(arch):
+    """Mamba's and xlstm's T = 32 windows at embed 256 hold scans of more elements than the row
+    form's bound (lower.SCAN_MAX_ELEMENTS): run column by column (their inputs broadcast along the
+    columns) they lower, every scan along its last axis."""
+    from framefuse.compiler import lower
+
+    _, program = _sequence_program(arch, {"seq": 32, "seed": 0})
+    scans = [n for n in program.nodes() if n.kind == "scan"]
+    assert scans and all(n.axis == n.rank - 1 for n in scans)
+    assert max(n.size for n in scans) > lower.SCAN_MAX_ELEMENTS
 
 
 def _one_node_window(op: str, feeds: dict, outputs: dict, **attrs):

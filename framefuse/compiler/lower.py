@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 
 from framefuse.compiler import ir
 from framefuse.compiler.ir import CompileError, Leaf, Node, Program
+from framefuse.compiler.simplify import runs_in_columns
 from framefuse.engines.ops import _slice_bounds
 
 FLOAT, BOOL = 1, 9
@@ -26,11 +27,12 @@ FLOAT_LIKE = {FLOAT}
 INT_TYPES = {2, 3, 5, 6, 7, 12, 13}  # uint8, int8, int16, int32, int64, uint32, uint64
 STATE_PREFIX, NEXT_STATE_PREFIX = "state.", "next_state."
 WKV_MAX_INIT = -1e38
-# The most elements (positions x carried values) a window's Scan may have: each element runs the
-# recurrence up to its own position, and scheduling such a window took 154 s on a 2-core CPU for
-# xlstm's C (524,288 elements at embed 256, T = 32) — a build times six tactics. Mamba's
-# (262,144) schedules in 33 s but runs 544 us on the H100 (device time; session 23), three times
-# the fused-op engine's whole window: the per-element recurrence does not pay at that size.
+# The most elements (positions x carried values) a window's Scan may have when each element runs
+# the recurrence up to its own position (the row form, simplify.runs_in_columns false):
+# scheduling such a window took 154 s on a 2-core CPU for xlstm's C (524,288 elements at embed
+# 256, T = 32) — a build times six tactics. Mamba's (262,144) schedules in 33 s but runs 544 us on
+# the H100 (device time; session 23), three times the fused-op engine's whole window. A scan run
+# column by column has no such bound (mamba's schedules in 14 s and runs 72 us, xlstm's 21 s).
 SCAN_MAX_ELEMENTS = 1 << 17
 # LSTMSeq / GRUSeq / LiquidScan windows unrolled into T cells, each a product by R of the hidden
 # value before it (about two dependency levels a position), up to UNROLL_MAX_STEPS positions: the
@@ -734,7 +736,7 @@ def _scan_window(ctx: Ctx, op: str, xs: list[Node], init: Node, carry: int, *, a
     """The sequence form of a scan op whose step is the elementwise ``op``, positions along
     ``axis``: the outputs over every position and the state after the last."""
     y = ir.Scan(op, xs, init, axis, carry, label=ctx.label)
-    if y.size > SCAN_MAX_ELEMENTS:
+    if y.size > SCAN_MAX_ELEMENTS and not runs_in_columns(y):
         raise ctx.fail(
             f"its window's recurrence over {list(y.shape)} has {y.size} elements, more than the "
             f"{SCAN_MAX_ELEMENTS} the step compiler runs one recurrence an element for"

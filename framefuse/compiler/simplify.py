@@ -120,6 +120,12 @@ def with_inputs(node: Node, inputs: list[Node]) -> Node:
 # itself, O(T^2) over the window, inside the task of whatever read it (min_gru's T = 32: every
 # block of the out-projection staged both whole [32, 256] inputs, ~11 us a layer on the H100).
 SCAN_COLUMNS = True
+# ...also a scan with an input broadcast along its columns (mamba's Δ over the state's N, xlstm's
+# gates over its matrix memory). At embed 64, T = 8 the columns' tasks staged more over the grid
+# (mamba 213K floats against 125K), but at embed 256, T = 32 the H100 runs the windows far faster
+# than the row form (device time, session 24: mamba 544 -> 72 us, jamba 61, xlstm 112; 63 / 53 /
+# 94 with 384 threads), and they no longer hit lower.SCAN_MAX_ELEMENTS.
+SCAN_COLUMNS_BROADCAST = True
 
 
 def _unbroadcast_size(node: Node) -> int:
@@ -129,17 +135,18 @@ def _unbroadcast_size(node: Node) -> int:
     return node.size
 
 
-class ScanColumns(Rebuilder):
-    """Only a scan whose every input has one value per element (a linear scan's gates): where an
-    input is broadcast along the columns (mamba's Δ over the state's N, xlstm's gates over its
-    matrix memory) the columns' tasks re-stage it and the whole window staged more over the grid
-    (embed 64, T = 8: mamba 213K floats against 125K), not yet timed."""
+def runs_in_columns(node: Scan) -> bool:
+    """Whether ScanColumns gives ``node`` a task of its own that runs it column by column (else
+    each element runs its prefix where it is read, and lower.SCAN_MAX_ELEMENTS bounds it)."""
+    if not SCAN_COLUMNS or node.steps < 2:
+        return False
+    return SCAN_COLUMNS_BROADCAST or all(_unbroadcast_size(x) >= node.size for x in node.xs)
 
+
+class ScanColumns(Rebuilder):
     def transform(self, node, inputs):
         node = with_inputs(node, inputs)
-        if not isinstance(node, Scan) or node.axis == node.rank - 1 or node.steps < 2:
-            return node
-        if any(_unbroadcast_size(x) < node.size for x in node.xs):
+        if not isinstance(node, Scan) or node.axis == node.rank - 1 or not runs_in_columns(node):
             return node
         order = [i for i in range(node.rank) if i != node.axis] + [node.axis]
         xs = [ir.transpose(x, order, label=x.label) for x in node.xs]
@@ -851,4 +858,12 @@ def simplify(program: Program, *, compose_input: bool | None = None) -> Program:
     return program
 
 
-__all__ = ["ComposeInputProducts", "FoldConstants", "FoldNorms", "PublishFrameScalars", "ScanColumns", "simplify"]
+__all__ = [
+    "ComposeInputProducts",
+    "FoldConstants",
+    "FoldNorms",
+    "PublishFrameScalars",
+    "ScanColumns",
+    "runs_in_columns",
+    "simplify",
+]

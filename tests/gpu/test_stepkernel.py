@@ -408,13 +408,14 @@ def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
 def test_stepkernel_of_mamba_at_embed_256_reads_its_transposed_window_in_place(monkeypatch):
     """At embed 256 and T = 32 a block's copy of mamba's in-projection window (read channel-major
     by the convolution) would overflow shared memory: the kernel reads those values where they
-    lie (schedule.build_task's stage_limit), and still matches ONNX Runtime. (The build declines
-    this window for its scan's size, lower.SCAN_MAX_ELEMENTS, lifted here: it is the GPU case of
-    the in-place reads.)"""
-    from framefuse.compiler import lower
+    lie (schedule.build_task's stage_limit), and still matches ONNX Runtime. This is the row form
+    (simplify.SCAN_COLUMNS off, lower.SCAN_MAX_ELEMENTS lifted, the build's form before session
+    24): the GPU case of the in-place reads. Run column by column, the window fits."""
+    from framefuse.compiler import lower, simplify
     from framefuse.engines import cuda_graph
 
     monkeypatch.setattr(lower, "SCAN_MAX_ELEMENTS", 1 << 18)
+    monkeypatch.setattr(simplify, "SCAN_COLUMNS", False)
 
     prepared = prepare_cached("mamba", {"model": {"embed": 256, "layers": 2}, "seq": 32, "batch": 1, "seed": 5})[
         "sequence"
