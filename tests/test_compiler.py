@@ -379,6 +379,31 @@ def test_a_window_scan_runs_its_columns_in_order_in_a_task_of_its_own(arch, monk
     assert _staged_floats(sched) < _staged_floats(schedule(rows, grid=16, threads=128))
 
 
+def test_a_copy_mostly_of_elements_nobody_reads_is_read_in_place(monkeypatch):
+    """schedule.SPARSE_COPY_ANY (off until timed): in mamba's window at embed 256, T = 32 on 132
+    blocks, the output's task reads its convolution's [D, T] result a position at a time, and a
+    block's copy of it is the hull of a few channels at every position (16,352 floats for 125
+    elements); read in place instead, the blocks stage less. (Not emulated at this size; the
+    in-place reads themselves are emulated by the next test, the stored orders by the column-scan
+    tests.)"""
+    from framefuse.compiler import schedule as sched
+
+    _, program = _sequence_program("mamba", {"seq": 32, "seed": 0})
+    smem = (227 * 1024 - 1024) // 8
+    before = schedule(program, grid=132, smem_floats=smem)
+    monkeypatch.setattr(sched, "SPARSE_COPY_ANY", True)
+    after = schedule(program, grid=132, smem_floats=smem)
+    assert _staged_floats(after) < _staged_floats(before)
+    assert any(task.view.read_in_place for task in after.tasks)
+    assert not any(task.view.read_in_place for task in before.tasks)
+
+    def waits(s):
+        source = generate(s).source
+        return source[source.index("ffk_step(") :].count("ffk_ll_wait(")
+
+    assert waits(after) > waits(before)
+
+
 @needs_cxx
 def test_a_staged_copy_over_shared_memory_is_read_in_place(tmp_path):
     """Mamba's convolution reads its in-projection's window channel-major: a block's copy is the

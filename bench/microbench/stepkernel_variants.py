@@ -104,6 +104,8 @@ SCHEDULE_VARIANTS = {
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads
     # it (before session 24's column scans: simplify.SCAN_COLUMNS)
     "scan-rows": ("simplify", "SCAN_COLUMNS", False),
+    # a staged copy mostly of elements nobody reads is read in place for any value (schedule.SPARSE_COPY_ANY)
+    "sparse-copy-any": ("schedule", "SPARSE_COPY_ANY", True),
     # a thread's own sum read four positions at a time where a factor is contiguous (the softmax sum; codegen.VECTOR_REDUCE)
     "vector-reduce": ("codegen", "VECTOR_REDUCE", True),
     "row-followers+vector-reduce": [("codegen", "ROW_FOLLOWERS", True), ("codegen", "VECTOR_REDUCE", True)],

@@ -89,6 +89,10 @@ REPLICATE_OPS = 512
 STAGED_RATIO = 4
 STAGED_MIN = 1024
 SPARSE_COPY_RATIO = 8  # see _sparse_copy
+# _sparse_copy for any staged value, not only one stored in another order (mamba's window: the
+# output's task reads the convolution's [D, T] result a position at a time, and a block stages
+# 16,352 floats of it for 125 elements). Off until timed (stepkernel_variants: sparse-copy-any).
+SPARSE_COPY_ANY = False
 ENUM_LIMIT = 1 << 23  # index combinations enumerated per occurrence before assuming the worst
 THREADS = 256
 WARP = 32
@@ -690,7 +694,7 @@ def _sparse_copy(task: Task, staged: Unit) -> bool:
     beside it) would be mostly elements nobody reads: its hull is more than SPARSE_COPY_RATIO
     times what the units reading it compute, each element reading it once, outside any loop. Such
     a value is read where it lies, each thread waiting for its own element."""
-    if staged.node.id not in task.view.layouts or staged.storage < STAGED_MIN:
+    if (staged.node.id not in task.view.layouts and not SPARSE_COPY_ANY) or staged.storage < STAGED_MIN:
         return False
     readers = 0
     for unit in task.units.values():
