@@ -466,6 +466,29 @@ def test_resident_source_reuses_weights_and_reads_state_coherently():
     assert loop.index("ffk_wait_finished") < loop.index("ffk_prefetch_commit") < loop.index("ffk_wait_go")
 
 
+def test_the_build_tactics_share_one_program_and_schedule(monkeypatch):
+    """compiler.memo: the tactics that differ only in generated code (pieces, paced) reuse the
+    plain kernel's lowered program and schedule; other options, sizes or settings do not, and a
+    reused schedule generates the kernel a fresh one does."""
+    from framefuse.compiler import memo
+    from framefuse.compiler import schedule as sched
+
+    memo.clear()
+    path = _prepared("min_gru").fused
+    program = memo.cached_program(path)
+    assert memo.cached_program(path) is program
+    assert memo.cached_program(path, compose_input=False) is not program
+    first = memo.cached_schedule(program, grid=8, threads=128, smem_floats=40 * 1024)
+    assert memo.cached_schedule(program, grid=8, threads=128, smem_floats=40 * 1024) is first
+    assert memo.cached_schedule(program, grid=8, threads=256, smem_floats=40 * 1024) is not first
+    fresh = schedule(lower_program(path), grid=8, threads=128, smem_floats=40 * 1024)
+    assert generate(first, copy_pieces=1024).identity == generate(fresh, copy_pieces=1024).identity
+    monkeypatch.setattr(sched, "HOST_WRITE_CHUNK", 4)
+    assert memo.cached_schedule(program, grid=8, threads=128, smem_floats=40 * 1024) is not first
+    assert memo.cached_program(path) is not program
+    memo.clear()
+
+
 @needs_cxx
 def test_emulated_kernel_with_one_block_and_one_warp(tmp_path):
     """The same program on a grid of 1 block of 32 threads: every task's work on one block, no

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from framefuse.compiler import lower_program
 from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
-from framefuse.compiler.schedule import THREADS, schedule
+from framefuse.compiler.memo import cached_program, cached_schedule
+from framefuse.compiler.schedule import THREADS
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
 
 # The step kernel's math: denormals flushed to zero, division and square root to 2 ulp (full range:
@@ -142,7 +142,8 @@ class CompiledStep:
         grid = int(grid or max(1, round(props["sm_count"] * grid_fraction)))
         smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
         start = time.perf_counter()
-        self.schedule = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
+        # the same schedule for the tactics that differ only in the code (compiler.memo)
+        self.schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
         self.kernel = generate(
             self.schedule,
             smem_limit_bytes=smem_limit,
@@ -351,8 +352,9 @@ def compile_step(
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
     by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS;
-    ``compose_input``: see lower_program)."""
-    program = lower_program(model_or_path, compose_input=compose_input)
+    ``compose_input``: see lower_program). The program is lowered once for the build's tactics
+    (compiler.memo)."""
+    program = cached_program(model_or_path, compose_input=compose_input)
     return CompiledStep(
         program,
         device=device,

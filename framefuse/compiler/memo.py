@@ -1,0 +1,78 @@
+"""Lowered programs and schedules kept for the build's tactics.
+
+The build times up to six step-kernel tactics of one graph (engines.fusion.STEPKERNELS); two of
+them (`stepkernel-pieces`, `stepkernel-paced`) differ from the plain kernel only in the code
+generated from the same schedule, and a window's schedule takes 15-30 s on a 2-core CPU (mamba's
+and xlstm's at T = 32). The last few programs and schedules are kept, keyed by the graph's bytes,
+the options, and every setting (upper-case module constant) of the modules they come from, so a
+changed setting (``bench/microbench/stepkernel_variants.py`` flips them) never reuses a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from pathlib import Path
+
+from framefuse.compiler import iexpr, lower, lower_program, simplify
+from framefuse.compiler import schedule as scheduling
+from framefuse.compiler.ir import Program
+
+MEMO_ENTRIES = 4  # per kind; a window's schedule holds per-block numpy ranges of every unit
+
+_programs: OrderedDict = OrderedDict()
+_schedules: OrderedDict = OrderedDict()
+
+
+def settings_key() -> tuple:
+    """Every upper-case constant of the modules a program and its schedule come from."""
+    return tuple(
+        (module.__name__, name, repr(value))
+        for module in (iexpr, lower, simplify, scheduling)
+        for name, value in sorted(vars(module).items())
+        if name.isupper() and not name.startswith("_")
+    )
+
+
+def source_digest(model_or_path) -> str:
+    """A digest of the graph: the file's bytes for a path, the serialized proto otherwise."""
+    if isinstance(model_or_path, (str, Path)):
+        data = Path(model_or_path).read_bytes()
+    else:
+        data = model_or_path.SerializeToString()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _remember(memo: OrderedDict, key, value):
+    memo[key] = value
+    memo.move_to_end(key)
+    while len(memo) > MEMO_ENTRIES:
+        memo.popitem(last=False)
+    return value
+
+
+def cached_program(model_or_path, *, compose_input: bool | None = None) -> Program:
+    """lower_program, the same Program object for the same graph, options and settings."""
+    key = (source_digest(model_or_path), compose_input, settings_key())
+    if key in _programs:
+        _programs.move_to_end(key)
+        return _programs[key]
+    return _remember(_programs, key, lower_program(model_or_path, compose_input=compose_input))
+
+
+def cached_schedule(program: Program, *, grid: int, threads: int, smem_floats: int) -> scheduling.Schedule:
+    """schedule.schedule, the same Schedule for the same program object, sizes and settings."""
+    key = (id(program), grid, threads, smem_floats, settings_key())
+    found = _schedules.get(key)
+    if found is not None and found.program is program:
+        _schedules.move_to_end(key)
+        return found
+    return _remember(_schedules, key, scheduling.schedule(program, grid=grid, threads=threads, smem_floats=smem_floats))
+
+
+def clear() -> None:
+    _programs.clear()
+    _schedules.clear()
+
+
+__all__ = ["cached_program", "cached_schedule", "clear", "settings_key", "source_digest"]
