@@ -466,6 +466,29 @@ def test_resident_source_reuses_weights_and_reads_state_coherently():
     assert loop.index("ffk_wait_finished") < loop.index("ffk_prefetch_commit") < loop.index("ffk_wait_go")
 
 
+def test_enumerated_index_pairs_match_a_plain_loop_and_are_kept_only_while_scheduling():
+    """schedule.enumerate_pairs (each variable on an axis of its own, results kept by occurrence
+    while a schedule is built): the (element, index) pairs of an occurrence with a reduction
+    variable and a guard are exactly a plain loop's, in its order, read-only; schedule() leaves
+    nothing kept."""
+    from framefuse.compiler import iexpr as ix
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.schedule import Occurrence, enumerate_pairs
+
+    e, r = ix.Var("e0", 12), ix.Var("r1", 5)
+    flat = ix.add(ix.mul(ix.floordiv(e, 3), 7), ix.add(ix.mod(e, 3), ix.mul(r, 2)))
+    guard = (ix.add(ix.mod(e, 4), r), 1, 6)
+    occ = Occurrence(None, flat, (r,), (guard,))
+    expected = [(ev, (ev // 3) * 7 + ev % 3 + 2 * rv) for ev in range(12) for rv in range(5) if 1 <= ev % 4 + rv < 6]
+    elems, where = enumerate_pairs(occ, e, 12)
+    assert list(zip(elems.tolist(), where.tolist())) == expected
+    assert not elems.flags.writeable and enumerate_pairs(occ, e, 12)[0] is elems
+    plain = Occurrence(None, flat, (r,), ())
+    assert len(enumerate_pairs(plain, e, 12)[0]) == 60
+    schedule(lower_program(_prepared("min_gru").fused), grid=4, threads=64)
+    assert not sched._pairs_memo
+
+
 def test_the_build_tactics_share_one_program_and_schedule(monkeypatch):
     """compiler.memo: the tactics that differ only in generated code (pieces, paced) reuse the
     plain kernel's lowered program and schedule; other options, sizes or settings do not, and a
