@@ -489,6 +489,31 @@ def test_enumerated_index_pairs_match_a_plain_loop_and_are_kept_only_while_sched
     assert not sched._pairs_memo
 
 
+@pytest.mark.parametrize("overlapping", [False, True])
+def test_needed_ranges_match_a_plain_loop(overlapping):
+    """schedule.needed_ranges (per-element runs and the blocks' ranges reduced at once where they
+    lie in order): each block's [min, max + 1) of what its elements read, as a plain loop finds it,
+    also for pairs out of element order and blocks whose ranges overlap (replicated arrays)."""
+    from framefuse.compiler.schedule import needed_ranges
+
+    rng = np.random.default_rng(3)
+    elements, size, grid = 200, 1000, 9
+    elems = rng.integers(0, elements, 700)
+    flat = rng.integers(0, size, 700)
+    elems[elems % 7 == 0] = 1  # elements nothing reads
+    if overlapping:
+        unit_lo = rng.integers(0, elements - 40, grid)
+        unit_hi = unit_lo + rng.integers(0, 40, grid)
+    else:
+        cuts = np.sort(rng.integers(0, elements, grid + 1))
+        unit_lo, unit_hi = cuts[:-1], cuts[1:]
+    lo, hi = needed_ranges((elems, flat), unit_lo, unit_hi, elements, size)
+    for b in range(grid):
+        read = flat[(elems >= unit_lo[b]) & (elems < unit_hi[b])]
+        expected = (int(read.min()), int(read.max()) + 1) if read.size else (0, 0)
+        assert (int(lo[b]), int(hi[b])) == expected, b
+
+
 def test_the_build_tactics_share_one_program_and_schedule(monkeypatch):
     """compiler.memo: the tactics that differ only in generated code (pieces, paced) reuse the
     plain kernel's lowered program and schedule; other options, sizes or settings do not, and a

@@ -626,13 +626,27 @@ def needed_ranges(pairs, unit_lo: np.ndarray, unit_hi: np.ndarray, elements: int
     big = np.iinfo(np.int64).max
     per_min = np.full(elements, big, dtype=np.int64)
     per_max = np.full(elements, -1, dtype=np.int64)
-    np.minimum.at(per_min, elems, flat)
-    np.maximum.at(per_max, elems, flat)
-    for b in np.nonzero(active)[0]:
-        a, z = int(unit_lo[b]), int(unit_hi[b])
-        mx = int(per_max[a:z].max())
-        if mx >= 0:
-            lo[b], hi[b] = int(per_min[a:z].min()), mx + 1
+    if elems.size > 1 and (elems[1:] < elems[:-1]).any():
+        order = np.argsort(elems, kind="stable")
+        elems, flat = elems[order], flat[order]
+    # enumerate_pairs walks the element first: each element's indices are one run
+    starts = np.flatnonzero(np.concatenate(([True], elems[1:] != elems[:-1])))
+    per_min[elems[starts]] = np.minimum.reduceat(flat, starts)
+    per_max[elems[starts]] = np.maximum.reduceat(flat, starts)
+    blocks = np.nonzero(active)[0]
+    a, z = unit_lo[blocks].astype(np.int64), unit_hi[blocks].astype(np.int64)
+    if len(blocks) and (a[1:] >= z[:-1]).all():  # the blocks' ranges in order, apart: one pass
+        bounds = np.stack([a, z], axis=1).reshape(-1)
+        keep = bounds < elements
+        mins = np.minimum.reduceat(per_min, bounds[keep])
+        maxs = np.maximum.reduceat(per_max, bounds[keep])
+        mins, maxs = mins[0::2], maxs[0::2]  # [a_i, z_i); the odd ones are the gaps between
+    else:
+        mins = np.array([per_min[i:j].min() for i, j in zip(a, z)], dtype=np.int64)
+        maxs = np.array([per_max[i:j].max() for i, j in zip(a, z)], dtype=np.int64)
+    read = maxs >= 0
+    lo[blocks[read]] = mins[read]
+    hi[blocks[read]] = maxs[read] + 1
     return lo, hi
 
 
