@@ -526,6 +526,8 @@ def test_the_build_tactics_share_one_program_and_schedule(monkeypatch):
     program = memo.cached_program(path)
     assert memo.cached_program(path) is program
     assert memo.cached_program(path, compose_input=False) is not program
+    loaded = memo.cached_program(onnx.load(str(path)))  # the build passes its executor's ModelProto
+    assert memo.cached_program(onnx.load(str(path))) is loaded
     first = memo.cached_schedule(program, grid=8, threads=128, smem_floats=40 * 1024)
     assert memo.cached_schedule(program, grid=8, threads=128, smem_floats=40 * 1024) is first
     assert memo.cached_schedule(program, grid=8, threads=256, smem_floats=40 * 1024) is not first
