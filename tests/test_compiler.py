@@ -379,6 +379,30 @@ def test_a_window_scan_runs_its_columns_in_order_in_a_task_of_its_own(arch, monk
     assert _staged_floats(sched) < _staged_floats(schedule(rows, grid=16, threads=128))
 
 
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,embed,seq,batch,grid,threads",
+    [
+        ("min_gru", 40, 7, 2, 5, 64),
+        ("gated_ssm", 24, 9, 3, 7, 96),
+        ("mamba", 24, 5, 2, 6, 64),
+        ("min_lstm", 40, 13, 1, 3, 32),
+    ],
+)
+def test_column_scans_at_odd_sizes_and_batches_emulate_the_interpreter(
+    arch, embed, seq, batch, grid, threads, tmp_path
+):
+    """Column scans where the columns do not divide over the blocks, with batch rows, odd
+    positions and widths (mamba's broadcast inputs too): each block's chunk is whole columns, and
+    the emulated kernel (ThreadSanitizer) computes the interpreter's values."""
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 1}
+    _, program = _sequence_program(arch, config)
+    sched = schedule(program, grid=grid, threads=threads)
+    scans = [t for t in sched.tasks if t.root.kind == "scan"]
+    assert scans and all(t.chunk % t.root.steps == 0 for t in scans)
+    _emulate_against_interpreter(generate(sched), program, 1, tmp_path, races=True)
+
+
 def test_a_copy_mostly_of_elements_nobody_reads_is_read_in_place(monkeypatch):
     """schedule.SPARSE_COPY_ANY (off until timed): in mamba's window at embed 256, T = 32 on 132
     blocks, the output's task reads its convolution's [D, T] result a position at a time, and a
