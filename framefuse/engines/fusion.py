@@ -586,6 +586,10 @@ def apply_selection(
                 if other is not None and other.compiled.kernel.identity not in seen:
                     alternatives[tactic] = other
                     seen.add(other.compiled.kernel.identity)
+            # the tactics hold what they use; the memo would keep the model's weights past the build
+            from framefuse.compiler import memo
+
+            memo.clear()
         if unfused_executor is not None:
             shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
             try:
