@@ -324,18 +324,10 @@ def test_scan_prefix_ranges_stage_less_and_keep_the_values(arch, monkeypatch, tm
     monkeypatch.setattr(simplify, "SCAN_COLUMNS", False)
     _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0})
 
-    def staged(s):
-        return sum(
-            int((u.hi - u.lo).clip(0).sum())
-            for task in s.tasks
-            for u in task.arrays()
-            if u.how == "thread" and task.view.source_kind(u.node) == "materialized"
-        )
-
-    before = staged(schedule(program, grid=16, threads=128))
+    before = _staged_floats(schedule(program, grid=16, threads=128))
     monkeypatch.setattr(sched, "SCAN_PREFIX_RANGES", True)
     after_schedule = schedule(program, grid=16, threads=128)
-    assert staged(after_schedule) < before
+    assert _staged_floats(after_schedule) < before
     _emulate_against_interpreter(generate(after_schedule), program, 1, tmp_path, races=True)
 
 
