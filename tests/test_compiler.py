@@ -270,7 +270,7 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
         _close(final[name], value, f"final {name}", tol=1e-5)
 
 
-# linear scans (their windows are Scans) and the nonlinear ones unrolled (windows of up to 8)
+# linear scans (their windows are Scans) and the nonlinear ones (a Recur each: a loop over positions)
 SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "xlstm", "lstm", "gru", "liquid"]
 
 
@@ -288,8 +288,8 @@ def test_sequence_form_lowering_matches_onnxruntime_on_the_original_graph(arch):
     scans_of = {"LinearScan": 1, "SelectiveScan": 1, "MLSTMScan": 3}  # MLSTMScan: m, then C and n
     ops = [n.op_type for n in onnx.load(str(prepared.fused)).graph.node if n.domain == "framefuse"]
     assert program.counts().get("scan", 0) == sum(scans_of.get(op, 0) for op in ops)
-    if arch in ("lstm", "gru", "liquid"):  # unrolled: a product by R a position and layer
-        assert program.counts()["dot"] >= 8 * len(ops)
+    if arch in ("lstm", "gru", "liquid"):  # a loop over the positions a layer (ir.Recur)
+        assert program.counts()["recur"] == len(ops)
     session = ort_session(prepared.onnx, fused=False)
     feeds = _feeds(program, np.random.default_rng(7))
     names = [o.name for o in session.get_outputs()]
@@ -309,6 +309,54 @@ def test_sequence_form_kernel_emulated_matches_the_interpreter(arch, tmp_path):
     if program.counts().get("scan"):
         assert "for (int s" in kernel.source  # the recurrence's loop over positions
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=arch == "min_gru")
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,embed,seq,batch,smem,blocks,own,threads",
+    [
+        ("lstm", 64, 8, 1, None, None, True, 128),  # R in one block's shared memory, 2 K splits
+        (
+            "lstm",
+            40,
+            17,
+            3,
+            1500,
+            None,
+            True,
+            64,
+        ),  # odd sizes, 3 rows: units over 5 blocks of their own, 108 rows a block over 64 threads
+        ("gru", 40, 6, 2, 700, None, False, 128),  # over 8 blocks a layer, more than half the grid in all: shared
+        ("liquid", 48, 5, 1, 256, 2, True, 128),  # more units a block than R's rows fit: R from global memory
+    ],
+)
+def test_a_nonlinear_window_runs_as_a_loop_over_its_positions(
+    arch, embed, seq, batch, smem, blocks, own, threads, monkeypatch, tmp_path
+):
+    """LSTMSeq / GRUSeq / LiquidScan windows lower to one ir.Recur a layer, whatever T: the positions
+    in a loop inside one task, h exchanged between the task's blocks as flag-tagged words each
+    position. The emulated kernel (ThreadSanitizer on the split ones) computes the interpreter's
+    values, over a grid where each layer's units are split across blocks."""
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.ir import Recur
+
+    if smem is not None:
+        monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", smem)
+    if blocks is not None:
+        monkeypatch.setattr(sched, "RECUR_MAX_BLOCKS", blocks)
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    assert program.counts()["recur"] == 2
+    plan = schedule(program, grid=24, threads=threads)
+    loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+    per_block, n_blocks, held = sched.recur_split(loops[0].root, 24)
+    assert [t.blocks for t in loops] == [n_blocks] * 2 and held == (blocks is None)
+    others = [t for t in plan.tasks if not isinstance(t.root, Recur)]
+    overlap = any(o.first < t.first + t.blocks and t.first < o.first + o.blocks for t in loops for o in others)
+    assert overlap == (not own)
+    kernel = generate(plan)
+    assert kernel.source.count("for (int rcs = 0; rcs < ") == 2
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=smem is not None)
 
 
 @needs_cxx
@@ -396,7 +444,7 @@ def test_column_scans_at_odd_sizes_and_batches_emulate_the_interpreter(
 
 
 def test_a_copy_mostly_of_elements_nobody_reads_is_read_in_place(monkeypatch):
-    """schedule.SPARSE_COPY_ANY (off until timed): in mamba's window at embed 256, T = 32 on 132
+    """schedule.SPARSE_COPY_ANY (on since timed in session 25): in mamba's window at embed 256, T = 32 on 132
     blocks, the output's task reads its convolution's [D, T] result a position at a time, and a
     block's copy of it is the hull of a few channels at every position (16,352 floats for 125
     elements); read in place instead, the blocks stage less. (Not emulated at this size; the
@@ -406,6 +454,7 @@ def test_a_copy_mostly_of_elements_nobody_reads_is_read_in_place(monkeypatch):
 
     _, program = _sequence_program("mamba", {"seq": 32, "seed": 0})
     smem = (227 * 1024 - 1024) // 8
+    monkeypatch.setattr(sched, "SPARSE_COPY_ANY", False)
     before = schedule(program, grid=132, smem_floats=smem)
     monkeypatch.setattr(sched, "SPARSE_COPY_ANY", True)
     after = schedule(program, grid=132, smem_floats=smem)
@@ -1071,8 +1120,12 @@ def _graph(nodes, inputs, outputs, initializers=()):
     return model
 
 
-def test_a_nonlinear_window_longer_than_the_unroll_is_declined_naming_the_node():
+def test_a_nonlinear_window_longer_than_the_unroll_is_declined_naming_the_node(monkeypatch):
+    """Without the recurrence loop (lower.RECUR_WINDOWS off) a window is unrolled, up to 8 positions."""
+    from framefuse.compiler import lower
     from framefuse.compiler.lower import UNROLL_MAX_STEPS
+
+    monkeypatch.setattr(lower, "RECUR_WINDOWS", False)
 
     f32 = TensorProto.FLOAT
     t = UNROLL_MAX_STEPS + 1

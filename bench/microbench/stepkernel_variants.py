@@ -104,6 +104,13 @@ SCHEDULE_VARIANTS = {
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads
     # it (before session 24's column scans: simplify.SCAN_COLUMNS)
     "scan-rows": ("simplify", "SCAN_COLUMNS", False),
+    # LSTM / GRU / liquid windows unrolled, a cell a position (before session 25's ir.Recur loop: lower.RECUR_WINDOWS)
+    "unrolled": ("lower", "RECUR_WINDOWS", False),
+    # the recurrences' loops on blocks shared with the other tasks (schedule.RECUR_OWN_BLOCKS)
+    "recur-shared-blocks": ("schedule", "RECUR_OWN_BLOCKS", False),
+    # R's rows of a recurrence over more / fewer blocks (schedule.RECUR_SMEM_FLOATS, 16K floats a block)
+    "recur-8k": ("schedule", "RECUR_SMEM_FLOATS", 8 * 1024),
+    "recur-32k": ("schedule", "RECUR_SMEM_FLOATS", 32 * 1024),
     # a staged copy mostly of elements nobody reads is read in place for any value (schedule.SPARSE_COPY_ANY)
     "sparse-copy-any": ("schedule", "SPARSE_COPY_ANY", True),
     # a thread's own sum read four positions at a time where a factor is contiguous (the softmax sum; codegen.VECTOR_REDUCE)

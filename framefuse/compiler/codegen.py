@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Reduce, Scan
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Recur, Reduce, Scan
 from framefuse.compiler.ops import EW, c_float
 from framefuse.compiler.schedule import (
     ROOT,
@@ -39,6 +39,10 @@ from framefuse.compiler.schedule import (
     column_scan,
     concat_branches,
     frame_source,
+    recur_rows,
+    recur_smem_floats,
+    recur_smem_parts,
+    recur_split,
     stored_flat,
 )
 
@@ -221,6 +225,8 @@ class Generator:
             for unit in sorted(task.arrays(), key=lambda u: u.node.id):
                 lay.arena[(t, unit.node.id)] = offset
                 offset += _align4(max(unit.storage, 1))
+            if isinstance(task.root, Recur):
+                offset = recur_smem_floats(task.root, self.grid)
             arena = max(arena, offset)
         lay.arena_floats = arena
         budget = self.smem_limit - used - arena
@@ -694,6 +700,11 @@ class Generator:
         body.items.append(f"// task {t}: {_name(task.root)} {list(task.root.shape)}")
         body.items.append(code)
         self._stamp(code, t, 0)
+        if isinstance(task.root, Recur):
+            self._recur(code, t, task)
+            self._stamp(code, t, 1)
+            self._stamp(code, t, 2)
+            return
         arrays = task.arrays()
         if t in self.groups:
             # cp.async.wait_group covers this thread's own copies; the barrier after it makes every
@@ -1305,6 +1316,176 @@ class Generator:
         em.stack.pop()
         scope.close_child(inner_code)
 
+    def _recur(self, code: Code, t: int, task: Task) -> None:
+        """A nonlinear recurrence (ir.Recur, schedule._recur_task): the block's hidden units of
+        every batch row, the positions in order. Per position, one staging call brings h of the
+        position before (all of it: every block's units, flag-tagged words) and this position's
+        input part of the block's units; the block's threads split R's rows (held in shared memory,
+        transposed so a warp reads consecutive rows at one k) and the K axis between them; then a
+        thread per owned unit sums its rows' parts, applies the cell and publishes h (and c). Two
+        barriers a position; the block waits only for the words it reads, so the next layer's task,
+        on other blocks, runs position t while this one runs t + 1."""
+        node: Recur = task.root
+        G, S, H, B, T = node.gates, node.carried, node.hidden, node.batch, node.steps
+        HB = task.chunk
+        _, _, held = recur_split(node, self.grid)
+        rows, splits = recur_rows(node, HB)  # product rows of the block (all batch rows), K splits at most
+        splits = max(1, min(splits, self.threads // rows))
+        kc = -(-H // splits)
+        lay = self.layout
+        w_rows = lay.weights[node.weight.id]
+        w_bias = None if node.bias_weight is None else lay.weights[node.bias_weight.id]
+        own = lay.ll[node.id]
+        for op in ("lstm_cell", "lstm_hidden", "gru_hidden", "liquid_hidden"):
+            self.need_header(EW[op].header)
+        floats = recur_smem_parts(node, HB, held)
+        base = self.arena_offset
+        offsets = {}
+        for name, n in floats:
+            offsets[name] = base
+            base += n
+        stride = G * HB + 1  # the transposed rows' stride: odd, so the one-time fill spreads over the banks
+        direct = task.view.source_kind(node.xg) == "materialized" and node.xg.id not in self.sched.layouts
+        code.items += [
+            f"// recurrence {node.cell} over {T} positions: this block's {HB} of {H} hidden units, "
+            f"{'R in shared memory' if held else 'R read from global memory each position'}, "
+            f"{rows} product rows x {splits} K splits",
+            "__syncthreads();  // the previous task's readers of shared memory are done",
+            f"const int ru0 = {_block_in_task(task)} * {HB}, rnu = min({HB}, {H} - ru0);",
+            f"float* const rR = ffk_smem + {offsets['R']};  // R's rows of the block's units, [k][row]",
+            f"float* const rH = ffk_smem + {offsets['h']};  // h of the position before, two buffers",
+            f"float* const rP = ffk_smem + {offsets['P']};  // the products' parts, [split][row]",
+            f"float* const rX = ffk_smem + {offsets['X']};  // the position's input part of the block's units, two buffers",
+            f"float* const rC = ffk_smem + {offsets['C']};  // LSTM: c of the block's units",
+            "(void)rR; (void)rX; (void)rC;",
+        ]
+        if held:
+            load = Code(f"for (int i = tid; i < {G * HB * H}; i += NT)")
+            load.items += [
+                f"const int q = i / {H}, k = i - q * {H}, j = q % {HB};",
+                f"rR[k * {stride} + q] = j < rnu ? __ldg(ffk_w + {w_rows} + ({H} * (q / {HB}) + ru0 + j) * {H} + k) : 0.0f;",
+            ]
+            code.items += [_ONCE, load]
+        b_var, k_var, u_var = ix.Var("rcb", B), ix.Var("rck", H), ix.Var("rcu", H)
+        init = Code(f"for (int i = tid; i < {B * H}; i += NT)")
+        init.items.append(f"const int rcb = i / {H}, rck = i - rcb * {H};")
+        em = Emitter(self, t, task, init)
+        em.stack[0].guard = True
+        em.top.pos = len(em.top.code.items)  # after the loop's own declarations
+        h0 = em.value(node.h0, [b_var, k_var])
+        em.top.insert(f"rH[i] = {h0.text};")
+        code.items += [_ONCE, init]
+        if node.c0 is not None:
+            init_c = Code(f"for (int i = tid; i < {B * HB}; i += NT)")
+            init_c.items.append(f"const int rcb = i / {HB}, rcu = ru0 + i - rcb * {HB};")
+            guarded = Code("if (rcu < ru0 + rnu)")
+            init_c.items.append(guarded)
+            em = Emitter(self, t, task, guarded)
+            em.stack[0].guard = True
+            em.top.pos = len(em.top.code.items)
+            c0 = em.value(node.c0, [b_var, u_var])
+            em.top.insert(f"rC[i] = {c0.text};")
+            code.items += [_ONCE, init_c]
+        code.items.append("__syncthreads();")
+        loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
+        code.items += [_ONCE, loop]
+        h_floats, x_floats = _align4(B * H), _align4(B * G * HB)
+        loop.items.append(f"const float* const hp = rH + (rcs & 1) * {h_floats};")
+        # the staging: h before (from the second position on) and the input part, one call
+        ranges = [
+            (
+                f"rH + (rcs & 1) * {h_floats} + {b * H}",
+                f"ffk_ll + {own} + ((rcs - 1) * {B} + {b}) * {S * H}",
+                f"rcs > 0 ? {H} : 0",
+            )
+            for b in range(B)
+        ]
+        if direct:
+            xg = lay.ll[node.xg.id]
+            ranges += [
+                (
+                    f"rX + (rcs & 1) * {x_floats} + {(b * G + g) * HB}",
+                    f"ffk_ll + {xg} + (rcs * {B} + {b}) * {G * H} + {g * H} + ru0",
+                    "rnu",
+                )
+                for b in range(B)
+                for g in range(G)
+            ]
+        if len(ranges) <= RECUR_STAGE_RANGES:  # every range's loads in flight together
+            n = len(ranges)
+            loop.items += [
+                "{",
+                f"    float* const sd[{n}] = {{{', '.join(r[0] for r in ranges)}}};",
+                f"    const unsigned long long* const ss[{n}] = {{{', '.join(r[1] for r in ranges)}}};",
+                f"    const int sn[{n}] = {{{', '.join(r[2] for r in ranges)}}};",
+                f"    ffk_ll_stage_n<NT, {n}>(sd, ss, sn, epoch);",
+                "}",
+            ]
+        else:
+            for dst, src, num in ranges:
+                loop.items += [
+                    "{",
+                    f"    float* const sd[1] = {{{dst}}};",
+                    f"    const unsigned long long* const ss[1] = {{{src}}};",
+                    f"    const int sn[1] = {{{num}}};",
+                    "    ffk_ll_stage_n<NT, 1>(sd, ss, sn, epoch);",
+                    "}",
+                ]
+        loop.items.append("__syncthreads();")
+        # the products: thread i takes row i % rows over the K split i / rows
+        prod = Code(f"for (int i = tid; i < {rows * splits}; i += NT)")
+        prod.items += [
+            f"const int r = i % {rows}, s = i / {rows}, q = r % {G * HB}, j = q % {HB};",
+            f"const float* const hv = hp + (r / {G * HB}) * {H};",
+            f"const int k0 = s * {kc}, k1 = min(k0 + {kc}, {H});",
+            "float acc = 0.0f;",
+        ]
+        if held:
+            prod.items += ["#pragma unroll 8", f"for (int k = k0; k < k1; ++k) acc += rR[k * {stride} + q] * hv[k];"]
+        else:
+            prod.items += [
+                f"const float* const w = ffk_w + {w_rows} + ({H} * (q / {HB}) + ru0 + j) * {H};",
+                "if (j < rnu)",
+                "    for (int k = k0; k < k1; ++k) acc += __ldg(w + k) * hv[k];",
+            ]
+        prod.items.append(f"rP[s * {rows} + r] = acc;")
+        loop.items += [_ONCE, prod, "__syncthreads();"]
+        cells = Code(f"for (int i = tid; i < {B * HB}; i += NT)")
+        cells.items.append(f"const int rcb = i / {HB}, rcj = i - rcb * {HB}, rcu = ru0 + rcj;")
+        body = Code("if (rcj < rnu)")
+        cells.items.append(body)
+        em = Emitter(self, t, task, body)
+        em.stack[0].guard = True
+        em.top.pos = len(em.top.code.items)
+        s_var = ix.Var("rcs", T)
+        xs, rs = [], []
+        for g in range(G):
+            if direct:
+                xs.append(f"rX[(rcs & 1) * {x_floats} + rcb * {G * HB} + {g * HB} + rcj]")
+            else:
+                xs.append(em.value(node.xg, [s_var, b_var, ix.add(u_var, ix.const(g * H))]).text)
+            parts = " + ".join(f"rP[{s * rows} + rcb * {G * HB} + {g * HB} + rcj]" for s in range(splits))
+            if w_bias is not None:
+                parts += f" + __ldg(ffk_w + {w_bias} + {g * H} + rcu)"
+            name = em.fresh("r")
+            em.top.insert(f"const float {name} = {parts};")
+            rs.append(name)
+        out = f"ffk_ll + {own} + (rcs * {B} + rcb) * {S * H} + rcu"
+        if node.cell == "lstm":
+            i_, o_, f_, g_ = (f"({x} + {r})" for x, r in zip(xs, rs))
+            em.top.insert(f"const float c = {EW['lstm_cell'].c([i_, f_, g_, 'rC[i]'], ())};")
+            em.top.insert(f"const float h = {EW['lstm_hidden'].c([o_, 'c'], ())};")
+            em.top.insert("rC[i] = c;")
+            em.top.insert(f"ffk_ll_store({out} + {H}, c, epoch);")
+        elif node.cell == "gru":
+            args = [xs[0], rs[0], xs[1], rs[1], xs[2], rs[2], f"hp[rcb * {H} + rcu]"]
+            em.top.insert(f"const float h = {EW['gru_hidden'].c(args, ())};")
+        else:
+            args = [f"({x} + {r})" for x, r in zip(xs, rs)]
+            em.top.insert(f"const float h = {EW['liquid_hidden'].c(args, node.params)};")
+        em.top.insert(f"ffk_ll_store({out}, h, epoch);")
+        loop.items += [_ONCE, cells]
+
     def stored_c(self, node: Node, flat) -> str | None:
         """C for where element ``flat`` (an IExpr) of ``node`` lies in its flag-tagged copy when
         that is stored in another order than its own (schedule.column_layouts), else None."""
@@ -1405,6 +1586,7 @@ COPIES_AFTER_LEVEL = 0
 COPIES_AHEAD_LEVELS = 1
 # ... the same for the frame's block alone (level 1, one level ahead): mixed too, off
 FRAME_BLOCK_COPIES_LATE = False
+RECUR_STAGE_RANGES = 12  # a recurrence's position stages at most this many ranges in one call (else one a call)
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
 _NODE_VAR = re.compile(r"\b(lo|hi|plo|from)(\d+)\b")

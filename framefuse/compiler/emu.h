@@ -98,19 +98,29 @@ inline T __ldg(const T* p) {
     return *p;
 }
 
+// Flagged stores over the whole grid: a wait is a deadlock when no block stored anything for 30 s
+// (a long chain of dependent waits, a recurrence's positions one after another, on thousands of
+// emulated threads, can keep one waiting longer than that while the others make progress).
+inline std::atomic<unsigned long long> ffk_emu_stores{0};
 inline void ffk_ll_store(unsigned long long* p, float v, unsigned epoch) {
     const unsigned long long word = ((unsigned long long)epoch << 32) | (unsigned long long)__float_as_uint(v);
     std::atomic_ref<unsigned long long>(*p).store(word, std::memory_order_relaxed);
+    ffk_emu_stores.fetch_add(1, std::memory_order_relaxed);
 }
 inline const unsigned long long* ffk_emu_ll_base = nullptr;
 inline float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     auto& word_ref = *const_cast<unsigned long long*>(p);
-    const auto start = std::chrono::steady_clock::now();
+    auto start = std::chrono::steady_clock::now();
+    unsigned long long stores = ffk_emu_stores.load(std::memory_order_relaxed);
     for (;;) {
         const unsigned long long word = std::atomic_ref<unsigned long long>(word_ref).load(std::memory_order_relaxed);
         if ((unsigned)(word >> 32) == epoch) return __uint_as_float((unsigned)word);
         std::this_thread::yield();
-        if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
+        const unsigned long long now_stores = ffk_emu_stores.load(std::memory_order_relaxed);
+        if (now_stores != stores) {
+            stores = now_stores;
+            start = std::chrono::steady_clock::now();
+        } else if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
             std::fprintf(stderr, "deadlock: block %u thread %u waits for flagged word %lld (epoch %u, holds %u)\n",
                          blockIdx.x, threadIdx.x, (long long)(p - ffk_emu_ll_base), epoch, (unsigned)(word >> 32));
             std::abort();

@@ -10,10 +10,12 @@
             small GEMM by a weight; the weight kept as [N, K] so a row is contiguous)
 
     Scan    out[..., t, ...] = h = op(xs[..., t, ...], h): a first-order recurrence along one axis
+    Recur   out[t, b] = h_t = cell(xg[t, b], R·h_{t-1}, ...): a nonlinear recurrence (LSTM, GRU,
+            liquid cell) over a window's positions, its carried value multiplied by constant rows
 
 Everything a model does at one step — LayerNorm, softmax, attention over the KV window, the
 single-step body of every framefuse op — is built from the first six; a window of T steps adds
-Scan for the recurrences. The reference interpreter
+Scan for the linear recurrences and Recur for the nonlinear ones. The reference interpreter
 (:mod:`framefuse.compiler.naive`) gives each its meaning, and the code generator
 (:mod:`framefuse.compiler.codegen`) turns a whole program into one CUDA kernel.
 
@@ -226,6 +228,94 @@ class Scan(Node):
         out = list(index)
         out[self.axis] = position
         return out
+
+
+# Recur's cells: (gates G, carried values S a position: LSTM carries its cell value beside h)
+RECUR_CELLS = {"lstm": (4, 2), "gru": (3, 1), "liquid": (4, 1)}
+
+
+class Recur(Node):
+    """A nonlinear recurrence over the positions of a window (the sequence form of LSTMSeq, GRUSeq
+    and LiquidScan): for each batch row b and each position t in order, with h (and c) carried,
+
+        r = R·h + rbias                        (R [G·H, H] constant rows, rbias [G·H] or none)
+        lstm:   i, o, f, g = xg[t, b] + r      c = lstm_cell(i, f, g, c)   h = lstm_hidden(o, c)
+        gru:    h = gru_hidden(xz, rz, xr, rr, xh, rh, h)   (xg's and r's three gate slices)
+        liquid: g1, g2, ga, gb = xg[t, b] + r  h = liquid_hidden(g1, g2, ga, gb; ts)
+
+    ``xg`` [T, B, G·H] is each position's input part (the window's input products, computed for
+    every position at once outside); out [T, B, S·H] holds h_t (LSTM: h_t then c_t). No position
+    starts before the one before it ends, so the code generator runs it as a loop over the positions
+    inside one task, R held on chip (codegen's _recur); everything around it runs over the window.
+    """
+
+    __slots__ = ("cell", "xg", "h0", "c0", "rows", "rbias", "params", "weight", "bias_weight")
+    kind = "recur"
+
+    def __init__(
+        self,
+        cell: str,
+        xg: Node,
+        h0: Node,
+        c0: Node | None,
+        rows: np.ndarray,
+        rbias: np.ndarray | None = None,
+        params: tuple = (),
+        label: str = "",
+    ):
+        if cell not in RECUR_CELLS:
+            raise CompileError(f"{label}: no recurrent cell {cell!r} (known: {sorted(RECUR_CELLS)})")
+        gates, carried = RECUR_CELLS[cell]
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if rows.ndim != 2 or rows.shape[0] != gates * rows.shape[1]:
+            raise CompileError(f"{label}: {cell} recurrent rows of {list(rows.shape)} are not [{gates}·H, H]")
+        hidden = rows.shape[1]
+        if xg.rank != 3 or xg.shape[2] != gates * hidden:
+            raise CompileError(f"{label}: {cell} inputs of {list(xg.shape)} are not [T, B, {gates * hidden}]")
+        steps, batch = xg.shape[0], xg.shape[1]
+        if h0.shape != (batch, hidden):
+            raise CompileError(f"{label}: initial hidden value {list(h0.shape)} is not [{batch}, {hidden}]")
+        if (c0 is None) != (carried == 1) or (c0 is not None and c0.shape != (batch, hidden)):
+            raise CompileError(f"{label}: {cell} takes {'an' if carried == 2 else 'no'} initial cell value [B, H]")
+        if rbias is not None:
+            rbias = np.ascontiguousarray(rbias, dtype=np.float32).reshape(-1)
+            if rbias.size != gates * hidden:
+                raise CompileError(f"{label}: recurrent bias of {rbias.size} values, not {gates * hidden}")
+        super().__init__((steps, batch, carried * hidden), label)
+        self.cell = cell
+        self.xg, self.h0, self.c0 = xg, h0, c0
+        self.rows, self.rbias, self.params = rows, rbias, tuple(params)
+        self.weight = Leaf("weight", f"{label or 'recur'}.R", rows.shape, rows, label=f"{label}.R")
+        self.bias_weight = (
+            None if rbias is None else Leaf("weight", f"{label or 'recur'}.rb", rbias.shape, rbias, label=f"{label}.rb")
+        )
+
+    def inputs(self):
+        return (self.xg, self.h0) + (() if self.c0 is None else (self.c0,))
+
+    def with_inputs(self, inputs: Sequence[Node]) -> Recur:
+        xg, h0, *rest = inputs
+        return Recur(self.cell, xg, h0, rest[0] if rest else None, self.rows, self.rbias, self.params, self.label)
+
+    @property
+    def gates(self) -> int:
+        return RECUR_CELLS[self.cell][0]
+
+    @property
+    def carried(self) -> int:
+        return RECUR_CELLS[self.cell][1]
+
+    @property
+    def hidden(self) -> int:
+        return self.rows.shape[1]
+
+    @property
+    def steps(self) -> int:
+        return self.shape[0]
+
+    @property
+    def batch(self) -> int:
+        return self.shape[1]
 
 
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -488,6 +578,10 @@ class Program:
         for node in self.nodes():
             if isinstance(node, Dot):
                 seen[node.weight.id] = node.weight
+            elif isinstance(node, Recur):
+                for leaf in (node.weight, node.bias_weight):
+                    if leaf is not None:
+                        seen[leaf.id] = leaf
             elif isinstance(node, Leaf) and node.role == "weight":
                 seen[node.id] = node
         return list(seen.values())
@@ -502,7 +596,9 @@ __all__ = [
     "Map",
     "Node",
     "Program",
+    "RECUR_CELLS",
     "REDUCE_OPS",
+    "Recur",
     "Reduce",
     "Scan",
     "broadcast_shape",

@@ -41,6 +41,9 @@ SCAN_MAX_ELEMENTS = 1 << 17
 # tactics. Longer windows are declined naming the node (a time loop inside the kernel is next).
 UNROLL_NONLINEAR = True
 UNROLL_MAX_STEPS = 8
+# ...unless they are one ir.Recur each (on): the positions in a loop inside one task, R on chip
+# (codegen's _recur), any T; the input products of every position stay one product over the window.
+RECUR_WINDOWS = True
 
 
 @dataclass
@@ -895,7 +898,51 @@ def _liquid_window(ctx, ins):
     return [ir.concat(ys, 1, ctx.label), h]
 
 
+def _recur_outputs(ctx, out: Node, hidden: int) -> list[Node]:
+    """A Recur's [T, B, S·H] as the op's outputs: Y [T, B, H], then the last h (and c) [B, H]."""
+    steps = out.shape[0]
+    parts = [ir.slice_axis(out, -1, s * hidden, 1, hidden, ctx.label) for s in range(out.shape[-1] // hidden)]
+    return [parts[0]] + [_position(p, 0, steps - 1, ctx.label) for p in parts]
+
+
+def _lstm_recur(ctx, ins):
+    X, W, R, wb, rb, h, H = _rnn_inputs(ctx, ins, 4, window=True)
+    c = _state_or(ctx, ins[5] if len(ins) > 5 else None, h.shape)
+    xg = _step_ew(ctx, "add", ir.Dot(X, W, ctx.label), ir.constant(wb + rb))  # [T, B, 4H]
+    return _recur_outputs(ctx, ir.Recur("lstm", xg, h, c, R, label=ctx.label), H)
+
+
+def _gru_recur(ctx, ins):
+    X, W, R, wb, rb, h, H = _rnn_inputs(ctx, ins, 3, window=True)
+    xg = _step_ew(ctx, "add", ir.Dot(X, W, ctx.label), ir.constant(wb))  # [T, B, 3H]
+    return _recur_outputs(ctx, ir.Recur("gru", xg, h, None, R, rb, label=ctx.label), H)
+
+
+def _liquid_recur(ctx, ins):
+    xg = as_node(ins[0], ctx.label)  # [B, T, 4H]
+    R = _weight(ctx, ins[1], "R")
+    H = R.shape[1]
+    h = _state_or(ctx, ins[2] if len(ins) > 2 else None, (xg.shape[0], H))
+    out = ir.Recur(
+        "liquid",
+        ir.transpose(xg, [1, 0, 2], ctx.label),
+        h,
+        None,
+        R,
+        params=(float(ctx.attr("ts", 1.0)),),
+        label=ctx.label,
+    )
+    y, last = _recur_outputs(ctx, out, H)
+    return [ir.transpose(y, [1, 0, 2], ctx.label), last]
+
+
+def _window_steps(ctx, value, axis: int) -> int:
+    return as_node(value, ctx.label).shape[axis]
+
+
 def _lstm(ctx, ins):
+    if RECUR_WINDOWS and _window_steps(ctx, ins[0], 0) > 1:
+        return _lstm_recur(ctx, ins)
     if UNROLL_NONLINEAR and _unrolled_steps(ctx, ins[0], 0, "X") > 1:
         return _lstm_window(ctx, ins)
     x, W, R, wb, rb, h0, H = _rnn_inputs(ctx, ins, 4)
@@ -912,6 +959,8 @@ def _lstm(ctx, ins):
 def _gru(ctx, ins):
     if int(ctx.attr("linear_before_reset", 1)) != 1:
         raise ctx.fail("GRUSeq with linear_before_reset = 0")
+    if RECUR_WINDOWS and _window_steps(ctx, ins[0], 0) > 1:
+        return _gru_recur(ctx, ins)
     if UNROLL_NONLINEAR and _unrolled_steps(ctx, ins[0], 0, "X") > 1:
         return _gru_window(ctx, ins)
     x, W, R, wb, rb, h0, H = _rnn_inputs(ctx, ins, 3)
@@ -924,6 +973,8 @@ def _gru(ctx, ins):
 
 
 def _liquid(ctx, ins):
+    if RECUR_WINDOWS and _window_steps(ctx, ins[0], 1) > 1:
+        return _liquid_recur(ctx, ins)
     if UNROLL_NONLINEAR and _unrolled_steps(ctx, ins[0], 1, "xg") > 1:
         return _liquid_window(ctx, ins)
     xg = _one_step(ctx, ins[0], 1, "xg")  # [B, 4H]

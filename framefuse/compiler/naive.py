@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Reduce, Scan
+from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Recur, Reduce, Scan
 from framefuse.compiler.ops import EW
 
 
@@ -66,7 +66,38 @@ def evaluate_node(node: Node, values: Mapping[int, np.ndarray]) -> np.ndarray:
                 h = np.asarray(spec.numpy(*node.step_args([x[t] for x in xs], h), node.params), dtype=np.float64)
                 out[t] = h.reshape(out.shape[1:])
         return np.moveaxis(out, 0, node.axis)
+    if isinstance(node, Recur):
+        return recur(node, values)
     raise CompileError(f"{node}: no reference for {type(node).__name__}")
+
+
+def recur(node: Recur, values: Mapping[int, np.ndarray]) -> np.ndarray:
+    """The positions of a nonlinear recurrence in order, the cell's numpy twin at each (ir.Recur)."""
+    H, G = node.hidden, node.gates
+    xg = values[node.xg.id]
+    h = np.array(values[node.h0.id], dtype=np.float64)
+    c = None if node.c0 is None else np.array(values[node.c0.id], dtype=np.float64)
+    rows = node.rows.astype(np.float64)
+    rbias = 0.0 if node.rbias is None else node.rbias.astype(np.float64)
+    out = np.empty(node.shape, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        for t in range(node.steps):
+            r = h @ rows.T + rbias  # [B, G·H]
+            x = [xg[t][:, k * H : (k + 1) * H] for k in range(G)]
+            rk = [r[:, k * H : (k + 1) * H] for k in range(G)]
+            if node.cell == "lstm":
+                i, o, f, g = (a + b for a, b in zip(x, rk))
+                c = EW["lstm_cell"].numpy(i, f, g, c, ())
+                h = EW["lstm_hidden"].numpy(o, c, ())
+                out[t] = np.concatenate([h, c], axis=-1)
+            elif node.cell == "gru":
+                h = EW["gru_hidden"].numpy(x[0], rk[0], x[1], rk[1], x[2], rk[2], h, ())
+                out[t] = h
+            else:
+                h = EW["liquid_hidden"].numpy(*(a + b for a, b in zip(x, rk)), node.params)
+                out[t] = h
+            h = np.asarray(h, dtype=np.float64)
+    return out
 
 
 def run(program: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -90,4 +121,4 @@ def run(program: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
     return {name: values[node.id].astype(np.float32) for name, node in program.outputs.items()}
 
 
-__all__ = ["evaluate_node", "index_grid", "run"]
+__all__ = ["evaluate_node", "index_grid", "recur", "run"]

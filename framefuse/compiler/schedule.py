@@ -44,7 +44,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Program, Reduce, Scan
+from framefuse.compiler.ir import (
+    CompileError,
+    Concat,
+    Dot,
+    Ew,
+    FrameConcat,
+    Leaf,
+    Map,
+    Node,
+    Program,
+    Recur,
+    Reduce,
+    Scan,
+)
 from framefuse.compiler.ops import EW
 
 # An inline value read by more than one element is cached in shared memory when its inline cost
@@ -91,8 +104,10 @@ STAGED_MIN = 1024
 SPARSE_COPY_RATIO = 8  # see _sparse_copy
 # _sparse_copy for any staged value, not only one stored in another order (mamba's window: the
 # output's task reads the convolution's [D, T] result a position at a time, and a block stages
-# 16,352 floats of it for 125 elements). Off until timed (stepkernel_variants: sparse-copy-any).
-SPARSE_COPY_ANY = False
+# 16,352 floats of it for 125 elements). On since timed (H100 device time, session 25: mamba T = 32
+# 72.3 -> 53.5 us, 62.8 -> 51.2 with 384 threads; jamba 60.7 -> 50.7; xlstm unchanged; every step
+# kernel hashed identical).
+SPARSE_COPY_ANY = True
 ENUM_LIMIT = 1 << 23  # index combinations enumerated per occurrence before assuming the worst
 THREADS = 256
 WARP = 32
@@ -128,6 +143,100 @@ def column_scan(node: Node) -> bool:
     gets a task of its own, each block whole columns, each thread a column whose positions it
     runs in order (codegen's column loop), O(T) instead of an element's O(t) prefix."""
     return isinstance(node, Scan) and node.axis == node.rank - 1 and node.steps > 1
+
+
+# A nonlinear recurrence (ir.Recur) runs as a loop over its positions inside one task: block r of
+# its blocks owns hidden units [r·HB, (r + 1)·HB) of every batch row and keeps their G·HB rows of R
+# in shared memory for the whole window (at most RECUR_SMEM_FLOATS floats a block; more hidden units
+# than that spread over more blocks, as many as RECUR_MAX_BLOCKS, past which R is read from global
+# memory every position); a position's h is published as flag-tagged words and every block of the
+# task stages all of it for the next position's product (no barrier: each waits for what it reads).
+RECUR_SMEM_FLOATS = 16 * 1024
+RECUR_MAX_BLOCKS = 32
+# The recurrences' tasks get blocks of their own at the grid's end (when they take at most half of
+# it), so that layer l + 1 runs its position t beside layer l's position t + 1 (the wavefront): the
+# tasks between them (the next layer's input products) run on the other blocks as each position's
+# values arrive, instead of queueing behind a loop that holds its blocks for the whole window.
+RECUR_OWN_BLOCKS = True
+
+
+def recur_split(node: Recur, grid: int) -> tuple[int, int, bool]:
+    """(hidden units a block, blocks, R in shared memory) of a recurrence's task."""
+    H, G = node.hidden, node.gates
+    per_block = max(1, RECUR_SMEM_FLOATS // (G * H))
+    blocks = -(-H // per_block)
+    limit = max(1, min(RECUR_MAX_BLOCKS, grid))
+    if blocks > limit:
+        blocks = limit
+        per_block = -(-H // blocks)
+        blocks = -(-H // per_block)
+    return per_block, blocks, (per_block * G + 1) * H <= RECUR_SMEM_FLOATS + H
+
+
+def recur_rows(node: Recur, per_block: int) -> tuple[int, int]:
+    """(product rows of a recurrence's block over its batch rows, the most K splits its threads
+    take them in): codegen's _recur splits the block's threads over rows x splits."""
+    rows = node.batch * node.gates * per_block
+    return rows, max(1, min(8, 1024 // rows))
+
+
+def recur_smem_parts(node: Recur, per_block: int, held: bool) -> list[tuple[str, int]]:
+    """Shared memory of a recurrence's task (codegen's _recur), in floats, by part: R's rows of the
+    block's units, transposed with an odd stride (when held); h of every batch row twice (the
+    position read and the one staged); the products' parts; the position's input part of the
+    block's units (twice, as h) and their cell values."""
+    G, H, B = node.gates, node.hidden, node.batch
+    rows, splits = recur_rows(node, per_block)
+
+    def a4(n: int) -> int:
+        return -(-n // 4) * 4
+
+    return [
+        ("R", a4(H * (G * per_block + 1)) if held else 0),
+        ("h", 2 * a4(B * H)),
+        ("P", a4(rows * splits)),
+        ("X", 2 * a4(B * G * per_block)),
+        ("C", a4(B * per_block)),
+    ]
+
+
+def recur_smem_floats(node: Recur, grid: int) -> int:
+    per_block, _, held = recur_split(node, grid)
+    return sum(n for _, n in recur_smem_parts(node, per_block, held))
+
+
+def _recur_task(root: Recur, materialized: dict, grid: int, first: int, layouts: dict | None) -> Task:
+    """The task of a recurrence: no units but its root (codegen writes its loop); it reads its
+    inputs where they lie (flag-tagged words, leaves)."""
+    per_block, blocks, _ = recur_split(root, grid)
+    first = max(0, min(int(first), grid - blocks))
+    view = TaskView(root, materialized, set(), (), (), layouts)
+    units = {ROOT: Unit(root, "root", ix.Var("e0", max(root.size, 1)))}
+    lo = np.full(grid, root.hidden, dtype=np.int64)
+    lo[first : first + blocks] = np.arange(blocks) * per_block
+    hi = np.minimum(lo + per_block, root.hidden)
+    units[ROOT].lo, units[ROOT].hi = lo, hi
+    task = Task(root, units, per_block, blocks, view, 1, first)
+    walk = Walk(view, units[ROOT])
+    variables = [ix.Var(f"r{a}", d) for a, d in enumerate((root.steps, root.batch, root.gates * root.hidden))]
+    walk.visit(root.xg, variables, (), ())
+    for init in (root.h0, root.c0):
+        if init is not None:
+            walk.visit(init, variables[1:2] + [ix.Var("rk", root.hidden)], (), ())
+    task.reads = {o.node.id for o in units[ROOT].occurrences if view.kind(o.node) == "materialized"}
+    return task
+
+
+def recur_inputs(program: Program) -> dict[int, Node]:
+    """The values a recurrence's loop reads that are computed (not leaves): materialized, so the
+    loop waits on their flag-tagged words rather than computing them itself."""
+    found: dict[int, Node] = {}
+    for node in program.nodes():
+        if isinstance(node, Recur):
+            for value in node.inputs():
+                if not isinstance(value, Leaf):
+                    found[value.id] = value
+    return found
 
 
 def stored_flat(node: Node, index: list, order: tuple) -> ix.IExpr:
@@ -693,6 +802,8 @@ def build_task(
     reads or writes host memory gives each block whole 128-byte lines). ``stage_limit``: the
     shared memory (floats) a block of the task may use; when the staged copies of materialized
     values alone exceed it, the largest copies are read in place (flag-waited loads) instead."""
+    if isinstance(root, Recur):
+        return _recur_task(root, materialized, grid, first, layouts), []
     read_in_place: set[int] = set()
     for _ in range(64):
         arrays: set[int] = set()
@@ -1023,6 +1134,8 @@ def _order_units(units: dict) -> list[Unit]:
 
 def task_smem_floats(task: Task) -> int:
     """Shared memory of a task's arrays, in floats (each array padded to 4 floats)."""
+    if isinstance(task.root, Recur):
+        return recur_smem_floats(task.root, len(task.root_unit.lo))
     return sum(-(-u.storage // 4) * 4 for u in task.arrays())
 
 
@@ -1168,8 +1281,10 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
         materialized[node.id] = node
     outputs = set(destinations)
     for node in program.nodes():
-        if column_scan(node):
+        if column_scan(node) or isinstance(node, Recur):
             materialized[node.id] = node
+    pinned = recur_inputs(program)
+    materialized.update(pinned)
     layouts = column_layouts(program, users)
     # Graph inputs live in pinned host memory; reads of the same bytes from every block are
     # serialised over PCIe (~1 us each, measured), so each input has a task of its own whose
@@ -1227,7 +1342,13 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
     # non-output that its readers can compute without any rule firing again.
     for nid in sorted(materialized, reverse=True):
         node = materialized[nid]
-        if nid in outputs or isinstance(node, Leaf) or frame_source(node) is not None or column_scan(node):
+        if (
+            nid in outputs
+            or nid in pinned
+            or isinstance(node, (Leaf, Recur))
+            or frame_source(node) is not None
+            or column_scan(node)
+        ):
             continue
         trial = {k: v for k, v in materialized.items() if k != nid}
         readers = [t for t in tasks.values() if nid in t.reads]
@@ -1290,6 +1411,7 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
         for s in task.side:
             producer[s.id] = i
     read_ids = set().union(*(t.reads for t in ordered)) if ordered else set()
+    read_ids |= {t.root.id for t in ordered if isinstance(t.root, Recur)}  # it reads its own h back
     ll_nodes = {nid: materialized[nid] for nid in sorted(read_ids)}
     return Schedule(program, grid, threads, ordered, materialized, destinations, ll_nodes, producer, notes, layouts)
 
@@ -1319,10 +1441,18 @@ def _place(
     outgrow shared memory keeps its blocks."""
     level = _task_levels(ordered)
     wanted = [_replica_capped_blocks(task) for task in ordered]
+    # the recurrences' own blocks, from the grid's end (RECUR_OWN_BLOCKS)
+    own: dict[int, int] = {}
+    end = grid
+    recurs = [i for i, task in enumerate(ordered) if isinstance(task.root, Recur)]
+    if RECUR_OWN_BLOCKS and recurs and sum(ordered[i].blocks for i in recurs) <= grid // 2:
+        for i in recurs:
+            end -= ordered[i].blocks
+            own[i] = end
     spans: dict[int, int] = {}
     for lv in sorted(set(level)):
-        members = sorted((i for i in range(len(ordered)) if level[i] == lv), key=lambda i: wanted[i])
-        remaining = grid
+        members = sorted((i for i in range(len(ordered)) if level[i] == lv and i not in own), key=lambda i: wanted[i])
+        remaining = end
         for n, i in enumerate(members):
             share = max(1, remaining // (len(members) - n))
             spans[i] = min(wanted[i], share)
@@ -1330,9 +1460,15 @@ def _place(
     placed = []
     offset, current = 0, None
     for i, task in enumerate(ordered):
+        if i in own:
+            moved = (
+                task if task.first == own[i] else _moved(task, materialized, grid, threads, users, outputs, own[i], 0)
+            )
+            placed.append(moved)
+            continue
         if level[i] != current:
             offset, current = 0, level[i]
-        if offset + spans[i] > grid:
+        if offset + spans[i] > end:
             offset = 0
         first = offset
         offset += spans[i]
@@ -1506,14 +1642,20 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
             node = materialized[out_id]
             if isinstance(node, Leaf) or frame_source(node) is not None:
                 continue  # a graph input is read from host memory by its own task only
-            if column_scan(node) or out_id in layouts:
+            if column_scan(node) or isinstance(node, Recur) or out_id in layouts:
                 continue
             # a host moves with what it stores (an LSTM's h with its c, into the residual sum
             # after it)
             carried = absorbed_by(out_id)
             for host_id in sorted(current):
                 host = current[host_id]
-                if host_id == out_id or host_id in side_of or out_id not in host.reads or column_scan(host.root):
+                if (
+                    host_id == out_id
+                    or host_id in side_of
+                    or out_id not in host.reads
+                    or column_scan(host.root)
+                    or isinstance(host.root, Recur)
+                ):
                     continue
                 trial, problems = build_task(
                     host.root,

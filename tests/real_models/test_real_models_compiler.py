@@ -26,9 +26,18 @@ COMPILED = BENCHMARKED + [
 
 
 #: the sequence form (issue 17): a window of T frames in one kernel — scans as the IR's Scan,
-#: LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) unrolled up to 8 positions
+#: LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) as the IR's Recur (a loop over positions)
 WINDOWS = [(n, 8) for n in BENCHMARKED + ["mingru_log_space"]] + [
-    (n, 32) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "mingru_log_space")
+    (n, 32)
+    for n in (
+        "gpt2_sdpa",
+        "llama_gqa_sdpa",
+        "mamba",
+        "jamba",
+        "mingru_log_space",
+        "torch_lstm_bidir",
+        "torch_gru_bidir",
+    )
 ]
 
 
@@ -58,9 +67,11 @@ def test_real_model_compiles_and_its_ir_matches_onnxruntime(name, steps, export_
 
 
 @pytest.mark.parametrize("name,op", [("torch_lstm_bidir", "LSTMSeq"), ("torch_gru_bidir", "GRUSeq")])
-def test_real_model_window_past_the_unroll_is_declined_naming_the_node(name, op, export_root):
-    from framefuse.compiler import CompileError, lower_program
+def test_real_model_window_past_the_unroll_is_declined_naming_the_node(name, op, export_root, monkeypatch):
+    """Without the recurrence loop (lower.RECUR_WINDOWS off) a window is unrolled, up to 8 positions."""
+    from framefuse.compiler import CompileError, lower, lower_program
 
+    monkeypatch.setattr(lower, "RECUR_WINDOWS", False)
     run = fuse_real_model(name, 32, export_root)
     with pytest.raises(CompileError, match=rf"\(framefuse::{op}\): X has 32 time steps"):
         lower_program(run.fused_path)

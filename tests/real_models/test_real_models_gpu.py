@@ -50,9 +50,20 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, seq, export_r
             "bamba",
         )
     ]
-    # the sequence form (issue 17): scans as the IR's Scan, LSTM / GRU cells unrolled
+    # the sequence form (issue 17): scans as the IR's Scan, LSTM / GRU cells as the IR's Recur
     + [(n, 8) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir")]
-    + [(n, 32) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "mingru_log_space")],
+    + [
+        (n, 32)
+        for n in (
+            "gpt2_sdpa",
+            "llama_gqa_sdpa",
+            "mamba",
+            "jamba",
+            "mingru_log_space",
+            "torch_lstm_bidir",
+            "torch_gru_bidir",
+        )
+    ],
     ids=lambda v: str(v),
 )
 def test_step_kernel_of_real_model_matches_onnxruntime(name, steps, export_root):
