@@ -1120,6 +1120,42 @@ def _graph(nodes, inputs, outputs, initializers=()):
     return model
 
 
+@needs_cxx
+def test_a_recurrence_feeding_a_column_scan_compiles_into_one_kernel(tmp_path):
+    """A hybrid window: an LSTM layer whose output is a minGRU-style layer's gate and input (a
+    LinearScan run in columns, schedule.column_layouts storing what is around it in its walking
+    order). The LSTM's loop reads its own h back position by position, so its output keeps its
+    [T, B, S·H] order; the emulated kernel computes the interpreter's values."""
+    from framefuse.compiler.ir import Recur
+
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(3)
+    t = 6
+    inits = [numpy_helper.from_array((0.5 * rng.standard_normal((16, 4))).astype(np.float32), n) for n in "WR"]
+    inits.append(numpy_helper.from_array(np.array([1, t, 4], np.int64), "shape"))
+    model = _graph(
+        [
+            helper.make_node("LSTMSeq", ["X", "W", "R"], ["Y", "hN"], domain="framefuse", name="lstm0"),
+            helper.make_node("Reshape", ["Y", "shape"], ["Yr"], name="flat"),
+            helper.make_node("Sigmoid", ["Yr"], ["a"], name="gate"),
+            helper.make_node(
+                "LinearScan", ["a", "Yr", "state.h"], ["h", "next_state.h"], domain="framefuse", name="scan0"
+            ),
+        ],
+        [helper.make_tensor_value_info("X", f32, [t, 1, 4]), helper.make_tensor_value_info("state.h", f32, [1, 4])],
+        [
+            helper.make_tensor_value_info("h", f32, [1, t, 4]),
+            helper.make_tensor_value_info("next_state.h", f32, [1, 4]),
+        ],
+        inits,
+    )
+    program = lower_onnx(model, fold=False)
+    assert program.counts()["recur"] == 1 and program.counts()["scan"] == 1
+    plan = schedule(program, grid=8, threads=64)
+    assert not any(isinstance(plan.materialized.get(nid), Recur) for nid in plan.layouts)
+    _emulate_against_interpreter(generate(plan), program, 1, tmp_path, races=True)
+
+
 def test_a_nonlinear_window_longer_than_the_unroll_is_declined_naming_the_node(monkeypatch):
     """Without the recurrence loop (lower.RECUR_WINDOWS off) a window is unrolled, up to 8 positions."""
     from framefuse.compiler import lower

@@ -300,8 +300,8 @@ def column_layouts(program: Program, users: dict) -> dict[int, tuple]:
             elif isinstance(node, Ew):
                 pending += [(arg, index_of) for arg in node.args if arg.shape == node.shape]
         for node, index_of in region.values():
-            if isinstance(node, Map) or node.id in found:
-                continue
+            if isinstance(node, (Map, Recur)) or node.id in found:
+                continue  # (a recurrence's loop reads its own words back in [T, B, S·H] order)
             if any(r.id not in region and r.id != scan.id for r in users.get(node.id, [])):
                 continue  # read elsewhere in its own order
             order = _walk_order(scan.shape, index_of, node)
