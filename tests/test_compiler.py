@@ -251,9 +251,9 @@ def test_generated_kernel_emulated_matches_the_interpreter(arch, config, tmp_pat
         _close(final[name], value, f"{arch} final {name}", tol=1e-5)  # every state element written
 
 
-def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
+def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, feeds=None):
     rng = np.random.default_rng(9)
-    first = _feeds(program, rng)
+    first = _feeds(program, rng) if feeds is None else feeds
     frames = {
         n: np.stack([first[n]] + [rng.standard_normal(leaf.shape).astype(np.float32) for _ in range(steps - 1)])
         for n, leaf in program.inputs.items()
@@ -271,7 +271,7 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False):
 
 
 # linear scans (their windows are Scans) and the nonlinear ones (a Recur each: a loop over positions)
-SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "xlstm", "lstm", "gru", "liquid"]
+SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "xlstm", "lstm", "gru", "liquid", "delta_net"]
 
 
 def _sequence_program(arch, config):
@@ -290,6 +290,8 @@ def test_sequence_form_lowering_matches_onnxruntime_on_the_original_graph(arch):
     assert program.counts().get("scan", 0) == sum(scans_of.get(op, 0) for op in ops)
     if arch in ("lstm", "gru", "liquid"):  # a loop over the positions a layer (ir.Recur)
         assert program.counts()["recur"] == len(ops)
+    if arch == "delta_net":  # every state row a loop over the positions (ir.DeltaScan)
+        assert program.counts()["deltascan"] == len(ops)
     session = ort_session(prepared.onnx, fused=False)
     feeds = _feeds(program, np.random.default_rng(7))
     names = [o.name for o in session.get_outputs()]
@@ -1154,6 +1156,60 @@ def test_a_recurrence_feeding_a_column_scan_compiles_into_one_kernel(tmp_path):
     plan = schedule(program, grid=8, threads=64)
     assert not any(isinstance(plan.materialized.get(nid), Recur) for nid in plan.layouts)
     _emulate_against_interpreter(generate(plan), program, 1, tmp_path, races=True)
+
+
+@needs_cxx
+@pytest.mark.parametrize("op", ["DeltaRuleScan", "GatedDeltaRuleScan"])
+def test_a_delta_rule_window_runs_each_state_row_through_its_positions(op, tmp_path):
+    """A DeltaRuleScan / GatedDeltaRuleScan window with a carried state (given and returned) at odd
+    sizes — 2 batch rows, 3 heads, Dk = 40 (more than a warp's lanes), Dv = 5, T = 7 — lowers to
+    one ir.DeltaScan that matches the op's own reference (plugins/*/naive.py), and the emulated
+    kernel (ThreadSanitizer) computes the interpreter's values, the rows of a head split over
+    blocks."""
+    import importlib
+
+    import torch
+
+    from framefuse.compiler import naive
+    from framefuse.compiler.schedule import delta_split
+
+    gated = op == "GatedDeltaRuleScan"
+    B, H, T, Dk, Dv = 2, 3, 7, 40, 5
+    rng = np.random.default_rng(11)
+    feeds = {
+        "q": rng.standard_normal((B, H, T, Dk)).astype(np.float32) / np.sqrt(Dk),
+        "k": rng.standard_normal((B, H, T, Dk)).astype(np.float32) / np.sqrt(Dk),
+        "v": rng.standard_normal((B, H, T, Dv)).astype(np.float32),
+        "beta": rng.uniform(0.1, 0.9, (B, H, T)).astype(np.float32),
+        "state.S": rng.standard_normal((B, H, Dk, Dv) if gated else (B, H, Dv, Dk)).astype(np.float32),
+    }
+    names = ["q", "k", "v", "beta"]
+    if gated:
+        feeds["g"] = -rng.uniform(0.0, 0.5, (B, H, T)).astype(np.float32)
+        names = ["q", "k", "v", "g", "beta"]
+    f32 = TensorProto.FLOAT
+    model = _graph(
+        [helper.make_node(op, [*names, "state.S"], ["o", "next_state.S"], domain="framefuse", name="delta0")],
+        [helper.make_tensor_value_info(n, f32, feeds[n].shape) for n in [*names, "state.S"]],
+        [
+            helper.make_tensor_value_info("o", f32, [B, H, T, Dv]),
+            helper.make_tensor_value_info("next_state.S", f32, feeds["state.S"].shape),
+        ],
+    )
+    program = lower_onnx(model, fold=False)
+    assert program.counts()["deltascan"] == 1
+    module = importlib.import_module(
+        f"framefuse.plugins.{'gated_delta_rule_scan' if gated else 'delta_rule_scan'}.naive"
+    )
+    o, S = module.reference(*[torch.from_numpy(feeds[n]).double() for n in names], torch.from_numpy(feeds["state.S"]))
+    actual = naive.run(program, feeds)
+    _close(actual["o"], o.numpy(), f"{op} o", tol=1e-5)
+    _close(actual["next_state.S"], S.numpy(), f"{op} S", tol=1e-5)
+    plan = schedule(program, grid=24, threads=64)
+    (task,) = [t for t in plan.tasks if t.root.kind == "deltascan"]
+    assert (task.chunk, task.blocks) == delta_split(task.root, 24, 64) == (2, 18)  # 3 blocks a head
+    # (the feeds above: random normal keys and β would make the state grow without bound)
+    _emulate_against_interpreter(generate(plan), program, 1, tmp_path, races=True, feeds=feeds)
 
 
 def test_a_nonlinear_window_longer_than_the_unroll_is_declined_naming_the_node(monkeypatch):

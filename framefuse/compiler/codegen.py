@@ -29,7 +29,20 @@ from pathlib import Path
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, FrameConcat, Leaf, Map, Node, Recur, Reduce, Scan
+from framefuse.compiler.ir import (
+    CompileError,
+    Concat,
+    DeltaScan,
+    Dot,
+    Ew,
+    FrameConcat,
+    Leaf,
+    Map,
+    Node,
+    Recur,
+    Reduce,
+    Scan,
+)
 from framefuse.compiler.ops import EW, c_float
 from framefuse.compiler.schedule import (
     ROOT,
@@ -38,6 +51,7 @@ from framefuse.compiler.schedule import (
     Unit,
     column_scan,
     concat_branches,
+    delta_smem_parts,
     frame_source,
     recur_rows,
     recur_smem_floats,
@@ -227,6 +241,8 @@ class Generator:
                 offset += _align4(max(unit.storage, 1))
             if isinstance(task.root, Recur):
                 offset = recur_smem_floats(task.root, self.grid)
+            elif isinstance(task.root, DeltaScan):
+                offset = sum(n for _, n in delta_smem_parts(task.root))
             arena = max(arena, offset)
         lay.arena_floats = arena
         budget = self.smem_limit - used - arena
@@ -700,8 +716,8 @@ class Generator:
         body.items.append(f"// task {t}: {_name(task.root)} {list(task.root.shape)}")
         body.items.append(code)
         self._stamp(code, t, 0)
-        if isinstance(task.root, Recur):
-            self._recur(code, t, task)
+        if isinstance(task.root, (Recur, DeltaScan)):
+            (self._recur if isinstance(task.root, Recur) else self._delta)(code, t, task)
             self._stamp(code, t, 1)
             self._stamp(code, t, 2)
             return
@@ -1485,6 +1501,114 @@ class Generator:
             em.top.insert(f"const float h = {EW['liquid_hidden'].c(args, node.params)};")
         em.top.insert(f"ffk_ll_store({out}, h, epoch);")
         loop.items += [_ONCE, cells]
+
+    def _delta(self, code: Code, t: int, task: Task) -> None:
+        """A delta-rule window (ir.DeltaScan, schedule._delta_task): the block's state rows of one
+        head. The head's k, q, v and gates over the whole window are staged once (one call, every
+        load in flight together); then a warp takes a row, its Dk values in the lanes' registers,
+        and runs the positions in order: S·k and the updated row against q are reductions over
+        the lanes, the update the op's own step function. No barrier inside the loop."""
+        node: DeltaScan = task.root
+        B, Hh, Dv, width = node.shape
+        T, Dk = node.steps, node.k.shape[3]
+        per_block = task.chunk
+        per_head = -(-Dv // per_block)
+        spec = EW[node.op]
+        self.need_header(spec.header)
+        lay = self.layout
+        base = self.arena_offset
+        offsets = {}
+        for name, n in delta_smem_parts(node):
+            offsets[name] = base
+            base += n
+        lanes = -(-Dk // 32)
+        code.items += [
+            f"// delta-rule window {node.op} over {T} positions: this block's {per_block} of {Dv} state rows "
+            f"of one head, a warp a row",
+            "__syncthreads();  // the previous task's readers of shared memory are done",
+            f"const int dhead = {_block_in_task(task)} / {per_head}, di0 = ({_block_in_task(task)} % {per_head}) * {per_block};",
+            f"const int dsb = dhead / {Hh}, dsh = dhead % {Hh};",
+            "(void)dsb; (void)dsh;",
+        ]
+        b_var, h_var = ix.Var("dsb", B), ix.Var("dsh", Hh)
+        pos = ix.Var("dst", T)
+        sources = [("k", node.k, Dk), ("q", node.q, Dk), ("v", node.v, Dv)] + [
+            (f"g{i}", gate, 0) for i, gate in enumerate(node.gates)
+        ]
+        ranges = []
+        for name, value, inner in sources:
+            n = T * max(inner, 1)
+            direct = task.view.source_kind(value) == "materialized" and value.id not in self.sched.layouts
+            if direct:
+                ranges.append((f"ffk_smem + {offsets[name]}", f"ffk_ll + {lay.ll[value.id]} + dhead * {n}", str(n)))
+                continue
+            loop = Code(f"for (int e = tid; e < {n}; e += NT)")
+            if inner:
+                loop.items.append(f"const int dst = e / {inner}, dsj = e - dst * {inner};")
+                index = [b_var, h_var, pos, ix.Var("dsj", inner)]
+            else:
+                loop.items.append("const int dst = e;")
+                index = [b_var, h_var, pos]
+            em = Emitter(self, t, task, loop)
+            em.stack[0].guard = True
+            em.top.pos = len(em.top.code.items)
+            em.top.insert(f"ffk_smem[{offsets[name]} + e] = {em.value(value, index).text};")
+            code.items += [_ONCE, loop]
+        if ranges:
+            n = len(ranges)
+            code.items += [
+                "{",
+                f"    float* const sd[{n}] = {{{', '.join(r[0] for r in ranges)}}};",
+                f"    const unsigned long long* const ss[{n}] = {{{', '.join(r[1] for r in ranges)}}};",
+                f"    const int sn[{n}] = {{{', '.join(r[2] for r in ranges)}}};",
+                f"    ffk_ll_stage_n<NT, {n}>(sd, ss, sn, epoch);",
+                "}",
+            ]
+        code.items.append("__syncthreads();")
+        sK, sQ, sV = (f"(ffk_smem + {offsets[name]})" for name in ("k", "q", "v"))
+        rows = Code(f"for (int dr = warp; dr < min({per_block}, {Dv} - di0); dr += NWARPS)")
+        code.items += [_ONCE, rows]
+        rows.items += ["const int dsi = di0 + dr;", f"float s[{lanes}];"]
+        init = Code(f"for (int m = 0; m < {lanes}; ++m)")
+        init.items.append("const int dsj = lane + 32 * m;")
+        guarded = Code(f"if (dsj < {Dk})")
+        init.items += ["s[m] = 0.0f;", guarded]
+        em = Emitter(self, t, task, guarded)
+        em.stack[0].guard = True
+        em.top.pos = len(em.top.code.items)
+        s0 = em.value(node.init, [b_var, h_var, ix.Var("dsi", Dv), ix.Var("dsj", Dk)])
+        em.top.insert(f"s[m] = {s0.text};")
+        rows.items += ["#pragma unroll", init]
+        loop = Code(f"for (int dst = 0; dst < {T}; ++dst)")
+        rows.items += [_ONCE, loop]
+        gates = [f"ffk_smem[{offsets[f'g{i}']} + dst]" for i in range(len(node.gates))]
+        loop.items += [
+            f"const float* const kt = {sK} + dst * {Dk};",
+            f"const float* const qt = {sQ} + dst * {Dk};",
+            f"const float vi = {sV}[dst * {Dv} + dsi];",
+            "float sk = 0.0f;",
+            "#pragma unroll",
+            f"for (int m = 0; m < {lanes}; ++m) if (lane + 32 * m < {Dk}) sk += s[m] * kt[lane + 32 * m];",
+            "#pragma unroll",
+            "for (int o = 16; o > 0; o >>= 1) sk += __shfl_xor_sync(0xffffffffu, sk, o);",
+            "float o_ = 0.0f;",
+            "#pragma unroll",
+            f"for (int m = 0; m < {lanes}; ++m) {{",
+            f"    if (lane + 32 * m < {Dk}) {{",
+            f"        s[m] = {spec.c(['s[m]', *gates, 'kt[lane + 32 * m]', 'vi', 'sk'], ())};",
+            "        o_ += s[m] * qt[lane + 32 * m];",
+            "    }",
+            "}",
+            "#pragma unroll",
+            "for (int o = 16; o > 0; o >>= 1) o_ += __shfl_xor_sync(0xffffffffu, o_, o);",
+        ]
+        row_flat = f"((dhead * {Dv} + dsi) * {width})"
+        loop.items.append(Code("if (lane == 0)"))
+        loop.items[-1].items += self.stores(node, f"{row_flat} + dst", "o_")
+        final = Code(f"for (int m = 0; m < {lanes}; ++m)")
+        final.items.append(Code(f"if (lane + 32 * m < {Dk})"))
+        final.items[-1].items += self.stores(node, f"{row_flat} + {T} + lane + 32 * m", "s[m]")
+        rows.items += ["#pragma unroll", final]
 
     def stored_c(self, node: Node, flat) -> str | None:
         """C for where element ``flat`` (an IExpr) of ``node`` lies in its flag-tagged copy when

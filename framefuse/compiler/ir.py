@@ -12,6 +12,8 @@
     Scan    out[..., t, ...] = h = op(xs[..., t, ...], h): a first-order recurrence along one axis
     Recur   out[t, b] = h_t = cell(xg[t, b], R·h_{t-1}, ...): a nonlinear recurrence (LSTM, GRU,
             liquid cell) over a window's positions, its carried value multiplied by constant rows
+    DeltaScan  a delta-rule recurrence over a window: each row of a matrix state carried through
+            the positions, read against the position's key and query
 
 Everything a model does at one step — LayerNorm, softmax, attention over the KV window, the
 single-step body of every framefuse op — is built from the first six; a window of T steps adds
@@ -318,6 +320,56 @@ class Recur(Node):
         return self.shape[1]
 
 
+DELTA_OPS = {"delta_rule_state": 1, "gated_delta_state": 2}  # the step function -> its gates
+
+
+class DeltaScan(Node):
+    """A delta-rule recurrence over the positions of a window (the sequence form of DeltaRuleScan
+    and GatedDeltaRuleScan), one state row at a time: for each row i of S (b, h) [Dv rows of Dk]
+    and each position t in order, with the row s carried,
+
+        sk = Σ_j s[j]·k[b, h, t, j]
+        s[j] = op(s[j], *gates[b, h, t], k[b, h, t, j], v[b, h, t, i], sk)
+        o[t] = Σ_j s[j]·q[b, h, t, j]
+
+    ``op`` is the op's elementwise step function (delta_rule_state: gates β; gated_delta_state:
+    g, β), ``init`` [B, H, Dv, Dk]. out [B, H, Dv, T + Dk]: a row's T outputs, then its final
+    state. Rows are independent: the code generator runs each as a loop over the positions (a warp
+    a row, its Dk values in the lanes' registers)."""
+
+    __slots__ = ("op", "q", "k", "v", "gates", "init")
+    kind = "deltascan"
+
+    def __init__(self, op: str, q: Node, k: Node, v: Node, gates: Sequence[Node], init: Node, label: str = ""):
+        if op not in DELTA_OPS:
+            raise CompileError(f"{label}: no delta-rule step {op!r}")
+        gates = tuple(gates)
+        if len(gates) != DELTA_OPS[op]:
+            raise CompileError(f"{label}: {op} takes {DELTA_OPS[op]} gates")
+        if q.rank != 4 or k.shape != q.shape or v.rank != 4 or v.shape[:3] != q.shape[:3]:
+            raise CompileError(f"{label}: q, k {list(q.shape)} and v {list(v.shape)} are not [B, H, T, D]")
+        batch, heads, steps, dk = k.shape
+        dv = v.shape[3]
+        for gate in gates:
+            if gate.shape != (batch, heads, steps):
+                raise CompileError(f"{label}: a gate of {list(gate.shape)} is not [{batch}, {heads}, {steps}]")
+        if init.shape != (batch, heads, dv, dk):
+            raise CompileError(f"{label}: the initial state {list(init.shape)} is not [{batch}, {heads}, {dv}, {dk}]")
+        super().__init__((batch, heads, dv, steps + dk), label)
+        self.op, self.q, self.k, self.v, self.gates, self.init = op, q, k, v, gates, init
+
+    def inputs(self):
+        return (self.q, self.k, self.v) + self.gates + (self.init,)
+
+    def with_inputs(self, inputs: Sequence[Node]) -> DeltaScan:
+        q, k, v, *rest = inputs
+        return DeltaScan(self.op, q, k, v, rest[:-1], rest[-1], self.label)
+
+    @property
+    def steps(self) -> int:
+        return self.k.shape[2]
+
+
 REDUCE_OPS = ("sum", "max", "min", "prod")
 
 
@@ -596,6 +648,8 @@ __all__ = [
     "Map",
     "Node",
     "Program",
+    "DELTA_OPS",
+    "DeltaScan",
     "RECUR_CELLS",
     "REDUCE_OPS",
     "Recur",

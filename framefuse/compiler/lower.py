@@ -44,6 +44,9 @@ UNROLL_MAX_STEPS = 8
 # ...unless they are one ir.Recur each (on): the positions in a loop inside one task, R on chip
 # (codegen's _recur), any T; the input products of every position stay one product over the window.
 RECUR_WINDOWS = True
+# DeltaRuleScan / GatedDeltaRuleScan windows as one ir.DeltaScan each (every state row a loop over
+# the positions); off, a window is declined (the cuda-graph plan runs it).
+DELTA_WINDOWS = True
 
 
 @dataclass
@@ -1001,7 +1004,28 @@ def _wkv(ctx, ins):
     return [_unsq(y, [1], ctx.label), num_next, den_next, p_next]
 
 
+def _delta_window(ctx, ins, op: str, n_gates: int, *, k_last: bool):
+    """A delta-rule window: q, k [B, H, T, Dk], v [B, H, T, Dv], the gates [B, H, T], the state
+    [B, H, Dv, Dk] (k_last: DeltaRuleScan) or [B, H, Dk, Dv] (GatedDeltaRuleScan, carried here
+    transposed so a row is always Dk long): one DeltaScan; returns [o [B, H, T, Dv], S_T]."""
+    label = ctx.label
+    q, k, v = (as_node(ins[i], label) for i in range(3))
+    gates = [as_node(ins[3 + g], label) for g in range(n_gates)]
+    batch, heads, steps, dk = k.shape
+    dv = v.shape[-1]
+    given = ins[3 + n_gates] if len(ins) > 3 + n_gates else None
+    S0 = _state_or(ctx, given, (batch, heads, dv, dk) if k_last else (batch, heads, dk, dv))
+    if not k_last:
+        S0 = ir.transpose(S0, [0, 1, 3, 2], label)
+    out = ir.DeltaScan(op, q, k, v, gates, S0, label)
+    o = ir.transpose(ir.slice_axis(out, -1, 0, 1, steps, label), [0, 1, 3, 2], label)
+    S = ir.slice_axis(out, -1, steps, 1, dk, label)
+    return [o, S if k_last else ir.transpose(S, [0, 1, 3, 2], label)]
+
+
 def _delta_rule(ctx, ins):
+    if DELTA_WINDOWS and _window_steps(ctx, ins[0], 2) > 1:
+        return _delta_window(ctx, ins, "delta_rule_state", 1, k_last=True)
     q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))  # [B, H, D]
     beta = _one_step(ctx, ins[3], 2, "beta")  # [B, H]
     S = _state_or(ctx, ins[4] if len(ins) > 4 else None, (k.shape[0], k.shape[1], v.shape[-1], k.shape[-1]))
@@ -1009,6 +1033,8 @@ def _delta_rule(ctx, ins):
 
 
 def _gated_delta_rule(ctx, ins):
+    if DELTA_WINDOWS and _window_steps(ctx, ins[0], 2) > 1:
+        return _delta_window(ctx, ins, "gated_delta_state", 2, k_last=False)
     q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))
     g, beta = _one_step(ctx, ins[3], 2, "g"), _one_step(ctx, ins[4], 2, "beta")  # [B, H]
     S = _state_or(ctx, ins[5] if len(ins) > 5 else None, (k.shape[0], k.shape[1], k.shape[-1], v.shape[-1]))

@@ -12,7 +12,20 @@ from collections.abc import Mapping
 import numpy as np
 
 from framefuse.compiler import iexpr as ix
-from framefuse.compiler.ir import CompileError, Concat, Dot, Ew, Leaf, Map, Node, Program, Recur, Reduce, Scan
+from framefuse.compiler.ir import (
+    CompileError,
+    Concat,
+    DeltaScan,
+    Dot,
+    Ew,
+    Leaf,
+    Map,
+    Node,
+    Program,
+    Recur,
+    Reduce,
+    Scan,
+)
 from framefuse.compiler.ops import EW
 
 
@@ -68,6 +81,8 @@ def evaluate_node(node: Node, values: Mapping[int, np.ndarray]) -> np.ndarray:
         return np.moveaxis(out, 0, node.axis)
     if isinstance(node, Recur):
         return recur(node, values)
+    if isinstance(node, DeltaScan):
+        return delta_scan(node, values)
     raise CompileError(f"{node}: no reference for {type(node).__name__}")
 
 
@@ -121,4 +136,23 @@ def run(program: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
     return {name: values[node.id].astype(np.float32) for name, node in program.outputs.items()}
 
 
-__all__ = ["evaluate_node", "index_grid", "recur", "run"]
+def delta_scan(node: DeltaScan, values: Mapping[int, np.ndarray]) -> np.ndarray:
+    """The positions of a delta-rule recurrence in order, every state row at once (ir.DeltaScan)."""
+    spec = EW[node.op]
+    q, k, v = (values[x.id] for x in (node.q, node.k, node.v))
+    gates = [values[g.id] for g in node.gates]
+    S = np.array(values[node.init.id], dtype=np.float64)  # [B, H, Dv, Dk]
+    T = node.steps
+    out = np.empty(node.shape, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        for t in range(T):
+            kt = k[:, :, t][:, :, None, :]
+            sk = (S * kt).sum(-1)[..., None]
+            args = [g[:, :, t][..., None, None] for g in gates] + [kt, v[:, :, t][..., None], sk]
+            S = np.asarray(spec.numpy(S, *args, ()), dtype=np.float64)
+            out[..., t] = (S * q[:, :, t][:, :, None, :]).sum(-1)
+    out[..., T:] = S
+    return out
+
+
+__all__ = ["delta_scan", "evaluate_node", "index_grid", "recur", "run"]

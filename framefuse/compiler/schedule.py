@@ -47,6 +47,7 @@ from framefuse.compiler import iexpr as ix
 from framefuse.compiler.ir import (
     CompileError,
     Concat,
+    DeltaScan,
     Dot,
     Ew,
     FrameConcat,
@@ -227,12 +228,58 @@ def _recur_task(root: Recur, materialized: dict, grid: int, first: int, layouts:
     return task
 
 
+# A delta-rule window (ir.DeltaScan) runs as a task of its own: a warp a state row, each block the
+# rows of one head (at most its warps' worth), which stage that head's k, q, v and gates for the
+# whole window once and run the positions from shared memory.
+LOOPS = (Recur, DeltaScan)  # nodes whose task is a loop over positions that codegen writes itself
+
+
+def delta_split(node: DeltaScan, grid: int, threads: int) -> tuple[int, int]:
+    """(state rows a block, blocks) of a delta-rule window's task: a warp a row, each block within
+    one head; more rows a block (its warps loop) where the heads' rows would not fit the grid."""
+    batch, heads, dv = node.shape[:3]
+    per_block = max(1, threads // WARP)
+    while batch * heads * -(-dv // per_block) > grid and per_block < dv:
+        per_block *= 2
+    per_block = min(per_block, dv)
+    return per_block, batch * heads * -(-dv // per_block)
+
+
+def delta_smem_parts(node: DeltaScan) -> list[tuple[str, int]]:
+    """Shared memory of a delta-rule window's task, by part (floats): the head's k and q over the
+    window, its v, its gates."""
+    steps, dk, dv = node.steps, node.k.shape[3], node.v.shape[3]
+
+    def a4(n: int) -> int:
+        return -(-n // 4) * 4
+
+    return [("k", a4(steps * dk)), ("q", a4(steps * dk)), ("v", a4(steps * dv))] + [
+        (f"g{i}", a4(steps)) for i in range(len(node.gates))
+    ]
+
+
+def _delta_task(root: DeltaScan, materialized: dict, grid: int, threads: int, first: int, layouts) -> Task:
+    per_block, blocks = delta_split(root, grid, threads)
+    first = max(0, min(int(first), grid - blocks))
+    view = TaskView(root, materialized, set(), (), (), layouts)
+    units = {ROOT: Unit(root, "root", ix.Var("e0", max(root.size, 1)))}
+    lo = np.full(grid, root.size, dtype=np.int64)
+    lo[first : first + blocks] = np.arange(blocks) * per_block
+    units[ROOT].lo, units[ROOT].hi = lo, np.minimum(lo + per_block, root.size)
+    task = Task(root, units, per_block, blocks, view, 1, first)
+    walk = Walk(view, units[ROOT])
+    for value in root.inputs():
+        walk.visit(value, [ix.Var(f"d{a}", d) for a, d in enumerate(value.shape)], (), ())
+    task.reads = {o.node.id for o in units[ROOT].occurrences if view.kind(o.node) == "materialized"}
+    return task
+
+
 def recur_inputs(program: Program) -> dict[int, Node]:
     """The values a recurrence's loop reads that are computed (not leaves): materialized, so the
     loop waits on their flag-tagged words rather than computing them itself."""
     found: dict[int, Node] = {}
     for node in program.nodes():
-        if isinstance(node, Recur):
+        if isinstance(node, LOOPS):
             for value in node.inputs():
                 if not isinstance(value, Leaf):
                     found[value.id] = value
@@ -300,7 +347,7 @@ def column_layouts(program: Program, users: dict) -> dict[int, tuple]:
             elif isinstance(node, Ew):
                 pending += [(arg, index_of) for arg in node.args if arg.shape == node.shape]
         for node, index_of in region.values():
-            if isinstance(node, (Map, Recur)) or node.id in found:
+            if isinstance(node, (Map, *LOOPS)) or node.id in found:
                 continue  # (a recurrence's loop reads its own words back in [T, B, S·H] order)
             if any(r.id not in region and r.id != scan.id for r in users.get(node.id, [])):
                 continue  # read elsewhere in its own order
@@ -804,6 +851,8 @@ def build_task(
     values alone exceed it, the largest copies are read in place (flag-waited loads) instead."""
     if isinstance(root, Recur):
         return _recur_task(root, materialized, grid, first, layouts), []
+    if isinstance(root, DeltaScan):
+        return _delta_task(root, materialized, grid, threads, first, layouts), []
     read_in_place: set[int] = set()
     for _ in range(64):
         arrays: set[int] = set()
@@ -1136,6 +1185,8 @@ def task_smem_floats(task: Task) -> int:
     """Shared memory of a task's arrays, in floats (each array padded to 4 floats)."""
     if isinstance(task.root, Recur):
         return recur_smem_floats(task.root, len(task.root_unit.lo))
+    if isinstance(task.root, DeltaScan):
+        return sum(n for _, n in delta_smem_parts(task.root))
     return sum(-(-u.storage // 4) * 4 for u in task.arrays())
 
 
@@ -1281,7 +1332,7 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
         materialized[node.id] = node
     outputs = set(destinations)
     for node in program.nodes():
-        if column_scan(node) or isinstance(node, Recur):
+        if column_scan(node) or isinstance(node, LOOPS):
             materialized[node.id] = node
     pinned = recur_inputs(program)
     materialized.update(pinned)
@@ -1345,7 +1396,7 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
         if (
             nid in outputs
             or nid in pinned
-            or isinstance(node, (Leaf, Recur))
+            or isinstance(node, (Leaf, *LOOPS))
             or frame_source(node) is not None
             or column_scan(node)
         ):
@@ -1642,7 +1693,7 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
             node = materialized[out_id]
             if isinstance(node, Leaf) or frame_source(node) is not None:
                 continue  # a graph input is read from host memory by its own task only
-            if column_scan(node) or isinstance(node, Recur) or out_id in layouts:
+            if column_scan(node) or isinstance(node, LOOPS) or out_id in layouts:
                 continue
             # a host moves with what it stores (an LSTM's h with its c, into the residual sum
             # after it)
@@ -1654,7 +1705,7 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                     or host_id in side_of
                     or out_id not in host.reads
                     or column_scan(host.root)
-                    or isinstance(host.root, Recur)
+                    or isinstance(host.root, LOOPS)
                 ):
                     continue
                 trial, problems = build_task(

@@ -111,7 +111,7 @@ def with_inputs(node: Node, inputs: list[Node]) -> Node:
         return Dot(inputs[0], node.rows, node.label)
     if isinstance(node, Scan):
         return Scan(node.op, inputs[:-1], inputs[-1], node.axis, node.carry, node.params, node.label)
-    if isinstance(node, ir.Recur):
+    if isinstance(node, (ir.Recur, ir.DeltaScan)):
         return node.with_inputs(inputs)
     raise ir.CompileError(f"{node}: the simplifier cannot rebuild a {type(node).__name__} over new inputs")
 
