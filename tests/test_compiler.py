@@ -1123,6 +1123,37 @@ def _graph(nodes, inputs, outputs, initializers=()):
 
 
 @needs_cxx
+def test_a_recurrence_reads_its_input_part_through_a_view(tmp_path):
+    """LiquidScan's window takes its input part as [B, T, 4H] (here a graph input, 2 batch rows):
+    the loop reads it through the transposing view an element a thread (the waits side by side),
+    and the emulated kernel computes the interpreter's values, the state carried in and out."""
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(5)
+    B, T, H = 2, 5, 4
+    model = _graph(
+        [
+            helper.make_node(
+                "LiquidScan", ["xg", "R", "state.h"], ["y", "next_state.h"], domain="framefuse", name="liquid0", ts=0.5
+            )
+        ],
+        [
+            helper.make_tensor_value_info("xg", f32, [B, T, 4 * H]),
+            helper.make_tensor_value_info("state.h", f32, [B, H]),
+        ],
+        [
+            helper.make_tensor_value_info("y", f32, [B, T, H]),
+            helper.make_tensor_value_info("next_state.h", f32, [B, H]),
+        ],
+        [numpy_helper.from_array((0.5 * rng.standard_normal((4 * H, H))).astype(np.float32), "R")],
+    )
+    program = lower_onnx(model, fold=False)
+    assert program.counts()["recur"] == 1
+    kernel = generate(schedule(program, grid=8, threads=64))
+    assert "rcg" in kernel.source  # the view's element loop (codegen._recur)
+    _emulate_against_interpreter(kernel, program, 2, tmp_path, races=True)
+
+
+@needs_cxx
 def test_a_recurrence_feeding_a_column_scan_compiles_into_one_kernel(tmp_path):
     """A hybrid window: an LSTM layer whose output is a minGRU-style layer's gate and input (a
     LinearScan run in columns, schedule.column_layouts storing what is around it in its walking
@@ -1208,6 +1239,8 @@ def test_a_delta_rule_window_runs_each_state_row_through_its_positions(op, tmp_p
     plan = schedule(program, grid=24, threads=64)
     (task,) = [t for t in plan.tasks if t.root.kind == "deltascan"]
     assert (task.chunk, task.blocks) == delta_split(task.root, 24, 64) == (2, 18)  # 3 blocks a head
+    with pytest.raises(CompileError, match=r"delta0.*2 x 3 heads needs a block a head, more than the grid's 4"):
+        schedule(program, grid=4, threads=64)
     # (the feeds above: random normal keys and β would make the state grow without bound)
     _emulate_against_interpreter(generate(plan), program, 1, tmp_path, races=True, feeds=feeds)
 

@@ -1427,6 +1427,17 @@ class Generator:
                 for b in range(B)
                 for g in range(G)
             ]
+        else:  # through a view (liquid's transposed window): an element a thread, the waits side by side
+            fill = Code(f"for (int e = tid; e < {B * G * HB}; e += NT)")
+            fill.items.append(f"const int rcb = e / {G * HB}, rcg = (e / {HB}) % {G}, rcj = e % {HB}, rcu = ru0 + rcj;")
+            guarded = Code("if (rcj < rnu)")
+            fill.items.append(guarded)
+            em = Emitter(self, t, task, guarded)
+            em.stack[0].guard = True
+            em.top.pos = len(em.top.code.items)
+            index = [ix.Var("rcs", T), ix.Var("rcb", B), ix.add(ix.mul(ix.Var("rcg", G), H), ix.Var("rcu", H))]
+            em.top.insert(f"rX[(rcs & 1) * {x_floats} + e] = {em.value(node.xg, index).text};")
+            loop.items += [_ONCE, fill]
         if len(ranges) <= RECUR_STAGE_RANGES:  # every range's loads in flight together
             n = len(ranges)
             loop.items += [
@@ -1473,13 +1484,9 @@ class Generator:
         em = Emitter(self, t, task, body)
         em.stack[0].guard = True
         em.top.pos = len(em.top.code.items)
-        s_var = ix.Var("rcs", T)
         xs, rs = [], []
         for g in range(G):
-            if direct:
-                xs.append(f"rX[(rcs & 1) * {x_floats} + rcb * {G * HB} + {g * HB} + rcj]")
-            else:
-                xs.append(em.value(node.xg, [s_var, b_var, ix.add(u_var, ix.const(g * H))]).text)
+            xs.append(f"rX[(rcs & 1) * {x_floats} + rcb * {G * HB} + {g * HB} + rcj]")
             parts = " + ".join(f"rP[{s * rows} + rcb * {G * HB} + {g * HB} + rcj]" for s in range(splits))
             if w_bias is not None:
                 parts += f" + __ldg(ffk_w + {w_bias} + {g * H} + rcu)"

@@ -164,7 +164,7 @@ RECUR_OWN_BLOCKS = True
 def recur_split(node: Recur, grid: int) -> tuple[int, int, bool]:
     """(hidden units a block, blocks, R in shared memory) of a recurrence's task."""
     H, G = node.hidden, node.gates
-    per_block = max(1, RECUR_SMEM_FLOATS // (G * H))
+    per_block = min(H, max(1, RECUR_SMEM_FLOATS // (G * H)))
     blocks = -(-H // per_block)
     limit = max(1, min(RECUR_MAX_BLOCKS, grid))
     if blocks > limit:
@@ -238,6 +238,11 @@ def delta_split(node: DeltaScan, grid: int, threads: int) -> tuple[int, int]:
     """(state rows a block, blocks) of a delta-rule window's task: a warp a row, each block within
     one head; more rows a block (its warps loop) where the heads' rows would not fit the grid."""
     batch, heads, dv = node.shape[:3]
+    if batch * heads > grid:
+        raise CompileError(
+            f"{node.label or node}: a delta-rule window of {batch} x {heads} heads needs a block a head, "
+            f"more than the grid's {grid}"
+        )
     per_block = max(1, threads // WARP)
     while batch * heads * -(-dv // per_block) > grid and per_block < dv:
         per_block *= 2
