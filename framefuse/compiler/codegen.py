@@ -1332,6 +1332,32 @@ class Generator:
         em.stack.pop()
         scope.close_child(inner_code)
 
+    def _value_into(self, t: int, task: Task, scope: Code, node: Node, index: list, target: str) -> None:
+        """``target = value of node at index`` at the end of ``scope`` (a loop or guard whose own
+        declarations bind the index's variables), everything it needs computed inside it."""
+        em = Emitter(self, t, task, scope)
+        em.stack[0].guard = True
+        em.top.pos = len(em.top.code.items)  # after the scope's own declarations
+        em.top.insert(f"{target} = {em.value(node, index).text};")
+
+    @staticmethod
+    def _stage_ranges(ranges: list, limit: int) -> list:
+        """C staging flag-tagged ranges ``(dst, src, count)`` into shared memory: one call for up to
+        ``limit`` of them (every thread's loads of all in flight together), else a call a range."""
+        groups = [ranges] if len(ranges) <= limit else [[r] for r in ranges]
+        out = []
+        for group in groups:
+            n = len(group)
+            out += [
+                "{",
+                f"    float* const sd[{n}] = {{{', '.join(r[0] for r in group)}}};",
+                f"    const unsigned long long* const ss[{n}] = {{{', '.join(r[1] for r in group)}}};",
+                f"    const int sn[{n}] = {{{', '.join(r[2] for r in group)}}};",
+                f"    ffk_ll_stage_n<NT, {n}>(sd, ss, sn, epoch);",
+                "}",
+            ]
+        return out
+
     def _recur(self, code: Code, t: int, task: Task) -> None:
         """A nonlinear recurrence (ir.Recur, schedule._recur_task): the block's hidden units of
         every batch row, the positions in order. Per position, one staging call brings h of the
@@ -1385,22 +1411,14 @@ class Generator:
         b_var, k_var, u_var = ix.Var("rcb", B), ix.Var("rck", H), ix.Var("rcu", H)
         init = Code(f"for (int i = tid; i < {B * H}; i += NT)")
         init.items.append(f"const int rcb = i / {H}, rck = i - rcb * {H};")
-        em = Emitter(self, t, task, init)
-        em.stack[0].guard = True
-        em.top.pos = len(em.top.code.items)  # after the loop's own declarations
-        h0 = em.value(node.h0, [b_var, k_var])
-        em.top.insert(f"rH[i] = {h0.text};")
+        self._value_into(t, task, init, node.h0, [b_var, k_var], "rH[i]")
         code.items += [_ONCE, init]
         if node.c0 is not None:
             init_c = Code(f"for (int i = tid; i < {B * HB}; i += NT)")
             init_c.items.append(f"const int rcb = i / {HB}, rcu = ru0 + i - rcb * {HB};")
             guarded = Code("if (rcu < ru0 + rnu)")
             init_c.items.append(guarded)
-            em = Emitter(self, t, task, guarded)
-            em.stack[0].guard = True
-            em.top.pos = len(em.top.code.items)
-            c0 = em.value(node.c0, [b_var, u_var])
-            em.top.insert(f"rC[i] = {c0.text};")
+            self._value_into(t, task, guarded, node.c0, [b_var, u_var], "rC[i]")
             code.items += [_ONCE, init_c]
         code.items.append("__syncthreads();")
         loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
@@ -1432,32 +1450,10 @@ class Generator:
             fill.items.append(f"const int rcb = e / {G * HB}, rcg = (e / {HB}) % {G}, rcj = e % {HB}, rcu = ru0 + rcj;")
             guarded = Code("if (rcj < rnu)")
             fill.items.append(guarded)
-            em = Emitter(self, t, task, guarded)
-            em.stack[0].guard = True
-            em.top.pos = len(em.top.code.items)
             index = [ix.Var("rcs", T), ix.Var("rcb", B), ix.add(ix.mul(ix.Var("rcg", G), H), ix.Var("rcu", H))]
-            em.top.insert(f"rX[(rcs & 1) * {x_floats} + e] = {em.value(node.xg, index).text};")
+            self._value_into(t, task, guarded, node.xg, index, f"rX[(rcs & 1) * {x_floats} + e]")
             loop.items += [_ONCE, fill]
-        if len(ranges) <= RECUR_STAGE_RANGES:  # every range's loads in flight together
-            n = len(ranges)
-            loop.items += [
-                "{",
-                f"    float* const sd[{n}] = {{{', '.join(r[0] for r in ranges)}}};",
-                f"    const unsigned long long* const ss[{n}] = {{{', '.join(r[1] for r in ranges)}}};",
-                f"    const int sn[{n}] = {{{', '.join(r[2] for r in ranges)}}};",
-                f"    ffk_ll_stage_n<NT, {n}>(sd, ss, sn, epoch);",
-                "}",
-            ]
-        else:
-            for dst, src, num in ranges:
-                loop.items += [
-                    "{",
-                    f"    float* const sd[1] = {{{dst}}};",
-                    f"    const unsigned long long* const ss[1] = {{{src}}};",
-                    f"    const int sn[1] = {{{num}}};",
-                    "    ffk_ll_stage_n<NT, 1>(sd, ss, sn, epoch);",
-                    "}",
-                ]
+        loop.items += self._stage_ranges(ranges, RECUR_STAGE_RANGES)
         loop.items.append("__syncthreads();")
         # the products: thread i takes row i % rows over the K split i / rows
         prod = Code(f"for (int i = tid; i < {rows * splits}; i += NT)")
@@ -1556,21 +1552,9 @@ class Generator:
             else:
                 loop.items.append("const int dst = e;")
                 index = [b_var, h_var, pos]
-            em = Emitter(self, t, task, loop)
-            em.stack[0].guard = True
-            em.top.pos = len(em.top.code.items)
-            em.top.insert(f"ffk_smem[{offsets[name]} + e] = {em.value(value, index).text};")
+            self._value_into(t, task, loop, value, index, f"ffk_smem[{offsets[name]} + e]")
             code.items += [_ONCE, loop]
-        if ranges:
-            n = len(ranges)
-            code.items += [
-                "{",
-                f"    float* const sd[{n}] = {{{', '.join(r[0] for r in ranges)}}};",
-                f"    const unsigned long long* const ss[{n}] = {{{', '.join(r[1] for r in ranges)}}};",
-                f"    const int sn[{n}] = {{{', '.join(r[2] for r in ranges)}}};",
-                f"    ffk_ll_stage_n<NT, {n}>(sd, ss, sn, epoch);",
-                "}",
-            ]
+        code.items += self._stage_ranges(ranges, len(ranges)) if ranges else []
         code.items.append("__syncthreads();")
         sK, sQ, sV = (f"(ffk_smem + {offsets[name]})" for name in ("k", "q", "v"))
         rows = Code(f"for (int dr = warp; dr < min({per_block}, {Dv} - di0); dr += NWARPS)")
@@ -1580,11 +1564,7 @@ class Generator:
         init.items.append("const int dsj = lane + 32 * m;")
         guarded = Code(f"if (dsj < {Dk})")
         init.items += ["s[m] = 0.0f;", guarded]
-        em = Emitter(self, t, task, guarded)
-        em.stack[0].guard = True
-        em.top.pos = len(em.top.code.items)
-        s0 = em.value(node.init, [b_var, h_var, ix.Var("dsi", Dv), ix.Var("dsj", Dk)])
-        em.top.insert(f"s[m] = {s0.text};")
+        self._value_into(t, task, guarded, node.init, [b_var, h_var, ix.Var("dsi", Dv), ix.Var("dsj", Dk)], "s[m]")
         rows.items += ["#pragma unroll", init]
         loop = Code(f"for (int dst = 0; dst < {T}; ++dst)")
         rows.items += [_ONCE, loop]
