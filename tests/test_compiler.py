@@ -1080,7 +1080,9 @@ def test_generated_source_is_the_same_for_the_same_graph():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ["min_gru", "mamba", "attention", "min_gru/sequence"])
+@pytest.mark.parametrize(
+    "arch", ["min_gru", "mamba", "attention", "min_gru/sequence", "lstm/sequence", "delta_net/sequence"]
+)
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
