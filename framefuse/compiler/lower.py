@@ -38,7 +38,7 @@ SCAN_MAX_ELEMENTS = 1 << 17
 # value before it (about two dependency levels a position), up to UNROLL_MAX_STEPS positions: the
 # schedule of an unrolled window grows faster than T (2-layer lstm at embed 256 on a 2-core CPU:
 # T = 8 11 s and 0.9 GB, T = 16 53 s and 3.3 GB, T = 32 killed at 21 GB), and a build times six
-# tactics. Longer windows are declined naming the node (a time loop inside the kernel is next).
+# tactics. Longer windows are declined naming the node. Used only with RECUR_WINDOWS off (below).
 UNROLL_NONLINEAR = True
 UNROLL_MAX_STEPS = 8
 # ...unless they are one ir.Recur each (on): the positions in a loop inside one task, R on chip
