@@ -161,6 +161,27 @@ RECUR_MAX_BLOCKS = 32
 RECUR_OWN_BLOCKS = True
 
 
+def _align4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def _loop_task(root: Node, per_block: int, blocks: int, units_of: int, grid: int, first: int, view: TaskView, reads):
+    """The task of a loop over positions (LOOPS) on ``blocks`` blocks from ``first``, each
+    ``per_block`` of the root's ``units_of`` units; no units but its root (codegen writes the
+    loop), its reads the materialized values under ``reads`` ((value, index) pairs)."""
+    first = max(0, min(int(first), grid - blocks))
+    units = {ROOT: Unit(root, "root", ix.Var("e0", max(root.size, 1)))}
+    lo = np.full(grid, units_of, dtype=np.int64)
+    lo[first : first + blocks] = np.arange(blocks) * per_block
+    units[ROOT].lo, units[ROOT].hi = lo, np.minimum(lo + per_block, units_of)
+    task = Task(root, units, per_block, blocks, view, 1, first)
+    walk = Walk(view, units[ROOT])
+    for value, index in reads:
+        walk.visit(value, index, (), ())
+    task.reads = {o.node.id for o in units[ROOT].occurrences if view.kind(o.node) == "materialized"}
+    return task
+
+
 def recur_split(node: Recur, grid: int) -> tuple[int, int, bool]:
     """(hidden units a block, blocks, R in shared memory) of a recurrence's task."""
     H, G = node.hidden, node.gates
@@ -188,16 +209,12 @@ def recur_smem_parts(node: Recur, per_block: int, held: bool) -> list[tuple[str,
     block's units (twice, as h) and their cell values."""
     G, H, B = node.gates, node.hidden, node.batch
     rows, splits = recur_rows(node, per_block)
-
-    def a4(n: int) -> int:
-        return -(-n // 4) * 4
-
     return [
-        ("R", a4(H * (G * per_block + 1)) if held else 0),
-        ("h", 2 * a4(B * H)),
-        ("P", a4(rows * splits)),
-        ("X", 2 * a4(B * G * per_block)),
-        ("C", a4(B * per_block)),
+        ("R", _align4(H * (G * per_block + 1)) if held else 0),
+        ("h", 2 * _align4(B * H)),
+        ("P", _align4(rows * splits)),
+        ("X", 2 * _align4(B * G * per_block)),
+        ("C", _align4(B * per_block)),
     ]
 
 
@@ -210,22 +227,12 @@ def _recur_task(root: Recur, materialized: dict, grid: int, first: int, layouts:
     """The task of a recurrence: no units but its root (codegen writes its loop); it reads its
     inputs where they lie (flag-tagged words, leaves)."""
     per_block, blocks, _ = recur_split(root, grid)
-    first = max(0, min(int(first), grid - blocks))
     view = TaskView(root, materialized, set(), (), (), layouts)
-    units = {ROOT: Unit(root, "root", ix.Var("e0", max(root.size, 1)))}
-    lo = np.full(grid, root.hidden, dtype=np.int64)
-    lo[first : first + blocks] = np.arange(blocks) * per_block
-    hi = np.minimum(lo + per_block, root.hidden)
-    units[ROOT].lo, units[ROOT].hi = lo, hi
-    task = Task(root, units, per_block, blocks, view, 1, first)
-    walk = Walk(view, units[ROOT])
     variables = [ix.Var(f"r{a}", d) for a, d in enumerate((root.steps, root.batch, root.gates * root.hidden))]
-    walk.visit(root.xg, variables, (), ())
-    for init in (root.h0, root.c0):
-        if init is not None:
-            walk.visit(init, variables[1:2] + [ix.Var("rk", root.hidden)], (), ())
-    task.reads = {o.node.id for o in units[ROOT].occurrences if view.kind(o.node) == "materialized"}
-    return task
+    reads = [(root.xg, variables)] + [
+        (init, variables[1:2] + [ix.Var("rk", root.hidden)]) for init in (root.h0, root.c0) if init is not None
+    ]
+    return _loop_task(root, per_block, blocks, root.hidden, grid, first, view, reads)
 
 
 # A delta-rule window (ir.DeltaScan) runs as a task of its own: a warp a state row, each block the
@@ -254,29 +261,16 @@ def delta_smem_parts(node: DeltaScan) -> list[tuple[str, int]]:
     """Shared memory of a delta-rule window's task, by part (floats): the head's k and q over the
     window, its v, its gates."""
     steps, dk, dv = node.steps, node.k.shape[3], node.v.shape[3]
-
-    def a4(n: int) -> int:
-        return -(-n // 4) * 4
-
-    return [("k", a4(steps * dk)), ("q", a4(steps * dk)), ("v", a4(steps * dv))] + [
-        (f"g{i}", a4(steps)) for i in range(len(node.gates))
+    return [("k", _align4(steps * dk)), ("q", _align4(steps * dk)), ("v", _align4(steps * dv))] + [
+        (f"g{i}", _align4(steps)) for i in range(len(node.gates))
     ]
 
 
 def _delta_task(root: DeltaScan, materialized: dict, grid: int, threads: int, first: int, layouts) -> Task:
     per_block, blocks = delta_split(root, grid, threads)
-    first = max(0, min(int(first), grid - blocks))
     view = TaskView(root, materialized, set(), (), (), layouts)
-    units = {ROOT: Unit(root, "root", ix.Var("e0", max(root.size, 1)))}
-    lo = np.full(grid, root.size, dtype=np.int64)
-    lo[first : first + blocks] = np.arange(blocks) * per_block
-    units[ROOT].lo, units[ROOT].hi = lo, np.minimum(lo + per_block, root.size)
-    task = Task(root, units, per_block, blocks, view, 1, first)
-    walk = Walk(view, units[ROOT])
-    for value in root.inputs():
-        walk.visit(value, [ix.Var(f"d{a}", d) for a, d in enumerate(value.shape)], (), ())
-    task.reads = {o.node.id for o in units[ROOT].occurrences if view.kind(o.node) == "materialized"}
-    return task
+    reads = [(value, [ix.Var(f"d{a}", d) for a, d in enumerate(value.shape)]) for value in root.inputs()]
+    return _loop_task(root, per_block, blocks, root.size, grid, first, view, reads)
 
 
 def recur_inputs(program: Program) -> dict[int, Node]:
@@ -1192,7 +1186,7 @@ def task_smem_floats(task: Task) -> int:
         return recur_smem_floats(task.root, len(task.root_unit.lo))
     if isinstance(task.root, DeltaScan):
         return sum(n for _, n in delta_smem_parts(task.root))
-    return sum(-(-u.storage // 4) * 4 for u in task.arrays())
+    return sum(_align4(u.storage) for u in task.arrays())
 
 
 # -- the whole program ---------------------------------------------------------------------------------------
