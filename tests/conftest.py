@@ -27,3 +27,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if item.get_closest_marker("tensorrt") and not HAS_TENSORRT:
             item.add_marker(skip_trt)
+
+
+@pytest.fixture(scope="session")
+def control_flow_graphs():
+    """tests/control_flow_graphs.py (loaded by path: tests/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("control_flow_graphs.py")
+    spec = importlib.util.spec_from_file_location("framefuse_tests_control_flow_graphs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1833,3 +1833,253 @@ def test_the_first_layernorm_scale_is_published_with_the_frame(arch):
     body = source[source.index("ffk_step(") :]
     assert body.count("ffk_load_host(") == 1  # the prologue's read; the frame task uses its register
     assert not any(frame_source(t.root) is not None for t in unframed.tasks)
+
+
+# -- ONNX Loop and Scan: a recurrence no rewrite matched, unrolled into the one program -----------------
+
+CONTROL_FLOW_MODELS = {
+    "elman-scan": lambda g: g.elman_scan(),
+    "elman-scan-reversed-axis1": lambda g: g.elman_scan(reverse=True, axis=1),
+    "mlp-cell-loop": lambda g: g.mlp_cell_loop(),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTROL_FLOW_MODELS))
+def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, control_flow_graphs):
+    """A nonlinear recurrence left as an ONNX Scan / Loop (the rewrite declines its body) is lowered
+    a body a position, T static: the interpreter matches ONNX Runtime on the original graph, and
+    the program has the body's nonlinearity once a position (no Scan / Loop left)."""
+    import onnxruntime as ort
+
+    from framefuse.rewrite import rewrite_model
+
+    model = CONTROL_FLOW_MODELS[name](control_flow_graphs)
+    onnx.checker.check_model(model, full_check=True)
+    fused, report = rewrite_model(model)
+    assert [n.op_type for n in fused.graph.node] == [model.graph.node[0].op_type]  # declined: left as it was
+    program = lower_program(fused)
+    assert program.counts()["tanh"] == control_flow_graphs.STEPS
+    rng = np.random.default_rng(0)
+    init = {i.name for i in model.graph.initializer}
+    feeds = {
+        vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+        for vi in model.graph.input
+        if vi.name not in init
+    }
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    actual = naive.run(program, feeds)
+    for out, value in expected.items():
+        _close(actual[out], value, f"{name} {out}", tol=1e-5)
+
+
+@needs_cxx
+def test_an_unrolled_scan_runs_as_one_kernel_carrying_its_state(tmp_path, control_flow_graphs):
+    """The Elman Scan as a step graph (h its state): the generated kernel, emulated over 3 steps
+    on a grid of 6 blocks with ThreadSanitizer, computes the interpreter's values and carries h."""
+    program = lower_program(control_flow_graphs.elman_scan(state=True))
+    kernel = generate(schedule(program, grid=6, threads=64))
+    assert kernel.source.count('extern "C" __global__') == 1
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (
+            lambda g: g.mlp_cell_loop(data_dependent_stop=True),
+            r"node 'mlp_loop' \(Loop\): iteration 0: the loop's condition depends on the data",
+        ),
+        (lambda g: g.mlp_cell_loop(trip_count=False), r"node 'mlp_loop' \(Loop\): has no trip count M"),
+    ],
+    ids=["data-dependent-stop", "no-trip-count"],
+)
+def test_a_loop_without_a_static_trip_count_is_declined_naming_it(make, match, control_flow_graphs):
+    with pytest.raises(CompileError, match=match):
+        lower_program(make(control_flow_graphs))
+
+
+def test_an_unrolled_loop_past_the_node_budget_is_declined_naming_it(monkeypatch, control_flow_graphs):
+    from framefuse.compiler import lower
+
+    monkeypatch.setattr(lower, "CONTROL_FLOW_MAX_NODES", 5 * control_flow_graphs.STEPS)
+    with pytest.raises(CompileError, match=r"node 'elman_scan' \(Scan\): 6 iterations of a 6-node body"):
+        lower_program(control_flow_graphs.elman_scan())
+
+
+def test_a_failing_body_node_is_named_with_its_iteration(control_flow_graphs):
+    model = control_flow_graphs.elman_scan()
+    model.graph.node[0].attribute[0].g.node[4].op_type = "Erfinv"  # no such op anywhere
+    with pytest.raises(
+        CompileError, match=r"node 'elman_scan' \(Scan\) iteration 0: node '#4' \(Erfinv\): op Erfinv has no lowering"
+    ):
+        lower_program(model)
+
+
+def test_bounding_pairs_keep_each_elements_least_and_greatest_index():
+    """schedule.bounding_pairs: a loop variable the index only adds is enumerated at its two ends;
+    each element's least and greatest index are those of the full enumeration. Under a division,
+    a remainder or a guard the variable is kept whole (or the occurrence given up: None)."""
+    from framefuse.compiler.schedule import Occurrence, _enumerate_pairs, bounding_pairs
+
+    e, r, q = ix.Var("e", 12), ix.Var("r", 9), ix.Var("q", 3)
+    cases = [
+        ix.add(ix.mul(ix.floordiv(e, 4), 9), r),  # row e // 4 of a [3, 9] window, read along K
+        ix.add(ix.add(ix.mul(e, 5), ix.mul(r, -2)), ix.mul(q, 40)),  # negative coefficient, two loops
+        ix.add(ix.mod(ix.add(e, r), 7), q),  # r under a remainder: only q reduced
+    ]
+    for flat in cases:
+        occ = Occurrence(None, flat, (r, q), ())
+        full = _enumerate_pairs(occ, e, 12)
+        bound = bounding_pairs(occ, e, 12)
+        assert bound is not None and bound[0].size < full[0].size
+        for elems, _ in (full, bound):
+            assert set(elems.tolist()) == set(range(12))
+        for i in range(12):
+            assert full[1][full[0] == i].min() == bound[1][bound[0] == i].min()
+            assert full[1][full[0] == i].max() == bound[1][bound[0] == i].max()
+    only_nested = Occurrence(None, ix.mod(ix.add(e, r), 7), (r,), ())
+    assert bounding_pairs(only_nested, e, 12) is None
+    guarded = Occurrence(None, ix.add(e, r), (r,), ((r, 0, 4),))
+    assert bounding_pairs(guarded, e, 12) is None
+
+
+@needs_cxx
+def test_a_window_product_too_large_to_enumerate_stages_only_its_rows(monkeypatch, tmp_path):
+    """The input part of an LSTM window is one product over [T, K]: with its index combinations
+    past ENUM_LIMIT (a 1024-wide layer at T = 32 is 33.5 M) each block still stages only the rows
+    of the positions it computes (schedule.bounding_pairs), not the whole window (which overflowed
+    shared memory at hidden 1024, or at 256 with T = 256); the emulated kernel computes the
+    interpreter's values."""
+    from framefuse.compiler import schedule as sched
+
+    monkeypatch.setattr(sched, "ENUM_LIMIT", 8192)  # the window's products: 2,048 elements x K = 64
+    _, program = _sequence_program("lstm", {"model": {"embed": 64, "layers": 1}, "seq": 8, "seed": 0})
+    plan = schedule(program, grid=24, threads=128)
+    staged = [a for t in plan.tasks for a in t.arrays() if a.how == "thread" and a.node.size >= 8 * 64]
+    assert staged and max(a.storage for a in staged) <= 3 * 64  # the rows of its positions, of 8
+    monkeypatch.setattr(sched, "bounding_pairs", lambda *args: None)
+    whole = schedule(program, grid=24, threads=128)
+    assert (
+        max(a.storage for t in whole.tasks for a in t.arrays() if a.how == "thread" and a.node.size >= 8 * 64) >= 8 * 64
+    )
+    _emulate_against_interpreter(generate(plan), program, 1, tmp_path, races=True)
+
+
+# -- the ONNX RNN op (nn.RNN's export): no fused op, lowered as it stands ----------------------------------
+
+
+def _torch_rnn_program(nonlinearity, bidirectional, seq, batch, tmp_path):
+    """nn.RNN (2 layers) exported as a window of ``seq`` frames; the rewrite leaves its ONNX RNN
+    nodes as they are (declined: no fused op). Returns (program, source path, manifest)."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from torch import nn
+
+    from framefuse.exporter import export_model
+    from framefuse.rewrite import rewrite_model
+
+    class Layers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.RNN(
+                6, 9, num_layers=2, nonlinearity=nonlinearity, batch_first=True, bidirectional=bidirectional
+            )
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    torch.manual_seed(0)
+    result = export_model(
+        Layers().eval(),
+        form="sequence",
+        config={"batch": batch, "seq": seq, "in_features": 6, "seed": 0},
+        out_dir=tmp_path,
+        name="rnn",
+        exporter="auto",
+    )
+    fused, report = rewrite_model(result.model_path)
+    assert [n.op_type for n in fused.graph.node].count("RNN") == 2
+    assert any("ONNX RNN (Elman)" in d.reason for d in report.declined)
+    path = Path(result.directory) / "model.fused.onnx"
+    onnx.save(fused, str(path))
+    return lower_program(path), result.model_path, json.loads(Path(result.manifest_path).read_text())
+
+
+@pytest.mark.parametrize(
+    "nonlinearity,bidirectional,seq,batch", [("tanh", True, 7, 2), ("relu", False, 5, 1), ("tanh", True, 1, 1)]
+)
+def test_an_onnx_rnn_node_lowers_to_a_loop_a_direction(nonlinearity, bidirectional, seq, batch, tmp_path):
+    """nn.RNN's ONNX RNN nodes (Elman: h = act(x·Wᵀ + h·Rᵀ + b)) lower to one ir.Recur a layer and
+    direction over a window (the reverse direction reads and writes the window backwards), to the
+    cell itself at T = 1; the interpreter matches ONNX Runtime on the export."""
+    import onnxruntime as ort
+
+    program, source, manifest = _torch_rnn_program(nonlinearity, bidirectional, seq, batch, tmp_path)
+    loops = 2 * (2 if bidirectional else 1) if seq > 1 else 0
+    assert program.counts().get("recur", 0) == loops
+    x_name, y_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    x = np.random.default_rng(2).standard_normal(manifest["inputs"][0]["shape"]).astype(np.float32)
+    expected = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run([y_name], {x_name: x})[0]
+    _close(naive.run(program, {x_name: x})[y_name], expected, f"nn.RNN {nonlinearity} T={seq}", tol=1e-5)
+
+
+@needs_cxx
+def test_an_onnx_rnn_window_runs_as_a_loop_in_the_kernel(tmp_path):
+    """The relu nn.RNN window's generated kernel, emulated (ThreadSanitizer) on 8 blocks, computes
+    the interpreter's values: the Recur loop with the Elman cell."""
+    program, _, _ = _torch_rnn_program("relu", True, 5, 2, tmp_path)
+    kernel = generate(schedule(program, grid=8, threads=64))
+    assert kernel.source.count("for (int rcs = 0; rcs < ") == 4
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+
+
+def test_an_onnx_rnn_node_with_an_activation_per_direction_and_an_initial_state():
+    """An ONNX RNN node as other exporters write it: Relu forward, Sigmoid backward, biases and an
+    initial state given; the interpreter matches ONNX Runtime on Y and Y_h."""
+    import onnxruntime as ort
+
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(8)
+    T, B, I, H = 6, 2, 3, 5
+    node = helper.make_node(
+        "RNN",
+        ["x", "W", "R", "B", "", "h0"],
+        ["Y", "Y_h"],
+        name="elman",
+        hidden_size=H,
+        direction="bidirectional",
+        activations=["Relu", "Sigmoid"],
+    )
+    model = _graph(
+        [node],
+        [helper.make_tensor_value_info("x", f32, [T, B, I]), helper.make_tensor_value_info("h0", f32, [2, B, H])],
+        [helper.make_tensor_value_info("Y", f32, [T, 2, B, H]), helper.make_tensor_value_info("Y_h", f32, [2, B, H])],
+        [
+            numpy_helper.from_array(rng.standard_normal((2, H, I)).astype(np.float32), "W"),
+            numpy_helper.from_array(rng.standard_normal((2, H, H)).astype(np.float32) * 0.5, "R"),
+            numpy_helper.from_array(rng.standard_normal((2, 2 * H)).astype(np.float32), "B"),
+        ],
+    )
+    feeds = {
+        "x": rng.standard_normal((T, B, I)).astype(np.float32),
+        "h0": rng.standard_normal((2, B, H)).astype(np.float32),
+    }
+    expected = dict(
+        zip(
+            ["Y", "Y_h"],
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds),
+        )
+    )
+    program = lower_program(model)
+    actual = naive.run(program, feeds)
+    for name in ("Y", "Y_h"):
+        _close(actual[name], expected[name], name, tol=1e-5)
+    model.graph.node[0].attribute.append(helper.make_attribute("clip", 3.0))
+    from framefuse.engines.ops import UnsupportedOpError
+
+    # the engine's planner folds the graph before the lowering, and refuses it first
+    with pytest.raises((CompileError, UnsupportedOpError), match=r"node 'elman' \(RNN\): clip is not supported"):
+        lower_program(model)

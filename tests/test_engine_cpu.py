@@ -276,13 +276,20 @@ def test_single_op_matches_onnxruntime(case):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=case)
 
 
-def test_onnx_lstm_and_gru_nodes_match_onnxruntime_bidirectional():
-    """ONNX LSTM/GRU nodes the rewrite leaves alone run too (every direction, with biases and
+def test_onnx_lstm_gru_and_rnn_nodes_match_onnxruntime_bidirectional():
+    """ONNX LSTM/GRU/RNN nodes the rewrite leaves alone run too (every direction, with biases and
     initial states), so the engine can also run unfused graphs."""
     rng = np.random.default_rng(3)
     T, B, I, H = 5, 2, 3, 4
     x = rng.standard_normal((T, B, I)).astype(np.float32)
-    for op, gates, extra in (("LSTM", 4, {}), ("GRU", 3, {"linear_before_reset": 1}), ("GRU", 3, {})):
+    cases = (
+        ("LSTM", 4, {}),
+        ("GRU", 3, {"linear_before_reset": 1}),
+        ("GRU", 3, {}),
+        ("RNN", 1, {}),  # nn.RNN's export (Elman, tanh)
+        ("RNN", 1, {"activations": ["Relu", "Sigmoid"]}),
+    )
+    for op, gates, extra in cases:
         D = 2
         consts = [
             ("W", rng.standard_normal((D, gates * H, I)).astype(np.float32)),

@@ -1499,6 +1499,10 @@ class Generator:
         elif node.cell == "gru":
             args = [xs[0], rs[0], xs[1], rs[1], xs[2], rs[2], f"hp[rcb * {H} + rcu]"]
             em.top.insert(f"const float h = {EW['gru_hidden'].c(args, ())};")
+        elif node.cell.startswith("rnn_"):
+            act = EW[node.cell.removeprefix("rnn_")]
+            self.need_header(act.header)
+            em.top.insert(f"const float h = {act.c([f'({xs[0]} + {rs[0]})'], ())};")
         else:
             args = [f"({x} + {r})" for x, r in zip(xs, rs)]
             em.top.insert(f"const float h = {EW['liquid_hidden'].c(args, node.params)};")

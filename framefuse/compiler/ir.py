@@ -233,17 +233,26 @@ class Scan(Node):
 
 
 # Recur's cells: (gates G, carried values S a position: LSTM carries its cell value beside h)
-RECUR_CELLS = {"lstm": (4, 2), "gru": (3, 1), "liquid": (4, 1)}
+# cell -> (gates, carried values); rnn_<act>: the ONNX RNN op's (Elman) cell h = act(x·Wᵀ + h·Rᵀ + b)
+RECUR_CELLS = {
+    "lstm": (4, 2),
+    "gru": (3, 1),
+    "liquid": (4, 1),
+    "rnn_tanh": (1, 1),
+    "rnn_relu": (1, 1),
+    "rnn_sigmoid": (1, 1),
+}
 
 
 class Recur(Node):
-    """A nonlinear recurrence over the positions of a window (the sequence form of LSTMSeq, GRUSeq
-    and LiquidScan): for each batch row b and each position t in order, with h (and c) carried,
+    """A nonlinear recurrence over the positions of a window (the sequence form of LSTMSeq, GRUSeq,
+    LiquidScan and the ONNX RNN op): for each batch row b and each position t in order, with h (and c) carried,
 
         r = R·h + rbias                        (R [G·H, H] constant rows, rbias [G·H] or none)
         lstm:   i, o, f, g = xg[t, b] + r      c = lstm_cell(i, f, g, c)   h = lstm_hidden(o, c)
         gru:    h = gru_hidden(xz, rz, xr, rr, xh, rh, h)   (xg's and r's three gate slices)
         liquid: g1, g2, ga, gb = xg[t, b] + r  h = liquid_hidden(g1, g2, ga, gb; ts)
+        rnn_<act>:                             h = act(xg[t, b] + r)   (tanh, relu or sigmoid)
 
     ``xg`` [T, B, G·H] is each position's input part (the window's input products, computed for
     every position at once outside); out [T, B, S·H] holds h_t (LSTM: h_t then c_t). No position

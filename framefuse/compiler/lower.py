@@ -10,6 +10,7 @@ everything computed from them alone, evaluated here). A node the compiler cannot
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -1207,6 +1208,226 @@ FRAMEFUSE: dict[str, Callable] = {
 }
 
 
+# -- the ONNX RNN op (Elman): no fused op exists for it, so it is lowered as it stands -------------
+
+ONNX_RNN_ACTIVATIONS = {"Tanh": "tanh", "Relu": "relu", "Sigmoid": "sigmoid"}
+
+
+def _onnx_rnn(ctx, ins):
+    """ONNX RNN (torch.nn.RNN's export): per direction ``h = act(x_t·Wᵀ + h·Rᵀ + Wb + Rb)``. A
+    window of T > 1 positions is one ir.Recur a direction (a loop over the positions inside one
+    task, R on chip, as LSTMSeq's); T = 1 is the cell itself. Y [T, D, B, H], Y_h [D, B, H]."""
+    if int(ctx.attr("layout", 0)):
+        raise ctx.fail("layout = 1 (batch-major) is not supported")
+    if ctx.attr("clip") is not None:
+        raise ctx.fail("clip is not supported")
+    direction = ctx.attr("direction", "forward")
+    reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}.get(direction)
+    if reverse is None:
+        raise ctx.fail(f"direction {direction!r}")
+    given = ctx.attr("activations") or ["Tanh"] * len(reverse)
+    if len(given) == 1:
+        given = given * len(reverse)
+    unknown = [a for a in given if a not in ONNX_RNN_ACTIVATIONS]
+    if unknown or len(given) != len(reverse):
+        raise ctx.fail(f"activations {given}: the step compiler takes {sorted(ONNX_RNN_ACTIVATIONS)}, one a direction")
+    X = as_node(ins[0], ctx.label)  # [T, B, I]
+    W, R = _weight(ctx, ins[1], "W"), _weight(ctx, ins[2], "R")  # [D, H, I], [D, H, H]
+    steps, batch = X.shape[0], X.shape[1]
+    H = R.shape[-1]
+    bias = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    bias = np.zeros((len(reverse), 2 * H), np.float32) if bias is None else _weight(ctx, bias, "B")
+    if len(ins) > 4 and ins[4] is not None:
+        lens = const_of(ctx, ins[4], "sequence_lens").reshape(-1)
+        if (lens != steps).any():
+            raise ctx.fail(f"sequence_lens {lens.tolist()} shorter than the window's {steps} positions")
+    h0 = ins[5] if len(ins) > 5 and ins[5] is not None else None
+    ys, lasts = [], []
+    for d, backwards in enumerate(reverse):
+        act = ONNX_RNN_ACTIVATIONS[given[d]]
+        h = _state_or(ctx, None if h0 is None else _position(as_node(h0, ctx.label), 0, d, ctx.label), (batch, H))
+        x = ir.take(X, 0, np.arange(steps - 1, -1, -1), ctx.label) if backwards and steps > 1 else X
+        xg = _step_ew(ctx, "add", ir.Dot(x, W[d], ctx.label), ir.constant(bias[d, :H] + bias[d, H:]))  # [T, B, H]
+        if steps > 1 and RECUR_WINDOWS:
+            y, last = _recur_outputs(ctx, ir.Recur(f"rnn_{act}", xg, h, None, R[d], label=ctx.label), H)
+        else:
+            outs = []
+            for t in range(_unrolled_steps(ctx, X, 0, "X") if steps > 1 else 1):
+                h = _step_ew(ctx, act, _step_ew(ctx, "add", _position(xg, 0, t, ctx.label), ir.Dot(h, R[d], ctx.label)))
+                outs.append(_unsq(h, [0], ctx.label))
+            y, last = ir.concat(outs, 0, ctx.label), h
+        if backwards and steps > 1:
+            y = ir.take(y, 0, np.arange(steps - 1, -1, -1), ctx.label)
+        ys.append(_unsq(y, [1], ctx.label))
+        lasts.append(_unsq(last, [0], ctx.label))
+    return [ir.concat(ys, 1, ctx.label), ir.concat(lasts, 0, ctx.label)]
+
+
+# -- control flow: ONNX Loop and Scan, unrolled --------------------------------------------------------
+#
+# A recurrence no rewrite pattern matched (an Elman cell, an MLP over [x, h], a custom gate) may
+# reach the compiler as a Loop or Scan node (TorchScript exports, tf2onnx, hand-built graphs). Its
+# trip count is known at compile time (static shapes), so its body is lowered once per iteration
+# into the one program, as torch.onnx's dynamo export unrolls a Python loop: the whole window is
+# still one kernel. The most body nodes lowered for one Loop / Scan (iterations x body nodes):
+CONTROL_FLOW_MAX_NODES = 1 << 16
+
+
+def _body_of(ctx: Ctx, inputs: int, outputs: int | None = None) -> onnx.GraphProto:
+    body = ctx.attr("body")
+    if not isinstance(body, onnx.GraphProto):
+        raise ctx.fail("has no body graph")
+    if len(body.input) != inputs or (outputs is not None and len(body.output) != outputs):
+        raise ctx.fail(
+            f"body takes {len(body.input)} inputs and gives {len(body.output)} outputs, "
+            f"the node passes {inputs}" + ("" if outputs is None else f" and expects {outputs}")
+        )
+    return body
+
+
+_BODY_CONSTANTS: dict[int, tuple] = {}
+
+
+def _body_constants(body: onnx.GraphProto) -> dict:
+    """The body's initializers (onnx-graphsurgeon moves a constant only the body reads into it),
+    converted once for all its iterations."""
+    key = id(body)
+    if key not in _BODY_CONSTANTS or _BODY_CONSTANTS[key][0] is not body:
+        _BODY_CONSTANTS.clear()  # one Loop / Scan at a time
+        _BODY_CONSTANTS[key] = (body, {i.name: (numpy_helper.to_array(i), i.data_type) for i in body.initializer})
+    return _BODY_CONSTANTS[key][1]
+
+
+def _iteration(ctx: Ctx, body, values: dict, types: dict, feeds: list, trip: int) -> list:
+    """The body's outputs for one iteration: its inputs bound to ``feeds`` ((value, type) pairs),
+    the enclosing graph's values visible by name (ONNX's outer scope)."""
+    scope, scope_types = ChainMap({}, values), ChainMap({}, types)
+    for name, (array, elem) in _body_constants(body).items():
+        scope[name] = array
+        scope_types[name] = elem
+    for vi, (value, elem) in zip(body.input, feeds):
+        scope[vi.name] = value
+        scope_types[vi.name] = elem if elem is not None else (vi.type.tensor_type.elem_type or FLOAT)
+    _lower_nodes(body.node, scope, scope_types, where=f"{ctx.label} iteration {trip}: ")
+    outs = []
+    for vi in body.output:
+        if vi.name not in scope:
+            raise ctx.fail(f"body output '{vi.name}' is produced by no body node")
+        outs.append((scope[vi.name], scope_types.get(vi.name)))
+    return outs
+
+
+def _position(value: Value, axis: int, t: int, label: str) -> Value:
+    """``value`` at index t of ``axis``, the axis removed."""
+    if isinstance(value, np.ndarray):
+        return np.take(value, t, axis=axis)
+    shape = [d for a, d in enumerate(value.shape) if a != axis]
+    return ir.reshape(ir.slice_axis(value, axis, t, 1, 1, label), shape, label)
+
+
+def _stack(elements: list, axis: int, label: str) -> Value:
+    """The elements stacked along a new ``axis`` (negative: from the end of the stacked rank)."""
+    rank = np.ndim(elements[0]) if isinstance(elements[0], np.ndarray) else elements[0].rank
+    axis %= rank + 1
+    if all(isinstance(e, np.ndarray) for e in elements):
+        return np.stack(elements, axis=axis)
+    return ir.concat([_unsq(as_node(e, label), [axis], label) for e in elements], axis, label)
+
+
+def _unroll_budget(ctx: Ctx, body, trips: int) -> None:
+    if trips * max(len(body.node), 1) > CONTROL_FLOW_MAX_NODES:
+        raise ctx.fail(
+            f"{trips} iterations of a {len(body.node)}-node body: unrolled past the step compiler's "
+            f"{CONTROL_FLOW_MAX_NODES} nodes (CONTROL_FLOW_MAX_NODES)"
+        )
+
+
+def _loop(ctx, ins, values, types):
+    """ONNX Loop with a trip count and a condition known at compile time."""
+    trip_count, cond, carried = ins[0], ins[1] if len(ins) > 1 else None, list(ins[2:])
+    carried_types = list(ctx.types[2:])
+    body = _body_of(ctx, 2 + len(carried))
+    scans = len(body.output) - 1 - len(carried)
+    if scans < 0:
+        raise ctx.fail(f"body gives {len(body.output)} outputs for {len(carried)} loop-carried values")
+    if trip_count is None:
+        raise ctx.fail("has no trip count M: the step compiler unrolls a loop a number of times known at compile time")
+    trips = int(const_of(ctx, trip_count, "the trip count M").reshape(-1)[0])
+    if cond is not None and not bool(const_of(ctx, cond, "the initial condition").reshape(-1)[0]):
+        trips = 0
+    _unroll_budget(ctx, body, trips)
+    collected: list[list] = [[] for _ in range(scans)]
+    scan_types: list = [None] * scans
+    for trip in range(trips):
+        feeds = [(np.array(trip, dtype=np.int64), 7), (np.array(True), BOOL), *zip(carried, carried_types)]
+        outs = _iteration(ctx, body, values, types, feeds, trip)
+        go_on = outs[0][0]
+        if isinstance(go_on, Node):
+            raise ctx.fail(
+                f"iteration {trip}: the loop's condition depends on the data: the step compiler unrolls a "
+                "loop a number of times known at compile time"
+            )
+        carried = [v for v, _ in outs[1 : 1 + len(carried)]]
+        carried_types = [t for _, t in outs[1 : 1 + len(carried)]]
+        for k, (value, elem) in enumerate(outs[1 + len(carried) :]):
+            collected[k].append(value)
+            scan_types[k] = elem
+        if not bool(np.asarray(go_on).reshape(-1)[0]):
+            break
+    if scans and not collected[0]:
+        raise ctx.fail("runs no iteration, so the shapes of its scan outputs are unknown")
+    ctx.out_types = carried_types + scan_types
+    return carried + [_stack(c, 0, ctx.label) for c in collected]
+
+
+def _scan(ctx, ins, values, types):
+    """ONNX Scan (opset 9 and later): the positions of the scan inputs along their axes, unrolled."""
+    m = int(ctx.attr("num_scan_inputs", 0))
+    n = len(ins) - m
+    if m <= 0 or n < 0:
+        raise ctx.fail(f"num_scan_inputs {m} for {len(ins)} inputs")
+    states, xs = list(ins[:n]), ins[n:]
+    state_types, x_types = list(ctx.types[:n]), ctx.types[n:]
+    body = _body_of(ctx, n + m)
+    k = len(body.output) - n
+    if k < 0:
+        raise ctx.fail(f"body gives {len(body.output)} outputs for {n} state variables")
+    in_axes = [int(a) for a in ctx.attr("scan_input_axes", [0] * m)]
+    in_dirs = [int(d) for d in ctx.attr("scan_input_directions", [0] * m)]
+    out_axes = [int(a) for a in ctx.attr("scan_output_axes", [0] * k)]
+    out_dirs = [int(d) for d in ctx.attr("scan_output_directions", [0] * k)]
+    if any(x is None for x in xs):
+        raise ctx.fail("a scan input is missing")
+    in_axes = [a % np.ndim(x) if isinstance(x, np.ndarray) else a % x.rank for a, x in zip(in_axes, xs)]
+    lengths = {int(np.shape(x)[a]) if isinstance(x, np.ndarray) else x.shape[a] for a, x in zip(in_axes, xs)}
+    if len(lengths) != 1:
+        raise ctx.fail(f"scan inputs of different lengths {sorted(lengths)}")
+    (steps,) = lengths
+    _unroll_budget(ctx, body, steps)
+    collected: list[list] = [[] for _ in range(k)]
+    scan_types: list = [None] * k
+    for t in range(steps):
+        slices = [
+            (_position(x, a, steps - 1 - t if d else t, ctx.label), et)
+            for x, a, d, et in zip(xs, in_axes, in_dirs, x_types)
+        ]
+        outs = _iteration(ctx, body, values, types, [*zip(states, state_types), *slices], t)
+        states = [v for v, _ in outs[:n]]
+        state_types = [et for _, et in outs[:n]]
+        for j, (value, elem) in enumerate(outs[n:]):
+            collected[j].append(value)
+            scan_types[j] = elem
+    if k and not steps:
+        raise ctx.fail("scans no position, so the shapes of its scan outputs are unknown")
+    stacked = [_stack(c[::-1] if d else c, a, ctx.label) for c, a, d in zip(collected, out_axes, out_dirs)]
+    ctx.out_types = state_types + scan_types
+    return states + stacked
+
+
+CONTROL_FLOW: dict[str, Callable] = {"Loop": _loop, "Scan": _scan}
+STANDARD["RNN"] = _onnx_rnn
+
+
 # -- the driver -----------------------------------------------------------------------------------------
 
 
@@ -1223,6 +1444,56 @@ def _static_shape(vi: onnx.ValueInfoProto, what: str) -> tuple[int, ...]:
             raise CompileError(f"{what} '{vi.name}' has a dynamic shape: the step compiler needs static shapes")
         shape.append(int(d.dim_value))
     return tuple(shape)
+
+
+def _lower_nodes(nodes, values: dict, types: dict, where: str = "") -> None:
+    """Lower ``nodes`` in order into ``values`` (name -> IR node or constant) and ``types`` (name ->
+    ONNX elem type). ``where`` prefixes the labels (a Loop or Scan body's iteration)."""
+    for index, node in enumerate(nodes):
+        label = where + _label(node, index)
+        attrs = {a.name: _decode(helper.get_attribute_value(a)) for a in node.attribute}
+        if node.domain in ("", "ai.onnx") and node.op_type in CONTROL_FLOW:
+            fn = CONTROL_FLOW[node.op_type]
+        elif node.domain in ("", "ai.onnx"):
+            fn = STANDARD.get(node.op_type)
+        elif node.domain == "framefuse":
+            fn = FRAMEFUSE.get(node.op_type)
+        else:
+            fn = None
+        if fn is None:
+            raise CompileError(f"{label}: op {node.op_type} has no lowering in the step compiler")
+        ins: list = []
+        in_types: list = []
+        for name in node.input:
+            if not name:
+                ins.append(None)
+                in_types.append(None)
+                continue
+            if name not in values:
+                raise CompileError(f"{label}: input '{name}' is produced by no earlier node")
+            ins.append(values[name])
+            in_types.append(types.get(name))
+        ctx = Ctx(node, label, attrs, in_types)
+        try:
+            outs = fn(ctx, ins, values, types) if fn in CONTROL_FLOW.values() else fn(ctx, ins)
+        except CompileError as exc:
+            if str(exc).startswith(label):
+                raise
+            raise CompileError(f"{label}: {exc}") from exc
+        for i, (name, value) in enumerate(zip(node.output, outs)):
+            if not name:
+                continue
+            values[name] = value
+            if i < len(ctx.out_types) and ctx.out_types[i] is not None:
+                types[name] = ctx.out_types[i]
+            elif node.op_type in BOOL_OUTPUT:
+                types[name] = BOOL
+            elif node.op_type == "Cast":
+                types[name] = int(attrs["to"])
+            elif isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+                types[name] = 7
+            else:
+                types[name] = in_types[0] if in_types and in_types[0] is not None else FLOAT
 
 
 def lower_model(model: onnx.ModelProto, *, source: str = "") -> Program:
@@ -1250,47 +1521,7 @@ def lower_model(model: onnx.ModelProto, *, source: str = "") -> Program:
         (states if role == "state" else inputs)[vi.name] = leaf
         values[vi.name] = leaf
         types[vi.name] = elem
-    for index, node in enumerate(graph.node):
-        label = _label(node, index)
-        attrs = {a.name: _decode(helper.get_attribute_value(a)) for a in node.attribute}
-        if node.domain in ("", "ai.onnx"):
-            fn = STANDARD.get(node.op_type)
-        elif node.domain == "framefuse":
-            fn = FRAMEFUSE.get(node.op_type)
-        else:
-            fn = None
-        if fn is None:
-            raise CompileError(f"{label}: op {node.op_type} has no lowering in the step compiler")
-        ins: list = []
-        in_types: list = []
-        for name in node.input:
-            if not name:
-                ins.append(None)
-                in_types.append(None)
-                continue
-            if name not in values:
-                raise CompileError(f"{label}: input '{name}' is produced by no earlier node")
-            ins.append(values[name])
-            in_types.append(types.get(name))
-        ctx = Ctx(node, label, attrs, in_types)
-        try:
-            outs = fn(ctx, ins)
-        except CompileError as exc:
-            if str(exc).startswith(label):
-                raise
-            raise CompileError(f"{label}: {exc}") from exc
-        for name, value in zip(node.output, outs):
-            if not name:
-                continue
-            values[name] = value
-            if node.op_type in BOOL_OUTPUT:
-                types[name] = BOOL
-            elif node.op_type == "Cast":
-                types[name] = int(attrs["to"])
-            elif isinstance(value, np.ndarray) and value.dtype.kind in "iu":
-                types[name] = 7
-            else:
-                types[name] = in_types[0] if in_types and in_types[0] is not None else FLOAT
+    _lower_nodes(graph.node, values, types)
     outputs: dict[str, Node] = {}
     for vi in graph.output:
         value = values.get(vi.name)
@@ -1323,7 +1554,9 @@ def lower_onnx(path_or_model, *, fold: bool = True) -> Program:
     from framefuse.engines.base import load_onnx
 
     model, path = load_onnx(path_or_model)
-    if fold:
+    # the engine cannot run Loop / Scan, so it cannot plan (fold) their graph; the lowering folds
+    # what is constant itself, op by op, in numpy (the bodies' constants included)
+    if fold and not any(n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx") for n in model.graph.node):
         from framefuse.engines.executor import GraphExecutor
 
         model = GraphExecutor(model, "cpu", "reference").folded_model()

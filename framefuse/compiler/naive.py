@@ -108,6 +108,9 @@ def recur(node: Recur, values: Mapping[int, np.ndarray]) -> np.ndarray:
             elif node.cell == "gru":
                 h = EW["gru_hidden"].numpy(x[0], rk[0], x[1], rk[1], x[2], rk[2], h, ())
                 out[t] = h
+            elif node.cell.startswith("rnn_"):
+                h = EW[node.cell.removeprefix("rnn_")].numpy(x[0] + rk[0], ())
+                out[t] = h
             else:
                 h = EW["liquid_hidden"].numpy(*(a + b for a, b in zip(x, rk)), node.params)
                 out[t] = h

@@ -39,7 +39,7 @@ state beside its output) is stored there as a side store and has no task of its 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -692,6 +692,34 @@ def enumerate_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.nda
     return found
 
 
+def bounding_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(element, flat index) pairs holding each element's least and greatest flat index, for an
+    occurrence too large to enumerate (enumerate_pairs None): a loop variable that the index only
+    adds (c·v, not under a division, remainder or guard) reaches its extremes at v = 0 and
+    v = extent − 1, so it is enumerated at those two values only. Enough for needed_ranges; not for
+    counting readers. None when that still leaves too many combinations.
+
+    A product of a [T, K] window (a 1024-wide LSTM's input part over 32 positions) reads row t at
+    ``K·t + r``: 33.5 M combinations, past ENUM_LIMIT, made every block stage the whole window."""
+    flat = occ.flat
+    guarded: set = set()
+    for g, _, _ in occ.guards:
+        guarded |= set(ix.free_vars(g))
+    terms = flat.terms if isinstance(flat, ix.Lin) else ((flat, 1),)
+    nested: set = set()
+    for atom, _ in terms:
+        if not isinstance(atom, ix.Var):
+            nested |= set(ix.free_vars(atom))
+    direct = {atom: coef for atom, coef in terms if isinstance(atom, ix.Var)}
+    corners = [v for v in direct if v != var and v not in nested and v not in guarded and v.extent > 2]
+    if not corners:
+        return None
+    for v in corners:
+        corner = ix.Var(f"{v.name}~ends", 2)  # 0 or extent − 1
+        flat = ix.add(flat, ix.add(ix.mul(v, -direct[v]), ix.mul(corner, direct[v] * (v.extent - 1))))
+    return enumerate_pairs(replace(occ, flat=flat), var, elements)
+
+
 def _forget_pairs() -> None:
     global _pairs_memo_size
     _pairs_memo.clear()
@@ -1049,7 +1077,10 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
             if kind not in ("array", "dot"):
                 continue
             pairs = enumerate_pairs(occ, unit.var, elements)
-            needs.setdefault(occ.node.id, []).append(needed_ranges(pairs, unit.first, unit.hi, elements, occ.node.size))
+            bounds = pairs if pairs is not None else bounding_pairs(occ, unit.var, elements)
+            needs.setdefault(occ.node.id, []).append(
+                needed_ranges(bounds, unit.first, unit.hi, elements, occ.node.size)
+            )
             if kind == "dot":
                 reads_by.setdefault(occ.node.id, []).append((unit, pairs))
     # the ranges of the state and weight leaves each block reads (prefetched at kernel start)
@@ -1064,6 +1095,7 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                     pairs = (np.arange(elements), np.arange(elements))  # a staged copy reads itself 1:1
                 else:
                     pairs = enumerate_pairs(occ, unit.var, elements)
+                    pairs = pairs if pairs is not None else bounding_pairs(occ, unit.var, elements)
                 leaf_needs.setdefault(node.id, []).append(
                     needed_ranges(pairs, unit.first, unit.hi, elements, node.size)
                 )

@@ -768,7 +768,8 @@ def _trilu(ins, attrs, n):
 
 
 # ---------------------------------------------------------------------------------------------
-# ONNX LSTM / GRU (forward, reverse, bidirectional; default activations): a plain loop over time,
+# ONNX LSTM / GRU / RNN (forward, reverse, bidirectional; default activations, RNN's also Relu and
+# Sigmoid): a plain loop over time,
 # so the engine also runs graphs the rewrite left unfused.
 
 
@@ -807,6 +808,47 @@ def _rnn_common(ins, hidden: int, gates: int):
         if (lens != x.shape[0]).any():
             raise UnsupportedOpError(f"sequence_lens {lens.tolist()} shorter than T={x.shape[0]} are not supported")
     return x, w, r, b
+
+
+_ELMAN_ACTIVATIONS = {"Tanh": torch.tanh, "Relu": torch.relu, "Sigmoid": torch.sigmoid}
+
+
+def _elman_check(attrs, n_inputs):
+    given = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations") or []]
+    unknown = [a for a in given if a not in _ELMAN_ACTIVATIONS]
+    if unknown:
+        return f"activations {given} are not supported (only {sorted(_ELMAN_ACTIVATIONS)})"
+    if attrs.get("clip") is not None:
+        return "clip is not supported"
+    if int(attrs.get("layout", 0)):
+        return "layout=1 is not supported"
+    return None
+
+
+@_op("RNN", host_inputs=(4,), check=_elman_check)
+def _elman(ins, attrs, n):
+    """ONNX RNN (nn.RNN's export): h = act(x·Wᵀ + h·Rᵀ + Wb + Rb) per direction."""
+    x, w, r, b = _rnn_common(ins, int(attrs["hidden_size"]), 1)
+    h0 = ins[5] if len(ins) > 5 else None
+    hidden = int(attrs["hidden_size"])
+    steps, batch = x.shape[0], x.shape[1]
+    directions = _directions(attrs)
+    given = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations") or ["Tanh"]]
+    given = given * len(directions) if len(given) == 1 else given
+    ys, hs = [], []
+    for d, reverse in enumerate(directions):
+        act = _ELMAN_ACTIVATIONS[given[d]]
+        xw = torch.matmul(x, w[d].t())  # [T, B, H], all frames at once
+        if b is not None:
+            xw = xw + b[d, :hidden] + b[d, hidden:]
+        h = h0[d] if h0 is not None else x.new_zeros(batch, hidden)
+        outs = [None] * steps
+        for t in range(steps - 1, -1, -1) if reverse else range(steps):
+            h = act(xw[t] + h @ r[d].t())
+            outs[t] = h
+        ys.append(torch.stack(outs, dim=0))
+        hs.append(h)
+    return [torch.stack(ys, dim=1), torch.stack(hs, 0)][:n]
 
 
 @_op("LSTM", host_inputs=(4,), check=_rnn_check(4))

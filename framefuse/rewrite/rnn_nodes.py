@@ -58,7 +58,12 @@ class RnnNodePass:
                 continue
             if node.op == "RNN":
                 result.declined.append(
-                    Declined(self.name, U.node_label(node), "ONNX RNN (Elman) node: framefuse has no fused op for it")
+                    Declined(
+                        self.name,
+                        U.node_label(node),
+                        "ONNX RNN (Elman) node: framefuse has no fused op for it (left as it stands: the "
+                        "cuda-graph engine runs it as a loop over time, the step compiler as a loop in its kernel)",
+                    )
                 )
                 continue
             if node.op not in _FUSED_OP:

@@ -436,3 +436,93 @@ def test_stepkernel_of_mamba_at_embed_256_reads_its_transposed_window_in_place(m
         window = rng.standard_normal(prepared.input_shapes()["x"]).astype(np.float32)
         expected = sess.run([out_name], {"x": window})[0]
         _close(engine.run({"x": window})[out_name], expected, f"mamba embed 256 T=32 window {i}")
+
+
+@pytest.mark.parametrize("name", ["elman-scan", "elman-scan-reversed-axis1", "mlp-cell-loop"])
+def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, control_flow_graphs):
+    """A recurrence left as an ONNX Scan / Loop (no rewrite matched its body) compiled through the
+    compiler's API (the cuda-graph engine cannot plan a Loop / Scan): the kernel's outputs against
+    ONNX Runtime on the graph, for random inputs, zeros and a NaN at one position."""
+    import onnxruntime as ort
+    import torch
+
+    from framefuse.compiler.engine import StepKernelPlan, compile_step
+
+    g = control_flow_graphs
+    model = {
+        "elman-scan": g.elman_scan,
+        "elman-scan-reversed-axis1": lambda: g.elman_scan(reverse=True, axis=1),
+        "mlp-cell-loop": g.mlp_cell_loop,
+    }[name]()
+    compiled = compile_step(model, device="cuda")
+    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    for case in ("random", "zeros", "nan"):
+        feeds = {}
+        for spec in session.get_inputs():
+            value = rng.standard_normal(spec.shape).astype(np.float32)
+            if case == "zeros":
+                value[:] = 0
+            if case == "nan" and spec.name in ("x", "X"):
+                value.reshape(-1)[value.size // 2] = np.nan
+            feeds[spec.name] = value
+        expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        torch.cuda.synchronize()
+        for out, value in expected.items():
+            _close(outputs[out].cpu().numpy(), value, f"{name} {case} {out}")
+
+
+@pytest.mark.parametrize(
+    "kind,hidden,seq,dirs", [("LSTM", 1024, 64, 2), ("GRU", 256, 256, 1), ("LSTM", 64, 256, 2), ("RNN", 256, 64, 2)]
+)
+def test_stepkernel_of_a_wide_or_long_rnn_window_matches_onnxruntime(kind, hidden, seq, dirs, tmp_path):
+    """nn.LSTM / nn.GRU / nn.RNN windows at the sizes bench/rnn_sizes.py covers, past the zoo's: R
+    read from global memory each position (hidden 1024), the input product's blocks staging only
+    their rows (schedule.bounding_pairs), 256 positions in the loop, the Elman cell."""
+    import json
+    from pathlib import Path
+
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from torch import nn
+
+    from framefuse.engines import cuda_graph
+    from framefuse.exporter import export_model
+    from framefuse.rewrite import rewrite_model
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = getattr(nn, kind)(hidden, hidden, batch_first=True, bidirectional=dirs == 2)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    torch.manual_seed(0)
+    result = export_model(
+        Layer().eval(),
+        form="sequence",
+        config={"batch": 1, "seq": seq, "in_features": hidden, "seed": 0},
+        out_dir=tmp_path,
+        name="rnn",
+        exporter="auto",
+    )
+    fused, report = rewrite_model(result.model_path)
+    # nn.RNN has no fused op: its ONNX RNN nodes stay, and the compiler lowers them as they are
+    expected_ops = [] if kind == "RNN" else [f"{kind}Seq"]
+    assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == expected_ops, report.declined
+    path = Path(result.directory) / "model.fused.onnx"
+    onnx.save(fused, str(path))
+    engine = cuda_graph.build(path, device="cuda", options={"select": "stepkernel"})
+    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    manifest = json.loads(Path(result.manifest_path).read_text())
+    in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    session = ort.InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(12)
+    for i in range(3):
+        window = rng.standard_normal(manifest["inputs"][0]["shape"]).astype(np.float32)
+        expected = session.run([out_name], {in_name: window})[0]
+        _close(engine.run({in_name: window})[out_name], expected, f"{kind} {hidden} T={seq} window {i}")

@@ -1,0 +1,120 @@
+"""Hand-built ONNX graphs with a recurrence left as a Loop / Scan node (no rewrite pattern matches
+their bodies): the step compiler's control-flow lowering is tested on them on the CPU
+(tests/test_compiler.py) and on the GPU (tests/gpu/test_stepkernel.py), through the
+``control_flow_graphs`` fixture of tests/conftest.py."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+BATCH, FEATURES, HIDDEN, STEPS = 2, 5, 7, 6
+
+
+def _model(nodes, inputs, outputs, initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def elman_scan(*, reverse=False, axis=0, state=False):
+    """h' = tanh(x_t·W + h·U + b) as an ONNX Scan (the output stacked along ``axis``, optionally
+    in reverse); ``state``: h is the step graph's state.h / next_state.h."""
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(3)
+    B, F, H, T = BATCH, FEATURES, HIDDEN, STEPS
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x_t", "W"], ["xw"]),
+            helper.make_node("MatMul", ["h_in", "U"], ["hu"]),
+            helper.make_node("Add", ["xw", "hu"], ["s"]),
+            helper.make_node("Add", ["s", "b"], ["s2"]),
+            helper.make_node("Tanh", ["s2"], ["h_out"]),
+            helper.make_node("Identity", ["h_out"], ["y_t"]),
+        ],
+        "elman",
+        [helper.make_tensor_value_info("h_in", f32, [B, H]), helper.make_tensor_value_info("x_t", f32, [B, F])],
+        [helper.make_tensor_value_info("h_out", f32, [B, H]), helper.make_tensor_value_info("y_t", f32, [B, H])],
+    )
+    h0, hT = ("state.h", "next_state.h") if state else ("h0", "h_final")
+    seq = [T, B] if axis == 0 else [B, T]
+    scan = helper.make_node(
+        "Scan",
+        [h0, "x"],
+        [hT, "y"],
+        num_scan_inputs=1,
+        body=body,
+        name="elman_scan",
+        scan_input_axes=[axis],
+        scan_output_axes=[axis],
+        scan_input_directions=[int(reverse)],
+        scan_output_directions=[int(reverse)],
+    )
+    return _model(
+        [scan],
+        [helper.make_tensor_value_info(h0, f32, [B, H]), helper.make_tensor_value_info("x", f32, [*seq, F])],
+        [helper.make_tensor_value_info(hT, f32, [B, H]), helper.make_tensor_value_info("y", f32, [*seq, H])],
+        [
+            numpy_helper.from_array((0.5 * rng.standard_normal((F, H))).astype(np.float32), "W"),
+            numpy_helper.from_array((0.5 * rng.standard_normal((H, H))).astype(np.float32), "U"),
+            numpy_helper.from_array(rng.standard_normal(H).astype(np.float32), "b"),
+        ],
+    )
+
+
+def mlp_cell_loop(*, data_dependent_stop=False, trip_count=True):
+    """An MLP over [x_t, h] with a gate, as an ONNX Loop over t: x_t = X[:, t] gathered by the
+    iteration number from the enclosing graph (outer scope)."""
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(4)
+    B, F, H, T = BATCH, FEATURES, HIDDEN, STEPS
+    stop = (
+        [
+            helper.make_node("ReduceSum", ["h_out"], ["total"], keepdims=0),
+            helper.make_node("Less", ["total", "limit"], ["cond_out"]),
+        ]
+        if data_dependent_stop
+        else [helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    )
+    body = helper.make_graph(
+        [
+            helper.make_node("Gather", ["X", "i"], ["x_t"], axis=1),
+            helper.make_node("Concat", ["x_t", "h_in"], ["xh"], axis=-1),
+            helper.make_node("MatMul", ["xh", "A"], ["u"]),
+            helper.make_node("Relu", ["u"], ["r"]),
+            helper.make_node("MatMul", ["r", "C"], ["v"]),
+            helper.make_node("Sigmoid", ["v"], ["z"]),
+            helper.make_node("Mul", ["z", "h_in"], ["zh"]),
+            helper.make_node("Tanh", ["v"], ["tv"]),
+            helper.make_node("Add", ["zh", "tv"], ["h_out"]),
+            *stop,
+            helper.make_node("Identity", ["h_out"], ["y_t"]),
+        ],
+        "mlp_cell",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", f32, [B, H]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", f32, [B, H]),
+            helper.make_tensor_value_info("y_t", f32, [B, H]),
+        ],
+    )
+    loop = helper.make_node(
+        "Loop", ["M" if trip_count else "", "go", "h0"], ["h_final", "y"], body=body, name="mlp_loop"
+    )
+    return _model(
+        [loop],
+        [helper.make_tensor_value_info("h0", f32, [B, H]), helper.make_tensor_value_info("X", f32, [B, T, F])],
+        [helper.make_tensor_value_info("h_final", f32, [B, H]), helper.make_tensor_value_info("y", f32, [T, B, H])],
+        [
+            numpy_helper.from_array(np.array(T, np.int64), "M"),
+            numpy_helper.from_array(np.array(True), "go"),
+            numpy_helper.from_array(np.array(1e9, np.float32), "limit"),
+            numpy_helper.from_array((0.4 * rng.standard_normal((F + H, 2 * H))).astype(np.float32), "A"),
+            numpy_helper.from_array((0.4 * rng.standard_normal((2 * H, H))).astype(np.float32), "C"),
+        ],
+    )
