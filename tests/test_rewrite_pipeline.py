@@ -218,11 +218,55 @@ def test_linear_recurrence_loops_become_linear_scan(make):
     assert {o.name for o in parity.outputs} == {"h_final", "ys"}
 
 
-def test_nonlinear_scan_body_declined():
-    fused, report = rewrite_model(scan_model("lstm-like"))
+def test_nonlinear_scan_body_declined_then_unrolled():
+    """A body no pass fuses (tanh of the state) is declined by the loops pass, then copied once a
+    position into the graph (rewrite/unroll.py): no Scan left for the engines to run, the
+    unrolled copies counted as per-timestep ops left, the outputs those of the Scan."""
+    model = scan_model("lstm-like")
+    fused, report = rewrite_model(model)
+    assert not any(n.op_type in ("Scan", "Loop") for n in fused.graph.node)
+    assert [n.op_type for n in fused.graph.node].count("Tanh") == 2 * T
+    first, unrolled = report.declined[0], report.declined[1]
+    assert first.where == "my_scan" and "A ⊙ h + B" in first.reason
+    assert unrolled.where == "my_scan" and f"unrolled into {T} copies of its 7-node body" in unrolled.reason
+    assert report.remaining_per_timestep_ops["Scan"] == 0 and report.remaining_per_timestep_ops["unrolled"] > 0
+    parity = compare(model, fused, tolerance=TOL)
+    assert parity.passed, parity.summary()
+    # the engine, which has no Scan, plans and runs the unrolled graph
+    from framefuse.engines.cuda_graph import CudaGraphEngine
+    from framefuse.plugins.ort_bridge import ort_session
+
+    rng = np.random.default_rng(1)
+    feeds = {
+        n: rng.standard_normal(s).astype(np.float32) for n, s in (("h0", [Bt, D]), ("g", [T, Bt, D]), ("x", [T, Bt, D]))
+    }
+    expected = ort_session(model, fused=False).run(["h_final", "ys"], feeds)
+    actual = CudaGraphEngine(fused, device="cpu").run(feeds)
+    for name, want in zip(["h_final", "ys"], expected):
+        np.testing.assert_allclose(actual[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_unrolling_keeps_each_scan_direction_and_axis():
+    """Scan inputs read backwards along axis 1, outputs stacked backwards along axis 1 (the body
+    declined: tanh of the state): the unrolled graph gives ONNX Runtime's outputs."""
+    model = scan_model("lstm-like")
+    scan = model.graph.node[0]
+    for name, value in (("scan_input_directions", [1, 0]), ("scan_output_directions", [1])):
+        scan.attribute.append(oh.make_attribute(name, value))
+    fused, report = rewrite_model(model)
+    assert not any(n.op_type == "Scan" for n in fused.graph.node)
+    parity = compare(model, fused, tolerance=TOL)
+    assert parity.passed, parity.summary()
+
+
+def test_a_loop_past_the_unroll_budget_stays_a_loop(monkeypatch):
+    from framefuse.rewrite import unroll
+
+    model = scan_model("lstm-like")
+    monkeypatch.setattr(unroll, "UNROLL_MAX_NODES", 7 * T - 1)
+    fused, report = rewrite_model(model)
     assert [n.op_type for n in fused.graph.node] == ["Scan"]
-    assert report.declined[0].where == "my_scan"
-    assert "A ⊙ h + B" in report.declined[0].reason
+    assert f"{T} iterations of a 7-node body are more than {7 * T - 1} nodes unrolled" in report.declined[1].reason
     assert report.remaining_per_timestep_ops["Scan"] == 1
 
 
@@ -301,7 +345,7 @@ def test_zoo_models_fully_fused(tmp_path, arch, fused_op):
         assert parity.passed, f"{result.model_path}: {parity.summary()}"
 
 
-def test_lstm_like_scan_body_recognised_and_declined():
+def test_lstm_like_scan_body_unrolled_and_fused_as_lstm():
     """A Scan whose body is an LSTM cell (two carried states, gates from x·W + h·R)."""
     H, I = 3, 2
     rng = np.random.default_rng(0)
@@ -348,7 +392,12 @@ def test_lstm_like_scan_body_recognised_and_declined():
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
     model.ir_version = 9
     fused, report = rewrite_model(model)
-    assert [n.op_type for n in fused.graph.node] == ["Scan"]
-    (declined,) = report.declined
+    # declined as a Scan, then unrolled: the copies are an unrolled LSTM cell, which the unrolled-
+    # cell pass fuses into one LSTMSeq (the step compiler then runs it as a loop in its kernel)
+    declined, unrolled = report.declined[:2]
     assert declined.where == "lstm_scan" and "LSTM/GRU-like" in declined.reason
-    assert report.remaining_per_timestep_ops["Scan"] == 1
+    assert unrolled.where == "lstm_scan" and "unrolled into" in unrolled.reason
+    assert fused_types(fused) == ["LSTMSeq"]
+    assert report.remaining_total == 0, report.remaining_per_timestep_ops
+    parity = compare(model, fused, tolerance=TOL)
+    assert parity.passed, parity.summary()

@@ -140,6 +140,7 @@ def default_passes() -> list:
     from framefuse.rewrite.loops import LoopScanPass
     from framefuse.rewrite.rnn_nodes import RnnNodePass
     from framefuse.rewrite.ssd import ChunkedSSDPass
+    from framefuse.rewrite.unroll import UnrollLoopsPass
     from framefuse.rewrite.unrolled import PASSES
 
     return [
@@ -147,6 +148,7 @@ def default_passes() -> list:
         OnnxAttentionPass(),
         AttentionPass(),
         LoopScanPass(),
+        UnrollLoopsPass(),  # the Loop / Scan nodes LoopScanPass left: their bodies copied T times
         LogSpaceScanPass(),
         ChunkedSSDPass(),
         ChunkedDeltaRulePass(),

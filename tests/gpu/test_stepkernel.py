@@ -439,10 +439,10 @@ def test_stepkernel_of_mamba_at_embed_256_reads_its_transposed_window_in_place(m
 
 
 @pytest.mark.parametrize("name", ["elman-scan", "elman-scan-reversed-axis1", "mlp-cell-loop"])
-def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, control_flow_graphs):
-    """A recurrence left as an ONNX Scan / Loop (no rewrite matched its body) compiled through the
-    compiler's API (the cuda-graph engine cannot plan a Loop / Scan): the kernel's outputs against
-    ONNX Runtime on the graph, for random inputs, zeros and a NaN at one position."""
+def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, control_flow_graphs, tmp_path):
+    """A recurrence left as an ONNX Scan / Loop (no rewrite matched its body): the node compiled
+    through the compiler's API, its outputs against ONNX Runtime for random inputs, zeros and a NaN
+    at one position; and the rewrite's unrolled graph built as `framefuse build` does."""
     import onnxruntime as ort
     import torch
 
@@ -472,6 +472,20 @@ def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, contro
         torch.cuda.synchronize()
         for out, value in expected.items():
             _close(outputs[out].cpu().numpy(), value, f"{name} {case} {out}")
+    # what `framefuse build` does: the rewrite copies the body T times, the engine compiles that
+    import onnx
+
+    from framefuse.engines import cuda_graph
+    from framefuse.rewrite import rewrite_model
+
+    fused, _ = rewrite_model(model)
+    path = tmp_path / "model.fused.onnx"
+    onnx.save(fused, str(path))
+    engine = cuda_graph.build(path, device="cuda", options={"select": "stepkernel"})
+    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    built = engine.run(feeds)
+    for out, value in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+        _close(built[out], value, f"{name} built {out}")
 
 
 @pytest.mark.parametrize(
