@@ -362,6 +362,38 @@ def test_a_nonlinear_window_runs_as_a_loop_over_its_positions(
 
 
 @needs_cxx
+@pytest.mark.parametrize("arch,embed,seq,batch", [("lstm", 40, 6, 2), ("gru", 48, 5, 1)])
+def test_a_recurrence_reads_r_from_global_memory_laid_out_by_k(arch, embed, seq, batch, monkeypatch, tmp_path):
+    """codegen.RECUR_GLOBAL_ROWS_BY_K: R that does not fit shared memory is read from a copy laid
+    out per block by k (the held rows' order, in global memory); R's rows of each block's units,
+    zero past H, and the emulated kernel (ThreadSanitizer) computes the interpreter's values."""
+    from framefuse.compiler import codegen
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.ir import Recur
+
+    monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", 256)
+    monkeypatch.setattr(sched, "RECUR_MAX_BLOCKS", 3)  # more units a block than R's rows fit: not held
+    monkeypatch.setattr(codegen, "RECUR_GLOBAL_ROWS_BY_K", True)
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    plan = schedule(program, grid=12, threads=128)
+    loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+    assert loops and not any(sched.recur_split(t.root, 12)[2] for t in loops)
+    node, task = loops[0].root, loops[0]
+    by_k = codegen._recur_rows_by_k(node, task.chunk, task.blocks).reshape(task.blocks, node.hidden, -1)
+    G, H, HB = node.gates, node.hidden, task.chunk
+    for b in range(task.blocks):
+        for g in range(G):
+            for j in range(HB):
+                unit = b * HB + j
+                want = node.rows[g * H + unit] if unit < H else np.zeros(H, np.float32)
+                assert np.array_equal(by_k[b, :, g * HB + j], want)
+    kernel = generate(plan)
+    assert kernel.source.count("the block's rows by k") == 2
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+
+
+@needs_cxx
 @pytest.mark.parametrize("arch", ["min_gru", "mamba", "xlstm"])
 def test_scan_prefix_ranges_stage_less_and_keep_the_values(arch, monkeypatch, tmp_path):
     """schedule.SCAN_PREFIX_RANGES: a Scan element at position t reads positions 0..t only, so the

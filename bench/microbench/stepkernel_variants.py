@@ -111,6 +111,10 @@ SCHEDULE_VARIANTS = {
     # R's rows of a recurrence over more / fewer blocks (schedule.RECUR_SMEM_FLOATS, 16K floats a block)
     "recur-8k": ("schedule", "RECUR_SMEM_FLOATS", 8 * 1024),
     "recur-32k": ("schedule", "RECUR_SMEM_FLOATS", 32 * 1024),
+    # R that does not fit shared memory read from a copy laid out per block by k (codegen.RECUR_GLOBAL_ROWS_BY_K)
+    "recur-global-by-k": ("codegen", "RECUR_GLOBAL_ROWS_BY_K", True),
+    # R over up to 128 blocks a layer (schedule.RECUR_MAX_BLOCKS, 32): hidden 1024 holds R on chip
+    "recur-128-blocks": [("schedule", "RECUR_MAX_BLOCKS", 128), ("schedule", "RECUR_SMEM_FLOATS", 40 * 1024)],
     # a staged copy mostly of elements nobody reads is read in place for any value (schedule.SPARSE_COPY_ANY)
     "sparse-copy-any": ("schedule", "SPARSE_COPY_ANY", True),
     # a thread's own sum read four positions at a time where a factor is contiguous (the softmax sum; codegen.VECTOR_REDUCE)

@@ -126,6 +126,7 @@ class Layout:
 
     weights: dict = field(default_factory=dict)  # leaf id -> offset
     weight_arrays: list = field(default_factory=list)  # (offset, array)
+    recur_by_k: dict = field(default_factory=dict)  # Recur id -> offset of R laid out per block by k
     weight_floats: int = 0
     ll: dict = field(default_factory=dict)  # node id -> offset
     ll_words: int = 0
@@ -193,6 +194,13 @@ class Generator:
             lay.weights[leaf.id] = lay.weight_floats
             lay.weight_arrays.append((lay.weight_floats, leaf.array.reshape(-1)))
             lay.weight_floats += _align4(leaf.size)
+        if RECUR_GLOBAL_ROWS_BY_K:
+            for task in self.sched.tasks:
+                if isinstance(task.root, Recur) and not recur_split(task.root, self.grid)[2]:
+                    array = _recur_rows_by_k(task.root, task.chunk, task.blocks)
+                    lay.recur_by_k[task.root.id] = lay.weight_floats
+                    lay.weight_arrays.append((lay.weight_floats, array))
+                    lay.weight_floats += _align4(array.size)
         for nid, node in self.sched.ll_nodes.items():
             lay.ll[nid] = lay.ll_words
             lay.ll_words += node.size
@@ -1465,6 +1473,13 @@ class Generator:
         ]
         if held:
             prod.items += ["#pragma unroll 8", f"for (int k = k0; k < k1; ++k) acc += rR[k * {stride} + q] * hv[k];"]
+        elif node.id in lay.recur_by_k:
+            prod.items += [
+                "// R from global memory, the block's rows by k: a warp's loads at one k are consecutive",
+                f"const float* const w = ffk_w + {lay.recur_by_k[node.id]} + {_block_in_task(task)} * {H * G * HB} + q;",
+                "#pragma unroll 8",
+                f"for (int k = k0; k < k1; ++k) acc += __ldg(w + k * {G * HB}) * hv[k];",
+            ]
         else:
             prod.items += [
                 f"const float* const w = ffk_w + {w_rows} + ({H} * (q / {HB}) + ru0 + j) * {H};",
@@ -1702,6 +1717,28 @@ COPIES_AHEAD_LEVELS = 1
 # ... the same for the frame's block alone (level 1, one level ahead): mixed too, off
 FRAME_BLOCK_COPIES_LATE = False
 RECUR_STAGE_RANGES = 12  # a recurrence's position stages at most this many ranges in one call (else one a call)
+# A recurrence whose R does not fit shared memory (schedule.recur_split: hidden 1024) reads it from
+# global memory each position. Off: R's own rows, a thread a row streaming along k (a warp's 32
+# loads at one k in 32 rows). On: a copy of R laid out per block by k ([block][k][gate row]), so a
+# warp's loads at one k are consecutive (what the held rows do in shared memory). Not yet timed.
+RECUR_GLOBAL_ROWS_BY_K = False
+
+
+def _recur_rows_by_k(node: Recur, per_block: int, blocks: int) -> np.ndarray:
+    """R [G·H, H] as [block][k][g·HB + j]: row g·H + block·HB + j of R at k (zero past H)."""
+    G, H = node.gates, node.hidden
+    out = np.zeros((blocks, H, G * per_block), dtype=np.float32)
+    rows = node.rows.reshape(G, H, H)  # [g][unit][k]
+    for b in range(blocks):
+        units = min(per_block, H - b * per_block)
+        if units <= 0:
+            continue
+        part = rows[:, b * per_block : b * per_block + units, :]  # [g][j][k]
+        for g in range(G):
+            out[b, :, g * per_block : g * per_block + units] = part[g].T
+    return out.reshape(-1)
+
+
 TRACE_SLOTS = 16  # per block and task: 3 globaltimer stamps, then the SM clock at each phase
 _STABLE_ID = re.compile(r"#\d+")
 _NODE_VAR = re.compile(r"\b(lo|hi|plo|from)(\d+)\b")
