@@ -838,8 +838,10 @@ def _gate(node: Node, g: int, hidden: int, label: str) -> Node:
     return ir.slice_axis(node, -1, g * hidden, 1, hidden, label)
 
 
-def _position(node: Node, axis: int, t: int, label: str) -> Node:
-    """Position ``t`` of ``node`` along ``axis``, the axis dropped."""
+def _position(node: Value, axis: int, t: int, label: str) -> Value:
+    """Position ``t`` of ``node`` along ``axis``, the axis dropped (a constant stays one)."""
+    if isinstance(node, np.ndarray):
+        return np.take(node, t, axis=axis)
     shape = list(node.shape)
     shape.pop(axis)
     return ir.reshape(ir.slice_axis(node, axis, t, 1, 1, label), shape, label)
@@ -1285,24 +1287,17 @@ def _body_of(ctx: Ctx, inputs: int, outputs: int | None = None) -> onnx.GraphPro
     return body
 
 
-_BODY_CONSTANTS: dict[int, tuple] = {}
-
-
 def _body_constants(body: onnx.GraphProto) -> dict:
     """The body's initializers (onnx-graphsurgeon moves a constant only the body reads into it),
-    converted once for all its iterations."""
-    key = id(body)
-    if key not in _BODY_CONSTANTS or _BODY_CONSTANTS[key][0] is not body:
-        _BODY_CONSTANTS.clear()  # one Loop / Scan at a time
-        _BODY_CONSTANTS[key] = (body, {i.name: (numpy_helper.to_array(i), i.data_type) for i in body.initializer})
-    return _BODY_CONSTANTS[key][1]
+    converted once for all the iterations: name -> (array, elem type)."""
+    return {i.name: (numpy_helper.to_array(i), i.data_type) for i in body.initializer}
 
 
-def _iteration(ctx: Ctx, body, values: dict, types: dict, feeds: list, trip: int) -> list:
+def _iteration(ctx: Ctx, body, constants: dict, values: dict, types: dict, feeds: list, trip: int) -> list:
     """The body's outputs for one iteration: its inputs bound to ``feeds`` ((value, type) pairs),
-    the enclosing graph's values visible by name (ONNX's outer scope)."""
+    its ``constants`` and the enclosing graph's values visible by name (ONNX's outer scope)."""
     scope, scope_types = ChainMap({}, values), ChainMap({}, types)
-    for name, (array, elem) in _body_constants(body).items():
+    for name, (array, elem) in constants.items():
         scope[name] = array
         scope_types[name] = elem
     for vi, (value, elem) in zip(body.input, feeds):
@@ -1315,14 +1310,6 @@ def _iteration(ctx: Ctx, body, values: dict, types: dict, feeds: list, trip: int
             raise ctx.fail(f"body output '{vi.name}' is produced by no body node")
         outs.append((scope[vi.name], scope_types.get(vi.name)))
     return outs
-
-
-def _position(value: Value, axis: int, t: int, label: str) -> Value:
-    """``value`` at index t of ``axis``, the axis removed."""
-    if isinstance(value, np.ndarray):
-        return np.take(value, t, axis=axis)
-    shape = [d for a, d in enumerate(value.shape) if a != axis]
-    return ir.reshape(ir.slice_axis(value, axis, t, 1, 1, label), shape, label)
 
 
 def _stack(elements: list, axis: int, label: str) -> Value:
@@ -1356,11 +1343,12 @@ def _loop(ctx, ins, values, types):
     if cond is not None and not bool(const_of(ctx, cond, "the initial condition").reshape(-1)[0]):
         trips = 0
     _unroll_budget(ctx, body, trips)
+    constants = _body_constants(body)
     collected: list[list] = [[] for _ in range(scans)]
     scan_types: list = [None] * scans
     for trip in range(trips):
         feeds = [(np.array(trip, dtype=np.int64), 7), (np.array(True), BOOL), *zip(carried, carried_types)]
-        outs = _iteration(ctx, body, values, types, feeds, trip)
+        outs = _iteration(ctx, body, constants, values, types, feeds, trip)
         go_on = outs[0][0]
         if isinstance(go_on, Node):
             raise ctx.fail(
@@ -1404,6 +1392,7 @@ def _scan(ctx, ins, values, types):
         raise ctx.fail(f"scan inputs of different lengths {sorted(lengths)}")
     (steps,) = lengths
     _unroll_budget(ctx, body, steps)
+    constants = _body_constants(body)
     collected: list[list] = [[] for _ in range(k)]
     scan_types: list = [None] * k
     for t in range(steps):
@@ -1411,7 +1400,7 @@ def _scan(ctx, ins, values, types):
             (_position(x, a, steps - 1 - t if d else t, ctx.label), et)
             for x, a, d, et in zip(xs, in_axes, in_dirs, x_types)
         ]
-        outs = _iteration(ctx, body, values, types, [*zip(states, state_types), *slices], t)
+        outs = _iteration(ctx, body, constants, values, types, [*zip(states, state_types), *slices], t)
         states = [v for v, _ in outs[:n]]
         state_types = [et for _, et in outs[:n]]
         for j, (value, elem) in enumerate(outs[n:]):
@@ -1425,7 +1414,7 @@ def _scan(ctx, ins, values, types):
 
 
 CONTROL_FLOW: dict[str, Callable] = {"Loop": _loop, "Scan": _scan}
-STANDARD["RNN"] = _onnx_rnn
+STANDARD["RNN"] = _onnx_rnn  # defined here, beside the recurrences it shares helpers with
 
 
 # -- the driver -----------------------------------------------------------------------------------------

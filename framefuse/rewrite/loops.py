@@ -57,14 +57,6 @@ class _Decline(Exception):
     pass
 
 
-def _strip_identity(t: gs.Tensor) -> gs.Tensor:
-    while True:
-        node = U.producer_op(t, "Identity")
-        if node is None:
-            return t
-        t = node.inputs[0]
-
-
 class _Hoister:
     """Rebuilds body expressions that do not depend on the state in the outer graph, over all T."""
 
@@ -128,7 +120,7 @@ class _Hoister:
 
 def _affine_parts(h_out: gs.Tensor, h_in: gs.Tensor) -> tuple[gs.Tensor, gs.Tensor]:
     """(A, Bx) with h_out = A ⊙ h_in + Bx, read structurally; A/Bx are checked later by hoisting."""
-    h_out = _strip_identity(h_out)
+    h_out = U.strip_identity(h_out)
     add = U.producer_op(h_out, "Add")
     if add is None:
         raise _Decline("the new state is not an Add of A ⊙ h and B (not a linear recurrence h = a ⊙ h + b)")
@@ -137,9 +129,9 @@ def _affine_parts(h_out: gs.Tensor, h_in: gs.Tensor) -> tuple[gs.Tensor, gs.Tens
         if mul is None:
             continue
         m0, m1 = mul.inputs
-        if _strip_identity(m0) is h_in:
+        if U.strip_identity(m0) is h_in:
             return m1, add.inputs[1 - i]
-        if _strip_identity(m1) is h_in:
+        if U.strip_identity(m1) is h_in:
             return m0, add.inputs[1 - i]
     raise _Decline("the new state is not A ⊙ h + B with h the carried state")
 
@@ -228,7 +220,7 @@ class LoopScanPass:
             if cv is None or not bool(np.ravel(cv)[0]):
                 raise _Decline("loop condition is not a constant true")
         iter_in, cond_in, h_in = body.inputs[:3]
-        cond_out = _strip_identity(body.outputs[0])
+        cond_out = U.strip_identity(body.outputs[0])
         cv = U.const_value(cond_out)
         if not (cond_out is cond_in or (cv is not None and bool(np.ravel(cv)[0]))):
             raise _Decline("the body computes its own stop condition (data-dependent trip count)")
@@ -267,7 +259,7 @@ class LoopScanPass:
 
     def _fuse(self, graph, ctx, node, body, T, h0, h_in, h_out, slices, *, final_out, scan_body_outs, scan_outs):
         for bo, so in zip(scan_body_outs, scan_outs):
-            if _strip_identity(bo) is not _strip_identity(h_out) and (so.outputs or U.is_graph_output(graph, so)):
+            if U.strip_identity(bo) is not U.strip_identity(h_out) and (so.outputs or U.is_graph_output(graph, so)):
                 raise _Decline(f"per-step output {bo.name} is not the new state (only h_t is stacked by LinearScan)")
         h_shape = U.static_shape(h0)
         if h_shape is None or len(h_shape) == 0:

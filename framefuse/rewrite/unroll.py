@@ -33,14 +33,6 @@ def _graph_attrs(node: gs.Node) -> bool:
     return any(isinstance(v, gs.Graph) for v in node.attrs.values())
 
 
-def _strip_identity(t: gs.Tensor) -> gs.Tensor:
-    while True:
-        node = U.producer_op(t, "Identity")
-        if node is None:
-            return t
-        t = node.inputs[0]
-
-
 class UnrollLoopsPass:
     name = "unroll-loops"
 
@@ -117,7 +109,7 @@ class UnrollLoopsPass:
             value = U.const_value(cond)
             if value is None or not bool(np.ravel(value)[0]):
                 raise _Decline("its initial condition is not a constant true")
-        cond_in, cond_out = body.inputs[1], _strip_identity(body.outputs[0])
+        cond_in, cond_out = body.inputs[1], U.strip_identity(body.outputs[0])
         value = U.const_value(cond_out)
         if not (cond_out is cond_in or (value is not None and bool(np.ravel(value)[0]))):
             raise _Decline("its body computes its own stop condition (a trip count known only at run time)")

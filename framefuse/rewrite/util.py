@@ -30,6 +30,15 @@ def producer_op(t: gs.Tensor, *op_types: str) -> gs.Node | None:
     return None
 
 
+def strip_identity(t: gs.Tensor) -> gs.Tensor:
+    """The tensor behind any chain of Identity nodes writing `t`."""
+    while True:
+        node = producer_op(t, "Identity")
+        if node is None:
+            return t
+        t = node.inputs[0]
+
+
 def const_value(t: gs.Tensor | None) -> np.ndarray | None:
     """The value of `t` if it is a constant (an initializer or the output of a Constant node)."""
     if t is None:
