@@ -6,7 +6,7 @@ Sections (``--section``, comma-separated or ``all``; default ``zoo``):
   zoo        every zoo architecture (embed 256, 2 layers, batch 1), T = 1 (step form: state carried
              on the device) and T = --seq (sequence form)
   real       models written by others (tests/real_models: transformers GPT-2 sdpa, Llama with grouped
-             KV heads, Mamba, Jamba; torch.nn LSTM bidirectional, GRU stacked), T = --seq and T = 1.
+             KV heads, Mamba, Jamba; torch.nn LSTM, GRU and RNN bidirectional), T = --seq and T = 1.
              These models have only a sequence form: T = 1 is a length-1 sequence, not a step.
   precision  the framefuse engine of each zoo architecture's step form at fp32 / fp16 / bf16 / int8
              (graphs from framefuse.precision, as ``framefuse build --precision`` makes them), with
@@ -109,7 +109,15 @@ ENGINE_LABELS = {
     "mapped_floor": "mapped floor (1 kernel on mapped host memory)",
 }
 # tests/real_models entries benchmarked by --section real (--models overrides)
-REAL_MODELS = ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir")
+REAL_MODELS = (
+    "gpt2_sdpa",
+    "llama_gqa_sdpa",
+    "mamba",
+    "jamba",
+    "torch_lstm_bidir",
+    "torch_gru_bidir",
+    "torch_rnn_bidir",
+)
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 QUICK_NOTE = "quick: not for publication"
 

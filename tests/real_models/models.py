@@ -438,6 +438,8 @@ MODELS: list[RealModel] = [
     RealModel("torch_mha", _seeded(TorchAttention), {"Attention": 1}),
     RealModel("torch_lstm_bidir", _seeded(lambda: TorchRNN(nn.LSTM)), {"LSTMSeq": 2 * LAYERS}),
     RealModel("torch_gru_bidir", _seeded(lambda: TorchRNN(nn.GRU)), {"GRUSeq": 2 * LAYERS}),
+    # nn.RNN (Elman): ONNX RNN nodes, no fused op (the engine and the step compiler run them as they are)
+    RealModel("torch_rnn_bidir", _seeded(lambda: TorchRNN(nn.RNN)), {}),
     RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
     RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),

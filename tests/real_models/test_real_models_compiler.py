@@ -12,7 +12,15 @@ import pytest
 from .flow import fuse_real_model
 
 #: the benchmark's real models (bench/e2e.py REAL_MODELS)
-BENCHMARKED = ["gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir"]
+BENCHMARKED = [
+    "gpt2_sdpa",
+    "llama_gqa_sdpa",
+    "mamba",
+    "jamba",
+    "torch_lstm_bidir",
+    "torch_gru_bidir",
+    "torch_rnn_bidir",
+]
 # the step forms of models users write as loops or log-space scans, fused and compiled the same way
 COMPILED = BENCHMARKED + [
     "torch_grucell_loop",
@@ -37,6 +45,7 @@ WINDOWS = [(n, 8) for n in BENCHMARKED + ["mingru_log_space"]] + [
         "mingru_log_space",
         "torch_lstm_bidir",
         "torch_gru_bidir",
+        "torch_rnn_bidir",
     )
 ]
 

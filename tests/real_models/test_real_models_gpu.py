@@ -41,6 +41,7 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, seq, export_r
             "jamba",
             "torch_lstm_bidir",
             "torch_gru_bidir",
+            "torch_rnn_bidir",
             "torch_grucell_loop",
             "torch_lstmcell_loop",
             "mingru_log_space",
@@ -51,7 +52,18 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, seq, export_r
         )
     ]
     # the sequence form (issue 17): scans as the IR's Scan, LSTM / GRU cells as the IR's Recur
-    + [(n, 8) for n in ("gpt2_sdpa", "llama_gqa_sdpa", "mamba", "jamba", "torch_lstm_bidir", "torch_gru_bidir")]
+    + [
+        (n, 8)
+        for n in (
+            "gpt2_sdpa",
+            "llama_gqa_sdpa",
+            "mamba",
+            "jamba",
+            "torch_lstm_bidir",
+            "torch_gru_bidir",
+            "torch_rnn_bidir",
+        )
+    ]
     + [
         (n, 32)
         for n in (
@@ -62,6 +74,7 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, seq, export_r
             "mingru_log_space",
             "torch_lstm_bidir",
             "torch_gru_bidir",
+            "torch_rnn_bidir",
         )
     ],
     ids=lambda v: str(v),
