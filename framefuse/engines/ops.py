@@ -818,6 +818,8 @@ def _elman_check(attrs, n_inputs):
     unknown = [a for a in given if a not in _ELMAN_ACTIVATIONS]
     if unknown:
         return f"activations {given} are not supported (only {sorted(_ELMAN_ACTIVATIONS)})"
+    if given and len(given) not in (1, len(_directions(attrs))):
+        return f"activations {given}: one, or one a direction"
     if attrs.get("clip") is not None:
         return "clip is not supported"
     if int(attrs.get("layout", 0)):
