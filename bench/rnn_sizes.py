@@ -353,7 +353,10 @@ def main(argv=None) -> int:
         tmp = out / "rnn_sizes.md.tmp"
         tmp.write_text(text)
         tmp.replace(out / "rnn_sizes.md")
-    return 1 if any("error" in r for r in rows) else 0
+    failed = [r["name"] for r in rows if "error" in r or any("error" in e for e in r["engines"].values())]
+    if failed:
+        say(f"failed (see rnn_sizes.jsonl): {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
