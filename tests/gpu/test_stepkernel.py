@@ -495,46 +495,26 @@ def test_stepkernel_of_a_wide_or_long_rnn_window_matches_onnxruntime(kind, hidde
     """nn.LSTM / nn.GRU / nn.RNN windows at the sizes bench/rnn_sizes.py covers, past the zoo's: R
     read from global memory each position (hidden 1024), the input product's blocks staging only
     their rows (schedule.bounding_pairs), 256 positions in the loop, the Elman cell."""
-    import json
+    import importlib.util
     from pathlib import Path
 
-    import onnx
     import onnxruntime as ort
-    import torch
-    from torch import nn
 
     from framefuse.engines import cuda_graph
-    from framefuse.exporter import export_model
-    from framefuse.rewrite import rewrite_model
 
-    class Layer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = getattr(nn, kind)(hidden, hidden, batch_first=True, bidirectional=dirs == 2)
-
-        def forward(self, x):
-            return self.rnn(x)[0]
-
-    torch.manual_seed(0)
-    result = export_model(
-        Layer().eval(),
-        form="sequence",
-        config={"batch": 1, "seq": seq, "in_features": hidden, "seed": 0},
-        out_dir=tmp_path,
-        name="rnn",
-        exporter="auto",
-    )
-    fused, report = rewrite_model(result.model_path)
+    # the benchmark's own export (one torch.nn layer, exported, rewritten, saved)
+    script = Path(__file__).resolve().parents[2] / "bench" / "rnn_sizes.py"
+    spec = importlib.util.spec_from_file_location("framefuse_bench_rnn_sizes", script)
+    rnn_sizes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rnn_sizes)
+    entry = rnn_sizes.export_window(kind, hidden, seq, dirs, tmp_path)
     # nn.RNN has no fused op: its ONNX RNN nodes stay, and the compiler lowers them as they are
-    expected_ops = [] if kind == "RNN" else [f"{kind}Seq"]
-    assert [n.op_type for n in fused.graph.node if n.domain == "framefuse"] == expected_ops, report.declined
-    path = Path(result.directory) / "model.fused.onnx"
-    onnx.save(fused, str(path))
-    engine = cuda_graph.build(path, device="cuda", options={"select": "stepkernel"})
+    assert entry["ops"] == ([] if kind == "RNN" else [f"{kind}Seq"])
+    engine = cuda_graph.build(entry["fused"], device="cuda", options={"select": "stepkernel"})
     assert engine.metadata["selection"]["chosen"] == "stepkernel"
-    manifest = json.loads(Path(result.manifest_path).read_text())
+    manifest = entry["manifest"]
     in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
-    session = ort.InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(entry["onnx"]), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(12)
     for i in range(3):
         window = rng.standard_normal(manifest["inputs"][0]["shape"]).astype(np.float32)
