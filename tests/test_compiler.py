@@ -346,19 +346,81 @@ def test_a_nonlinear_window_runs_as_a_loop_over_its_positions(
         monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", smem)
     if blocks is not None:
         monkeypatch.setattr(sched, "RECUR_MAX_BLOCKS", blocks)
+        monkeypatch.setattr(sched, "RECUR_WIDE", False)  # no wider split either: R from global memory
     config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
     _, program = _sequence_program(arch, config)
     assert program.counts()["recur"] == 2
     plan = schedule(program, grid=24, threads=threads)
     loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
-    per_block, n_blocks, held = sched.recur_split(loops[0].root, 24)
+    per_block, n_blocks, held = sched.recur_split(loops[0].root, 24, loops[0].stage_limit)
     assert [t.blocks for t in loops] == [n_blocks] * 2 and held == (blocks is None)
     others = [t for t in plan.tasks if not isinstance(t.root, Recur)]
     overlap = any(o.first < t.first + t.blocks and t.first < o.first + o.blocks for t in loops for o in others)
     assert overlap == (not own)
     kernel = generate(plan)
     assert kernel.source.count("for (int rcs = 0; rcs < ") == 2
+    # one block holding every unit keeps h in shared memory and loads its inputs a position ahead
+    assert kernel.source.count("loaded a position ahead") == (2 if n_blocks == 1 and batch * embed <= threads else 0)
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=smem is not None)
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,embed,seq,batch,smem,threads,blocks,ahead",
+    [
+        ("lstm", 64, 7, 1, None, 256, 1, True),
+        ("gru", 32, 5, 2, 768, 128, 4, False),
+        ("liquid", 48, 6, 1, None, 256, 1, True),
+    ],
+)
+def test_a_recurrence_keeps_its_rows_of_r_in_registers(
+    arch, embed, seq, batch, smem, threads, blocks, ahead, monkeypatch, tmp_path
+):
+    """codegen.RECUR_REGISTER_WEIGHTS: a thread's K split of its product row of R (at most that many
+    weights, splits dividing H) lives in registers for the whole window and the product reads h as
+    float4s: one block holding every unit (h in shared memory, inputs a position ahead) and units
+    split over blocks; the emulated kernel (ThreadSanitizer) computes the interpreter's values."""
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.ir import Recur
+
+    if smem is not None:
+        monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", smem)
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    plan = schedule(program, grid=12, threads=threads)
+    loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+    assert [t.blocks for t in loops] == [blocks, blocks]
+    kernel = generate(plan)
+    assert kernel.source.count("in registers for the whole window") == 2
+    assert kernel.source.count("loaded a position ahead") == (2 if ahead else 0)
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch,embed,seq,batch", [("lstm", 40, 6, 1), ("gru", 36, 5, 2)])
+def test_a_recurrence_too_wide_for_its_usual_blocks_holds_r_over_more(arch, embed, seq, batch, monkeypatch, tmp_path):
+    """schedule.RECUR_WIDE: R that does not fit RECUR_MAX_BLOCKS blocks at RECUR_SMEM_FLOATS is held
+    over up to RECUR_WIDE_MAX_BLOCKS blocks with the whole arena (hidden 1024's 16 MB over 128
+    H100 blocks); the emulated kernel (ThreadSanitizer) computes the interpreter's values."""
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.ir import Recur
+
+    monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", 256)
+    monkeypatch.setattr(sched, "RECUR_MAX_BLOCKS", 2)
+    monkeypatch.setattr(sched, "RECUR_WIDE_MAX_BLOCKS", 16)
+    monkeypatch.setattr(sched, "RECUR_ARENA_RESERVE", 0)
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    plan = schedule(program, grid=24, threads=128, smem_floats=500)
+    loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+    assert len(loops) == 2
+    for task in loops:
+        assert task.blocks == -(-embed // -(-embed // 16)) and task.chunk == -(-embed // 16)
+        assert sched.recur_split(task.root, 24, task.stage_limit)[2]  # held
+        assert 500 < sched.task_smem_floats(task) <= 1000  # more than a task's usual bound: the arena
+    kernel = generate(plan)
+    assert kernel.source.count("R in shared memory") == 2
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
 
 
 @needs_cxx
@@ -373,12 +435,13 @@ def test_a_recurrence_reads_r_from_global_memory_laid_out_by_k(arch, embed, seq,
 
     monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", 256)
     monkeypatch.setattr(sched, "RECUR_MAX_BLOCKS", 3)  # more units a block than R's rows fit: not held
+    monkeypatch.setattr(sched, "RECUR_WIDE", False)
     monkeypatch.setattr(codegen, "RECUR_GLOBAL_ROWS_BY_K", True)
     config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
     _, program = _sequence_program(arch, config)
     plan = schedule(program, grid=12, threads=128)
     loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
-    assert loops and not any(sched.recur_split(t.root, 12)[2] for t in loops)
+    assert loops and not any(sched.recur_split(t.root, 12, t.stage_limit)[2] for t in loops)
     node, task = loops[0].root, loops[0]
     by_k = codegen._recur_rows_by_k(node, task.chunk, task.blocks).reshape(task.blocks, node.hidden, -1)
     G, H, HB = node.gates, node.hidden, task.chunk

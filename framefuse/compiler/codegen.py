@@ -196,7 +196,7 @@ class Generator:
             lay.weight_floats += _align4(leaf.size)
         if RECUR_GLOBAL_ROWS_BY_K:
             for task in self.sched.tasks:
-                if isinstance(task.root, Recur) and not recur_split(task.root, self.grid)[2]:
+                if isinstance(task.root, Recur) and not recur_split(task.root, self.grid, task.stage_limit)[2]:
                     array = _recur_rows_by_k(task.root, task.chunk, task.blocks)
                     lay.recur_by_k[task.root.id] = lay.weight_floats
                     lay.weight_arrays.append((lay.weight_floats, array))
@@ -248,7 +248,7 @@ class Generator:
                 lay.arena[(t, unit.node.id)] = offset
                 offset += _align4(max(unit.storage, 1))
             if isinstance(task.root, Recur):
-                offset = recur_smem_floats(task.root, self.grid)
+                offset = recur_smem_floats(task.root, self.grid, task.stage_limit)
             elif isinstance(task.root, DeltaScan):
                 offset = sum(n for _, n in delta_smem_parts(task.root))
             arena = max(arena, offset)
@@ -1378,7 +1378,7 @@ class Generator:
         node: Recur = task.root
         G, S, H, B, T = node.gates, node.carried, node.hidden, node.batch, node.steps
         HB = task.chunk
-        _, _, held = recur_split(node, self.grid)
+        _, _, held = recur_split(node, self.grid, task.stage_limit)
         rows, splits = recur_rows(node, HB)  # product rows of the block (all batch rows), K splits at most
         splits = max(1, min(splits, self.threads // rows))
         kc = -(-H // splits)
@@ -1396,6 +1396,9 @@ class Generator:
             base += n
         stride = G * HB + 1  # the transposed rows' stride: odd, so the one-time fill spreads over the banks
         direct = task.view.source_kind(node.xg) == "materialized" and node.xg.id not in self.sched.layouts
+        # One block holds every unit (hidden 64): h never leaves shared memory, a thread per unit
+        # loads its inputs of the next position a position ahead (RECUR_ONE_BLOCK)
+        alone = RECUR_ONE_BLOCK and held and direct and task.blocks == 1 and HB >= H and B * H <= self.threads
         code.items += [
             f"// recurrence {node.cell} over {T} positions: this block's {HB} of {H} hidden units, "
             f"{'R in shared memory' if held else 'R read from global memory each position'}, "
@@ -1428,10 +1431,47 @@ class Generator:
             init_c.items.append(guarded)
             self._value_into(t, task, guarded, node.c0, [b_var, u_var], "rC[i]")
             code.items += [_ONCE, init_c]
+        h_floats, x_floats = _align4(B * H), _align4(B * G * HB)
+        xg = lay.ll[node.xg.id] if direct else None
+
+        def x_word(position: str, g: int) -> str:  # the flagged word of gate g's input (alone)
+            return f"ffk_ll + {xg} + ({position} * {B} + rcb) * {G * H} + {g * H} + rcu"
+
+        if alone:
+            code.items += [
+                "// the inputs of the next position, loaded a position ahead (a thread per unit)",
+                f"unsigned long long rxw[{G}];",
+                f"const int rcb = tid / {H}, rcj = tid - rcb * {H}, rcu = rcj;",
+                f"if (tid < {B * H}) {{",
+                *(f"    rxw[{g}] = ffk_ll_peek({x_word('0', g)});" for g in range(G)),
+                "}",
+            ]
         code.items.append("__syncthreads();")
+        # R's rows in registers (RECUR_REGISTER_WEIGHTS): a product then reads only h from shared
+        # memory, a float4 a load, where held rows cost two loads a multiply-add (shared-memory
+        # bound: 0.55 us a position for hidden 64's 256 rows on the H100)
+        in_registers = (
+            held
+            and kc <= RECUR_REGISTER_WEIGHTS
+            and kc * splits == H
+            and kc % 4 == 0
+            and H % 4 == 0
+            and rows * splits <= self.threads
+        )
+        if in_registers:
+            fill = Code(f"if (tid < {rows * splits})")
+            fill.items += [
+                "#pragma unroll",
+                f"for (int k = 0; k < {kc}; ++k) rw[k] = rR[(ps * {kc} + k) * {stride} + pr % {G * HB}];",
+            ]
+            code.items += [
+                "// this thread's K split of one product row of R, in registers for the whole window",
+                f"const int pr = tid % {rows}, ps = tid / {rows};",
+                f"float rw[{kc}];",
+                fill,
+            ]
         loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
         code.items += [_ONCE, loop]
-        h_floats, x_floats = _align4(B * H), _align4(B * G * HB)
         loop.items.append(f"const float* const hp = rH + (rcs & 1) * {h_floats};")
         # the staging: h before (from the second position on) and the input part, one call
         ranges = [
@@ -1442,8 +1482,9 @@ class Generator:
             )
             for b in range(B)
         ]
-        if direct:
-            xg = lay.ll[node.xg.id]
+        if alone:
+            ranges = []
+        elif direct:
             ranges += [
                 (
                     f"rX + (rcs & 1) * {x_floats} + {(b * G + g) * HB}",
@@ -1461,8 +1502,9 @@ class Generator:
             index = [ix.Var("rcs", T), ix.Var("rcb", B), ix.add(ix.mul(ix.Var("rcg", G), H), ix.Var("rcu", H))]
             self._value_into(t, task, guarded, node.xg, index, f"rX[(rcs & 1) * {x_floats} + e]")
             loop.items += [_ONCE, fill]
-        loop.items += self._stage_ranges(ranges, RECUR_STAGE_RANGES)
-        loop.items.append("__syncthreads();")
+        if ranges:
+            loop.items += self._stage_ranges(ranges, RECUR_STAGE_RANGES)
+            loop.items.append("__syncthreads();")
         # the products: thread i takes row i % rows over the K split i / rows
         prod = Code(f"for (int i = tid; i < {rows * splits}; i += NT)")
         prod.items += [
@@ -1487,30 +1529,57 @@ class Generator:
                 "    for (int k = k0; k < k1; ++k) acc += __ldg(w + k) * hv[k];",
             ]
         prod.items.append(f"rP[s * {rows} + r] = acc;")
+        if in_registers:
+            prod = Code(f"if (tid < {rows * splits})")
+            prod.items += [
+                f"const float* const hv = hp + (pr / {G * HB}) * {H} + ps * {kc};",
+                "float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;",
+                "#pragma unroll",
+                f"for (int k = 0; k < {kc}; k += 4) {{",
+                "    const float4 v = ffk_ld4(hv + k);",
+                "    a0 += rw[k] * v.x; a1 += rw[k + 1] * v.y; a2 += rw[k + 2] * v.z; a3 += rw[k + 3] * v.w;",
+                "}",
+                f"rP[ps * {rows} + pr] = (a0 + a1) + (a2 + a3);",
+            ]
         loop.items += [_ONCE, prod, "__syncthreads();"]
-        cells = Code(f"for (int i = tid; i < {B * HB}; i += NT)")
-        cells.items.append(f"const int rcb = i / {HB}, rcj = i - rcb * {HB}, rcu = ru0 + rcj;")
-        body = Code("if (rcj < rnu)")
-        cells.items.append(body)
+        if alone:
+            cells = Code(f"if (tid < {B * H})")
+            body = Code()
+            cells.items += [
+                "const int i = tid;",
+                *(f"const float rxv{g} = ffk_ll_take(rxw[{g}], {x_word('rcs', g)}, epoch);" for g in range(G)),
+                f"if (rcs + 1 < {T}) {{",
+                *(f"    rxw[{g}] = ffk_ll_peek({x_word('(rcs + 1)', g)});" for g in range(G)),
+                "}",
+                body,
+            ]
+        else:
+            cells = Code(f"for (int i = tid; i < {B * HB}; i += NT)")
+            cells.items.append(f"const int rcb = i / {HB}, rcj = i - rcb * {HB}, rcu = ru0 + rcj;")
+            body = Code("if (rcj < rnu)")
+            cells.items.append(body)
         em = Emitter(self, t, task, body)
         em.stack[0].guard = True
         em.top.pos = len(em.top.code.items)
         xs, rs = [], []
         for g in range(G):
-            xs.append(f"rX[(rcs & 1) * {x_floats} + rcb * {G * HB} + {g * HB} + rcj]")
+            xs.append(f"rxv{g}" if alone else f"rX[(rcs & 1) * {x_floats} + rcb * {G * HB} + {g * HB} + rcj]")
             parts = " + ".join(f"rP[{s * rows} + rcb * {G * HB} + {g * HB} + rcj]" for s in range(splits))
             if w_bias is not None:
                 parts += f" + __ldg(ffk_w + {w_bias} + {g * H} + rcu)"
             name = em.fresh("r")
             em.top.insert(f"const float {name} = {parts};")
             rs.append(name)
-        out = f"ffk_ll + {own} + (rcs * {B} + rcb) * {S * H} + rcu"
+        # the recurrence's own elements (h, then c) in its flat order: its flag-tagged copy, and the
+        # graph output when the recurrence is one (a one-direction GRU's Y is a reshape of it)
+        flat = f"(rcs * {B} + rcb) * {S * H} + rcu"
         if node.cell == "lstm":
             i_, o_, f_, g_ = (f"({x} + {r})" for x, r in zip(xs, rs))
             em.top.insert(f"const float c = {EW['lstm_cell'].c([i_, f_, g_, 'rC[i]'], ())};")
             em.top.insert(f"const float h = {EW['lstm_hidden'].c([o_, 'c'], ())};")
             em.top.insert("rC[i] = c;")
-            em.top.insert(f"ffk_ll_store({out} + {H}, c, epoch);")
+            for line in self.stores(node, f"{flat} + {H}", "c"):
+                em.top.insert(line)
         elif node.cell == "gru":
             args = [xs[0], rs[0], xs[1], rs[1], xs[2], rs[2], f"hp[rcb * {H} + rcu]"]
             em.top.insert(f"const float h = {EW['gru_hidden'].c(args, ())};")
@@ -1521,8 +1590,13 @@ class Generator:
         else:
             args = [f"({x} + {r})" for x, r in zip(xs, rs)]
             em.top.insert(f"const float h = {EW['liquid_hidden'].c(args, node.params)};")
-        em.top.insert(f"ffk_ll_store({out}, h, epoch);")
-        loop.items += [_ONCE, cells]
+        for line in self.stores(node, flat, "h"):
+            em.top.insert(line)
+        if alone:  # the next position's h, read from shared memory after the barrier
+            em.top.insert(f"rH[((rcs + 1) & 1) * {h_floats} + rcb * {H} + rcu] = h;")
+            loop.items += [cells, "__syncthreads();"]
+        else:
+            loop.items += [_ONCE, cells]
 
     def _delta(self, code: Code, t: int, task: Task) -> None:
         """A delta-rule window (ir.DeltaScan, schedule._delta_task): the block's state rows of one
@@ -1722,6 +1796,15 @@ RECUR_STAGE_RANGES = 12  # a recurrence's position stages at most this many rang
 # loads at one k in 32 rows). On: a copy of R laid out per block by k ([block][k][gate row]), so a
 # warp's loads at one k are consecutive (what the held rows do in shared memory). Not yet timed.
 RECUR_GLOBAL_ROWS_BY_K = False
+# A recurrence on one block keeps h in shared memory (no flagged round trip through L2 between its
+# own positions) and loads each unit's next inputs a position ahead (see Generator._recur).
+RECUR_ONE_BLOCK = True
+# A held recurrence's thread keeps its K split of a product row in registers when the split is at
+# most this many weights (its other registers included, within the 255 a thread has at 256 threads).
+# (H100, hidden 1024, T = 256, R over 128 blocks: 128 rather than 64 took the LSTM from 1659 to
+# 1424 us and the GRU from 1447 to 1205; 196 registers, no spills.) A pause between the re-polls of
+# h (__nanosleep 100 ns) was no faster there (1696 / 1499 us), so it was not kept.
+RECUR_REGISTER_WEIGHTS = 128
 
 
 def _recur_rows_by_k(node: Recur, per_block: int, blocks: int) -> np.ndarray:

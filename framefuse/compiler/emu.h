@@ -127,6 +127,12 @@ inline float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
         }
     }
 }
+inline unsigned long long ffk_ll_peek(const unsigned long long* p) {
+    return std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_relaxed);
+}
+inline float ffk_ll_take(unsigned long long word, const unsigned long long* p, unsigned epoch) {
+    return (unsigned)(word >> 32) == epoch ? __uint_as_float((unsigned)word) : ffk_ll_wait(p, epoch);
+}
 inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void ffk_store_done(unsigned* p, unsigned epoch) {

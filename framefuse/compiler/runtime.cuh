@@ -68,6 +68,17 @@ FFK_DEVICE float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     }
     return __uint_as_float((unsigned)word);
 }
+// A flag-tagged word loaded ahead of its use (a recurrence's next input, issued before the current
+// position's products, so the load's latency hides behind them); ffk_ll_take waits only when the
+// word was not current yet when it was loaded.
+FFK_DEVICE unsigned long long ffk_ll_peek(const unsigned long long* p) {
+    unsigned long long word;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
+    return word;
+}
+FFK_DEVICE float ffk_ll_take(unsigned long long word, const unsigned long long* p, unsigned epoch) {
+    return (unsigned)(word >> 32) == epoch ? __uint_as_float((unsigned)word) : ffk_ll_wait(p, epoch);
+}
 // Copy K ranges of flag-tagged words into shared memory as floats, waiting for each: the ranges
 // are one index space, every thread issues UNROLL loads before it checks any, and re-polls all of
 // its words that are not current yet together, so a block pays about one round trip per UNROLL *

@@ -154,6 +154,15 @@ def column_scan(node: Node) -> bool:
 # task stages all of it for the next position's product (no barrier: each waits for what it reads).
 RECUR_SMEM_FLOATS = 16 * 1024
 RECUR_MAX_BLOCKS = 32
+# ... unless R fits shared memory over more blocks (hidden 512-1024: an LSTM's R at hidden 1024 is
+# 16 MB, 128 KB a block over 128 blocks): then it is held over up to RECUR_WIDE_MAX_BLOCKS blocks
+# (as many as the grid has: R's products are bound by shared-memory bandwidth, so the fewer units a
+# block the shorter a position), each block's recurrence arena as large as the kernel's shared memory
+# allows (recur_arena_floats). Read from global memory each position instead, the products were
+# 73 us a position at hidden 1024 on the H100, cuDNN's 9.
+RECUR_WIDE = True
+RECUR_WIDE_MAX_BLOCKS = 128
+RECUR_ARENA_RESERVE = 1024  # floats of a block's shared memory a wide recurrence leaves to the range table
 # The recurrences' tasks get blocks of their own at the grid's end (when they take at most half of
 # it), so that layer l + 1 runs its position t beside layer l's position t + 1 (the wavefront): the
 # tasks between them (the next layer's input products) run on the other blocks as each position's
@@ -182,16 +191,29 @@ def _loop_task(root: Node, per_block: int, blocks: int, units_of: int, grid: int
     return task
 
 
-def recur_split(node: Recur, grid: int) -> tuple[int, int, bool]:
-    """(hidden units a block, blocks, R in shared memory) of a recurrence's task."""
+def recur_arena_floats(smem_floats: int) -> int:
+    """The most shared memory (floats) a recurrence's task may take a block: ``smem_floats`` bounds
+    a task's arrays at half a block's shared memory (the engine's choice, the rest for the weight
+    prefetch); a recurrence runs its whole window out of its arena, so it may take the whole,
+    leaving the prefetch what remains."""
+    return 2 * smem_floats - RECUR_ARENA_RESERVE
+
+
+def recur_split(node: Recur, grid: int, smem_floats: int | None = None) -> tuple[int, int, bool]:
+    """(hidden units a block, blocks, R in shared memory) of a recurrence's task; ``smem_floats``
+    the schedule's bound on a task's arrays (None: no wide split, see RECUR_WIDE)."""
     H, G = node.hidden, node.gates
     per_block = min(H, max(1, RECUR_SMEM_FLOATS // (G * H)))
     blocks = -(-H // per_block)
     limit = max(1, min(RECUR_MAX_BLOCKS, grid))
-    if blocks > limit:
-        blocks = limit
-        per_block = -(-H // blocks)
-        blocks = -(-H // per_block)
+    if blocks <= limit:
+        return per_block, blocks, (per_block * G + 1) * H <= RECUR_SMEM_FLOATS + H
+    if RECUR_WIDE and smem_floats is not None:
+        wide = -(-H // min(grid, RECUR_WIDE_MAX_BLOCKS))
+        if sum(n for _, n in recur_smem_parts(node, wide, True)) <= recur_arena_floats(smem_floats):
+            return wide, -(-H // wide), True
+    per_block = -(-H // limit)
+    blocks = -(-H // per_block)
     return per_block, blocks, (per_block * G + 1) * H <= RECUR_SMEM_FLOATS + H
 
 
@@ -218,21 +240,25 @@ def recur_smem_parts(node: Recur, per_block: int, held: bool) -> list[tuple[str,
     ]
 
 
-def recur_smem_floats(node: Recur, grid: int) -> int:
-    per_block, _, held = recur_split(node, grid)
+def recur_smem_floats(node: Recur, grid: int, smem_floats: int | None = None) -> int:
+    per_block, _, held = recur_split(node, grid, smem_floats)
     return sum(n for _, n in recur_smem_parts(node, per_block, held))
 
 
-def _recur_task(root: Recur, materialized: dict, grid: int, first: int, layouts: dict | None) -> Task:
+def _recur_task(
+    root: Recur, materialized: dict, grid: int, first: int, layouts: dict | None, smem_floats: int | None
+) -> Task:
     """The task of a recurrence: no units but its root (codegen writes its loop); it reads its
     inputs where they lie (flag-tagged words, leaves)."""
-    per_block, blocks, _ = recur_split(root, grid)
+    per_block, blocks, _ = recur_split(root, grid, smem_floats)
     view = TaskView(root, materialized, set(), (), (), layouts)
     variables = [ix.Var(f"r{a}", d) for a, d in enumerate((root.steps, root.batch, root.gates * root.hidden))]
     reads = [(root.xg, variables)] + [
         (init, variables[1:2] + [ix.Var("rk", root.hidden)]) for init in (root.h0, root.c0) if init is not None
     ]
-    return _loop_task(root, per_block, blocks, root.hidden, grid, first, view, reads)
+    task = _loop_task(root, per_block, blocks, root.hidden, grid, first, view, reads)
+    task.stage_limit = smem_floats  # the split depends on it (recur_split); rebuilt tasks keep it
+    return task
 
 
 # A delta-rule window (ir.DeltaScan) runs as a task of its own: a warp a state row, each block the
@@ -877,7 +903,7 @@ def build_task(
     shared memory (floats) a block of the task may use; when the staged copies of materialized
     values alone exceed it, the largest copies are read in place (flag-waited loads) instead."""
     if isinstance(root, Recur):
-        return _recur_task(root, materialized, grid, first, layouts), []
+        return _recur_task(root, materialized, grid, first, layouts, stage_limit), []
     if isinstance(root, DeltaScan):
         return _delta_task(root, materialized, grid, threads, first, layouts), []
     read_in_place: set[int] = set()
@@ -1212,10 +1238,16 @@ def _order_units(units: dict) -> list[Unit]:
     return order
 
 
+def task_smem_limit(task: Task, smem_floats: int) -> int:
+    """The shared memory (floats) a block of ``task`` may take: ``smem_floats``, a recurrence's
+    arena more (recur_arena_floats)."""
+    return recur_arena_floats(smem_floats) if isinstance(task.root, Recur) else smem_floats
+
+
 def task_smem_floats(task: Task) -> int:
     """Shared memory of a task's arrays, in floats (each array padded to 4 floats)."""
     if isinstance(task.root, Recur):
-        return recur_smem_floats(task.root, len(task.root_unit.lo))
+        return recur_smem_floats(task.root, len(task.root_unit.lo), task.stage_limit)
     if isinstance(task.root, DeltaScan):
         return sum(n for _, n in delta_smem_parts(task.root))
     return sum(_align4(u.storage) for u in task.arrays())
@@ -1398,7 +1430,7 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
             )
             tasks[node.id] = task
             problems += found
-            if task_smem_floats(task) > smem_floats:
+            if task_smem_floats(task) > task_smem_limit(task, smem_floats):
                 arrays = [u for u in task.arrays() if u.node.id not in materialized]
                 if not arrays:
                     raise CompileError(
@@ -1450,7 +1482,9 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
             )
             others = {**{k: v for k, v in tasks.items() if k != nid}, **rebuilt, task.root.id: built}
             found += _shared_products(others, users, outputs) + _mostly_views(others, trial)
-            if any(p.node.id not in trial for p in found) or task_smem_floats(built) > smem_floats:
+            if any(p.node.id not in trial for p in found) or task_smem_floats(built) > task_smem_limit(
+                built, smem_floats
+            ):
                 ok = False
                 break
             rebuilt[task.root.id] = built
@@ -1558,7 +1592,7 @@ def _place(
             placed.append(task)
             continue
         moved = _moved(task, materialized, grid, threads, users, outputs, first, spans[i])
-        placed.append(task if task_smem_floats(moved) > smem_floats else moved)
+        placed.append(task if task_smem_floats(moved) > task_smem_limit(moved, smem_floats) else moved)
     return placed
 
 
