@@ -162,3 +162,85 @@ def test_a_window_kernel_writes_the_graph_output_emulated(rnn_sizes, kind, direc
     expected = naive.run(program, {"x": x})["y"]
     assert np.isfinite(outputs["y"][0]).all(), "the kernel left output elements unwritten"
     assert float(np.abs(outputs["y"][0] - expected).max()) < 1e-5
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to emulate the generated kernel")
+@pytest.mark.parametrize("share", [False, True])
+def test_two_directions_of_a_wide_recurrence_share_the_grid_emulated(rnn_sizes, share, monkeypatch, tmp_path):
+    """schedule.RECUR_WIDE_SHARE_LEVEL: a bidirectional layer whose R is held over more blocks than
+    RECUR_MAX_BLOCKS (a GRU at hidden 1024 on the H100) gives each direction the half of the grid the
+    placement shares out, so the two run side by side on disjoint blocks; off, each takes the whole
+    grid and they run one after the other. Either way the emulated kernel (ThreadSanitizer)
+    computes the interpreter's values."""
+    import numpy as np
+
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import emulate
+    from framefuse.compiler.ir import Recur
+
+    monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", 64)  # one unit a block at most: wide
+    monkeypatch.setattr(sched, "RECUR_MAX_BLOCKS", 2)
+    monkeypatch.setattr(sched, "RECUR_WIDE_SHARE_LEVEL", share)
+    window = rnn_sizes.export_window("GRU", 12, 5, 2, tmp_path)
+    program = lower_program(window["fused"])
+    plan = sched.schedule(program, grid=12, threads=64)
+    loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+    assert len(loops) == 2 and all(sched.recur_held(t.root, t.chunk, t.stage_limit) for t in loops)
+    spans = [set(range(t.first, t.first + t.blocks)) for t in loops]
+    if share:
+        assert [t.blocks for t in loops] == [6, 6] and not spans[0] & spans[1]
+    else:
+        assert [t.blocks for t in loops] == [12, 12]
+    kernel = generate(plan)
+    x = np.random.default_rng(4).standard_normal(program.inputs["x"].shape).astype(np.float32)
+    outputs, _ = emulate(kernel, {"x": x[None]}, {}, steps=1, workdir=tmp_path / "emu", races=True)
+    assert float(np.abs(outputs["y"][0] - naive.run(program, {"x": x})["y"]).max()) < 1e-5
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to emulate the generated kernel")
+def test_r_split_between_registers_and_shared_memory_emulated(rnn_sizes, monkeypatch, tmp_path):
+    """schedule.RECUR_HYBRID: where R does not fit the arena even over the blocks a direction gets
+    (an LSTM's two directions at hidden 1024 on the H100), each thread keeps the first
+    RECUR_REGISTER_WEIGHTS of its K split in registers and only the rest sits in shared memory;
+    the two directions still run side by side, and the emulated kernel (ThreadSanitizer) computes
+    the interpreter's values."""
+    import numpy as np
+
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import emulate
+    from framefuse.compiler.ir import Recur
+
+    for name, value in [
+        ("RECUR_SMEM_FLOATS", 64),
+        ("RECUR_MAX_BLOCKS", 2),
+        ("RECUR_WIDE_SHARE_LEVEL", True),
+        ("RECUR_REGISTER_WEIGHTS", 8),
+        ("RECUR_ARENA_RESERVE", 0),
+    ]:
+        monkeypatch.setattr(sched, name, value)
+    window = rnn_sizes.export_window("LSTM", 32, 5, 2, tmp_path)
+    program = lower_program(window["fused"])
+
+    def plans(hybrid):
+        monkeypatch.setattr(sched, "RECUR_HYBRID", hybrid)
+        plan = sched.schedule(program, grid=8, threads=64, smem_floats=500)
+        loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+        return plan, loops, [sched.recur_plan(t.root, t.chunk, t.stage_limit, t.threads) for t in loops]
+
+    # off: 8 units a block would need 1448 floats for all of R, more than the arena's 1000, so each
+    # direction takes the whole grid (4 units a block) and the two run one after the other
+    _, loops, off = plans(False)
+    assert [t.blocks for t in loops] == [8, 8] and not any(p.hybrid for p in off)
+    schedule_on, loops, on = plans(True)
+    assert [t.blocks for t in loops] == [4, 4] and loops[0].first != loops[1].first
+    assert all(p.held and p.hybrid and (p.kc, p.kr) == (16, 8) for p in on)
+    assert all(sched.task_smem_floats(t) <= 1000 for t in loops)
+    kernel = generate(schedule_on)
+    assert kernel.source.count("the rest of the split from shared memory") == 2
+    x = np.random.default_rng(5).standard_normal(program.inputs["x"].shape).astype(np.float32)
+    outputs, _ = emulate(kernel, {"x": x[None]}, {}, steps=1, workdir=tmp_path / "emu", races=True)
+    assert float(np.abs(outputs["y"][0] - naive.run(program, {"x": x})["y"]).max()) < 1e-5

@@ -53,10 +53,10 @@ from framefuse.compiler.schedule import (
     concat_branches,
     delta_smem_parts,
     frame_source,
-    recur_rows,
+    recur_held,
+    recur_plan,
     recur_smem_floats,
     recur_smem_parts,
-    recur_split,
     stored_flat,
 )
 
@@ -196,7 +196,9 @@ class Generator:
             lay.weight_floats += _align4(leaf.size)
         if RECUR_GLOBAL_ROWS_BY_K:
             for task in self.sched.tasks:
-                if isinstance(task.root, Recur) and not recur_split(task.root, self.grid, task.stage_limit)[2]:
+                if isinstance(task.root, Recur) and not recur_held(
+                    task.root, task.chunk, task.stage_limit, task.threads
+                ):
                     array = _recur_rows_by_k(task.root, task.chunk, task.blocks)
                     lay.recur_by_k[task.root.id] = lay.weight_floats
                     lay.weight_arrays.append((lay.weight_floats, array))
@@ -248,7 +250,7 @@ class Generator:
                 lay.arena[(t, unit.node.id)] = offset
                 offset += _align4(max(unit.storage, 1))
             if isinstance(task.root, Recur):
-                offset = recur_smem_floats(task.root, self.grid, task.stage_limit)
+                offset = recur_smem_floats(task.root, task.chunk, task.stage_limit, task.threads)
             elif isinstance(task.root, DeltaScan):
                 offset = sum(n for _, n in delta_smem_parts(task.root))
             arena = max(arena, offset)
@@ -1378,17 +1380,16 @@ class Generator:
         node: Recur = task.root
         G, S, H, B, T = node.gates, node.carried, node.hidden, node.batch, node.steps
         HB = task.chunk
-        _, _, held = recur_split(node, self.grid, task.stage_limit)
-        rows, splits = recur_rows(node, HB)  # product rows of the block (all batch rows), K splits at most
-        splits = max(1, min(splits, self.threads // rows))
-        kc = -(-H // splits)
+        plan = recur_plan(node, HB, task.stage_limit, task.threads)
+        held = plan.held
+        rows, splits, kc, kr = plan.rows, plan.splits, plan.kc, plan.kr  # product rows x K splits of kc
         lay = self.layout
         w_rows = lay.weights[node.weight.id]
         w_bias = None if node.bias_weight is None else lay.weights[node.bias_weight.id]
         own = lay.ll[node.id]
         for op in ("lstm_cell", "lstm_hidden", "gru_hidden", "liquid_hidden"):
             self.need_header(EW[op].header)
-        floats = recur_smem_parts(node, HB, held)
+        floats = recur_smem_parts(node, HB, plan)
         base = self.arena_offset
         offsets = {}
         for name, n in floats:
@@ -1412,7 +1413,16 @@ class Generator:
             f"float* const rC = ffk_smem + {offsets['C']};  // LSTM: c of the block's units",
             "(void)rR; (void)rX; (void)rC;",
         ]
-        if held:
+        if plan.hybrid:  # only the weights past the registers' of each split: [split][k][row]
+            rest = kc - kr
+            load = Code(f"for (int i = tid; i < {G * HB * splits * rest}; i += NT)")
+            load.items += [
+                f"const int q = i / {splits * rest}, sk = i - q * {splits * rest}, j = q % {HB};",
+                f"const int k = (sk / {rest}) * {kc} + {kr} + sk % {rest};",
+                f"rR[sk * {stride} + q] = j < rnu ? __ldg(ffk_w + {w_rows} + ({H} * (q / {HB}) + ru0 + j) * {H} + k) : 0.0f;",
+            ]
+            code.items += [_ONCE, load]
+        elif held:
             load = Code(f"for (int i = tid; i < {G * HB * H}; i += NT)")
             load.items += [
                 f"const int q = i / {H}, k = i - q * {H}, j = q % {HB};",
@@ -1450,24 +1460,26 @@ class Generator:
         # R's rows in registers (RECUR_REGISTER_WEIGHTS): a product then reads only h from shared
         # memory, a float4 a load, where held rows cost two loads a multiply-add (shared-memory
         # bound: 0.55 us a position for hidden 64's 256 rows on the H100)
-        in_registers = (
-            held
-            and kc <= RECUR_REGISTER_WEIGHTS
-            and kc * splits == H
-            and kc % 4 == 0
-            and H % 4 == 0
-            and rows * splits <= self.threads
-        )
+        # (schedule.recur_plan; a hybrid plan keeps only the first kr of a split there)
+        in_registers = kr > 0
         if in_registers:
             fill = Code(f"if (tid < {rows * splits})")
-            fill.items += [
-                "#pragma unroll",
-                f"for (int k = 0; k < {kc}; ++k) rw[k] = rR[(ps * {kc} + k) * {stride} + pr % {G * HB}];",
-            ]
+            if plan.hybrid:
+                fill.items += [
+                    f"const int fq = pr % {G * HB}, fj = fq % {HB};",
+                    f"const float* const fw = ffk_w + {w_rows} + ({H} * (fq / {HB}) + ru0 + fj) * {H} + ps * {kc};",
+                    "#pragma unroll",
+                    f"for (int k = 0; k < {kr}; ++k) rw[k] = fj < rnu ? __ldg(fw + k) : 0.0f;",
+                ]
+            else:
+                fill.items += [
+                    "#pragma unroll",
+                    f"for (int k = 0; k < {kc}; ++k) rw[k] = rR[(ps * {kc} + k) * {stride} + pr % {G * HB}];",
+                ]
             code.items += [
                 "// this thread's K split of one product row of R, in registers for the whole window",
                 f"const int pr = tid % {rows}, ps = tid / {rows};",
-                f"float rw[{kc}];",
+                f"float rw[{kr}];",
                 fill,
             ]
         loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
@@ -1535,12 +1547,19 @@ class Generator:
                 f"const float* const hv = hp + (pr / {G * HB}) * {H} + ps * {kc};",
                 "float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;",
                 "#pragma unroll",
-                f"for (int k = 0; k < {kc}; k += 4) {{",
+                f"for (int k = 0; k < {kr}; k += 4) {{",
                 "    const float4 v = ffk_ld4(hv + k);",
                 "    a0 += rw[k] * v.x; a1 += rw[k + 1] * v.y; a2 += rw[k + 2] * v.z; a3 += rw[k + 3] * v.w;",
                 "}",
-                f"rP[ps * {rows} + pr] = (a0 + a1) + (a2 + a3);",
             ]
+            if plan.hybrid:
+                prod.items += [
+                    "// the rest of the split from shared memory",
+                    f"const float* const rs = rR + ps * {(kc - kr) * stride} + pr % {G * HB};",
+                    "#pragma unroll 8",
+                    f"for (int k = 0; k < {kc - kr}; ++k) a0 += rs[k * {stride}] * hv[{kr} + k];",
+                ]
+            prod.items.append(f"rP[ps * {rows} + pr] = (a0 + a1) + (a2 + a3);")
         loop.items += [_ONCE, prod, "__syncthreads();"]
         if alone:
             cells = Code(f"if (tid < {B * H})")
@@ -1799,12 +1818,9 @@ RECUR_GLOBAL_ROWS_BY_K = False
 # A recurrence on one block keeps h in shared memory (no flagged round trip through L2 between its
 # own positions) and loads each unit's next inputs a position ahead (see Generator._recur).
 RECUR_ONE_BLOCK = True
-# A held recurrence's thread keeps its K split of a product row in registers when the split is at
-# most this many weights (its other registers included, within the 255 a thread has at 256 threads).
-# (H100, hidden 1024, T = 256, R over 128 blocks: 128 rather than 64 took the LSTM from 1659 to
-# 1424 us and the GRU from 1447 to 1205; 196 registers, no spills.) A pause between the re-polls of
-# h (__nanosleep 100 ns) was no faster there (1696 / 1499 us), so it was not kept.
-RECUR_REGISTER_WEIGHTS = 128
+# How many weights of R a thread keeps in registers: schedule.RECUR_REGISTER_WEIGHTS (the arena's
+# size depends on it). A pause between the re-polls of h at 128 blocks (__nanosleep 100 ns) was no
+# faster on the H100 (hidden 1024, T = 256: 1696 / 1499 us against 1659 / 1447), so it was not kept.
 
 
 def _recur_rows_by_k(node: Recur, per_block: int, blocks: int) -> np.ndarray:

@@ -163,6 +163,20 @@ RECUR_MAX_BLOCKS = 32
 RECUR_WIDE = True
 RECUR_WIDE_MAX_BLOCKS = 128
 RECUR_ARENA_RESERVE = 1024  # floats of a block's shared memory a wide recurrence leaves to the range table
+# Wide recurrences of one dependency level (a bidirectional layer's two directions) take the blocks
+# the placement shares out to them (half the grid each), where R is still held on them, so the
+# directions run side by side instead of one after the other on the same 128 blocks (a GRU at hidden
+# 1024 fits: 16 units a block; an LSTM's 16 units do not). Not yet timed: off.
+RECUR_WIDE_SHARE_LEVEL = False
+# A held recurrence's thread keeps its K split of a product row in registers when the split is at
+# most this many weights (its other registers included, within the 255 a thread has at 256 threads).
+# (H100, hidden 1024, T = 256, R over 128 blocks: 128 rather than 64 took the LSTM from 1659 to
+# 1424 us and the GRU from 1447 to 1205; 196 registers, no spills.)
+RECUR_REGISTER_WEIGHTS = 128
+# R too large for the arena even over the wide blocks (an LSTM's two directions at hidden 1024 on 64
+# blocks each: 256 KB a block) is split: the first RECUR_REGISTER_WEIGHTS of each thread's split in
+# registers (read from global memory once), the rest in shared memory. Not yet timed: off.
+RECUR_HYBRID = False
 # The recurrences' tasks get blocks of their own at the grid's end (when they take at most half of
 # it), so that layer l + 1 runs its position t beside layer l's position t + 1 (the wavefront): the
 # tasks between them (the next layer's input products) run on the other blocks as each position's
@@ -199,22 +213,81 @@ def recur_arena_floats(smem_floats: int) -> int:
     return 2 * smem_floats - RECUR_ARENA_RESERVE
 
 
-def recur_split(node: Recur, grid: int, smem_floats: int | None = None) -> tuple[int, int, bool]:
-    """(hidden units a block, blocks, R in shared memory) of a recurrence's task; ``smem_floats``
-    the schedule's bound on a task's arrays (None: no wide split, see RECUR_WIDE)."""
+@dataclass(frozen=True)
+class RecurPlan:
+    """How a recurrence's block of ``per_block`` units holds R and splits its products (codegen's
+    _recur): ``rows`` product rows (all batch rows) over ``splits`` K splits of ``kc`` each; a
+    thread's first ``kr`` weights of its split in registers (0: none); ``held``: the rest of R in
+    shared memory (else read from global memory each position)."""
+
+    held: bool
+    rows: int
+    splits: int
+    kc: int
+    kr: int
+
+    @property
+    def hybrid(self) -> bool:
+        """R split between registers (the first kr of each split) and shared memory (the rest)."""
+        return 0 < self.kr < self.kc
+
+
+def recur_plan(node: Recur, per_block: int, smem_floats: int | None = None, threads: int | None = None) -> RecurPlan:
+    """R's place for blocks of ``per_block`` units: all of it in shared memory within
+    RECUR_SMEM_FLOATS, or (RECUR_WIDE, ``smem_floats`` the schedule's bound on a task's arrays)
+    within the whole arena with the loop's other parts, a thread's split also in registers when it
+    has at most RECUR_REGISTER_WEIGHTS weights; failing that (RECUR_HYBRID) the first
+    RECUR_REGISTER_WEIGHTS of each split in registers and only the rest in shared memory; else R is
+    read from global memory."""
+    H, G = node.hidden, node.gates
+    rows, splits = recur_rows(node, per_block)
+    if threads:
+        splits = max(1, min(splits, threads // rows))
+    kc = -(-H // splits)
+    regs = 0
+    if threads and kc * splits == H and kc % 4 == 0 and H % 4 == 0 and rows * splits <= threads:
+        regs = min(kc, RECUR_REGISTER_WEIGHTS) // 4 * 4
+    full = (per_block * G + 1) * H <= RECUR_SMEM_FLOATS + H
+    if not full and RECUR_WIDE and smem_floats is not None:
+        whole = RecurPlan(True, rows, splits, kc, 0)
+        full = sum(n for _, n in recur_smem_parts(node, per_block, whole)) <= recur_arena_floats(smem_floats)
+    if full:
+        return RecurPlan(True, rows, splits, kc, regs if regs == kc else 0)
+    if RECUR_HYBRID and RECUR_WIDE and smem_floats is not None and 0 < regs < kc:
+        hybrid = RecurPlan(True, rows, splits, kc, regs)
+        if sum(n for _, n in recur_smem_parts(node, per_block, hybrid)) <= recur_arena_floats(smem_floats):
+            return hybrid
+    return RecurPlan(False, rows, splits, kc, 0)
+
+
+def recur_held(node: Recur, per_block: int, smem_floats: int | None = None, threads: int | None = None) -> bool:
+    """Whether a recurrence's blocks of ``per_block`` units hold R on chip (recur_plan)."""
+    return recur_plan(node, per_block, smem_floats, threads).held
+
+
+def recur_split(
+    node: Recur, grid: int, smem_floats: int | None = None, span: int | None = None, threads: int | None = None
+) -> tuple[int, int, bool]:
+    """(hidden units a block, blocks, R on chip) of a recurrence's task; ``smem_floats`` the
+    schedule's bound on a task's arrays (None: no wide split, see RECUR_WIDE); ``span`` the blocks
+    the placement offers a wide split beside the other tasks of its level (RECUR_WIDE_SHARE_LEVEL),
+    taken only where R is still held on them; ``threads`` a block's (registers: recur_plan)."""
     H, G = node.hidden, node.gates
     per_block = min(H, max(1, RECUR_SMEM_FLOATS // (G * H)))
     blocks = -(-H // per_block)
     limit = max(1, min(RECUR_MAX_BLOCKS, grid))
     if blocks <= limit:
-        return per_block, blocks, (per_block * G + 1) * H <= RECUR_SMEM_FLOATS + H
+        return per_block, blocks, recur_held(node, per_block, smem_floats, threads)
     if RECUR_WIDE and smem_floats is not None:
-        wide = -(-H // min(grid, RECUR_WIDE_MAX_BLOCKS))
-        if sum(n for _, n in recur_smem_parts(node, wide, True)) <= recur_arena_floats(smem_floats):
-            return wide, -(-H // wide), True
+        most = [min(grid, RECUR_WIDE_MAX_BLOCKS)]
+        if RECUR_WIDE_SHARE_LEVEL and span:
+            most.insert(0, min(most[0], span))
+        for n in most:
+            wide = -(-H // n)
+            if recur_held(node, wide, smem_floats, threads):
+                return wide, -(-H // wide), True
     per_block = -(-H // limit)
-    blocks = -(-H // per_block)
-    return per_block, blocks, (per_block * G + 1) * H <= RECUR_SMEM_FLOATS + H
+    return per_block, -(-H // per_block), recur_held(node, per_block, smem_floats, threads)
 
 
 def recur_rows(node: Recur, per_block: int) -> tuple[int, int]:
@@ -224,15 +297,22 @@ def recur_rows(node: Recur, per_block: int) -> tuple[int, int]:
     return rows, max(1, min(8, 1024 // rows))
 
 
-def recur_smem_parts(node: Recur, per_block: int, held: bool) -> list[tuple[str, int]]:
+def recur_smem_parts(node: Recur, per_block: int, plan: RecurPlan) -> list[tuple[str, int]]:
     """Shared memory of a recurrence's task (codegen's _recur), in floats, by part: R's rows of the
-    block's units, transposed with an odd stride (when held); h of every batch row twice (the
-    position read and the one staged); the products' parts; the position's input part of the
-    block's units (twice, as h) and their cell values."""
+    block's units, transposed with an odd stride (when held; a hybrid plan only the weights past
+    the registers' of each split); h of every batch row twice (the position read and the one
+    staged); the products' parts; the position's input part of the block's units (twice, as h) and
+    their cell values."""
     G, H, B = node.gates, node.hidden, node.batch
     rows, splits = recur_rows(node, per_block)
+    if not plan.held:
+        r_floats = 0
+    elif plan.hybrid:
+        r_floats = _align4(plan.splits * (plan.kc - plan.kr) * (G * per_block + 1))
+    else:
+        r_floats = _align4(H * (G * per_block + 1))
     return [
-        ("R", _align4(H * (G * per_block + 1)) if held else 0),
+        ("R", r_floats),
         ("h", 2 * _align4(B * H)),
         ("P", _align4(rows * splits)),
         ("X", 2 * _align4(B * G * per_block)),
@@ -240,24 +320,33 @@ def recur_smem_parts(node: Recur, per_block: int, held: bool) -> list[tuple[str,
     ]
 
 
-def recur_smem_floats(node: Recur, grid: int, smem_floats: int | None = None) -> int:
-    per_block, _, held = recur_split(node, grid, smem_floats)
-    return sum(n for _, n in recur_smem_parts(node, per_block, held))
+def recur_smem_floats(node: Recur, per_block: int, smem_floats: int | None = None, threads: int | None = None) -> int:
+    """Shared memory (floats) a block of a recurrence's task of ``per_block`` units takes."""
+    plan = recur_plan(node, per_block, smem_floats, threads)
+    return sum(n for _, n in recur_smem_parts(node, per_block, plan))
 
 
 def _recur_task(
-    root: Recur, materialized: dict, grid: int, first: int, layouts: dict | None, smem_floats: int | None
+    root: Recur,
+    materialized: dict,
+    grid: int,
+    first: int,
+    layouts: dict | None,
+    smem_floats: int | None,
+    span: int | None = None,
+    threads: int | None = None,
 ) -> Task:
     """The task of a recurrence: no units but its root (codegen writes its loop); it reads its
     inputs where they lie (flag-tagged words, leaves)."""
-    per_block, blocks, _ = recur_split(root, grid, smem_floats)
+    per_block, blocks, _ = recur_split(root, grid, smem_floats, span, threads)
     view = TaskView(root, materialized, set(), (), (), layouts)
     variables = [ix.Var(f"r{a}", d) for a, d in enumerate((root.steps, root.batch, root.gates * root.hidden))]
     reads = [(root.xg, variables)] + [
         (init, variables[1:2] + [ix.Var("rk", root.hidden)]) for init in (root.h0, root.c0) if init is not None
     ]
     task = _loop_task(root, per_block, blocks, root.hidden, grid, first, view, reads)
-    task.stage_limit = smem_floats  # the split depends on it (recur_split); rebuilt tasks keep it
+    task.stage_limit = smem_floats  # R's place depends on both (recur_plan); rebuilt tasks keep them
+    task.threads = threads
     return task
 
 
@@ -447,6 +536,7 @@ class Task:
     leaves: dict = field(default_factory=dict)  # state/weight leaf id -> (leaf, lo, hi) per block
     reads: set = field(default_factory=set)  # ids of the materialized nodes read
     stage_limit: int | None = None  # see build_task
+    threads: int | None = None  # a block's threads (a recurrence's task: where R lives, recur_plan)
 
     @property
     def root_unit(self) -> Unit:
@@ -903,7 +993,7 @@ def build_task(
     shared memory (floats) a block of the task may use; when the staged copies of materialized
     values alone exceed it, the largest copies are read in place (flag-waited loads) instead."""
     if isinstance(root, Recur):
-        return _recur_task(root, materialized, grid, first, layouts, stage_limit), []
+        return _recur_task(root, materialized, grid, first, layouts, stage_limit, span, threads), []
     if isinstance(root, DeltaScan):
         return _delta_task(root, materialized, grid, threads, first, layouts), []
     read_in_place: set[int] = set()
@@ -1247,7 +1337,7 @@ def task_smem_limit(task: Task, smem_floats: int) -> int:
 def task_smem_floats(task: Task) -> int:
     """Shared memory of a task's arrays, in floats (each array padded to 4 floats)."""
     if isinstance(task.root, Recur):
-        return recur_smem_floats(task.root, len(task.root_unit.lo), task.stage_limit)
+        return recur_smem_floats(task.root, task.chunk, task.stage_limit, task.threads)
     if isinstance(task.root, DeltaScan):
         return sum(n for _, n in delta_smem_parts(task.root))
     return sum(_align4(u.storage) for u in task.arrays())
