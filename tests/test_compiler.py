@@ -366,15 +366,15 @@ def test_a_nonlinear_window_runs_as_a_loop_over_its_positions(
 
 @needs_cxx
 @pytest.mark.parametrize(
-    "arch,embed,seq,batch,smem,threads,blocks,ahead",
-    [
-        ("lstm", 64, 7, 1, None, 256, 1, True),
-        ("gru", 32, 5, 2, 768, 128, 4, False),
-        ("liquid", 48, 6, 1, None, 256, 1, True),
+    "arch,embed,seq,batch,smem,threads,grid,blocks,ahead",
+    [  # 256 threads on a grid of 4: the emulator runs a std::thread per CUDA thread (under TSan)
+        ("lstm", 64, 7, 1, None, 256, 4, 1, True),
+        ("gru", 32, 5, 2, 768, 128, 12, 4, False),
+        ("liquid", 48, 6, 1, None, 256, 4, 1, True),
     ],
 )
 def test_a_recurrence_keeps_its_rows_of_r_in_registers(
-    arch, embed, seq, batch, smem, threads, blocks, ahead, monkeypatch, tmp_path
+    arch, embed, seq, batch, smem, threads, grid, blocks, ahead, monkeypatch, tmp_path
 ):
     """codegen.RECUR_REGISTER_WEIGHTS: a thread's K split of its product row of R (at most that many
     weights, splits dividing H) lives in registers for the whole window and the product reads h as
@@ -387,7 +387,7 @@ def test_a_recurrence_keeps_its_rows_of_r_in_registers(
         monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", smem)
     config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
     _, program = _sequence_program(arch, config)
-    plan = schedule(program, grid=12, threads=threads)
+    plan = schedule(program, grid=grid, threads=threads)
     loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
     assert [t.blocks for t in loops] == [blocks, blocks]
     kernel = generate(plan)
