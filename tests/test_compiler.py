@@ -376,7 +376,7 @@ def test_a_nonlinear_window_runs_as_a_loop_over_its_positions(
 def test_a_recurrence_keeps_its_rows_of_r_in_registers(
     arch, embed, seq, batch, smem, threads, grid, blocks, ahead, monkeypatch, tmp_path
 ):
-    """codegen.RECUR_REGISTER_WEIGHTS: a thread's K split of its product row of R (at most that many
+    """schedule.RECUR_REGISTER_WEIGHTS: a thread's K split of its product row of R (at most that many
     weights, splits dividing H) lives in registers for the whole window and the product reads h as
     float4s: one block holding every unit (h in shared memory, inputs a position ahead) and units
     split over blocks; the emulated kernel (ThreadSanitizer) computes the interpreter's values."""
