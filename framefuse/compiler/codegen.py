@@ -1485,7 +1485,8 @@ class Generator:
         loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
         code.items += [_ONCE, loop]
         loop.items.append(f"const float* const hp = rH + (rcs & 1) * {h_floats};")
-        # the staging: h before (from the second position on) and the input part, one call
+        # the staging: h before (from the second position on) and the input part, one call (alone:
+        # nothing, h is already in shared memory and the inputs are loaded a position ahead)
         ranges = [
             (
                 f"rH + (rcs & 1) * {h_floats} + {b * H}",
@@ -1493,10 +1494,9 @@ class Generator:
                 f"rcs > 0 ? {H} : 0",
             )
             for b in range(B)
+            if not alone
         ]
-        if alone:
-            ranges = []
-        elif direct:
+        if direct and not alone:
             ranges += [
                 (
                     f"rX + (rcs & 1) * {x_floats} + {(b * G + g) * HB}",
@@ -1506,7 +1506,7 @@ class Generator:
                 for b in range(B)
                 for g in range(G)
             ]
-        else:  # through a view (liquid's transposed window): an element a thread, the waits side by side
+        elif not direct:  # through a view (liquid's transposed window): an element a thread, the waits side by side
             fill = Code(f"for (int e = tid; e < {B * G * HB}; e += NT)")
             fill.items.append(f"const int rcb = e / {G * HB}, rcg = (e / {HB}) % {G}, rcj = e % {HB}, rcu = ru0 + rcj;")
             guarded = Code("if (rcj < rnu)")
@@ -1517,30 +1517,6 @@ class Generator:
         if ranges:
             loop.items += self._stage_ranges(ranges, RECUR_STAGE_RANGES)
             loop.items.append("__syncthreads();")
-        # the products: thread i takes row i % rows over the K split i / rows
-        prod = Code(f"for (int i = tid; i < {rows * splits}; i += NT)")
-        prod.items += [
-            f"const int r = i % {rows}, s = i / {rows}, q = r % {G * HB}, j = q % {HB};",
-            f"const float* const hv = hp + (r / {G * HB}) * {H};",
-            f"const int k0 = s * {kc}, k1 = min(k0 + {kc}, {H});",
-            "float acc = 0.0f;",
-        ]
-        if held:
-            prod.items += ["#pragma unroll 8", f"for (int k = k0; k < k1; ++k) acc += rR[k * {stride} + q] * hv[k];"]
-        elif node.id in lay.recur_by_k:
-            prod.items += [
-                "// R from global memory, the block's rows by k: a warp's loads at one k are consecutive",
-                f"const float* const w = ffk_w + {lay.recur_by_k[node.id]} + {_block_in_task(task)} * {H * G * HB} + q;",
-                "#pragma unroll 8",
-                f"for (int k = k0; k < k1; ++k) acc += __ldg(w + k * {G * HB}) * hv[k];",
-            ]
-        else:
-            prod.items += [
-                f"const float* const w = ffk_w + {w_rows} + ({H} * (q / {HB}) + ru0 + j) * {H};",
-                "if (j < rnu)",
-                "    for (int k = k0; k < k1; ++k) acc += __ldg(w + k) * hv[k];",
-            ]
-        prod.items.append(f"rP[s * {rows} + r] = acc;")
         if in_registers:
             prod = Code(f"if (tid < {rows * splits})")
             prod.items += [
@@ -1560,6 +1536,34 @@ class Generator:
                     f"for (int k = 0; k < {kc - kr}; ++k) a0 += rs[k * {stride}] * hv[{kr} + k];",
                 ]
             prod.items.append(f"rP[ps * {rows} + pr] = (a0 + a1) + (a2 + a3);")
+        else:
+            # the products: thread i takes row i % rows over the K split i / rows
+            prod = Code(f"for (int i = tid; i < {rows * splits}; i += NT)")
+            prod.items += [
+                f"const int r = i % {rows}, s = i / {rows}, q = r % {G * HB}, j = q % {HB};",
+                f"const float* const hv = hp + (r / {G * HB}) * {H};",
+                f"const int k0 = s * {kc}, k1 = min(k0 + {kc}, {H});",
+                "float acc = 0.0f;",
+            ]
+            if held:
+                prod.items += [
+                    "#pragma unroll 8",
+                    f"for (int k = k0; k < k1; ++k) acc += rR[k * {stride} + q] * hv[k];",
+                ]
+            elif node.id in lay.recur_by_k:
+                prod.items += [
+                    "// R from global memory, the block's rows by k: a warp's loads at one k are consecutive",
+                    f"const float* const w = ffk_w + {lay.recur_by_k[node.id]} + {_block_in_task(task)} * {H * G * HB} + q;",
+                    "#pragma unroll 8",
+                    f"for (int k = k0; k < k1; ++k) acc += __ldg(w + k * {G * HB}) * hv[k];",
+                ]
+            else:
+                prod.items += [
+                    f"const float* const w = ffk_w + {w_rows} + ({H} * (q / {HB}) + ru0 + j) * {H};",
+                    "if (j < rnu)",
+                    "    for (int k = k0; k < k1; ++k) acc += __ldg(w + k) * hv[k];",
+                ]
+            prod.items.append(f"rP[s * {rows} + r] = acc;")
         loop.items += [_ONCE, prod, "__syncthreads();"]
         if alone:
             cells = Code(f"if (tid < {B * H})")
