@@ -244,3 +244,41 @@ def test_r_split_between_registers_and_shared_memory_emulated(rnn_sizes, monkeyp
     x = np.random.default_rng(5).standard_normal(program.inputs["x"].shape).astype(np.float32)
     outputs, _ = emulate(kernel, {"x": x[None]}, {}, steps=1, workdir=tmp_path / "emu", races=True)
     assert float(np.abs(outputs["y"][0] - naive.run(program, {"x": x})["y"]).max()) < 1e-5
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to emulate the generated kernel")
+def test_an_uneven_k_split_gives_way_to_one_that_keeps_weights_in_registers_emulated(rnn_sizes, monkeypatch, tmp_path):
+    """schedule.RECUR_DIVISOR_SPLIT with RECUR_HYBRID: a GRU block's 12 product rows over 64 threads
+    take 5 K splits, which do not divide hidden 32 (7 weights a split, no registers); 4 splits of 8
+    do, and put each thread's first RECUR_REGISTER_WEIGHTS in registers, the rest in shared memory
+    (where all of R would have fit: fewer shared-memory reads a position). The emulated kernel
+    (ThreadSanitizer) computes the interpreter's values."""
+    import numpy as np
+
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import emulate
+    from framefuse.compiler.ir import Recur
+
+    monkeypatch.setattr(sched, "RECUR_SMEM_FLOATS", 400)  # 4 units a block, all of R held
+    monkeypatch.setattr(sched, "RECUR_REGISTER_WEIGHTS", 4)
+    window = rnn_sizes.export_window("GRU", 32, 5, 1, tmp_path)
+    program = lower_program(window["fused"])
+
+    def plans(even):
+        monkeypatch.setattr(sched, "RECUR_HYBRID", even)
+        monkeypatch.setattr(sched, "RECUR_DIVISOR_SPLIT", even)
+        plan = sched.schedule(program, grid=8, threads=64, smem_floats=2000)
+        loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+        return plan, [sched.recur_plan(t.root, t.chunk, t.stage_limit, t.threads) for t in loops]
+
+    _, off = plans(False)
+    assert [(p.held, p.rows, p.splits, p.kc, p.kr) for p in off] == [(True, 12, 5, 7, 0)]
+    schedule_on, on = plans(True)
+    assert [(p.held, p.rows, p.splits, p.kc, p.kr) for p in on] == [(True, 12, 4, 8, 4)]
+    kernel = generate(schedule_on)
+    assert kernel.source.count("the rest of the split from shared memory") == 1
+    x = np.random.default_rng(6).standard_normal(program.inputs["x"].shape).astype(np.float32)
+    outputs, _ = emulate(kernel, {"x": x[None]}, {}, steps=1, workdir=tmp_path / "emu", races=True)
+    assert float(np.abs(outputs["y"][0] - naive.run(program, {"x": x})["y"]).max()) < 1e-5

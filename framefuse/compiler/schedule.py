@@ -166,8 +166,10 @@ RECUR_ARENA_RESERVE = 1024  # floats of a block's shared memory a wide recurrenc
 # Wide recurrences of one dependency level (a bidirectional layer's two directions) take the blocks
 # the placement shares out to them (half the grid each), where R is still held on them, so the
 # directions run side by side instead of one after the other on the same 128 blocks (a GRU at hidden
-# 1024 fits: 16 units a block; an LSTM's 16 units do not). Not yet timed: off.
-RECUR_WIDE_SHARE_LEVEL = False
+# 1024 fits: 16 units a block; an LSTM's 16 units do not, see RECUR_HYBRID). (H100, nn.GRU hidden
+# 1024 bidirectional, T = 32: 369 -> 361 us, T = 256: 2298 -> 2226; with RECUR_HYBRID and
+# RECUR_DIVISOR_SPLIT below, 300 and 1864.)
+RECUR_WIDE_SHARE_LEVEL = True
 # A held recurrence's thread keeps its K split of a product row in registers when the split is at
 # most this many weights (its other registers included, within the 255 a thread has at 256 threads).
 # (H100, hidden 1024, T = 256, R over 128 blocks: 128 rather than 64 took the LSTM from 1659 to
@@ -175,8 +177,16 @@ RECUR_WIDE_SHARE_LEVEL = False
 RECUR_REGISTER_WEIGHTS = 128
 # R too large for the arena even over the wide blocks (an LSTM's two directions at hidden 1024 on 64
 # blocks each: 256 KB a block) is split: the first RECUR_REGISTER_WEIGHTS of each thread's split in
-# registers (read from global memory once), the rest in shared memory. Not yet timed: off.
-RECUR_HYBRID = False
+# registers (read from global memory once), the rest in shared memory; and where all of R does fit,
+# a split longer than the registers hold keeps its first RECUR_REGISTER_WEIGHTS there all the same
+# (half the shared-memory reads). (H100, nn.LSTM hidden 1024 bidirectional: T = 32 460 -> 384 us,
+# cuDNN 398; T = 256 2667 -> 2350, cuDNN 2769.)
+RECUR_HYBRID = True
+# See recur_plan: a K split that divides H into whole float4s, where the most splits do not, when it
+# puts weights in registers. (H100, nn.GRU hidden 1024 bidirectional, 64 blocks a direction, 5 splits
+# of 205 in shared memory -> 4 of 256, 128 in registers: T = 32 363 -> 303 us, cuDNN 362; T = 256
+# 2225 -> 1864, cuDNN 2400.)
+RECUR_DIVISOR_SPLIT = True
 # The recurrences' tasks get blocks of their own at the grid's end (when they take at most half of
 # it), so that layer l + 1 runs its position t beside layer l's position t + 1 (the wavefront): the
 # tasks between them (the next layer's input products) run on the other blocks as each position's
@@ -238,11 +248,26 @@ def recur_plan(node: Recur, per_block: int, smem_floats: int | None = None, thre
     within the whole arena with the loop's other parts, a thread's split also in registers when it
     has at most RECUR_REGISTER_WEIGHTS weights; failing that (RECUR_HYBRID) the first
     RECUR_REGISTER_WEIGHTS of each split in registers and only the rest in shared memory; else R is
-    read from global memory."""
-    H, G = node.hidden, node.gates
-    rows, splits = recur_rows(node, per_block)
+    read from global memory. Registers need K splits of equal whole float4s: where the most splits
+    the threads take do not divide H (a GRU's 48 rows over 256 threads: 5), fewer that do are
+    taken when that puts weights in registers (RECUR_DIVISOR_SPLIT)."""
+    rows, most = recur_rows(node, per_block)
     if threads:
-        splits = max(1, min(splits, threads // rows))
+        most = max(1, min(most, threads // rows))
+    plan = _recur_plan_of(node, per_block, most, smem_floats, threads)
+    if plan.kr or not (RECUR_DIVISOR_SPLIT and threads):
+        return plan
+    for splits in range(most - 1, 0, -1):
+        if node.hidden % (4 * splits) == 0:
+            even = _recur_plan_of(node, per_block, splits, smem_floats, threads)
+            return even if even.kr else plan
+    return plan
+
+
+def _recur_plan_of(node: Recur, per_block: int, splits: int, smem_floats: int | None, threads: int | None) -> RecurPlan:
+    """recur_plan for ``splits`` K splits."""
+    H, G = node.hidden, node.gates
+    rows, _ = recur_rows(node, per_block)
     kc = -(-H // splits)
     regs = 0
     if threads and kc * splits == H and kc % 4 == 0 and H % 4 == 0 and rows * splits <= threads:
@@ -252,6 +277,8 @@ def recur_plan(node: Recur, per_block: int, smem_floats: int | None = None, thre
         whole = RecurPlan(True, rows, splits, kc, 0)
         full = sum(n for _, n in recur_smem_parts(node, per_block, whole)) <= recur_arena_floats(smem_floats)
     if full:
+        if RECUR_HYBRID and 0 < regs < kc:
+            return RecurPlan(True, rows, splits, kc, regs)
         return RecurPlan(True, rows, splits, kc, regs if regs == kc else 0)
     if RECUR_HYBRID and RECUR_WIDE and smem_floats is not None and 0 < regs < kc:
         hybrid = RecurPlan(True, rows, splits, kc, regs)
