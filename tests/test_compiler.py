@@ -210,6 +210,65 @@ def test_delta_rule_steps_lower_to_the_ops_reference(op):
     np.testing.assert_allclose(got["S"], expected[1], rtol=1e-5, atol=1e-5)
 
 
+def _attention_model(shape_q, shape_kv, causal):
+    node = helper.make_node(
+        "Attention", ["q", "k", "v", "mask"], ["o"], domain="framefuse", name="attention", causal=causal
+    )
+    b, h, t, d = shape_q
+    return helper.make_model(
+        helper.make_graph(
+            [node],
+            "g",
+            [
+                helper.make_tensor_value_info("q", TensorProto.FLOAT, list(shape_q)),
+                helper.make_tensor_value_info("k", TensorProto.FLOAT, list(shape_kv)),
+                helper.make_tensor_value_info("v", TensorProto.FLOAT, list(shape_kv)),
+                helper.make_tensor_value_info("mask", TensorProto.FLOAT, [b, h, t, shape_kv[2]]),
+            ],
+            [helper.make_tensor_value_info("o", TensorProto.FLOAT, list(shape_q))],
+        ),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)],
+    )
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_rows_that_see_no_key_give_zero_as_the_ops_reference(causal, tmp_path):
+    """The compiler's attention finishes a row by Σ p·v / Σ p and gives 0 where Σ p is 0: a fully
+    masked row (every weight exp(−inf)), the only row whose weights sum to 0, since a row with a
+    finite max weighs that score exp(0) = 1. So no consumer needs the row max (reading it made
+    GPT-2's output projection recompute every score). Checked against the Attention op's reference
+    (plugins/attention/naive.py): fully masked rows (a NaN value behind the mask stays unseen),
+    rows seeing one key, NaN and +inf scores; the interpreter and the emulated kernel."""
+    import torch
+
+    from framefuse.plugins.attention.naive import reference
+
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    mask = np.zeros((1, 2, 5, 5), np.float32)
+    mask[0, 0, 4, :] = -np.inf  # sees nothing
+    mask[0, 1, 2, :] = -np.inf  # sees nothing
+    mask[0, 1, 3, 1:] = -np.inf  # sees key 0 only
+    v[0, 0, 3, 2] = np.nan  # a NaN value only the fully masked rows' weights (0) would touch ...
+    mask[0, 0, :, 3] = -np.inf  # ... as every row of head 0 masks key 3
+    q[0, 1, 4, 0] = np.inf  # an infinite score: that row is NaN, as the reference's
+    feeds = {"q": q, "k": k, "v": v, "mask": mask}
+    (expected,) = reference(*(torch.from_numpy(a) for a in (q, k, v, mask)), causal=causal)
+    expected = expected.numpy()
+    assert np.all(expected[0, 0, 4] == 0) and np.all(expected[0, 1, 2] == 0) and np.isnan(expected).any()
+    model = _attention_model(q.shape, k.shape, causal)
+    program = lower_onnx(model, fold=False)
+    np.testing.assert_allclose(naive.run(program, feeds)["o"], expected, rtol=1e-5, atol=1e-5)
+    if cxx_compiler() is None:
+        pytest.skip("no C++ compiler to emulate the generated kernel")
+    kernel = generate(schedule(lower_program(model), grid=3, threads=64))
+    assert re.search(r"ff::attention_finish\(\w+, \w+\);", kernel.source)  # Σ p·v and Σ p, no row max
+    outputs, _ = emulate(kernel, {n: a[None] for n, a in feeds.items()}, {}, steps=1, workdir=tmp_path / "emu")
+    np.testing.assert_allclose(outputs["o"][0], expected, rtol=1e-5, atol=1e-5)
+
+
 # -- the generated kernel, emulated on the CPU -----------------------------------------------------------
 
 needs_cxx = pytest.mark.skipif(cxx_compiler() is None, reason="no C++ compiler to emulate the generated kernel")

@@ -1193,7 +1193,9 @@ def _attention(ctx, ins):
     )
     acc = ir.reduce("sum", pv, [3], False, label)  # [B, Hq, Tq, Dh]
     total = ir.reduce("sum", p, [-1], True, label)
-    return [ir.ew("attention_finish", acc, total, row_max, label=label)]
+    # a fully masked row is the one whose weights sum to 0 (a finite max weighs its own score 1), so
+    # the finish needs no row_max: a consumer that reads it would recompute every score for it
+    return [ir.ew("attention_finish", acc, total, label=label)]
 
 
 FRAMEFUSE: dict[str, Callable] = {

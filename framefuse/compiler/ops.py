@@ -260,8 +260,8 @@ EW: dict[str, EwSpec] = {
         _STEP["attention"],
     ),
     "attention_finish": EwSpec(
-        3,
-        lambda acc, total, row_max, p: np.where(row_max == -np.inf, 0.0, acc / total),
+        2,
+        lambda acc, total, p: np.where(total == 0, 0.0, acc / np.where(total == 0, 1.0, total)),
         lambda a, p: f"ff::attention_finish({', '.join(a)})",
         _STEP["attention"],
     ),

@@ -1,5 +1,5 @@
 // Attention over a window, the pieces that are not plain math: a fully masked row (its max is
-// −inf) gives 0, not NaN. Shared by attention.cu and the step compiler.
+// −inf, its weights sum to 0) gives 0, not NaN. The step compiler's (compiler/ops.py).
 #pragma once
 
 namespace ff {
@@ -7,8 +7,9 @@ namespace ff {
 __device__ __forceinline__ float attention_weight(float s, float row_max) {
     return expf(s - (row_max == -__int_as_float(0x7f800000) ? 0.0f : row_max));
 }
-// Σ p·v / Σ p, or 0 on a fully masked row
-__device__ __forceinline__ float attention_finish(float acc, float total, float row_max) {
-    return row_max == -__int_as_float(0x7f800000) ? 0.0f : acc / total;
+// Σ p·v / Σ p, or 0 on a fully masked row: the one row whose weights sum to 0, since a row with a
+// finite max weighs its max's score exp(0) = 1 (NaN scores give NaN)
+__device__ __forceinline__ float attention_finish(float acc, float total) {
+    return total == 0.0f ? 0.0f : acc / total;
 }
 }  // namespace ff
