@@ -1503,9 +1503,15 @@ def markdown(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> str | None:
-    """The PNG (zoo rows); returns an error message instead of raising when matplotlib is missing."""
-    rows = results.get("rows") or []
-    if not rows:
+    """The PNG: a panel per section (zoo, real models) and T; returns an error message instead of
+    raising when matplotlib is missing (and writes no PNG when there are no rows)."""
+    panels = [
+        (title, T, [r for r in rows if r["T"] == T])
+        for title, rows in (("zoo", results.get("rows") or []), ("real models", results.get("real_rows") or []))
+        for T in sorted({r["T"] for r in rows})
+    ]
+    if not panels:
+        path.unlink(missing_ok=True)
         return None
     try:
         import matplotlib
@@ -1514,13 +1520,11 @@ def plot(results: dict, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         return f"no plot: matplotlib is not installed ({exc})"
-    Ts = sorted({r["T"] for r in rows})
     names = ["framefuse", "framefuse_unfused", *PEERS, FLOOR]
-    fig, axes = plt.subplots(
-        1, len(Ts), figsize=(7 * len(Ts), 0.6 * max(len(rows) // max(len(Ts), 1), 4) + 3), squeeze=False
-    )
-    for ax, T in zip(axes[0], Ts):
-        subset = sorted([r for r in rows if r["T"] == T], key=lambda r: r["arch"])
+    most = max(len(subset) for _, _, subset in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 0.6 * max(most, 4) + 3), squeeze=False)
+    for ax, (title, T, subset) in zip(axes[0], panels):
+        subset = sorted(subset, key=lambda r: r["arch"])
         y = np.arange(len(subset))
         height = 0.8 / len(names)
         for k, name in enumerate(names):
@@ -1531,7 +1535,7 @@ def plot(results: dict, path: Path) -> str | None:
         ax.set_xscale("log")
         ax.axvline(BUDGET_MS * 1000, color="red", linestyle="--", linewidth=1, label="60 FPS budget")
         ax.set_xlabel("p50 latency per call, µs (host → host, log scale)")
-        ax.set_title(f"T = {T}" + (" (step)" if T == 1 else " (sequence)"))
+        ax.set_title(f"{title}, T = {T}" + (" (step)" if T == 1 else " (sequence)"))
         ax.invert_yaxis()
     axes[0][0].legend(loc="lower right", fontsize=7)
     gpu = results["environment"].get("gpu") or "CPU only"
@@ -1760,11 +1764,16 @@ def run_isolated(runner: Runner, units: list[tuple[str, str]], work: Path) -> No
         write_reports(runner.results, runner.out)
 
 
+def _written(out: Path) -> str:
+    """The report files under ``out``, as a log line names them."""
+    return f"{out}/e2e.json, e2e.md" + (", e2e.png" if (out / "e2e.png").exists() else " (no PNG)")
+
+
 def run(args) -> int:
     out = Path(args.out)
     if args.merge:
         merge(args.merge, out)
-        say(f"merged {len(args.merge)} result files into {out}/e2e.{{json,md,png}}")
+        say(f"merged {len(args.merge)} result files into {_written(out)}")
         return 0
     import torch
 
@@ -1858,7 +1867,7 @@ def run(args) -> int:
             run_sections(runner, sections, archs, models, precisions, work)
     results["elapsed_s"] = round(time.perf_counter() - runner.start, 1)
     write_reports(results, out)
-    say(f"wrote {out}/e2e.json, e2e.md, e2e.png ({results['elapsed_s']:.0f} s)")
+    say(f"wrote {_written(out)} ({results['elapsed_s']:.0f} s)")
     return 0
 
 

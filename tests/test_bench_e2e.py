@@ -165,6 +165,33 @@ def test_merge_keeps_every_section(e2e, smoke, tmp_path):
     assert (tmp_path / "merged" / "e2e.md").is_file()
 
 
+def test_the_png_has_a_panel_per_section_and_T_real_models_included(e2e, smoke, tmp_path, monkeypatch):
+    """A report of real models only (the T = 32 runs of issue 17) gets its PNG too: a panel per
+    section and T; a report with no rows writes none (and removes a stale one)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    _, results = smoke
+    real_only = dict(results, rows=[], precision_rows=[])
+    assert real_only["real_rows"]
+    panels = []
+    real_subplots = plt.subplots
+
+    def subplots(rows, cols, **kwargs):
+        panels.append(cols)
+        return real_subplots(rows, cols, **kwargs)
+
+    monkeypatch.setattr(plt, "subplots", subplots)
+    assert e2e.plot(real_only, tmp_path / "real.png") is None
+    assert (tmp_path / "real.png").stat().st_size > 0
+    assert panels == [len({r["T"] for r in real_only["real_rows"]})]
+    assert e2e.plot(results, tmp_path / "all.png") is None
+    assert panels[-1] == len({r["T"] for r in results["rows"]}) + len({r["T"] for r in results["real_rows"]})
+    stale = tmp_path / "none.png"
+    stale.write_bytes(b"old")
+    assert e2e.plot(dict(results, rows=[], real_rows=[]), stale) is None and not stale.exists()
+
+
 def test_a_full_run_never_skips_a_compile_peer(e2e, tmp_path):
     with pytest.raises(SystemExit, match="never skips"):
         e2e.main(["--device", "cpu", "--compile", "step", "--archs", "min_gru", "--out", str(tmp_path)])
