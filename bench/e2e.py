@@ -766,6 +766,8 @@ def bench_row(
                     call = make()
                     first = np.array(call(0), copy=True)  # zero state, input 0: compared with ORT
                     result = {"setup_s": time.perf_counter() - start}
+                    # progress: a row's builds (torch.compile max-autotune above all) take minutes
+                    say(f"  {arch:<16} T={T:<3} built {ENGINE_LABELS.get(name, name)} ({result['setup_s']:.1f} s)")
                     if name not in FLOORS:
                         result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
                     if name == "framefuse_resident":
@@ -786,6 +788,8 @@ def bench_row(
                 call = None
                 if on_gpu:
                     torch.cuda.synchronize(dev)
+        if live:
+            say(f"  {arch:<16} T={T:<3} timing {len(live)} engine(s) in {settings.rounds} interleaved rounds")
         try:
             with torch.no_grad():
                 timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
@@ -1448,6 +1452,13 @@ def markdown(results: dict) -> str:
     ]
     if results.get("merged_from"):
         lines.append(f"Merged from {len(results['merged_from'])} runs of one GPU: {', '.join(results['merged_from'])}.")
+        by_run: dict[str, list[str]] = {}
+        for r in [*results.get("rows", []), *results.get("real_rows", []), *results.get("precision_rows", [])]:
+            run = r.get("run") or {}
+            label = run.get("file", "?") + (f" (a merge of {run['merge_of']} runs)" if run.get("merge_of") else "")
+            what = r["precision"] if "precision" in r else f"T = {r['T']}"
+            by_run.setdefault(label, []).append(f"{r['arch']} {what}")
+        lines.append("Rows by run: " + "; ".join(f"{label}: {', '.join(rows)}" for label, rows in by_run.items()) + ".")
     lines += [
         "",
         "Latency is host input → host output per call, measured the same way for every engine (p50; p99 beside). "
@@ -1658,9 +1669,9 @@ def merge(paths: list[str], out: Path) -> dict:
     }
     for field, key in keys.items():
         rows: dict = {}
-        for part in parts:
+        for part, path in zip(parts, paths):
             for row in part.get(field, []):
-                rows[key(row)] = row
+                rows[key(row)] = dict(row, run=row.get("run") or _origin(row, field, key, part, path))
         merged[field] = list(rows.values())
     sections: list[str] = []
     for part in parts:
@@ -1669,7 +1680,12 @@ def merge(paths: list[str], out: Path) -> dict:
                 sections.append(s)
     merged["sections"] = sections
     merged["errors"] = [e for part in parts for e in part.get("errors", [])]
-    merged["not_run"] = [e for part in parts for e in part.get("not_run", [])]
+    merged["not_run"] = [
+        what if what.endswith(")") else f"{what} ({_run_of(part, path)['file']})"
+        for part, path in zip(parts, paths)
+        for what in part.get("not_run", [])
+        if not _covered(what, part, merged)
+    ]
     merged["quick"] = any(part.get("quick") for part in parts)
     if merged["quick"]:
         merged["publication"] = QUICK_NOTE
@@ -1686,6 +1702,52 @@ def merge(paths: list[str], out: Path) -> dict:
     merged["merged_from"] = [str(p) for p in paths]
     write_reports(merged, out)
     return merged
+
+
+def _run_of(part: dict, path) -> dict:
+    """Where a merged row was measured: its result file (a merge's own rows name the merge, whose
+    merged_from lists its runs) and when that run started."""
+    run = {"file": str(path), "created": part.get("created")}
+    if part.get("merged_from"):
+        run["merge_of"] = len(part["merged_from"])
+    return run
+
+
+def _origin(row: dict, field: str, key: Callable, part: dict, path) -> dict:
+    """The run a row came from. A row of an older merge (made before rows named their run) is
+    traced through that merge's merged_from files, where they are still on disk: the last of them
+    holding the same row, framefuse's p50 equal."""
+    for source in reversed(part.get("merged_from") or []):
+        try:
+            earlier = json.loads(Path(source).read_text())
+        except (OSError, ValueError):
+            continue
+        for candidate in earlier.get(field, []):
+            if key(candidate) == key(row) and _ff_p50(candidate) == _ff_p50(row):
+                return candidate.get("run") or _origin(candidate, field, key, earlier, source)
+    return _run_of(part, path)
+
+
+def _ff_p50(row: dict):
+    return row.get("engines", {}).get("framefuse", {}).get("p50_us", row.get("p50_us"))
+
+
+def _covered(what: str, part: dict, merged: dict) -> bool:
+    """Whether a unit that ``part`` did not run ("zoo xlstm", "real gpt2_sdpa T=32", "precision
+    mamba") has its rows in the merged report, from another run (every T that part asked for)."""
+    section, _, rest = what.split(" (", 1)[0].partition(" ")
+    name, _, seq = rest.partition(" T=")
+    config = part.get("config", {})
+    if section == "zoo":
+        wanted = {1 if form == "step" else config.get("seq") for form in config.get("forms") or FORMS}
+        return wanted <= {r["T"] for r in merged.get("rows", []) if r["arch"] == name}
+    if section == "real" and seq.isdigit():
+        return any(r["arch"] == name and r["T"] == int(seq) for r in merged.get("real_rows", []))
+    if section == "precision":
+        wanted = set(config.get("precisions") or [])
+        have = {r["precision"] for r in merged.get("precision_rows", []) if r["arch"] == name}
+        return bool(wanted) and wanted <= have
+    return False
 
 
 def _sections(text: str) -> list[str]:

@@ -165,6 +165,42 @@ def test_merge_keeps_every_section(e2e, smoke, tmp_path):
     assert (tmp_path / "merged" / "e2e.md").is_file()
 
 
+def test_a_merge_names_the_run_of_every_row_and_drops_gaps_another_run_filled(e2e, smoke, tmp_path):
+    """Issue 17's merged benchmark says which rows came from which run, through an older merge
+    too, and a unit one run could not time is no longer listed as not run once another run has
+    its rows."""
+    _, results = smoke
+    results = dict(results, real_rows=[], precision_rows=[])
+    step_row = next(r for r in results["rows"] if r["T"] == 1)
+    seq_row = next(r for r in results["rows"] if r["T"] != 1)
+    config = dict(results["config"], forms=["step", "sequence"])
+    first = dict(results, config=config, rows=[step_row], not_run=["zoo min_gru"], created="run-1")
+    second = dict(results, config=config, rows=[seq_row], not_run=["zoo xlstm"], created="run-2")
+    paths = []
+    for name, part in (("first", first), ("second", second)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(part))
+        paths.append(str(path))
+    older = e2e.merge(paths, tmp_path / "older")
+    assert {(r["T"], r["run"]["file"]) for r in older["rows"]} == {(1, paths[0]), (seq_row["T"], paths[1])}
+    # min_gru's T = 1 and T = 32 rows are both here now; xlstm's are not
+    assert older["not_run"] == [f"zoo xlstm ({paths[1]})"]
+    # an older merge's rows without a run are traced to the file they came from
+    for row in older["rows"]:
+        del row["run"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    engines = step_row["engines"]
+    remeasured = dict(step_row, engines=dict(engines, framefuse=dict(engines["framefuse"], p50_us=1.0)))
+    later = dict(results, rows=[remeasured], not_run=[], created="run-3")
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    merged = e2e.merge([str(tmp_path / "older.json"), str(tmp_path / "later.json")], tmp_path / "merged")
+    runs = {r["T"]: r["run"]["file"] for r in merged["rows"]}
+    assert runs == {1: str(tmp_path / "later.json"), seq_row["T"]: paths[1]}
+    text = (tmp_path / "merged" / "e2e.md").read_text()
+    assert f"Rows by run: {tmp_path / 'later.json'}: min_gru T = 1; {paths[1]}: min_gru T = {seq_row['T']}." in text
+    assert f"not run (time budget): zoo xlstm ({paths[1]})" in text
+
+
 def test_the_png_has_a_panel_per_section_and_T_real_models_included(e2e, smoke, tmp_path, monkeypatch):
     """A report of real models only (the T = 32 runs of issue 17) gets its PNG too: a panel per
     section and T; a report with no rows writes none (and removes a stale one)."""

@@ -372,7 +372,7 @@ def test_stepkernel_of_lstm_cells_fused_from_a_step_form_export(tmp_path):
     "arch,seq,batch",
     [
         (a, s, b)
-        for a in ("min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "delta_net")
+        for a in ("min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "delta_net", "attention")
         for s, b in ((32, 1), (7, 2), (64, 1))
     ]
     + [(a, s, b) for a in ("lstm", "gru", "liquid", "xlstm") for s, b in ((8, 1), (5, 2))]
