@@ -330,7 +330,19 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, 
 
 
 # linear scans (their windows are Scans) and the nonlinear ones (a Recur each: a loop over positions)
-SEQUENCE_ARCHS = ["min_gru", "min_lstm", "gated_ssm", "mamba", "jamba", "xlstm", "lstm", "gru", "liquid", "delta_net"]
+SEQUENCE_ARCHS = [
+    "min_gru",
+    "min_lstm",
+    "gated_ssm",
+    "mamba",
+    "jamba",
+    "xlstm",
+    "lstm",
+    "gru",
+    "liquid",
+    "delta_net",
+    "attention",
+]
 
 
 def _sequence_program(arch, config):
@@ -1825,6 +1837,34 @@ def test_vector_reduce_under_emulation(monkeypatch, tmp_path):
     assert len(sums) == 4, sums  # per layer: P·V and the softmax sum
     assert len(re.findall(r"for \(int r\d+ = 28; r\d+ < 32; \+\+r\d+\)", kernel.source)) == 2  # P·V's rest
     _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,embed,seq,grid", [("attention", 256, 32, 132), ("attention", 64, 8, 5), ("jamba", 64, 8, 5)]
+)
+def test_skewed_sum_walk_under_emulation(arch, embed, seq, grid, monkeypatch, tmp_path):
+    """codegen.SKEWED_SUM_WALK (off by default until measured): in the window's attention scores
+    a thread per score walks q · k over the head, lane l reading key row l, rows a multiple of 32
+    floats apart: one bank for the whole warp at every position. Element e starts at position
+    e % n and wraps, so the lanes read different banks; only the scores are skewed (P·V reads V
+    along the lanes already, one bank each; on few blocks the scores are a segmented reduction, whose
+    lanes already start at different chunks). Under emulation it computes what the interpreter does."""
+    from framefuse.compiler import codegen
+
+    _, program = _sequence_program(arch, {"model": {"embed": embed, "layers": 2}, "seq": seq, "seed": 0})
+    sched = schedule(program, grid=grid, threads=128)
+    plain = generate(sched)
+    monkeypatch.setattr(codegen, "SKEWED_SUM_WALK", True)
+    skewed = generate(sched)
+    layers = 2 if arch == "attention" else 1  # jamba: one attention layer of two
+    assert "SKEWED_SUM_WALK" not in plain.source
+    scores = r"node 'Attention_\d+' \(framefuse::Attention\) \[1, 4, (\d+), \1\], a thread per element\n"
+    walks = re.findall(scores + r"[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*see SKEWED_SUM_WALK", skewed.source)
+    assert len(walks) == layers, walks
+    # jamba's Mamba layer too: C · h over the state, lane l reading state row l, 16 floats apart
+    assert skewed.source.count("// the first position, see SKEWED_SUM_WALK") == layers + (arch == "jamba")
+    _emulate_against_interpreter(skewed, program, 1, tmp_path)
 
 
 @pytest.mark.parametrize("arch", ["attention", "lstm", "mamba"])

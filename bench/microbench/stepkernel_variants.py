@@ -120,6 +120,9 @@ SCHEDULE_VARIANTS = {
     # a thread's own sum read four positions at a time where a factor is contiguous (the softmax sum; codegen.VECTOR_REDUCE)
     "vector-reduce": ("codegen", "VECTOR_REDUCE", True),
     "row-followers+vector-reduce": [("codegen", "ROW_FOLLOWERS", True), ("codegen", "VECTOR_REDUCE", True)],
+    # a thread's own sum whose reads put a warp on one bank starts each element at its own
+    # position (attention's scores over a window, Mamba's C · h; codegen.SKEWED_SUM_WALK)
+    "skewed-sum": ("codegen", "SKEWED_SUM_WALK", True),
     # every product row a warp, however short (before 2026-11-25's lane segments)
     "no-seg-dot": ("codegen", "SEGMENTED_DOT", False),
     "no-const-fold-no-seg-dot": [("simplify", "FOLD_CONSTANTS", False), ("codegen", "SEGMENTED_DOT", False)],
@@ -198,7 +201,8 @@ def main() -> int:
     parser.add_argument(
         "--archs",
         default="min_gru,mamba",
-        help="zoo architectures (ARCH/sequenceT: the sequence form, T frames); real:NAME for tests/real_models",
+        help="zoo architectures (ARCH/sequenceT: the sequence form, T frames); real:NAME (real:NAME/sequenceT) "
+        "for tests/real_models",
     )
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=None)
@@ -215,12 +219,13 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="ff-variants-"))
     rows = []
     for arch in args.archs.split(","):
-        if arch.startswith("real:"):  # a benchmarked real model at T = 1 (bench/e2e.py --section real)
+        if arch.startswith("real:"):  # a benchmarked real model (bench/e2e.py --section real), T = 1 or /sequenceT
             from types import SimpleNamespace
 
             from tests.real_models.flow import fuse_real_model
 
-            prepared = SimpleNamespace(fused=fuse_real_model(arch[5:], 1, root).fused_path)
+            name, _, steps = arch[5:].partition("/sequence")
+            prepared = SimpleNamespace(fused=fuse_real_model(name, int(steps or 1), root).fused_path)
         elif "/sequence" in arch:  # min_gru/sequence32: the sequence form's window of 32 frames as one kernel
             name, _, steps = arch.partition("/sequence")
             prepared = prepare(name, root / arch.replace("/", "-"), {"seq": int(steps or 32)})["sequence"]

@@ -1774,6 +1774,13 @@ ROW_FOLLOWERS = False
 # and softmax sum read the weights four at a time, P·V over the prefix where V comes from the cache;
 # Emitter._vector_sum). Not measured yet: off, variant `vector-reduce`
 VECTOR_REDUCE = False
+# A thread's own sum over positions whose reads put a warp's lanes on one shared-memory bank
+# (attention's scores at T > 1: lane l reads key row l of a [T, 3·D] or [T, D] array, rows a
+# multiple of 32 floats apart, so the 32 lanes wait on one bank each position) starts at position
+# e % n and wraps (Emitter._reduce): the lanes read 32 different banks. The vector walk does the
+# same with its float4 chunks. Not measured yet on the GPU: off, variant `skewed-sum`
+SKEWED_SUM_WALK = False
+SKEW_SAMPLE_WARPS = 16  # warps of consecutive elements whose banks _bank_skew checks
 VECTOR_CHECK_LIMIT = 1 << 22  # elements x extent checked numerically for the float4 walk, at most
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
 SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take its rows in one pass
@@ -2072,8 +2079,18 @@ class Emitter:
             if split:  # a warp per root element: the lanes share the reduction, then a warp reduction
                 loop, inner = _lane_loop(r, self.fresh("j"), unroll=2)
             else:
-                loop = Code(f"for (int {r.name} = {start}; {r.name} < {node.extent}; ++{r.name})")
-                inner = Scope(loop, var=r)
+                count = node.extent - start
+                skew = level == 0 and self.per_thread and node.op == "sum" and self._bank_skew(node, index, r, start)
+                if skew:
+                    k, q = self.fresh("k"), self.fresh("q")
+                    scope.insert(f"const int {k} = e % {count};  // the first position, see SKEWED_SUM_WALK")
+                    loop = Code(f"for (int {q} = 0; {q} < {count}; ++{q})")
+                    inner = Scope(loop, var=r)
+                    wrapped = f"({q} + {k} < {count} ? {q} + {k} : {q} + {k} - {count})"
+                    inner.insert(f"const int {r.name} = {wrapped if not start else f'{start} + {wrapped}'};")
+                else:
+                    loop = Code(f"for (int {r.name} = {start}; {r.name} < {node.extent}; ++{r.name})")
+                    inner = Scope(loop, var=r)
             scope.open_child(loop)
             self.stack.append(inner)
             val = self.value(node.src, node.source_index(index, r))
@@ -2088,6 +2105,60 @@ class Emitter:
         if node.id in self.side:
             return self.bind(("side", key), acc, free, node=node, flat=flat)
         return result
+
+    def _bank_skew(self, node: Reduce, index: list, r: ix.Var, start: int) -> bool:
+        """Whether a thread's sum over positions start.. reads shared memory with fewer bank
+        conflicts when element e starts at position e % n and wraps (SKEWED_SUM_WALK): every read
+        of the summand that varies with the position, its flat index evaluated for warps of 32
+        consecutive elements (a thread-per-element loop gives lane l element e0 + l), the most
+        distinct words on one bank summed over the reads; at least halved, or no skew."""
+        if not SKEWED_SUM_WALK:
+            return False
+        count = node.extent - start
+        if count < 2:
+            return False
+        flats: list = []
+
+        def collect(n: Node, idx: list) -> bool:
+            kind = self.view.kind(n)
+            if kind == "inline":
+                if isinstance(n, Ew):
+                    return all(collect(a, idx) for a in n.args)
+                if isinstance(n, Map):
+                    return collect(n.src, n.source_index(idx))
+                return False  # a Concat, a nested reduction or scan: not analysed
+            if not (isinstance(n, Leaf) and n.role == "const"):
+                flat = self.view.flat(n, idx)
+                if r in ix.free_vars(flat):
+                    flats.append(flat)
+            return True
+
+        if not collect(node.src, node.source_index(index, r)) or not flats:
+            return False
+        names = frozenset().union(*(ix.free_vars(f) for f in flats)) - {r}
+        if len(names) != 1 or next(iter(names)).name != "e":
+            return False
+        (e,) = names
+        warps = min(SKEW_SAMPLE_WARPS, -(-e.extent // WARP_LANES))
+        elements = np.arange(warps * WARP_LANES, dtype=np.int64).reshape(warps, WARP_LANES)
+        elements = np.where(elements < e.extent, elements, elements[:, :1])  # a short last warp
+        plain = skewed = 0
+        for position in (0, count // 2):
+            for positions, total in (
+                (np.full_like(elements, start + position), "plain"),
+                (start + (position + elements % count) % count, "skewed"),
+            ):
+                worst = 0
+                for flat in flats:
+                    words = np.broadcast_to(ix.evaluate(flat, {e: elements, r: positions}), elements.shape)
+                    for row in words:
+                        distinct = np.unique(row)
+                        worst += int(np.bincount(distinct % WARP_LANES).max())
+                if total == "plain":
+                    plain += worst
+                else:
+                    skewed += worst
+        return 2 * skewed <= plain
 
     def _scan(self, node: Scan, index: list, flat, free: frozenset, key) -> Val:
         """The recurrence from its initial value through positions 0..t of the element's own t:
