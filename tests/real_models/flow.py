@@ -22,6 +22,30 @@ SEQS = (8, 16)
 #: The lengths the GPU test runs each fused graph at on the cuda-graph engine (issue 21: T = 8 and 32).
 GPU_SEQS = (8, 32)
 
+#: the benchmark's real models (bench/e2e.py REAL_MODELS), compiled at T = 1 (a length-1 sequence)
+BENCHMARKED = [
+    "gpt2_sdpa",
+    "llama_gqa_sdpa",
+    "mamba",
+    "jamba",
+    "torch_lstm_bidir",
+    "torch_gru_bidir",
+    "torch_rnn_bidir",
+]
+#: the step forms of models users write as loops or log-space scans, fused and compiled the same way
+COMPILED = BENCHMARKED + [
+    "torch_grucell_loop",
+    "torch_lstmcell_loop",
+    "mingru_log_space",
+    "mingru_log_space_h0",
+    "mamba2",
+    "zamba2",
+    "bamba",
+]
+#: the sequence form (issue 17): a window of T frames in one kernel — scans as the IR's Scan,
+#: LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) as the IR's Recur (a loop over positions)
+WINDOWS = [(n, T) for T in (8, 32) for n in [*BENCHMARKED, "mingru_log_space"]]
+
 
 @dataclass
 class Fused:

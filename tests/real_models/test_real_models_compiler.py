@@ -9,45 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .flow import fuse_real_model
-
-#: the benchmark's real models (bench/e2e.py REAL_MODELS)
-BENCHMARKED = [
-    "gpt2_sdpa",
-    "llama_gqa_sdpa",
-    "mamba",
-    "jamba",
-    "torch_lstm_bidir",
-    "torch_gru_bidir",
-    "torch_rnn_bidir",
-]
-# the step forms of models users write as loops or log-space scans, fused and compiled the same way
-COMPILED = BENCHMARKED + [
-    "torch_grucell_loop",
-    "torch_lstmcell_loop",
-    "mingru_log_space",
-    "mingru_log_space_h0",
-    "mamba2",
-    "zamba2",
-    "bamba",
-]
-
-
-#: the sequence form (issue 17): a window of T frames in one kernel — scans as the IR's Scan,
-#: LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) as the IR's Recur (a loop over positions)
-WINDOWS = [(n, 8) for n in BENCHMARKED + ["mingru_log_space"]] + [
-    (n, 32)
-    for n in (
-        "gpt2_sdpa",
-        "llama_gqa_sdpa",
-        "mamba",
-        "jamba",
-        "mingru_log_space",
-        "torch_lstm_bidir",
-        "torch_gru_bidir",
-        "torch_rnn_bidir",
-    )
-]
+from .flow import COMPILED, WINDOWS, fuse_real_model
 
 
 @pytest.mark.parametrize("name,steps", [(n, 1) for n in COMPILED] + WINDOWS, ids=lambda v: str(v))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from .flow import GPU_SEQS, fuse_real_model
+from .flow import COMPILED, GPU_SEQS, WINDOWS, fuse_real_model
 from .models import BATCH, BY_NAME, MODELS
 
 pytestmark = pytest.mark.gpu
@@ -32,51 +32,7 @@ def test_cuda_graph_engine_of_fused_real_model_matches_torch(name, seq, export_r
 
 @pytest.mark.parametrize(
     "name,steps",
-    [
-        (name, 1)
-        for name in (
-            "gpt2_sdpa",
-            "llama_gqa_sdpa",
-            "mamba",
-            "jamba",
-            "torch_lstm_bidir",
-            "torch_gru_bidir",
-            "torch_rnn_bidir",
-            "torch_grucell_loop",
-            "torch_lstmcell_loop",
-            "mingru_log_space",
-            "mingru_log_space_h0",
-            "mamba2",
-            "zamba2",
-            "bamba",
-        )
-    ]
-    # the sequence form (issue 17): scans as the IR's Scan, LSTM / GRU cells as the IR's Recur
-    + [
-        (n, 8)
-        for n in (
-            "gpt2_sdpa",
-            "llama_gqa_sdpa",
-            "mamba",
-            "jamba",
-            "torch_lstm_bidir",
-            "torch_gru_bidir",
-            "torch_rnn_bidir",
-        )
-    ]
-    + [
-        (n, 32)
-        for n in (
-            "gpt2_sdpa",
-            "llama_gqa_sdpa",
-            "mamba",
-            "jamba",
-            "mingru_log_space",
-            "torch_lstm_bidir",
-            "torch_gru_bidir",
-            "torch_rnn_bidir",
-        )
-    ],
+    [(name, 1) for name in COMPILED] + WINDOWS,  # the CPU's compiler test's models and windows
     ids=lambda v: str(v),
 )
 def test_step_kernel_of_real_model_matches_onnxruntime(name, steps, export_root):
