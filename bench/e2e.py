@@ -1494,7 +1494,7 @@ def markdown(results: dict) -> str:
     failures = [(r, n, e["error"]) for r in every for n, e in r.get("engines", {}).items() if "error" in e]
     problems = [r for r in every if "rewrite_error" in r or "export_error" in r]
     prec_fail = [r for r in results.get("precision_rows", []) if "error" in r]
-    if failures or problems or prec_fail or results.get("errors") or results.get("not_run"):
+    if failures or problems or prec_fail or results.get("errors") or results.get("not_run") or results.get("missing"):
         lines += ["## Failures and gaps", ""]
         for r in problems:
             what = "export failed" if "export_error" in r else "rewrite failed"
@@ -1509,6 +1509,8 @@ def markdown(results: dict) -> str:
             lines.append(f"- {message}")
         for what in results.get("not_run", []):
             lines.append(f"- not run (time budget): {what}")
+        if results.get("missing"):
+            lines.append(f"- no row in any merged run: {', '.join(results['missing'])}")
     lines.append("")
     return "\n".join(lines)
 
@@ -1686,6 +1688,7 @@ def merge(paths: list[str], out: Path) -> dict:
         for what in part.get("not_run", [])
         if not _covered(what, part, merged)
     ]
+    merged["missing"] = _missing(merged)
     merged["quick"] = any(part.get("quick") for part in parts)
     if merged["quick"]:
         merged["publication"] = QUICK_NOTE
@@ -1717,10 +1720,15 @@ def _origin(row: dict, field: str, key: Callable, part: dict, path) -> dict:
     """The run a row came from. A row of an older merge (made before rows named their run) is
     traced through that merge's merged_from files, where they are still on disk: the last of them
     holding the same row, framefuse's p50 equal."""
-    for source in reversed(part.get("merged_from") or []):
+    for named in reversed(part.get("merged_from") or []):
+        # as written when that merge ran: from its working folder, which may have been the merge's own
+        near = [Path(named), Path(path).parent / named, Path(path).parent.parent / named]
+        source = next((os.path.normpath(c) for c in near if c.is_file()), None)
         try:
-            earlier = json.loads(Path(source).read_text())
+            earlier = json.loads(Path(source).read_text()) if source else None
         except (OSError, ValueError):
+            earlier = None
+        if earlier is None:
             continue
         for candidate in earlier.get(field, []):
             if key(candidate) == key(row) and _ff_p50(candidate) == _ff_p50(row):
@@ -1730,6 +1738,19 @@ def _origin(row: dict, field: str, key: Callable, part: dict, path) -> dict:
 
 def _ff_p50(row: dict):
     return row.get("engines", {}).get("framefuse", {}).get("p50_us", row.get("p50_us"))
+
+
+def _missing(merged: dict) -> list[str]:
+    """The rows a merged report lacks: every zoo architecture and every benchmarked real model at
+    each T the report has rows for, where no run has one (named whether or not a run tried)."""
+    from framefuse.models import ARCHITECTURES
+
+    missing = []
+    for field, section, names in (("rows", "zoo", ARCHITECTURES), ("real_rows", "real", REAL_MODELS)):
+        have = {(r["arch"], r["T"]) for r in merged.get(field, [])}
+        for T in sorted({T for _, T in have}):
+            missing += [f"{section} {name} T={T}" for name in names if (name, T) not in have]
+    return missing
 
 
 def _covered(what: str, part: dict, merged: dict) -> bool:

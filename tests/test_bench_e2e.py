@@ -185,6 +185,9 @@ def test_a_merge_names_the_run_of_every_row_and_drops_gaps_another_run_filled(e2
     assert {(r["T"], r["run"]["file"]) for r in older["rows"]} == {(1, paths[0]), (seq_row["T"], paths[1])}
     # min_gru's T = 1 and T = 32 rows are both here now; xlstm's are not
     assert older["not_run"] == [f"zoo xlstm ({paths[1]})"]
+    # the architectures no run has a row for, at each T the report has, tried or not
+    assert "zoo xlstm T=1" in older["missing"] and f"zoo attention T={seq_row['T']}" in older["missing"]
+    assert not any("min_gru" in m for m in older["missing"])
     # an older merge's rows without a run are traced to the file they came from
     for row in older["rows"]:
         del row["run"]
