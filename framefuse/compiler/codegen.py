@@ -2142,23 +2142,17 @@ class Emitter:
         warps = min(SKEW_SAMPLE_WARPS, -(-e.extent // WARP_LANES))
         elements = np.arange(warps * WARP_LANES, dtype=np.int64).reshape(warps, WARP_LANES)
         elements = np.where(elements < e.extent, elements, elements[:, :1])  # a short last warp
-        plain = skewed = 0
+        served = {"plain": 0, "skewed": 0}  # the words of the busiest bank, summed
         for position in (0, count // 2):
-            for positions, total in (
-                (np.full_like(elements, start + position), "plain"),
-                (start + (position + elements % count) % count, "skewed"),
-            ):
-                worst = 0
+            walks = {
+                "plain": np.full_like(elements, start + position),
+                "skewed": start + (position + elements % count) % count,
+            }
+            for walk, positions in walks.items():
                 for flat in flats:
                     words = np.broadcast_to(ix.evaluate(flat, {e: elements, r: positions}), elements.shape)
-                    for row in words:
-                        distinct = np.unique(row)
-                        worst += int(np.bincount(distinct % WARP_LANES).max())
-                if total == "plain":
-                    plain += worst
-                else:
-                    skewed += worst
-        return 2 * skewed <= plain
+                    served[walk] += sum(int(np.bincount(np.unique(row) % WARP_LANES).max()) for row in words)
+        return 2 * served["skewed"] <= served["plain"]
 
     def _scan(self, node: Scan, index: list, flat, free: frozenset, key) -> Val:
         """The recurrence from its initial value through positions 0..t of the element's own t:
