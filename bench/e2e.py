@@ -1443,7 +1443,7 @@ def markdown(results: dict) -> str:
         + (f" (compute capability {env['compute_capability']})" if env.get("compute_capability") else "")
         + f" · torch {env['torch_version']} · onnxruntime {env['onnxruntime_version']}"
         + (f" · transformers {env['transformers_version']}" if env.get("transformers_version") else "")
-        + f" · framefuse {env['framefuse_version']} · {results['created']}",
+        + f" · framefuse {env['framefuse_version']} · {_when(results)}",
         "",
         f"Settings: sections {', '.join(results.get('sections', ['zoo']))}; zoo embed {cfg['embed']}, "
         f"{cfg['layers']} layers, batch 1, T = {_measured_lengths(results, cfg)}; {cfg['iters']} timed calls after {cfg['warmup']} "
@@ -1738,6 +1738,16 @@ def _origin(row: dict, field: str, key: Callable, part: dict, path) -> dict:
 
 def _ff_p50(row: dict):
     return row.get("engines", {}).get("framefuse", {}).get("p50_us", row.get("p50_us"))
+
+
+def _when(results: dict) -> str:
+    """When the report's rows were measured: its run's start, or a merge's first and last rows' runs."""
+    runs = sorted(
+        {str((r.get("run") or {}).get("created")) for key in ROW_KEYS.values() for r in results.get(key, [])} - {"None"}
+    )
+    if results.get("merged_from") and len(runs) > 1:
+        return f"rows measured {runs[0]} to {runs[-1]}"
+    return str(results["created"])
 
 
 def _missing(merged: dict) -> list[str]:

@@ -202,6 +202,7 @@ def test_a_merge_names_the_run_of_every_row_and_drops_gaps_another_run_filled(e2
     text = (tmp_path / "merged" / "e2e.md").read_text()
     assert f"Rows by run: {tmp_path / 'later.json'}: min_gru T = 1; {paths[1]}: min_gru T = {seq_row['T']}." in text
     assert f"not run (time budget): zoo xlstm ({paths[1]})" in text
+    assert "rows measured run-2 to run-3" in text  # the runs behind the rows, not the first file's date
 
 
 def test_the_png_has_a_panel_per_section_and_T_real_models_included(e2e, smoke, tmp_path, monkeypatch):
