@@ -58,6 +58,13 @@ alone ran past 8 minutes, mostly max-autotune). Split the zoo over calls of at m
 (--archs, --forms, --time-budget), point TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at an ignored
 folder of the checkout (the device machine keeps ignored build outputs between calls while it is
 held), and merge the parts with --merge: every row holds all of its peers from one process.
+A row whose builds alone outlast one call (xlstm at T = 32: max-autotune 331 s, reduce-overhead
+81 s and framefuse's build 194 s from cold caches, H100, 2026-11-27) fills the caches first with
+--prebuild, which builds the named engines one after the other, times nothing and writes a report
+that --merge refuses; the row itself then runs whole in the next call on the same machine:
+
+    python bench/e2e.py --archs xlstm --forms sequence --prebuild torch_compile_autotune_graph,torch_compile --out /tmp/p
+    python bench/e2e.py --archs xlstm --forms sequence --out /tmp/x
 """
 
 from __future__ import annotations
@@ -120,6 +127,7 @@ REAL_MODELS = (
 )
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 QUICK_NOTE = "quick: not for publication"
+PREBUILD_NOTE = "prebuild: engines built to fill the compile caches, nothing timed"
 
 
 def say(message: str) -> None:
@@ -616,7 +624,10 @@ def ort_reference(onnx_path, manifest: dict, x: np.ndarray) -> np.ndarray:
 class Settings:
     """What every row needs from the command line."""
 
-    def __init__(self, *, iters, warmup, device, compile_forms, replays, profile_calls, quick, rounds=ROUNDS):
+    def __init__(
+        self, *, iters, warmup, device, compile_forms, replays, profile_calls, quick, rounds=ROUNDS, prebuild=None
+    ):
+        self.prebuild = prebuild  # engine names: build these, time nothing (see --prebuild)
         self.rounds = max(1, min(rounds, iters))
         self.iters = iters
         self.warmup = warmup
@@ -749,6 +760,8 @@ def bench_row(
         for name in GPU_ONLY:
             row["engines"].setdefault(name, {"skipped": "no GPU"})
     makers.append(("ort_cpu", lambda: make_ort(entry["onnx"], pool=pool, manifest=manifest)))
+    if settings.prebuild is not None:
+        return prebuild_row(row, makers + late, settings.prebuild, dev=dev)
 
     # Every engine is built first and then timed in interleaved rounds (ROUNDS blocks of iters /
     # ROUNDS calls each, engine after engine), so that each one's samples come from the same
@@ -813,6 +826,41 @@ def bench_row(
     profile_row(row, settings, dev)
     built.clear()
     if on_gpu:
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return row
+
+
+def prebuild_row(row: dict, makers: list, names: list, *, dev) -> dict:
+    """--prebuild: build the named engines of the row and run each once, untimed, one after the
+    other in the order named (a build that times candidates, such as framefuse's selection or max-autotune, has the
+    GPU to itself): their compiles land in the caches for a later run of the same row."""
+    import torch
+
+    row["prebuild"] = {}
+    by_name = dict(makers)
+    for name in names:
+        if name not in by_name:  # e.g. a GPU peer on the CPU
+            row["prebuild"][name] = {"skipped": "not an engine of this row"}
+            continue
+        make, call = by_name[name], None
+        try:
+            start = time.perf_counter()
+            with torch.no_grad():
+                call = make()
+                call(0)
+            seconds = time.perf_counter() - start
+            row["prebuild"][name] = {"setup_s": round(seconds, 1)}
+            say(f"  {row['arch']:<16} T={row['T']:<3} prebuilt {ENGINE_LABELS.get(name, name)} ({seconds:.1f} s)")
+        except Exception as exc:  # noqa: BLE001 - reported; the later run meets it again
+            row["prebuild"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            say(f"  {row['arch']:<16} T={row['T']:<3} prebuild of {name} failed: {row['prebuild'][name]['error']}")
+        finally:
+            if call is not None and hasattr(call, "close"):
+                call.close()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+    if dev.type == "cuda":
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return row
@@ -1438,6 +1486,8 @@ def markdown(results: dict) -> str:
     lines = ["# framefuse end-to-end benchmark", ""]
     if results.get("quick"):
         lines += [f"> **{QUICK_NOTE}** (--quick: fewer calls; compile peers may be skipped).", ""]
+    if results.get("prebuild"):
+        lines += [f"> **{PREBUILD_NOTE}** (--prebuild {','.join(results['prebuild'])}): not a result.", ""]
     lines += [
         f"GPU: **{gpu}**"
         + (f" (compute capability {env['compute_capability']})" if env.get("compute_capability") else "")
@@ -1651,6 +1701,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU: run every architecture/model in this process (default: one child process each, so that a "
         "sticky CUDA error in one peer cannot end the whole run)",
     )
+    parser.add_argument(
+        "--prebuild",
+        metavar="ENGINES",
+        default=None,
+        help="build these engines of every row (comma-separated names as in e2e.json, e.g. "
+        "torch_compile_autotune_graph,torch_compile) and run each once, untimed, to fill the compile caches "
+        "(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, FRAMEFUSE_CACHE) for a later run whose row must fit a "
+        "time limit; the report is marked and cannot be merged",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", default=None, help="folder for the exported artifacts (default: a temporary folder)")
     parser.add_argument("--merge", nargs="+", metavar="E2E_JSON", help="merge earlier e2e.json files into one report")
@@ -1660,6 +1719,9 @@ def merge(paths: list[str], out: Path) -> dict:
     """One report of several runs of one GPU: rows by (arch, T) (zoo, real) and (arch, precision);
     a later file's row replaces an earlier one's. Quick if any part was quick."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
+    for part, path in zip(parts, paths):
+        if part.get("prebuild"):
+            raise SystemExit(f"{path}: a --prebuild run ({PREBUILD_NOTE}): nothing to merge")
     gpus = {p["environment"].get("gpu") for p in parts}
     if len(gpus) > 1:
         raise SystemExit(f"refusing to merge results from different GPUs: {sorted(map(str, gpus))}")
@@ -1805,6 +1867,8 @@ def child_argv(args, section: str, item: str, out: Path, work: Path) -> list[str
         argv.append("--quick")
     if args.no_driver_replay:
         argv.append("--no-driver-replay")
+    if getattr(args, "prebuild", None):
+        argv += ["--prebuild", args.prebuild]
     return argv
 
 
@@ -1897,6 +1961,10 @@ def run(args) -> int:
     compile_choice = args.compile or ("step" if args.quick else "all")
     compile_forms = {"all": {"step", "sequence"}, "step": {"step"}, "none": set()}[compile_choice]
     replays = set() if args.no_driver_replay else {"driver"}
+    prebuild = list(dict.fromkeys(filter(None, args.prebuild.split(",")))) if getattr(args, "prebuild", None) else None
+    if prebuild is not None and (not prebuild or set(prebuild) - set(ENGINE_LABELS)):
+        unknown = sorted(set(prebuild) - set(ENGINE_LABELS))
+        raise SystemExit(f"--prebuild: unknown engine(s) {unknown}; use {', '.join(ENGINE_LABELS)}")
     # fp32 everywhere: no TF32 in any engine (framefuse's own contract; the peers match it).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -1909,6 +1977,7 @@ def run(args) -> int:
         profile_calls=max(0, getattr(args, "profile_calls", 20)),
         quick=args.quick,
         rounds=args.rounds,
+        prebuild=prebuild,
     )
     work_ctx = contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory(prefix="ffbench-")
     results = {
@@ -1942,6 +2011,9 @@ def run(args) -> int:
     }
     if args.quick:
         results["publication"] = QUICK_NOTE
+    if prebuild is not None:
+        results["prebuild"] = prebuild
+        results["publication"] = PREBUILD_NOTE
     label = results["environment"]["gpu"] or "CPU"
     say(
         f"sections {', '.join(sections)} on {label}; {iters} timed calls per engine"

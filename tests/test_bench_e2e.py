@@ -285,3 +285,31 @@ def test_the_report_says_how_engines_were_timed(smoke):
         for name, entry in row["engines"].items():
             if "p50_us" in entry:
                 assert entry["rounds"] == (1 if name == "framefuse_resident" else 3), (name, entry)
+
+
+def test_prebuild_builds_the_named_engines_in_order_times_nothing_and_cannot_be_merged(e2e, tmp_path, monkeypatch):
+    # --prebuild fills the compile caches for a row whose builds outlast one device call
+    built = []
+    real_make_ort = e2e.make_ort
+
+    def make_ort(*args, **kwargs):
+        built.append("ort_cpu")
+        return real_make_ort(*args, **kwargs)
+
+    monkeypatch.setattr(e2e, "make_ort", make_ort)
+    monkeypatch.setattr(e2e, "measure_rounds", lambda *a, **k: pytest.fail("--prebuild timed an engine"))
+    argv = ["--device", "cpu", "--quick", "--archs", "min_gru", "--embed", "16", "--seq", "3", "--forms", "sequence"]
+    argv += ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "pre")]
+    assert e2e.main([*argv, "--prebuild", "ort_cpu,torch_eager,torch_compile"]) == 0
+    results = json.loads((tmp_path / "pre" / "e2e.json").read_text())
+    assert results["prebuild"] == ["ort_cpu", "torch_eager", "torch_compile"]
+    assert results["publication"] == e2e.PREBUILD_NOTE
+    assert e2e.PREBUILD_NOTE in (tmp_path / "pre" / "e2e.md").read_text()
+    (row,) = results["rows"]
+    assert list(row["prebuild"]) == ["ort_cpu", "torch_eager", "torch_compile"] and built == ["ort_cpu"]
+    assert row["prebuild"]["ort_cpu"]["setup_s"] >= 0 and "skipped" in row["prebuild"]["torch_compile"]  # no GPU
+    assert "us_per_step" not in json.dumps(row) and row["engines"].get("ort_cpu") is None
+    with pytest.raises(SystemExit, match="--prebuild run"):
+        e2e.main(["--merge", str(tmp_path / "pre" / "e2e.json"), "--out", str(tmp_path / "merged")])
+    with pytest.raises(SystemExit, match="--prebuild: unknown engine"):
+        e2e.main([*argv, "--prebuild", "torch_compiled"])

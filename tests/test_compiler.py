@@ -1607,6 +1607,8 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-384-threads",
         "stepkernel-paced",
         "stepkernel-unframed",
+        "stepkernel-skewed",
+        "stepkernel-384-threads-skewed",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
@@ -1843,20 +1845,19 @@ def test_vector_reduce_under_emulation(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     "arch,embed,seq,grid", [("attention", 256, 32, 132), ("attention", 64, 8, 5), ("jamba", 64, 8, 5)]
 )
-def test_skewed_sum_walk_under_emulation(arch, embed, seq, grid, monkeypatch, tmp_path):
-    """codegen.SKEWED_SUM_WALK (off by default until measured): in the window's attention scores
+def test_skewed_sum_walk_under_emulation(arch, embed, seq, grid, tmp_path):
+    """codegen.SKEWED_SUM_WALK (off by default; the build's tactics stepkernel-skewed and
+    stepkernel-384-threads-skewed turn it on, engines.fusion): in the window's attention scores
     a thread per score walks q · k over the head, lane l reading key row l, rows a multiple of 32
     floats apart: one bank for the whole warp at every position. Element e starts at position
     e % n and wraps, so the lanes read different banks; only the scores are skewed (P·V reads V
     along the lanes already, one bank each; on few blocks the scores are a segmented reduction, whose
     lanes already start at different chunks). Under emulation it computes what the interpreter does."""
-    from framefuse.compiler import codegen
-
     _, program = _sequence_program(arch, {"model": {"embed": embed, "layers": 2}, "seq": seq, "seed": 0})
     sched = schedule(program, grid=grid, threads=128)
     plain = generate(sched)
-    monkeypatch.setattr(codegen, "SKEWED_SUM_WALK", True)
-    skewed = generate(sched)
+    skewed = generate(sched, skewed_sums=True)
+    assert skewed.describe()["skewed_sums"] and not plain.describe()["skewed_sums"]
     layers = 2 if arch == "attention" else 1  # jamba: one attention layer of two
     assert "SKEWED_SUM_WALK" not in plain.source
     scores = r"node 'Attention_\d+' \(framefuse::Attention\) \[1, 4, (\d+), \1\], a thread per element\n"
@@ -2279,3 +2280,14 @@ def test_an_onnx_rnn_node_with_an_activation_per_direction_and_an_initial_state(
     # the engine's planner folds the graph before the lowering, and refuses it first
     with pytest.raises((CompileError, UnsupportedOpError), match=r"node 'elman' \(RNN\): clip is not supported"):
         lower_program(model)
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention"])
+def test_skewed_sums_leave_a_step_form_kernel_unchanged(arch):
+    """At T = 1 no zoo sum reads one bank a warp (attention's step form scores a row of the cache
+    per warp), so the skewed tactics generate the plain kernel's source and range table: the build
+    drops them as duplicates (engines.fusion.apply_selection, by Kernel.identity) instead of timing
+    the same kernel twice."""
+    program = lower_program(_prepared(arch, FULL).fused)
+    sched = schedule(program, grid=132)
+    assert generate(sched, skewed_sums=True).identity == generate(sched).identity

@@ -159,6 +159,7 @@ class Generator:
         resident: bool = False,
         copy_pieces: int | None = None,
         paced_copies: bool | None = None,
+        skewed_sums: bool | None = None,
     ):
         if trace and resident:
             raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
@@ -177,6 +178,7 @@ class Generator:
         if self.copy_pieces < 0 or self.copy_pieces % 4:
             raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {self.copy_pieces}")
         self.paced_copies = PREFETCH_PACED if paced_copies is None else bool(paced_copies)
+        self.skewed_sums = SKEWED_SUM_WALK if skewed_sums is None else bool(skewed_sums)
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -1778,7 +1780,9 @@ VECTOR_REDUCE = False
 # (attention's scores at T > 1: lane l reads key row l of a [T, 3·D] or [T, D] array, rows a
 # multiple of 32 floats apart, so the 32 lanes wait on one bank each position) starts at position
 # e % n and wraps (Emitter._reduce): the lanes read 32 different banks. The vector walk does the
-# same with its float4 chunks. Not measured yet on the GPU: off, variant `skewed-sum`
+# same with its float4 chunks. Off by default (H100, session 30: faster for the zoo's attention,
+# Jamba and GPT-2 windows, slower for Llama's): the build times it as tactics (engines.fusion
+# STEPKERNEL_SKEWED, STEPKERNEL_WIDE_SKEWED), which pass generate(skewed_sums=True)
 SKEWED_SUM_WALK = False
 SKEW_SAMPLE_WARPS = 16  # warps of consecutive elements whose banks _bank_skew checks
 VECTOR_CHECK_LIMIT = 1 << 22  # elements x extent checked numerically for the float4 walk, at most
@@ -2112,7 +2116,7 @@ class Emitter:
         of the summand that varies with the position, its flat index evaluated for warps of 32
         consecutive elements (a thread-per-element loop gives lane l element e0 + l), the most
         distinct words on one bank summed over the reads; at least halved, or no skew."""
-        if not SKEWED_SUM_WALK:
+        if not self.gen.skewed_sums:
             return False
         count = node.extent - start
         if count < 2:
@@ -2285,6 +2289,7 @@ class Kernel:
     resident: bool = False  # ffk_resident: launched once, a frame per bell (see Generator._resident_loop)
     copy_pieces: int = 0  # prefetch copies cut into pieces of this many floats (0: whole)
     paced_copies: bool = False  # each block issues a group's copies a task ahead in its own order
+    skewed_sums: bool = False  # sums whose reads share a bank start each element at its own position
 
     @property
     def name(self) -> str:
@@ -2330,6 +2335,7 @@ class Kernel:
                 "done_words": self.done_words,
                 "copy_pieces": self.copy_pieces,
                 "paced_copies": self.paced_copies,
+                "skewed_sums": self.skewed_sums,
             }
         )
         return info
@@ -2344,6 +2350,7 @@ def generate(
     resident: bool = False,
     copy_pieces: int | None = None,
     paced_copies: bool | None = None,
+    skewed_sums: bool | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
@@ -2356,6 +2363,7 @@ def generate(
         resident=resident,
         copy_pieces=copy_pieces,
         paced_copies=paced_copies,
+        skewed_sums=skewed_sums,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -2369,6 +2377,7 @@ def generate(
         resident,
         gen.copy_pieces,
         gen.paced_copies,
+        gen.skewed_sums,
     )
 
 

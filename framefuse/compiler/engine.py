@@ -120,6 +120,7 @@ class CompiledStep:
         trace: bool = False,
         copy_pieces: int | None = None,
         paced_copies: bool | None = None,
+        skewed_sums: bool | None = None,
         grid_fraction: float = 1.0,
         fast_math: bool | None = None,
         log=None,
@@ -151,9 +152,11 @@ class CompiledStep:
             trace=trace,
             copy_pieces=copy_pieces,
             paced_copies=paced_copies,
+            skewed_sums=skewed_sums,
         )
         self.copy_pieces = self.kernel.copy_pieces
         self.paced_copies = self.kernel.paced_copies
+        self.skewed_sums = self.kernel.skewed_sums
         self.kernel_prefetch = prefetch
         self.schedule_s = time.perf_counter() - start
         path = write_source(self.kernel)
@@ -313,6 +316,7 @@ class CompiledStep:
                 resident=True,
                 copy_pieces=self.copy_pieces,
                 paced_copies=self.paced_copies,
+                skewed_sums=self.skewed_sums,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -345,6 +349,7 @@ def compile_step(
     threads=THREADS,
     copy_pieces=None,
     paced_copies=None,
+    skewed_sums=None,
     grid_fraction=1.0,
     fast_math=FAST_MATH,
     compose_input=None,
@@ -362,6 +367,7 @@ def compile_step(
         threads=threads,
         copy_pieces=copy_pieces,
         paced_copies=paced_copies,
+        skewed_sums=skewed_sums,
         grid_fraction=grid_fraction,
         fast_math=fast_math,
         log=log,

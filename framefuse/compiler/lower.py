@@ -31,7 +31,7 @@ WKV_MAX_INIT = -1e38
 # The most elements (positions x carried values) a window's Scan may have when each element runs
 # the recurrence up to its own position (the row form, simplify.runs_in_columns false):
 # scheduling such a window took 154 s on a 2-core CPU for xlstm's C (524,288 elements at embed
-# 256, T = 32) — a build times six tactics. Mamba's (262,144) schedules in 33 s but runs 544 us on
+# 256, T = 32) — a build times up to eight tactics. Mamba's (262,144) schedules in 33 s but runs 544 us on
 # the H100 (device time; session 23), three times the fused-op engine's whole window. A scan run
 # column by column has no such bound (mamba's schedules in 14 s and runs 72 us, xlstm's 21 s).
 SCAN_MAX_ELEMENTS = 1 << 17

@@ -474,6 +474,14 @@ STEPKERNEL_PACED = "stepkernel-paced"
 # 16.1, jamba 17.1 / 18.1, liquid 14.0 / 14.8, mamba 19.6 / 20.1; but min_gru 10.5 / 10.1, min_lstm
 # 11.3 / 10.8, gru 10.6 / 10.3, gated_ssm 12.0 / 11.6, delta_net 16.75 / 16.4, xlstm 22.0 / 21.4).
 STEPKERNEL_UNFRAMED = "stepkernel-unframed"
+# A thread's own sum whose reads put a warp's lanes on one shared-memory bank starts each element
+# at its own position (compiler/codegen.SKEWED_SUM_WALK): attention's scores over a window, Mamba's
+# and xLSTM's readouts. H100, bench/h100/2026-11-27-s30/, device time a T = 32 window, plain /
+# skewed / 384 threads / 384 threads skewed: attention 46.1 / 42.7 / 41.1 / 37.6 us, Jamba
+# 51.6 / 49.9 / 46.6 / 45.2, transformers GPT-2 40.7 / 39.7 / 35.0 / 35.0; but Llama 28.5 / 29.1.
+# A model none of whose sums is skewed gets the plain kernel's source: no candidate to time.
+STEPKERNEL_SKEWED = "stepkernel-skewed"
+STEPKERNEL_WIDE_SKEWED = "stepkernel-384-threads-skewed"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -488,6 +496,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_WIDE: {"copy_pieces": 0, "threads": WIDE_THREADS},
     STEPKERNEL_PACED: {"copy_pieces": 0, "paced_copies": True},
     STEPKERNEL_UNFRAMED: {"copy_pieces": 0, "compose_input": False},
+    STEPKERNEL_SKEWED: {"copy_pieces": 0, "skewed_sums": True},
+    STEPKERNEL_WIDE_SKEWED: {"copy_pieces": 0, "threads": WIDE_THREADS, "skewed_sums": True},
 }
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 

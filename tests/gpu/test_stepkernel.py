@@ -381,13 +381,39 @@ def test_stepkernel_of_lstm_cells_fused_from_a_step_form_export(tmp_path):
 def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
     """The sequence form (T frames in, no state carried out) as one kernel: the scans run their
     recurrence inside it (compiler ir.Scan); windows of zeros, of NaN and of random frames."""
+    _check_window(arch, seq, batch, "stepkernel")
+
+
+@pytest.mark.parametrize(
+    "arch,seq,batch,tactic",
+    [
+        (a, s, b, t)
+        for a in ("attention", "jamba", "mamba")
+        for s, b in ((32, 1), (7, 2))
+        for t in ("stepkernel-skewed", "stepkernel-384-threads-skewed")
+    ]
+    + [("xlstm", 8, 1, "stepkernel-skewed"), ("xlstm", 5, 2, "stepkernel-384-threads-skewed")],
+)
+def test_skewed_sum_tactics_of_a_sequence_window_match_onnxruntime(arch, seq, batch, tactic):
+    """The tactics whose sums over positions start each element at its own position
+    (codegen.SKEWED_SUM_WALK: attention's window scores, Mamba's and xLSTM's readouts), with the
+    skew in the source, over the window test's windows (random, zeros, NaN)."""
+    from framefuse.engines.fusion import STEPKERNELS
+
+    engine = _check_window(arch, seq, batch, tactic)
+    assert engine.metadata["selection"]["stepkernel"]["skewed_sums"] is True
+    assert engine.metadata["selection"]["stepkernel"]["threads"] == STEPKERNELS[tactic].get("threads", 256)
+    assert "see SKEWED_SUM_WALK" in engine.default_plan.compiled.kernel.source
+
+
+def _check_window(arch, seq, batch, select):
     from framefuse.engines import cuda_graph
 
     prepared = prepare_cached(arch, {"model": {"embed": 64, "layers": 2}, "seq": seq, "batch": batch, "seed": 5})[
         "sequence"
     ]
-    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
-    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": select})
+    assert engine.metadata["selection"]["chosen"] == select
     sess = _ort(prepared)
     shape = prepared.input_shapes()["x"]
     rng = np.random.default_rng(6)
@@ -408,6 +434,7 @@ def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
     expected = fused.run([out_name], {"x": poisoned})[0]
     assert np.isnan(expected[0, seq // 2 :]).any(), "the NaN frame reaches the output"
     _close(engine.run({"x": poisoned})[out_name], expected, f"{arch} T={seq} NaN window vs the fused graph")
+    return engine
 
 
 def test_stepkernel_of_mamba_at_embed_256_reads_its_transposed_window_in_place(monkeypatch):
