@@ -2282,6 +2282,18 @@ def test_an_onnx_rnn_node_with_an_activation_per_direction_and_an_initial_state(
         lower_program(model)
 
 
+@needs_cxx
+@pytest.mark.parametrize("arch,embed,seq,grid", [("mamba", 64, 8, 32), ("xlstm", 64, 5, 64)])
+def test_skewed_readouts_under_emulation(arch, embed, seq, grid, tmp_path):
+    """The other sums the skew reaches in a window (stepkernel-skewed): Mamba's C · h over the
+    state (state rows 16 floats apart) and xLSTM's readouts over the head; under emulation the
+    kernel still computes what the interpreter does."""
+    _, program = _sequence_program(arch, {"model": {"embed": embed, "layers": 2}, "seq": seq, "seed": 0})
+    skewed = generate(schedule(program, grid=grid, threads=128), skewed_sums=True)
+    assert skewed.source.count("// the first position, see SKEWED_SUM_WALK") >= 2  # a readout a layer
+    _emulate_against_interpreter(skewed, program, 1, tmp_path)
+
+
 @pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention"])
 def test_skewed_sums_leave_a_step_form_kernel_unchanged(arch):
     """At T = 1 no zoo sum reads one bank a warp (attention's step form scores a row of the cache
