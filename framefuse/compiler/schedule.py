@@ -827,6 +827,7 @@ def enumerate_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.nda
         _pairs_memo.clear()
         _readers_memo.clear()
         _pairs_memo_size = 0
+        _forget_extremes()
     if size <= PAIRS_MEMO_ELEMENTS:
         if found is not None:
             for array in found:
@@ -869,6 +870,14 @@ def _forget_pairs() -> None:
     _pairs_memo.clear()
     _readers_memo.clear()
     _pairs_memo_size = 0
+    _forget_extremes()
+
+
+def _forget_extremes() -> None:
+    global _extremes_size
+    for key in [k for k in _readers_memo if k[0] == "extremes"]:
+        del _readers_memo[key]
+    _extremes_size = 0
 
 
 def _enumerate_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -902,8 +911,10 @@ def _enumerate_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.nd
 # max_readers by the identity of its (read-only, memoized) pair arrays: the cache rounds of a
 # task ask the same question of the same occurrences again (xlstm's T = 32 window: 5,467 calls,
 # 9.3 of its 21 s of scheduling on a 2-core CPU). The arrays are kept with the answer so that their
-# ids stay theirs; emptied with the pairs memo.
+# ids stay theirs; emptied with the pairs memo. needed_ranges' per-element extremes of the same
+# arrays are kept beside them (_element_extremes), at most PAIRS_MEMO_ELEMENTS elements in all.
 _readers_memo: dict = {}
+_extremes_size = 0
 
 
 def max_readers(pairs: list, size: int) -> int:
@@ -1007,7 +1018,11 @@ def _element_extremes(elems: np.ndarray, flat: np.ndarray, elements: int) -> tup
     starts = np.flatnonzero(np.concatenate(([True], elems[1:] != elems[:-1])))
     per_min[elems[starts]] = np.minimum.reduceat(flat, starts)
     per_max[elems[starts]] = np.maximum.reduceat(flat, starts)
-    if key is not None and elements <= PAIRS_MEMO_ELEMENTS // 16:  # a window's units, not a huge one
+    global _extremes_size
+    if key is not None and elements <= PAIRS_MEMO_ELEMENTS:
+        if _extremes_size + elements > PAIRS_MEMO_ELEMENTS:
+            _forget_extremes()
+        _extremes_size += elements
         per_min.setflags(write=False)
         per_max.setflags(write=False)
         _readers_memo[key] = ((per_min, per_max), (pe, pf))
