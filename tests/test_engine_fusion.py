@@ -434,3 +434,130 @@ def test_stepkernel_candidate_calls_the_compiler_with_each_tactic_and_the_math(m
             k: v for k, v in tactic.items() if k != "compose_input"
         }
     assert len(seen) == len(STEPKERNELS)
+
+
+H100_PROPS = {"cc": (9, 0), "sm_count": 132, "max_shared_per_block_optin": 227 * 1024, "name": "H100"}
+
+
+def _min_gru_step():
+    from framefuse.runtime.pipeline import prepare_cached
+
+    return str(prepare_cached("min_gru", {"seq": 32, "seed": 0})["step"].fused)
+
+
+def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(monkeypatch, tmp_path):
+    """The build's tactics, generated for an H100's properties without a GPU: each maps to its own
+    settings' source, written to the kernel cache, and a source two tactics share (the skewed ones
+    of a step form with no skewed sum) goes to NVRTC once; the compiles run beside the generation."""
+    import threading
+
+    from framefuse.compiler.engine import StepSource, prepare_tactics
+    from framefuse.engines.fusion import STEPKERNELS, WIDE_THREADS
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    compiled, threads = [], set()
+
+    def compile_image(source):
+        compiled.append(source.kernel.digest)
+        threads.add(threading.get_ident())
+        return 0.25
+
+    log: list[str] = []
+    sources = prepare_tactics(_min_gru_step(), H100_PROPS, STEPKERNELS, compile_image=compile_image, log=log.append)
+    assert list(sources) == list(STEPKERNELS)
+    assert all(isinstance(s, StepSource) for s in sources.values()), sources
+    assert threading.get_ident() not in threads  # NVRTC ran on the pool's threads
+    digests = {name: s.kernel.digest for name, s in sources.items()}
+    assert sorted(compiled) == sorted(set(digests.values()))  # each distinct source once
+    assert digests["stepkernel-skewed"] == digests["stepkernel"]  # no skewed sum in a step form
+    assert digests["stepkernel-384-threads-skewed"] == digests["stepkernel-384-threads"]
+    assert len(set(digests.values())) == len(compiled) >= 5
+    assert sources["stepkernel-fewer-blocks"].grid == round(132 * 0.75)
+    assert sources["stepkernel-384-threads"].threads == WIDE_THREADS
+    assert sources["stepkernel"].grid == 132 and sources["stepkernel"].threads == 256
+    assert sources["stepkernel-unframed"].program is not sources["stepkernel"].program  # compose_input off
+    assert sources["stepkernel-pieces"].program is sources["stepkernel"].program  # the memo's one lowering
+    for s in sources.values():
+        assert s.path.parent == tmp_path and s.path.read_text() == s.kernel.source
+        assert s.fast_math and s.cc == 90 and s.nvrtc_options == ("-ftz=true", "-prec-div=false", "-prec-sqrt=false")
+    assert len(log) == 1 and log[0].startswith(f"stepkernel: {len(compiled)} tactic source(s) generated and compiled")
+    assert f"({0.25 * len(compiled):.1f} s of NVRTC compiles" in log[0]
+
+
+def test_prepare_tactics_reports_each_declined_tactic_with_its_own_error(monkeypatch, tmp_path):
+    """NVRTC failing on one source declines the tactics of that source only; a GPU the kernel cannot
+    run on declines the first tactic, and the others are not tried (one error, no compile)."""
+    from framefuse.compiler.engine import StepSource, prepare_tactics
+    from framefuse.compiler.ir import CompileError
+    from framefuse.engines.fusion import STEPKERNELS
+    from framefuse.plugins.cuda import KernelCompileError
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    model = _min_gru_step()
+    tactics = {k: STEPKERNELS[k] for k in ("stepkernel", "stepkernel-384-threads", "stepkernel-384-threads-skewed")}
+
+    def compile_image(source):
+        if source.threads == 384:
+            raise KernelCompileError(f"NVRTC could not compile {source.path.name}: too many resources")
+        return 0.0
+
+    sources = prepare_tactics(model, H100_PROPS, tactics, compile_image=compile_image)
+    assert isinstance(sources["stepkernel"], StepSource)
+    for name in ("stepkernel-384-threads", "stepkernel-384-threads-skewed"):
+        assert isinstance(sources[name], KernelCompileError) and "too many resources" in str(sources[name])
+
+    calls = []
+    turing = dict(H100_PROPS, cc=(7, 5), name="T4")
+    sources = prepare_tactics(model, turing, tactics, compile_image=lambda s: calls.append(s) or 0.0)
+    errors = set(map(id, sources.values()))
+    assert len(errors) == 1 and not calls
+    assert isinstance(sources["stepkernel"], CompileError) and "compute capability 8.0+" in str(sources["stepkernel"])
+
+
+def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_source(monkeypatch, tmp_path):
+    """The timed build's step-kernel candidates: every tactic's prepared source reaches CompiledStep
+    (the math asked for in it), a tactic whose kernel another already has is dropped, and the plain
+    kernel declined at load stops the rest, each decline logged on one line."""
+    from types import SimpleNamespace
+
+    from framefuse.compiler import engine as compiler_engine
+    from framefuse.engines.fusion import STEPKERNELS, stepkernel_candidates
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    monkeypatch.setattr(compiler_engine, "device_properties", lambda device: dict(H100_PROPS))
+    monkeypatch.setattr(compiler_engine, "_compile_image", lambda source: 0.0)
+    loaded = []
+
+    class Loaded:
+        def __init__(self, program, *, device, source, log):
+            loaded.append(source)
+            self.kernel = source.kernel
+
+    class Plan:
+        def __init__(self, compiled, inputs, outputs):
+            self.compiled = compiled
+
+    monkeypatch.setattr(compiler_engine, "CompiledStep", Loaded)
+    monkeypatch.setattr(compiler_engine, "StepKernelPlan", Plan)
+    executor = SimpleNamespace(model=_min_gru_step())
+    plan = SimpleNamespace(device="cuda", input_specs={}, output_specs={})
+    for exact_math in (False, True):
+        log: list[str] = []
+        loaded.clear()
+        candidates = stepkernel_candidates(executor, plan, log.append, exact_math=exact_math)
+        skewed = {"stepkernel-skewed", "stepkernel-384-threads-skewed"}  # the same kernels here
+        assert list(candidates) == [k for k in STEPKERNELS if k not in skewed]
+        assert [c.compiled.kernel.identity for c in candidates.values()] == [s.kernel.identity for s in loaded]
+        assert all(s.fast_math is (not exact_math) for s in loaded)
+        assert len(log) == 1 and "tactic source(s) generated and compiled" in log[0]
+
+    class Declined(Loaded):
+        def __init__(self, program, *, device, source, log):
+            raise compiler_engine.CompileError("the step kernel's 132 blocks cannot all be resident")
+
+    monkeypatch.setattr(compiler_engine, "CompiledStep", Declined)
+    log = []
+    assert stepkernel_candidates(executor, plan, log.append) == {}
+    assert log[-1] == (
+        "selection: stepkernel not a candidate (CompileError: the step kernel's 132 blocks cannot all be resident)"
+    )

@@ -19,6 +19,7 @@ import os
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.memo import cached_program, cached_schedule
-from framefuse.compiler.schedule import THREADS
+from framefuse.compiler.schedule import THREADS, Schedule
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
 
 # The step kernel's math: denormals flushed to zero, division and square root to 2 ulp (full range:
@@ -106,6 +107,172 @@ class MappedHostBuffer:
         self.tensor = torch.from_numpy(self.array)
 
 
+@dataclass(frozen=True)
+class StepSource:
+    """A step program scheduled and generated for one GPU (its properties) and written to the
+    kernel cache, not yet compiled: what :func:`prepare_tactics` hands to NVRTC and
+    :class:`CompiledStep` loads."""
+
+    program: Program
+    schedule: Schedule
+    kernel: Kernel
+    path: Path
+    props: Mapping
+    grid: int
+    threads: int
+    prefetch: bool
+    fast_math: bool
+    schedule_s: float  # scheduling (or the memo's answer) and code generation
+
+    @property
+    def nvrtc_options(self) -> tuple[str, ...]:
+        return FAST_MATH_OPTIONS if self.fast_math else EXACT_MATH_OPTIONS
+
+    @property
+    def cc(self) -> int:
+        major, minor = self.props["cc"]
+        return int(major) * 10 + int(minor)
+
+
+def prepare_step(
+    program: Program,
+    props: Mapping,
+    *,
+    grid: int | None = None,
+    threads: int = THREADS,
+    prefetch: bool = True,
+    trace: bool = False,
+    copy_pieces: int | None = None,
+    paced_copies: bool | None = None,
+    skewed_sums: bool | None = None,
+    grid_fraction: float = 1.0,
+    fast_math: bool | None = None,
+) -> StepSource:
+    """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
+    "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source."""
+    major, minor = props["cc"]
+    if major < 8:
+        raise CompileError(
+            f"the step kernel needs compute capability 8.0+ (cp.async); {props['name']} is {major}.{minor}"
+        )
+    if not 0.0 < grid_fraction <= 1.0:
+        raise CompileError(f"grid_fraction must be in (0, 1], got {grid_fraction}")
+    grid = int(grid or max(1, round(props["sm_count"] * grid_fraction)))
+    smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
+    start = time.perf_counter()
+    # the same schedule for the tactics that differ only in the code (compiler.memo)
+    schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
+    kernel = generate(
+        schedule,
+        smem_limit_bytes=smem_limit,
+        prefetch=prefetch,
+        trace=trace,
+        copy_pieces=copy_pieces,
+        paced_copies=paced_copies,
+        skewed_sums=skewed_sums,
+    )
+    schedule_s = time.perf_counter() - start
+    return StepSource(
+        program,
+        schedule,
+        kernel,
+        write_source(kernel),
+        dict(props),
+        grid,
+        threads,
+        prefetch,
+        FAST_MATH if fast_math is None else bool(fast_math),
+        schedule_s,
+    )
+
+
+# NVRTC compiles of the build's tactics at once (prepare_tactics): xlstm's T = 32 window has seven
+# distinct tactic sources of 4.4-5.8 s each (33.6 s in all on a 2-core CPU), compiled one after the
+# other in the build before (its whole build took 175 s on the H100's host). cuda-bindings releases
+# the GIL in nvrtcCompileProgram (NVIDIA/cuda-python#624): two window sources compiled in two
+# threads took 3.2 s against 5.9 s one after the other (2-core CPU, cuda-bindings 13.4.4, NVRTC
+# 13.5), so threads suffice. On that 2-core CPU a whole build's tactics gain little (the zoo
+# attention window: 17.2 s with one compile thread beside the generation, 17.6 s with two: two
+# cores); the GPU hosts have 16 (not measured there yet).
+NVRTC_WORKERS = 8
+
+
+def device_properties(device) -> dict:
+    """cuda.device_properties of a torch CUDA device, torch's primary context made first (see
+    DESIGN.md gotchas)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.zeros(1, device=device)
+    return _cuda().device_properties(index)
+
+
+def _compile_image(source: StepSource) -> float:
+    """NVRTC for ``source`` into the kernel cache (a later load reads it there); its seconds."""
+    start = time.perf_counter()
+    _cuda().compile_cached(source.path, source.cc, source.nvrtc_options)
+    return time.perf_counter() - start
+
+
+def prepare_tactics(
+    model_or_path,
+    props: Mapping,
+    tactics: Mapping[str, Mapping],
+    *,
+    fast_math: bool | None = None,
+    workers: int | None = None,
+    compile_image=None,
+    log=None,
+) -> dict[str, StepSource | Exception]:
+    """Every tactic's source (``tactics``: name -> prepare_step's arguments and the lowering's
+    ``compose_input``, as engines.fusion.STEPKERNELS), generated in order while NVRTC compiles the
+    sources already written, ``workers`` threads at a time (default NVRTC_WORKERS). A source another tactic already has is compiled once. Returns, per tactic in
+    order, its StepSource (compiled: a load reads the kernel cache) or the exception that declined
+    it (the compiler's, or NVRTC's for its source); when the first tactic declines, the others are
+    not tried (they lower the same program) and map to its exception. ``compile_image(source)``
+    compiles one source and returns its seconds (default: NVRTC into the kernel cache)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    compile_image = compile_image or _compile_image
+    workers = max(1, int(workers or NVRTC_WORKERS))
+    results: dict[str, StepSource | Exception] = {}
+    compiles: dict[tuple, object] = {}  # (source digest, options) -> its compile's future
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(tactics)))) as pool:
+        first_failure: Exception | None = None
+        for i, (name, arguments) in enumerate(tactics.items()):
+            if first_failure is not None:
+                results[name] = first_failure
+                continue
+            arguments = dict(arguments)
+            compose_input = arguments.pop("compose_input", None)
+            try:
+                program = cached_program(model_or_path, compose_input=compose_input)
+                source = prepare_step(program, props, fast_math=fast_math, **arguments)
+            except Exception as exc:  # the compiler declines the graph: reported by the caller
+                results[name] = exc
+                first_failure = exc if i == 0 else None
+                continue
+            results[name] = source
+            key = (source.kernel.digest, source.nvrtc_options)
+            if key not in compiles:
+                compiles[key] = pool.submit(compile_image, source)
+        for name, source in list(results.items()):
+            if isinstance(source, StepSource):
+                future = compiles[(source.kernel.digest, source.nvrtc_options)]
+                try:
+                    future.result()
+                except Exception as exc:  # NVRTC's error for this source
+                    results[name] = exc
+        seconds = sum(f.result() for f in compiles.values() if f.exception() is None)
+    if log is not None and compiles:
+        log(
+            f"stepkernel: {len(compiles)} tactic source(s) generated and compiled in "
+            f"{time.perf_counter() - start:.1f} s ({seconds:.1f} s of NVRTC compiles, up to "
+            f"{min(workers, len(compiles))} at a time)"
+        )
+    return results
+
+
 class CompiledStep:
     """A step program compiled for one CUDA device, with its device buffers."""
 
@@ -123,8 +290,11 @@ class CompiledStep:
         skewed_sums: bool | None = None,
         grid_fraction: float = 1.0,
         fast_math: bool | None = None,
+        source: StepSource | None = None,
         log=None,
     ):
+        """``source``: the program's kernel from :func:`prepare_step` / :func:`prepare_tactics`
+        for this device (the tactic arguments are then its own, those given here unused)."""
         cuda = _cuda()
         self.device = torch.device(device)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -132,38 +302,35 @@ class CompiledStep:
         torch.zeros(1, device=self.device)  # torch's primary context first (see DESIGN.md gotchas)
         props = cuda.device_properties(index)
         self.props = props
-        major, minor = props["cc"]
-        if major < 8:
-            raise CompileError(
-                f"the step kernel needs compute capability 8.0+ (cp.async); {props['name']} is {major}.{minor}"
+        if source is None:
+            source = prepare_step(
+                program,
+                props,
+                grid=grid,
+                threads=threads,
+                prefetch=prefetch,
+                trace=trace,
+                copy_pieces=copy_pieces,
+                paced_copies=paced_copies,
+                skewed_sums=skewed_sums,
+                grid_fraction=grid_fraction,
+                fast_math=fast_math,
             )
+        elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
+            raise CompileError("the prepared step source is for another program or GPU")
         self.program = program
-        if not 0.0 < grid_fraction <= 1.0:
-            raise CompileError(f"grid_fraction must be in (0, 1], got {grid_fraction}")
-        grid = int(grid or max(1, round(props["sm_count"] * grid_fraction)))
-        smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
-        start = time.perf_counter()
-        # the same schedule for the tactics that differ only in the code (compiler.memo)
-        self.schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
-        self.kernel = generate(
-            self.schedule,
-            smem_limit_bytes=smem_limit,
-            prefetch=prefetch,
-            trace=trace,
-            copy_pieces=copy_pieces,
-            paced_copies=paced_copies,
-            skewed_sums=skewed_sums,
-        )
+        self.schedule = source.schedule
+        self.kernel = source.kernel
         self.copy_pieces = self.kernel.copy_pieces
         self.paced_copies = self.kernel.paced_copies
         self.skewed_sums = self.kernel.skewed_sums
-        self.kernel_prefetch = prefetch
-        self.schedule_s = time.perf_counter() - start
-        path = write_source(self.kernel)
+        self.kernel_prefetch = source.prefetch
+        self.schedule_s = source.schedule_s
+        grid, threads = source.grid, source.threads
         start = time.perf_counter()
-        self.fast_math = FAST_MATH if fast_math is None else bool(fast_math)
-        self.nvrtc_options = FAST_MATH_OPTIONS if self.fast_math else EXACT_MATH_OPTIONS
-        self.fn = cuda.get_kernel(path, KERNEL_NAME, self.nvrtc_options, device=index)
+        self.fast_math = source.fast_math
+        self.nvrtc_options = source.nvrtc_options
+        self.fn = cuda.get_kernel(source.path, KERNEL_NAME, self.nvrtc_options, device=index)
         self.compile_s = time.perf_counter() - start
         if self.kernel.smem_bytes > 48 * 1024:
             self.fn.set_max_dynamic_shared_memory(self.kernel.smem_bytes)
@@ -192,7 +359,7 @@ class CompiledStep:
                 f"stepkernel: {d['tasks']} tasks, {d['levels']} dependency levels"
                 f"{' (the frame published with its scalars)' if d['framed'] else ''}, grid {grid} x {threads}, "
                 f"{d['smem_bytes']} B shared memory, source {d['source_sha256'][:12]} "
-                f"(scheduled in {self.schedule_s:.2f} s, NVRTC {self.compile_s:.2f} s)"
+                f"(scheduled in {self.schedule_s:.2f} s, loaded in {self.compile_s:.2f} s: NVRTC or the kernel cache)"
             )
 
     def _check_residency(self, grid: int, threads: int, fn=None, smem_bytes: int | None = None) -> None:
@@ -906,6 +1073,10 @@ __all__ = [
     "MappedHostBuffer",
     "StepBinding",
     "StepKernelPlan",
+    "StepSource",
     "compile_step",
+    "device_properties",
     "dump_source",
+    "prepare_step",
+    "prepare_tactics",
 ]

@@ -530,6 +530,48 @@ def stepkernel_candidate(
         return None
 
 
+def stepkernel_candidates(executor, plan: Plan, say: Callable[[str], None], *, exact_math: bool = False) -> dict:
+    """Every tactic of STEPKERNELS that builds a kernel of its own, as candidates (name -> plan):
+    their sources generated one after the other and compiled side by side (compiler.engine's
+    prepare_tactics); none when the plain kernel is declined (the reason logged)."""
+    from framefuse.compiler import memo
+    from framefuse.compiler.engine import CompiledStep, StepKernelPlan, device_properties, prepare_tactics
+
+    candidates: dict = {}
+    try:
+        try:
+            sources = prepare_tactics(
+                executor.model, device_properties(plan.device), STEPKERNELS, fast_math=not exact_math, log=say
+            )
+        except Exception as exc:  # never fatal to the build: the other candidates still compete
+            say(f"selection: {STEPKERNEL} not a candidate ({type(exc).__name__}: {str(exc)[:400]})")
+            return candidates
+        seen: set = set()
+        for tactic, source in sources.items():
+            if isinstance(source, Exception):
+                say(f"selection: {tactic} not a candidate ({type(source).__name__}: {str(source)[:400]})")
+                if tactic == STEPKERNEL:
+                    break
+                continue
+            # a tactic that changes nothing here (no copy long enough to cut) is the same kernel:
+            # the same source and the same range table (a tactic may change only the table)
+            if source.kernel.identity in seen:
+                continue
+            try:
+                compiled = CompiledStep(source.program, device=plan.device, source=source, log=say)
+                candidates[tactic] = StepKernelPlan(compiled, plan.input_specs, plan.output_specs)
+            except Exception as exc:  # e.g. too many registers for every block to be resident
+                say(f"selection: {tactic} not a candidate ({type(exc).__name__}: {str(exc)[:400]})")
+                if tactic == STEPKERNEL:
+                    break
+                continue
+            seen.add(source.kernel.identity)
+    finally:
+        # the tactics hold what they use; the memo would keep the model's weights past the build
+        memo.clear()
+    return candidates
+
+
 def plain_kernel_within_margin(chosen: str, timings: Mapping[str, float | None]) -> bool:
     """Whether the timed selection's ``chosen`` is a step-kernel tactic that is not measurably
     faster than the plain kernel (within TACTIC_MARGIN of its host-to-host median): then the plain
@@ -583,23 +625,7 @@ def apply_selection(
         chosen, report = select_plan(plan, log=say)  # skipped with a note
     elif select.startswith("time"):
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
-        step = stepkernel_candidate(executor, plan, say, exact_math=exact_math)
-        if step is not None:
-            alternatives[STEPKERNEL] = step
-            seen = {step.compiled.kernel.identity}
-            for tactic in STEPKERNELS:
-                if tactic == STEPKERNEL:
-                    continue
-                other = stepkernel_candidate(executor, plan, say, name=tactic, exact_math=exact_math)
-                # a tactic that changes nothing here (no copy long enough to cut) is the same kernel:
-                # the same source and the same range table (a tactic may change only the table)
-                if other is not None and other.compiled.kernel.identity not in seen:
-                    alternatives[tactic] = other
-                    seen.add(other.compiled.kernel.identity)
-            # the tactics hold what they use; the memo would keep the model's weights past the build
-            from framefuse.compiler import memo
-
-            memo.clear()
+        alternatives.update(stepkernel_candidates(executor, plan, say, exact_math=exact_math))
         if unfused_executor is not None:
             shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
             try:
