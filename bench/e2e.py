@@ -124,6 +124,7 @@ REAL_MODELS = (
     "torch_lstm_bidir",
     "torch_gru_bidir",
     "torch_rnn_bidir",
+    "torch_rnncell_loop",
 )
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 QUICK_NOTE = "quick: not for publication"

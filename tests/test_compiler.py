@@ -1609,6 +1609,7 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-unframed",
         "stepkernel-skewed",
         "stepkernel-384-threads-skewed",
+        "stepkernel-unrolled",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
@@ -2039,16 +2040,21 @@ CONTROL_FLOW_MODELS = {
 }
 
 
+@pytest.mark.parametrize("roll", [True, False], ids=["rolled", "unrolled"])
 @pytest.mark.parametrize("name", list(CONTROL_FLOW_MODELS))
-def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, control_flow_graphs):
+def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, roll, control_flow_graphs, monkeypatch):
     """A nonlinear recurrence as an ONNX Scan / Loop: the compiler lowers the node itself a body a
     position (T static; its API), and the rewrite copies the body into the graph (rewrite/unroll.py:
     what `framefuse build` compiles). Both programs match ONNX Runtime on the original graph
-    through the interpreter, with the body's nonlinearity once a position."""
+    through the interpreter: the Elman cell's copies rolled back into one recurrence
+    (simplify.RollRecurrences; with the setting off, its tanh once a position), the MLP cell's
+    nonlinearity once a position."""
     import onnxruntime as ort
 
+    from framefuse.compiler import simplify
     from framefuse.rewrite import rewrite_model
 
+    monkeypatch.setattr(simplify, "ROLL_RECURRENCES", roll)
     model = CONTROL_FLOW_MODELS[name](control_flow_graphs)
     onnx.checker.check_model(model, full_check=True)
     fused, report = rewrite_model(model)
@@ -2064,10 +2070,144 @@ def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, co
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     for how, graph in (("the node lowered", model), ("the rewrite's copies", fused)):
         program = lower_program(graph)
-        assert program.counts()["tanh"] == control_flow_graphs.STEPS, how
+        counts = program.counts()
+        if roll and name.startswith("elman"):
+            assert counts.get("tanh", 0) == 0 and counts["recur"] == 1, (how, counts)
+            assert any(note.startswith("rolled 6 unrolled positions of h = tanh") for note in program.notes), how
+        else:
+            assert counts["tanh"] == control_flow_graphs.STEPS and "recur" not in counts, (how, counts)
         actual = naive.run(program, feeds)
         for out, value in expected.items():
             _close(actual[out], value, f"{name} {out} ({how})", tol=1e-5)
+
+
+def _unrolled_cells(
+    steps=5, batch=2, features=3, hidden=6, layers=(("tanh", True),), seed=0, tap=False, zero_start=False
+):
+    """A window of ``layers`` unrolled Elman cells as the lowering leaves a Python loop over
+    nn.RNNCell: per position h = act((x_t·Wᵀ + b) + h·Rᵀ), layer l > 0 reading layer l − 1's h_t;
+    ``tap``: the first layer's pre-activation at the last position is a graph output too;
+    ``zero_start``: h starts at zero and the first position has no product (torch's export folds it)."""
+    from framefuse.compiler.ir import Dot, Leaf, Program, broadcast_to, concat, ew, reshape, slice_axis
+
+    rng = np.random.default_rng(seed)
+    x = Leaf("input", "x", (steps, batch, features))
+    inputs = [reshape(slice_axis(x, 0, t, 1, 1), (batch, features)) for t in range(steps)]
+    outputs = {}
+    for layer, (act, bias) in enumerate(layers):
+        width = features if layer == 0 else hidden
+        w = (0.5 * rng.standard_normal((hidden, width))).astype(np.float32)
+        r = (0.5 * rng.standard_normal((hidden, hidden))).astype(np.float32)
+        b = Leaf("weight", f"b{layer}", (hidden,), rng.standard_normal(hidden).astype(np.float32))
+        h = Leaf("input", f"h0_{layer}", (batch, hidden))
+        states = []
+        for t, inp in enumerate(inputs):
+            a = Dot(inp, w)
+            if bias:
+                a = ew("add", a, broadcast_to(b, (batch, hidden)))
+            pre = a if zero_start and t == 0 else ew("add", a, Dot(h, r))
+            h = ew(act, pre)
+            states.append(h)
+            if tap and layer == 0 and t == steps - 1:
+                outputs["pre"] = pre
+        inputs = states
+        outputs[f"h_{layer}"] = h
+    outputs["y"] = concat([reshape(h, (1, batch, hidden)) for h in inputs], 0)
+    leaves = {}
+    for node in Program({}, {}, outputs, {}).nodes():
+        if isinstance(node, Leaf) and node.role == "input":
+            leaves[node.name] = node
+    return Program(leaves, {}, outputs, {})
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [(("tanh", True),), (("relu", False), ("sigmoid", True)), (("tanh", True), ("tanh", True), ("relu", True))],
+    ids=["elman", "relu-sigmoid", "three-layers"],
+)
+def test_unrolled_elman_cells_roll_into_one_recurrence_a_layer(layers):
+    """simplify.RollRecurrences: each layer's chain of unrolled cells becomes one ir.Recur (its
+    act as the ONNX RNN op's cell), a layer reading the one below's positions after it; the
+    interpreter gives the unrolled program's values."""
+    from framefuse.compiler.simplify import RollRecurrences
+
+    program = _unrolled_cells(layers=layers)
+    rolled = RollRecurrences(program).run()
+    recurs = [n for n in rolled.nodes() if n.kind == "recur"]
+    assert sorted(r.cell for r in recurs) == sorted(f"rnn_{act}" for act, _ in layers)
+    assert all(r.steps == 5 for r in recurs)
+    counts = rolled.counts()
+    assert not any(counts.get(act) for act, _ in layers), counts
+    assert counts["dot"] == 5 * len(layers)  # the input products only: R runs inside the loops
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
+    for name in program.outputs:
+        _close(actual[name], expected[name], name, tol=1e-5)
+
+
+def test_a_first_position_without_a_product_starts_the_loop_from_zeros():
+    """torch's export of a loop over nn.RNNCell from a zero state folds the first position's h·Rᵀ
+    away: h_1 = act(a_1). That cell becomes the loop's first position from zeros, so each layer is
+    one recurrence over all its positions and no act is left outside."""
+    from framefuse.compiler.simplify import RollRecurrences
+
+    program = _unrolled_cells(layers=(("tanh", True), ("relu", False)), zero_start=True)
+    rolled = RollRecurrences(program).run()
+    assert [(r.cell, r.steps) for r in rolled.nodes() if r.kind == "recur"] == [("rnn_tanh", 5), ("rnn_relu", 5)]
+    assert not rolled.counts().get("tanh") and not rolled.counts().get("relu")
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
+    for name in program.outputs:
+        _close(actual[name], expected[name], name, tol=1e-5)
+
+
+def test_a_chain_whose_pre_activation_is_read_elsewhere_stays_unrolled():
+    """A value between the recurrent product and the act read by anything else (here a graph
+    output) would be lost inside the loop: that chain is left as it is, the others still roll."""
+    from framefuse.compiler.simplify import RollRecurrences
+
+    program = _unrolled_cells(layers=(("tanh", True), ("relu", True)), tap=True)
+    rolled = RollRecurrences(program).run()
+    # the first layer's chain ends at its fourth position (the fifth's pre-activation is an output)
+    assert [(r.cell, r.steps) for r in rolled.nodes() if r.kind == "recur"] == [("rnn_tanh", 4), ("rnn_relu", 5)]
+    assert rolled.counts()["tanh"] == 1
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
+    for name in program.outputs:
+        _close(actual[name], expected[name], name, tol=1e-5)
+
+
+def test_two_recurrences_that_read_each_other_stay_unrolled():
+    """h_t = tanh(W·g_{t-1} + R·h_{t-1}) and g_t = relu(U·h_{t-1} + S·g_{t-1}): each chain's input
+    part reads the other's positions, so neither can be a loop with its inputs computed before it:
+    both are left as they are."""
+    from framefuse.compiler.ir import Dot, Leaf, Program, ew
+    from framefuse.compiler.simplify import RollRecurrences
+
+    rng = np.random.default_rng(5)
+    h0, g0 = Leaf("input", "h0", (2, 4)), Leaf("input", "g0", (2, 4))
+    w, r, u, s = ((0.5 * rng.standard_normal((4, 4))).astype(np.float32) for _ in range(4))
+    h, g = h0, g0
+    for _ in range(4):
+        h, g = ew("tanh", ew("add", Dot(g, w), Dot(h, r))), ew("relu", ew("add", Dot(h, u), Dot(g, s)))
+    program = Program({"h0": h0, "g0": g0}, {}, {"h": h, "g": g}, {})
+    assert len(RollRecurrences(program)._chains()) == 2  # R's chain and S's are found ...
+    assert RollRecurrences(program).run() is program  # ... neither rolled
+
+
+@needs_cxx
+def test_rolled_cells_run_as_loops_in_the_kernel(tmp_path):
+    """The two-layer rolled window, generated for 5 blocks and emulated with ThreadSanitizer, gives
+    the interpreter's values."""
+    from framefuse.compiler.simplify import simplify
+
+    program = simplify(_unrolled_cells(layers=(("tanh", True), ("relu", True)), hidden=9))
+    kernel = generate(schedule(program, grid=5, threads=64))
+    assert kernel.source.count("// recurrence rnn_") == 2
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
 
 
 @needs_cxx

@@ -11,6 +11,7 @@ and then runs the GEMM onto it (cuBLASLt's bias epilogue needs more than one row
 from __future__ import annotations
 
 import collections
+import re
 
 import pytest
 import torch
@@ -429,9 +430,10 @@ def test_stepkernel_candidate_calls_the_compiler_with_each_tactic_and_the_math(m
         assert candidate is None
         assert log == [f"selection: {name} not a candidate (RuntimeError: compiled here)"]
         assert seen[-1]["fast_math"] is (not exact_math)
-        # (compose_input is the lowering's: compile_step passes it to lower_program)
-        assert {k: seen[-1][k] for k in tactic if k != "compose_input"} == {
-            k: v for k, v in tactic.items() if k != "compose_input"
+        # (compose_input and roll_recurrences are the lowering's: compile_step passes them to lower_program)
+        lowering = ("compose_input", "roll_recurrences")
+        assert {k: seen[-1][k] for k in tactic if k not in lowering} == {
+            k: v for k, v in tactic.items() if k not in lowering
         }
     assert len(seen) == len(STEPKERNELS)
 
@@ -471,6 +473,7 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
     assert sorted(compiled) == sorted(set(digests.values()))  # each distinct source once
     assert digests["stepkernel-skewed"] == digests["stepkernel"]  # no skewed sum in a step form
     assert digests["stepkernel-384-threads-skewed"] == digests["stepkernel-384-threads"]
+    assert sources["stepkernel-unrolled"] is sources["stepkernel"]  # nothing to roll: not lowered again
     assert len(set(digests.values())) == len(compiled) >= 5
     assert sources["stepkernel-fewer-blocks"].grid == round(132 * 0.75)
     assert sources["stepkernel-384-threads"].threads == WIDE_THREADS
@@ -545,8 +548,8 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
         log: list[str] = []
         loaded.clear()
         candidates = stepkernel_candidates(executor, plan, log.append, exact_math=exact_math)
-        skewed = {"stepkernel-skewed", "stepkernel-384-threads-skewed"}  # the same kernels here
-        assert list(candidates) == [k for k in STEPKERNELS if k not in skewed]
+        same = {"stepkernel-skewed", "stepkernel-384-threads-skewed", "stepkernel-unrolled"}  # kernels here
+        assert list(candidates) == [k for k in STEPKERNELS if k not in same]
         assert [c.compiled.kernel.identity for c in candidates.values()] == [s.kernel.identity for s in loaded]
         assert all(s.fast_math is (not exact_math) for s in loaded)
         assert len(log) == 1 and "tactic source(s) generated and compiled" in log[0]
@@ -555,9 +558,47 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
         def __init__(self, program, *, device, source, log):
             raise compiler_engine.CompileError("the step kernel's 132 blocks cannot all be resident")
 
+    monkeypatch.setenv("FRAMEFUSE_NVRTC_WORKERS", "none")
+    with pytest.raises(compiler_engine.CompileError, match="FRAMEFUSE_NVRTC_WORKERS='none'"):
+        stepkernel_candidates(executor, plan, [].append)
+    monkeypatch.delenv("FRAMEFUSE_NVRTC_WORKERS")
     monkeypatch.setattr(compiler_engine, "CompiledStep", Declined)
     log = []
     assert stepkernel_candidates(executor, plan, log.append) == {}
     assert log[-1] == (
         "selection: stepkernel not a candidate (CompileError: the step kernel's 132 blocks cannot all be resident)"
     )
+
+
+def test_nvrtc_workers_come_from_the_environment_or_refuse_a_bad_value(monkeypatch):
+    from framefuse.compiler.engine import NVRTC_WORKERS, nvrtc_workers
+    from framefuse.compiler.ir import CompileError
+
+    monkeypatch.delenv("FRAMEFUSE_NVRTC_WORKERS", raising=False)
+    assert nvrtc_workers() == NVRTC_WORKERS
+    monkeypatch.setenv("FRAMEFUSE_NVRTC_WORKERS", "3")
+    assert nvrtc_workers() == 3
+    for bad in ("0", "-2", "eight", "1.5"):
+        monkeypatch.setenv("FRAMEFUSE_NVRTC_WORKERS", bad)
+        with pytest.raises(CompileError, match=rf"FRAMEFUSE_NVRTC_WORKERS='{re.escape(bad)}': give a whole number"):
+            nvrtc_workers()
+
+
+def test_the_unrolled_tactic_keeps_the_copies_the_other_tactics_roll(monkeypatch, tmp_path, control_flow_graphs):
+    """An Elman cell's copies (an ONNX Scan the lowering unrolled): every tactic but
+    stepkernel-unrolled gets one ir.Recur; that one lowers the program again with the copies kept,
+    a source of its own for the build to time against the loop."""
+    from framefuse.compiler.engine import prepare_tactics
+    from framefuse.compiler.simplify import rolled_recurrences
+    from framefuse.engines.fusion import STEPKERNELS
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    tactics = {k: STEPKERNELS[k] for k in ("stepkernel", "stepkernel-unrolled")}
+    sources = prepare_tactics(
+        control_flow_graphs.elman_scan(state=True), H100_PROPS, tactics, compile_image=lambda s: 0.0
+    )
+    rolled, unrolled = sources["stepkernel"], sources["stepkernel-unrolled"]
+    assert rolled_recurrences(rolled.program) == 1 and rolled_recurrences(unrolled.program) == 0
+    assert rolled.program.counts()["recur"] == 1
+    assert unrolled.program.counts()["tanh"] == control_flow_graphs.STEPS
+    assert rolled.kernel.digest != unrolled.kernel.digest

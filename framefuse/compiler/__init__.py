@@ -17,15 +17,24 @@ from __future__ import annotations
 from framefuse.compiler.ir import CompileError, Program
 
 
-def lower_program(model_or_path, *, simplified: bool = True, compose_input: bool | None = None) -> Program:
+def lower_program(
+    model_or_path,
+    *,
+    simplified: bool = True,
+    compose_input: bool | None = None,
+    roll_recurrences: bool | None = None,
+) -> Program:
     """The step IR of a fused ONNX graph (path or ModelProto), simplified unless asked not to
     (``compose_input``: the first layer's products as products of the frame, see
-    simplify.ComposeInputProducts; None: simplify.COMPOSE_INPUT_PRODUCTS)."""
+    simplify.ComposeInputProducts; None: simplify.COMPOSE_INPUT_PRODUCTS; ``roll_recurrences``:
+    unrolled Elman cells rolled into loops, see simplify.RollRecurrences; None: simplify.ROLL_RECURRENCES)."""
     from framefuse.compiler.lower import lower_onnx
     from framefuse.compiler.simplify import simplify
 
     program = lower_onnx(model_or_path)
-    return simplify(program, compose_input=compose_input) if simplified else program
+    if not simplified:
+        return program
+    return simplify(program, compose_input=compose_input, roll_recurrences=roll_recurrences)
 
 
 def generate_source(

@@ -29,6 +29,7 @@ from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.memo import cached_program, cached_schedule
 from framefuse.compiler.schedule import THREADS, Schedule
+from framefuse.compiler.simplify import rolled_recurrences
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
 
 # The step kernel's math: denormals flushed to zero, division and square root to 2 ulp (full range:
@@ -194,7 +195,21 @@ def prepare_step(
 # 13.5), so threads suffice. On that 2-core CPU a whole build's tactics gain little (the zoo
 # attention window: 17.2 s with one compile thread beside the generation, 17.6 s with two: two
 # cores); the GPU hosts have 16 (not measured there yet).
-NVRTC_WORKERS = 8
+NVRTC_WORKERS = 8  # the environment's FRAMEFUSE_NVRTC_WORKERS replaces it (1: one compile at a time)
+
+
+def nvrtc_workers() -> int:
+    """How many NVRTC compiles prepare_tactics runs at once: FRAMEFUSE_NVRTC_WORKERS or NVRTC_WORKERS."""
+    raw = os.environ.get("FRAMEFUSE_NVRTC_WORKERS")
+    if raw is None or not raw.strip():
+        return NVRTC_WORKERS
+    try:
+        workers = int(raw)
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise CompileError(f"FRAMEFUSE_NVRTC_WORKERS={raw!r}: give a whole number of compiles at once, 1 or more")
+    return workers
 
 
 def device_properties(device) -> dict:
@@ -224,8 +239,8 @@ def prepare_tactics(
     log=None,
 ) -> dict[str, StepSource | Exception]:
     """Every tactic's source (``tactics``: name -> prepare_step's arguments and the lowering's
-    ``compose_input``, as engines.fusion.STEPKERNELS), generated in order while NVRTC compiles the
-    sources already written, ``workers`` threads at a time (default NVRTC_WORKERS). A source another tactic already has is compiled once. Returns, per tactic in
+    ``compose_input`` / ``roll_recurrences``, as engines.fusion.STEPKERNELS), generated in order while NVRTC compiles the
+    sources already written, ``workers`` threads at a time (default: nvrtc_workers()). A source another tactic already has is compiled once. Returns, per tactic in
     order, its StepSource (compiled: a load reads the kernel cache) or the exception that declined
     it (the compiler's, or NVRTC's for its source); when the first tactic declines, the others are
     not tried (they lower the same program) and map to its exception. ``compile_image(source)``
@@ -233,7 +248,7 @@ def prepare_tactics(
     from concurrent.futures import ThreadPoolExecutor
 
     compile_image = compile_image or _compile_image
-    workers = max(1, int(workers or NVRTC_WORKERS))
+    workers = max(1, int(workers or nvrtc_workers()))
     results: dict[str, StepSource | Exception] = {}
     compiles: dict[tuple, object] = {}  # (source digest, options) -> its compile's future
     start = time.perf_counter()
@@ -244,9 +259,20 @@ def prepare_tactics(
                 results[name] = first_failure
                 continue
             arguments = dict(arguments)
-            compose_input = arguments.pop("compose_input", None)
+            lowering = {key: arguments.pop(key, None) for key in ("compose_input", "roll_recurrences")}
+            first = next(iter(results.values()), None)
+            if (
+                lowering["roll_recurrences"] is False
+                and isinstance(first, StepSource)
+                and not rolled_recurrences(first.program)
+                and arguments == dict(next(iter(tactics.values())))
+            ):
+                # nothing was rolled: the same program and kernel as the first tactic's (dropped by
+                # the build as the same kernel), without lowering and scheduling it again
+                results[name] = first
+                continue
             try:
-                program = cached_program(model_or_path, compose_input=compose_input)
+                program = cached_program(model_or_path, **lowering)
                 source = prepare_step(program, props, fast_math=fast_math, **arguments)
             except Exception as exc:  # the compiler declines the graph: reported by the caller
                 results[name] = exc
@@ -393,6 +419,10 @@ class CompiledStep:
                 "nvrtc_options": list(self.nvrtc_options),
                 "registers": self.fn.attribute("NUM_REGS"),
                 "local_bytes": self.fn.attribute("LOCAL_SIZE_BYTES"),
+                # build time: scheduling and generation (or the memo's answer), then the module's
+                # load (NVRTC, or the kernel cache prepare_tactics filled)
+                "schedule_s": round(self.schedule_s, 3),
+                "load_s": round(self.compile_s, 3),
             }
         )
         return info
@@ -520,13 +550,14 @@ def compile_step(
     grid_fraction=1.0,
     fast_math=FAST_MATH,
     compose_input=None,
+    roll_recurrences=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
     by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS;
-    ``compose_input``: see lower_program). The program is lowered once for the build's tactics
-    (compiler.memo)."""
-    program = cached_program(model_or_path, compose_input=compose_input)
+    ``compose_input``, ``roll_recurrences``: see lower_program). The program is lowered once for
+    the build's tactics (compiler.memo)."""
+    program = cached_program(model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences)
     return CompiledStep(
         program,
         device=device,

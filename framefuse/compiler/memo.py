@@ -51,13 +51,16 @@ def _remember(memo: OrderedDict, key, value):
     return value
 
 
-def cached_program(model_or_path, *, compose_input: bool | None = None) -> Program:
+def cached_program(
+    model_or_path, *, compose_input: bool | None = None, roll_recurrences: bool | None = None
+) -> Program:
     """lower_program, the same Program object for the same graph, options and settings."""
-    key = (source_digest(model_or_path), compose_input, settings_key())
+    key = (source_digest(model_or_path), compose_input, roll_recurrences, settings_key())
     if key in _programs:
         _programs.move_to_end(key)
         return _programs[key]
-    return _remember(_programs, key, lower_program(model_or_path, compose_input=compose_input))
+    program = lower_program(model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences)
+    return _remember(_programs, key, program)
 
 
 def cached_schedule(program: Program, *, grid: int, threads: int, smem_floats: int) -> scheduling.Schedule:

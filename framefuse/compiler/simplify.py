@@ -16,6 +16,9 @@
   sums and the products in one phase, and never writes the normalized row (measured on the H100:
   a LayerNorm before its products took two phases, ~0.5 µs of every level that had one).
 
+- **Unrolled Elman cells roll into loops** (first): the copies of ``h = act(a_t + h·Rᵀ)`` a position
+  (a Python loop over nn.RNNCell exported by torch) become one ``Recur``, the ONNX RNN op's loop.
+
 - **Products of constants fold**: a product whose input is a constant is computed here, once, into
   a constant (a weight array, or a scalar when it holds one value). nn.LSTM / nn.GRU exported
   without an initial state multiply their recurrent weights by a zero state: a product per gate
@@ -839,11 +842,224 @@ class PublishFrameScalars(Rebuilder):
         return with_inputs(node, [self.views.get(a.id, new) for a, new in zip(node.inputs(), inputs)])
 
 
-def simplify(program: Program, *, compose_input: bool | None = None) -> Program:
+# A recurrence unrolled over its positions (torch's export of a Python loop over nn.RNNCell, an
+# ONNX Loop / Scan whose body the lowering copied once a position) whose cell is
+# h_t = act(a_t + h_{t-1}·Rᵀ), act tanh, relu or sigmoid and a_t a sum of terms that do not depend
+# on the chain, is rolled into one ir.Recur (the ONNX RNN op's cell): a loop over the positions
+# inside one task with R on chip, instead of a product and a dependency level a position.
+ROLL_RECURRENCES = True
+ROLL_ACTS = ("tanh", "relu", "sigmoid")
+ROLL_MIN_POSITIONS = 2
+ROLLED_NOTE = "rolled"  # how a program's notes begin for each rolled chain (rolled_recurrences)
+
+
+def rolled_recurrences(program: Program) -> int:
+    """How many unrolled chains RollRecurrences rolled into ``program``."""
+    return sum(note.startswith(ROLLED_NOTE + " ") for note in program.notes)
+
+
+class RollRecurrences:
+    """Find the unrolled chains (h_0 → h_1 → … → h_T, each h_t = act(a_t + Dot(h_{t-1}, R)) with
+    one R and one act along the chain, every node between the product and the act read only on the
+    way) and replace h_t by position t − 1 of ``Recur("rnn_<act>", [a_1 … a_T], h_0, R)``. A chain
+    whose terms or initial value read another rolled chain's positions waits for it; chains that
+    would read each other are left as they are."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.nodes = program.nodes()
+        self.users: dict[int, list[Node]] = {}
+        for node in self.nodes:
+            for child in node.inputs():
+                self.users.setdefault(child.id, []).append(node)
+        self.outputs = {node.id for node in program.outputs.values()}
+
+    def _cell(self, product: Dot) -> tuple[Ew, list[Node], list[Node]] | None:
+        """(the act, the terms added on the way, the nodes on the way) of the cell ``product`` feeds."""
+        node, terms, path = product, [], [product]
+        while True:
+            readers = self.users.get(node.id, [])
+            if len(readers) != 1 or node.id in self.outputs:
+                return None
+            user = readers[0]
+            if not isinstance(user, Ew):
+                return None
+            if user.op in ROLL_ACTS and not user.params:
+                return user, terms, path
+            if user.op != "add" or user.args[0] is user.args[1]:
+                return None
+            terms.append(user.args[1] if user.args[0] is node else user.args[0])
+            node = user
+            path.append(user)
+
+    def _chains(self) -> list[dict]:
+        steps: dict[int, list] = {}  # h_{t-1} id -> [(product, act, terms, path)], one a square product of it
+        for node in self.nodes:
+            if isinstance(node, Dot) and node.src.rank == 2 and node.rows.shape[0] == node.rows.shape[1]:
+                cell = self._cell(node)
+                if cell is not None and cell[0].shape == node.src.shape:
+                    steps.setdefault(node.src.id, []).append((node, *cell))
+        produced: dict[int, list] = {}  # h_t id -> the steps whose cell gives it
+        for found in steps.values():
+            for step in found:
+                produced.setdefault(step[1].id, []).append(step)
+
+        def follow(h: Node, like) -> tuple | None:  # h's step of the same recurrence, if exactly one
+            same = [step for step in steps.get(h.id, ()) if self._same(step, like)]
+            return same[0] if len(same) == 1 else None
+
+        candidates = []
+        for found in steps.values():
+            for first in found:
+                if any(self._same(step, first) for step in produced.get(first[0].src.id, ())):
+                    continue  # not the chain's first position
+                links = [first]
+                while (step := follow(links[-1][1], first)) is not None:
+                    links.append(step)
+                if len(links) >= ROLL_MIN_POSITIONS:
+                    candidates.append(links)
+        # a layer's input product is a square product of the layer below's h as well: with R's very
+        # values it makes a chain that shares its cells with the recurrent one: the longer is kept
+        chains, claimed = [], set()
+        for links in sorted(candidates, key=len, reverse=True):
+            cells = {link[1].id for link in links}
+            if cells & claimed:
+                continue
+            claimed |= cells
+            init, act = links[0][0].src, links[0][1].op
+            if (
+                isinstance(init, Ew)
+                and init.op == act
+                and not init.params
+                and init.id not in claimed
+                and np.isfinite(links[0][0].rows).all()
+            ):
+                # h_1 = act(a_1) with no product: a zero initial state whose product the exporter
+                # folded (torch's nn.RNNCell loop from zeros). It is the loop's first position from
+                # zeros, its whole argument the input part (R·0 = 0 for finite R).
+                links = [(None, init, [init.args[0]], [])] + links
+                claimed.add(init.id)
+                init = ir.constant(np.zeros(init.shape, np.float32), label=init.label)
+            chains.append({"init": init, "links": links})
+        return chains
+
+    @staticmethod
+    def _same(a, b) -> bool:
+        return a[1].op == b[1].op and (a[0].rows is b[0].rows or np.array_equal(a[0].rows, b[0].rows))
+
+    @staticmethod
+    def _reaches(roots: list[Node], targets: set[int]) -> bool:
+        """Whether any of ``roots`` depends on a node of ``targets``."""
+        memo: dict[int, bool] = {}
+        for root in roots:
+            stack: list[tuple[Node, bool]] = [(root, False)]
+            while stack:
+                node, ready = stack.pop()
+                if node.id in memo:
+                    continue
+                if node.id in targets:
+                    memo[node.id] = True
+                elif ready:
+                    memo[node.id] = any(memo[c.id] for c in node.inputs())
+                else:
+                    stack.append((node, True))
+                    stack += [(c, False) for c in node.inputs() if c.id not in memo]
+            if memo[root.id]:
+                return True
+        return False
+
+    def run(self) -> Program:
+        kept = []
+        for chain in self._chains():
+            chain["cells"] = {n.id for link in chain["links"] for n in (link[1], *link[3])}
+            chain["reads"] = [t for link in chain["links"] for t in link[2]] + [chain["init"]]
+            if not self._reaches(chain["reads"], chain["cells"]):  # a term reading the chain itself
+                kept.append(chain)
+        if not kept:
+            return self.program
+        # a chain reading another's positions needs that one rolled first: order them, drop cycles
+        after = {
+            i: {j for j, other in enumerate(kept) if j != i and self._reaches(chain["reads"], other["cells"])}
+            for i, chain in enumerate(kept)
+        }
+        ordered, placed = [], set()
+        while True:
+            ready = [i for i in after if i not in placed and after[i] <= placed]
+            if not ready:
+                break
+            ordered += ready
+            placed |= set(ready)
+        if not ordered:
+            return self.program
+        replace: dict[int, Node] = {}
+        for i in ordered:
+            chain = kept[i]
+            links = chain["links"]
+            act, rows = links[-1][1].op, links[-1][0].rows
+            batch, hidden = chain["init"].shape
+            label = links[0][1].label
+            inputs = []
+            for _, cell, terms, _ in links:
+                total = None
+                for term in terms:
+                    total = term if total is None else ir.ew("add", total, term, label=cell.label)
+                if total is None:
+                    total = ir.constant(np.zeros((batch, hidden), np.float32), label=cell.label)
+                inputs.append(reshape(total, (1, batch, hidden), label=cell.label))
+            window = ir.concat(inputs, 0, label=label)
+            recur = ir.Recur(f"rnn_{act}", window, chain["init"], None, rows, label=f"{label} (rolled)")
+            for t, (_, cell, _, _) in enumerate(links):
+                position = slice_axis(recur, 0, t, 1, 1, label=cell.label)
+                replace[cell.id] = reshape(position, (batch, hidden), label=cell.label)
+        notes = list(self.program.notes)
+        for i in ordered:
+            links = kept[i]["links"]
+            notes.append(
+                f"{ROLLED_NOTE} {len(links)} unrolled positions of h = {links[-1][1].op}(a + h·Rᵀ) "
+                f"(R {list(links[-1][0].rows.shape)}) into one recurrence"
+            )
+        return _replaced(self.program, replace, notes)
+
+
+def _replaced(program: Program, replace: dict[int, Node], notes: list[str]) -> Program:
+    """``program`` with each node of ``replace`` read as its replacement (a node over the old ones),
+    everything above rebuilt."""
+    done: dict[int, Node] = {}
+    for root in program.outputs.values():
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        entered: set[int] = set()
+        while stack:
+            node, ready = stack.pop()
+            if node.id in done:
+                continue
+            target = replace.get(node.id)
+            if ready:
+                if target is not None and target.id not in done:
+                    raise ir.CompileError(f"{node}: a rolled recurrence reads its own positions")
+                done[node.id] = (
+                    done[target.id] if target is not None else with_inputs(node, [done[c.id] for c in node.inputs()])
+                )
+                continue
+            # entered again before it is done: only a cycle, which run() rules out (a compiler bug)
+            if node.id in entered:
+                raise ir.CompileError(f"{node}: a rolled recurrence reads its own positions")
+            entered.add(node.id)
+            stack.append((node, True))
+            if target is not None:
+                stack.append((target, False))
+            else:
+                stack += [(c, False) for c in node.inputs() if c.id not in done]
+    outputs = {name: done[node.id] for name, node in program.outputs.items()}
+    return Program(program.inputs, program.states, outputs, program.state_of, program.source, notes)
+
+
+def simplify(program: Program, *, compose_input: bool | None = None, roll_recurrences: bool | None = None) -> Program:
     """The passes in order: slices sink first (composing would hide them inside longer index
     functions), then normalizations fold into their products (before maps compose, while a
     broadcast is still a Map of its own), then products of constants fold, then maps compose,
-    which exposes chains to merge."""
+    which exposes chains to merge. Unrolled recurrences roll into loops before all of them."""
+    if ROLL_RECURRENCES if roll_recurrences is None else roll_recurrences:
+        program = RollRecurrences(program).run()
     program = SinkSlices(program).run()
     if FOLD_NORMS:
         program = FoldNorms(program).run()
@@ -865,7 +1081,9 @@ __all__ = [
     "FoldConstants",
     "FoldNorms",
     "PublishFrameScalars",
+    "RollRecurrences",
     "ScanColumns",
+    "rolled_recurrences",
     "runs_in_columns",
     "simplify",
 ]

@@ -110,6 +110,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-unframed",
             "stepkernel-skewed",
             "stepkernel-384-threads-skewed",
+            "stepkernel-unrolled",
             "inductor",
             "inductor-autotune",
         ],  # engines.fusion.SELECT_CHOICES (a test keeps them equal; importing it here would load torch)
@@ -119,7 +120,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "into pieces, stepkernel-fewer-blocks: 3/4 of the SMs, stepkernel-384-threads: blocks of 384 threads, stepkernel-paced: each block's copies issued a "
         "task ahead in its own order, stepkernel-unframed: the frame's in-projection a level of its own, "
         "stepkernel-skewed / stepkernel-384-threads-skewed: sums that read one shared-memory bank a warp start "
-        "each element at its own position), the inductor-compiled plan and, when model.onnx sits beside "
+        "each element at its own position, stepkernel-unrolled: an unrolled Elman cell's copies kept as they are, "
+        "not rolled into a loop), the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "
         "them, and keeps the fastest; time-autotune "
         "adds max-autotune; a name forces that candidate",

@@ -482,6 +482,12 @@ STEPKERNEL_UNFRAMED = "stepkernel-unframed"
 # A model none of whose sums is skewed gets the plain kernel's source: no candidate to time.
 STEPKERNEL_SKEWED = "stepkernel-skewed"
 STEPKERNEL_WIDE_SKEWED = "stepkernel-384-threads-skewed"
+# Every other tactic rolls an unrolled Elman cell's copies back into one loop (compiler/simplify.
+# RollRecurrences): fewer dependency levels at long windows (nn.RNNCell loop, T = 32: 6 instead of
+# 29), but at T = 8 the unrolled copies schedule into 5 levels against the loop's 6, and which is
+# faster is the GPU's to say (not measured yet). This one keeps the copies. A model with nothing to
+# roll gets the plain kernel's source: no candidate to time (nor a second lowering).
+STEPKERNEL_UNROLLED = "stepkernel-unrolled"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -498,6 +504,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_UNFRAMED: {"copy_pieces": 0, "compose_input": False},
     STEPKERNEL_SKEWED: {"copy_pieces": 0, "skewed_sums": True},
     STEPKERNEL_WIDE_SKEWED: {"copy_pieces": 0, "threads": WIDE_THREADS, "skewed_sums": True},
+    STEPKERNEL_UNROLLED: {"copy_pieces": 0, "roll_recurrences": False},
 }
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
@@ -535,13 +542,25 @@ def stepkernel_candidates(executor, plan: Plan, say: Callable[[str], None], *, e
     their sources generated one after the other and compiled side by side (compiler.engine's
     prepare_tactics); none when the plain kernel is declined (the reason logged)."""
     from framefuse.compiler import memo
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan, device_properties, prepare_tactics
+    from framefuse.compiler.engine import (
+        CompiledStep,
+        StepKernelPlan,
+        device_properties,
+        nvrtc_workers,
+        prepare_tactics,
+    )
 
     candidates: dict = {}
+    workers = nvrtc_workers()  # a bad FRAMEFUSE_NVRTC_WORKERS stops the build, not only the step kernel
     try:
         try:
             sources = prepare_tactics(
-                executor.model, device_properties(plan.device), STEPKERNELS, fast_math=not exact_math, log=say
+                executor.model,
+                device_properties(plan.device),
+                STEPKERNELS,
+                fast_math=not exact_math,
+                workers=workers,
+                log=say,
             )
         except Exception as exc:  # never fatal to the build: the other candidates still compete
             say(f"selection: {STEPKERNEL} not a candidate ({type(exc).__name__}: {str(exc)[:400]})")

@@ -508,11 +508,15 @@ def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, contro
     fused, _ = rewrite_model(model)
     path = tmp_path / "model.fused.onnx"
     onnx.save(fused, str(path))
-    engine = cuda_graph.build(path, device="cuda", options={"select": "stepkernel"})
-    assert engine.metadata["selection"]["chosen"] == "stepkernel"
-    built = engine.run(feeds)
-    for out, value in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
-        _close(built[out], value, f"{name} built {out}")
+    # the Elman cell's copies rolled into a loop (simplify.RollRecurrences) and kept (the tactic)
+    for select in ("stepkernel", "stepkernel-unrolled"):
+        engine = cuda_graph.build(path, device="cuda", options={"select": select})
+        assert engine.metadata["selection"]["chosen"] == select
+        recurrences = engine.default_plan.compiled.program.counts().get("recur", 0)
+        assert recurrences == (1 if name.startswith("elman") and select == "stepkernel" else 0), (select, recurrences)
+        built = engine.run(feeds)
+        for out, value in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+            _close(built[out], value, f"{name} built {out} ({select})")
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ BENCHMARKED = [
     "torch_lstm_bidir",
     "torch_gru_bidir",
     "torch_rnn_bidir",
+    "torch_rnncell_loop",
 ]
 #: the step forms of models users write as loops or log-space scans, fused and compiled the same way
 COMPILED = BENCHMARKED + [

@@ -235,6 +235,28 @@ class ChunkGLALayer(nn.Module):
         return self.out(o * nn.functional.silu(self.out_gate(x)))
 
 
+class RNNCellPolicy(nn.Module):
+    """The same policy with nn.RNNCell layers (tanh, then relu): an Elman cell, for which framefuse
+    has no fused op, so the export's T copies of each cell stay in the fused graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.cells = nn.ModuleList(
+            nn.RNNCell(HIDDEN if i == 0 else 32, 32, nonlinearity="tanh" if i == 0 else "relu") for i in range(LAYERS)
+        )
+
+    def forward(self, x):
+        hs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
+        ys = []
+        for t in range(x.shape[1]):
+            inp = x[:, t]
+            for i, cell in enumerate(self.cells):
+                hs[i] = cell(inp, hs[i])
+                inp = hs[i]
+            ys.append(inp)
+        return torch.stack(ys, dim=1)
+
+
 class LSTMCellPolicy(nn.Module):
     """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
 
@@ -442,6 +464,8 @@ MODELS: list[RealModel] = [
     RealModel("torch_rnn_bidir", _seeded(lambda: TorchRNN(nn.RNN)), {}),
     RealModel("torch_grucell_loop", _seeded(GRUCellPolicy), {"GRUSeq": LAYERS}),
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
+    # nn.RNNCell (Elman) in a Python loop: no fused op; the step compiler rolls the copies back into loops
+    RealModel("torch_rnncell_loop", _seeded(RNNCellPolicy), {}),
     RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),
     RealModel("fla_chunk_delta_rule", _seeded(ChunkDeltaRuleLayer), {"DeltaRuleScan": 1}),
     RealModel("fla_chunk_gated_delta_rule", _seeded(ChunkGatedDeltaRuleLayer), {"GatedDeltaRuleScan": 1}),

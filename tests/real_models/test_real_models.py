@@ -20,6 +20,11 @@ XFAIL: dict[str, str] = {
         "nn.RNN exports ONNX RNN (Elman) nodes, for which framefuse has no fused op: they stay per-timestep "
         "ops (the cuda-graph engine runs them as a loop over time, the step compiler as a loop in its kernel)"
     ),
+    "torch_rnncell_loop": (
+        "nn.RNNCell (Elman) stepped in a Python loop: no fused op, so the export's copies of each cell stay "
+        "per-timestep ops in the fused graph (the step compiler rolls them back into one loop a layer: "
+        "compiler/simplify.RollRecurrences)"
+    ),
 }
 
 
