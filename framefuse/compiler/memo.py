@@ -1,6 +1,6 @@
 """Lowered programs and schedules kept for the build's tactics.
 
-The build times up to eight step-kernel tactics of one graph (engines.fusion.STEPKERNELS); three
+The build times up to nine step-kernel tactics of one graph (engines.fusion.STEPKERNELS); three
 of them (`stepkernel-pieces`, `stepkernel-paced`, `stepkernel-skewed`) differ from the plain kernel only in the code
 generated from the same schedule, and a window's schedule takes 15-30 s on a 2-core CPU (mamba's
 and xlstm's at T = 32). The last few programs and schedules are kept, keyed by the graph's bytes,
