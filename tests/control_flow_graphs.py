@@ -1,5 +1,6 @@
 """Hand-built ONNX graphs with a recurrence left as a Loop / Scan node (no rewrite pattern matches
-their bodies): the step compiler's control-flow lowering is tested on them on the CPU
+their bodies), and IR programs of unrolled Elman cells (``unrolled_cells``): the step compiler's
+control-flow lowering and its rolling of unrolled cells are tested on them on the CPU
 (tests/test_compiler.py) and on the GPU (tests/gpu/test_stepkernel.py), through the
 ``control_flow_graphs`` fixture of tests/conftest.py."""
 
@@ -118,3 +119,43 @@ def mlp_cell_loop(*, data_dependent_stop=False, trip_count=True):
             numpy_helper.from_array((0.4 * rng.standard_normal((2 * H, H))).astype(np.float32), "C"),
         ],
     )
+
+
+def unrolled_cells(
+    steps=5, batch=2, features=3, hidden=6, layers=(("tanh", True),), seed=0, tap=False, zero_start=False
+):
+    """A window of ``layers`` unrolled Elman cells as the lowering leaves a Python loop over
+    nn.RNNCell: per position h = act((x_t·Wᵀ + b) + h·Rᵀ), layer l > 0 reading layer l − 1's h_t;
+    ``tap``: the first layer's pre-activation at the last position is a graph output too;
+    ``zero_start``: h starts at zero and the first position has no product (torch's export folds it)."""
+    from framefuse.compiler.ir import Dot, Leaf, Program, broadcast_to, concat, ew, reshape, slice_axis
+
+    rng = np.random.default_rng(seed)
+    x = Leaf("input", "x", (steps, batch, features))
+    inputs = [reshape(slice_axis(x, 0, t, 1, 1), (batch, features)) for t in range(steps)]
+    outputs = {}
+    for layer, (act, bias) in enumerate(layers):
+        width = features if layer == 0 else hidden
+        # scaled as nn.RNNCell initialises them, so that a relu layer stays finite over long windows
+        w = (rng.standard_normal((hidden, width)) / np.sqrt(width)).astype(np.float32)
+        r = (0.9 * rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+        b = Leaf("weight", f"b{layer}", (hidden,), rng.standard_normal(hidden).astype(np.float32))
+        h = Leaf("input", f"h0_{layer}", (batch, hidden))
+        states = []
+        for t, inp in enumerate(inputs):
+            a = Dot(inp, w)
+            if bias:
+                a = ew("add", a, broadcast_to(b, (batch, hidden)))
+            pre = a if zero_start and t == 0 else ew("add", a, Dot(h, r))
+            h = ew(act, pre)
+            states.append(h)
+            if tap and layer == 0 and t == steps - 1:
+                outputs["pre"] = pre
+        inputs = states
+        outputs[f"h_{layer}"] = h
+    outputs["y"] = concat([reshape(h, (1, batch, hidden)) for h in inputs], 0)
+    leaves = {}
+    for node in Program({}, {}, outputs, {}).nodes():
+        if isinstance(node, Leaf) and node.role == "input":
+            leaves[node.name] = node
+    return Program(leaves, {}, outputs, {})

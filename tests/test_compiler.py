@@ -2081,57 +2081,18 @@ def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, ro
             _close(actual[out], value, f"{name} {out} ({how})", tol=1e-5)
 
 
-def _unrolled_cells(
-    steps=5, batch=2, features=3, hidden=6, layers=(("tanh", True),), seed=0, tap=False, zero_start=False
-):
-    """A window of ``layers`` unrolled Elman cells as the lowering leaves a Python loop over
-    nn.RNNCell: per position h = act((x_t·Wᵀ + b) + h·Rᵀ), layer l > 0 reading layer l − 1's h_t;
-    ``tap``: the first layer's pre-activation at the last position is a graph output too;
-    ``zero_start``: h starts at zero and the first position has no product (torch's export folds it)."""
-    from framefuse.compiler.ir import Dot, Leaf, Program, broadcast_to, concat, ew, reshape, slice_axis
-
-    rng = np.random.default_rng(seed)
-    x = Leaf("input", "x", (steps, batch, features))
-    inputs = [reshape(slice_axis(x, 0, t, 1, 1), (batch, features)) for t in range(steps)]
-    outputs = {}
-    for layer, (act, bias) in enumerate(layers):
-        width = features if layer == 0 else hidden
-        w = (0.5 * rng.standard_normal((hidden, width))).astype(np.float32)
-        r = (0.5 * rng.standard_normal((hidden, hidden))).astype(np.float32)
-        b = Leaf("weight", f"b{layer}", (hidden,), rng.standard_normal(hidden).astype(np.float32))
-        h = Leaf("input", f"h0_{layer}", (batch, hidden))
-        states = []
-        for t, inp in enumerate(inputs):
-            a = Dot(inp, w)
-            if bias:
-                a = ew("add", a, broadcast_to(b, (batch, hidden)))
-            pre = a if zero_start and t == 0 else ew("add", a, Dot(h, r))
-            h = ew(act, pre)
-            states.append(h)
-            if tap and layer == 0 and t == steps - 1:
-                outputs["pre"] = pre
-        inputs = states
-        outputs[f"h_{layer}"] = h
-    outputs["y"] = concat([reshape(h, (1, batch, hidden)) for h in inputs], 0)
-    leaves = {}
-    for node in Program({}, {}, outputs, {}).nodes():
-        if isinstance(node, Leaf) and node.role == "input":
-            leaves[node.name] = node
-    return Program(leaves, {}, outputs, {})
-
-
 @pytest.mark.parametrize(
     "layers",
     [(("tanh", True),), (("relu", False), ("sigmoid", True)), (("tanh", True), ("tanh", True), ("relu", True))],
     ids=["elman", "relu-sigmoid", "three-layers"],
 )
-def test_unrolled_elman_cells_roll_into_one_recurrence_a_layer(layers):
+def test_unrolled_elman_cells_roll_into_one_recurrence_a_layer(layers, control_flow_graphs):
     """simplify.RollRecurrences: each layer's chain of unrolled cells becomes one ir.Recur (its
     act as the ONNX RNN op's cell), a layer reading the one below's positions after it; the
     interpreter gives the unrolled program's values."""
     from framefuse.compiler.simplify import RollRecurrences
 
-    program = _unrolled_cells(layers=layers)
+    program = control_flow_graphs.unrolled_cells(layers=layers)
     rolled = RollRecurrences(program).run()
     recurs = [n for n in rolled.nodes() if n.kind == "recur"]
     assert sorted(r.cell for r in recurs) == sorted(f"rnn_{act}" for act, _ in layers)
@@ -2146,13 +2107,13 @@ def test_unrolled_elman_cells_roll_into_one_recurrence_a_layer(layers):
         _close(actual[name], expected[name], name, tol=1e-5)
 
 
-def test_a_first_position_without_a_product_starts_the_loop_from_zeros():
+def test_a_first_position_without_a_product_starts_the_loop_from_zeros(control_flow_graphs):
     """torch's export of a loop over nn.RNNCell from a zero state folds the first position's h·Rᵀ
     away: h_1 = act(a_1). That cell becomes the loop's first position from zeros, so each layer is
     one recurrence over all its positions and no act is left outside."""
     from framefuse.compiler.simplify import RollRecurrences
 
-    program = _unrolled_cells(layers=(("tanh", True), ("relu", False)), zero_start=True)
+    program = control_flow_graphs.unrolled_cells(layers=(("tanh", True), ("relu", False)), zero_start=True)
     rolled = RollRecurrences(program).run()
     assert [(r.cell, r.steps) for r in rolled.nodes() if r.kind == "recur"] == [("rnn_tanh", 5), ("rnn_relu", 5)]
     assert not rolled.counts().get("tanh") and not rolled.counts().get("relu")
@@ -2163,12 +2124,12 @@ def test_a_first_position_without_a_product_starts_the_loop_from_zeros():
         _close(actual[name], expected[name], name, tol=1e-5)
 
 
-def test_a_chain_whose_pre_activation_is_read_elsewhere_stays_unrolled():
+def test_a_chain_whose_pre_activation_is_read_elsewhere_stays_unrolled(control_flow_graphs):
     """A value between the recurrent product and the act read by anything else (here a graph
     output) would be lost inside the loop: that chain is left as it is, the others still roll."""
     from framefuse.compiler.simplify import RollRecurrences
 
-    program = _unrolled_cells(layers=(("tanh", True), ("relu", True)), tap=True)
+    program = control_flow_graphs.unrolled_cells(layers=(("tanh", True), ("relu", True)), tap=True)
     rolled = RollRecurrences(program).run()
     # the first layer's chain ends at its fourth position (the fifth's pre-activation is an output)
     assert [(r.cell, r.steps) for r in rolled.nodes() if r.kind == "recur"] == [("rnn_tanh", 4), ("rnn_relu", 5)]
@@ -2199,12 +2160,12 @@ def test_two_recurrences_that_read_each_other_stay_unrolled():
 
 
 @needs_cxx
-def test_rolled_cells_run_as_loops_in_the_kernel(tmp_path):
+def test_rolled_cells_run_as_loops_in_the_kernel(tmp_path, control_flow_graphs):
     """The two-layer rolled window, generated for 5 blocks and emulated with ThreadSanitizer, gives
     the interpreter's values."""
     from framefuse.compiler.simplify import simplify
 
-    program = simplify(_unrolled_cells(layers=(("tanh", True), ("relu", True)), hidden=9))
+    program = simplify(control_flow_graphs.unrolled_cells(layers=(("tanh", True), ("relu", True)), hidden=9))
     kernel = generate(schedule(program, grid=5, threads=64))
     assert kernel.source.count("// recurrence rnn_") == 2
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)

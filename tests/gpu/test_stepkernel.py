@@ -520,6 +520,50 @@ def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, contro
 
 
 @pytest.mark.parametrize(
+    "steps,batch,hidden,zero_start",
+    [(32, 1, 64, True), (7, 3, 33, False), (64, 2, 256, True), (2, 1, 5, False)],
+    ids=lambda v: str(v),
+)
+def test_rolled_elman_cells_match_the_interpreter(steps, batch, hidden, zero_start, control_flow_graphs):
+    """Unrolled Elman cells (tanh then relu layers, as torch exports a loop over nn.RNNCell) rolled
+    into one Recur a layer (simplify.RollRecurrences) and kept unrolled (roll_recurrences off, the
+    stepkernel-unrolled tactic's program): both kernels against the float64 interpreter, for random,
+    zero and NaN windows, two launches each."""
+    import torch
+
+    from framefuse.compiler import naive
+    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.simplify import simplify
+
+    raw = control_flow_graphs.unrolled_cells(
+        steps=steps,
+        batch=batch,
+        features=24,
+        hidden=hidden,
+        layers=(("tanh", True), ("relu", True)),
+        zero_start=zero_start,
+    )
+    rng = np.random.default_rng(steps)
+    for roll in (True, False):
+        program = simplify(raw, roll_recurrences=roll)
+        assert (program.counts().get("recur", 0) == 2) is roll
+        compiled = CompiledStep(program, device=torch.device("cuda"))
+        plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+        for case in ("random", "zeros", "nan"):
+            feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+            if case == "zeros":
+                feeds = {n: np.zeros_like(v) for n, v in feeds.items()}
+            if case == "nan":
+                feeds["x"].reshape(-1)[feeds["x"].size // 2] = np.nan
+            expected = naive.run(program, feeds)
+            for _ in range(2):
+                outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+            torch.cuda.synchronize()
+            for name, value in expected.items():
+                _close(outputs[name].cpu().numpy(), value, f"{'rolled' if roll else 'unrolled'} {case} {name}")
+
+
+@pytest.mark.parametrize(
     "kind,hidden,seq,dirs", [("LSTM", 1024, 64, 2), ("GRU", 256, 256, 1), ("LSTM", 64, 256, 2), ("RNN", 256, 64, 2)]
 )
 def test_stepkernel_of_a_wide_or_long_rnn_window_matches_onnxruntime(kind, hidden, seq, dirs, tmp_path):
