@@ -2081,6 +2081,15 @@ def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, ro
             _close(actual[out], value, f"{name} {out} ({how})", tol=1e-5)
 
 
+def _same_values(program, rolled, seed):
+    """The interpreter gives ``rolled`` the values of ``program`` for random inputs."""
+    rng = np.random.default_rng(seed)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
+    for name in program.outputs:
+        _close(actual[name], expected[name], name, tol=1e-5)
+
+
 @pytest.mark.parametrize(
     "layers",
     [(("tanh", True),), (("relu", False), ("sigmoid", True)), (("tanh", True), ("tanh", True), ("relu", True))],
@@ -2100,11 +2109,7 @@ def test_unrolled_elman_cells_roll_into_one_recurrence_a_layer(layers, control_f
     counts = rolled.counts()
     assert not any(counts.get(act) for act, _ in layers), counts
     assert counts["dot"] == 5 * len(layers)  # the input products only: R runs inside the loops
-    rng = np.random.default_rng(1)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
-    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
-    for name in program.outputs:
-        _close(actual[name], expected[name], name, tol=1e-5)
+    _same_values(program, rolled, seed=1)
 
 
 def test_a_first_position_without_a_product_starts_the_loop_from_zeros(control_flow_graphs):
@@ -2117,11 +2122,7 @@ def test_a_first_position_without_a_product_starts_the_loop_from_zeros(control_f
     rolled = RollRecurrences(program).run()
     assert [(r.cell, r.steps) for r in rolled.nodes() if r.kind == "recur"] == [("rnn_tanh", 5), ("rnn_relu", 5)]
     assert not rolled.counts().get("tanh") and not rolled.counts().get("relu")
-    rng = np.random.default_rng(4)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
-    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
-    for name in program.outputs:
-        _close(actual[name], expected[name], name, tol=1e-5)
+    _same_values(program, rolled, seed=4)
 
 
 def test_a_chain_whose_pre_activation_is_read_elsewhere_stays_unrolled(control_flow_graphs):
@@ -2134,11 +2135,7 @@ def test_a_chain_whose_pre_activation_is_read_elsewhere_stays_unrolled(control_f
     # the first layer's chain ends at its fourth position (the fifth's pre-activation is an output)
     assert [(r.cell, r.steps) for r in rolled.nodes() if r.kind == "recur"] == [("rnn_tanh", 4), ("rnn_relu", 5)]
     assert rolled.counts()["tanh"] == 1
-    rng = np.random.default_rng(2)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
-    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
-    for name in program.outputs:
-        _close(actual[name], expected[name], name, tol=1e-5)
+    _same_values(program, rolled, seed=2)
 
 
 def test_two_recurrences_that_read_each_other_stay_unrolled():

@@ -235,26 +235,15 @@ class ChunkGLALayer(nn.Module):
         return self.out(o * nn.functional.silu(self.out_gate(x)))
 
 
-class RNNCellPolicy(nn.Module):
+class RNNCellPolicy(GRUCellPolicy):
     """The same policy with nn.RNNCell layers (tanh, then relu): an Elman cell, for which framefuse
     has no fused op, so the export's T copies of each cell stay in the fused graph."""
 
     def __init__(self):
-        super().__init__()
+        nn.Module.__init__(self)
         self.cells = nn.ModuleList(
             nn.RNNCell(HIDDEN if i == 0 else 32, 32, nonlinearity="tanh" if i == 0 else "relu") for i in range(LAYERS)
         )
-
-    def forward(self, x):
-        hs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
-        ys = []
-        for t in range(x.shape[1]):
-            inp = x[:, t]
-            for i, cell in enumerate(self.cells):
-                hs[i] = cell(inp, hs[i])
-                inp = hs[i]
-            ys.append(inp)
-        return torch.stack(ys, dim=1)
 
 
 class LSTMCellPolicy(nn.Module):

@@ -113,11 +113,11 @@ def test_an_rnncell_loop_rolls_into_one_recurrence_a_layer(steps, export_root):
     """nn.RNNCell layers stepped in a Python loop: no rewrite fuses the Elman cell, so the fused
     graph keeps a copy of each cell a position; the compiler rolls each layer's copies into one
     ir.Recur (simplify.RollRecurrences: a loop over the positions in one task, not a dependency
-    level a position), and the IR still matches ONNX Runtime on the original export."""
-    from framefuse.compiler import lower_program, naive
+    level a position). Its IR against ONNX Runtime: test_real_model_compiles_and_its_ir_matches_onnxruntime
+    (the benchmarked models' windows)."""
+    from framefuse.compiler import lower_program
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
-    from framefuse.plugins.ort_bridge import ort_session
 
     run = fuse_real_model("torch_rnncell_loop", steps, export_root)
     program = lower_program(run.fused_path)
@@ -127,12 +127,3 @@ def test_an_rnncell_loop_rolls_into_one_recurrence_a_layer(steps, export_root):
     kernel = generate(schedule(program, grid=132, threads=256, smem_floats=28 * 1024), smem_limit_bytes=226 * 1024)
     levels = kernel.describe()["levels"]
     assert levels < steps, f"{levels} dependency levels for {steps} positions"
-    rng = np.random.default_rng(3)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
-    session = ort_session(run.source, fused=False)
-    names = [o.name for o in session.get_outputs()]
-    expected = dict(zip(names, session.run(names, feeds)))
-    actual = naive.run(program, feeds)
-    for out in names:
-        err = np.abs(actual[out] - expected[out]) / (1 + np.abs(expected[out]))
-        assert err.max() <= 1e-4, f"T={steps} {out}: max rel diff {err.max():.3g}"
