@@ -473,7 +473,10 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
     assert sorted(compiled) == sorted(set(digests.values()))  # each distinct source once
     assert digests["stepkernel-skewed"] == digests["stepkernel"]  # no skewed sum in a step form
     assert digests["stepkernel-384-threads-skewed"] == digests["stepkernel-384-threads"]
-    assert sources["stepkernel-unrolled"] is sources["stepkernel"]  # nothing to roll: not lowered again
+    # nothing to roll: the same program (not lowered nor scheduled again) and the same kernel
+    assert sources["stepkernel-unrolled"].program is sources["stepkernel"].program
+    assert sources["stepkernel-unrolled"].schedule is sources["stepkernel"].schedule
+    assert digests["stepkernel-unrolled"] == digests["stepkernel"]
     assert len(set(digests.values())) == len(compiled) >= 5
     assert sources["stepkernel-fewer-blocks"].grid == round(132 * 0.75)
     assert sources["stepkernel-384-threads"].threads == WIDE_THREADS

@@ -29,7 +29,6 @@ from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.memo import cached_program, cached_schedule
 from framefuse.compiler.schedule import THREADS, Schedule
-from framefuse.compiler.simplify import rolled_recurrences
 from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
 
 # The step kernel's math: denormals flushed to zero, division and square root to 2 ulp (full range:
@@ -239,8 +238,9 @@ def prepare_tactics(
     log=None,
 ) -> dict[str, StepSource | Exception]:
     """Every tactic's source (``tactics``: name -> prepare_step's arguments and the lowering's
-    ``compose_input`` / ``roll_recurrences``, as engines.fusion.STEPKERNELS), generated in order while NVRTC compiles the
-    sources already written, ``workers`` threads at a time (default: nvrtc_workers()). A source another tactic already has is compiled once. Returns, per tactic in
+    ``compose_input`` / ``roll_recurrences``, as engines.fusion.STEPKERNELS), generated in order
+    while NVRTC compiles the sources already written, ``workers`` threads at a time (default:
+    nvrtc_workers()). A source another tactic already has is compiled once. Returns, per tactic in
     order, its StepSource (compiled: a load reads the kernel cache) or the exception that declined
     it (the compiler's, or NVRTC's for its source); when the first tactic declines, the others are
     not tried (they lower the same program) and map to its exception. ``compile_image(source)``
@@ -260,17 +260,6 @@ def prepare_tactics(
                 continue
             arguments = dict(arguments)
             lowering = {key: arguments.pop(key, None) for key in ("compose_input", "roll_recurrences")}
-            first = next(iter(results.values()), None)
-            if (
-                lowering["roll_recurrences"] is False
-                and isinstance(first, StepSource)
-                and not rolled_recurrences(first.program)
-                and arguments == dict(next(iter(tactics.values())))
-            ):
-                # nothing was rolled: the same program and kernel as the first tactic's (dropped by
-                # the build as the same kernel), without lowering and scheduling it again
-                results[name] = first
-                continue
             try:
                 program = cached_program(model_or_path, **lowering)
                 source = prepare_step(program, props, fast_math=fast_math, **arguments)
@@ -325,8 +314,7 @@ class CompiledStep:
         self.device = torch.device(device)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.device_index = index
-        torch.zeros(1, device=self.device)  # torch's primary context first (see DESIGN.md gotchas)
-        props = cuda.device_properties(index)
+        props = device_properties(self.device)
         self.props = props
         if source is None:
             source = prepare_step(

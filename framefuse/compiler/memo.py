@@ -54,11 +54,18 @@ def _remember(memo: OrderedDict, key, value):
 def cached_program(
     model_or_path, *, compose_input: bool | None = None, roll_recurrences: bool | None = None
 ) -> Program:
-    """lower_program, the same Program object for the same graph, options and settings."""
-    key = (source_digest(model_or_path), compose_input, roll_recurrences, settings_key())
+    """lower_program, the same Program object for the same graph, options and settings. Asked not
+    to roll recurrences where the rolling program kept already rolled nothing, it is that program
+    (the tactic stepkernel-unrolled then schedules nothing again and builds the same kernel)."""
+    digest, settings = source_digest(model_or_path), settings_key()
+    key = (digest, compose_input, roll_recurrences, settings)
     if key in _programs:
         _programs.move_to_end(key)
         return _programs[key]
+    if roll_recurrences is False:
+        rolling = _programs.get((digest, compose_input, None, settings))
+        if rolling is not None and not simplify.rolled_recurrences(rolling):
+            return _remember(_programs, key, rolling)
     program = lower_program(model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences)
     return _remember(_programs, key, program)
 
