@@ -22,8 +22,10 @@ alone, after: reduce-overhead's CUDA graph trees broke graphs captured before th
                              (the chosen candidate and the selection timings are in the row)
   framefuse (unfused graph)  ablation: the engine on the graph before the rewrite, no selection
   framefuse (driver replay)  ablation: the built engine replayed with cuGraphLaunch (cuda-python)
-  framefuse (resident kernel)  the step form only, when the build chose the step kernel: the same
-             engine with Session(resident=True): the kernel launched once, rung per frame
+  framefuse (resident kernel)  when the build chose the step kernel: the same engine with
+             Session(resident=True), the kernel launched once and rung per call (the step form's
+             frame with its state on the device; a graph without state, as the sequence form and
+             the real models are, the whole graph on each call's input)
 and the peers (the best peer = the lowest p50 among them, per row):
   torch eager                the torch module, pinned host buffers, async copies, one sync
   torch eager + CUDA graph   the same torch code captured in one CUDA graph, copies inside
@@ -720,7 +722,9 @@ def bench_row(
                 )
 
             makers.append(("framefuse_driver", driver_call))
-        if on_gpu and form == "step":
+        # a graph without state steps too (Session.step: the graph on each frame), so the real
+        # models' windows and the zoo's sequence form are kept resident as the step form is
+        if on_gpu and (form == "step" or not any(i["name"].startswith("state.") for i in manifest["inputs"])):
 
             def resident_call():
                 from framefuse.runtime.session import Session

@@ -678,6 +678,18 @@ def test_resident_kernel_emulated_has_no_data_race(arch, tmp_path):
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
 
 
+@needs_cxx
+@pytest.mark.parametrize("arch", ["gru", "attention"])
+def test_resident_kernel_of_a_graph_without_state_emulated(arch, tmp_path):
+    """A window without state kept resident (Session.step of a sequence-form graph): every frame's
+    outputs are the interpreter's on that frame alone; the frame protocol under ThreadSanitizer
+    for one of them."""
+    _, program = _sequence_program(arch, {**SMALL, "seq": 4})
+    assert not program.states
+    kernel = generate(schedule(program, grid=3, threads=64), resident=True)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=arch == "gru")
+
+
 def test_resident_source_reuses_weights_and_reads_state_coherently():
     from framefuse.compiler import codegen
 

@@ -286,16 +286,42 @@ def test_prepare_cached_removes_its_folder_at_exit(tmp_path):
     assert "framefuse-prepared-" in root and not __import__("os").path.exists(root), root
 
 
+@pytest.mark.parametrize("engine", ["onnxruntime", "cuda-graph"])
+def test_step_of_a_graph_without_state_is_a_run_on_the_frame(engine):
+    """A graph without state steps too: each step is the graph on that frame (nothing carried),
+    into the session's own output buffer, over buffers made on the first step."""
+    source = prepare_cached("gru", SMALL)["sequence"].fused
+    session = Session.load(source, engine=engine, device="cpu", fused=True if engine == "onnxruntime" else None)
+    assert not session.is_step_form and session._host_step is None  # nothing made until a step
+    frames = np.stack([_frames(session, seed) for seed in range(3)])
+    outputs = []
+    for frame in frames:
+        out = session.step(frame)
+        expected = session.run(frame)["y"]
+        assert np.array_equal(out, expected), np.abs(out - expected).max()
+        outputs.append(out)
+    assert all(out is outputs[0] for out in outputs)  # one buffer, overwritten by each step
+    assert session.frame_index == 3
+    assert np.array_equal(session.step(frames[0], copy=True), session.run(frames[0])["y"])
+    assert session.get_state() == {}
+    with pytest.raises(SessionError, match="frame 'x' has shape"):
+        session.step(frames[0][:, :2])
+
+
 def test_resident_is_refused_where_there_is_no_step_kernel():
-    """resident=True needs the step compiler's kernel on a GPU: an engine on the CPU, an ONNX
-    Runtime session and a sequence-form graph are refused with one line; close() is harmless."""
-    step = prepare_cached("min_gru", SMALL)["step"].fused
+    """resident=True needs the step compiler's kernel on a GPU: an engine on the CPU and an ONNX
+    Runtime session are refused with one line, for a graph with state or without; close() is
+    harmless."""
+    forms = prepare_cached("min_gru", SMALL)
+    step = forms["step"].fused
     with pytest.raises(SessionError, match="resident=True needs the cuda-graph engine"):
         Session.load(step, engine="onnxruntime", device="cpu", fused=True, resident=True)
     with pytest.raises((SessionError, EngineBuildError), match="step compiler's kernel"):
         Session.load(step, engine="cuda-graph", device="cpu", resident=True)
-    with pytest.raises(SessionError, match="resident=True needs a step-form graph"):
-        Session.load(prepare_cached("min_gru", SMALL)["sequence"].onnx, device="cpu", resident=True)
+    with pytest.raises(SessionError, match="resident=True needs the cuda-graph engine"):
+        Session.load(forms["sequence"].onnx, device="cpu", resident=True)
+    with pytest.raises((SessionError, EngineBuildError), match="step compiler's kernel"):
+        Session.load(forms["sequence"].fused, engine="cuda-graph", device="cpu", resident=True)
     with Session.load(step, device="cpu") as session:  # not resident: close() does nothing
         session.step(np.zeros(session.engine.input_specs["x"].shape, dtype=np.float32))
     session.close()

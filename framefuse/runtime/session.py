@@ -241,7 +241,12 @@ def _engine_options(engine: str, framefuse_impl: str | None, fused: bool | None,
 
 
 class Session:
-    """Runs one engine: ``run`` for whole sequences, ``step`` per frame (step-form graphs).
+    """Runs one engine: ``run`` for whole sequences, ``step`` per frame.
+
+    ``step`` on a step-form graph carries the state from frame to frame; on a graph without state
+    (a policy that reads one frame, a window model called on each window) a step is one call of
+    the graph on the frame, over the same fixed buffers (made on the first step, or at once with
+    ``resident=True``).
 
     ``copy``: ``step`` returns a fresh copy of its output instead of the session's buffer.
     ``nonfinite``: what a frame holding NaN or ±Inf does. ``"raise"`` (default): it is refused
@@ -320,39 +325,46 @@ class Session:
         self._cupy_out: dict[str, Any] = {}
         self._out_dict: dict | None = None
         self._out_dict_t: dict | None = None
+        self.resident = bool(resident)
+        self._resident_sms = resident_sms
         if self.is_step_form:
             self._state = {
                 name: torch.zeros(inputs[name].shape, dtype=inputs[name].dtype, device=self.device)
                 for name in self.state_inputs
             }
-            # Captured now, so the first frame of a game loop does not pay for the capture.
-            options = {"resident": int(resident_sms) if resident_sms is not None else True} if resident else {}
-            try:
-                self._host_step = engine.create_binding(
-                    host_inputs=self.frame_inputs,
-                    host_outputs=self.frame_outputs,
-                    state_pairs=self.state_pairs,
-                    input_buffers=self._state,
-                    **options,
-                )
-            except TypeError as exc:
-                if not resident:
-                    raise
-                raise SessionError(
-                    f"resident=True needs the cuda-graph engine with the step compiler's kernel; this session runs "
-                    f"{self.engine_name}"
-                ) from exc
-            self._host_step.set_replay_mode(replay)
-            # the wait for a frame's host outputs: bindings that can tell when those have landed
-            # before the whole launch retires (the step kernel's done words) say so with wait_host
-            self._wait_host = getattr(self._host_step, "wait_host", self._host_step.sync)
-            self._frame_specs = {n: inputs[n] for n in self.frame_inputs}
-            # Built once: the multi-output hot path returns this same dict every frame.
-            self._out_dict = dict(self._host_step.host_out)
-            self._out_dict_t = dict(self._host_step.host_out_t)
-        elif resident:
-            raise SessionError("resident=True needs a step-form graph (inputs state.<name>, outputs next_state.<name>)")
-        self.resident = bool(resident)
+        # Captured now, so the first frame of a game loop does not pay for the capture. A graph
+        # without state gets its frame binding on the first step() (most sessions of one only
+        # run() it), unless it is to be resident: that is asked for to step it.
+        if self.is_step_form or resident:
+            self._open_host_step()
+
+    def _open_host_step(self) -> None:
+        inputs = self.engine.input_specs
+        options = {"resident": int(self._resident_sms) if self._resident_sms is not None else True}
+        try:
+            binding = self.engine.create_binding(
+                host_inputs=self.frame_inputs,
+                host_outputs=self.frame_outputs,
+                state_pairs=self.state_pairs,
+                input_buffers=self._state,
+                **(options if self.resident else {}),
+            )
+        except TypeError as exc:
+            if not self.resident:
+                raise
+            raise SessionError(
+                f"resident=True needs the cuda-graph engine with the step compiler's kernel; this session runs "
+                f"{self.engine_name}"
+            ) from exc
+        binding.set_replay_mode(self.replay_mode)
+        # the wait for a frame's host outputs: bindings that can tell when those have landed
+        # before the whole launch retires (the step kernel's done words) say so with wait_host
+        self._wait_host = getattr(binding, "wait_host", binding.sync)
+        self._frame_specs = {n: inputs[n] for n in self.frame_inputs}
+        # Built once: the multi-output hot path returns this same dict every frame.
+        self._out_dict = dict(binding.host_out)
+        self._out_dict_t = dict(binding.host_out_t)
+        self._host_step = binding
 
     # -- lifetime ---------------------------------------------------------------------------------
     def _release_gpu(self) -> None:
@@ -527,7 +539,8 @@ class Session:
 
     # -- frames -------------------------------------------------------------------------------------
     def step(self, frame, *, copy: bool | None = None):
-        """Feed one frame, advance the state, return the output.
+        """Feed one frame, advance the state, return the output (a graph without state: the
+        graph run on the frame, nothing carried to the next).
 
         The returned array/tensor is the session's own output buffer: **the next ``step``
         overwrites it**. Keep a value across frames with ``.copy()`` (numpy) / ``.clone()``
@@ -543,11 +556,9 @@ class Session:
         """
         start = _clock()
         binding = self._host_step
-        if binding is None:
-            raise SessionError(
-                "step() needs a step-form graph (inputs state.<name>, outputs next_state.<name>); this one has "
-                f"inputs {self.input_names}: use run(), or export the step form (artifacts/<name>-step)"
-            )
+        if binding is None:  # a graph without state, stepped for the first time
+            self._open_host_step()
+            binding = self._host_step
         name = self._single_in
         if name is not None and type(frame) is np.ndarray:  # the hot path
             buffer = binding.host_in[name]

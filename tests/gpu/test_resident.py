@@ -78,6 +78,34 @@ def test_resident_equals_launched_bit_for_bit_over_10000_frames(arch):
         assert np.array_equal(state[name], value, equal_nan=True), name
 
 
+@pytest.mark.parametrize("arch,seq", [("gru", 1), ("lstm", 1), ("attention", 8), ("mamba", 32), ("lstm", 32)])
+def test_resident_graph_without_state_matches_launched_and_onnxruntime(arch, seq):
+    """A sequence-form window (no state: a length-1 window is what the real models are at T = 1)
+    kept resident: each step is the whole graph on that frame. 2,000 frames (zeros, a NaN among
+    them) bit for bit against the launched kernel, one launch for all; the first 16 but the NaN
+    frame against ONNX Runtime on the original graph (its LSTM zeroes the state after a NaN)."""
+    from test_stepkernel import _close, _rollout
+
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, {**SMALL, "seq": seq})["sequence"]
+    assert not prepared.state_names
+    engine = _engine(prepared)
+    frames = _frames(prepared, 2000, seed=3)
+    frames[5] = 0.0
+    frames[9].reshape(-1)[7] = np.nan
+    launched = Session(engine, budget_ms=None, nonfinite="propagate")
+    expected = np.stack([launched.step(f).copy() for f in frames])
+    ref_y, _ = _rollout(prepared, frames[:16])
+    with Session(engine, budget_ms=None, resident=True, nonfinite="propagate") as resident:
+        got = np.stack([resident.step(f).copy() for f in frames])
+        assert resident._host_step.running and resident._host_step.starts == 1
+    for i in (i for i in range(16) if i != 9):
+        _close(got[i], ref_y[i], f"{arch} T={seq} y at frame {i}")
+    assert np.isnan(got[9]).any() and np.isfinite(got[10]).all()  # nothing carried past the NaN frame
+    assert np.array_equal(got, expected, equal_nan=True), f"max diff {np.nanmax(np.abs(got - expected))}"
+
+
 def _script(session, prepared, frames):
     """The same calls on a session; what each returned, and whether a resident kernel ran after it
     (two sessions of one engine share its flag and counter buffers: they run one after the other)."""

@@ -70,7 +70,7 @@ class GRUCellPolicy(nn.Module):
         self.cells = nn.ModuleList(nn.GRUCell(HIDDEN if i == 0 else 32, 32) for i in range(LAYERS))
 
     def forward(self, x):
-        hs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
+        hs = [x.new_zeros(x.shape[0], 32) for _ in self.cells]
         ys = []
         for t in range(x.shape[1]):
             inp = x[:, t]
@@ -91,8 +91,8 @@ class BiGRUCellEncoder(nn.Module):
 
     def forward(self, x):
         steps = x.shape[1]
-        h_f = torch.zeros(x.shape[0], 32)
-        h_b = torch.zeros(x.shape[0], 32)
+        h_f = x.new_zeros(x.shape[0], 32)
+        h_b = x.new_zeros(x.shape[0], 32)
         fwd, bwd = [], [None] * steps
         for t in range(steps):
             h_f = self.fwd(x[:, t], h_f)
@@ -254,8 +254,8 @@ class LSTMCellPolicy(nn.Module):
         self.cells = nn.ModuleList(nn.LSTMCell(HIDDEN if i == 0 else 32, 32) for i in range(LAYERS))
 
     def forward(self, x):
-        hs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
-        cs = [torch.zeros(x.shape[0], 32) for _ in self.cells]
+        hs = [x.new_zeros(x.shape[0], 32) for _ in self.cells]
+        cs = [x.new_zeros(x.shape[0], 32) for _ in self.cells]
         ys = []
         for t in range(x.shape[1]):
             inp = x[:, t]
