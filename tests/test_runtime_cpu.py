@@ -208,12 +208,23 @@ def test_cli_build_and_run(tmp_path, capsys):
     assert data["frames"] == 8 and data["latency"]["count"] == 8
     out = capsys.readouterr().out
     assert "p50" in out and "overruns" in out
-    # A sequence-form artifact cannot drive a game loop: a clear error, exit code 2.
+    # The sequence form framefuse export wrote cannot drive a game loop (its step form is the one
+    # to run): a clear error, exit code 2.
+    sequence = prepare_cached("min_lstm", SMALL)["sequence"]
     seq_folder = tmp_path / "min_lstm"
     seq_folder.mkdir()
-    (seq_folder / "model.onnx").write_bytes(prepare_cached("min_lstm", SMALL)["sequence"].onnx.read_bytes())
+    (seq_folder / "model.onnx").write_bytes(sequence.onnx.read_bytes())
+    (seq_folder / "manifest.json").write_text(json.dumps(sequence.manifest))
     assert cli_main(["run", str(seq_folder), "--device", "cpu", "--frames", "2"]) == 2
     assert "step form" in capsys.readouterr().err
+    # Any other graph without state (a policy of one frame): each frame runs the whole graph, said once.
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "model.onnx").write_bytes(sequence.onnx.read_bytes())
+    report = tmp_path / "policy.json"
+    assert cli_main(["run", str(policy), "--device", "cpu", "--frames", "5", "--hz", "0", "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["frames"] == 5
+    assert "has no state" in capsys.readouterr().err
 
 
 def test_cli_bench_smoke(tmp_path):

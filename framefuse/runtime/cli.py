@@ -108,10 +108,18 @@ def run(args) -> int:
         resident_sms=args.resident_sms,
     )
     if not session.is_step_form:
-        raise SessionError(
-            f"{args.artifact} is a sequence-form graph (inputs {session.input_names}); the game loop needs the "
-            f"step form: export it (framefuse export --form step) and run artifacts/<name>-step"
-        )
+        if session.manifest.get("form") == "sequence":  # framefuse export's window: its step form is the one to run
+            session.close()
+            raise SessionError(
+                f"{args.artifact} is a sequence-form graph (inputs {session.input_names}); the game loop needs the "
+                f"step form: export it (framefuse export --form step) and run artifacts/<name>-step"
+            )
+        if not quiet:
+            print(
+                f"note: {args.artifact} has no state (inputs {session.input_names}): each frame runs the whole graph "
+                "on that frame, nothing is carried to the next",
+                file=sys.stderr,
+            )
     try:
         report = run_game_loop(session, frames=args.frames, hz=args.hz, warmup=args.warmup, seed=args.seed)
     finally:

@@ -49,9 +49,8 @@ class LoopReport:
 
 
 def observations(session: Session, count: int = OBSERVATION_POOL, seed: int = 0) -> np.ndarray:
-    """``count`` random frames shaped like the session's frame input."""
-    if not session.is_step_form:
-        raise SessionError("the game loop needs a step-form artifact (e.g. artifacts/<name>-step)")
+    """``count`` random frames shaped like the session's frame input (a graph without state: its
+    input, the whole graph run on each frame)."""
     if len(session.frame_inputs) != 1:
         raise SessionError(f"the game loop feeds one frame input; this graph has {session.frame_inputs}")
     spec = session.engine.input_specs[session.frame_inputs[0]]
