@@ -2168,6 +2168,111 @@ def test_two_recurrences_that_read_each_other_stay_unrolled():
     assert RollRecurrences(program).run() is program  # ... neither rolled
 
 
+# -- simplify.RollBodies: any unrolled cell as one loop over its body (the interpreter's; no code yet) --
+
+
+def test_an_mlp_cell_loop_rolls_into_one_body_loop_matching_onnxruntime(control_flow_graphs):
+    """The ONNX Loop of an MLP cell over [x_t, h] with a gate on h (not an Elman cell: RollRecurrences
+    leaves it): the rewrite's copies roll into one ir.BodyLoop over all 6 positions from h0, its
+    body the cell once over slot leaves (h and the position's x_t), the products' rows inside it;
+    the interpreter matches ONNX Runtime on the original graph and the unrolled program exactly."""
+    import onnxruntime as ort
+
+    from framefuse.compiler.simplify import RollBodies, rolled_bodies
+    from framefuse.rewrite import rewrite_model
+
+    model = control_flow_graphs.mlp_cell_loop()
+    fused, _ = rewrite_model(model)
+    unrolled = lower_program(fused)
+    rolled = lower_program(fused, roll_bodies=True)
+    assert rolled_bodies(rolled) == 1 and rolled.counts()["bodyloop"] == 1, rolled.counts()
+    (loop,) = [n for n in rolled.nodes() if n.kind == "bodyloop"]
+    assert loop.steps == control_flow_graphs.STEPS and loop.h0.name == "h0"
+    assert [n.kind for n in loop.slots] == ["leaf"] and loop.windows[0].shape[0] == loop.steps
+    body_counts = {}
+    for node in loop.body_nodes():
+        key = node.op if node.kind == "ew" else node.kind
+        body_counts[key] = body_counts.get(key, 0) + 1
+    assert body_counts["dot"] == 2 and body_counts["tanh"] == 1 and body_counts["sigmoid"] == 1, body_counts
+    assert "dot" not in rolled.counts() and "tanh" not in rolled.counts()  # nothing of the cell left outside
+    rng = np.random.default_rng(3)
+    feeds = {
+        "h0": rng.standard_normal((2, 7)).astype(np.float32),
+        "X": rng.standard_normal((2, 6, 5)).astype(np.float32),
+    }
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    actual, plain = naive.run(rolled, feeds), naive.run(unrolled, feeds)
+    for name, value in expected.items():
+        _close(actual[name], value, name, tol=1e-5)
+        assert np.array_equal(actual[name], plain[name]), name  # the same float64 arithmetic
+    assert RollBodies(unrolled).run().counts()["bodyloop"] == 1  # the pass by itself, on the simplified program
+
+
+@pytest.mark.parametrize("layers", [(("tanh", True),), (("relu", False), ("sigmoid", True))], ids=["one", "two"])
+def test_elman_cells_roll_into_body_loops_too(layers, control_flow_graphs):
+    """RollBodies by itself on the Elman cells RollRecurrences takes (which runs first, so this is
+    only the general finder's check): one loop a layer over its positions, the input products left
+    outside as windows, the second layer's windows reading the first loop."""
+    from framefuse.compiler.simplify import RollBodies
+
+    program = control_flow_graphs.unrolled_cells(steps=9, layers=layers)
+    rolled = RollBodies(program).run()
+    loops = [n for n in rolled.nodes() if n.kind == "bodyloop"]
+    assert [loop.steps for loop in loops] == [9] * len(layers)
+    assert rolled.counts()["dot"] == 9 * len(layers)  # the input products: R is inside the loops
+    _same_values(program, rolled, seed=6)
+
+
+def test_a_body_reading_a_position_further_back_stays_unrolled():
+    """h_t = tanh(R·h_{t-1} + x_t) + 0.5·h_{t-2}: the body reads a position before the one it
+    carries, which no loop carrying one value has: nothing is rolled."""
+    from framefuse.compiler.ir import Dot, Leaf, Program, constant, ew, reshape, slice_axis
+    from framefuse.compiler.simplify import RollBodies
+
+    rng = np.random.default_rng(8)
+    x = Leaf("input", "x", (7, 2, 4))
+    r = (0.5 * rng.standard_normal((4, 4))).astype(np.float32)
+    half = constant(np.full((2, 4), 0.5, np.float32))
+    before, h = Leaf("input", "h0", (2, 4)), Leaf("input", "h1", (2, 4))
+    for t in range(7):
+        x_t = reshape(slice_axis(x, 0, t, 1, 1), (2, 4))
+        before, h = h, ew("add", ew("tanh", ew("add", Dot(h, r), x_t)), ew("mul", half, before))
+    inputs = {n.name: n for n in Program({}, {}, {"h": h}, {}).nodes() if isinstance(n, Leaf) and n.role == "input"}
+    program = Program(inputs, {}, {"h": h}, {})
+    assert [len(family) for family in RollBodies(program)._families()] == [7]  # R's copies are found ...
+    assert RollBodies(program).run() is program  # ... and nothing rolled
+
+
+def test_a_body_loop_is_declined_by_the_scheduler_naming_it(control_flow_graphs):
+    """No code generator for a BodyLoop yet: a program holding one is declined with one line, and
+    the build's default (simplify.ROLL_BODIES off) compiles the unrolled program instead."""
+    from framefuse.compiler import simplify
+    from framefuse.rewrite import rewrite_model
+
+    assert simplify.ROLL_BODIES is False
+    fused, _ = rewrite_model(control_flow_graphs.mlp_cell_loop())
+    with pytest.raises(CompileError, match="a loop over a general body has no code generator yet"):
+        schedule(lower_program(fused, roll_bodies=True), grid=4, threads=64)
+    assert "bodyloop" not in lower_program(fused).counts()
+
+
+def test_body_loop_checks_its_slots_and_shapes():
+    from framefuse.compiler.ir import BodyLoop, Leaf, constant, ew
+
+    h, u = Leaf("slot", "h", (2, 3)), Leaf("slot", "u", (2, 3))
+    body = ew("tanh", ew("add", h, u))
+    window, h0 = Leaf("input", "w", (5, 2, 3)), Leaf("input", "h0", (2, 3))
+    loop = BodyLoop(body, h, [u], [window], [], [], h0)
+    assert loop.shape == (5, 2, 3) and loop.inputs() == (window, h0)
+    with pytest.raises(CompileError, match="a window of \\[4, 2, 4\\]"):
+        BodyLoop(body, h, [u], [Leaf("input", "v", (4, 2, 4))], [], [], h0)
+    with pytest.raises(CompileError, match="which no slot binds"):
+        BodyLoop(ew("add", body, Leaf("slot", "stray", (2, 3))), h, [u], [window], [], [], h0)
+    with pytest.raises(CompileError, match="differ"):
+        BodyLoop(body, h, [u], [window], [], [], constant(np.zeros((3, 2), np.float32)))
+
+
 @needs_cxx
 def test_rolled_cells_run_as_loops_in_the_kernel(tmp_path, control_flow_graphs):
     """The two-layer rolled window, generated for 5 blocks and emulated with ThreadSanitizer, gives

@@ -91,9 +91,11 @@ def test_frame_kinds_and_shapes():
         step.step({"x": frame, "z": frame})
 
 
-def test_step_on_a_sequence_graph_is_an_error():
+def test_step_on_a_sequence_graph_takes_a_whole_window():
+    """A sequence-form graph has no state: its step is the whole graph on one window, so a frame
+    of one position is refused with the shape the graph takes."""
     seq = Session.load(prepare_cached("min_gru", SMALL)["sequence"].onnx, device="cpu")
-    with pytest.raises(SessionError, match="step-form graph"):
+    with pytest.raises(SessionError, match=r"frame 'x' has shape \[1, 64\], the graph takes \[1, 6, 64\]"):
         seq.step(np.zeros((1, 64), np.float32))
     with pytest.raises(SessionError, match="unknown input"):
         seq.run({"x": np.zeros((1, 6, 64), np.float32), "h": 0})

@@ -23,18 +23,21 @@ def lower_program(
     simplified: bool = True,
     compose_input: bool | None = None,
     roll_recurrences: bool | None = None,
+    roll_bodies: bool | None = None,
 ) -> Program:
     """The step IR of a fused ONNX graph (path or ModelProto), simplified unless asked not to
     (``compose_input``: the first layer's products as products of the frame, see
     simplify.ComposeInputProducts; None: simplify.COMPOSE_INPUT_PRODUCTS; ``roll_recurrences``:
-    unrolled Elman cells rolled into loops, see simplify.RollRecurrences; None: simplify.ROLL_RECURRENCES)."""
+    unrolled Elman cells rolled into loops, see simplify.RollRecurrences; None: simplify.ROLL_RECURRENCES;
+    ``roll_bodies``: any other unrolled cell rolled into a loop over its body, see simplify.RollBodies;
+    None: simplify.ROLL_BODIES, off: the interpreter runs such a loop, the code generator not yet)."""
     from framefuse.compiler.lower import lower_onnx
     from framefuse.compiler.simplify import simplify
 
     program = lower_onnx(model_or_path)
     if not simplified:
         return program
-    return simplify(program, compose_input=compose_input, roll_recurrences=roll_recurrences)
+    return simplify(program, compose_input=compose_input, roll_recurrences=roll_recurrences, roll_bodies=roll_bodies)
 
 
 def generate_source(

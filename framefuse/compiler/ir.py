@@ -74,14 +74,15 @@ class Node:
 
 class Leaf(Node):
     """``role``: "input" (graph input, host), "state" (recurrent state input, device),
-    "weight" (a constant array kept in device memory) or "const" (a scalar, inlined)."""
+    "weight" (a constant array kept in device memory), "const" (a scalar, inlined) or "slot"
+    (inside a BodyLoop's body only: the carried value or a position's input, bound per position)."""
 
     __slots__ = ("role", "name", "array")
     kind = "leaf"
 
     def __init__(self, role: str, name: str, shape, array: np.ndarray | None = None, label: str = ""):
         super().__init__(shape, label or name)
-        assert role in ("input", "state", "weight", "const"), role
+        assert role in ("input", "state", "weight", "const", "slot"), role
         self.role = role
         self.name = name
         if array is None:
@@ -379,6 +380,92 @@ class DeltaScan(Node):
         return self.k.shape[2]
 
 
+class BodyLoop(Node):
+    """A recurrence whose step is any body of nodes (a cell no fused op or Recur cell expresses:
+    an MLP over [x, h], a gate multiplying h, a norm inside the cell): for each position t in order,
+
+        h_t = body(h_{t-1}, u_1[t], …, u_k[t], f_1, …, f_m)        h_{-1} = h0
+
+    ``body`` is a node over slot leaves: ``carried`` (h_{t-1}, the shape of h0 and of the body),
+    ``slots`` (position t of each ``windows`` node [T, *slot shape]) and ``fixed_slots`` (each
+    ``fixed`` node, the same every position); everything else it reads is a weight or a constant.
+    out [T, *h shape] holds h_t. Made by simplify.RollBodies from a recurrence's unrolled copies."""
+
+    __slots__ = ("body", "carried", "slots", "windows", "fixed_slots", "fixed", "h0")
+    kind = "bodyloop"
+
+    def __init__(
+        self,
+        body: Node,
+        carried: Leaf,
+        slots: Sequence[Leaf],
+        windows: Sequence[Node],
+        fixed_slots: Sequence[Leaf],
+        fixed: Sequence[Node],
+        h0: Node,
+        label: str = "",
+    ):
+        slots, windows, fixed_slots, fixed = tuple(slots), tuple(windows), tuple(fixed_slots), tuple(fixed)
+        if not windows or len(slots) != len(windows) or len(fixed_slots) != len(fixed):
+            raise CompileError(f"{label}: a body loop takes one window a slot (at least one) and one node a fixed slot")
+        steps = windows[0].shape[0] if windows[0].rank else 0
+        for leaf in (carried, *slots, *fixed_slots):
+            if not isinstance(leaf, Leaf) or leaf.role != "slot":
+                raise CompileError(f"{label}: {leaf} is not a slot leaf")
+        if body.shape != carried.shape or h0.shape != carried.shape:
+            raise CompileError(
+                f"{label}: the body {list(body.shape)}, the carried value {list(carried.shape)} and the initial "
+                f"value {list(h0.shape)} differ"
+            )
+        for slot, window in zip(slots, windows):
+            if window.shape != (steps, *slot.shape):
+                raise CompileError(f"{label}: a window of {list(window.shape)} is not [{steps}, *{list(slot.shape)}]")
+        for slot, node in zip(fixed_slots, fixed):
+            if node.shape != slot.shape:
+                raise CompileError(f"{label}: a fixed input of {list(node.shape)} is not {list(slot.shape)}")
+        if steps < 1:
+            raise CompileError(f"{label}: a body loop over no positions")
+        super().__init__((steps, *carried.shape), label)
+        self.body, self.carried, self.h0 = body, carried, h0
+        self.slots, self.windows, self.fixed_slots, self.fixed = slots, windows, fixed_slots, fixed
+        bound = {leaf.id for leaf in (carried, *slots, *fixed_slots)}
+        for node in self.body_nodes():
+            if isinstance(node, Leaf) and node.role not in ("weight", "const") and node.id not in bound:
+                raise CompileError(f"{label}: the body reads {node}, which no slot binds")
+            if isinstance(node, (Scan, Recur, DeltaScan, BodyLoop)):
+                raise CompileError(f"{label}: a recurrence inside a body loop's body ({node})")
+
+    @property
+    def steps(self) -> int:
+        return self.shape[0]
+
+    def inputs(self):
+        return self.windows + self.fixed + (self.h0,)
+
+    def with_inputs(self, inputs: Sequence[Node]) -> BodyLoop:
+        k, m = len(self.windows), len(self.fixed)
+        return BodyLoop(
+            self.body, self.carried, self.slots, inputs[:k], self.fixed_slots, inputs[k : k + m], inputs[-1], self.label
+        )
+
+    def body_nodes(self) -> list[Node]:
+        """The body's nodes in topological order (slots and weights first, the body last)."""
+        order: list[Node] = []
+        seen: set[int] = set()
+        stack: list[tuple[Node, bool]] = [(self.body, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node.id in seen:
+                continue
+            seen.add(node.id)
+            stack.append((node, True))
+            stack += [(child, False) for child in reversed(node.inputs()) if child.id not in seen]
+        return order
+
+
 REDUCE_OPS = ("sum", "max", "min", "prod")
 
 
@@ -643,12 +730,19 @@ class Program:
                 for leaf in (node.weight, node.bias_weight):
                     if leaf is not None:
                         seen[leaf.id] = leaf
+            elif isinstance(node, BodyLoop):
+                for inner in node.body_nodes():
+                    if isinstance(inner, Dot):
+                        seen[inner.weight.id] = inner.weight
+                    elif isinstance(inner, Leaf) and inner.role == "weight":
+                        seen[inner.id] = inner
             elif isinstance(node, Leaf) and node.role == "weight":
                 seen[node.id] = node
         return list(seen.values())
 
 
 __all__ = [
+    "BodyLoop",
     "CompileError",
     "Concat",
     "Dot",

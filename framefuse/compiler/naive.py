@@ -13,6 +13,7 @@ import numpy as np
 
 from framefuse.compiler import iexpr as ix
 from framefuse.compiler.ir import (
+    BodyLoop,
     CompileError,
     Concat,
     DeltaScan,
@@ -83,6 +84,8 @@ def evaluate_node(node: Node, values: Mapping[int, np.ndarray]) -> np.ndarray:
         return recur(node, values)
     if isinstance(node, DeltaScan):
         return delta_scan(node, values)
+    if isinstance(node, BodyLoop):
+        return body_loop(node, values)
     raise CompileError(f"{node}: no reference for {type(node).__name__}")
 
 
@@ -115,6 +118,31 @@ def recur(node: Recur, values: Mapping[int, np.ndarray]) -> np.ndarray:
                 h = EW["liquid_hidden"].numpy(*(a + b for a, b in zip(x, rk)), node.params)
                 out[t] = h
             h = np.asarray(h, dtype=np.float64)
+    return out
+
+
+def body_loop(node: BodyLoop, values: Mapping[int, np.ndarray]) -> np.ndarray:
+    """The positions in order, the body evaluated whole at each with its slots bound
+    (ir.BodyLoop): the carried value to the position before's, each slot to its window's row."""
+    windows = [np.asarray(values[w.id], dtype=np.float64) for w in node.windows]
+    bound = {leaf.id: np.asarray(values[f.id], dtype=np.float64) for leaf, f in zip(node.fixed_slots, node.fixed)}
+    h = np.asarray(values[node.h0.id], dtype=np.float64)
+    order = node.body_nodes()
+    out = np.empty(node.shape, dtype=np.float64)
+    for t in range(node.steps):
+        inner = dict(bound)
+        inner[node.carried.id] = h
+        for leaf, window in zip(node.slots, windows):
+            inner[leaf.id] = window[t]
+        for n in order:
+            if n.id in inner:
+                continue
+            if isinstance(n, Leaf):
+                inner[n.id] = np.broadcast_to(n.array.astype(np.float64), n.shape)
+            else:
+                inner[n.id] = evaluate_node(n, inner)
+        h = np.asarray(inner[node.body.id], dtype=np.float64)
+        out[t] = h
     return out
 
 
@@ -158,4 +186,4 @@ def delta_scan(node: DeltaScan, values: Mapping[int, np.ndarray]) -> np.ndarray:
     return out
 
 
-__all__ = ["delta_scan", "evaluate_node", "index_grid", "recur", "run"]
+__all__ = ["body_loop", "delta_scan", "evaluate_node", "index_grid", "recur", "run"]

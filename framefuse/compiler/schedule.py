@@ -45,6 +45,7 @@ import numpy as np
 
 from framefuse.compiler import iexpr as ix
 from framefuse.compiler.ir import (
+    BodyLoop,
     CompileError,
     Concat,
     DeltaScan,
@@ -1556,6 +1557,12 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
 
 
 def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) -> Schedule:
+    for node in program.nodes():
+        if isinstance(node, BodyLoop):  # rolled only on request (simplify.ROLL_BODIES): see its note
+            raise CompileError(
+                f"{node}: a loop over a general body has no code generator yet (simplify.RollBodies rolls it "
+                "for the interpreter only; compile the unrolled program)"
+            )
     users = consumers(program)
     destinations: dict[int, list[str]] = {}
     materialized: dict[int, Node] = {}

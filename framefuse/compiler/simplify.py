@@ -114,7 +114,7 @@ def with_inputs(node: Node, inputs: list[Node]) -> Node:
         return Dot(inputs[0], node.rows, node.label)
     if isinstance(node, Scan):
         return Scan(node.op, inputs[:-1], inputs[-1], node.axis, node.carry, node.params, node.label)
-    if isinstance(node, (ir.Recur, ir.DeltaScan)):
+    if isinstance(node, (ir.Recur, ir.DeltaScan, ir.BodyLoop)):
         return node.with_inputs(inputs)
     raise ir.CompileError(f"{node}: the simplifier cannot rebuild a {type(node).__name__} over new inputs")
 
@@ -1021,6 +1021,371 @@ class RollRecurrences:
         return _replaced(self.program, replace, notes)
 
 
+# The copies of a recurrence whose cell is any body (an MLP over [x, h], a gate that multiplies h,
+# a norm inside the cell: what RollRecurrences does not take) are rolled into one ir.BodyLoop, the
+# body written once over slot leaves. Off: the code generator has no BodyLoop yet (the interpreter
+# has), so a program holding one would be declined; RollBodies(program).run() rolls on request.
+ROLL_BODIES = False
+ROLL_BODY_MAX_NODES = 256  # a body larger than this stays unrolled (bodies are compared node by node)
+ROLLED_BODY_NOTE = "rolled body"  # how a program's notes begin for each rolled body loop
+_SEARCH_LIMIT = 4096  # nodes visited looking for the cut before / after a chain's ends
+
+
+def rolled_bodies(program: Program) -> int:
+    """How many unrolled bodies RollBodies rolled into ``program``."""
+    return sum(note.startswith(ROLLED_BODY_NOTE + " ") for note in program.notes)
+
+
+class RollBodies:
+    """Find recurrences unrolled over their positions whatever their cell and roll each into one
+    ir.BodyLoop. A chain is found from its products: the copies of one product (the same rows)
+    each depending on the one before mark the positions; between two of them, a node every path
+    passes through is a candidate carried value h_t (the cut); the nodes that depend on h_{t-1}
+    and lead to h_t are position t's body. A chain holds while each position's body is the first's
+    node for node (op, parameters, shape, rows), reads h_{t-1} where the first reads h_0 and lets
+    nothing but h_t out; what a body reads from outside becomes a window (one row a position), a
+    fixed input (the same node every position) or stays in the body (weights, constants)."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.nodes = program.nodes()
+        self.order = {node.id: i for i, node in enumerate(self.nodes)}
+        self.users: dict[int, list[Node]] = {}
+        for node in self.nodes:
+            for child in node.inputs():
+                self.users.setdefault(child.id, []).append(node)
+        self.outputs = {node.id for node in program.outputs.values()}
+
+    # -- graph queries -----------------------------------------------------------------------------
+    def _depends(self, node: Node, on: Node) -> bool:
+        """Whether ``node`` depends on ``on`` (or is it)."""
+        floor = self.order[on.id]
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if n is on:
+                return True
+            if n.id in seen or self.order[n.id] < floor:
+                continue
+            seen.add(n.id)
+            stack += n.inputs()
+        return False
+
+    def _body(self, prev: Node, cut: Node) -> set[int] | None:
+        """The ids of the nodes that depend on ``prev`` and lead to ``cut`` (``cut`` included),
+        None when ``cut`` does not depend on ``prev`` or the body is too large."""
+        floor = self.order[prev.id]
+        memo: dict[int, bool] = {prev.id: True}
+        stack: list[tuple[Node, bool]] = [(cut, False)]
+        while stack:
+            node, ready = stack.pop()
+            if node.id in memo:
+                continue
+            if ready:
+                memo[node.id] = any(memo[c.id] for c in node.inputs())
+                continue
+            if isinstance(node, Leaf) or self.order[node.id] < floor:
+                memo[node.id] = False
+                continue
+            stack.append((node, True))
+            stack += [(c, False) for c in node.inputs() if c.id not in memo]
+            if len(memo) + len(stack) > 8 * ROLL_BODY_MAX_NODES:
+                return None
+        body = {i for i, inside in memo.items() if inside and i != prev.id}
+        return body if memo[cut.id] and len(body) <= ROLL_BODY_MAX_NODES else None
+
+    def _dominators(self, start: Node, end: Node) -> list[Node]:
+        """The nodes every path from ``start`` to ``end`` passes through (``start`` first, ``end``
+        left out), in topological order."""
+        top = self.order[end.id]
+        forward, stack = {start.id: start}, [start]
+        while stack:
+            for user in self.users.get(stack.pop().id, ()):
+                if user.id not in forward and self.order[user.id] <= top:
+                    forward[user.id] = user
+                    stack.append(user)
+                    if len(forward) > 8 * ROLL_BODY_MAX_NODES:
+                        return []
+        segment = [n for n in forward.values() if n is not end and self._depends(end, n)]
+
+        def reaches_without(skip: Node) -> bool:
+            seen, stack = {start.id}, [start]
+            while stack:
+                for user in self.users.get(stack.pop().id, ()):
+                    if user is end:
+                        return True
+                    if user is not skip and user.id in forward and user.id not in seen:
+                        seen.add(user.id)
+                        stack.append(user)
+            return False
+
+        found = [start] + [n for n in segment if n is not start and not reaches_without(n)]
+        return sorted(found, key=lambda n: self.order[n.id])
+
+    @staticmethod
+    def _same_op(a: Node, b: Node) -> bool:
+        if type(a) is not type(b) or a.shape != b.shape or len(a.inputs()) != len(b.inputs()):
+            return False
+        if isinstance(a, Ew):
+            return a.op == b.op and a.params == b.params
+        if isinstance(a, Map):
+            if a.what != b.what or a.src.shape != b.src.shape:
+                return False
+            variables = [ix.Var(f"q{i}", max(d, 1)) for i, d in enumerate(a.shape)]
+            return repr(a.source_index(variables)) == repr(b.source_index(variables))
+        if isinstance(a, Concat):
+            return a.axis == b.axis
+        if isinstance(a, Reduce):
+            return a.op == b.op and tuple(a.axes) == tuple(b.axes)
+        if isinstance(a, Dot):
+            return a.rows is b.rows or (a.rows.shape == b.rows.shape and np.array_equal(a.rows, b.rows))
+        return False  # leaves are never inside a body; recurrences are not rolled into one
+
+    def _match(self, a_prev: Node, a_cut: Node, b_prev: Node, b_cut: Node) -> tuple[dict, list] | None:
+        """Whether the body from ``b_prev`` to ``b_cut`` is the body from ``a_prev`` to ``a_cut``
+        node for node: (the node map, the pairs of outside nodes they read, in the first body's
+        order), or None."""
+        body_a, body_b = self._body(a_prev, a_cut), self._body(b_prev, b_cut)
+        if body_a is None or body_b is None or len(body_a) != len(body_b):
+            return None
+        if body_a & body_b and a_cut is not b_cut:  # two positions' bodies share nothing
+            return None
+        mapping: dict[int, Node] = {}
+        outside: dict[int, Node] = {}
+        pairs: list[tuple[Node, Node]] = []
+        stack = [(a_cut, b_cut)]
+        while stack:
+            x, y = stack.pop()
+            if x is a_prev or y is b_prev:
+                if not (x is a_prev and y is b_prev):
+                    return None
+                continue
+            inside = x.id in body_a
+            if inside != (y.id in body_b):
+                return None
+            if not inside:
+                if x.id in outside:
+                    if outside[x.id] is not y:
+                        return None
+                elif x.shape != y.shape:
+                    return None
+                else:
+                    outside[x.id] = y
+                    pairs.append((x, y))
+                continue
+            if x.id in mapping:
+                if mapping[x.id] is not y:
+                    return None
+                continue
+            if not self._same_op(x, y):
+                return None
+            mapping[x.id] = y
+            stack += list(zip(x.inputs(), y.inputs()))
+        if len(mapping) != len(body_a) or len({n.id for n in mapping.values()}) != len(mapping):
+            return None
+        for body, cut in ((body_a, a_cut), (body_b, b_cut)):
+            for i in body:
+                if i != cut.id and (i in self.outputs or any(u.id not in body for u in self.users.get(i, ()))):
+                    return None  # a value inside the body read elsewhere: this is not the cut
+        return mapping, pairs
+
+    # -- chains --------------------------------------------------------------------------------------
+    def _families(self) -> list[list[Dot]]:
+        """Copies of one product (the same rows), in order, each depending on the one before."""
+        groups: dict[tuple, list[Dot]] = {}
+        for node in self.nodes:
+            if isinstance(node, Dot):
+                key = (node.rows.shape, hashlib.sha1(np.ascontiguousarray(node.rows).tobytes()).hexdigest())
+                groups.setdefault(key, []).append(node)
+        families = []
+        for members in groups.values():
+            run = [members[0]]
+            for node in members[1:]:
+                if self._depends(node, run[-1]):
+                    run.append(node)
+                else:
+                    if len(run) >= 3:
+                        families.append(run)
+                    run = [node]
+            if len(run) >= 3:
+                families.append(run)
+        return sorted(families, key=len, reverse=True)
+
+    def _chain(self, anchors: list[Dot], rank: int) -> list[Node] | None:
+        """The cuts h_0 … h_n of the chain the anchors mark, taking each segment's ``rank``-th
+        dominator as h_t; None when fewer than ROLL_MIN_POSITIONS positions match."""
+        cuts = []
+        for a, b in zip(anchors, anchors[1:]):
+            dominators = self._dominators(a, b)
+            if rank >= len(dominators):
+                break
+            cuts.append(dominators[rank])
+        if len(cuts) < 3:
+            return None
+        chain = cuts[:2]
+        for cut in cuts[2:]:  # the first body is the template; the next ones must be it
+            if self._match(cuts[0], cuts[1], chain[-1], cut) is None:
+                break
+            chain.append(cut)
+        if len(chain) < 3:
+            return None
+        chain = self._extend_forward(chain)
+        return self._extend_backward(chain)
+
+    def _extend_forward(self, chain: list[Node]) -> list[Node]:
+        while True:
+            last, seen, frontier, found = chain[-1], {chain[-1].id}, [chain[-1]], None
+            while frontier and found is None and len(seen) < _SEARCH_LIMIT:
+                nxt = []
+                for node in frontier:
+                    for user in self.users.get(node.id, ()):
+                        if user.id in seen:
+                            continue
+                        seen.add(user.id)
+                        nxt.append(user)
+                        if self._same_op(user, last) and self._match(chain[0], chain[1], last, user) is not None:
+                            found = user
+                            break
+                    if found is not None:
+                        break
+                frontier = nxt
+            if found is None:
+                return chain
+            chain.append(found)
+
+    def _extend_backward(self, chain: list[Node]) -> list[Node]:
+        while True:
+            first = chain[0]
+            candidates = sorted(
+                (n for n in self._ancestors(first) if n.shape == first.shape),
+                key=lambda n: self.order[n.id],
+                reverse=True,
+            )
+            found = next((n for n in candidates if self._match(chain[0], chain[1], n, first) is not None), None)
+            if found is None:
+                return chain
+            chain.insert(0, found)
+
+    def _ancestors(self, node: Node) -> list[Node]:
+        seen, stack, out = {node.id}, list(node.inputs()), []
+        while stack and len(out) < _SEARCH_LIMIT:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            out.append(n)
+            stack += n.inputs()
+        return out
+
+    def _loop(self, chain: list[Node]) -> tuple[ir.BodyLoop, set[int], list[Node]] | None:
+        """The loop of a chain of cuts h_0 … h_n (positions 1 … n), the ids of its bodies' nodes
+        and the nodes it reads from outside; None when an outside value depends on the chain."""
+        first_prev, first_cut = chain[0], chain[1]
+        matches = [self._match(first_prev, first_cut, a, b) for a, b in zip(chain, chain[1:])]
+        if any(m is None for m in matches):
+            return None
+        body_ids = set().union(*(self._body(a, b) for a, b in zip(chain, chain[1:])))
+        columns = list(zip(*[pairs for _, pairs in matches]))  # per outside value of the body: (first's, second's, ...)
+        carried = Leaf("slot", "h", first_cut.shape, label=f"{first_cut.label} (carried)")
+        bound: dict[int, Node] = {first_prev.id: carried}
+        slots, windows, fixed_slots, fixed, reads = [], [], [], [], [chain[0]]
+        steps = len(chain) - 1
+        for k, column in enumerate(columns):
+            head = column[0][0]
+            values = [pair[1] for pair in column]
+            if all(v is values[0] for v in values):
+                if isinstance(head, Leaf) and head.role in ("weight", "const"):
+                    continue  # read in the body as it is
+                leaf = Leaf("slot", f"f{k}", head.shape, label=head.label)
+                fixed_slots.append(leaf)
+                fixed.append(values[0])
+                reads.append(values[0])
+            elif all(isinstance(v, Leaf) and v.role in ("weight", "const") for v in values) and all(
+                np.array_equal(v.array, values[0].array) for v in values
+            ):
+                bound[head.id] = values[0]
+                continue
+            else:
+                leaf = Leaf("slot", f"u{k}", head.shape, label=head.label)
+                slots.append(leaf)
+                windows.append(ir.concat([reshape(v, (1, *v.shape), label=v.label) for v in values], 0))
+                reads += values
+            bound[head.id] = leaf
+        if not windows:  # nothing changes from one position to the next: a window of zeros keeps the loop's T
+            leaf = Leaf("slot", "steps", (1,), label="positions")
+            slots.append(leaf)
+            windows.append(ir.constant(np.zeros((steps, 1), np.float32), label="positions"))
+        if self._reaches_any(reads, body_ids | {c.id for c in chain[1:]}):
+            return None
+        body = self._rebuild(first_cut, self._body(first_prev, first_cut), bound)
+        loop = ir.BodyLoop(
+            body, carried, slots, windows, fixed_slots, fixed, chain[0], label=f"{first_cut.label} (rolled)"
+        )
+        return loop, body_ids, reads
+
+    @staticmethod
+    def _rebuild(cut: Node, body: set[int], bound: dict[int, Node]) -> Node:
+        done: dict[int, Node] = dict(bound)
+        stack: list[tuple[Node, bool]] = [(cut, False)]
+        while stack:
+            node, ready = stack.pop()
+            if node.id in done:
+                continue
+            if node.id not in body:
+                done[node.id] = node  # outside and unbound: a weight or constant read as it is
+                continue
+            if ready:
+                done[node.id] = with_inputs(node, [done[c.id] for c in node.inputs()])
+                continue
+            stack.append((node, True))
+            stack += [(c, False) for c in node.inputs() if c.id not in done]
+        return done[cut.id]
+
+    @staticmethod
+    def _reaches_any(roots: list[Node], targets: set[int]) -> bool:
+        return bool(targets) and RollRecurrences._reaches(roots, targets)
+
+    def run(self) -> Program:
+        found, claimed = [], set()
+        for anchors in self._families():
+            best = None
+            for rank in range(len(self._dominators(anchors[0], anchors[1]))):
+                chain = self._chain(anchors, rank)
+                if chain is not None and (best is None or len(chain) > len(best)):
+                    best = chain
+            if best is None:
+                continue
+            made = self._loop(best)
+            if made is None or made[1] & claimed:
+                continue
+            claimed |= made[1]
+            found.append((best, *made))
+        if not found:
+            return self.program
+        # a loop reading another's positions is rolled after it; loops that would read each other are left
+        after = {
+            i: {j for j, other in enumerate(found) if j != i and self._reaches_any(f[3], other[2])}
+            for i, f in enumerate(found)
+        }
+        ordered, placed = [], set()
+        while ready := [i for i in after if i not in placed and after[i] <= placed]:
+            ordered += ready
+            placed |= set(ready)
+        replace: dict[int, Node] = {}
+        notes = list(self.program.notes)
+        for i in ordered:
+            chain, loop, _, _ = found[i]
+            for t, cut in enumerate(chain[1:]):
+                position = slice_axis(loop, 0, t, 1, 1, label=cut.label)
+                replace[cut.id] = reshape(position, cut.shape, label=cut.label)
+            size = len(loop.body_nodes())
+            notes.append(
+                f"{ROLLED_BODY_NOTE} {loop.steps} unrolled positions of a {size}-node body "
+                f"(h {list(loop.carried.shape)}, {len(loop.windows)} window(s)) into one loop"
+            )
+        return _replaced(self.program, replace, notes) if ordered else self.program
+
+
 def _replaced(program: Program, replace: dict[int, Node], notes: list[str]) -> Program:
     """``program`` with each node of ``replace`` read as its replacement (a node over the old ones),
     everything above rebuilt."""
@@ -1053,13 +1418,22 @@ def _replaced(program: Program, replace: dict[int, Node], notes: list[str]) -> P
     return Program(program.inputs, program.states, outputs, program.state_of, program.source, notes)
 
 
-def simplify(program: Program, *, compose_input: bool | None = None, roll_recurrences: bool | None = None) -> Program:
+def simplify(
+    program: Program,
+    *,
+    compose_input: bool | None = None,
+    roll_recurrences: bool | None = None,
+    roll_bodies: bool | None = None,
+) -> Program:
     """The passes in order: slices sink first (composing would hide them inside longer index
     functions), then normalizations fold into their products (before maps compose, while a
     broadcast is still a Map of its own), then products of constants fold, then maps compose,
-    which exposes chains to merge. Unrolled recurrences roll into loops before all of them."""
+    which exposes chains to merge. Unrolled recurrences roll into loops before all of them: Elman
+    cells into Recur, then (on request) any other cell into a BodyLoop."""
     if ROLL_RECURRENCES if roll_recurrences is None else roll_recurrences:
         program = RollRecurrences(program).run()
+    if ROLL_BODIES if roll_bodies is None else roll_bodies:
+        program = RollBodies(program).run()
     program = SinkSlices(program).run()
     if FOLD_NORMS:
         program = FoldNorms(program).run()

@@ -78,7 +78,7 @@ def _frame_into(name: str, value, buffer: np.ndarray) -> None:
     array = np.asarray(value)
     kind = array.dtype.kind
     if kind not in "fiub":
-        raise SessionError(f"frame '{name}' has dtype {array.dtype}: the step graph takes float32 (real numbers)")
+        raise SessionError(f"frame '{name}' has dtype {array.dtype}: the graph takes float32 (real numbers)")
     with np.errstate(over="ignore", invalid="ignore"):
         converted = array.astype(np.float32)
     if kind == "f":
@@ -591,7 +591,7 @@ class Session:
         expected = self._frame_specs[name].shape
         shape = tuple(shape)
         if shape != expected and not (expected[:1] == (1,) and shape == expected[1:]):
-            raise SessionError(f"frame '{name}' has shape {list(shape)}, the step graph takes {list(expected)}")
+            raise SessionError(f"frame '{name}' has shape {list(shape)}, the graph takes {list(expected)}")
 
     def _step_general(self, frame):
         frames = frame if isinstance(frame, Mapping) else None

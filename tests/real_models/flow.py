@@ -37,6 +37,7 @@ BENCHMARKED = [
 COMPILED = BENCHMARKED + [
     "torch_grucell_loop",
     "torch_lstmcell_loop",
+    "torch_mlpcell_loop",
     "mingru_log_space",
     "mingru_log_space_h0",
     "mamba2",
@@ -45,7 +46,7 @@ COMPILED = BENCHMARKED + [
 ]
 #: the sequence form (issue 17): a window of T frames in one kernel — scans as the IR's Scan,
 #: LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) as the IR's Recur (a loop over positions)
-WINDOWS = [(n, T) for T in (8, 32) for n in [*BENCHMARKED, "mingru_log_space"]]
+WINDOWS = [(n, T) for T in (8, 32) for n in [*BENCHMARKED, "mingru_log_space"]] + [("torch_mlpcell_loop", 8)]
 
 
 @dataclass

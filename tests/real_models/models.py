@@ -246,6 +246,31 @@ class RNNCellPolicy(GRUCellPolicy):
         )
 
 
+class MLPCellPolicy(nn.Module):
+    """A recurrent policy whose cell no fused op or Recur cell is: an MLP over [x_t, h] with a
+    LayerNorm, mixed into h by an update gate (h = z·h + (1 − z)·cand), stepped in a Python loop
+    from a zero state. The export's copies of the cell stay in the fused graph; the step compiler's
+    interpreter rolls them into one loop over the body (compiler/simplify.RollBodies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(HIDDEN + 32, 64)
+        self.out = nn.Linear(64, 32)
+        self.gate = nn.Linear(HIDDEN + 32, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        h = x.new_zeros(x.shape[0], 32)
+        outs = []
+        for t in range(x.shape[1]):
+            xh = torch.cat([x[:, t], h], -1)
+            z = torch.sigmoid(self.gate(xh))
+            cand = torch.tanh(self.norm(self.out(torch.relu(self.inp(xh)))))
+            h = z * h + (1 - z) * cand
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+
 class LSTMCellPolicy(nn.Module):
     """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
 
@@ -455,6 +480,8 @@ MODELS: list[RealModel] = [
     RealModel("torch_lstmcell_loop", _seeded(LSTMCellPolicy), {"LSTMSeq": LAYERS}),
     # nn.RNNCell (Elman) in a Python loop: no fused op; the step compiler rolls the copies back into loops
     RealModel("torch_rnncell_loop", _seeded(RNNCellPolicy), {}),
+    # an MLP cell with a gate on h, in a Python loop: no fused op; its copies roll into one body loop
+    RealModel("torch_mlpcell_loop", _seeded(MLPCellPolicy), {}),
     RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),
     RealModel("fla_chunk_delta_rule", _seeded(ChunkDeltaRuleLayer), {"DeltaRuleScan": 1}),
     RealModel("fla_chunk_gated_delta_rule", _seeded(ChunkGatedDeltaRuleLayer), {"GatedDeltaRuleScan": 1}),

@@ -127,3 +127,38 @@ def test_an_rnncell_loop_rolls_into_one_recurrence_a_layer(steps, export_root):
     kernel = generate(schedule(program, grid=132, threads=256, smem_floats=28 * 1024), smem_limit_bytes=226 * 1024)
     levels = kernel.describe()["levels"]
     assert levels < steps, f"{levels} dependency levels for {steps} positions"
+
+
+@pytest.mark.parametrize("steps", [8, 32])
+def test_an_mlp_cell_loop_rolls_into_one_body_loop_for_the_interpreter(steps, export_root):
+    """An MLP cell with a LayerNorm and a gate on h, stepped in a Python loop from zeros: no fused op
+    and not an Elman cell. simplify.RollBodies rolls its copies into one ir.BodyLoop (every position
+    but the first, whose products of the zero state the export folded); the interpreter on the
+    rolled program matches ONNX Runtime on the original export. The build compiles the unrolled
+    program (no code generator for the loop yet: simplify.ROLL_BODIES is off)."""
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.schedule import schedule
+    from framefuse.plugins.ort_bridge import ort_session
+
+    run = fuse_real_model("torch_mlpcell_loop", steps, export_root)
+    rolled = lower_program(run.fused_path, roll_bodies=True)
+    (loop,) = [n for n in rolled.nodes() if n.kind == "bodyloop"]
+    assert loop.steps == steps - 1 and loop.carried.shape == (1, 32)
+    kinds = {n.kind for n in loop.body_nodes()}
+    assert {"dot", "reduce", "ew"} <= kinds, kinds  # the products of h, the LayerNorm's sums, the gate
+    assert rolled.counts()["tanh"] == 1  # the first position's cell, outside the loop
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in rolled.inputs.items()}
+    session = ort_session(run.source, fused=False)
+    names = [o.name for o in session.get_outputs()]
+    expected = dict(zip(names, session.run(names, feeds)))
+    actual = naive.run(rolled, feeds)
+    for out in names:
+        err = np.abs(actual[out] - expected[out]) / (1 + np.abs(expected[out]))
+        assert err.max() <= 1e-5, f"T={steps} {out}: max rel diff {err.max():.3g}"
+    unrolled = lower_program(run.fused_path)
+    assert "bodyloop" not in unrolled.counts() and unrolled.counts()["tanh"] == steps
+    if steps <= 8:  # the unrolled copies schedule in 15 s at T = 8, 90 s at 16 (2-core CPU): not at 32
+        kernel = generate(schedule(unrolled, grid=132, threads=256, smem_floats=28 * 1024), smem_limit_bytes=226 * 1024)
+        assert kernel.describe()["levels"] >= steps  # a level (at least) a position until the loop has code
