@@ -127,6 +127,7 @@ REAL_MODELS = (
     "torch_gru_bidir",
     "torch_rnn_bidir",
     "torch_rnncell_loop",
+    "torch_mlpcell_loop",
 )
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 QUICK_NOTE = "quick: not for publication"

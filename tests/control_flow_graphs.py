@@ -159,3 +159,31 @@ def unrolled_cells(
         if isinstance(node, Leaf) and node.role == "input":
             leaves[node.name] = node
     return Program(leaves, {}, outputs, {})
+
+
+def hand_body_loop(steps, batch, width, hidden, *, product_body):
+    """A program of one BodyLoop built by hand: two windows, a fixed input, h0 an input; the body a
+    product of [u_t, h] through a weight, a row sum of h (a reduction), tanh; with
+    ``product_body`` the body itself is a product (its last step a Dot)."""
+    from framefuse.compiler.ir import BodyLoop, Dot, Leaf, Program, Reduce, broadcast_to, concat, ew, reshape
+
+    rng = np.random.default_rng(5)
+    h, u, v, f = (
+        Leaf("slot", "h", (batch, hidden)),
+        Leaf("slot", "u", (batch, width)),
+        Leaf("slot", "v", (batch, hidden)),
+        Leaf("slot", "f", (batch, hidden)),
+    )
+    w_in = (0.4 * rng.standard_normal((hidden, width + hidden))).astype(np.float32)
+    mixed = Dot(concat([u, h], 1), w_in, label="w_in")
+    row = broadcast_to(reshape(Reduce("sum", h, [1]), (batch, 1)), (batch, hidden))
+    cell = ew("tanh", ew("add", ew("add", mixed, ew("mul", v, row)), f))
+    if product_body:
+        cell = Dot(cell, (0.5 * rng.standard_normal((hidden, hidden))).astype(np.float32), label="w_out")
+    x = Leaf("input", "x", (steps, batch, width))
+    gate = Leaf("input", "g", (steps, batch, hidden))
+    fixed = Leaf("input", "b", (batch, hidden))
+    h0 = Leaf("input", "h0", (batch, hidden))
+    loop = BodyLoop(cell, h, [u, v], [x, ew("sigmoid", gate)], [f], [ew("mul", fixed, fixed)], h0, label="hand")
+    inputs = {leaf.name: leaf for leaf in (x, gate, fixed, h0)}
+    return Program(inputs, {}, {"y": loop}, {})

@@ -2059,14 +2059,15 @@ def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, ro
     position (T static; its API), and the rewrite copies the body into the graph (rewrite/unroll.py:
     what `framefuse build` compiles). Both programs match ONNX Runtime on the original graph
     through the interpreter: the Elman cell's copies rolled back into one recurrence
-    (simplify.RollRecurrences; with the setting off, its tanh once a position), the MLP cell's
-    nonlinearity once a position."""
+    (simplify.RollRecurrences), the MLP cell's into one loop over its body (simplify.RollBodies);
+    with the settings off, their tanh once a position."""
     import onnxruntime as ort
 
     from framefuse.compiler import simplify
     from framefuse.rewrite import rewrite_model
 
     monkeypatch.setattr(simplify, "ROLL_RECURRENCES", roll)
+    monkeypatch.setattr(simplify, "ROLL_BODIES", roll)
     model = CONTROL_FLOW_MODELS[name](control_flow_graphs)
     onnx.checker.check_model(model, full_check=True)
     fused, report = rewrite_model(model)
@@ -2086,6 +2087,8 @@ def test_a_loop_or_scan_no_rewrite_matched_is_unrolled_into_the_program(name, ro
         if roll and name.startswith("elman"):
             assert counts.get("tanh", 0) == 0 and counts["recur"] == 1, (how, counts)
             assert any(note.startswith("rolled 6 unrolled positions of h = tanh") for note in program.notes), how
+        elif roll:
+            assert counts.get("tanh", 0) == 0 and counts["bodyloop"] == 1 and "recur" not in counts, (how, counts)
         else:
             assert counts["tanh"] == control_flow_graphs.STEPS and "recur" not in counts, (how, counts)
         actual = naive.run(program, feeds)
@@ -2244,17 +2247,82 @@ def test_a_body_reading_a_position_further_back_stays_unrolled():
     assert RollBodies(program).run() is program  # ... and nothing rolled
 
 
-def test_a_body_loop_is_declined_by_the_scheduler_naming_it(control_flow_graphs):
-    """No code generator for a BodyLoop yet: a program holding one is declined with one line, and
-    the build's default (simplify.ROLL_BODIES off) compiles the unrolled program instead."""
-    from framefuse.compiler import simplify
+@needs_cxx
+def test_a_body_loop_kernel_emulated_matches_the_interpreter(control_flow_graphs, tmp_path):
+    """The build rolls the MLP cell's copies (simplify.ROLL_BODIES) and schedules the loop as one
+    task on one block (schedule.body_plan: its two products, then the new h, a level each); the
+    generated kernel, run on the CPU under ThreadSanitizer over 3 chained frames, matches the
+    interpreter, and the tactic stepkernel-unrolled (nothing rolled) still has the copies."""
+    from framefuse.compiler import memo, simplify
+    from framefuse.compiler.schedule import body_plan
     from framefuse.rewrite import rewrite_model
 
-    assert simplify.ROLL_BODIES is False
+    assert simplify.ROLL_BODIES is True
     fused, _ = rewrite_model(control_flow_graphs.mlp_cell_loop())
-    with pytest.raises(CompileError, match="a loop over a general body has no code generator yet"):
-        schedule(lower_program(fused, roll_bodies=True), grid=4, threads=64)
-    assert "bodyloop" not in lower_program(fused).counts()
+    program = lower_program(fused)
+    (loop,) = [n for n in program.nodes() if n.kind == "bodyloop"]
+    plan = body_plan(loop)
+    assert [n.kind for n in plan.kept] == ["dot", "dot", "ew"] and plan.levels == 3
+    sched = schedule(program, grid=4, threads=64)
+    (task,) = [t for t in sched.tasks if t.root is loop]
+    assert task.blocks == 1
+    kernel = generate(sched, smem_limit_bytes=48 * 1024)
+    assert "body loop over 6 positions on one block" in kernel.source
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+    assert "bodyloop" not in memo.cached_program(fused, roll_recurrences=False).counts()
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "steps,batch,width,hidden,product_body,weights",
+    [
+        (1, 1, 3, 5, False, "registers"),
+        (7, 3, 5, 33, False, "shared"),  # 99 products on 64 threads: more than a round, no registers
+        (7, 3, 5, 33, False, "global"),
+        (4, 2, 40, 7, True, "registers"),
+        (33, 1, 6, 4, True, "shared"),
+    ],
+    ids=["T1", "odd-sizes", "odd-sizes-weights-in-global-memory", "product-body", "T33"],
+)
+def test_a_hand_built_body_loop_emulated_matches_the_interpreter(
+    steps, batch, width, hidden, product_body, weights, control_flow_graphs, monkeypatch, tmp_path
+):
+    """Windows (one a graph input staged whole, one computed and staged a position ahead), a fixed
+    input, a reduction of h inside the body, a body ending in a product, one position and many, odd
+    sizes, the products' weights in registers, held in shared memory or read from global memory: the
+    emulated kernel (under ThreadSanitizer) against the interpreter; NaN in a frame reaches the
+    outputs it reaches there."""
+    from framefuse.compiler import schedule as scheduling
+
+    monkeypatch.setattr(scheduling, "BODY_HOLD_WEIGHTS", weights != "global")
+    if weights != "registers":
+        monkeypatch.setattr(scheduling, "BODY_REGISTER_WEIGHTS", 0)
+    program = control_flow_graphs.hand_body_loop(steps, batch, width, hidden, product_body=product_body)
+    kernel = generate(schedule(program, grid=3, threads=64), smem_limit_bytes=48 * 1024)
+    products = 2 if product_body else 1
+    expected = {
+        "registers": f"weights: {products} product(s)' in registers, 0 product(s)'",
+        "shared": f"weights: 0 product(s)' in registers, {products} product(s)' and 0 other(s) in shared memory",
+        "global": "weights: 0 product(s)' in registers, 0 product(s)' and 0 other(s) in shared memory",
+    }[weights]
+    assert expected in kernel.source
+    assert "window 0: whole" in kernel.source and "window 1: two rows" in kernel.source
+    _emulate_against_interpreter(kernel, program, 2, tmp_path, races=True)
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    feeds["x"][-1, 0, 0] = np.nan
+    feeds["h0"][:] = 0.0
+    outputs, _ = emulate(kernel, {n: v[None] for n, v in feeds.items()}, {}, steps=1, workdir=tmp_path / "nan")
+    expected = naive.run(program, feeds)["y"]
+    assert np.array_equal(np.isnan(outputs["y"][0]), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    assert np.allclose(outputs["y"][0][finite], expected[finite], atol=1e-5, rtol=1e-5)
+
+
+def test_a_body_loop_over_shared_memory_is_declined_naming_it(control_flow_graphs):
+    program = control_flow_graphs.hand_body_loop(3, 64, 8, 256, product_body=False)
+    with pytest.raises(CompileError, match=r"hand.*needs \d+ bytes of shared memory a block"):
+        schedule(program, grid=4, threads=64, smem_floats=4096)
 
 
 def test_body_loop_checks_its_slots_and_shapes():

@@ -520,6 +520,37 @@ def test_prepare_tactics_reports_each_declined_tactic_with_its_own_error(monkeyp
     assert isinstance(sources["stepkernel"], CompileError) and "compute capability 8.0+" in str(sources["stepkernel"])
 
 
+def test_the_unrolled_tactic_compiles_the_copies_unless_there_are_too_many(control_flow_graphs, monkeypatch, tmp_path):
+    """An MLP cell's loop: the plain tactic compiles it rolled (one BodyLoop), stepkernel-unrolled the
+    copies, for the build to time both; past UNROLLED_TACTIC_MAX_NODES nodes the unrolled program is
+    not scheduled (minutes at T = 32) and the tactic is declined with its node count."""
+    import onnx
+
+    from framefuse.compiler import engine as compiler_engine
+    from framefuse.compiler import memo
+    from framefuse.compiler.engine import StepSource, prepare_tactics
+    from framefuse.compiler.ir import CompileError
+    from framefuse.engines.fusion import STEPKERNELS
+    from framefuse.rewrite import rewrite_model
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    fused, _ = rewrite_model(control_flow_graphs.mlp_cell_loop())
+    path = tmp_path / "model.fused.onnx"
+    onnx.save(fused, str(path))
+    tactics = {k: STEPKERNELS[k] for k in ("stepkernel", "stepkernel-unrolled")}
+    sources = prepare_tactics(str(path), H100_PROPS, tactics, compile_image=lambda s: 0.0)
+    assert sources["stepkernel"].program.counts()["bodyloop"] == 1
+    unrolled = sources["stepkernel-unrolled"]
+    assert isinstance(unrolled, StepSource) and "bodyloop" not in unrolled.program.counts()
+    nodes = len(unrolled.program.nodes())
+    memo.clear()
+    monkeypatch.setattr(compiler_engine, "UNROLLED_TACTIC_MAX_NODES", nodes - 1)
+    sources = prepare_tactics(str(path), H100_PROPS, tactics, compile_image=lambda s: 0.0)
+    assert isinstance(sources["stepkernel"], StepSource)
+    declined = sources["stepkernel-unrolled"]
+    assert isinstance(declined, CompileError) and f"the unrolled program has {nodes} nodes" in str(declined)
+
+
 def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_source(monkeypatch, tmp_path):
     """The timed build's step-kernel candidates: every tactic's prepared source reaches CompiledStep
     (the math asked for in it), a tactic whose kernel another already has is dropped, and the plain

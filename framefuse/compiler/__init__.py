@@ -30,7 +30,7 @@ def lower_program(
     simplify.ComposeInputProducts; None: simplify.COMPOSE_INPUT_PRODUCTS; ``roll_recurrences``:
     unrolled Elman cells rolled into loops, see simplify.RollRecurrences; None: simplify.ROLL_RECURRENCES;
     ``roll_bodies``: any other unrolled cell rolled into a loop over its body, see simplify.RollBodies;
-    None: simplify.ROLL_BODIES, off: the interpreter runs such a loop, the code generator not yet)."""
+    None: simplify.ROLL_BODIES)."""
     from framefuse.compiler.lower import lower_onnx
     from framefuse.compiler.simplify import simplify
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from framefuse.compiler import iexpr as ix
 from framefuse.compiler.ir import (
+    BodyLoop,
     CompileError,
     Concat,
     DeltaScan,
@@ -49,6 +50,8 @@ from framefuse.compiler.schedule import (
     Schedule,
     Task,
     Unit,
+    body_row_stride,
+    body_task_plan,
     column_scan,
     concat_branches,
     delta_smem_parts,
@@ -255,6 +258,8 @@ class Generator:
                 offset = recur_smem_floats(task.root, task.chunk, task.stage_limit, task.threads)
             elif isinstance(task.root, DeltaScan):
                 offset = sum(n for _, n in delta_smem_parts(task.root))
+            elif isinstance(task.root, BodyLoop):
+                offset = sum(n for _, n in body_task_plan(task).parts)
             arena = max(arena, offset)
         lay.arena_floats = arena
         budget = self.smem_limit - used - arena
@@ -728,8 +733,13 @@ class Generator:
         body.items.append(f"// task {t}: {_name(task.root)} {list(task.root.shape)}")
         body.items.append(code)
         self._stamp(code, t, 0)
-        if isinstance(task.root, (Recur, DeltaScan)):
-            (self._recur if isinstance(task.root, Recur) else self._delta)(code, t, task)
+        if isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
+            if isinstance(task.root, Recur):
+                self._recur(code, t, task)
+            elif isinstance(task.root, DeltaScan):
+                self._delta(code, t, task)
+            else:
+                self._body_loop(code, t, task)
             self._stamp(code, t, 1)
             self._stamp(code, t, 2)
             return
@@ -1715,6 +1725,250 @@ class Generator:
         final.items[-1].items += self.stores(node, f"{row_flat} + {T} + lane + 32 * m", "s[m]")
         rows.items += ["#pragma unroll", final]
 
+    def _body_loop(self, code: Code, t: int, task: Task) -> None:
+        """A loop over a general body (ir.BodyLoop, schedule.body_plan) on the task's one block.
+        Before the loop: the held weights, the fixed inputs, h0 and the windows (whole, or the
+        first position's rows) into shared memory. Each position: the kept body values a level at
+        a time (a barrier after each), a level's products and reductions side by side on segments
+        of lanes (_body_warps), the rest a thread an element with everything not kept inlined; then
+        the new h into the other buffer and its stores, beside the next position's rows of the
+        windows not staged whole (into their other buffers), and a barrier."""
+        node: BodyLoop = task.root
+        plan = body_task_plan(task)
+        T, H = node.steps, node.carried.size
+        base = self.arena_offset
+        offsets = {}
+        for name, n in plan.parts:
+            offsets[name] = base
+            base += n
+        h_floats = dict(plan.parts)["h"] // 2
+        held_dots = sum(isinstance(n, Dot) and n.id in plan.held for n in plan.kept)
+        in_registers = sum(isinstance(n, Dot) and plan.level[n.id] in plan.registers for n in plan.kept)
+        code.items += [
+            f"// body loop over {T} positions on one block: {len(plan.kept)} kept values in {plan.levels} "
+            f"level(s) a position, h [{H}] in shared memory; weights: {in_registers} product(s)' in registers, "
+            f"{held_dots} product(s)' and {len(plan.held) - held_dots} other(s) in shared memory",
+            "__syncthreads();  // the previous task's readers of shared memory are done",
+            f"float* const bH = ffk_smem + {offsets['h']};  // h of the position before, the new h: two buffers",
+        ]
+        places: dict[int, str] = {node.carried.id: "bh"}
+        for i, slot in enumerate(node.slots):
+            what = "whole" if i in plan.whole else "two rows"
+            code.items.append(f"float* const bU{i} = ffk_smem + {offsets[f'u{i}']};  // window {i}: {what}")
+            places[slot.id] = f"bu{i}"
+        for i, slot in enumerate(node.fixed_slots):
+            code.items.append(f"float* const bF{i} = ffk_smem + {offsets[f'f{i}']};  // fixed input {i}")
+            places[slot.id] = f"bF{i}"
+        for kept in plan.kept:
+            if f"n{kept.id}" in offsets:
+                code.items.append(f"float* const bN{kept.id} = ffk_smem + {offsets[f'n{kept.id}']};")
+                places[kept.id] = f"bN{kept.id}"
+        body_leaves = {n.id: n for n in node.body_nodes() if isinstance(n, Leaf)}
+        for did, stride in plan.held.items():
+            if did in body_leaves:  # a bias, a norm's scale: read in place from shared memory
+                leaf = body_leaves[did]
+                code.items.append(
+                    f"float* const bL{did} = ffk_smem + {offsets[f'w{did}']};  // {leaf.label or leaf.name}"
+                )
+                load = Code(f"for (int i = tid; i < {leaf.size}; i += NT)")
+                load.items.append(f"bL{did}[i] = __ldg(ffk_w + {self.layout.weights[did]} + i);")
+                code.items += ["#pragma unroll 4", load]
+                places[did] = f"bL{did}"
+                continue
+            dot = next(n for n in plan.kept if n.id == did)
+            code.items.append(
+                f"float* const bW{did} = ffk_smem + {offsets[f'w{did}']};  // weights of {_name(dot)}, rows of {stride}"
+            )
+            source = f"ffk_w + {self.layout.weights[dot.weight.id]}"
+            if dot.k % 4 == 0:  # float4 loads, 8 in flight a thread (a load waited for one at a time: ~10 us)
+                load = Code(f"for (int i = 4 * tid; i < {dot.n * dot.k}; i += 4 * NT)")
+                load.items += [
+                    f"const float4 q = __ldg(reinterpret_cast<const float4*>({source} + i));",
+                    f"float* const d = bW{did} + (i / {dot.k}) * {stride} + i % {dot.k};",
+                    "d[0] = q.x; d[1] = q.y; d[2] = q.z; d[3] = q.w;",
+                ]
+            else:
+                load = Code(f"for (int i = tid; i < {dot.n * dot.k}; i += NT)")
+                load.items.append(f"bW{did}[(i / {dot.k}) * {stride} + i % {dot.k}] = __ldg({source} + i);")
+            code.items += ["#pragma unroll 8", load]
+
+        def fill(scope: Code, value: Node, lead: list, target: str, size: int) -> None:
+            loop = Code(f"for (int e = tid; e < {size}; e += NT)")
+            index = lead + ix.unflatten(ix.Var("e", max(size, 1)), value.shape[len(lead) :])
+            self._value_into(t, task, loop, value, index, f"{target}[e]")
+            scope.items += [_ONCE, loop]
+
+        for i, value in enumerate(node.fixed):
+            fill(code, value, [], f"bF{i}", value.size)
+        fill(code, node.h0, [], "bH", H)
+        self._clock(code, t, 0)
+        for i, (slot, window) in enumerate(zip(node.slots, node.windows)):
+            if i in plan.whole:
+                fill(code, window, [], f"bU{i}", window.size)
+            else:
+                fill(code, window, [ix.const(0)], f"bU{i}", slot.size)
+        for lv, floats in sorted(plan.registers.items()):
+            self._body_register_rows(code, lv, floats, [n for n in plan.kept if plan.level[n.id] == lv], plan)
+        code.items.append("__syncthreads();")
+        self._clock(code, t, 1)
+        loop = Code(f"for (int bls = 0; bls < {T}; ++bls)")
+        code.items += [_ONCE, loop]
+        middle = Code(f"if (bls == {T // 2})")  # trace: the phases of the middle position
+        self._clock(middle, t, 2)
+        loop.items += [
+            f"const float* const bh = bH + (bls & 1) * {h_floats};",
+            f"float* const bn = bH + ((bls + 1) & 1) * {h_floats};",
+        ]
+        for i, slot in enumerate(node.slots):
+            rows = slot.size if i in plan.whole else _align4(slot.size)
+            loop.items.append(
+                f"const float* const bu{i} = bU{i} + {'bls' if i in plan.whole else '(bls & 1)'} * {rows};"
+            )
+        warp_root = isinstance(node.body, (Dot, Reduce))  # a body that is a product: computed, then copied
+        for level in range(1, plan.levels + warp_root):
+            if level > 1 and self.trace:
+                middle = Code(f"if (bls == {T // 2})")
+                self._clock(middle, t, 1 + level)
+                loop.items.append(middle)
+            elif self.trace:
+                loop.items.append(middle)
+            members = [n for n in plan.kept if plan.level[n.id] == level]
+            reducing = [n for n in members if isinstance(n, (Dot, Reduce))]
+            if reducing:
+                self._body_warps(loop, t, task, reducing, places, plan)
+            for kept in members:
+                if not isinstance(kept, (Dot, Reduce)):
+                    self._body_thread_value(loop, t, task, kept, places, places[kept.id])
+            loop.items.append("__syncthreads();")
+        if self.trace:
+            before = Code(f"if (bls == {T // 2})")
+            self._clock(before, t, 1 + plan.levels + warp_root)
+            loop.items.append(before)
+        loop.items.append("// the new h, stored; the next position's window rows beside it")
+        root = Code(f"for (int e = tid; e < {H}; e += NT)")
+        em = _BodyEmitter(self, t, task, root, places)
+        value = em.value(node.body, ix.unflatten(ix.Var("e", max(H, 1)), node.body.shape), expand_self=not warp_root)
+        em.top.insert(f"bn[e] = {value.text};")
+        for stmt in self.stores(node, f"bls * {H} + e", value.text):
+            em.top.insert(stmt)
+        loop.items += [_ONCE, root]
+        ahead = [i for i in range(len(node.slots)) if i not in plan.whole]
+        if ahead:
+            nxt = Code(f"if (bls + 1 < {T})")
+            nxt.items.append("const int blx = bls + 1;")
+            for i in ahead:
+                slot, window = node.slots[i], node.windows[i]
+                fill(nxt, window, [ix.Var("blx", T)], f"(bU{i} + (blx & 1) * {_align4(slot.size)})", slot.size)
+            loop.items.append(nxt)
+        loop.items.append("__syncthreads();")
+        if self.trace:
+            last = Code(f"if (bls == {T // 2})")
+            self._clock(last, t, 2 + plan.levels + warp_root)
+            loop.items.append(last)
+        self._clock(code, t, 3 + plan.levels + warp_root)
+
+    def _body_thread_value(self, code: Code, t: int, task: Task, node: Node, places: dict, target: str) -> None:
+        loop = Code(f"for (int e = tid; e < {node.size}; e += NT)")
+        em = _BodyEmitter(self, t, task, loop, places)
+        value = em.value(node, ix.unflatten(ix.Var("e", max(node.size, 1)), node.shape), expand_self=True)
+        em.top.insert(f"{target}[e] = {value.text};")
+        code.items += [f"// kept {_name(node)} {list(node.shape)}, a thread an element", _ONCE, loop]
+
+    @staticmethod
+    def _body_segments(nodes: list, lanes: int) -> tuple[list[int], int]:
+        """Where each node's elements start among a level's segments (whole warps a node), and
+        the segments in all."""
+        per_warp = WARP_LANES // lanes
+        starts, total = [], 0
+        for n in nodes:
+            starts.append(total)
+            total += -(-n.size // per_warp) * per_warp
+        return starts, total
+
+    def _body_register_rows(self, code: Code, level: int, floats: int, nodes: list, plan) -> None:
+        """Each thread's part of its product row for a level whose products keep their weights in
+        registers (schedule.BODY_REGISTER_WEIGHTS): read from global memory once, before the loop."""
+        nodes = [n for n in nodes if isinstance(n, (Dot, Reduce))]
+        lanes = plan.lanes[level]
+        starts, total = self._body_segments(nodes, lanes)
+        code.items.append(f"float bq{level}[{floats}];  // level {level}: this thread's weights of its product")
+        block = Code("")
+        block.items.append(f"const int bg = tid / {lanes}, bp = tid % {lanes};")
+        for i, n in enumerate(nodes):
+            end = starts[i + 1] if i + 1 < len(nodes) else total
+            branch = Code(f"{'else ' if i else ''}if (bg < {end})")
+            block.items.append(branch)
+            if not isinstance(n, Dot):
+                continue
+            branch.items += [
+                f"const int e = bg - {starts[i]};",
+                f"const float* const w = ffk_w + {self.layout.weights[n.weight.id]} + (e % {n.n}) * {n.k};",
+                "#pragma unroll",
+                f"for (int j = 0; j < {floats}; ++j) bq{level}[j] = e < {n.size} && bp + {lanes} * j < {n.k} "
+                f"? __ldg(w + bp + {lanes} * j) : 0.0f;",
+            ]
+        code.items.append(block)
+
+    def _body_warps(self, code: Code, t: int, task: Task, nodes: list, places: dict, plan) -> None:
+        """A level's products and reductions of a body, side by side: ``lanes`` lanes an element
+        (schedule._body_lanes), each node's elements on warps of their own (so a warp's segments
+        reduce with one op), the segment's lanes splitting the extent, combined by shuffles."""
+        level = plan.level[nodes[0].id]
+        lanes = plan.lanes[level]
+        starts, total = self._body_segments(nodes, lanes)
+        registers = level in plan.registers
+        step = self.threads // lanes
+        names = ", ".join(_name(n) for n in nodes)
+        code.items.append(f"// kept {names}: {lanes} lane(s) an element, side by side")
+        loop = Code(f"for (int bg0 = 0; bg0 < {total}; bg0 += {step})")
+        code.items += [_ONCE, loop]
+        loop.items.append(f"const int bg = bg0 + tid / {lanes}, bp = tid % {lanes};")
+        for i, n in enumerate(nodes):
+            end = starts[i + 1] if i + 1 < len(nodes) else total
+            branch = Code(f"{'else ' if i else ''}if (bg < {end})")
+            loop.items.append(branch)
+            branch.items.append(f"const int e = bg - {starts[i]};")
+            em = _BodyEmitter(self, t, task, branch, places)
+            em.stack[0].guard = True
+            em.top.pos = len(branch.items)
+            var = ix.Var("e", max(n.size, 1))
+            index = ix.unflatten(var, n.shape)
+            acc = em.fresh("acc")
+            if isinstance(n, Dot):
+                op, extent = "sum", n.k
+                if registers:
+                    weights, read = f"bq{level}", "{w}[{j}]"
+                elif n.id in plan.held:
+                    weights = f"bW{n.id} + (e % {n.n}) * {body_row_stride(n.k, lanes)}"
+                    read = "{w}[{r}]"
+                else:
+                    weights = f"ffk_w + {self.layout.weights[n.weight.id]} + (e % {n.n}) * {n.k}"
+                    read = "__ldg({w} + {r})"
+                if not registers:
+                    em.top.insert(f"const float* const {acc}w = {weights};")
+            else:
+                op, extent = n.op, n.extent
+            em.top.insert(f"float {acc} = {REDUCE_INIT[op]};")
+            work = Code(f"if (e < {n.size})")
+            em.top.insert(work)
+            inner_em = _BodyEmitter(self, t, task, work, places)
+            inner_em.names = em.names
+            r, j = ix.Var(inner_em.fresh("r"), extent), inner_em.fresh("j")
+            outer, inner = _segment_loop(r, j, lanes, unroll="" if registers else "8")  # registers: indices known
+            inner_em.top.open_child(outer)
+            inner_em.stack.append(inner)
+            if isinstance(n, Dot):
+                src = inner_em.value(n.src, index[:-1] + [r])
+                term = f"{src.text} * {read.format(w=weights if registers else f'{acc}w', r=r.name, j=j)}"
+            else:
+                term = inner_em.value(n.src, n.source_index(index, r)).text
+            inner_em.stack[-1].insert(_accumulate(op, acc, term))
+            inner_em.stack.pop()
+            inner_em.top.close_child(outer)
+            if lanes > 1:
+                em.top.insert(f"{acc} = ffk_seg_{op}<{lanes}>({acc});")
+            em.top.insert(f"if (bp == 0 && e < {n.size}) {places[n.id]}[e] = {acc};")
+
     def stored_c(self, node: Node, flat) -> str | None:
         """C for where element ``flat`` (an IExpr) of ``node`` lies in its flag-tagged copy when
         that is stored in another order than its own (schedule.column_layouts), else None."""
@@ -1886,6 +2140,19 @@ def _lane_loop(r: ix.Var, j: str, *, unroll: int) -> tuple[Code, Scope]:
     loop.items.append(f"const int {r.name} = lane + 32 * {j};")
     body = loop
     if extent % 32:
+        body = Code(f"if ({r.name} < {extent})")
+        loop.items.append(body)
+    return loop, Scope(body, var=r, pos=len(body.items), lanes=True)
+
+
+def _segment_loop(r: ix.Var, j: str, lanes: int, unroll: str = "8") -> tuple[Code, Scope]:
+    """A loop over ``r`` in [0, extent) split over a segment of ``lanes`` lanes (r = bp + lanes·j,
+    ``bp`` the lane's index in its segment), a compile-time trip count (see _lane_loop)."""
+    extent = r.extent
+    loop = Code(f"#pragma unroll {unroll}\nfor (int {j} = 0; {j} < {-(-extent // lanes)}; ++{j})".replace(" \n", "\n"))
+    loop.items.append(f"const int {r.name} = bp + {lanes} * {j};")
+    body = loop
+    if extent % lanes:
         body = Code(f"if ({r.name} < {extent})")
         loop.items.append(body)
     return loop, Scope(body, var=r, pos=len(body.items), lanes=True)
@@ -2242,6 +2509,29 @@ class Emitter:
         if node.id in self.side:
             return self.bind(("side", key), out, free, node=node, flat=flat)
         return result
+
+
+class _BodyEmitter(Emitter):
+    """C for the values of a body loop's element (Generator._body_loop): the slots and the kept
+    body values are read from their shared-memory buffers (``places``: node id -> pointer), the
+    rest inlined as in any task."""
+
+    def __init__(self, gen: Generator, t: int, task: Task, top: Code, places: dict):
+        super().__init__(gen, t, task, top)
+        self.places = places
+
+    def value(self, node: Node, index: list, *, expand_self: bool = False) -> Val:
+        place = self.places.get(node.id)
+        if place is None or (expand_self and not isinstance(node, Leaf)):
+            if isinstance(node, Leaf) and node.role == "slot":
+                raise CompileError(f"{node}: a body loop's slot without a buffer")
+            return super().value(node, index)
+        flat = ix.flatten(index, node.shape)
+        key = (node.id, repr(flat))
+        found = self.lookup(key)
+        if found is not None:
+            return found
+        return self.bind(key, f"{place}[{ix.to_c(flat)}]", ix.free_vars(flat))
 
 
 def _pointers(scope: Scope, fresh, operands: list, r: ix.Var, why: str) -> list[str]:

@@ -194,6 +194,12 @@ def prepare_step(
 # 13.5), so threads suffice. On that 2-core CPU a whole build's tactics gain little (the zoo
 # attention window: 17.2 s with one compile thread beside the generation, 17.6 s with two: two
 # cores); the GPU hosts have 16 (not measured there yet).
+# A tactic that compiles a program unrolled (roll_recurrences False: stepkernel-unrolled) is tried
+# only where that program has at most this many nodes: scheduling is superlinear in the copies (the
+# MLP cell loop's 329 nodes at T = 8 took 15 s on a 2-core CPU, its 1265 at T = 32 many minutes),
+# and a loop rolled from that many copies is the faster kernel anyway (the nn.RNNCell loop at T = 32,
+# 456 nodes unrolled: rolled 35 us, unrolled 79 on the H100).
+UNROLLED_TACTIC_MAX_NODES = 512
 NVRTC_WORKERS = 8  # the environment's FRAMEFUSE_NVRTC_WORKERS replaces it (1: one compile at a time)
 
 
@@ -262,6 +268,12 @@ def prepare_tactics(
             lowering = {key: arguments.pop(key, None) for key in ("compose_input", "roll_recurrences")}
             try:
                 program = cached_program(model_or_path, **lowering)
+                nodes = len(program.nodes())
+                if lowering["roll_recurrences"] is False and nodes > UNROLLED_TACTIC_MAX_NODES:
+                    raise CompileError(
+                        f"the unrolled program has {nodes} nodes, more than {UNROLLED_TACTIC_MAX_NODES} "
+                        "(compiler.engine.UNROLLED_TACTIC_MAX_NODES): its schedule would take minutes"
+                    )
                 source = prepare_step(program, props, fast_math=fast_math, **arguments)
             except Exception as exc:  # the compiler declines the graph: reported by the caller
                 results[name] = exc

@@ -449,21 +449,8 @@ class BodyLoop(Node):
         )
 
     def body_nodes(self) -> list[Node]:
-        """The body's nodes in topological order (slots and weights first, the body last)."""
-        order: list[Node] = []
-        seen: set[int] = set()
-        stack: list[tuple[Node, bool]] = [(self.body, False)]
-        while stack:
-            node, done = stack.pop()
-            if done:
-                order.append(node)
-                continue
-            if node.id in seen:
-                continue
-            seen.add(node.id)
-            stack.append((node, True))
-            stack += [(child, False) for child in reversed(node.inputs()) if child.id not in seen]
-        return order
+        """The body's nodes in topological order (inputs before users, the body last)."""
+        return Program({}, {}, {"body": self.body}, {}).nodes()
 
 
 REDUCE_OPS = ("sum", "max", "min", "prod")

@@ -54,9 +54,10 @@ def _remember(memo: OrderedDict, key, value):
 def cached_program(
     model_or_path, *, compose_input: bool | None = None, roll_recurrences: bool | None = None
 ) -> Program:
-    """lower_program, the same Program object for the same graph, options and settings. Asked not
-    to roll recurrences where the rolling program kept already rolled nothing, it is that program
-    (the tactic stepkernel-unrolled then schedules nothing again and builds the same kernel)."""
+    """lower_program, the same Program object for the same graph, options and settings.
+    ``roll_recurrences`` False: nothing rolled, neither Elman cells nor any other body (the tactic
+    stepkernel-unrolled); where the rolling program already rolled nothing, it is that program (the
+    tactic then schedules nothing again and builds the same kernel)."""
     digest, settings = source_digest(model_or_path), settings_key()
     key = (digest, compose_input, roll_recurrences, settings)
     if key in _programs:
@@ -64,9 +65,14 @@ def cached_program(
         return _programs[key]
     if roll_recurrences is False:
         rolling = _programs.get((digest, compose_input, None, settings))
-        if rolling is not None and not simplify.rolled_recurrences(rolling):
+        if rolling is not None and not simplify.rolled_recurrences(rolling) and not simplify.rolled_bodies(rolling):
             return _remember(_programs, key, rolling)
-    program = lower_program(model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences)
+    program = lower_program(
+        model_or_path,
+        compose_input=compose_input,
+        roll_recurrences=roll_recurrences,
+        roll_bodies=False if roll_recurrences is False else None,
+    )
     return _remember(_programs, key, program)
 
 

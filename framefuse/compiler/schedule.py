@@ -381,7 +381,7 @@ def _recur_task(
 # A delta-rule window (ir.DeltaScan) runs as a task of its own: a warp a state row, each block the
 # rows of one head (at most its warps' worth), which stage that head's k, q, v and gates for the
 # whole window once and run the positions from shared memory.
-LOOPS = (Recur, DeltaScan)  # nodes whose task is a loop over positions that codegen writes itself
+LOOPS = (Recur, DeltaScan, BodyLoop)  # nodes whose task is a loop over positions that codegen writes itself
 
 
 def delta_split(node: DeltaScan, grid: int, threads: int) -> tuple[int, int]:
@@ -416,6 +416,181 @@ def _delta_task(root: DeltaScan, materialized: dict, grid: int, threads: int, fi
     return _loop_task(root, per_block, blocks, root.size, grid, first, view, reads)
 
 
+# A loop over a general body (ir.BodyLoop, simplify.RollBodies: an MLP cell, a gate on h, a norm in
+# the cell) runs as a task of one block: a position is its body evaluated out of shared memory, a
+# phase (a barrier) per dependency level of the values the block keeps there (body_plan); h stays in
+# shared memory between positions (two buffers). A level's products and reductions run side by side,
+# a segment of lanes an element (the warps share the level's elements out rather than each warp
+# taking its elements one after the other: every round of a warp is a shuffle reduction and, for
+# weights read from global memory, a load's latency). The products' weights are held in shared memory
+# for the window where they fit (BODY_HOLD_WEIGHTS), and a window that only moves a graph input's
+# values is staged whole before the first position (BODY_WHOLE_WINDOWS); others a position ahead.
+BODY_HOLD_WEIGHTS = True
+BODY_WHOLE_WINDOWS = True
+# A product whose level runs in one round (every element's segment on the block at once) keeps each
+# thread's part of its weight row in registers for the window, when that is at most this many floats
+# (and the levels' together at most BODY_REGISTER_TOTAL): a multiply-add then reads only its operand
+# from shared memory. (H200 trace, the MLP cell at T = 32: the level of its two products over [x, h]
+# took 1200 cycles a position with both read from shared memory.)
+BODY_REGISTER_WEIGHTS = 32
+BODY_REGISTER_TOTAL = 64
+
+
+@dataclass(frozen=True)
+class BodyPlan:
+    """How a body loop's block evaluates a position: ``kept`` the body nodes it computes into
+    shared memory (every product and reduction; a product's operand that costs at least CACHE_COST
+    operations to recompute; the body itself, the new h), in topological order; ``level`` their
+    phase within the position (1 ...; the body's is the last); ``lanes`` per level the lanes a
+    product or reduction element takes (a power of two); ``held`` product id -> the row stride of
+    its weights held in shared memory, and weight leaf id -> 0 for the other weights held there (a
+    bias read from global memory each position put an L2 round trip on its level: 1.4 us a position
+    of the MLP cell on the H200); ``whole`` the windows staged whole; ``parts`` the task's
+    shared memory (name, floats): h's two buffers, each window (two rows, or whole), each fixed
+    input, each kept node but the body (unless a product), each held weight; ``registers`` level ->
+    the weights a thread keeps in registers for the level's products (BODY_REGISTER_WEIGHTS), which
+    are then not held in shared memory."""
+
+    kept: tuple
+    level: dict
+    lanes: dict
+    held: dict
+    whole: tuple
+    parts: tuple
+    registers: dict = field(default_factory=dict)  # level -> floats a thread holds of its products' rows
+
+    @property
+    def levels(self) -> int:
+        return max(self.level.values())
+
+
+def _body_lanes(elements: list[tuple[int, int]], threads: int) -> int:
+    """Lanes an element for a level's products and reductions ((elements, extent) each): the most
+    (a power of two, at most 32, not past the longest extent) with every node's elements on whole
+    warps and all of them on the block at once; 1 when they do not fit even so."""
+    longest = max(extent for _, extent in elements)
+    lanes = 1
+    while lanes < min(WARP, longest):
+        wider = 2 * lanes
+        if sum(-(-n * wider // WARP) * WARP for n, _ in elements) > threads:
+            break
+        lanes = wider
+    return lanes
+
+
+def body_row_stride(k: int, lanes: int) -> int:
+    """The row stride (floats) of a product's weights held in shared memory, read by segments of
+    ``lanes`` lanes at consecutive k and consecutive rows a segment: congruent to ``lanes`` mod 32,
+    so that the warp's lanes fall on 32 different banks."""
+    return -(-k // WARP) * WARP + lanes % WARP
+
+
+def body_plan(node: BodyLoop, threads: int = THREADS, limit: int | None = None) -> BodyPlan:
+    """The plan of ``node``'s task on a block of ``threads`` threads within ``limit`` floats of
+    shared memory (None: no limit on what is held; the values themselves must fit all the same)."""
+    order = node.body_nodes()
+    kept: set[int] = {n.id for n in order if isinstance(n, (Dot, Reduce))} | {node.body.id}
+    while True:
+        cost: dict[int, int] = {}
+        for n in order:
+            if isinstance(n, Leaf) or n.id in kept:
+                cost[n.id] = 0
+            elif isinstance(n, Map):
+                cost[n.id] = cost[n.src.id]
+            elif isinstance(n, Concat):
+                cost[n.id] = max(cost[s.id] for s in n.srcs)
+            elif isinstance(n, Ew):
+                cost[n.id] = EW[n.op].cost + sum(cost[a.id] for a in n.args)
+            else:
+                raise CompileError(f"{node.label or node}: a body loop's body holds {n}, which it has no code for")
+        more = {n.src.id for n in order if isinstance(n, Dot) and cost[n.src.id] >= CACHE_COST}
+        if more <= kept:
+            break
+        kept |= more
+    level: dict[int, int] = {}
+    below: dict[int, int] = {}  # the highest level a node's inline inputs reach
+    for n in order:
+        reach = max((level.get(c.id, below.get(c.id, 0)) for c in n.inputs()), default=0)
+        if n.id in kept:
+            level[n.id] = reach + 1
+        else:
+            below[n.id] = reach
+    lanes: dict[int, int] = {}
+    for lv in sorted(set(level.values())):
+        elements = [
+            (n.size, n.k if isinstance(n, Dot) else n.extent)
+            for n in order
+            if level.get(n.id) == lv and isinstance(n, (Dot, Reduce))
+        ]
+        lanes[lv] = _body_lanes(elements, threads) if elements else 1
+    whole = tuple(
+        i
+        for i, window in enumerate(node.windows)
+        if BODY_WHOLE_WINDOWS and window.size <= BODY_WHOLE_WINDOW_FLOATS and _leaf_view(window)
+    )
+    parts = [("h", 2 * _align4(node.carried.size))]
+    parts += [
+        (f"u{i}", _align4(window.size) if i in whole else 2 * _align4(slot.size))
+        for i, (slot, window) in enumerate(zip(node.slots, node.windows))
+    ]
+    parts += [(f"f{i}", _align4(slot.size)) for i, slot in enumerate(node.fixed_slots)]
+    parts += [
+        (f"n{n.id}", _align4(n.size))
+        for n in order
+        if n.id in kept and (n is not node.body or isinstance(n, (Dot, Reduce)))  # see codegen's _body_loop
+    ]
+    registers: dict[int, int] = {}
+    for lv in sorted(lanes):
+        members = [n for n in order if level.get(n.id) == lv and isinstance(n, (Dot, Reduce))]
+        dots = [n for n in members if isinstance(n, Dot)]
+        if not dots:
+            continue
+        per_warp = WARP // lanes[lv]
+        rounds = -(-sum(-(-n.size // per_warp) * per_warp for n in members) // (threads // lanes[lv]))
+        need = max(-(-n.k // lanes[lv]) for n in dots)
+        if rounds == 1 and need <= BODY_REGISTER_WEIGHTS and sum(registers.values()) + need <= BODY_REGISTER_TOTAL:
+            registers[lv] = need
+    held: dict[int, int] = {}
+    room = None if limit is None else limit - sum(n for _, n in parts)
+    for n in order:  # the other weights the body reads (biases, a norm's scale), small, first
+        if BODY_HOLD_WEIGHTS and isinstance(n, Leaf) and n.role == "weight":
+            need = _align4(n.size)
+            if room is None or need <= room:
+                held[n.id] = 0
+                parts.append((f"w{n.id}", need))
+                room = None if room is None else room - need
+    for n in order:
+        if BODY_HOLD_WEIGHTS and isinstance(n, Dot) and level[n.id] not in registers:
+            stride = body_row_stride(n.k, lanes[level[n.id]])
+            need = _align4(n.n * stride)
+            if room is None or need <= room:
+                held[n.id] = stride
+                parts.append((f"w{n.id}", need))
+                room = None if room is None else room - need
+    return BodyPlan(tuple(n for n in order if n.id in kept), level, lanes, held, whole, tuple(parts), registers)
+
+
+BODY_WHOLE_WINDOW_FLOATS = 8192  # a window staged whole takes at most this much shared memory
+
+
+def _body_task(
+    root: BodyLoop, materialized: dict, grid: int, first: int, layouts, smem_floats: int | None, threads: int | None
+) -> Task:
+    view = TaskView(root, materialized, set(), (), (), layouts)
+    reads = [(w, [ix.Var(f"b{a}", d) for a, d in enumerate(w.shape)]) for w in root.windows]
+    reads += [(value, [ix.Var(f"b{a}", d) for a, d in enumerate(value.shape)]) for value in (*root.fixed, root.h0)]
+    task = _loop_task(root, 1, 1, 1, grid, first, view, reads)
+    task.stage_limit = smem_floats  # what the plan holds depends on both (body_plan)
+    task.threads = threads
+    return task
+
+
+def body_task_plan(task: Task) -> BodyPlan:
+    """The plan of a body loop's task (its threads and shared memory as scheduled)."""
+    limit = None if task.stage_limit is None else recur_arena_floats(task.stage_limit)
+    return body_plan(task.root, task.threads or THREADS, limit)
+
+
 def recur_inputs(program: Program) -> dict[int, Node]:
     """The values a recurrence's loop reads that are computed (not leaves): materialized, so the
     loop waits on their flag-tagged words rather than computing them itself."""
@@ -423,9 +598,20 @@ def recur_inputs(program: Program) -> dict[int, Node]:
     for node in program.nodes():
         if isinstance(node, LOOPS):
             for value in node.inputs():
-                if not isinstance(value, Leaf):
+                # a body loop reads a window that only moves a graph input's values (x_t a position)
+                # through the input's own flagged copy, a position at a time: no copy of its own
+                if not isinstance(value, Leaf) and not (isinstance(node, BodyLoop) and _leaf_view(value)):
                     found[value.id] = value
     return found
+
+
+def _leaf_view(node: Node) -> bool:
+    """Map/Concat all the way down to leaves."""
+    if isinstance(node, Leaf):
+        return True
+    if isinstance(node, Map):
+        return _leaf_view(node.src)
+    return isinstance(node, Concat) and all(_leaf_view(s) for s in node.srcs)
 
 
 def stored_flat(node: Node, index: list, order: tuple) -> ix.IExpr:
@@ -1077,6 +1263,8 @@ def build_task(
         return _recur_task(root, materialized, grid, first, layouts, stage_limit, span, threads), []
     if isinstance(root, DeltaScan):
         return _delta_task(root, materialized, grid, threads, first, layouts), []
+    if isinstance(root, BodyLoop):
+        return _body_task(root, materialized, grid, first, layouts, stage_limit, threads), []
     read_in_place: set[int] = set()
     for _ in range(64):
         arrays: set[int] = set()
@@ -1412,7 +1600,7 @@ def _order_units(units: dict) -> list[Unit]:
 def task_smem_limit(task: Task, smem_floats: int) -> int:
     """The shared memory (floats) a block of ``task`` may take: ``smem_floats``, a recurrence's
     arena more (recur_arena_floats)."""
-    return recur_arena_floats(smem_floats) if isinstance(task.root, Recur) else smem_floats
+    return recur_arena_floats(smem_floats) if isinstance(task.root, (Recur, BodyLoop)) else smem_floats
 
 
 def task_smem_floats(task: Task) -> int:
@@ -1421,6 +1609,8 @@ def task_smem_floats(task: Task) -> int:
         return recur_smem_floats(task.root, task.chunk, task.stage_limit, task.threads)
     if isinstance(task.root, DeltaScan):
         return sum(n for _, n in delta_smem_parts(task.root))
+    if isinstance(task.root, BodyLoop):
+        return sum(n for _, n in body_task_plan(task).parts)
     return sum(_align4(u.storage) for u in task.arrays())
 
 
@@ -1557,12 +1747,6 @@ def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats
 
 
 def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) -> Schedule:
-    for node in program.nodes():
-        if isinstance(node, BodyLoop):  # rolled only on request (simplify.ROLL_BODIES): see its note
-            raise CompileError(
-                f"{node}: a loop over a general body has no code generator yet (simplify.RollBodies rolls it "
-                "for the interpreter only; compile the unrolled program)"
-            )
     users = consumers(program)
     destinations: dict[int, list[str]] = {}
     materialized: dict[int, Node] = {}
@@ -1737,7 +1921,7 @@ def _place(
     # the recurrences' own blocks, from the grid's end (RECUR_OWN_BLOCKS)
     own: dict[int, int] = {}
     end = grid
-    recurs = [i for i, task in enumerate(ordered) if isinstance(task.root, Recur)]
+    recurs = [i for i, task in enumerate(ordered) if isinstance(task.root, (Recur, BodyLoop))]
     if RECUR_OWN_BLOCKS and recurs and sum(ordered[i].blocks for i in recurs) <= grid // 2:
         for i in recurs:
             end -= ordered[i].blocks

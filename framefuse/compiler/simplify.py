@@ -1023,12 +1023,15 @@ class RollRecurrences:
 
 # The copies of a recurrence whose cell is any body (an MLP over [x, h], a gate that multiplies h,
 # a norm inside the cell: what RollRecurrences does not take) are rolled into one ir.BodyLoop, the
-# body written once over slot leaves. Off: the code generator has no BodyLoop yet (the interpreter
-# has), so a program holding one would be declined; RollBodies(program).run() rolls on request.
-ROLL_BODIES = False
+# body written once over slot leaves: one task on one block whose positions run out of shared memory
+# (schedule.body_plan), instead of the copies' levels (and schedules superlinear in T: the MLP cell
+# unrolled took 15 s at T = 8 and 90 s at T = 16 on a 2-core CPU, rolled 0.7 s at T = 32). The
+# build's tactic stepkernel-unrolled compiles the unrolled copies beside it and times both.
+ROLL_BODIES = True
 ROLL_BODY_MAX_NODES = 256  # a body larger than this stays unrolled (bodies are compared node by node)
 ROLLED_BODY_NOTE = "rolled body"  # how a program's notes begin for each rolled body loop
 _SEARCH_LIMIT = 4096  # nodes visited looking for the cut before / after a chain's ends
+_CONSTANT_VIEW_NODES = 16  # a value every position computes alike from constants, at most this large
 
 
 def rolled_bodies(program: Program) -> int:
@@ -1284,7 +1287,7 @@ class RollBodies:
         matches = [self._match(first_prev, first_cut, a, b) for a, b in zip(chain, chain[1:])]
         if any(m is None for m in matches):
             return None
-        body_ids = set().union(*(self._body(a, b) for a, b in zip(chain, chain[1:])))
+        body_ids = set().union(*({n.id for n in mapping.values()} for mapping, _ in matches))
         columns = list(zip(*[pairs for _, pairs in matches]))  # per outside value of the body: (first's, second's, ...)
         carried = Leaf("slot", "h", first_cut.shape, label=f"{first_cut.label} (carried)")
         bound: dict[int, Node] = {first_prev.id: carried}
@@ -1293,18 +1296,13 @@ class RollBodies:
         for k, column in enumerate(columns):
             head = column[0][0]
             values = [pair[1] for pair in column]
+            if self._same_constant(values):
+                continue  # read in the body as it is (the first position's copy)
             if all(v is values[0] for v in values):
-                if isinstance(head, Leaf) and head.role in ("weight", "const"):
-                    continue  # read in the body as it is
                 leaf = Leaf("slot", f"f{k}", head.shape, label=head.label)
                 fixed_slots.append(leaf)
                 fixed.append(values[0])
                 reads.append(values[0])
-            elif all(isinstance(v, Leaf) and v.role in ("weight", "const") for v in values) and all(
-                np.array_equal(v.array, values[0].array) for v in values
-            ):
-                bound[head.id] = values[0]
-                continue
             else:
                 leaf = Leaf("slot", f"u{k}", head.shape, label=head.label)
                 slots.append(leaf)
@@ -1317,11 +1315,36 @@ class RollBodies:
             windows.append(ir.constant(np.zeros((steps, 1), np.float32), label="positions"))
         if self._reaches_any(reads, body_ids | {c.id for c in chain[1:]}):
             return None
-        body = self._rebuild(first_cut, self._body(first_prev, first_cut), bound)
+        body = self._rebuild(first_cut, set(matches[0][0]), bound)  # the first matched against itself
         loop = ir.BodyLoop(
             body, carried, slots, windows, fixed_slots, fixed, chain[0], label=f"{first_cut.label} (rolled)"
         )
         return loop, body_ids, reads
+
+    @staticmethod
+    def _same_constant(values: list[Node]) -> bool:
+        """Whether every position reads the same constant: one weight or constant, or each its own
+        copy of the same small computation over equal weights and constants (a bias broadcast
+        to the position's rows, which the export writes once a position). Such a value is no
+        window: the body reads the first copy, and nothing is staged a position."""
+
+        def same(a: Node, b: Node, budget: list[int]) -> bool:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            if isinstance(a, Leaf) or isinstance(b, Leaf):
+                return (
+                    isinstance(a, Leaf)
+                    and isinstance(b, Leaf)
+                    and a.role in ("weight", "const")
+                    and b.role in ("weight", "const")
+                    and (a is b or (a.shape == b.shape and np.array_equal(a.array, b.array)))
+                )
+            if a is not b and not RollBodies._same_op(a, b):
+                return False
+            return all(same(x, y, budget) for x, y in zip(a.inputs(), b.inputs()))
+
+        return all(same(values[0], v, [_CONSTANT_VIEW_NODES]) for v in values)
 
     @staticmethod
     def _rebuild(cut: Node, body: set[int], bound: dict[int, Node]) -> Node:
@@ -1429,7 +1452,7 @@ def simplify(
     functions), then normalizations fold into their products (before maps compose, while a
     broadcast is still a Map of its own), then products of constants fold, then maps compose,
     which exposes chains to merge. Unrolled recurrences roll into loops before all of them: Elman
-    cells into Recur, then (on request) any other cell into a BodyLoop."""
+    cells into Recur, then any other cell into a BodyLoop."""
     if ROLL_RECURRENCES if roll_recurrences is None else roll_recurrences:
         program = RollRecurrences(program).run()
     if ROLL_BODIES if roll_bodies is None else roll_bodies:

@@ -508,12 +508,14 @@ def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, contro
     fused, _ = rewrite_model(model)
     path = tmp_path / "model.fused.onnx"
     onnx.save(fused, str(path))
-    # the Elman cell's copies rolled into a loop (simplify.RollRecurrences) and kept (the tactic)
+    # the copies rolled into a loop (simplify.RollRecurrences / RollBodies) and kept (the tactic)
     for select in ("stepkernel", "stepkernel-unrolled"):
         engine = cuda_graph.build(path, device="cuda", options={"select": select})
         assert engine.metadata["selection"]["chosen"] == select
-        recurrences = engine.default_plan.compiled.program.counts().get("recur", 0)
-        assert recurrences == (1 if name.startswith("elman") and select == "stepkernel" else 0), (select, recurrences)
+        counts = engine.default_plan.compiled.program.counts()
+        # the Elman cell rolled into a Recur, the MLP cell into a BodyLoop; the unrolled tactic neither
+        loops = counts.get("recur" if name.startswith("elman") else "bodyloop", 0)
+        assert loops == (1 if select == "stepkernel" else 0), (select, counts)
         built = engine.run(feeds)
         for out, value in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
             _close(built[out], value, f"{name} built {out} ({select})")
@@ -561,6 +563,40 @@ def test_rolled_elman_cells_match_the_interpreter(steps, batch, hidden, zero_sta
             torch.cuda.synchronize()
             for name, value in expected.items():
                 _close(outputs[name].cpu().numpy(), value, f"{'rolled' if roll else 'unrolled'} {case} {name}")
+
+
+@pytest.mark.parametrize(
+    "steps,batch,width,hidden,product_body",
+    [(1, 1, 3, 5, False), (7, 3, 5, 33, False), (4, 2, 40, 7, True), (64, 1, 64, 256, False), (33, 4, 6, 4, True)],
+    ids=lambda v: str(v),
+)
+def test_body_loops_match_the_interpreter(steps, batch, width, hidden, product_body, control_flow_graphs):
+    """Loops over a general body (ir.BodyLoop, codegen's _body_loop) built by hand: two windows, a
+    fixed input, a reduction of h and a product of [u_t, h] inside the body, a body ending in a
+    product; T 1 to 64, batch 1 to 4, hidden 4 to 256; random, zero and NaN frames, two launches
+    each, against the float64 interpreter."""
+    import torch
+
+    from framefuse.compiler import naive
+    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+
+    program = control_flow_graphs.hand_body_loop(steps, batch, width, hidden, product_body=product_body)
+    compiled = CompiledStep(program, device=torch.device("cuda"))
+    assert "body loop over" in compiled.kernel.source
+    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    rng = np.random.default_rng(steps)
+    for case in ("random", "zeros", "nan"):
+        feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+        if case == "zeros":
+            feeds = {n: np.zeros_like(v) for n, v in feeds.items()}
+        if case == "nan":
+            feeds["x"].reshape(-1)[feeds["x"].size // 2] = np.nan
+        expected = naive.run(program, feeds)
+        for _ in range(2):
+            outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        torch.cuda.synchronize()
+        for name, value in expected.items():
+            _close(outputs[name].cpu().numpy(), value, f"body loop {case} {name}")
 
 
 @pytest.mark.parametrize(

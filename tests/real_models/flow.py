@@ -46,7 +46,7 @@ COMPILED = BENCHMARKED + [
 ]
 #: the sequence form (issue 17): a window of T frames in one kernel — scans as the IR's Scan,
 #: LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) as the IR's Recur (a loop over positions)
-WINDOWS = [(n, T) for T in (8, 32) for n in [*BENCHMARKED, "mingru_log_space"]] + [("torch_mlpcell_loop", 8)]
+WINDOWS = [(n, T) for T in (8, 32) for n in [*BENCHMARKED, "mingru_log_space", "torch_mlpcell_loop"]]
 
 
 @dataclass

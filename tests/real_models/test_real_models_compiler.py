@@ -130,21 +130,25 @@ def test_an_rnncell_loop_rolls_into_one_recurrence_a_layer(steps, export_root):
 
 
 @pytest.mark.parametrize("steps", [8, 32])
-def test_an_mlp_cell_loop_rolls_into_one_body_loop_for_the_interpreter(steps, export_root):
+def test_an_mlp_cell_loop_rolls_into_one_body_loop_and_compiles_to_one_task(steps, export_root, tmp_path):
     """An MLP cell with a LayerNorm and a gate on h, stepped in a Python loop from zeros: no fused op
     and not an Elman cell. simplify.RollBodies rolls its copies into one ir.BodyLoop (every position
-    but the first, whose products of the zero state the export folded); the interpreter on the
-    rolled program matches ONNX Runtime on the original export. The build compiles the unrolled
-    program (no code generator for the loop yet: simplify.ROLL_BODIES is off)."""
+    but the first, whose products of the zero state the export folded; the biases the export writes
+    once a position are read as the constants they are, not staged as windows); the interpreter on
+    the rolled program matches ONNX Runtime on the original export, and the generated kernel runs the
+    loop as one task on one block (a few levels, not a level a position), emulated against the
+    interpreter at T = 8. The unrolled copies took 15 s to schedule at T = 8, 90 s at 16."""
     from framefuse.compiler import lower_program, naive
     from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import compiler, emulate
     from framefuse.compiler.schedule import schedule
     from framefuse.plugins.ort_bridge import ort_session
 
     run = fuse_real_model("torch_mlpcell_loop", steps, export_root)
-    rolled = lower_program(run.fused_path, roll_bodies=True)
+    rolled = lower_program(run.fused_path)
     (loop,) = [n for n in rolled.nodes() if n.kind == "bodyloop"]
     assert loop.steps == steps - 1 and loop.carried.shape == (1, 32)
+    assert len(loop.windows) == 1 and loop.windows[0].shape == (steps - 1, 1, 64)  # x_t; the biases are constants
     kinds = {n.kind for n in loop.body_nodes()}
     assert {"dot", "reduce", "ew"} <= kinds, kinds  # the products of h, the LayerNorm's sums, the gate
     assert rolled.counts()["tanh"] == 1  # the first position's cell, outside the loop
@@ -157,8 +161,14 @@ def test_an_mlp_cell_loop_rolls_into_one_body_loop_for_the_interpreter(steps, ex
     for out in names:
         err = np.abs(actual[out] - expected[out]) / (1 + np.abs(expected[out]))
         assert err.max() <= 1e-5, f"T={steps} {out}: max rel diff {err.max():.3g}"
-    unrolled = lower_program(run.fused_path)
-    assert "bodyloop" not in unrolled.counts() and unrolled.counts()["tanh"] == steps
-    if steps <= 8:  # the unrolled copies schedule in 15 s at T = 8, 90 s at 16 (2-core CPU): not at 32
-        kernel = generate(schedule(unrolled, grid=132, threads=256, smem_floats=28 * 1024), smem_limit_bytes=226 * 1024)
-        assert kernel.describe()["levels"] >= steps  # a level (at least) a position until the loop has code
+    sched = schedule(rolled, grid=8, threads=128, smem_floats=12 * 1024)
+    assert sum(t.root is loop for t in sched.tasks) == 1
+    kernel = generate(sched, smem_limit_bytes=100 * 1024)
+    assert kernel.describe()["levels"] < 8
+    if steps == 8 and compiler() is not None:
+        frames = {n: np.stack([feeds[n], -feeds[n]]) for n in feeds}
+        outputs, _ = emulate(kernel, frames, {}, steps=2, workdir=tmp_path)
+        for step in range(2):
+            want = naive.run(rolled, {n: frames[n][step] for n in frames})
+            for out in kernel.output_names:
+                assert np.abs(outputs[out][step] - want[out]).max() <= 1e-5, (step, out)
