@@ -2319,6 +2319,21 @@ def test_a_hand_built_body_loop_emulated_matches_the_interpreter(
     assert np.allclose(outputs["y"][0][finite], expected[finite], atol=1e-5, rtol=1e-5)
 
 
+@needs_cxx
+def test_resident_kernel_of_a_body_loop_emulated(control_flow_graphs, tmp_path):
+    """The resident kernel (a frame per bell, launched once) runs the body loop's task every frame:
+    its weights reloaded into registers and shared memory, its windows staged again; every frame's
+    outputs are the interpreter's on that frame alone, under ThreadSanitizer."""
+    from framefuse.rewrite import rewrite_model
+
+    fused, _ = rewrite_model(control_flow_graphs.mlp_cell_loop())
+    program = lower_program(fused)
+    assert program.counts()["bodyloop"] == 1 and not program.states
+    kernel = generate(schedule(program, grid=4, threads=64), smem_limit_bytes=48 * 1024, resident=True)
+    assert "ffk_resident(" in kernel.source and "body loop over 6 positions" in kernel.source
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
 def test_a_body_loop_over_shared_memory_is_declined_naming_it(control_flow_graphs):
     program = control_flow_graphs.hand_body_loop(3, 64, 8, 256, product_body=False)
     with pytest.raises(CompileError, match=r"hand.*needs \d+ bytes of shared memory a block"):
