@@ -1954,7 +1954,7 @@ class Generator:
             inner_em = _BodyEmitter(self, t, task, work, places)
             inner_em.names = em.names
             r, j = ix.Var(inner_em.fresh("r"), extent), inner_em.fresh("j")
-            outer, inner = _segment_loop(r, j, lanes, unroll="" if registers else "8")  # registers: indices known
+            outer, inner = _lane_loop(r, j, unroll=None if registers else 8, lanes=lanes, lane="bp")
             inner_em.top.open_child(outer)
             inner_em.stack.append(inner)
             if isinstance(n, Dot):
@@ -2130,27 +2130,17 @@ def _renumber(source: str) -> str:
     return _NODE_VAR.sub(repl, source)
 
 
-def _lane_loop(r: ix.Var, j: str, *, unroll: int) -> tuple[Code, Scope]:
-    """A loop over ``r`` in [0, extent) split over a warp's lanes (r = lane + 32·j), with a
-    compile-time trip count: a loop starting at `lane` makes the compiler emit remainder code for
-    any lane count (measured: a LayerNorm's two sums took ~940 cycles, ~600 with this form).
-    Returns the loop and the scope its body's statements go in."""
+def _lane_loop(r: ix.Var, j: str, *, unroll: int | None, lanes: int = 32, lane: str = "lane") -> tuple[Code, Scope]:
+    """A loop over ``r`` in [0, extent) split over a warp's lanes (r = lane + 32·j), or over a
+    segment of ``lanes`` lanes whose index in the segment is ``lane`` (a body loop's products,
+    codegen's _body_warps), with a compile-time trip count: a loop starting at `lane` makes the
+    compiler emit remainder code for any lane count (measured: a LayerNorm's two sums took ~940
+    cycles, ~600 with this form). ``unroll`` None: unrolled whole (the trip's index addresses a
+    register array). Returns the loop and the scope its body's statements go in."""
     extent = r.extent
-    loop = Code(f"#pragma unroll {unroll}\nfor (int {j} = 0; {j} < {-(-extent // 32)}; ++{j})")
-    loop.items.append(f"const int {r.name} = lane + 32 * {j};")
-    body = loop
-    if extent % 32:
-        body = Code(f"if ({r.name} < {extent})")
-        loop.items.append(body)
-    return loop, Scope(body, var=r, pos=len(body.items), lanes=True)
-
-
-def _segment_loop(r: ix.Var, j: str, lanes: int, unroll: str = "8") -> tuple[Code, Scope]:
-    """A loop over ``r`` in [0, extent) split over a segment of ``lanes`` lanes (r = bp + lanes·j,
-    ``bp`` the lane's index in its segment), a compile-time trip count (see _lane_loop)."""
-    extent = r.extent
-    loop = Code(f"#pragma unroll {unroll}\nfor (int {j} = 0; {j} < {-(-extent // lanes)}; ++{j})".replace(" \n", "\n"))
-    loop.items.append(f"const int {r.name} = bp + {lanes} * {j};")
+    pragma = "#pragma unroll" if unroll is None else f"#pragma unroll {unroll}"
+    loop = Code(f"{pragma}\nfor (int {j} = 0; {j} < {-(-extent // lanes)}; ++{j})")
+    loop.items.append(f"const int {r.name} = {lane} + {lanes} * {j};")
     body = loop
     if extent % lanes:
         body = Code(f"if ({r.name} < {extent})")

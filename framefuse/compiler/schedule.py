@@ -427,6 +427,7 @@ def _delta_task(root: DeltaScan, materialized: dict, grid: int, threads: int, fi
 # values is staged whole before the first position (BODY_WHOLE_WINDOWS); others a position ahead.
 BODY_HOLD_WEIGHTS = True
 BODY_WHOLE_WINDOWS = True
+BODY_WHOLE_WINDOW_FLOATS = 8192  # a window staged whole takes at most this much shared memory
 # A product whose level runs in one round (every element's segment on the block at once) keeps each
 # thread's part of its weight row in registers for the window, when that is at most this many floats
 # (and the levels' together at most BODY_REGISTER_TOTAL): a multiply-add then reads only its operand
@@ -568,9 +569,6 @@ def body_plan(node: BodyLoop, threads: int = THREADS, limit: int | None = None) 
                 parts.append((f"w{n.id}", need))
                 room = None if room is None else room - need
     return BodyPlan(tuple(n for n in order if n.id in kept), level, lanes, held, whole, tuple(parts), registers)
-
-
-BODY_WHOLE_WINDOW_FLOATS = 8192  # a window staged whole takes at most this much shared memory
 
 
 def _body_task(
