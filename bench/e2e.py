@@ -128,6 +128,7 @@ REAL_MODELS = (
     "torch_rnn_bidir",
     "torch_rnncell_loop",
     "torch_mlpcell_loop",
+    "torch_lnlstm_loop",
 )
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 QUICK_NOTE = "quick: not for publication"

@@ -161,6 +161,40 @@ def unrolled_cells(
     return Program(leaves, {}, outputs, {})
 
 
+def unrolled_lstm_cells(steps=6, batch=2, features=3, hidden=5, *, gate_out=False, normed=False, seed=0):
+    """A window of unrolled LSTM cells written by hand (no fused op matches what the lowering
+    leaves): per position g = x_t·Wᵀ + h·Rᵀ (with ``normed`` a LayerNorm over g's row), c = σ(f)·c
+    + σ(i)·tanh(ĝ), h = σ(o)·tanh(c), from h0 and c0 inputs; outputs every h_t, the last c and,
+    with ``gate_out``, every position's forget gate σ(f) too (a value the graph reads a position,
+    carried by nobody)."""
+    from framefuse.compiler.ir import Dot, Leaf, Program, broadcast_to, concat, constant, ew, mean, reshape, slice_axis
+
+    rng = np.random.default_rng(seed)
+    x = Leaf("input", "x", (steps, batch, features))
+    w = (rng.standard_normal((4 * hidden, features)) / np.sqrt(features)).astype(np.float32)
+    r = (rng.standard_normal((4 * hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    h, c = Leaf("input", "h0", (batch, hidden)), Leaf("input", "c0", (batch, hidden))
+    hs, gates = [], []
+    for t in range(steps):
+        x_t = reshape(slice_axis(x, 0, t, 1, 1), (batch, features))
+        g = ew("add", Dot(x_t, w), Dot(h, r))
+        if normed:
+            centred = ew("sub", g, broadcast_to(mean(g, [1], True), g.shape))
+            var = mean(ew("mul", centred, centred), [1], True)
+            g = ew("mul", centred, broadcast_to(ew("reciprocal", ew("sqrt", ew("add", var, constant(1e-5)))), g.shape))
+        i, f, cand, o = (slice_axis(g, 1, k * hidden, 1, hidden) for k in range(4))
+        forget = ew("sigmoid", f)
+        c = ew("add", ew("mul", forget, c), ew("mul", ew("sigmoid", i), ew("tanh", cand)))
+        h = ew("mul", ew("sigmoid", o), ew("tanh", c))
+        hs.append(reshape(h, (1, batch, hidden)))
+        gates.append(reshape(forget, (1, batch, hidden)))
+    outputs = {"y": concat(hs, 0), "c": c}
+    if gate_out:
+        outputs["forget"] = concat(gates, 0)
+    leaves = {n.name: n for n in Program({}, {}, outputs, {}).nodes() if isinstance(n, Leaf) and n.role == "input"}
+    return Program(leaves, {}, outputs, {})
+
+
 def hand_body_loop(steps, batch, width, hidden, *, product_body):
     """A program of one BodyLoop built by hand: two windows, a fixed input, h0 an input; the body a
     product of [u_t, h] through a weight, a row sum of h (a reduction), tanh; with

@@ -2171,7 +2171,7 @@ def test_two_recurrences_that_read_each_other_stay_unrolled():
     assert RollRecurrences(program).run() is program  # ... neither rolled
 
 
-# -- simplify.RollBodies: any unrolled cell as one loop over its body (the interpreter's; no code yet) --
+# -- simplify.RollBodies: any unrolled cell as one loop over its body (ir.BodyLoop), h and more carried --
 
 
 def test_an_mlp_cell_loop_rolls_into_one_body_loop_matching_onnxruntime(control_flow_graphs):
@@ -2247,6 +2247,52 @@ def test_a_body_reading_a_position_further_back_stays_unrolled():
     assert RollBodies(program).run() is program  # ... and nothing rolled
 
 
+@pytest.mark.parametrize(
+    "variant,carried",
+    [({}, 2), ({"gate_out": True}, 3), ({"normed": True}, 2)],
+    ids=["lstm", "lstm-gate-read-a-position", "layernorm-lstm"],
+)
+def test_a_cell_carrying_h_and_c_rolls_into_one_body_loop(variant, carried, control_flow_graphs):
+    """An LSTM cell written by hand (h and c carried; optionally a LayerNorm over the gates, or the
+    forget gate also read by the graph every position): the body from h_{t-1} to h_t lets c_t out
+    to the next position, so the loop carries [h, c] (and the gate) as one vector, and h_t, the
+    last c and the gates are slices of the loop's positions. The chain cut at h (not at the
+    products, which would carry the 4·hidden gates) is kept; the interpreter gives the unrolled
+    program's values exactly."""
+    from framefuse.compiler.simplify import RollBodies
+
+    steps, batch, hidden = 6, 2, 5
+    program = control_flow_graphs.unrolled_lstm_cells(steps, batch, hidden=hidden, **variant)
+    rolled = RollBodies(program).run()
+    (loop,) = [n for n in rolled.nodes() if n.kind == "bodyloop"]
+    assert loop.steps == steps and loop.carried.shape == (1, carried * batch * hidden)
+    assert [w.shape for w in loop.windows] == [(steps, batch, 4 * hidden)]  # the input products x_t·Wᵀ
+    assert f"{carried} values carried as one" in rolled.notes[-1]
+    assert "tanh" not in rolled.counts() and rolled.counts()["dot"] == steps  # only the input products outside
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    expected, actual = naive.run(program, feeds), naive.run(rolled, feeds)
+    for name in program.outputs:
+        assert np.array_equal(actual[name], expected[name]), name
+
+
+@needs_cxx
+@pytest.mark.parametrize("variant", [{}, {"gate_out": True, "normed": True}], ids=["lstm", "layernorm-lstm-gate-out"])
+def test_a_body_loop_carrying_h_and_c_emulated_matches_the_interpreter(variant, control_flow_graphs, tmp_path):
+    """The packed carry through the code generator: h_{t-1} and c_{t-1} are slices of the loop's
+    carried vector (in shared memory), the body's root their concatenation; the kernel under
+    ThreadSanitizer over 3 chained frames equals the interpreter."""
+    from framefuse.compiler.simplify import simplify
+
+    program = simplify(control_flow_graphs.unrolled_lstm_cells(7, 2, hidden=6, **variant))
+    (loop,) = [n for n in program.nodes() if n.kind == "bodyloop"]
+    sched = schedule(program, grid=4, threads=64)
+    (task,) = [t for t in sched.tasks if t.root is loop]
+    assert task.blocks == 1
+    kernel = generate(sched, smem_limit_bytes=48 * 1024)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
 @needs_cxx
 def test_a_body_loop_kernel_emulated_matches_the_interpreter(control_flow_graphs, tmp_path):
     """The build rolls the MLP cell's copies (simplify.ROLL_BODIES) and schedules the loop as one
@@ -2274,29 +2320,33 @@ def test_a_body_loop_kernel_emulated_matches_the_interpreter(control_flow_graphs
 
 @needs_cxx
 @pytest.mark.parametrize(
-    "steps,batch,width,hidden,product_body,weights",
+    "steps,batch,width,hidden,product_body,weights,ahead",
     [
-        (1, 1, 3, 5, False, "registers"),
-        (7, 3, 5, 33, False, "shared"),  # 99 products on 64 threads: more than a round, no registers
-        (7, 3, 5, 33, False, "global"),
-        (4, 2, 40, 7, True, "registers"),
-        (33, 1, 6, 4, True, "shared"),
+        (1, 1, 3, 5, False, "registers", False),
+        (7, 3, 5, 33, False, "shared", True),  # 99 products on 64 threads: more than a round, no registers
+        (7, 3, 5, 33, False, "global", False),
+        (4, 2, 40, 7, True, "registers", True),
+        (33, 1, 6, 4, True, "shared", False),
+        (33, 1, 6, 4, True, "shared", True),
     ],
-    ids=["T1", "odd-sizes", "odd-sizes-weights-in-global-memory", "product-body", "T33"],
+    ids=["T1", "odd-sizes", "odd-sizes-weights-in-global-memory", "product-body", "T33", "T33-ahead"],
 )
 def test_a_hand_built_body_loop_emulated_matches_the_interpreter(
-    steps, batch, width, hidden, product_body, weights, control_flow_graphs, monkeypatch, tmp_path
+    steps, batch, width, hidden, product_body, weights, ahead, control_flow_graphs, monkeypatch, tmp_path
 ):
-    """Windows (one a graph input staged whole, one computed and staged a position ahead), a fixed
-    input, a reduction of h inside the body, a body ending in a product, one position and many, odd
-    sizes, the products' weights in registers, held in shared memory or read from global memory: the
-    emulated kernel (under ThreadSanitizer) against the interpreter; NaN in a frame reaches the
-    outputs it reaches there."""
+    """Windows (a graph input's view, staged whole with batched flag-tagged loads; a computed one,
+    staged whole too as no loop feeds it, or — ``ahead``: as if a loop fed it — a position ahead), a
+    fixed input, a reduction of h inside the body, a body ending in a product, one position and
+    many, odd sizes, the products' weights in registers, held in shared memory or read from global
+    memory: the emulated kernel (under ThreadSanitizer) against the interpreter; NaN in a frame
+    reaches the outputs it reaches there."""
     from framefuse.compiler import schedule as scheduling
 
     monkeypatch.setattr(scheduling, "BODY_HOLD_WEIGHTS", weights != "global")
     if weights != "registers":
         monkeypatch.setattr(scheduling, "BODY_REGISTER_WEIGHTS", 0)
+    if ahead:
+        monkeypatch.setattr(scheduling, "_fed_by_loop", lambda value: True)
     program = control_flow_graphs.hand_body_loop(steps, batch, width, hidden, product_body=product_body)
     kernel = generate(schedule(program, grid=3, threads=64), smem_limit_bytes=48 * 1024)
     products = 2 if product_body else 1
@@ -2306,7 +2356,8 @@ def test_a_hand_built_body_loop_emulated_matches_the_interpreter(
         "global": "weights: 0 product(s)' in registers, 0 product(s)' and 0 other(s) in shared memory",
     }[weights]
     assert expected in kernel.source
-    assert "window 0: whole" in kernel.source and "window 1: two rows" in kernel.source
+    assert "window 0: whole" in kernel.source and "window 0: 1 run(s) of flag-tagged words" in kernel.source
+    assert ("window 1: two rows" if ahead else "window 1: whole") in kernel.source
     _emulate_against_interpreter(kernel, program, 2, tmp_path, races=True)
     rng = np.random.default_rng(2)
     feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}

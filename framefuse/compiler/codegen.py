@@ -44,6 +44,7 @@ from framefuse.compiler.ir import (
     Reduce,
     Scan,
 )
+from framefuse.compiler.naive import index_grid
 from framefuse.compiler.ops import EW, c_float
 from framefuse.compiler.schedule import (
     ROOT,
@@ -1803,7 +1804,13 @@ class Generator:
         fill(code, node.h0, [], "bH", H)
         self._clock(code, t, 0)
         for i, (slot, window) in enumerate(zip(node.slots, node.windows)):
-            if i in plan.whole:
+            runs = self._flagged_runs(task, window) if i in plan.whole else None
+            if runs is not None:  # every thread's loads in flight together, not one round trip an element
+                code.items.append(f"// window {i}: {len(runs)} run(s) of flag-tagged words, staged together")
+                code.items += self._stage_ranges(
+                    [(f"bU{i} + {dst}", f"ffk_ll + {src}", str(n)) for dst, src, n in runs], BODY_STAGE_RUNS
+                )
+            elif i in plan.whole:
                 fill(code, window, [], f"bU{i}", window.size)
             else:
                 fill(code, window, [ix.const(0)], f"bU{i}", slot.size)
@@ -1866,6 +1873,39 @@ class Generator:
             self._clock(last, t, 2 + plan.levels + warp_root)
             loop.items.append(last)
         self._clock(code, t, 3 + plan.levels + warp_root)
+
+    def _flagged_runs(self, task: Task, value: Node) -> list[tuple[int, int, int]] | None:
+        """``value``'s elements in order as runs of consecutive flag-tagged words ``(first element,
+        first word, count)`` — a materialized value (or a graph input's flagged copy) read through
+        views, or a Concat along the first axis of such — or None (a value computed on the way, a
+        reordered copy, more than BODY_STAGE_RUNS runs)."""
+        view = task.view
+        if isinstance(value, Concat) and value.axis == 0 and view.source_kind(value) != "materialized":
+            row = value.size // max(value.shape[0], 1)
+            parts = [(src, off * row) for src, off in zip(value.srcs, value.offsets)]
+        else:
+            parts = [(value, 0)]
+        runs: list[tuple[int, int, int]] = []
+        for part, dst in parts:
+            variables, env = index_grid(part.shape)
+            node, index = part, list(variables)
+            while isinstance(node, Map) and view.source_kind(node) != "materialized":
+                node, index = node.src, node.source_index(index)
+            if not (
+                view.source_kind(node) == "materialized"
+                and node.id in self.layout.ll
+                and self.sched.layouts.get(node.id) is None
+            ):
+                return None
+            words = np.broadcast_to(ix.evaluate(ix.flatten(index, node.shape), env), (part.size,)).astype(np.int64)
+            if words.size == 0 or not np.array_equal(words, words[0] + np.arange(words.size)):
+                return None
+            first = self.layout.ll[node.id] + int(words[0])
+            if runs and runs[-1][0] + runs[-1][2] == dst and runs[-1][1] + runs[-1][2] == first:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + int(words.size))
+            else:
+                runs.append((dst, first, int(words.size)))
+        return runs if len(runs) <= BODY_STAGE_RUNS else None
 
     def _body_thread_value(self, code: Code, t: int, task: Task, node: Node, places: dict, target: str) -> None:
         loop = Code(f"for (int e = tid; e < {node.size}; e += NT)")
@@ -2011,6 +2051,7 @@ class Generator:
 # An element loop runs once or twice a thread (or warp) at batch 1: unrolling it only adds code,
 # and the code is fetched again on every launch (H100: ~0.04 us per KB of straight-line code).
 _ONCE = "#pragma unroll 1"
+BODY_STAGE_RUNS = 4  # a body loop's whole window staged with batched loads when it is at most this many runs
 WARP_SPLIT_MIN = 32  # a root reduction at least this long is split over a warp's lanes
 WARP_LANES = 32
 SEGMENTED_REDUCE = True  # reduction arrays with more elements than a block's warps share the warps out

@@ -424,7 +424,8 @@ def _delta_task(root: DeltaScan, materialized: dict, grid: int, threads: int, fi
 # taking its elements one after the other: every round of a warp is a shuffle reduction and, for
 # weights read from global memory, a load's latency). The products' weights are held in shared memory
 # for the window where they fit (BODY_HOLD_WEIGHTS), and a window that only moves a graph input's
-# values is staged whole before the first position (BODY_WHOLE_WINDOWS); others a position ahead.
+# values, or that no loop feeds, is staged whole before the first position (BODY_WHOLE_WINDOWS);
+# a window a loop feeds a position ahead (its rows arrive a position at a time).
 BODY_HOLD_WEIGHTS = True
 BODY_WHOLE_WINDOWS = True
 BODY_WHOLE_WINDOW_FLOATS = 8192  # a window staged whole takes at most this much shared memory
@@ -568,7 +569,34 @@ def body_plan(node: BodyLoop, threads: int = THREADS, limit: int | None = None) 
                 held[n.id] = stride
                 parts.append((f"w{n.id}", need))
                 room = None if room is None else room - need
+    # A computed window that no loop feeds arrives all at once (its producers run over every
+    # position together): staged whole too, in the shared memory the weights leave, so a position
+    # does not wait on L2 for its rows (the LayerNorm LSTM's input products: ~700 of the 1,181
+    # cycles of its last level a position on the H200).
+    for i, (slot, window) in enumerate(zip(node.slots, node.windows)):
+        if i in whole or not BODY_WHOLE_WINDOWS or window.size > BODY_WHOLE_WINDOW_FLOATS or _fed_by_loop(window):
+            continue
+        extra = _align4(window.size) - 2 * _align4(slot.size)
+        if room is None or extra <= room:
+            whole += (i,)
+            parts[[name for name, _ in parts].index(f"u{i}")] = (f"u{i}", _align4(window.size))
+            room = None if room is None else room - extra
     return BodyPlan(tuple(n for n in order if n.id in kept), level, lanes, held, whole, tuple(parts), registers)
+
+
+def _fed_by_loop(value: Node) -> bool:
+    """Whether a loop over positions (whose positions are published one after another) is among
+    what ``value`` is computed from."""
+    seen, stack = set(), [value]
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if isinstance(n, (*LOOPS, Scan)):
+            return True
+        stack += n.inputs()
+    return False
 
 
 def _body_task(

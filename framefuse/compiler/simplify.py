@@ -1032,6 +1032,7 @@ ROLL_BODY_MAX_NODES = 256  # a body larger than this stays unrolled (bodies are 
 ROLLED_BODY_NOTE = "rolled body"  # how a program's notes begin for each rolled body loop
 _SEARCH_LIMIT = 4096  # nodes visited looking for the cut before / after a chain's ends
 _CONSTANT_VIEW_NODES = 16  # a value every position computes alike from constants, at most this large
+ROLL_BODY_MAX_EXPORTS = 8  # values besides h a body may let out (carried with h, packed into one vector)
 
 
 def rolled_bodies(program: Program) -> int:
@@ -1144,10 +1145,12 @@ class RollBodies:
             return a.rows is b.rows or (a.rows.shape == b.rows.shape and np.array_equal(a.rows, b.rows))
         return False  # leaves are never inside a body; recurrences are not rolled into one
 
-    def _match(self, a_prev: Node, a_cut: Node, b_prev: Node, b_cut: Node) -> tuple[dict, list] | None:
+    def _match(self, a_prev: Node, a_cut: Node, b_prev: Node, b_cut: Node) -> tuple[dict, list, set[int]] | None:
         """Whether the body from ``b_prev`` to ``b_cut`` is the body from ``a_prev`` to ``a_cut``
         node for node: (the node map, the pairs of outside nodes they read, in the first body's
-        order), or None."""
+        order, and the first body's nodes whose value, in either body, is read outside it besides
+        the cut: a second carried value such as an LSTM's c, or a value the graph reads a
+        position), or None."""
         body_a, body_b = self._body(a_prev, a_cut), self._body(b_prev, b_cut)
         if body_a is None or body_b is None or len(body_a) != len(body_b):
             return None
@@ -1186,11 +1189,15 @@ class RollBodies:
             stack += list(zip(x.inputs(), y.inputs()))
         if len(mapping) != len(body_a) or len({n.id for n in mapping.values()}) != len(mapping):
             return None
-        for body, cut in ((body_a, a_cut), (body_b, b_cut)):
+        first_of = {y.id: x for x, y in mapping.items()}
+        exported = set()
+        for body, cut, template in ((body_a, a_cut, None), (body_b, b_cut, first_of)):
             for i in body:
                 if i != cut.id and (i in self.outputs or any(u.id not in body for u in self.users.get(i, ()))):
-                    return None  # a value inside the body read elsewhere: this is not the cut
-        return mapping, pairs
+                    exported.add(i if template is None else template[i])
+        if len(exported) > ROLL_BODY_MAX_EXPORTS:
+            return None
+        return mapping, pairs, exported
 
     # -- chains --------------------------------------------------------------------------------------
     def _families(self) -> list[list[Dot]]:
@@ -1280,22 +1287,57 @@ class RollBodies:
             stack += n.inputs()
         return out
 
-    def _loop(self, chain: list[Node]) -> tuple[ir.BodyLoop, set[int], list[Node]] | None:
-        """The loop of a chain of cuts h_0 … h_n (positions 1 … n), the ids of its bodies' nodes
-        and the nodes it reads from outside; None when an outside value depends on the chain."""
+    def _loop(self, chain: list[Node]) -> tuple[ir.BodyLoop, set[int], list[Node], list[list[Node]]] | None:
+        """The loop of a chain of cuts h_0 … h_n (positions 1 … n), the ids of its bodies' nodes,
+        the nodes it reads from outside and, a position, the values it lets out (h_t first); None
+        when an outside value depends on the chain.
+
+        A body that lets out more than h (an LSTM's c_t, read by the next position's body; a value
+        the graph reads every position) carries them all as one vector [1, |h| + |c| + …]: the
+        body reads h_{t-1} and c_{t-1} as slices of it and writes their concatenation, so the loop
+        and its code are the one-value loop's. A value let out that no body reads back starts
+        at zeros."""
         first_prev, first_cut = chain[0], chain[1]
         matches = [self._match(first_prev, first_cut, a, b) for a, b in zip(chain, chain[1:])]
         if any(m is None for m in matches):
             return None
-        body_ids = set().union(*({n.id for n in mapping.values()} for mapping, _ in matches))
-        columns = list(zip(*[pairs for _, pairs in matches]))  # per outside value of the body: (first's, second's, ...)
-        carried = Leaf("slot", "h", first_cut.shape, label=f"{first_cut.label} (carried)")
-        bound: dict[int, Node] = {first_prev.id: carried}
+        mappings = [mapping for mapping, _, _ in matches]
+        body_ids = set().union(*({n.id for n in mapping.values()} for mapping in mappings))
+        exported = sorted(set().union(*(m[2] for m in matches)), key=lambda i: self.order[i])
+        let_out = [first_cut] + [mappings[0][i] for i in exported]  # the first body's values, h first
+        sizes = [n.size for n in let_out]
+        offsets = [int(v) for v in np.cumsum([0, *sizes[:-1]])]
+        label = f"{first_cut.label} (carried)"
+        if exported:
+            carried = Leaf("slot", "h", (1, sum(sizes)), label=label)
+
+            def part(k: int) -> Node:
+                return reshape(slice_axis(carried, 1, offsets[k], 1, sizes[k]), let_out[k].shape, label=label)
+
+            bound: dict[int, Node] = {first_prev.id: part(0)}
+        else:
+            carried = Leaf("slot", "h", first_cut.shape, label=label)
+            bound = {first_prev.id: carried}
+        initial: dict[int, Node] = {}  # a carried value's template node id → its value before the first position
+        columns = list(
+            zip(*[pairs for _, pairs, _ in matches])
+        )  # per outside value of the body: (first's, second's, ...)
         slots, windows, fixed_slots, fixed, reads = [], [], [], [], [chain[0]]
         steps = len(chain) - 1
         for k, column in enumerate(columns):
             head = column[0][0]
             values = [pair[1] for pair in column]
+            update = values[1] if len(values) > 1 else None
+            if (
+                update is not None
+                and update.id in exported
+                and update.id not in initial
+                and all(v is mappings[t - 1][update.id] for t, v in enumerate(values) if t)
+            ):  # position t reads what position t - 1 let out: a second carried value
+                initial[update.id] = head
+                bound[head.id] = part(1 + exported.index(update.id))
+                reads.append(head)
+                continue
             if self._same_constant(values):
                 continue  # read in the body as it is (the first position's copy)
             if all(v is values[0] for v in values):
@@ -1315,11 +1357,22 @@ class RollBodies:
             windows.append(ir.constant(np.zeros((steps, 1), np.float32), label="positions"))
         if self._reaches_any(reads, body_ids | {c.id for c in chain[1:]}):
             return None
-        body = self._rebuild(first_cut, set(matches[0][0]), bound)  # the first matched against itself
-        loop = ir.BodyLoop(
-            body, carried, slots, windows, fixed_slots, fixed, chain[0], label=f"{first_cut.label} (rolled)"
-        )
-        return loop, body_ids, reads
+        roots = self._rebuild(let_out, set(mappings[0]), bound)  # the first matched against itself
+        if exported:
+            flat = [reshape(node, (1, node.size), label=label) for node in roots]
+            starts = [chain[0], *(initial.get(i) for i in exported)]
+            flat_starts = [
+                reshape(node, (1, node.size), label=label)
+                if node is not None
+                else ir.constant(np.zeros((1, size), np.float32), label="zeros")
+                for node, size in zip(starts, sizes)
+            ]
+            body, h0 = ir.concat(flat, 1, label=label), ir.concat(flat_starts, 1, label=label)
+        else:
+            body, h0 = roots[0], chain[0]
+        loop = ir.BodyLoop(body, carried, slots, windows, fixed_slots, fixed, h0, label=f"{first_cut.label} (rolled)")
+        outs = [[cut] + [mappings[t][i] for i in exported] for t, cut in enumerate(chain[1:])]
+        return loop, body_ids, reads, outs
 
     @staticmethod
     def _same_constant(values: list[Node]) -> bool:
@@ -1347,9 +1400,9 @@ class RollBodies:
         return all(same(values[0], v, [_CONSTANT_VIEW_NODES]) for v in values)
 
     @staticmethod
-    def _rebuild(cut: Node, body: set[int], bound: dict[int, Node]) -> Node:
+    def _rebuild(roots: list[Node], body: set[int], bound: dict[int, Node]) -> list[Node]:
         done: dict[int, Node] = dict(bound)
-        stack: list[tuple[Node, bool]] = [(cut, False)]
+        stack: list[tuple[Node, bool]] = [(root, False) for root in reversed(roots)]
         while stack:
             node, ready = stack.pop()
             if node.id in done:
@@ -1362,7 +1415,7 @@ class RollBodies:
                 continue
             stack.append((node, True))
             stack += [(c, False) for c in node.inputs() if c.id not in done]
-        return done[cut.id]
+        return [done[root.id] for root in roots]
 
     @staticmethod
     def _reaches_any(roots: list[Node], targets: set[int]) -> bool:
@@ -1371,18 +1424,19 @@ class RollBodies:
     def run(self) -> Program:
         found, claimed = [], set()
         for anchors in self._families():
-            best = None
+            best, best_key = None, None
             for rank in range(len(self._dominators(anchors[0], anchors[1]))):
                 chain = self._chain(anchors, rank)
-                if chain is not None and (best is None or len(chain) > len(best)):
-                    best = chain
+                made = self._loop(chain) if chain is not None else None
+                if made is None or made[1] & claimed:
+                    continue
+                key = (len(chain), -made[0].carried.size)  # the most positions, then the least carried
+                if best_key is None or key > best_key:
+                    best, best_key = (chain, *made), key
             if best is None:
                 continue
-            made = self._loop(best)
-            if made is None or made[1] & claimed:
-                continue
-            claimed |= made[1]
-            found.append((best, *made))
+            claimed |= best[2]
+            found.append(best)
         if not found:
             return self.program
         # a loop reading another's positions is rolled after it; loops that would read each other are left
@@ -1397,14 +1451,22 @@ class RollBodies:
         replace: dict[int, Node] = {}
         notes = list(self.program.notes)
         for i in ordered:
-            chain, loop, _, _ = found[i]
-            for t, cut in enumerate(chain[1:]):
-                position = slice_axis(loop, 0, t, 1, 1, label=cut.label)
-                replace[cut.id] = reshape(position, cut.shape, label=cut.label)
+            _, loop, _, _, outs = found[i]
+            for t, values in enumerate(outs):
+                position = slice_axis(loop, 0, t, 1, 1, label=values[0].label)
+                if len(values) == 1:
+                    replace[values[0].id] = reshape(position, values[0].shape, label=values[0].label)
+                    continue
+                offset = 0
+                for value in values:
+                    part = slice_axis(position, position.rank - 1, offset, 1, value.size, label=value.label)
+                    replace[value.id] = reshape(part, value.shape, label=value.label)
+                    offset += value.size
             size = len(loop.body_nodes())
+            carried = f"{len(outs[0])} values carried as one" if len(outs[0]) > 1 else "h"
             notes.append(
                 f"{ROLLED_BODY_NOTE} {loop.steps} unrolled positions of a {size}-node body "
-                f"(h {list(loop.carried.shape)}, {len(loop.windows)} window(s)) into one loop"
+                f"({carried} {list(loop.carried.shape)}, {len(loop.windows)} window(s)) into one loop"
             )
         return _replaced(self.program, replace, notes) if ordered else self.program
 

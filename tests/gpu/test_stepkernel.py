@@ -600,6 +600,48 @@ def test_body_loops_match_the_interpreter(steps, batch, width, hidden, product_b
 
 
 @pytest.mark.parametrize(
+    "steps,batch,hidden,variant",
+    [
+        (4, 1, 5, {}),
+        (9, 3, 7, {"gate_out": True}),
+        (32, 1, 32, {"normed": True}),
+        (64, 2, 64, {"normed": True, "gate_out": True}),
+    ],
+    ids=["T4-b1-h5", "T9-b3-h7-gate", "T32-b1-h32-norm", "T64-b2-h64-norm-gate"],
+)
+def test_body_loops_carrying_h_and_c_match_the_interpreter(steps, batch, hidden, variant, control_flow_graphs):
+    """Hand-written LSTM cells (h and c carried, optionally a LayerNorm over the gates and the forget
+    gate read every position) rolled by simplify.RollBodies into one loop carrying [h, c] as one
+    vector: T 2 to 64, batch 1 to 3, odd and round sizes; random, zero and NaN frames, two launches
+    each, against the float64 interpreter on the unrolled program."""
+    import torch
+
+    from framefuse.compiler import naive
+    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.simplify import simplify
+
+    unrolled = control_flow_graphs.unrolled_lstm_cells(steps, batch, features=6, hidden=hidden, **variant)
+    program = simplify(unrolled)
+    assert [n.kind for n in program.nodes()].count("bodyloop") == 1
+    compiled = CompiledStep(program, device=torch.device("cuda"))
+    assert "body loop over" in compiled.kernel.source
+    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    rng = np.random.default_rng(steps)
+    for case in ("random", "zeros", "nan"):
+        feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in unrolled.inputs.items()}
+        if case == "zeros":
+            feeds = {n: np.zeros_like(v) for n, v in feeds.items()}
+        if case == "nan":
+            feeds["x"].reshape(-1)[feeds["x"].size // 2] = np.nan
+        expected = naive.run(unrolled, feeds)
+        for _ in range(2):
+            outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        torch.cuda.synchronize()
+        for name, value in expected.items():
+            _close(outputs[name].cpu().numpy(), value, f"(h, c) loop {case} {name}")
+
+
+@pytest.mark.parametrize(
     "kind,hidden,seq,dirs", [("LSTM", 1024, 64, 2), ("GRU", 256, 256, 1), ("LSTM", 64, 256, 2), ("RNN", 256, 64, 2)]
 )
 def test_stepkernel_of_a_wide_or_long_rnn_window_matches_onnxruntime(kind, hidden, seq, dirs, tmp_path):

@@ -38,6 +38,7 @@ COMPILED = BENCHMARKED + [
     "torch_grucell_loop",
     "torch_lstmcell_loop",
     "torch_mlpcell_loop",
+    "torch_lnlstm_loop",
     "mingru_log_space",
     "mingru_log_space_h0",
     "mamba2",
@@ -46,7 +47,9 @@ COMPILED = BENCHMARKED + [
 ]
 #: the sequence form (issue 17): a window of T frames in one kernel — scans as the IR's Scan,
 #: LSTM / GRU cells (both directions of nn.LSTM / nn.GRU) as the IR's Recur (a loop over positions)
-WINDOWS = [(n, T) for T in (8, 32) for n in [*BENCHMARKED, "mingru_log_space", "torch_mlpcell_loop"]]
+WINDOWS = [
+    (n, T) for T in (8, 32) for n in [*BENCHMARKED, "mingru_log_space", "torch_mlpcell_loop", "torch_lnlstm_loop"]
+]
 
 
 @dataclass

@@ -271,6 +271,31 @@ class MLPCellPolicy(nn.Module):
         return torch.stack(outs, 1)
 
 
+class LayerNormLSTMPolicy(nn.Module):
+    """A layer-normalised LSTM cell written by hand (as RL agents write it: a LayerNorm over the
+    gates' pre-activations and one over c before its tanh), stepped in a Python loop from zeros.
+    No fused op matches it; its copies carry two values, h and c, which the step compiler rolls into
+    one loop carrying both (compiler/simplify.RollBodies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ih = nn.Linear(HIDDEN, 4 * 32)
+        self.hh = nn.Linear(32, 4 * 32, bias=False)
+        self.norm_gates = nn.LayerNorm(4 * 32)
+        self.norm_c = nn.LayerNorm(32)
+
+    def forward(self, x):
+        h = x.new_zeros(x.shape[0], 32)
+        c = x.new_zeros(x.shape[0], 32)
+        outs = []
+        for t in range(x.shape[1]):
+            i, f, g, o = self.norm_gates(self.ih(x[:, t]) + self.hh(h)).chunk(4, -1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(self.norm_c(c))
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+
 class LSTMCellPolicy(nn.Module):
     """The same policy with nn.LSTMCell layers: two states (h, c) a layer carried by the loop."""
 
@@ -482,6 +507,8 @@ MODELS: list[RealModel] = [
     RealModel("torch_rnncell_loop", _seeded(RNNCellPolicy), {}),
     # an MLP cell with a gate on h, in a Python loop: no fused op; its copies roll into one body loop
     RealModel("torch_mlpcell_loop", _seeded(MLPCellPolicy), {}),
+    # a LayerNorm LSTM cell written by hand: no fused op; its copies (h and c carried) roll into one body loop
+    RealModel("torch_lnlstm_loop", _seeded(LayerNormLSTMPolicy), {}),
     RealModel("torch_grucell_bidir_loop", _seeded(BiGRUCellEncoder), {"GRUSeq": 2}),
     RealModel("fla_chunk_delta_rule", _seeded(ChunkDeltaRuleLayer), {"DeltaRuleScan": 1}),
     RealModel("fla_chunk_gated_delta_rule", _seeded(ChunkGatedDeltaRuleLayer), {"GatedDeltaRuleScan": 1}),

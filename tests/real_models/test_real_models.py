@@ -28,7 +28,12 @@ XFAIL: dict[str, str] = {
     "torch_mlpcell_loop": (
         "an MLP cell over [x, h] with a gate on h, stepped in a Python loop: no fused op, so the export's copies "
         "of the cell stay per-timestep ops in the fused graph (the step compiler's interpreter rolls them into one "
-        "loop over the body: compiler/simplify.RollBodies; its code generator does not yet)"
+        "loop over the body: compiler/simplify.RollBodies, compiled as one task: codegen._body_loop)"
+    ),
+    "torch_lnlstm_loop": (
+        "a LayerNorm LSTM cell written by hand, stepped in a Python loop: no fused op, so the export's copies "
+        "stay per-timestep ops in the fused graph (the step compiler rolls them into one loop carrying h and c: "
+        "compiler/simplify.RollBodies)"
     ),
 }
 
