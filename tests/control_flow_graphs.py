@@ -161,22 +161,37 @@ def unrolled_cells(
     return Program(leaves, {}, outputs, {})
 
 
-def unrolled_lstm_cells(steps=6, batch=2, features=3, hidden=5, *, gate_out=False, normed=False, seed=0):
+def unrolled_lstm_cells(steps=6, batch=2, features=3, hidden=5, *, gate_out=False, normed=False, layers=1, seed=0):
     """A window of unrolled LSTM cells written by hand (no fused op matches what the lowering
     leaves): per position g = x_t·Wᵀ + h·Rᵀ (with ``normed`` a LayerNorm over g's row), c = σ(f)·c
     + σ(i)·tanh(ĝ), h = σ(o)·tanh(c), from h0 and c0 inputs; outputs every h_t, the last c and,
     with ``gate_out``, every position's forget gate σ(f) too (a value the graph reads a position,
-    carried by nobody)."""
-    from framefuse.compiler.ir import Dot, Leaf, Program, broadcast_to, concat, constant, ew, mean, reshape, slice_axis
+    carried by nobody). ``layers`` > 1 stacks the cells, layer l reading layer l − 1's h_t (the
+    outputs are the last layer's)."""
+    from framefuse.compiler.ir import Leaf, Program, concat, reshape, slice_axis
 
     rng = np.random.default_rng(seed)
     x = Leaf("input", "x", (steps, batch, features))
-    w = (rng.standard_normal((4 * hidden, features)) / np.sqrt(features)).astype(np.float32)
+    below = [reshape(slice_axis(x, 0, t, 1, 1), (batch, features)) for t in range(steps)]
+    for layer in range(layers):
+        below, hs, gates, c = _lstm_layer(rng, below, batch, hidden, layer, normed)
+    outputs = {"y": concat(hs, 0), "c": c}
+    if gate_out:
+        outputs["forget"] = concat(gates, 0)
+    leaves = {n.name: n for n in Program({}, {}, outputs, {}).nodes() if isinstance(n, Leaf) and n.role == "input"}
+    return Program(leaves, {}, outputs, {})
+
+
+def _lstm_layer(rng, inputs, batch, hidden, layer, normed):
+    from framefuse.compiler.ir import Dot, Leaf, broadcast_to, constant, ew, mean, reshape, slice_axis
+
+    width = inputs[0].shape[-1]
+    w = (rng.standard_normal((4 * hidden, width)) / np.sqrt(width)).astype(np.float32)
     r = (rng.standard_normal((4 * hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
-    h, c = Leaf("input", "h0", (batch, hidden)), Leaf("input", "c0", (batch, hidden))
-    hs, gates = [], []
-    for t in range(steps):
-        x_t = reshape(slice_axis(x, 0, t, 1, 1), (batch, features))
+    suffix = f"_{layer}" if layer else ""
+    h, c = Leaf("input", f"h0{suffix}", (batch, hidden)), Leaf("input", f"c0{suffix}", (batch, hidden))
+    states, hs, gates = [], [], []
+    for x_t in inputs:
         g = ew("add", Dot(x_t, w), Dot(h, r))
         if normed:
             centred = ew("sub", g, broadcast_to(mean(g, [1], True), g.shape))
@@ -186,13 +201,10 @@ def unrolled_lstm_cells(steps=6, batch=2, features=3, hidden=5, *, gate_out=Fals
         forget = ew("sigmoid", f)
         c = ew("add", ew("mul", forget, c), ew("mul", ew("sigmoid", i), ew("tanh", cand)))
         h = ew("mul", ew("sigmoid", o), ew("tanh", c))
+        states.append(h)
         hs.append(reshape(h, (1, batch, hidden)))
         gates.append(reshape(forget, (1, batch, hidden)))
-    outputs = {"y": concat(hs, 0), "c": c}
-    if gate_out:
-        outputs["forget"] = concat(gates, 0)
-    leaves = {n.name: n for n in Program({}, {}, outputs, {}).nodes() if isinstance(n, Leaf) and n.role == "input"}
-    return Program(leaves, {}, outputs, {})
+    return states, hs, gates, c
 
 
 def hand_body_loop(steps, batch, width, hidden, *, product_body):

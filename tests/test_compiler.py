@@ -2277,18 +2277,27 @@ def test_a_cell_carrying_h_and_c_rolls_into_one_body_loop(variant, carried, cont
 
 
 @needs_cxx
-@pytest.mark.parametrize("variant", [{}, {"gate_out": True, "normed": True}], ids=["lstm", "layernorm-lstm-gate-out"])
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"gate_out": True, "normed": True}, {"layers": 2}],
+    ids=["lstm", "layernorm-lstm-gate-out", "two-layers"],
+)
 def test_a_body_loop_carrying_h_and_c_emulated_matches_the_interpreter(variant, control_flow_graphs, tmp_path):
     """The packed carry through the code generator: h_{t-1} and c_{t-1} are slices of the loop's
-    carried vector (in shared memory), the body's root their concatenation; the kernel under
-    ThreadSanitizer over 3 chained frames equals the interpreter."""
+    carried vector (in shared memory), the body's root their concatenation; with two layers the
+    second loop's window is the first loop's positions (staged a position ahead: a loop feeds it),
+    the first's the input products (staged whole). The kernel under ThreadSanitizer over 3 chained
+    frames equals the interpreter."""
+    from framefuse.compiler.schedule import body_task_plan
     from framefuse.compiler.simplify import simplify
 
     program = simplify(control_flow_graphs.unrolled_lstm_cells(7, 2, hidden=6, **variant))
-    (loop,) = [n for n in program.nodes() if n.kind == "bodyloop"]
+    loops = [n for n in program.nodes() if n.kind == "bodyloop"]
+    assert len(loops) == variant.get("layers", 1)
     sched = schedule(program, grid=4, threads=64)
-    (task,) = [t for t in sched.tasks if t.root is loop]
-    assert task.blocks == 1
+    tasks = [t for t in sched.tasks if t.root.kind == "bodyloop"]
+    assert [t.blocks for t in tasks] == [1] * len(loops)
+    assert [body_task_plan(t).whole for t in tasks] == [(0,), ()][: len(loops)]
     kernel = generate(sched, smem_limit_bytes=48 * 1024)
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
 

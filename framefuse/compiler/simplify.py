@@ -1304,6 +1304,8 @@ class RollBodies:
         mappings = [mapping for mapping, _, _ in matches]
         body_ids = set().union(*({n.id for n in mapping.values()} for mapping in mappings))
         exported = sorted(set().union(*(m[2] for m in matches)), key=lambda i: self.order[i])
+        if len(exported) > ROLL_BODY_MAX_EXPORTS:
+            return None
         let_out = [first_cut] + [mappings[0][i] for i in exported]  # the first body's values, h first
         sizes = [n.size for n in let_out]
         offsets = [int(v) for v in np.cumsum([0, *sizes[:-1]])]
@@ -1319,9 +1321,8 @@ class RollBodies:
             carried = Leaf("slot", "h", first_cut.shape, label=label)
             bound = {first_prev.id: carried}
         initial: dict[int, Node] = {}  # a carried value's template node id → its value before the first position
-        columns = list(
-            zip(*[pairs for _, pairs, _ in matches])
-        )  # per outside value of the body: (first's, second's, ...)
+        # per outside value of the body: (first's, second's, ...)
+        columns = list(zip(*[pairs for _, pairs, _ in matches]))
         slots, windows, fixed_slots, fixed, reads = [], [], [], [], [chain[0]]
         steps = len(chain) - 1
         for k, column in enumerate(columns):

@@ -606,14 +606,16 @@ def test_body_loops_match_the_interpreter(steps, batch, width, hidden, product_b
         (9, 3, 7, {"gate_out": True}),
         (32, 1, 32, {"normed": True}),
         (64, 2, 64, {"normed": True, "gate_out": True}),
+        (32, 1, 32, {"layers": 2}),
     ],
-    ids=["T4-b1-h5", "T9-b3-h7-gate", "T32-b1-h32-norm", "T64-b2-h64-norm-gate"],
+    ids=["T4-b1-h5", "T9-b3-h7-gate", "T32-b1-h32-norm", "T64-b2-h64-norm-gate", "T32-b1-h32-two-layers"],
 )
 def test_body_loops_carrying_h_and_c_match_the_interpreter(steps, batch, hidden, variant, control_flow_graphs):
     """Hand-written LSTM cells (h and c carried, optionally a LayerNorm over the gates and the forget
-    gate read every position) rolled by simplify.RollBodies into one loop carrying [h, c] as one
-    vector: T 2 to 64, batch 1 to 3, odd and round sizes; random, zero and NaN frames, two launches
-    each, against the float64 interpreter on the unrolled program."""
+    gate read every position, or two layers: the second loop reading the first's positions) rolled
+    by simplify.RollBodies into one loop a layer carrying [h, c] as one vector: T 4 to 64, batch 1
+    to 3, odd and round sizes; random, zero and NaN frames, two launches each, against the float64
+    interpreter on the unrolled program."""
     import torch
 
     from framefuse.compiler import naive
@@ -622,7 +624,7 @@ def test_body_loops_carrying_h_and_c_match_the_interpreter(steps, batch, hidden,
 
     unrolled = control_flow_graphs.unrolled_lstm_cells(steps, batch, features=6, hidden=hidden, **variant)
     program = simplify(unrolled)
-    assert [n.kind for n in program.nodes()].count("bodyloop") == 1
+    assert [n.kind for n in program.nodes()].count("bodyloop") == variant.get("layers", 1)
     compiled = CompiledStep(program, device=torch.device("cuda"))
     assert "body loop over" in compiled.kernel.source
     plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
