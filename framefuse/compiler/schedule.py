@@ -587,16 +587,7 @@ def body_plan(node: BodyLoop, threads: int = THREADS, limit: int | None = None) 
 def _fed_by_loop(value: Node) -> bool:
     """Whether a loop over positions (whose positions are published one after another) is among
     what ``value`` is computed from."""
-    seen, stack = set(), [value]
-    while stack:
-        n = stack.pop()
-        if n.id in seen:
-            continue
-        seen.add(n.id)
-        if isinstance(n, (*LOOPS, Scan)):
-            return True
-        stack += n.inputs()
-    return False
+    return any(isinstance(n, (*LOOPS, Scan)) for n in Program({}, {}, {"value": value}, {}).nodes())
 
 
 def _body_task(

@@ -575,28 +575,33 @@ def test_body_loops_match_the_interpreter(steps, batch, width, hidden, product_b
     fixed input, a reduction of h and a product of [u_t, h] inside the body, a body ending in a
     product; T 1 to 64, batch 1 to 4, hidden 4 to 256; random, zero and NaN frames, two launches
     each, against the float64 interpreter."""
+    program = control_flow_graphs.hand_body_loop(steps, batch, width, hidden, product_body=product_body)
+    _check_body_loop_kernel(program, program, np.random.default_rng(steps), "body loop")
+
+
+def _check_body_loop_kernel(program, reference, rng, what):
+    """``program``'s step kernel (a body loop in it) on random, zero and NaN frames (NaN in the
+    middle of x), two launches each, against the float64 interpreter on ``reference``."""
     import torch
 
     from framefuse.compiler import naive
     from framefuse.compiler.engine import CompiledStep, StepKernelPlan
 
-    program = control_flow_graphs.hand_body_loop(steps, batch, width, hidden, product_body=product_body)
     compiled = CompiledStep(program, device=torch.device("cuda"))
     assert "body loop over" in compiled.kernel.source
     plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
-    rng = np.random.default_rng(steps)
     for case in ("random", "zeros", "nan"):
-        feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+        feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in reference.inputs.items()}
         if case == "zeros":
             feeds = {n: np.zeros_like(v) for n, v in feeds.items()}
         if case == "nan":
             feeds["x"].reshape(-1)[feeds["x"].size // 2] = np.nan
-        expected = naive.run(program, feeds)
+        expected = naive.run(reference, feeds)
         for _ in range(2):
             outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
         torch.cuda.synchronize()
         for name, value in expected.items():
-            _close(outputs[name].cpu().numpy(), value, f"body loop {case} {name}")
+            _close(outputs[name].cpu().numpy(), value, f"{what} {case} {name}")
 
 
 @pytest.mark.parametrize(
@@ -616,31 +621,12 @@ def test_body_loops_carrying_h_and_c_match_the_interpreter(steps, batch, hidden,
     by simplify.RollBodies into one loop a layer carrying [h, c] as one vector: T 4 to 64, batch 1
     to 3, odd and round sizes; random, zero and NaN frames, two launches each, against the float64
     interpreter on the unrolled program."""
-    import torch
-
-    from framefuse.compiler import naive
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
     from framefuse.compiler.simplify import simplify
 
     unrolled = control_flow_graphs.unrolled_lstm_cells(steps, batch, features=6, hidden=hidden, **variant)
     program = simplify(unrolled)
     assert [n.kind for n in program.nodes()].count("bodyloop") == variant.get("layers", 1)
-    compiled = CompiledStep(program, device=torch.device("cuda"))
-    assert "body loop over" in compiled.kernel.source
-    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
-    rng = np.random.default_rng(steps)
-    for case in ("random", "zeros", "nan"):
-        feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in unrolled.inputs.items()}
-        if case == "zeros":
-            feeds = {n: np.zeros_like(v) for n, v in feeds.items()}
-        if case == "nan":
-            feeds["x"].reshape(-1)[feeds["x"].size // 2] = np.nan
-        expected = naive.run(unrolled, feeds)
-        for _ in range(2):
-            outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
-        torch.cuda.synchronize()
-        for name, value in expected.items():
-            _close(outputs[name].cpu().numpy(), value, f"(h, c) loop {case} {name}")
+    _check_body_loop_kernel(program, unrolled, np.random.default_rng(steps), "(h, c) loop")
 
 
 @pytest.mark.parametrize(

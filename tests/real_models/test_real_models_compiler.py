@@ -138,11 +138,7 @@ def test_an_mlp_cell_loop_rolls_into_one_body_loop_and_compiles_to_one_task(step
     the rolled program matches ONNX Runtime on the original export, and the generated kernel runs the
     loop as one task on one block (a few levels, not a level a position), emulated against the
     interpreter at T = 8. The unrolled copies took 15 s to schedule at T = 8, 90 s at 16."""
-    from framefuse.compiler import lower_program, naive
-    from framefuse.compiler.codegen import generate
-    from framefuse.compiler.emulate import compiler, emulate
-    from framefuse.compiler.schedule import schedule
-    from framefuse.plugins.ort_bridge import ort_session
+    from framefuse.compiler import lower_program
 
     run = fuse_real_model("torch_mlpcell_loop", steps, export_root)
     rolled = lower_program(run.fused_path)
@@ -152,26 +148,7 @@ def test_an_mlp_cell_loop_rolls_into_one_body_loop_and_compiles_to_one_task(step
     kinds = {n.kind for n in loop.body_nodes()}
     assert {"dot", "reduce", "ew"} <= kinds, kinds  # the products of h, the LayerNorm's sums, the gate
     assert rolled.counts()["tanh"] == 1  # the first position's cell, outside the loop
-    rng = np.random.default_rng(1)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in rolled.inputs.items()}
-    session = ort_session(run.source, fused=False)
-    names = [o.name for o in session.get_outputs()]
-    expected = dict(zip(names, session.run(names, feeds)))
-    actual = naive.run(rolled, feeds)
-    for out in names:
-        err = np.abs(actual[out] - expected[out]) / (1 + np.abs(expected[out]))
-        assert err.max() <= 1e-5, f"T={steps} {out}: max rel diff {err.max():.3g}"
-    sched = schedule(rolled, grid=8, threads=128, smem_floats=12 * 1024)
-    assert sum(t.root is loop for t in sched.tasks) == 1
-    kernel = generate(sched, smem_limit_bytes=100 * 1024)
-    assert kernel.describe()["levels"] < 8
-    if steps == 8 and compiler() is not None:
-        frames = {n: np.stack([feeds[n], -feeds[n]]) for n in feeds}
-        outputs, _ = emulate(kernel, frames, {}, steps=2, workdir=tmp_path)
-        for step in range(2):
-            want = naive.run(rolled, {n: frames[n][step] for n in frames})
-            for out in kernel.output_names:
-                assert np.abs(outputs[out][step] - want[out]).max() <= 1e-5, (step, out)
+    _check_rolled_window(run, rolled, loop, steps, tmp_path)
 
 
 @pytest.mark.parametrize("steps", [8, 32])
@@ -181,11 +158,7 @@ def test_a_layernorm_lstm_loop_rolls_carrying_h_and_c_and_compiles_to_one_task(s
     next position and carries both as one vector [1, 64]; the interpreter on the rolled program
     matches ONNX Runtime on the export and the kernel runs the loop as one task (emulated at T = 8).
     Unrolled, the T = 32 window is 2,900 nodes (which the unrolled tactic no longer tries)."""
-    from framefuse.compiler import lower_program, naive
-    from framefuse.compiler.codegen import generate
-    from framefuse.compiler.emulate import compiler, emulate
-    from framefuse.compiler.schedule import schedule
-    from framefuse.plugins.ort_bridge import ort_session
+    from framefuse.compiler import lower_program
 
     run = fuse_real_model("torch_lnlstm_loop", steps, export_root)
     rolled = lower_program(run.fused_path)
@@ -193,6 +166,18 @@ def test_a_layernorm_lstm_loop_rolls_carrying_h_and_c_and_compiles_to_one_task(s
     assert loop.steps == steps - 1 and loop.carried.shape == (1, 64)  # h and c, 32 each
     assert [w.shape for w in loop.windows] == [(steps - 1, 1, 128)]  # the input products
     assert sum(n.kind == "reduce" for n in loop.body_nodes()) == 4  # the two LayerNorms' sums
+    _check_rolled_window(run, rolled, loop, steps, tmp_path)
+
+
+def _check_rolled_window(run, rolled, loop, steps, tmp_path):
+    """The interpreter on the rolled program against ONNX Runtime on the export; the loop one task
+    of a kernel with few levels (not a level a position), emulated against the interpreter at T = 8."""
+    from framefuse.compiler import naive
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.schedule import schedule
+    from framefuse.plugins.ort_bridge import ort_session
+
     rng = np.random.default_rng(1)
     feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in rolled.inputs.items()}
     session = ort_session(run.source, fused=False)
