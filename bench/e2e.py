@@ -368,13 +368,19 @@ def selection_summary(engine) -> dict:
 
 
 def build_framefuse(source, *, device: str, precision: str = "fp32", unfused=None):
-    """The cuda-graph engine as ``framefuse build`` makes it (engines/cli.py: select="time", the
-    unfused model.onnx as a candidate for fp32 fused graphs). Returns (engine, seconds)."""
+    """The cuda-graph engine as ``framefuse build`` makes it (framefuse.build: select="time", the
+    unfused model.onnx as a candidate for fp32 fused graphs), in memory. A precision row's graph
+    comes converted by the precision section (which reports its accuracy beside the latency), so
+    that one goes to the backend with its precision named. Returns (engine, seconds)."""
+    from framefuse.build import build_engine
     from framefuse.engines import cuda_graph
 
     options: dict = {"select": "time"}
-    if unfused is not None and precision == "fp32" and Path(unfused).is_file():
-        options["unfused"] = Path(unfused)
+    if precision == "fp32":
+        if unfused is not None and Path(unfused).is_file():
+            options["unfused"] = Path(unfused)
+        built = build_engine(Path(source), engine="cuda-graph", device=device, options=options)
+        return built.runner, built.seconds
     start = time.perf_counter()
     engine = cuda_graph.build(Path(source), precision=precision, device=device, options=options)
     return engine, time.perf_counter() - start

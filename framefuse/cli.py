@@ -26,7 +26,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("export", "framefuse.exporter.cli"),
     ("rewrite", "framefuse.rewrite.cli"),
     ("check", "framefuse.parity.cli"),
-    ("build", "framefuse.engines.cli"),
+    ("build", "framefuse.build.cli"),
     ("run", "framefuse.runtime.cli"),
     ("bench", "framefuse.runtime.bench_cli"),
 ]

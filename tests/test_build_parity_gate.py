@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from framefuse.engines import cli
+from framefuse.build import cli
 from framefuse.errors import ParityError
 
 

@@ -261,7 +261,8 @@ def test_cli_offers_the_unfused_graph_to_the_selection(tmp_path, monkeypatch):
     build as the unfused candidate (timed on a GPU; on the CPU the selection is skipped)."""
     import shutil
 
-    from framefuse.engines import cli, cuda_graph
+    from framefuse.build import cli
+    from framefuse.engines import cuda_graph
     from framefuse.runtime.pipeline import prepare_cached
 
     prepared = prepare_cached("min_gru", {"seq": 32, "seed": 0})["step"]
@@ -337,11 +338,11 @@ def test_cli_select_choices_are_the_selection_choices():
     own list so that parsing arguments does not import torch)."""
     import argparse
 
-    from framefuse.engines import cli as engines_cli
+    from framefuse.build import cli as build_cli
     from framefuse.engines.fusion import SELECT_CHOICES
 
     parser = argparse.ArgumentParser()
-    build = engines_cli.register(parser.add_subparsers())
+    build = build_cli.register(parser.add_subparsers())
     (action,) = [a for a in build._actions if "--select" in a.option_strings]
     assert tuple(action.choices) == SELECT_CHOICES
 
@@ -352,7 +353,8 @@ def test_exact_math_reaches_the_step_kernel_and_the_artifact(tmp_path, monkeypat
     compiles the same way. Another engine refuses the flag in one line."""
     import shutil
 
-    from framefuse.engines import cli, cuda_graph, fusion
+    from framefuse.build import cli
+    from framefuse.engines import cuda_graph, fusion
     from framefuse.runtime.pipeline import prepare_cached
 
     prepared = prepare_cached("min_gru", {"seq": 32, "seed": 0})["step"]

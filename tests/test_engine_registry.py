@@ -88,3 +88,61 @@ def test_registry_and_artifact_import_no_backend():
         "assert 'framefuse.engines.cuda_graph' not in sys.modules, 'artifact imported cuda_graph'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_each_kind_declares_what_the_stages_above_ask_of_it():
+    """The build, the artifact folder and Session.load ask the engine kind, not its name (issue
+    22): the build options it takes (the backends validate against the same tuple), which graph of
+    a folder it builds first, the precisions it refuses, whether its build is checked by default."""
+    from framefuse.engines import onnxruntime as ort_engine
+    from framefuse.engines import tensorrt as trt_engine
+    from framefuse.precision.convert import unsupported_reason
+
+    kinds = registry.ENGINES
+    assert set(kinds["onnxruntime"].options) == set(ort_engine.DEFAULT_OPTIONS)
+    assert trt_engine.OPTIONS == kinds["tensorrt"].options
+    with pytest.raises(EngineBuildError, match=r"unknown option\(s\) \['providers'\]"):
+        registry.get_backend("cuda-graph").build("unused.onnx", device="cpu", options={"providers": ["x"]})
+    assert [k.name for k in kinds.values() if k.original_first] == ["onnxruntime"]
+    assert registry.FUSED_ANYWHERE == "cuda-graph"
+    assert [k.name for k in kinds.values() if k.checked_by_default] == ["tensorrt"]
+    assert "cannot run bf16" in unsupported_reason("onnxruntime", "bf16")
+    assert unsupported_reason("cuda-graph", "bf16") is None and unsupported_reason("onnxruntime", "fp16") is None
+    registry.check_option("cuda-graph", "select", "--select")
+    with pytest.raises(EngineBuildError, match="^--select is an option of the cuda-graph engine, not of onnxruntime$"):
+        registry.check_option("onnxruntime", "select", "--select")
+    with pytest.raises(ValueError, match="^--fused is an option of the onnxruntime engine, not of tensorrt$"):
+        registry.check_option("tensorrt", "fused", "--fused", error=ValueError)
+
+
+def test_the_build_stage_is_what_session_load_and_the_command_call(tmp_path, monkeypatch):
+    """Session.load of an ONNX graph and `framefuse build` both go through
+    framefuse.build.stage.build_engine (one place for what a build does above a backend)."""
+    import argparse
+    import shutil
+
+    from framefuse.build import cli as build_cli
+    from framefuse.build import stage
+    from framefuse.runtime import session as session_module
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached("min_gru", {"seq": 32, "seed": 0})["step"]
+    shutil.copy(prepared.onnx, tmp_path / "model.onnx")
+    shutil.copy(prepared.fused, tmp_path / "model.fused.onnx")
+    calls = []
+    real = stage.build_engine
+
+    def spy(source, **kwargs):
+        calls.append((source, kwargs.get("engine"), kwargs.get("out")))
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(stage, "build_engine", spy)
+    monkeypatch.setattr(session_module, "build_engine", spy)
+    session = session_module.Session.load(tmp_path / "model.onnx", engine="onnxruntime")
+    assert session.engine_name == "onnxruntime"
+    assert calls == [(tmp_path / "model.onnx", "onnxruntime", None)]
+    parser = argparse.ArgumentParser()
+    build_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["build", str(tmp_path), "--engine", "onnxruntime"])
+    assert args.func(args) == 0
+    assert calls[1] == (str(tmp_path), "onnxruntime", tmp_path) and (tmp_path / "engine.ort").is_file()

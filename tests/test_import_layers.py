@@ -16,12 +16,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "framefuse"
 
 # (a, b): a imports b and b imports a, at the sites named, today
 KNOWN_CYCLES = {
-    ("compiler", "engines"): "compiler/lower.py reads engines' slice bounds and constant folding; "
-    "engines/cli.py and engines/fusion.py build the step kernel",
-    ("engines", "parity"): "engines/cli.py runs the parity gate; parity/cli.py loads engines",
-    ("engines", "precision"): "engines/cli.py converts precisions; precision/ runs engines for its gates",
-    ("engines", "runtime"): "engines/cli.py prints a session's results; runtime/session.py builds",
-    ("parity", "rewrite"): "parity/cli.py reads the rewrite manifest's tolerance; rewrite/cli.py runs parity",
+    ("compiler", "engines"): "compiler/engine.py implements the engines' binding contract (engines/base.py) and "
+    "compiler/lower.py folds constants with engines' executor; engines/fusion.py offers the step kernel to the "
+    "cuda-graph engine's selection",
 }
 
 
@@ -71,3 +68,22 @@ def test_the_layers_that_hold_today_stay():
         assert (low, high) not in edges, f"{low} imports {high}: {edges[(low, high)]}"
     rewrite_to_parity = [site for site in edges.get(("rewrite", "parity"), []) if not site.startswith("rewrite/cli.py")]
     assert not rewrite_to_parity, f"rewrite passes import parity: {rewrite_to_parity}"
+
+
+def test_the_build_stage_sits_above_the_engines():
+    """Session 35: ``framefuse build``'s orchestration left engines/cli.py for framefuse/build/
+    (source, precision and its gate, the backend's build, the parity gate), the artifact folder's
+    layout is read in one module (framefuse/artifact_folder.py) and the default engine lives in the
+    registry, which closed the engines <-> runtime / parity / precision and parity <-> rewrite cycles.
+    The engines never reach up to the stages that use them; the build never reaches the runtime
+    (Session.load builds through it); the folder layout depends on nothing but the registry."""
+    edges = import_edges()
+    for high in ("runtime", "parity", "precision", "build", "rewrite", "artifact_folder"):
+        assert ("engines", high) not in edges, f"engines import {high}: {edges[('engines', high)]}"
+    assert ("build", "runtime") not in edges, f"the build imports the runtime: {edges[('build', 'runtime')]}"
+    assert ("parity", "rewrite") not in edges, f"parity imports rewrite: {edges[('parity', 'rewrite')]}"
+    allowed = {"engines", "errors"}
+    reached = {b for (a, b) in edges if a == "artifact_folder"}
+    assert reached <= allowed, f"artifact_folder imports {sorted(reached - allowed)}"
+    assert ("runtime", "build") in edges, "Session.load builds through the build stage"
+    assert (PACKAGE / "engines" / "cli.py").exists() is False

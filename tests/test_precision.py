@@ -714,7 +714,7 @@ def test_an_int8_build_that_fails_the_gate_keeps_its_most_sensitive_product_in_f
     """The int8 weight-only build of a graph whose one product int8 ruins fails the gate with every
     product int8; the build ranks the products by their own error, keeps that one in float32,
     passes, and says so in the log and the accuracy report. With fallback off it is refused."""
-    from framefuse.engines.cli import convert_precision
+    from framefuse.build import convert_precision
     from framefuse.precision import AccuracyError
 
     source = _sensitive_step_model(tmp_path / "model.onnx")

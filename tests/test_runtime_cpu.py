@@ -136,11 +136,11 @@ def test_session_budget_overruns_are_counted():
 
 def test_load_resolution_prefers_the_built_engine(tmp_path, monkeypatch):
     from framefuse.engines import onnxruntime as ort_engine
+    from framefuse.engines import registry
     from framefuse.engines.cuda_graph import build_engine
-    from framefuse.runtime import session as session_module
 
     # As on a machine without a usable GPU, whatever this one has.
-    monkeypatch.setattr(session_module, "cuda_graph_usable", lambda: False)
+    monkeypatch.setattr(registry, "cuda_graph_usable", lambda: False)
     prepared = prepare_cached("gated_ssm", SMALL)["step"]
     folder = tmp_path / "gated_ssm-step"
     folder.mkdir()
@@ -274,9 +274,9 @@ def test_cli_bench_smoke(tmp_path):
 def test_load_a_modelproto_picks_an_engine_that_runs_it(monkeypatch):
     import onnx
 
-    from framefuse.runtime import session as session_module
+    from framefuse.engines import registry
 
-    monkeypatch.setattr(session_module, "cuda_graph_usable", lambda: False)
+    monkeypatch.setattr(registry, "cuda_graph_usable", lambda: False)
     forms = prepare_cached("min_gru", SMALL)["step"]
     original = Session.load(onnx.load(str(forms.onnx)))
     fused = Session.load(onnx.load(str(forms.fused)))

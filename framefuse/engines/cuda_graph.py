@@ -47,6 +47,7 @@ from framefuse.engines.base import (
     sha256_file,
 )
 from framefuse.engines.executor import GraphExecutor, Plan, fp32_math
+from framefuse.engines.registry import ENGINES
 
 NAME = "cuda-graph"
 ARTIFACT_NAME = _artifact.ARTIFACT_NAME
@@ -590,7 +591,7 @@ def build(
     ``unfused`` (the graph before the rewrite, timed as a candidate too), ``exact_math`` (bool: the
     step kernel with exact IEEE division, square root and exp; recorded in the artifact)."""
     options = dict(options or {})
-    known = {"framefuse_impl", "input_shapes", "optimize", "select", "unfused", "exact_math"}
+    known = set(ENGINES[NAME].options)
     unknown = sorted(set(options) - known)
     if unknown:
         raise EngineBuildError(f"cuda-graph engine: unknown option(s) {unknown} (known: {', '.join(sorted(known))})")

@@ -23,15 +23,33 @@ from types import ModuleType
 
 @dataclass(frozen=True)
 class EngineKind:
+    """One backend, and what the stages above it need to know about it, so that none of them
+    matches an engine by its name: the build options it takes, which graph of an artifact folder
+    it builds from, the precisions it cannot run, whether its build is checked by default."""
+
     name: str
     module: str
     artifact_name: str
     summary: str
     install_hint: str = ""
+    #: build options the command line and Session.load can set (each backend reads its own)
+    options: tuple[str, ...] = ()
+    #: builds a folder's original model.onnx, the fused graph only on request (framefuse nodes
+    #: would run through their Python references); the others take model.fused.onnx first
+    original_first: bool = False
+    #: runs framefuse nodes natively on any machine: the default for a graph that exists only fused
+    runs_fused_anywhere: bool = False
+    #: precision -> why this engine cannot run it
+    unsupported_precisions: tuple[tuple[str, str], ...] = ()
+    #: `framefuse build` runs the parity gate unless told not to (an engine we cannot run here)
+    checked_by_default: bool = False
 
     @property
     def suffix(self) -> str:
         return Path(self.artifact_name).suffix
+
+    def unsupported_precision(self, precision: str) -> str | None:
+        return dict(self.unsupported_precisions).get(precision)
 
 
 ENGINES: dict[str, EngineKind] = {
@@ -41,6 +59,8 @@ ENGINES: dict[str, EngineKind] = {
         "engine.ffe",
         "torch + framefuse CUDA kernels captured in one CUDA graph per shape (eager CPU executor without a GPU)",
         "a CUDA build of torch and `pip install 'framefuse[gpu]'` (cuda-python)",
+        options=("framefuse_impl", "input_shapes", "optimize", "select", "unfused", "exact_math"),
+        runs_fused_anywhere=True,
     ),
     "onnxruntime": EngineKind(
         "onnxruntime",
@@ -48,6 +68,15 @@ ENGINES: dict[str, EngineKind] = {
         "engine.ort",
         "ONNX Runtime with I/O binding (CPU EP everywhere, CUDA EP with onnxruntime-gpu)",
         "`pip install onnxruntime` (or onnxruntime-gpu for the CUDA EP)",
+        options=("fused", "providers", "intra_op_num_threads", "inter_op_num_threads", "graph_optimization_level"),
+        original_first=True,
+        unsupported_precisions=(
+            (
+                "bf16",
+                "the onnxruntime engine cannot run bf16: ONNX Runtime's CPU provider has no bfloat16 kernels for "
+                "MatMul/Gemm and most elementwise ops; build bf16 with --engine cuda-graph or tensorrt",
+            ),
+        ),
     ),
     "tensorrt": EngineKind(
         "tensorrt",
@@ -55,10 +84,34 @@ ENGINES: dict[str, EngineKind] = {
         "engine.plan",
         "a serialized TensorRT engine with the framefuse plugins",
         "`pip install 'framefuse[tensorrt]'` (TensorRT 10) on a machine with an NVIDIA GPU",
+        options=(
+            "workspace",
+            "timing_cache",
+            "builder_optimization_level",
+            "compute_capabilities",
+            "cuda_graph",
+            "verbose",
+        ),
+        checked_by_default=True,
     ),
 }
 
 ENGINE_NAMES = tuple(ENGINES)
+#: the engine that runs a graph which exists only fused when the default engine would not run it natively
+FUSED_ANYWHERE = next(kind.name for kind in ENGINES.values() if kind.runs_fused_anywhere)
+
+
+def option_owner(option: str) -> str:
+    """The engine(s) a build option belongs to, for the one-line refusal of another engine."""
+    owners = [kind.name for kind in ENGINES.values() if option in kind.options]
+    return " / ".join(owners) or "no"
+
+
+def check_option(engine: str, option: str, flag: str, error=None) -> None:
+    """Refuse ``flag`` (the option as the user typed it) for an engine that does not take ``option``."""
+    if option not in get_kind(engine).options:
+        message = f"{flag} is an option of the {option_owner(option)} engine, not of {engine}"
+        raise (error or _build_error)(message)
 
 
 def _build_error(message: str) -> Exception:
@@ -157,3 +210,32 @@ __all__ = [
     "get_kind",
     "unavailable_reason",
 ]
+
+
+def cuda_graph_usable() -> bool:
+    """A CUDA GPU that torch sees and cuda-python to launch the framefuse kernels."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cuda.bindings.driver  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_engine(device=None) -> str:
+    """The engine used when none is named (``framefuse build``, ``Session.load``): cuda-graph on a
+    usable GPU (or when cuda is asked for), else ONNX Runtime (else the cuda-graph engine's CPU
+    executor). ``device``: None, "cuda", "cpu" or a torch.device."""
+    wanted = None
+    if device is not None:
+        import torch
+
+        wanted = torch.device(device).type
+    if wanted == "cuda" or (wanted is None and cuda_graph_usable()):
+        return "cuda-graph"
+    if unavailable_reason("onnxruntime") is None:
+        return "onnxruntime"
+    return FUSED_ANYWHERE

@@ -44,6 +44,7 @@ from framefuse.engines.base import (
     check_precision,
     load_onnx,
 )
+from framefuse.engines.registry import ENGINES
 from framefuse.plugins.registry import DOMAIN
 
 NAME = "tensorrt"
@@ -56,7 +57,7 @@ INSTALL_HINT = (
     "`pip install tensorrt` (full TensorRT, datacenter GPUs) or `pip install tensorrt-rtx` (TensorRT for RTX)"
 )
 # keys `options` may hold; anything else is an error (a typo must not be silently ignored)
-OPTIONS = ("workspace", "timing_cache", "builder_optimization_level", "compute_capabilities", "cuda_graph", "verbose")
+OPTIONS = ENGINES[NAME].options
 
 # tensorrt_rtx's parser needs its library under the unversioned name (see the module docstring);
 # when no such link can be made, this is the one-line reason given instead of the abort.

@@ -14,8 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from framefuse.artifact_folder import ORIGINAL, check_targets, manifest_tolerance
 from framefuse.cli import positive_float
-from framefuse.errors import FrameFuseError, read_onnx
+from framefuse.errors import FrameFuseError
 
 
 def register(subparsers) -> None:
@@ -49,7 +50,7 @@ def register(subparsers) -> None:
 
 
 def _original(beside: Path, against: str | None) -> Path:
-    original = Path(against) if against else beside.parent / "model.onnx"
+    original = Path(against) if against else beside.parent / ORIGINAL
     if not original.is_file():
         raise FrameFuseError(f"original graph not found: {original} (pass --against ORIGINAL)")
     if original.resolve() == beside.resolve():
@@ -59,44 +60,12 @@ def _original(beside: Path, against: str | None) -> Path:
 
 def targets(path: Path, engine: str | None) -> list[tuple[str, Path]]:
     """What to check: ("onnx", fused graph) and/or (engine name, artifact)."""
-    from framefuse.engines.registry import artifact_kind, artifacts_in, get_kind
-
-    if path.is_dir():
-        if engine is not None:
-            kind = get_kind(engine)
-            artifact = path / kind.artifact_name
-            if not artifact.is_file():
-                raise FrameFuseError(
-                    f"{path}: no {kind.artifact_name} (build it with `framefuse build {path} --engine {engine}`)"
-                )
-            return [(engine, artifact)]
-        found: list[tuple[str, Path]] = []
-        if (path / "model.fused.onnx").is_file():
-            found.append(("onnx", path / "model.fused.onnx"))
-        found += [(kind.name, file) for kind, file in artifacts_in(path)]
-        if not found:
-            raise FrameFuseError(
-                f"fused graph not found: {path / 'model.fused.onnx'}, and no engine artifact in "
-                f"{path} (run `framefuse rewrite` or `framefuse build` first)"
-            )
-        return found
-    if not path.is_file():
-        raise FrameFuseError(f"{path}: no such file or folder")
-    kind = artifact_kind(path)
-    if kind is not None:
-        if engine is not None and engine != kind.name:
-            raise FrameFuseError(f"{path} is a {kind.name} artifact, not {engine}")
-        return [(kind.name, path)]
-    if path.suffix != ".onnx":
-        raise FrameFuseError(f"{path}: not an ONNX graph or an engine artifact (.ffe, .ort, .plan)")
-    read_onnx(path, load_external_data=False)  # a broken file is named as broken, before anything else
-    return [("onnx", path)]
+    return check_targets(path, engine)
 
 
 def run(args) -> int:
     from framefuse.engines.registry import get_backend, unavailable_reason
     from framefuse.parity import compare
-    from framefuse.rewrite.cli import manifest_tolerance
 
     quiet = getattr(args, "quiet", False)
     path = Path(args.path)

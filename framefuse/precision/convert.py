@@ -36,6 +36,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from framefuse.config import INT8_MODES, PRECISIONS
+from framefuse.engines.registry import get_kind
 from framefuse.precision.errors import PrecisionError
 
 FRAMEFUSE_DOMAIN = "framefuse"
@@ -151,12 +152,7 @@ def unsupported_reason(engine: str, precision: str) -> str | None:
     """None when ``engine`` can run graphs of ``precision``; else one line saying why not."""
     if precision not in PRECISIONS:
         return f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}"
-    if engine == "onnxruntime" and precision == "bf16":
-        return (
-            "the onnxruntime engine cannot run bf16: ONNX Runtime's CPU provider has no bfloat16 kernels for "
-            "MatMul/Gemm and most elementwise ops; build bf16 with --engine cuda-graph or tensorrt"
-        )
-    return None
+    return get_kind(engine).unsupported_precision(precision)
 
 
 def _load(path: Path) -> onnx.ModelProto:

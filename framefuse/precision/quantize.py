@@ -19,7 +19,7 @@ calibration cache (``calibration_cache_path``), so the quantizer itself is ORT's
 
 ``weights_only=True``: Q/DQ on the weights only (no activation quantization, no calibration
 needed); a build that fails the accuracy gate keeps products in float32 through ``keep_fp32``
-(framefuse.engines.cli._int8_fallback). In the cuda-graph engine a DequantizeLinear of a constant
+(framefuse.build.int8_fallback). In the cuda-graph engine a DequantizeLinear of a constant
 is folded at planning time, so the weight is dequantised once at load: the run costs what fp32
 costs, with int8 weight error.
 """

@@ -8,9 +8,9 @@ the reports are written, the fused graph is not, and the exit code is non-zero.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from framefuse.artifact_folder import FUSED, ORIGINAL, manifest_tolerance
 from framefuse.cli import positive_float
 from framefuse.errors import FrameFuseError, ParityError
 
@@ -46,23 +46,8 @@ def register(subparsers) -> None:
 
 
 def default_output(src: Path) -> Path:
-    name = "model.fused.onnx" if src.name == "model.onnx" else f"{src.stem}.fused.onnx"
+    name = FUSED if src.name == ORIGINAL else f"{src.stem}.fused.onnx"
     return src.with_name(name)
-
-
-def manifest_tolerance(src: Path):
-    """The config tolerance table of the artifact (manifest.json beside the model), or None."""
-    manifest = src.parent / "manifest.json"
-    if not manifest.is_file():
-        return None
-    try:
-        data = json.loads(manifest.read_text())
-    except (OSError, ValueError) as exc:
-        raise FrameFuseError(f"cannot read {manifest}: {exc}") from exc
-    tol = (data.get("config") or {}).get("tolerance")
-    if tol is None:
-        tol = (data.get("parity") or {}).get("tolerance")
-    return tol
 
 
 def run(args) -> int:
@@ -72,9 +57,9 @@ def run(args) -> int:
 
     src = Path(args.model)
     if src.is_dir():  # an artifact folder, as every other stage takes it
-        if not (src / "model.onnx").is_file():
+        if not (src / ORIGINAL).is_file():
             raise FrameFuseError(f"{src}: an artifact folder holds model.onnx (framefuse export writes it); none here")
-        src = src / "model.onnx"
+        src = src / ORIGINAL
     out = Path(args.output) if args.output else default_output(src)
     if out.resolve() == src.resolve():
         raise FrameFuseError(f"output {out} would overwrite the input graph; choose another -o")

@@ -39,7 +39,6 @@ import json
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,10 @@ import numpy as np
 import onnx
 import torch
 
-from framefuse.errors import FrameFuseError, read_onnx
+from framefuse.artifact_folder import Resolved, load_target
+from framefuse.build.stage import build_engine
+from framefuse.engines import registry
+from framefuse.errors import FrameFuseError
 from framefuse.runtime.stats import DEFAULT_BUDGET_MS, LatencyStats
 
 _FLOAT32 = np.dtype(np.float32)  # builtin dtypes are singletons: an identity test on the hot path
@@ -119,124 +121,27 @@ def _as_torch_device_tensor(value: Any, device: torch.device) -> torch.Tensor:
     raise SessionError(f"cannot read a {type(value).__name__} as a CUDA tensor (no DLPack / __cuda_array_interface__)")
 
 
-def cuda_graph_usable() -> bool:
-    """A CUDA GPU that torch sees and cuda-python to launch the framefuse kernels."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import cuda.bindings.driver  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def default_engine(device: str | torch.device | None = None) -> str:
-    """The engine a session uses when none is named: cuda-graph on a usable GPU (or when cuda is
-    asked for), else ONNX Runtime (else the cuda-graph engine's CPU executor)."""
-    from framefuse.engines.registry import unavailable_reason
-
-    wanted = torch.device(device).type if device is not None else None
-    if wanted == "cuda" or (wanted is None and cuda_graph_usable()):
-        return "cuda-graph"
-    if unavailable_reason("onnxruntime") is None:
-        return "onnxruntime"
-    return "cuda-graph"
-
-
-@dataclass
-class Resolved:
-    """What ``Session.load`` loads: an artifact of ``engine``, or an ONNX file it builds in memory."""
-
-    engine: str
-    kind: str  # "artifact" | "onnx"
-    file: Path
-    manifest: Path | None
-
-
-def has_framefuse_nodes(path: Path) -> bool:
-    model = read_onnx(path, load_external_data=False, error=SessionError)
-    return any(node.domain == "framefuse" for node in model.graph.node)
+    """The engine a session uses when none is named (see :func:`framefuse.engines.registry.default_engine`)."""
+    return registry.default_engine(device)
 
 
 def resolve_artifact(path, engine: str | None = None, device=None, fused: bool | None = None) -> Resolved:
-    """What ``Session.load`` would load for ``path`` (a folder, an engine artifact or an .onnx file).
-
-    A folder: with no ``engine``, the artifact of the default engine if built, else any other
-    artifact present, else the default engine over the folder's ONNX; with an ``engine``, its
-    artifact if built, else its ONNX. ONNX Runtime runs the original ``model.onnx`` (the fused
-    graph only with ``fused=True``); the cuda-graph and TensorRT engines take ``model.fused.onnx``
-    first. Without a GPU the default is ONNX Runtime, except for a graph that exists only fused
-    (a named ``*.fused.onnx``, a folder without ``model.onnx``): that one runs on the cuda-graph
-    engine's CPU executor, which runs framefuse nodes through their torch references natively.
-    """
-    from framefuse.engines.registry import ENGINES, artifact_kind, artifacts_in, get_kind
-
-    if engine is not None:
-        get_kind(engine)  # an unknown name is an error here, not after a build
-    path = Path(path)
-    if path.is_dir():
-        manifest = path / "manifest.json"
-        manifest = manifest if manifest.is_file() else None
-        present = artifacts_in(path)
-        chosen = engine or default_engine(device)
-        for kind, file in present:
-            if kind.name == chosen:
-                return Resolved(kind.name, "artifact", file, manifest)
-        if engine is None and present:
-            kind, file = present[0]
-            return Resolved(kind.name, "artifact", file, manifest)
-        original, fused_file = path / "model.onnx", path / "model.fused.onnx"
-        if chosen == "onnxruntime":
-            if fused and fused_file.is_file():
-                return Resolved(chosen, "onnx", fused_file, manifest)
-            if original.is_file() and not fused:
-                return Resolved(chosen, "onnx", original, manifest)
-            if engine is None and fused_file.is_file():
-                return Resolved("cuda-graph", "onnx", fused_file, manifest)
-        else:
-            for file in (fused_file, original):
-                if file.is_file():
-                    return Resolved(chosen, "onnx", file, manifest)
-        artifacts = ", ".join(k.artifact_name for k in ENGINES.values())
-        wanted = (
-            "model.fused.onnx"
-            if fused
-            else "model.onnx"
-            if chosen == "onnxruntime"
-            else "model.fused.onnx or model.onnx"
-        )
-        raise SessionError(f"{path}: no engine artifact ({artifacts}) and no {wanted} in this folder")
-    if not path.exists():
-        raise SessionError(f"{path}: no such file or folder")
-    manifest = path.parent / "manifest.json"
-    manifest = manifest if manifest.is_file() else None
-    kind = artifact_kind(path)
-    if kind is not None:
-        if engine is not None and engine != kind.name:
-            raise SessionError(
-                f"{path} is a {kind.name} artifact, not {engine}: build one with "
-                f"`framefuse build {path.parent} --engine {engine}`"
-            )
-        return Resolved(kind.name, "artifact", path, manifest)
-    if path.suffix == ".onnx":
-        chosen = engine or default_engine(device)
-        if engine is None and chosen == "onnxruntime" and not fused and has_framefuse_nodes(path):
-            chosen = "cuda-graph"
-        return Resolved(chosen, "onnx", path, manifest)
-    suffixes = ", ".join(k.suffix for k in ENGINES.values())
-    raise SessionError(f"{path}: expected an artifact folder, an engine artifact ({suffixes}) or an .onnx file")
+    """What ``Session.load`` would load for ``path`` (:func:`framefuse.artifact_folder.load_target`),
+    a problem named as a SessionError."""
+    return load_target(path, engine, device, fused, error=SessionError)
 
 
 def _engine_options(engine: str, framefuse_impl: str | None, fused: bool | None, options: dict | None) -> dict:
     options = dict(options or {})
     if framefuse_impl is not None:
-        if engine != "cuda-graph":
-            raise SessionError(f"framefuse_impl is an option of the cuda-graph engine, not of {engine}")
+        registry.check_option(engine, "framefuse_impl", "framefuse_impl", error=SessionError)
         options["framefuse_impl"] = framefuse_impl
-    if engine == "onnxruntime":
+    if registry.get_kind(engine).original_first:
         options.setdefault("fused", bool(fused))  # the fused graph only on request (see resolve_artifact)
     elif fused is not None:
-        raise SessionError(f"fused= is an option of the onnxruntime engine, not of {engine}")
+        registry.check_option(engine, "fused", "fused=", error=SessionError)
+        options["fused"] = fused
     return options
 
 
@@ -416,11 +321,11 @@ class Session:
             chosen = engine or default_engine(device)
             if (
                 engine is None
-                and chosen == "onnxruntime"
+                and registry.get_kind(chosen).original_first
                 and not fused
                 and any(node.domain == "framefuse" for node in artifact_or_onnx.graph.node)
             ):
-                chosen = "cuda-graph"  # as for a named fused file (see resolve_artifact)
+                chosen = registry.FUSED_ANYWHERE  # as for a named fused file (see resolve_artifact)
             resolved = Resolved(chosen, "onnx", Path("<ModelProto>"), None)
             source = artifact_or_onnx
         else:
@@ -442,7 +347,7 @@ class Session:
             runner = backend.load(resolved.file, device=device, check_source=check_source)
         else:
             options = _engine_options(name, framefuse_impl, fused, engine_options)
-            runner = backend.build(source, device=device, options=options)
+            runner = build_engine(source, engine=name, device=device, options=options).runner
         return cls(runner, manifest=manifest, **kwargs)
 
     # -- description ------------------------------------------------------------------------------
