@@ -11,7 +11,7 @@ from pathlib import Path
 
 from framefuse.cli import non_negative_int, positive_float
 from framefuse.config import INT8_MODES, PRECISIONS
-from framefuse.engines.registry import ENGINE_NAMES, ENGINES
+from framefuse.engines.registry import ENGINES
 
 EXAMPLES = """\
 examples:
@@ -41,7 +41,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("source", metavar="ONNX_OR_FOLDER", help="model.fused.onnx, model.onnx, or an artifact folder")
     parser.add_argument(
         "--engine",
-        choices=ENGINE_NAMES,
+        choices=tuple(ENGINES),
         default=None,
         help="backend (default: cuda-graph with a GPU, onnxruntime without)",
     )

@@ -146,6 +146,12 @@ class EngineRunner(BaseRunner):
     #: the artifact's metadata as read at load time (None for a freshly built engine)
     artifact_metadata: dict | None = None
     precision: str = "fp32"
+    #: runs through a binding so far (Session.replays)
+    replays: int = 0
+
+    def __init__(self, name: str | None = None, prefix: str | None = None):
+        """Polygraphy's runner state (name, active flag); a subclass's ``__init__`` calls it first."""
+        super().__init__(name=name, prefix=prefix or f"framefuse-{self.ENGINE or 'engine'}")
 
     # -- description --------------------------------------------------------------------------
     @property
@@ -182,8 +188,22 @@ class EngineRunner(BaseRunner):
         input_buffers: Mapping[str, torch.Tensor] | None = None,
     ):
         """Fixed buffers for repeated runs (see the Binding protocol in the module docstring).
-        Defaults: every input from the host, every output to the host, no hand-off."""
-        raise NotImplementedError
+        Defaults: every input from the host, every output to the host, no hand-off.
+
+        This default is :class:`HostBinding` over :meth:`run` (host buffers, the state handed off
+        by a copy): enough for ``Session`` to step any engine; a backend with a faster path (a
+        captured graph, I/O binding) overrides it."""
+        if input_shapes is not None:
+            for name, shape in input_shapes.items():
+                if name in self.input_specs and tuple(shape) != self.input_specs[name].shape:
+                    raise EngineRunError(
+                        f"the {self.ENGINE or type(self).__name__} engine runs the shapes it was built for: input "
+                        f"'{name}' is {list(self.input_specs[name].shape)}, asked for {list(shape)}"
+                    )
+        host_inputs = list(self.input_specs) if host_inputs is None else list(host_inputs)
+        host_outputs = list(self.output_specs) if host_outputs is None else list(host_outputs)
+        self.check_binding_args(host_inputs, host_outputs, state_pairs or {})
+        return HostBinding(self, host_inputs, host_outputs, dict(state_pairs or {}), input_buffers)
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> None:
         """EngineRunError unless ``feeds`` names exactly the graph inputs."""
@@ -241,11 +261,87 @@ class EngineRunner(BaseRunner):
         return OrderedDict((name, outputs[name]) for name in self.output_names)
 
 
+class HostBinding:
+    """The Binding protocol (module docstring) over a runner's ``run``: CPU buffers for every input
+    and output, each launch one ``run`` of what the input buffers hold, a state output copied into
+    the input it is handed to. What ``create_binding`` gives a backend that has no faster path."""
+
+    def __init__(
+        self,
+        runner: EngineRunner,
+        host_inputs: Sequence[str],
+        host_outputs: Sequence[str],
+        state_pairs: dict[str, str],
+        input_buffers: Mapping[str, torch.Tensor] | None = None,
+    ):
+        self.runner = runner
+        self.device = torch.device("cpu")
+        self.host_input_names = tuple(host_inputs)
+        self.host_output_names = tuple(host_outputs)
+        self.state_pairs = state_pairs
+        self.replays = 0
+        self.replay_mode = "torch"
+        given = dict(input_buffers or {})
+        self.dev_in: dict[str, torch.Tensor] = {}
+        for name, spec in runner.input_specs.items():
+            buffer = given.get(name)
+            if buffer is not None and (
+                tuple(buffer.shape) != spec.shape or buffer.dtype != spec.dtype or buffer.device.type != "cpu"
+            ):
+                raise EngineBuildError(f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on the CPU")
+            self.dev_in[name] = buffer if buffer is not None else torch.zeros(spec.shape, dtype=spec.dtype)
+        self.dev_out = {
+            name: torch.zeros(spec.shape, dtype=spec.dtype)
+            for name, spec in runner.output_specs.items()
+            if name not in state_pairs
+        }
+        # the host views are the buffers themselves: nothing to copy on a CPU engine
+        self.host_in_t = {name: self.dev_in[name] for name in self.host_input_names}
+        self.host_in = {name: t.numpy() for name, t in self.host_in_t.items()}
+        self.host_out_t = {
+            name: self.dev_in[state_pairs[name]] if name in state_pairs else self.dev_out[name]
+            for name in self.host_output_names
+        }
+        self.host_out = {name: t.numpy() for name, t in self.host_out_t.items()}
+
+    def set_replay_mode(self, mode: str) -> None:
+        if mode not in ("torch", "driver"):
+            raise EngineRunError(f"replay mode must be 'torch' or 'driver', got {mode!r}")
+        self.replay_mode = mode  # nothing is replayed: the engine runs the graph each time
+
+    def order_after_current(self) -> None:
+        pass
+
+    def launch(self) -> None:
+        """One run (synchronous); the new state replaces the old only after the run has read it."""
+        outputs = self.runner.run({name: t.numpy() for name, t in self.dev_in.items()})
+        for name, value in outputs.items():
+            target = self.dev_in[self.state_pairs[name]] if name in self.state_pairs else self.dev_out.get(name)
+            if target is not None:
+                target.copy_(torch.as_tensor(np.asarray(value)).reshape(target.shape))
+        self.replays += 1
+        self.runner.replays += 1
+
+    def sync(self) -> None:
+        pass  # launch() has waited
+
+    def wait_idle(self) -> None:
+        pass
+
+    def output(self, name: str) -> torch.Tensor:
+        """The tensor holding output ``name`` after the last run (a state output: the current state)."""
+        return self.dev_in[self.state_pairs[name]] if name in self.state_pairs else self.dev_out[name]
+
+    def run_host(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return run_host(self, feeds, sync=False)
+
+
 __all__ = [
     "PRECISIONS",
     "EngineBuildError",
     "EngineRunError",
     "EngineRunner",
+    "HostBinding",
     "IOSpec",
     "check_precision",
     "load_onnx",

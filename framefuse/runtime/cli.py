@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from framefuse.cli import non_negative_float, non_negative_int, positive_float, positive_int, writable_file
-from framefuse.engines.registry import ENGINE_NAMES
+from framefuse.engines.registry import ENGINES
 
 EXAMPLES = """\
 examples:
@@ -45,7 +45,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--engine",
-        choices=ENGINE_NAMES,
+        choices=tuple(ENGINES),
         default=None,
         help="backend (default: a built artifact, else cuda-graph with a GPU, onnxruntime without)",
     )
