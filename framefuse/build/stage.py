@@ -226,10 +226,11 @@ def build_engine(
     ``precision``: the graph is converted first and, with ``gate`` = (frames, tolerance or None),
     checked against fp32 before anything is written. ``offer_unfused``: a fused fp32 graph's
     model.onnx beside it becomes a candidate of the cuda-graph engine's build-time selection (a
-    fused op must never cost time). ``check`` (default: on for TensorRT): the parity gate against
-    ONNX Runtime on the original graph; a mismatch removes what was written. Problems raise
-    EngineBuildError (AccuracyError, ParityError) with one line."""
-    log = log or (lambda message: None)
+    fused op must never cost time). ``check`` (default: the engine kind's ``checked_by_default``):
+    the parity gate against ONNX Runtime on the original graph; a mismatch removes what was
+    written. ``log`` receives the build's progress lines (and is handed to the backend). Problems
+    raise a one-line framefuse error (EngineBuildError, AccuracyError, ParityError)."""
+    say = log or (lambda message: None)
     engine = engine or default_engine(device)
     kind = get_kind(engine)
     reason = unavailable_reason(engine, device=device) if device else unavailable_reason(engine)
@@ -248,8 +249,11 @@ def build_engine(
             and unfused.is_file()
         ):
             options.setdefault("unfused", unfused)
-    elif precision != "fp32":
-        raise EngineBuildError(f"a {precision} build needs an ONNX file or an artifact folder, not an in-memory graph")
+    if precision != "fp32" and (in_memory or out is None):
+        raise EngineBuildError(
+            f"a {precision} build writes its converted graph and accuracy report: it needs an ONNX file or an "
+            "artifact folder and an output (out=)"
+        )
     out_dir = None
     if out is not None:
         out = Path(out)
@@ -260,21 +264,17 @@ def build_engine(
             precision,
             calib,
             out_dir if out_dir is not None else source.parent,
-            log,
+            say,
             engine=engine,
             gate=gate,
             int8_mode=int8_mode,
             fallback=fallback,
         )
     backend = get_backend(engine)
-    if out is not None:
-        log(f"building the {engine} engine of {source} ...")
+    say(f"building the {engine} engine of {source} ...")
     start = time.perf_counter()
-    kwargs = {"device": device, "options": options}
-    if out is not None:
-        kwargs.update(out=out, precision=precision, log=log)
     try:
-        runner = backend.build(source, **kwargs)
+        runner = backend.build(source, out=out, precision=precision, device=device, options=options, log=log)
     except BaseException:
         if precision != "fp32" and out_dir is not None:  # the converted graph and its report go with the failed build
             source.unlink(missing_ok=True)
@@ -282,5 +282,5 @@ def build_engine(
         raise
     seconds = time.perf_counter() - start
     if (check if check is not None else kind.checked_by_default) and not in_memory:
-        parity_gate(runner, runner.artifact_path, source, engine, log)
+        parity_gate(runner, runner.artifact_path, source, engine, say)
     return Built(runner, source, seconds)
