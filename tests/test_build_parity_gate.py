@@ -68,3 +68,15 @@ def test_tensorrt_plan_that_cannot_run_here_is_not_checked(folder, capsys):
     err = capsys.readouterr().err
     assert "parity: NOT CHECKED here" in err and "framefuse check" in err
     assert (folder / "engine.plan").is_file()
+
+
+def test_a_precision_build_without_an_output_is_refused_in_one_line(folder):
+    """build_engine writes a precision build's converted graph and accuracy report, so it needs an
+    output; in memory it refuses before converting anything (the folder is left as it was)."""
+    from framefuse.build import build_engine
+    from framefuse.engines.base import EngineBuildError
+
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(EngineBuildError, match=r"^a fp16 build writes its converted graph .* \(out=\)$"):
+        build_engine(folder, engine="cuda-graph", device="cpu", precision="fp16")
+    assert sorted(p.name for p in folder.iterdir()) == before
