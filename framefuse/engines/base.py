@@ -193,6 +193,12 @@ class EngineRunner(BaseRunner):
         This default is :class:`HostBinding` over :meth:`run` (host buffers, the state handed off
         by a copy): enough for ``Session`` to step any engine; a backend with a faster path (a
         captured graph, I/O binding) overrides it."""
+        host_inputs, host_outputs = self.fixed_binding_args(input_shapes, host_inputs, host_outputs, state_pairs)
+        return HostBinding(self, host_inputs, host_outputs, dict(state_pairs or {}), input_buffers)
+
+    def fixed_binding_args(self, input_shapes, host_inputs, host_outputs, state_pairs) -> tuple[list, list]:
+        """(host inputs, host outputs) of a binding of an engine that runs only the shapes it was
+        built for: every input / output by default; other shapes and unknown names refused."""
         if input_shapes is not None:
             for name, shape in input_shapes.items():
                 if name in self.input_specs and tuple(shape) != self.input_specs[name].shape:
@@ -203,7 +209,7 @@ class EngineRunner(BaseRunner):
         host_inputs = list(self.input_specs) if host_inputs is None else list(host_inputs)
         host_outputs = list(self.output_specs) if host_outputs is None else list(host_outputs)
         self.check_binding_args(host_inputs, host_outputs, state_pairs or {})
-        return HostBinding(self, host_inputs, host_outputs, dict(state_pairs or {}), input_buffers)
+        return host_inputs, host_outputs
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> None:
         """EngineRunError unless ``feeds`` names exactly the graph inputs."""

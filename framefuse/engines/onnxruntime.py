@@ -326,16 +326,7 @@ class OnnxRuntimeRunner(EngineRunner):
         state_pairs: Mapping[str, str] | None = None,
         input_buffers: Mapping[str, torch.Tensor] | None = None,
     ) -> OrtBinding:
-        if input_shapes is not None:
-            for name, shape in input_shapes.items():
-                if name in self._input_specs and tuple(shape) != self._input_specs[name].shape:
-                    raise EngineRunError(
-                        f"the onnxruntime engine runs the shapes it was built for: input '{name}' "
-                        f"is {list(self._input_specs[name].shape)}, asked for {list(shape)}"
-                    )
-        host_inputs = list(self._input_specs) if host_inputs is None else list(host_inputs)
-        host_outputs = list(self._output_specs) if host_outputs is None else list(host_outputs)
-        self.check_binding_args(host_inputs, host_outputs, state_pairs or {})
+        host_inputs, host_outputs = self.fixed_binding_args(input_shapes, host_inputs, host_outputs, state_pairs)
         return OrtBinding(self, host_inputs, host_outputs, dict(state_pairs or {}), input_buffers)
 
     def activate_impl(self):

@@ -58,18 +58,13 @@ def _original(beside: Path, against: str | None) -> Path:
     return original
 
 
-def targets(path: Path, engine: str | None) -> list[tuple[str, Path]]:
-    """What to check: ("onnx", fused graph) and/or (engine name, artifact)."""
-    return check_targets(path, engine)
-
-
 def run(args) -> int:
     from framefuse.engines.registry import get_backend, unavailable_reason
     from framefuse.parity import compare
 
     quiet = getattr(args, "quiet", False)
     path = Path(args.path)
-    checks = targets(path, args.engine)
+    checks = check_targets(path, args.engine)
     explicit = not path.is_dir() or args.engine is not None
     failed = []
     for what, file in checks:

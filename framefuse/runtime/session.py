@@ -121,11 +121,6 @@ def _as_torch_device_tensor(value: Any, device: torch.device) -> torch.Tensor:
     raise SessionError(f"cannot read a {type(value).__name__} as a CUDA tensor (no DLPack / __cuda_array_interface__)")
 
 
-def default_engine(device: str | torch.device | None = None) -> str:
-    """The engine a session uses when none is named (see :func:`framefuse.engines.registry.default_engine`)."""
-    return registry.default_engine(device)
-
-
 def resolve_artifact(path, engine: str | None = None, device=None, fused: bool | None = None) -> Resolved:
     """What ``Session.load`` would load for ``path`` (:func:`framefuse.artifact_folder.load_target`),
     a problem named as a SessionError."""
@@ -318,7 +313,7 @@ class Session:
 
         manifest = None
         if isinstance(artifact_or_onnx, onnx.ModelProto):
-            chosen = engine or default_engine(device)
+            chosen = engine or registry.default_engine(device)
             if (
                 engine is None
                 and registry.get_kind(chosen).original_first
