@@ -1827,14 +1827,19 @@ def _when(results: dict) -> str:
 
 def _missing(merged: dict) -> list[str]:
     """The rows a merged report lacks: every zoo architecture and every benchmarked real model at
-    each T the report has rows for, where no run has one (named whether or not a run tried)."""
+    each T the report has rows for in either section (a report of T = 1 real rows and T = 32 zoo
+    rows lacks the real models' T = 32 rows too), where no run has one (named whether or not a run
+    tried)."""
     from framefuse.models import ARCHITECTURES
 
+    fields = (("rows", "zoo", ARCHITECTURES), ("real_rows", "real", REAL_MODELS))
+    seqs = sorted({r["T"] for field, _, _ in fields for r in merged.get(field, [])})
     missing = []
-    for field, section, names in (("rows", "zoo", ARCHITECTURES), ("real_rows", "real", REAL_MODELS)):
-        have = {(r["arch"], r["T"]) for r in merged.get(field, [])}
-        for T in sorted({T for _, T in have}):
-            missing += [f"{section} {name} T={T}" for name in names if (name, T) not in have]
+    for field, section, names in fields:
+        if not merged.get(field):
+            continue  # a report without this section (zoo only, say) lacks none of its rows
+        have = {(r["arch"], r["T"]) for r in merged[field]}
+        missing += [f"{section} {name} T={T}" for T in seqs for name in names if (name, T) not in have]
     return missing
 
 

@@ -205,6 +205,29 @@ def test_a_merge_names_the_run_of_every_row_and_drops_gaps_another_run_filled(e2
     assert "rows measured run-2 to run-3" in text  # the runs behind the rows, not the first file's date
 
 
+def test_a_merge_of_real_rows_at_one_T_and_zoo_rows_at_another_names_the_real_rows_it_lacks(e2e, smoke, tmp_path):
+    """The H200 benchmark merges T = 1 real-model runs with T = 32 zoo runs: the real models' T = 32
+    rows are missing from it and the report says so (they were not named before)."""
+    _, results = smoke
+    seq_row = next(r for r in results["rows"] if r["T"] != 1)
+    real_step = next(r for r in results["real_rows"] if r["T"] == 1)
+    zoo_part = dict(results, rows=[seq_row], real_rows=[], precision_rows=[], not_run=[], created="run-1")
+    real_part = dict(results, rows=[], real_rows=[real_step], precision_rows=[], not_run=[], created="run-2")
+    paths = []
+    for name, part in (("zoo", zoo_part), ("real", real_part)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(part))
+        paths.append(str(path))
+    merged = e2e.merge(paths, tmp_path / "merged")
+    assert f"real {real_step['arch']} T={seq_row['T']}" in merged["missing"]
+    assert f"zoo {seq_row['arch']} T=1" in merged["missing"]
+    assert f"real {real_step['arch']} T=1" not in merged["missing"]
+    assert f"zoo {seq_row['arch']} T={seq_row['T']}" not in merged["missing"]
+    # a zoo-only report does not list every real model as missing
+    alone = e2e.merge(paths[:1], tmp_path / "zoo-only")
+    assert not any(m.startswith("real ") for m in alone["missing"])
+
+
 def test_the_png_has_a_panel_per_section_and_T_real_models_included(e2e, smoke, tmp_path, monkeypatch):
     """A report of real models only (the T = 32 runs of issue 17) gets its PNG too: a panel per
     section and T; a report with no rows writes none (and removes a stale one)."""
