@@ -557,7 +557,7 @@ def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
 
     import torch
 
-    from framefuse.compiler.engine import MappedHostBuffer, _FastLaunch
+    from framefuse.engines.stepkernel import MappedHostBuffer, _FastLaunch
     from framefuse.plugins import cuda
 
     folder = Path(tempfile.mkdtemp(prefix="ff-floor-"))

@@ -224,9 +224,9 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
     import torch
 
     from framefuse.compiler import lower_program
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
-    from framefuse.engines.base import IOSpec
+    from framefuse.compiler.engine import CompiledStep
     from framefuse.engines.fusion import example_feeds, time_plan_graph
+    from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.runtime.pipeline import prepare
 
     prepared = prepare(arch, root / f"sweep-{arch}")["step"]
@@ -237,9 +237,7 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
             entry = {"arch": arch, "grid": grid, "threads": threads}
             try:
                 compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, threads=threads)
-                ins = {n: IOSpec(n, s.shape, torch.float32) for n, s in compiled.input_specs.items()}
-                outs = {n: IOSpec(n, s.shape, torch.float32) for n, s in compiled.output_specs.items()}
-                plan = StepKernelPlan(compiled, ins, outs)
+                plan = StepKernelPlan.of(compiled)
                 entry.update(time_plan_graph(plan, example_feeds(plan), replays=500))
                 entry["levels"] = compiled.schedule.levels()
                 entry["registers"] = compiled.fn.attribute("NUM_REGS")
@@ -256,8 +254,9 @@ def trace_arch(arch: str, root: Path) -> list:
     import torch
 
     from framefuse.compiler import lower_program
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.engine import CompiledStep
     from framefuse.engines.fusion import example_feeds
+    from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.runtime.pipeline import prepare
 
     name, _, steps = arch.partition("/sequence")
@@ -266,7 +265,7 @@ def trace_arch(arch: str, root: Path) -> list:
     else:
         prepared = prepare(arch, root / f"trace-{arch}")["step"]
     compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"), trace=True)
-    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    plan = StepKernelPlan.of(compiled)
     feeds = example_feeds(plan)
     for _ in range(20):
         plan.execute(feeds)

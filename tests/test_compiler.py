@@ -170,7 +170,7 @@ def test_conv1d_lowering_matches_onnxruntime(channels, length, kernel, groups, p
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[
         0
     ]
-    np.testing.assert_allclose(naive.run(lower_onnx(model, fold=False), {"x": x})["y"], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(naive.run(lower_onnx(model), {"x": x})["y"], expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("op", ["DeltaRuleScan", "GatedDeltaRuleScan"])
@@ -205,7 +205,7 @@ def test_delta_rule_steps_lower_to_the_ops_reference(op):
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("framefuse", 1)],
     )
     expected = ort_session(model).run(None, feeds)
-    got = naive.run(lower_onnx(model, fold=False), feeds)
+    got = naive.run(lower_onnx(model), feeds)
     np.testing.assert_allclose(got["o"], expected[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["S"], expected[1], rtol=1e-5, atol=1e-5)
 
@@ -259,7 +259,7 @@ def test_attention_rows_that_see_no_key_give_zero_as_the_ops_reference(causal, t
     expected = expected.numpy()
     assert np.all(expected[0, 0, 4] == 0) and np.all(expected[0, 1, 2] == 0) and np.isnan(expected).any()
     model = _attention_model(q.shape, k.shape, causal)
-    program = lower_onnx(model, fold=False)
+    program = lower_onnx(model)
     np.testing.assert_allclose(naive.run(program, feeds)["o"], expected, rtol=1e-5, atol=1e-5)
     if cxx_compiler() is None:
         pytest.skip("no C++ compiler to emulate the generated kernel")
@@ -1326,7 +1326,7 @@ def test_a_recurrence_reads_its_input_part_through_a_view(tmp_path):
         ],
         [numpy_helper.from_array((0.5 * rng.standard_normal((4 * H, H))).astype(np.float32), "R")],
     )
-    program = lower_onnx(model, fold=False)
+    program = lower_onnx(model)
     assert program.counts()["recur"] == 1
     kernel = generate(schedule(program, grid=8, threads=64))
     assert "rcg" in kernel.source  # the view's element loop (codegen._recur)
@@ -1362,7 +1362,7 @@ def test_a_recurrence_feeding_a_column_scan_compiles_into_one_kernel(tmp_path):
         ],
         inits,
     )
-    program = lower_onnx(model, fold=False)
+    program = lower_onnx(model)
     assert program.counts()["recur"] == 1 and program.counts()["scan"] == 1
     plan = schedule(program, grid=8, threads=64)
     assert not any(isinstance(plan.materialized.get(nid), Recur) for nid in plan.layouts)
@@ -1407,7 +1407,7 @@ def test_a_delta_rule_window_runs_each_state_row_through_its_positions(op, tmp_p
             helper.make_tensor_value_info("next_state.S", f32, feeds["state.S"].shape),
         ],
     )
-    program = lower_onnx(model, fold=False)
+    program = lower_onnx(model)
     assert program.counts()["deltascan"] == 1
     module = importlib.import_module(
         f"framefuse.plugins.{'gated_delta_rule_scan' if gated else 'delta_rule_scan'}.naive"
@@ -1443,7 +1443,7 @@ def test_a_nonlinear_window_longer_than_the_unroll_is_declined_naming_the_node(m
         ],
     )
     with pytest.raises(CompileError, match=rf"node 'lstm0' \(framefuse::LSTMSeq\).*{t} time steps.*at most"):
-        lower_onnx(model, fold=False)
+        lower_onnx(model)
 
 
 def _linear_scan_window(t: int, width: int, batch: int = 1):
@@ -1471,11 +1471,11 @@ def test_a_window_too_large_for_one_recurrence_an_element_is_declined_naming_the
     from framefuse.compiler import lower, simplify
 
     monkeypatch.setattr(lower, "SCAN_MAX_ELEMENTS", 63)
-    lower_onnx(_linear_scan_window(8, 9), fold=False)  # columns: no bound
+    lower_onnx(_linear_scan_window(8, 9))  # columns: no bound
     monkeypatch.setattr(simplify, "SCAN_COLUMNS", False)
-    lower_onnx(_linear_scan_window(7, 9), fold=False)  # 63 elements: compiled
+    lower_onnx(_linear_scan_window(7, 9))  # 63 elements: compiled
     with pytest.raises(CompileError, match=r"node 'scan0' \(framefuse::LinearScan\).*\[1, 8, 9\] has 72 elements"):
-        lower_onnx(_linear_scan_window(8, 9), fold=False)
+        lower_onnx(_linear_scan_window(8, 9))
 
 
 @pytest.mark.parametrize("arch", ["mamba", "xlstm"])
@@ -1526,7 +1526,7 @@ def test_selective_and_mlstm_windows_lower_to_scans_with_the_ops_reference(t, ba
         "dt_bias": rand(d, scale=0.1),
         "h0": rand(batch, d, n),
     }
-    program = lower_onnx(_one_node_window("SelectiveScan", feeds, {"y": (batch, t, d), "h": (batch, d, n)}), fold=False)
+    program = lower_onnx(_one_node_window("SelectiveScan", feeds, {"y": (batch, t, d), "h": (batch, d, n)}))
     assert program.counts().get("scan") == 1
     got = naive.run(program, feeds)
     want = ssm_reference(*(torch.from_numpy(v).double() for v in feeds.values()))
@@ -1545,7 +1545,7 @@ def test_selective_and_mlstm_windows_lower_to_scans_with_the_ops_reference(t, ba
         "m0": rand(batch, h),
     }
     outputs = {"h": (batch, h, t, dv), "C": (batch, h, dv, dk), "n": (batch, h, dk), "m": (batch, h)}
-    program = lower_onnx(_one_node_window("MLSTMScan", feeds, outputs, eps=1e-6), fold=False)
+    program = lower_onnx(_one_node_window("MLSTMScan", feeds, outputs, eps=1e-6))
     assert program.counts().get("scan") == 3
     got = naive.run(program, feeds)
     want = mlstm_reference(*(torch.from_numpy(v).double() for v in feeds.values()), eps=1e-6)
@@ -1559,7 +1559,7 @@ def test_a_linear_scan_window_lowers_to_one_scan_with_the_ops_reference(t, width
 
     from framefuse.plugins.linear_scan.naive import reference
 
-    program = lower_onnx(_linear_scan_window(t, width, batch), fold=False)
+    program = lower_onnx(_linear_scan_window(t, width, batch))
     assert program.counts().get("scan") == 1
     rng = np.random.default_rng(t)
     a = rng.uniform(-1, 1, (batch, t, width)).astype(np.float32)
@@ -1582,7 +1582,7 @@ def test_unknown_op_is_declined_naming_the_node():
         [numpy_helper.from_array(np.array([2], dtype=np.int64), "k")],
     )
     with pytest.raises(CompileError, match=r"node 'top' \(TopK\): op TopK has no lowering"):
-        lower_onnx(model, fold=False)
+        lower_onnx(model)
 
 
 def test_half_precision_graph_is_declined_naming_the_cast():
@@ -1596,7 +1596,7 @@ def test_half_precision_graph_is_declined_naming_the_cast():
         [helper.make_tensor_value_info("y", f32, [1, 8])],
     )
     with pytest.raises(CompileError, match=r"node 'to_half' \(Cast\): Cast to TensorProto.FLOAT16"):
-        lower_onnx(model, fold=False)
+        lower_onnx(model)
 
 
 def test_dynamic_input_shape_is_declined():
@@ -1607,7 +1607,7 @@ def test_dynamic_input_shape_is_declined():
         [helper.make_tensor_value_info("y", f32, ["batch", 8])],
     )
     with pytest.raises(CompileError, match="'x' has a dynamic shape"):
-        lower_onnx(model, fold=False)
+        lower_onnx(model)
 
 
 @pytest.mark.parametrize(

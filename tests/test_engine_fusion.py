@@ -1,4 +1,4 @@
-"""The engine's plan-time rewrites (executor._optimize_steps): same outputs, fewer kernels.
+"""The engine's plan-time rewrites (executor.PLAN_REWRITES): same outputs, fewer kernels.
 
 Kernels are counted on the CPU with a TorchDispatchMode, which sees the aten ops each step really
 runs (composite ops such as reshape/matmul/linear already decomposed). An op counts as one GPU
@@ -180,6 +180,31 @@ def test_folded_model_keeps_merged_nodes(fused_models):
     folded = executor.folded_model()
     plain_folded = GraphExecutor(model, "cpu", optimize=False).folded_model()
     assert [n.op_type for n in folded.graph.node] == [n.op_type for n in plain_folded.graph.node]
+
+
+def test_plan_rewrites_are_a_list_a_new_one_is_one_entry(monkeypatch, fused_models):
+    """Issue 22: the executor's peepholes are rewrite classes run in the order of one list; a new
+    rewrite is a class with ``name`` and ``run`` and one more entry (here a recorder, after them)."""
+    from framefuse.engines import executor
+
+    assert [r.name for r in executor.PLAN_REWRITES] == ["gather-constant-indices", "matmul-bias", "sibling-matmuls"]
+    seen = []
+
+    class Recorder:
+        name = "recorder"
+
+        def run(self, steps, env, graph_outputs, device):
+            seen.append([s.op_type for s in steps])
+            return steps
+
+    monkeypatch.setattr(executor, "PLAN_REWRITES", (*executor.PLAN_REWRITES, Recorder()))
+    model = fused_models("min_gru", "sequence")
+    plan = GraphExecutor(model, "cpu", optimize=True).plan()
+    assert len(seen) == 1 and seen[0] == [s.op_type for s in plan.steps]
+    assert "MatMul+Add" in seen[0]  # it ran after the rewrites before it in the list
+    monkeypatch.setattr(executor, "PLAN_REWRITES", (Recorder(),))
+    GraphExecutor(model, "cpu", optimize=True).plan()
+    assert "MatMul+Add" not in seen[1]  # alone in the list: nothing else rewrote the plan
 
 
 # -- compiled segments (framefuse.engines.fusion) -------------------------------------------------
@@ -560,6 +585,7 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
     from types import SimpleNamespace
 
     from framefuse.compiler import engine as compiler_engine
+    from framefuse.engines import stepkernel as stepkernel_engine
     from framefuse.engines.fusion import STEPKERNELS, stepkernel_candidates
 
     monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
@@ -577,7 +603,7 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
             self.compiled = compiled
 
     monkeypatch.setattr(compiler_engine, "CompiledStep", Loaded)
-    monkeypatch.setattr(compiler_engine, "StepKernelPlan", Plan)
+    monkeypatch.setattr(stepkernel_engine, "StepKernelPlan", Plan)
     executor = SimpleNamespace(model=_min_gru_step())
     plan = SimpleNamespace(device="cuda", input_specs={}, output_specs={})
     for exact_math in (False, True):

@@ -1,11 +1,11 @@
-"""The package's import graph (issue 22): no new two-way import between framefuse's subpackages.
+"""The package's import graph (issue 22): no import cycle between framefuse's subpackages.
 
 Every import of a framefuse module is counted, function-level ones too (an import inside a function
-only hides a cycle from the interpreter, not from the design). The cycles that exist today are
-listed below with what closes them; each is to go with the build stage that issue 22 describes,
-and this test fails on any cycle that is not in the list, and on a listed one that is gone (so
-the list shrinks with the code). Only cycles of two subpackages are checked; longer ones (a → b →
-c → a) are not yet."""
+only hides a cycle from the interpreter, not from the design). Since session 36 the graph has no
+cycle at all, of two subpackages or longer (a → b → c → a): the last one, compiler <-> engines,
+went when the step kernel's plan and bindings moved to engines/stepkernel.py, the ONNX Slice
+clamping both follow to framefuse/onnx_spec.py, and the lowering stopped folding constants with
+the engines' executor (it folds them itself)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,6 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "framefuse"
-
-# (a, b): a imports b and b imports a, at the sites named, today
-KNOWN_CYCLES = {
-    ("compiler", "engines"): "compiler/engine.py implements the engines' binding contract (engines/base.py) and "
-    "compiler/lower.py folds constants with engines' executor; engines/fusion.py offers the step kernel to the "
-    "cuda-graph engine's selection",
-}
 
 
 def _subpackage(path: Path) -> str:
@@ -50,13 +43,62 @@ def import_edges() -> dict[tuple[str, str], list[str]]:
     return edges
 
 
-def test_no_import_cycle_between_subpackages_but_the_known_ones():
+def import_cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one subpackage (Tarjan's algorithm): each
+    is a set of subpackages that reach one another through imports."""
+    nodes = sorted({n for edge in edges for n in edge})
+    after = {n: sorted(b for (a, b) in edges if a == n) for n in nodes}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in after[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for n in nodes:
+        if n not in index:
+            visit(n)
+    return cycles
+
+
+def test_import_cycles_are_found_long_ones_too():
+    edges = {("a", "b"): ["a.py:1"], ("b", "c"): ["b.py:1"], ("c", "a"): ["c.py:1"], ("c", "d"): ["c.py:2"]}
+    assert import_cycles(edges) == [["a", "b", "c"]]
+    del edges[("c", "a")]
+    assert import_cycles(edges) == []
+
+
+def test_no_import_cycle_between_subpackages():
     edges = import_edges()
-    cycles = {tuple(sorted((a, b))) for (a, b) in edges if (b, a) in edges}
-    new = {c: (edges[c], edges[c[::-1]]) for c in cycles - set(KNOWN_CYCLES)}
-    assert not new, f"a new import cycle between subpackages (importer sites both ways): {new}"
-    gone = set(KNOWN_CYCLES) - cycles
-    assert not gone, f"these cycles are gone: take them off KNOWN_CYCLES: {sorted(gone)}"
+    cycles = import_cycles(edges)
+    sites = {" <-> ".join(c): {f"{a} -> {b}": edges[(a, b)] for a in c for b in c if (a, b) in edges} for c in cycles}
+    assert not cycles, f"import cycles between subpackages (the importing sites): {sites}"
+
+
+def test_the_compiler_sits_below_the_engines():
+    """The step compiler lowers, schedules, generates and compiles; the engines run its kernel
+    (engines/stepkernel.py) and offer it to the build's selection (engines/fusion.py)."""
+    edges = import_edges()
+    for high in ("engines", "runtime", "build", "parity", "precision", "rewrite", "artifact_folder"):
+        assert ("compiler", high) not in edges, f"the compiler imports {high}: {edges[('compiler', high)]}"
+    assert ("engines", "compiler") in edges
 
 
 def test_the_layers_that_hold_today_stay():

@@ -341,7 +341,7 @@ def test_resident_is_refused_where_there_is_no_step_kernel():
 
 
 def test_resident_refuses_a_gpu_that_cannot_host_a_kernel_that_never_ends(monkeypatch):
-    from framefuse.compiler.engine import _check_resident_host
+    from framefuse.engines.stepkernel import _check_resident_host
 
     ok = {"name": "GPU", "kernel_exec_timeout": 0, "compute_preemption": 1}
     _check_resident_host(ok)

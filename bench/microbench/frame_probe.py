@@ -90,9 +90,10 @@ def main() -> int:
 
     from framefuse.compiler import lower_program
     from framefuse.compiler.codegen import KERNEL_NAME
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.engine import CompiledStep
     from framefuse.compiler.ir import FrameConcat
     from framefuse.engines.fusion import example_feeds
+    from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.plugins import cuda
     from framefuse.runtime.pipeline import prepare_cached
 
@@ -111,7 +112,7 @@ def main() -> int:
         compiled.fn = cuda.get_kernel(path, KERNEL_NAME, compiled.nvrtc_options)
         if compiled.kernel.smem_bytes > 48 * 1024:
             compiled.fn.set_max_dynamic_shared_memory(compiled.kernel.smem_bytes)
-        plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+        plan = StepKernelPlan.of(compiled)
         feeds = example_feeds(plan)
         rows = []
         for _ in range(40):

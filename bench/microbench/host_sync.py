@@ -67,7 +67,7 @@ def main() -> int:
 
     import torch
 
-    from framefuse.compiler.engine import MappedHostBuffer, _FastLaunch
+    from framefuse.engines.stepkernel import MappedHostBuffer, _FastLaunch
     from framefuse.plugins import cuda
 
     folder = Path(tempfile.mkdtemp(prefix="ff-hostsync-"))

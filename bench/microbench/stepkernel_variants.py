@@ -211,8 +211,9 @@ def main() -> int:
 
     from framefuse.compiler import lower_program
     from framefuse.compiler.codegen import KERNEL_NAME
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.engine import CompiledStep
     from framefuse.engines.fusion import example_feeds, time_plan_graph
+    from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.plugins import cuda
     from framefuse.runtime.pipeline import prepare
 
@@ -232,7 +233,7 @@ def main() -> int:
         else:
             prepared = prepare(arch, root / arch)["step"]
         compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
-        plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+        plan = StepKernelPlan.of(compiled)
         feeds = example_feeds(plan)
         base_fn = compiled.fn
         reference = None
@@ -263,7 +264,7 @@ def main() -> int:
                 finally:
                     for sched_module, constant, value in reversed(saved):
                         setattr(sched_module, constant, value)
-                other_plan = StepKernelPlan(other, other.input_specs, other.output_specs)
+                other_plan = StepKernelPlan.of(other)
                 timing = time_plan_graph(other_plan, feeds, replays=1000)
                 outs = {k: v.clone() for k, v in other_plan.execute(feeds).items()}
                 torch.cuda.synchronize()

@@ -257,7 +257,7 @@ def run(args) -> int:
 
 def _dump_source(runner, source: Path, folder: Path, grid: int | None, log) -> None:
     """The step kernel's CUDA source: the one the build compiled, else generated for ``grid``."""
-    from framefuse.compiler.engine import StepKernelPlan
+    from framefuse.engines.stepkernel import StepKernelPlan
 
     plan = getattr(runner, "default_plan", None)
     if isinstance(plan, StepKernelPlan):

@@ -2,12 +2,13 @@
 
     model.fused.onnx ─lower─▶ IR ─simplify─▶ IR ─schedule─▶ tasks ─codegen─▶ CUDA source ─NVRTC─▶ kernel
 
-- :mod:`.lower`     ONNX (after the engine's constant folding) → the IR of :mod:`.ir`;
+- :mod:`.lower`     ONNX → the IR of :mod:`.ir` (shape computations and constants folded on the way);
 - :mod:`.simplify`  composes index maps, sinks slices into products, merges common subexpressions;
 - :mod:`.naive`     the reference interpreter of the IR (numpy), checked against ONNX Runtime;
 - :mod:`.schedule`  what is materialized, what is recomputed, what each block computes;
 - :mod:`.codegen`   the kernel's CUDA source; :mod:`.emulate` runs that source on the CPU;
-- :mod:`.engine`    the compiled kernel on a GPU: buffers, mapped host memory, the step binding.
+- :mod:`.engine`    the compiled kernel on a GPU and its buffers (engines/stepkernel.py runs it: the
+                    executor plan, mapped host memory, the step bindings).
 
 ``README.md`` in this folder has the design and the measured cost of each choice.
 """

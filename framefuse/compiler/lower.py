@@ -10,9 +10,11 @@ everything computed from them alone, evaluated here). A node the compiler cannot
 from __future__ import annotations
 
 import math
+import os
 from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -21,7 +23,8 @@ from onnx import helper, numpy_helper
 from framefuse.compiler import ir
 from framefuse.compiler.ir import CompileError, Leaf, Node, Program
 from framefuse.compiler.simplify import runs_in_columns
-from framefuse.engines.ops import _slice_bounds
+from framefuse.errors import read_onnx
+from framefuse.onnx_spec import slice_bounds
 
 FLOAT, BOOL = 1, 9
 FLOAT_LIKE = {FLOAT}
@@ -330,7 +333,7 @@ def _slice_params(ctx, ins, shape):
         axis %= len(shape)
         if step == 0:
             raise ctx.fail("Slice step 0")
-        start, end = _slice_bounds(start, end, step, shape[axis])  # the engine's clamping (ONNX spec)
+        start, end = slice_bounds(start, end, step, shape[axis])  # as the engines' executor clamps
         length = max(0, -(-(end - start) // step)) if step > 0 else max(0, -(-(start - end) // -step))
         result.append((axis, start, step, length))
     return result
@@ -1539,19 +1542,19 @@ def lower_model(model: onnx.ModelProto, *, source: str = "") -> Program:
     return Program(inputs, states, outputs, state_of, source=source)
 
 
-def lower_onnx(path_or_model, *, fold: bool = True) -> Program:
-    """Load (a path or a ModelProto), fold shape computations and constant subgraphs with the
-    engine's planner (so Shape/Gather/Concat chains become constants), and lower."""
-    from framefuse.engines.base import load_onnx
-
-    model, path = load_onnx(path_or_model)
-    # the engine cannot run Loop / Scan, so it cannot plan (fold) their graph; the lowering folds
-    # what is constant itself, op by op, in numpy (the bodies' constants included)
-    if fold and not any(n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx") for n in model.graph.node):
-        from framefuse.engines.executor import GraphExecutor
-
-        model = GraphExecutor(model, "cpu", "reference").folded_model()
-    return lower_model(model, source=str(path) if path else "<ModelProto>")
+def lower_onnx(path_or_model) -> Program:
+    """Load (a path or a ModelProto) and lower. Shape computations and constant subgraphs
+    (Shape/Gather/Concat chains, a Loop's or Scan's body constants) are folded by the lowering
+    itself, op by op in numpy, so it needs no executor: folding with the engines' executor first
+    (as before session 36) generated the same kernels for every zoo architecture and real model,
+    both forms, up to the IR's node numbering."""
+    if isinstance(path_or_model, onnx.ModelProto):
+        return lower_model(path_or_model, source="<ModelProto>")
+    path = Path(os.fspath(path_or_model))
+    model = read_onnx(path, error=CompileError)
+    if not model.graph.output:
+        raise CompileError(f"{path}: the graph has no outputs: there is nothing to compile (an empty export?)")
+    return lower_model(model, source=str(path))
 
 
 __all__ = ["FRAMEFUSE", "STANDARD", "lower_model", "lower_onnx", "matmul"]

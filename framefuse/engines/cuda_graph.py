@@ -391,7 +391,7 @@ class CudaGraphEngine(EngineRunner):
     ) -> Binding:
         """A new binding (captured now on the GPU). Defaults: every input from the host, every
         output to the host, no hand-off. ``resident``: the step kernel stays on the GPU between
-        frames (the step compiler's plan only; see compiler.engine.ResidentStepBinding)."""
+        frames (the step compiler's plan only; see engines.stepkernel.ResidentStepBinding)."""
         plan = self.plan(input_shapes)
         host_inputs = list(plan.input_specs) if host_inputs is None else list(host_inputs)
         host_outputs = list(plan.output_specs) if host_outputs is None else list(host_outputs)

@@ -585,25 +585,41 @@ def _matmul_bias(matmul: Step, add: Step, env: dict) -> Callable | None:
     return lambda args: [torch.addmm(bias_row, args[0].reshape(-1, k), weight).reshape(out_shape)]
 
 
-def _optimize_steps(steps: list[Step], env: dict, graph_outputs: set, device) -> list[Step]:
-    readers: dict[str, list[int]] = {}
-    for i, step in enumerate(steps):
-        for _, name in step.env_args:
-            readers.setdefault(name, []).append(i)
-    result: list[Step | None] = list(steps)
-    for i, step in enumerate(steps):
-        if result[i] is None or not step.standard:
-            continue
-        if step.op_type == "Gather":
+class GatherConstantIndices:
+    """Gather by constant indices: a view or one ``index_select`` (see _gather_with_constant_indices)."""
+
+    name = "gather-constant-indices"
+
+    def run(self, steps: list[Step], env: dict, graph_outputs: set, device) -> list[Step]:
+        result = list(steps)
+        for i, step in enumerate(steps):
+            if step.op_type != "Gather" or not step.standard:
+                continue
             fn = _gather_with_constant_indices(step, env, graph_outputs, device)
             if fn is not None:
                 _check_same(step, fn, env)
                 result[i] = Step(
                     step.label, step.op_type, fn, step.template, step.env_args, step.outputs, attrs=step.attrs
                 )
-        elif step.op_type == "MatMul" and step.outputs[0] not in graph_outputs:
+        return result
+
+
+class MatMulBias:
+    """MatMul by a constant feeding only an Add of a constant bias: one ``addmm`` (see _matmul_bias)."""
+
+    name = "matmul-bias"
+
+    def run(self, steps: list[Step], env: dict, graph_outputs: set, device) -> list[Step]:
+        readers: dict[str, list[int]] = {}
+        for i, step in enumerate(steps):
+            for _, name in step.env_args:
+                readers.setdefault(name, []).append(i)
+        result = list(steps)
+        for i, step in enumerate(steps):
+            if step.op_type != "MatMul" or not step.standard or step.outputs[0] in graph_outputs:
+                continue
             users = readers.get(step.outputs[0], [])
-            if len(users) != 1 or result[users[0]] is None:
+            if len(users) != 1:
                 continue
             add = steps[users[0]]
             if add.op_type != "Add" or not add.standard:
@@ -620,8 +636,30 @@ def _optimize_steps(steps: list[Step], env: dict, graph_outputs: set, device) ->
             result[users[0]] = Step(
                 add.label, "Add(in MatMul)", lambda args, p=position: [args[p]], add.template, add.env_args, add.outputs
             )
-    steps = [s for s in result if s is not None]
-    return _merge_sibling_matmuls(steps, env, graph_outputs)
+        return result
+
+
+class SiblingMatMuls:
+    """MatMuls of one input by different constant weights: one GEMM, each output a slice of it
+    (see _merge_sibling_matmuls)."""
+
+    name = "sibling-matmuls"
+
+    def run(self, steps: list[Step], env: dict, graph_outputs: set, device) -> list[Step]:
+        return _merge_sibling_matmuls(steps, env, graph_outputs)
+
+
+# The plan-time rewrites, in the order they run: each is one class above with ``name`` and
+# ``run(steps, env, graph_outputs, device) -> steps`` (a step per node kept), and a new one is one
+# more class and one more entry here. The sibling merge runs last: it must see the MatMuls that
+# MatMulBias did not take (a MatMul+Add step is no longer a MatMul).
+PLAN_REWRITES = (GatherConstantIndices(), MatMulBias(), SiblingMatMuls())
+
+
+def _optimize_steps(steps: list[Step], env: dict, graph_outputs: set, device) -> list[Step]:
+    for rewrite in PLAN_REWRITES:
+        steps = rewrite.run(steps, env, graph_outputs, device)
+    return steps
 
 
 # Ops that read strided (sliced) inputs without a copy: torch's elementwise kernels.

@@ -522,7 +522,8 @@ def stepkernel_candidate(
     ``exact_math``: IEEE division, square root and exp instead of the kernel's default fast math),
     as a Plan-like candidate; None (with the reason logged) when the graph cannot be compiled, or
     EngineBuildError when ``required``."""
-    from framefuse.compiler.engine import StepKernelPlan, compile_step
+    from framefuse.compiler.engine import compile_step
+    from framefuse.engines.stepkernel import StepKernelPlan
 
     try:
         compiled = compile_step(
@@ -542,13 +543,8 @@ def stepkernel_candidates(executor, plan: Plan, say: Callable[[str], None], *, e
     their sources generated one after the other and compiled side by side (compiler.engine's
     prepare_tactics); none when the plain kernel is declined (the reason logged)."""
     from framefuse.compiler import memo
-    from framefuse.compiler.engine import (
-        CompiledStep,
-        StepKernelPlan,
-        device_properties,
-        nvrtc_workers,
-        prepare_tactics,
-    )
+    from framefuse.compiler.engine import CompiledStep, device_properties, nvrtc_workers, prepare_tactics
+    from framefuse.engines.stepkernel import StepKernelPlan
 
     candidates: dict = {}
     workers = nvrtc_workers()  # a bad FRAMEFUSE_NVRTC_WORKERS stops the build, not only the step kernel

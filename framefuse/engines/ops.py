@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from framefuse.errors import FrameFuseError
+from framefuse.onnx_spec import slice_bounds
 
 
 class UnsupportedOpError(FrameFuseError):
@@ -616,21 +617,6 @@ def _split(ins, attrs, n):
     return list(torch.split(x, sizes, dim=axis))
 
 
-def _slice_bounds(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
-    """ONNX Slice clamping for one axis (the spec's algorithm)."""
-    if start < 0:
-        start += dim
-    if end < 0:
-        end += dim
-    if step > 0:
-        start = min(max(start, 0), dim)
-        end = min(max(end, 0), dim)
-    else:
-        start = min(max(start, 0), dim - 1)
-        end = min(max(end, -1), dim - 1)
-    return start, end
-
-
 @_op("Slice", host_inputs=(1, 2, 3, 4))
 def _slice(ins, attrs, n):
     x = ins[0]
@@ -649,7 +635,7 @@ def _slice(ins, attrs, n):
         dim = x.shape[axis]
         if step == 0:
             raise UnsupportedOpError("Slice: step 0")
-        start, end = _slice_bounds(start, end, step, dim)
+        start, end = slice_bounds(start, end, step, dim)
         if step > 0:
             index[axis] = slice(start, end, step)
         else:

@@ -184,13 +184,24 @@ def test_side_stream_and_friendly_entry(kc, gen):
 
 
 def test_unaligned_views_use_scalar_path(kc, gen):
-    """A storage offset that breaks 16-byte alignment must still work (vector width drops)."""
+    """A storage offset that breaks 16-byte alignment must still work: the launch plans the
+    scalar sequential kernel for these views (the aligned tensors of the same shape get a vector
+    one) and it computes the reference."""
+    from framefuse.plugins import cuda
     from framefuse.plugins.linear_scan import launch
+    from framefuse.plugins.linear_scan.interface import _alignment, plan
 
     base_a = kc.rand(gen, 2 * 10 * 64 + 1, low=0.5, high=1.0)
     base_b = kc.randn(gen, 2 * 10 * 64 + 1)
     a = base_a[1:].view(2, 10, 64)
     b = base_b[1:].view(2, 10, 64)
+    sm_count = cuda.device_properties()["sm_count"]
+    dtype = str(a.dtype).removeprefix("torch.")
+    planned = plan(2, 10, 64, dtype, sm_count, alignment=_alignment(a, b))
+    assert planned["algorithm"] == "sequential" and planned["vec"] == 1, planned
+    assert planned["kernel"].startswith("linear_scan_seq_v1_")
+    aligned = plan(2, 10, 64, dtype, sm_count, alignment=_alignment(a.contiguous().clone(), b.clone()))
+    assert aligned["vec"] > 1, aligned
     h, h_last = launch([a, b, None], {})
     torch.cuda.synchronize()
     check_against_reference(kc, a, b, None, h, h_last)

@@ -1,4 +1,4 @@
-"""Resident mode on the GPU (Session(resident=True), compiler.engine.ResidentStepBinding): the
+"""Resident mode on the GPU (Session(resident=True), engines.stepkernel.ResidentStepBinding): the
 step kernel launched once and rung per frame gives what the launched kernel gives, frame for
 frame and bit for bit, over every zoo architecture; the state calls, run() and device frames stop
 it and the next frame starts it again; it starts and stops 1,000 times without a leak or a hang;

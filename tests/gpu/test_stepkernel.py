@@ -160,7 +160,8 @@ def test_fast_math_kernel_agrees_with_the_exact_math_kernel(arch):
     import torch
 
     from framefuse.compiler import lower_program
-    from framefuse.compiler.engine import EXACT_MATH_OPTIONS, FAST_MATH_OPTIONS, CompiledStep, StepKernelPlan
+    from framefuse.compiler.engine import EXACT_MATH_OPTIONS, FAST_MATH_OPTIONS, CompiledStep
+    from framefuse.engines.stepkernel import StepKernelPlan
 
     prepared = prepare_cached(arch, {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0})["step"]
     program = lower_program(prepared.fused)
@@ -168,7 +169,7 @@ def test_fast_math_kernel_agrees_with_the_exact_math_kernel(arch):
     for fast in (True, False):
         compiled = CompiledStep(program, device=torch.device("cuda"), fast_math=fast)
         assert compiled.describe()["nvrtc_options"] == list(FAST_MATH_OPTIONS if fast else EXACT_MATH_OPTIONS)
-        plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+        plan = StepKernelPlan.of(compiled)
         rng = np.random.default_rng(6)
         state = {n: torch.zeros(leaf.shape, device="cuda") for n, leaf in program.states.items()}
         ys = []
@@ -280,7 +281,7 @@ def test_step_returns_on_the_done_words_and_the_state_stays_chained(arch):
 
 def test_host_wait_falls_back_to_the_stream_sync(monkeypatch):
     """With no spinning allowed the wait goes through cuStreamSynchronize and checks the words."""
-    from framefuse.compiler import engine as step_engine
+    from framefuse.engines import stepkernel as step_engine
 
     prepared = prepare_cached("gru", SMALL)["step"]
     frames = np.random.default_rng(8).standard_normal((10, *prepared.input_shapes()["x"])).astype(np.float32)
@@ -473,7 +474,8 @@ def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, contro
     import onnxruntime as ort
     import torch
 
-    from framefuse.compiler.engine import StepKernelPlan, compile_step
+    from framefuse.compiler.engine import compile_step
+    from framefuse.engines.stepkernel import StepKernelPlan
 
     g = control_flow_graphs
     model = {
@@ -482,7 +484,7 @@ def test_stepkernel_of_an_unrolled_loop_or_scan_matches_onnxruntime(name, contro
         "mlp-cell-loop": g.mlp_cell_loop,
     }[name]()
     compiled = compile_step(model, device="cuda")
-    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    plan = StepKernelPlan.of(compiled)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(11)
     for case in ("random", "zeros", "nan"):
@@ -534,8 +536,9 @@ def test_rolled_elman_cells_match_the_interpreter(steps, batch, hidden, zero_sta
     import torch
 
     from framefuse.compiler import naive
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.engine import CompiledStep
     from framefuse.compiler.simplify import simplify
+    from framefuse.engines.stepkernel import StepKernelPlan
 
     raw = control_flow_graphs.unrolled_cells(
         steps=steps,
@@ -550,7 +553,7 @@ def test_rolled_elman_cells_match_the_interpreter(steps, batch, hidden, zero_sta
         program = simplify(raw, roll_recurrences=roll)
         assert (program.counts().get("recur", 0) == 2) is roll
         compiled = CompiledStep(program, device=torch.device("cuda"))
-        plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+        plan = StepKernelPlan.of(compiled)
         for case in ("random", "zeros", "nan"):
             feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
             if case == "zeros":
@@ -585,11 +588,12 @@ def _check_body_loop_kernel(program, reference, rng, what):
     import torch
 
     from framefuse.compiler import naive
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.engines.stepkernel import StepKernelPlan
 
     compiled = CompiledStep(program, device=torch.device("cuda"))
     assert "body loop over" in compiled.kernel.source
-    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    plan = StepKernelPlan.of(compiled)
     for case in ("random", "zeros", "nan"):
         feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in reference.inputs.items()}
         if case == "zeros":

@@ -40,14 +40,15 @@ def test_step_kernel_of_real_model_matches_onnxruntime(name, steps, export_root)
     sequence) and of windows of T frames, run on the GPU, against ONNX Runtime on the original
     export."""
     from framefuse.compiler import lower_program
-    from framefuse.compiler.engine import CompiledStep, StepKernelPlan
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.plugins.ort_bridge import ort_session
 
     run = fuse_real_model(name, steps, export_root)
     compiled = CompiledStep(lower_program(run.fused_path), device=torch.device("cuda"))
-    plan = StepKernelPlan(compiled, compiled.input_specs, compiled.output_specs)
+    plan = StepKernelPlan.of(compiled)
     rng = np.random.default_rng(3)
-    feeds = {n: rng.standard_normal(spec.shape).astype(np.float32) for n, spec in compiled.input_specs.items()}
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in compiled.input_shapes.items()}
     session = ort_session(run.source, fused=False)
     names = [o.name for o in session.get_outputs()]
     expected = dict(zip(names, session.run(names, feeds)))

@@ -1,0 +1,610 @@
+"""The step compiler's kernel as an engine: the executor's ``Plan`` and the per-frame bindings.
+
+:class:`StepKernelPlan` is a :class:`~framefuse.compiler.engine.CompiledStep` behind the
+executor's ``Plan`` interface (device tensors in, device tensors out), so the cuda-graph engine's
+build-time selection times it against the other candidates like any plan. :class:`StepBinding`
+is the per-frame path ``Session.step`` uses: graph inputs are read by the kernel straight from
+pinned, mapped host memory and graph outputs written straight to it, the recurrent state stays
+in device memory in two halves (the kernel reads one and writes the other; two captured graphs,
+one per parity), so a step is one kernel node in a CUDA graph and nothing else.
+:class:`ResidentStepBinding` (``Session(resident=True)``) launches the same body once as a loop
+over frames and rings it per frame: no launch at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from framefuse.compiler.engine import CompiledStep
+from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
+from framefuse.engines.executor import Step
+
+
+def _cuda():
+    from framefuse.plugins import cuda
+
+    return cuda
+
+
+class _PinnedAllocation:
+    """One cuMemHostAlloc allocation, freed when the last numpy/torch view of it goes: the views
+    hold it as their base (``__array_interface__``), so an output a caller keeps stays valid after
+    its session is gone (``Session(...).step(frame).copy()`` read freed memory before)."""
+
+    def __init__(self, nbytes: int):
+        cuda = _cuda()
+        driver = cuda._driver()
+        cuda.ensure_context()
+        flags = driver.CU_MEMHOSTALLOC_DEVICEMAP | driver.CU_MEMHOSTALLOC_PORTABLE
+        self.host = int(cuda._check(driver.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
+        self._driver = driver
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.host, False), "version": 3}
+
+    def __del__(self):
+        host = getattr(self, "host", 0)
+        if host:
+            try:
+                self._driver.cuMemFreeHost(host)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+            self.host = 0
+
+
+class MappedHostBuffer:
+    """Pinned host memory the GPU reads and writes directly (cuMemHostAlloc, DEVICEMAP): a numpy
+    view, a torch CPU view and the device address of the same bytes. The memory lives as long as
+    any of the views does."""
+
+    def __init__(self, shape: Sequence[int], dtype=np.float32):
+        cuda = _cuda()
+        driver = cuda._driver()
+        self.shape = tuple(int(d) for d in shape)
+        count = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = max(count * np.dtype(dtype).itemsize, 4)
+        allocation = _PinnedAllocation(self.nbytes)
+        self.device_ptr = int(
+            cuda._check(driver.cuMemHostGetDevicePointer(allocation.host, 0), "cuMemHostGetDevicePointer")
+        )
+        self.array = np.asarray(allocation).view(dtype)[:count].reshape(self.shape)
+        self.array[...] = 0
+        self.tensor = torch.from_numpy(self.array)
+
+
+class StepKernelPlan:
+    """The compiled step behind the executor's Plan interface: ``execute(feeds)`` launches the
+    kernel on torch's current stream over device tensors (capturable), for build-time selection."""
+
+    def __init__(self, compiled: CompiledStep, input_specs: Mapping[str, IOSpec], output_specs: Mapping[str, IOSpec]):
+        self.compiled = compiled
+        self.device = compiled.device
+        self.input_specs = dict(input_specs)
+        self.output_specs = dict(output_specs)
+        self._check_specs()
+        self.steps = [Step("stepkernel", "StepKernel", None, [], [], list(self.output_specs))]
+        self.folded: list[str] = []
+        self.constants: dict = {}
+        self.output_sources = {n: ("env", n) for n in self.output_specs}
+        self._outputs: dict[str, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, compiled: CompiledStep) -> StepKernelPlan:
+        """The plan of a compiled step over its own inputs and outputs (all float32)."""
+        return cls(
+            compiled,
+            {n: IOSpec(n, shape, torch.float32) for n, shape in compiled.input_shapes.items()},
+            {n: IOSpec(n, shape, torch.float32) for n, shape in compiled.output_shapes.items()},
+        )
+
+    def _check_specs(self) -> None:
+        c = self.compiled
+        for name, spec in self.input_specs.items():
+            mine = c.input_shapes.get(name)
+            if mine is None or mine != tuple(spec.shape) or spec.dtype != torch.float32:
+                raise EngineBuildError(f"stepkernel: input '{name}' {list(spec.shape)} {spec.dtype} does not match")
+        for name, spec in self.output_specs.items():
+            mine = c.output_shapes.get(name)
+            if mine is None or mine != tuple(spec.shape) or spec.dtype != torch.float32:
+                raise EngineBuildError(f"stepkernel: output '{name}' {list(spec.shape)} {spec.dtype} does not match")
+
+    def execute(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        c = self.compiled
+        k = c.kernel
+        if self._outputs is None:
+            self._outputs = {
+                n: torch.empty(s.shape, dtype=torch.float32, device=self.device) for n, s in self.output_specs.items()
+            }
+        program = c.program
+        args = c.args(
+            [feeds[n].data_ptr() for n in k.input_names],
+            [self._outputs[n].data_ptr() for n in k.output_names],
+            [feeds[n].data_ptr() for n in k.state_names],
+            [self._outputs[program.state_of[n]].data_ptr() for n in k.state_names],
+        )
+        c.launch(args)
+        return self._outputs
+
+    def create_binding(
+        self, engine, *, host_inputs, host_outputs, state_pairs, input_buffers=None, resident=False
+    ) -> StepBinding:
+        """``resident``: False, True (the kernel on every SM, as built) or a number of SMs (the
+        program scheduled again over that many blocks, the rest of the GPU left free)."""
+        if resident:
+            sms = None if resident is True else resident
+            return ResidentStepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers, sms=sms)
+        return StepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+
+
+# polls of a done word before wait_host falls back to the stream sync (tens of ns a poll: a few ms)
+HOST_SPIN_LIMIT = 100_000
+
+
+class _FastLaunch:
+    """cuGraphLaunch and cuStreamSynchronize straight from libcuda through ctypes: the per-frame
+    host cost is two foreign calls (cuda-python's wrappers convert their arguments on every call)."""
+
+    _lib = None
+
+    def __init__(self, exec_handle: int, stream_handle: int):
+        if _FastLaunch._lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.cuGraphLaunch.restype = ctypes.c_int
+            lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+            lib.cuStreamSynchronize.restype = ctypes.c_int
+            _FastLaunch._lib = lib
+        self.launch_fn = _FastLaunch._lib.cuGraphLaunch
+        self.sync_fn = _FastLaunch._lib.cuStreamSynchronize
+        self.exec_handle = ctypes.c_void_p(exec_handle)
+        self.stream = ctypes.c_void_p(stream_handle)
+
+
+class StepBinding:
+    """Fixed buffers and captured graphs for repeated steps (the engines' Binding protocol, see
+    engines/base.py). Host inputs and outputs live in pinned mapped memory the kernel reads and
+    writes itself; a state handed to the next step lives in two device halves."""
+
+    def __init__(self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
+        c = plan.compiled
+        k = c.kernel
+        self.plan = plan
+        self.engine = engine
+        self.device = plan.device
+        self.host_input_names = tuple(host_inputs)
+        self.host_output_names = tuple(host_outputs)
+        self.state_pairs = dict(state_pairs or {})
+        given = dict(input_buffers or {})
+        paired_inputs = set(self.state_pairs.values())
+        self._mapped: dict[str, MappedHostBuffer] = {}
+        self._dev_inputs: dict[str, torch.Tensor] = {}
+        self._halves: dict[str, list[torch.Tensor]] = {}
+        for name, spec in plan.input_specs.items():
+            if name in paired_inputs:
+                first = given.get(name)
+                if first is None:
+                    first = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
+                self._halves[name] = [first, torch.zeros_like(first)]
+            elif name in self.host_input_names:
+                self._mapped[name] = MappedHostBuffer(spec.shape)
+            else:
+                buffer = given.get(name)
+                if buffer is None:
+                    buffer = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
+                self._dev_inputs[name] = buffer
+        self.host_in = {n: self._mapped[n].array for n in self.host_input_names}
+        self.host_in_t = {n: self._mapped[n].tensor for n in self.host_input_names}
+        self._out_mapped: dict[str, MappedHostBuffer] = {}
+        self._dev_outputs: dict[str, torch.Tensor] = {}
+        paired_outputs = set(self.state_pairs)
+        for name, spec in plan.output_specs.items():
+            if name in paired_outputs:
+                continue
+            if name in self.host_output_names:
+                self._out_mapped[name] = MappedHostBuffer(spec.shape)
+            else:
+                self._dev_outputs[name] = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
+        self.host_out = {n: self._out_mapped[n].array for n in self.host_output_names}
+        self.host_out_t = {n: self._out_mapped[n].tensor for n in self.host_output_names}
+        self.parity = 0
+        self.replays = 0
+        # the host-facing blocks' done words (see codegen.Generator._done): wait_host spins on them
+        self._done = MappedHostBuffer((max(k.done_words, 1),), dtype=np.uint32)
+        self._done_addr = self._done.array.ctypes.data
+        self._done_nbytes = self._done.array.nbytes
+        self._done_words = [ctypes.c_uint32.from_address(self._done_addr + 4 * i) for i in range(k.done_words)]
+        self._unwaited = False  # a launch nobody has waited on yet
+        if not self._done_words:  # no block touches host memory: nothing to wait on but the stream
+            self.wait_host = self.sync
+        self.stream = torch.cuda.Stream(self.device)
+        program = c.program
+        state_of = program.state_of
+        out_of_state = {v: k for k, v in self.state_pairs.items()}  # input -> its next output
+
+        def pointer_in(name: str, parity: int) -> int:
+            if name in self._halves:
+                return self._halves[name][parity].data_ptr()
+            if name in self._mapped:
+                return self._mapped[name].device_ptr
+            return self._dev_inputs[name].data_ptr()
+
+        def pointer_out(name: str, parity: int) -> int:
+            state = next((s for s, o in state_of.items() if o == name), None)
+            if state is not None and state in self._halves and out_of_state.get(state) == name:
+                return self._halves[state][1 - parity].data_ptr()
+            if name in self._out_mapped:
+                return self._out_mapped[name].device_ptr
+            return self._dev_outputs[name].data_ptr()
+
+        self._graphs = []
+        self._launchers = []
+        for parity in range(2 if self._halves else 1):
+            args = c.args(
+                [pointer_in(n, parity) for n in k.input_names],
+                [pointer_out(n, parity) for n in k.output_names],
+                [pointer_in(n, parity) for n in k.state_names],
+                [pointer_out(state_of[n], parity) for n in k.state_names],
+                done=self._done.device_ptr,
+            )
+            graph = torch.cuda.CUDAGraph()
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+                c.launch(args)
+            raw = getattr(graph, "raw_cuda_graph_exec", None)
+            if raw is None:
+                raise EngineBuildError(
+                    f"stepkernel needs torch.cuda.CUDAGraph.raw_cuda_graph_exec (torch {torch.__version__})"
+                )
+            self._graphs.append(graph)
+            self._launchers.append(_FastLaunch(int(raw()), int(self.stream.cuda_stream)))
+        self._launch_fn = self._launchers[0].launch_fn
+        self._sync_fn = self._launchers[0].sync_fn
+        self._stream_handle = self._launchers[0].stream
+        self._execs = [launcher.exec_handle for launcher in self._launchers]
+        torch.cuda.synchronize(self.device)
+
+    # -- the protocol ------------------------------------------------------------------------------------
+    @property
+    def dev_in(self) -> dict[str, torch.Tensor]:
+        current = {n: halves[self.parity] for n, halves in self._halves.items()}
+        return {**self._dev_inputs, **current}
+
+    @property
+    def dev_out(self) -> dict[str, torch.Tensor]:
+        nxt = {out: self._halves[inp][self.parity] for out, inp in self.state_pairs.items()}
+        return {**self._dev_outputs, **nxt}
+
+    def set_replay_mode(self, mode: str) -> None:
+        if mode not in ("torch", "driver"):
+            raise EngineRunError(f"replay mode must be 'torch' or 'driver', got {mode!r}")
+
+    def order_after_current(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def launch(self) -> None:
+        if self._unwaited:  # the previous launch's done words could still land after the reset below
+            self.sync()
+        ctypes.memset(self._done_addr, 0, self._done_nbytes)
+        err = self._launch_fn(self._execs[self.parity], self._stream_handle)
+        if err:
+            raise EngineRunError(f"stepkernel: cuGraphLaunch failed: CUresult {err}")
+        self._unwaited = True
+        if len(self._execs) == 2:
+            self.parity ^= 1
+        self.replays += 1
+        if self.engine is not None:
+            self.engine.replays += 1
+
+    def sync(self) -> None:
+        err = self._sync_fn(self._stream_handle)
+        self._unwaited = False
+        if err:
+            raise EngineRunError(f"stepkernel: the step kernel failed: CUresult {err} ({_error_name(err)})")
+
+    def wait_host(self) -> None:
+        """Wait until the last launch has read its frames and written its host outputs: spin on
+        the done words of the blocks that touch host memory, not on the stream (the kernel may
+        still be storing the next state; the next launch is ordered after it by the stream, and
+        sync/wait_idle wait for it). After ~HOST_SPIN_LIMIT polls it falls back to the stream
+        sync, which reports a failed kernel."""
+        for word in self._done_words:
+            spins = 0
+            while not word.value:
+                spins += 1
+                if spins > HOST_SPIN_LIMIT:
+                    self._wait_host_slow()
+                    return
+        self._unwaited = False
+
+    def _wait_host_slow(self) -> None:
+        self.sync()
+        missing = [i for i, word in enumerate(self._done_words) if not word.value]
+        if missing:
+            raise EngineRunError(
+                f"stepkernel: the kernel finished but {len(missing)} of its {len(self._done_words)} host-facing "
+                f"blocks did not raise their done word (slots {missing[:8]}): a code generation error"
+            )
+
+    def wait_idle(self) -> None:
+        self.sync()
+        torch.cuda.current_stream(self.device).synchronize()
+
+    def run_host(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        return run_host(self, feeds)
+
+
+# How long a resident step may take to answer, or the kernel to stop, before the host gives up
+# (compute-sanitizer runs a kernel tens of times slower: raise it there)
+RESIDENT_TIMEOUT_S = float(os.environ.get("FRAMEFUSE_RESIDENT_TIMEOUT_S", "2.0"))
+_BELL_STOP = 0xFFFFFFFF
+
+
+class ResidentStepBinding(StepBinding):
+    """The same binding with the step kernel resident: ``ffk_resident`` is launched once (on the
+    first frame, on a stream of its own that nothing else waits on) and stays on the GPU; a frame
+    is the frame written into mapped memory, then its number written into the bell word, then
+    the wait for the done words (see codegen.Generator._resident_loop). No launch per frame.
+
+    The kernel holds one block on each of its SMs while it runs: other kernels that need those
+    SMs wait for it. So everything but the frame path stops it first (``sync``, ``wait_idle``:
+    state reads and writes, resets, checks) and the next frame starts it again (one launch).
+    A frame that does not answer within ``timeout_s`` raises and stops the kernel; ``close()``
+    (and interpreter exit) stops it."""
+
+    def __init__(
+        self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None, sms=None
+    ):
+        super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+        c = plan.compiled
+        _check_resident_host(c.props)
+        if sms is not None:
+            sms = int(sms)
+            if not 1 <= sms <= c.props["sm_count"]:
+                raise EngineBuildError(f"resident_sms={sms}: {c.props['name']} has {c.props['sm_count']} SMs")
+            if sms != c.grid:
+                # the same program scheduled over fewer blocks: its own kernel and buffers (weights,
+                # flagged words, counters, range table), the session's state halves
+                c = CompiledStep(
+                    c.program,
+                    device=c.device,
+                    grid=sms,
+                    threads=c.threads,
+                    copy_pieces=c.copy_pieces,
+                    fast_math=c.fast_math,
+                )
+        self.compiled = c
+        k = c.kernel
+        if k.done_words != plan.compiled.kernel.done_words:
+            self._done = MappedHostBuffer((max(k.done_words, 1),), dtype=np.uint32)
+            self._done_addr = self._done.array.ctypes.data
+            self._done_nbytes = self._done.array.nbytes
+            self._done_words = [ctypes.c_uint32.from_address(self._done_addr + 4 * i) for i in range(k.done_words)]
+        loose = [n for n in k.input_names if n not in self._mapped] + [
+            n for n in k.output_names if n not in self._out_mapped
+        ]
+        unpaired = [n for n in k.state_names if n not in self._halves]
+        if loose or unpaired:
+            raise EngineBuildError(
+                "a resident step reads every frame input from and writes every output to host memory, and hands "
+                f"every state to the next frame: {', '.join(loose + unpaired)} do not"
+            )
+        if not self._done_words:
+            raise EngineBuildError("a resident step needs done words (a block that reads a frame or writes an output)")
+        self.fn = c.resident_fn()
+        self.timeout_s = RESIDENT_TIMEOUT_S
+        self._bell = MappedHostBuffer((1,), dtype=np.uint32)
+        self._idle = MappedHostBuffer((1,), dtype=np.uint32)
+        self._bell_word = ctypes.c_uint32.from_address(self._bell.array.ctypes.data)
+        self._idle_word = ctypes.c_uint32.from_address(self._idle.array.ctypes.data)
+        self._ctl = torch.zeros(3, dtype=torch.int64, device=self.device)
+        cuda = _cuda()
+        driver = cuda._driver()
+        self._rstream = cuda._check(
+            driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"
+        )
+        self._rstream_handle = int(self._rstream)
+        self._query = ctypes.CDLL("libcuda.so.1").cuStreamQuery
+        self._query.argtypes = [ctypes.c_void_p]
+        self._query.restype = ctypes.c_int
+        self.running = False
+        self.frames = 0  # frames rung since the kernel was launched
+        self.starts = 0
+        self._epoch_base = 0
+        self._expected = 0
+        self._finalizer = weakref.finalize(
+            self, _stop_resident, self._bell_word, self._query, self._rstream_handle, self._bell, self._idle
+        )
+
+    def start(self) -> None:
+        """Launch the resident kernel (the frame path does this on its first frame)."""
+        if self.running:
+            return
+        c = self.compiled
+        # no launched step and no state write in flight: the counters and the state are final (not
+        # a device-wide synchronize, which would wait forever for another resident kernel's stream)
+        torch.cuda.current_stream(self.device).synchronize()
+        self._sync_fn(self._stream_handle)
+        counters = c.counters.cpu()
+        if not bool((counters == counters[0]).all()):
+            raise EngineRunError("stepkernel: the blocks' launch counters differ (a launch failed part way)")
+        self._epoch_base = int(counters[0])
+        self._ctl.zero_()
+        self._bell_word.value = 0
+        self._idle_word.value = 0
+        torch.cuda.current_stream(self.device).synchronize()
+        k = c.kernel
+        pointers_in = [self._mapped[n].device_ptr for n in k.input_names]
+        pointers_out = [self._out_mapped[n].device_ptr for n in k.output_names]
+        halves = [self._halves[n] for n in k.state_names]
+        ptr = ctypes.c_void_p
+        args = (
+            [ptr(p) for p in pointers_in]
+            + [ptr(p) for p in pointers_out]
+            + [ptr(h[self.parity].data_ptr()) for h in halves]
+            + [ptr(h[1 - self.parity].data_ptr()) for h in halves]
+            + [
+                ptr(c.weights.data_ptr()),
+                ptr(c.flags.data_ptr()),
+                ptr(c.counters.data_ptr()),
+                ptr(c.ranges.data_ptr()),
+                ptr(self._done.device_ptr),
+                ptr(self._bell.device_ptr),
+                ptr(self._idle.device_ptr),
+                ptr(self._ctl.data_ptr()),
+            ]
+        )
+        self.fn.launch(
+            c.grid,
+            c.threads,
+            args,
+            shared_mem=c.resident_kernel.smem_bytes,
+            stream=self._rstream_handle,
+            op="stepkernel",
+            detail=f"resident, source {c.resident_kernel.digest[:12]}",
+        )
+        self.frames = 0
+        self.running = True
+        self.starts += 1
+
+    def launch(self) -> None:
+        if not self.running:
+            self.start()
+        self.frames += 1
+        count = self._epoch_base + self.frames - 1
+        self._expected = count % 0xFFFFFFFF + 1
+        self._bell_word.value = self.frames  # after the frame: x86 stores are seen in order
+        self._unwaited = True
+        if len(self._execs) == 2:
+            self.parity ^= 1
+        self.replays += 1
+        if self.engine is not None:
+            self.engine.replays += 1
+
+    def wait_host(self) -> None:
+        """Spin until every host-facing block has raised this frame's epoch; every ~10^5 polls look
+        at the clock and at the kernel (a failed kernel raises its error; a silent one past the
+        deadline is stopped and raises)."""
+        expected = self._expected
+        deadline = 0.0
+        for word in self._done_words:
+            spins = 0
+            while word.value != expected:
+                spins += 1
+                if spins & 0x1FFFF == 0:
+                    now = time.perf_counter()
+                    if not deadline:
+                        deadline = now + self.timeout_s
+                    self._check_alive()
+                    if now > deadline:
+                        frame = self.frames
+                        self.stop(force=True)
+                        raise EngineRunError(
+                            f"stepkernel: the resident kernel did not answer frame {frame} within {self.timeout_s:g} s "
+                            "(stopped; the next frame launches it again)"
+                        )
+        self._unwaited = False
+
+    def _check_alive(self) -> None:
+        err = self._query(ctypes.c_void_p(self._rstream_handle))
+        if err == 600:  # CUDA_ERROR_NOT_READY: still running
+            return
+        self.running = False
+        if err:
+            raise EngineRunError(f"stepkernel: the resident kernel failed: CUresult {err} ({_error_name(err)})")
+        raise EngineRunError("stepkernel: the resident kernel exited without being stopped")
+
+    def stop(self, force: bool = False) -> None:
+        """Ring the stop and wait (at most ``timeout_s``) for the kernel to exit: every block then
+        has written its counters and the state of the last frame."""
+        if not self.running:
+            return
+        if self._unwaited and not force:
+            self.wait_host()
+        self._bell_word.value = _BELL_STOP
+        deadline = time.perf_counter() + self.timeout_s
+        while True:
+            err = self._query(ctypes.c_void_p(self._rstream_handle))
+            if err != 600:
+                break
+            if time.perf_counter() > deadline:
+                raise EngineRunError(
+                    f"stepkernel: the resident kernel did not stop within {self.timeout_s:g} s; the GPU is held by "
+                    "it until this process exits"
+                )
+            time.sleep(0)
+        self.running = False
+        self._unwaited = False
+        if err:
+            raise EngineRunError(f"stepkernel: the resident kernel failed: CUresult {err} ({_error_name(err)})")
+
+    def sync(self) -> None:
+        self.stop()
+
+    def wait_idle(self) -> None:
+        self.stop()
+        torch.cuda.current_stream(self.device).synchronize()
+
+    def close(self) -> None:
+        self.stop()
+
+
+def _check_resident_host(props: Mapping) -> None:
+    """Refuse, with one line, a GPU on which a kernel that never ends cannot live: one with a
+    run-time limit on kernels (a display's watchdog would kill it, and the display would freeze
+    until then) or without compute preemption; and an MPS client limited to part of the GPU (the
+    blocks would not all be resident, and they wait on one another)."""
+    name = props.get("name", "this GPU")
+    if props.get("kernel_exec_timeout"):
+        raise EngineBuildError(
+            f"{name} has a run-time limit on kernels (a display watchdog): a resident step kernel would be killed; "
+            "use the launched step (resident=False) or a GPU without a display"
+        )
+    if props.get("compute_preemption") == 0:
+        raise EngineBuildError(f"{name} cannot preempt a running kernel: a resident step kernel would hold it")
+    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if share is not None:
+        try:
+            limited = float(share) < 100.0
+        except ValueError:
+            limited = True
+        if limited:
+            raise EngineBuildError(
+                f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share}: an MPS client limited to part of the GPU cannot keep "
+                "every block of a resident step kernel resident"
+            )
+
+
+def _stop_resident(bell_word, query, stream_handle, *keep_alive) -> None:
+    """At collection or interpreter exit: ring the stop, give the kernel a moment to leave, and
+    release the binding's stream once it has."""
+    try:
+        bell_word.value = _BELL_STOP
+        deadline = time.perf_counter() + RESIDENT_TIMEOUT_S
+        while query(ctypes.c_void_p(stream_handle)) == 600 and time.perf_counter() < deadline:
+            time.sleep(0)
+        if query(ctypes.c_void_p(stream_handle)) != 600:
+            ctypes.CDLL("libcuda.so.1").cuStreamDestroy_v2(ctypes.c_void_p(stream_handle))
+    except Exception:  # noqa: BLE001 - interpreter shutdown
+        pass
+
+
+def _error_name(err: int) -> str:
+    try:
+        from cuda.bindings import driver
+
+        return _cuda().cuda_error_text(driver.CUresult(err))
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+__all__ = [
+    "MappedHostBuffer",
+    "ResidentStepBinding",
+    "StepBinding",
+    "StepKernelPlan",
+]
