@@ -401,3 +401,75 @@ def test_lstm_like_scan_body_unrolled_and_fused_as_lstm():
     assert report.remaining_total == 0, report.remaining_per_timestep_ops
     parity = compare(model, fused, tolerance=TOL)
     assert parity.passed, parity.summary()
+
+
+def test_every_pass_is_driven_by_one_of_two_drivers_with_one_decline_type():
+    """Issue 22: the graph passes are AnchoredPass subclasses (anchors + one rewrite, one loop in
+    rewrite/base.py), the unrolled-recurrence family UnrolledPass (chains of copies over several
+    rounds); both report a raised Decline as a Declined row."""
+    from framefuse.rewrite.base import AnchoredPass
+    from framefuse.rewrite.pipeline import default_passes
+    from framefuse.rewrite.unrolled.common import UnrolledPass
+
+    passes = default_passes()
+    assert all(isinstance(p, (AnchoredPass, UnrolledPass)) for p in passes), [type(p).__name__ for p in passes]
+    anchored = [p.name for p in passes if isinstance(p, AnchoredPass)]
+    assert anchored == [
+        "rnn_nodes",
+        "onnx_attention",
+        "attention",
+        "loops",
+        "unroll-loops",
+        "log-space-scan",
+        "chunked-ssd",
+        "chunked-delta-rule",
+        "chunked-gla",
+        "unrolled-output-stacking",
+        "unrolled-chunked-scan",
+    ]
+
+
+def test_the_anchored_pass_driver_reports_matches_declines_and_skips():
+    """A toy pass over three Relu nodes: one rewritten (its Match reported), one declined (the
+    reason with the pass's prefix, named by the node), one not a candidate (nothing reported);
+    an anchor the rewrite before it removed is never tried."""
+    import onnx_graphsurgeon as gs
+
+    from framefuse.rewrite.base import AnchoredPass, Decline, Match, NotACandidate, RewriteContext
+
+    x = gs.Variable("x", dtype=np.float32, shape=[2])
+    values = [x]
+    for name in ("fuse", "decline", "skip", "removed"):
+        out = gs.Variable(f"{name}_out", dtype=np.float32, shape=[2])
+        values.append(out)
+    nodes = [
+        gs.Node("Relu", name, inputs=[a], outputs=[b])
+        for name, a, b in zip(("fuse", "decline", "skip", "removed"), values, values[1:])
+    ]
+    graph = gs.Graph(nodes=nodes, inputs=[x], outputs=[values[-1]])
+    tried = []
+
+    class Toy(AnchoredPass):
+        name = "toy"
+        reason_prefix = "toy pattern: "
+
+        def anchors(self, graph):
+            for node in list(graph.nodes):
+                if node.op == "Relu" and node in graph.nodes:
+                    yield node
+
+        def rewrite(self, graph, ctx, node):
+            tried.append(node.name)
+            if node.name == "fuse":
+                graph.nodes.remove(nodes[3])  # this rewrite takes the last node with it
+                return Match(self.name, "ToyOp", "toy_0", [node.name])
+            if node.name == "decline":
+                raise Decline("the toy cannot")
+            raise NotACandidate
+
+    result = Toy().run(graph, RewriteContext())
+    assert tried == ["fuse", "decline", "skip"]
+    assert [m.removed for m in result.matches] == [["fuse"]]
+    assert [(d.pass_name, d.where, d.reason) for d in result.declined] == [
+        ("toy", "decline", "toy pattern: the toy cannot")
+    ]

@@ -32,18 +32,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import AnchoredPass, Decline, Match, NotACandidate, RewriteContext, make_framefuse_node
 
 # A mask value at or below this is "masked out": exp(x + score) is 0 in float32 for any sane score.
 MASKED_OUT = -1e9
-
-
-class _Decline(Exception):
-    """Raised inside a matcher: the candidate is attention, but it cannot be rewritten safely."""
-
-
-class _NotACandidate(Exception):
-    """Raised inside a matcher: this Softmax is not attention at all (no report entry)."""
 
 
 def _is_default(node: gs.Node | None) -> bool:
@@ -204,7 +196,7 @@ class _MaskBuilder:
                 )
             total = np.asarray(total, dtype=np.float32)
             if np.isnan(total).any():
-                raise _Decline("constant mask contains NaN")
+                raise Decline("constant mask contains NaN")
             same_everywhere = bool(np.all(total == total[:1, :1]))
             if same_everywhere:
                 m2 = total[0, 0]
@@ -220,7 +212,7 @@ class _MaskBuilder:
         mask = None
         for t, f in self.terms:
             if U.np_dtype(t) is None or U.np_dtype(t).kind != "f":
-                raise _Decline(f"mask {t.name} has dtype {U.np_dtype(t)}, expected a float additive mask")
+                raise Decline(f"mask {t.name} has dtype {U.np_dtype(t)}, expected a float additive mask")
             if f != 1.0:
                 t = U.add_op(
                     graph,
@@ -242,11 +234,11 @@ class _MaskBuilder:
         mask = U.cast(graph, ctx, mask, dtype)
         shape = U.static_shape(mask)
         if shape is None:
-            raise _Decline(f"mask {mask.name} has no static shape")
+            raise Decline(f"mask {mask.name} has no static shape")
         try:
             np.broadcast_shapes(shape, full_shape)
         except ValueError:
-            raise _Decline(f"mask shape {list(shape)} does not broadcast to the scores {list(full_shape)}") from None
+            raise Decline(f"mask shape {list(shape)} does not broadcast to the scores {list(full_shape)}") from None
         if shape == (tq, tk) or shape == (b, 1, tq, tk) or shape == full_shape:
             return mask, 0, {"mask": f"input {list(shape)}"}
         if len(shape) <= 4 and shape[-2:] == (tq, tk) and all(d == 1 for d in shape[:-2]):
@@ -265,28 +257,20 @@ class _MaskBuilder:
         return expanded, 0, {"mask": f"input {list(shape)} expanded to {list(target)}"}
 
 
-class AttentionPass:
+class AttentionPass(AnchoredPass):
     name = "attention"
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
-            if node.op != "Softmax" or not _is_default(node) or not node.outputs:
-                continue
-            try:
-                result.matches.append(self._rewrite(graph, ctx, node))
-            except _NotACandidate:
-                continue
-            except _Decline as exc:
-                result.declined.append(Declined(self.name, U.node_label(node), str(exc)))
-        return result
+            if node.op == "Softmax" and _is_default(node) and node.outputs:
+                yield node
 
-    def _rewrite(self, graph: gs.Graph, ctx: RewriteContext, softmax: gs.Node) -> Match:
+    def rewrite(self, graph: gs.Graph, ctx: RewriteContext, softmax: gs.Node) -> Match:
         removed = [softmax]
         probs = softmax.outputs[0]
         scores_in = softmax.inputs[0]
         if not _reaches_matmul(scores_in):
-            raise _NotACandidate
+            raise NotACandidate
         # --- downstream: Softmax → [Where(IsNaN(p), 0, p)] → MatMul(p, V)
         readers = list(probs.outputs)
         pv = None
@@ -322,31 +306,31 @@ class AttentionPass:
         if pv is None:
             if any(r.op == "MatMul" for r in readers):
                 names = ", ".join(U.node_label(r) for r in readers)
-                raise _Decline(
+                raise Decline(
                     f"attention probabilities are also read by other nodes ({names}); fusing would not remove them"
                 )
             path = _path_to_matmul(probs)
             if path:
-                raise _Decline(
+                raise Decline(
                     f"the probabilities reach P·V ({path[-1]}) through {' → '.join(path[:-1])}, which the "
                     "attention pattern does not cover (only float Casts and the IsNaN guard)"
                 )
-            raise _NotACandidate
+            raise NotACandidate
         if U.is_graph_output(graph, probs) or U.is_graph_output(graph, softmax.outputs[0]):
-            raise _Decline("attention probabilities are a graph output")
+            raise Decline("attention probabilities are a graph output")
         removed.append(pv)
 
         scores_shape = U.static_shape(scores_in)
         if scores_shape is None:
-            raise _Decline("attention scores have no static shape (run shape inference / export with static shapes)")
+            raise Decline("attention scores have no static shape (run shape inference / export with static shapes)")
         rank = len(scores_shape)
         # Softmax's default axis is 1 before opset 13 (where it also flattens from that axis on:
         # the same as a last-axis softmax only when axis = rank − 1, which is what is checked).
         axis = int(softmax.attrs.get("axis", -1 if ctx.opset >= 13 else 1))
         if axis % rank != rank - 1:
-            raise _Decline(f"Softmax over axis {axis} of a rank-{rank} tensor, not over the keys (last axis)")
+            raise Decline(f"Softmax over axis {axis} of a rank-{rank} tensor, not over the keys (last axis)")
         if rank not in (3, 4):
-            raise _Decline(f"attention scores have rank {rank}, expected 3 or 4")
+            raise Decline(f"attention scores have rank {rank}, expected 3 or 4")
 
         # --- upstream: Softmax ← (Add mask | Where mask | Mul/Div scale)* ← MatMul(Q, Kᵀ)
         alpha = 1.0
@@ -355,26 +339,26 @@ class AttentionPass:
         while True:
             node = U.producer(t)
             if not _is_default(node):
-                raise _Decline(f"unexpected producer of {t.name} on the score path")
+                raise Decline(f"unexpected producer of {t.name} on the score path")
             if node.op == "MatMul":
                 qk = node
                 break
             removed.append(node)
             if node.op == "Cast":
                 if not _is_float_cast(node):
-                    raise _Decline(f"{U.node_label(node)} casts the scores to a non-float type")
+                    raise Decline(f"{U.node_label(node)} casts the scores to a non-float type")
                 t = node.inputs[0]
             elif node.op in ("Mul", "Div"):
                 operand = _scalar_operand(node)
                 if operand is None:
-                    raise _Decline(f"score scale {U.node_label(node)} is not a constant scalar")
+                    raise Decline(f"score scale {U.node_label(node)} is not a constant scalar")
                 t, f = operand
                 alpha *= f
             elif node.op == "Add":
                 a, b = node.inputs
                 ra, rb = _reaches_matmul(a), _reaches_matmul(b)
                 if ra == rb:
-                    raise _Decline(f"cannot tell scores from mask in {U.node_label(node)}")
+                    raise Decline(f"cannot tell scores from mask in {U.node_label(node)}")
                 t, m = (a, b) if ra else (b, a)
                 masks.add(m, alpha)
             elif node.op == "Where":
@@ -385,16 +369,16 @@ class AttentionPass:
                 elif vx is not None and _reaches_matmul(y):  # fill where cond, else scores
                     t, fill, keep_if = y, vx, False
                 else:
-                    raise _Decline(f"{U.node_label(node)}: Where on the score path is not a masked fill")
+                    raise Decline(f"{U.node_label(node)}: Where on the score path is not a masked fill")
                 if fill > MASKED_OUT:
-                    raise _Decline(f"{U.node_label(node)}: masked fill value {fill} is not -inf (or ≤ {MASKED_OUT})")
+                    raise Decline(f"{U.node_label(node)}: masked fill value {fill} is not -inf (or ≤ {MASKED_OUT})")
                 fill_term = self._fill_mask(graph, ctx, cond, keep_if)
                 masks.add(fill_term, 1.0)
             else:
-                raise _Decline(f"op {node.op} ({U.node_label(node)}) between the QK MatMul and the Softmax")
+                raise Decline(f"op {node.op} ({U.node_label(node)}) between the QK MatMul and the Softmax")
         removed.append(qk)
         if alpha <= 0 or not np.isfinite(alpha):
-            raise _Decline(f"score scale {alpha} is not a positive finite constant")
+            raise Decline(f"score scale {alpha} is not a positive finite constant")
 
         q, q_scale, q_nodes = _peel_scales(qk.inputs[0])
         kt, k_scale, k_nodes = _peel_scales(qk.inputs[1])
@@ -414,16 +398,16 @@ class AttentionPass:
         q_shape, v_shape = U.static_shape(q), U.static_shape(v)
         kt_shape = U.static_shape(kt)
         if q_shape is None or v_shape is None or kt_shape is None:
-            raise _Decline("Q, K or V has no static shape")
+            raise Decline("Q, K or V has no static shape")
         if not (len(q_shape) == len(v_shape) == len(kt_shape) == rank):
-            raise _Decline(f"Q/K/V ranks differ from the scores' rank {rank} (broadcasting MatMul)")
+            raise Decline(f"Q/K/V ranks differ from the scores' rank {rank} (broadcasting MatMul)")
         if k is None:
             k = U.transpose(graph, ctx, kt, list(range(rank - 2)) + [rank - 1, rank - 2])
         dh, dv = q_shape[-1], v_shape[-1]
         if dv != dh:
-            raise _Decline(f"V head size {dv} differs from Q/K head size {dh} (the op needs Dv = Dh)")
+            raise Decline(f"V head size {dv} differs from Q/K head size {dh} (the op needs Dv = Dh)")
         if scale <= 0 or not np.isfinite(scale):
-            raise _Decline(f"attention scale {scale} is not a positive finite constant")
+            raise Decline(f"attention scale {scale} is not a positive finite constant")
 
         detail: dict = {}
         if rank == 4:
@@ -439,12 +423,12 @@ class AttentionPass:
         Bk, Hk, Tk, _ = U.static_shape(k)
         Bv, Hv, Tv, _ = U.static_shape(v)
         if not (B == Bk == Bv):
-            raise _Decline(f"batch sizes of Q/K/V differ ({B}, {Bk}, {Bv}): broadcasting over batch is not fused")
+            raise Decline(f"batch sizes of Q/K/V differ ({B}, {Bk}, {Bv}): broadcasting over batch is not fused")
         if Hk != Hv or Tk != Tv or Hq % Hk != 0:
-            raise _Decline(f"heads/lengths do not group: Hq={Hq}, Hk={Hk}, Hv={Hv}, Tk={Tk}, Tv={Tv}")
+            raise Decline(f"heads/lengths do not group: Hq={Hq}, Hk={Hk}, Hv={Hv}, Tk={Tk}, Tv={Tv}")
         dtype = U.np_dtype(q)
         if dtype is None or dtype.kind != "f":
-            raise _Decline(f"Q has dtype {dtype}, expected a float type")
+            raise Decline(f"Q has dtype {dtype}, expected a float type")
         mask_full = (B, Hq, Tq, Tk)
         if rank == 3:
             masks.terms = [
@@ -496,23 +480,17 @@ class AttentionPass:
         )
 
 
-class OnnxAttentionPass:
+class OnnxAttentionPass(AnchoredPass):
     """The opset-23 ONNX ``Attention`` op → framefuse ``Attention``."""
 
     name = "onnx_attention"
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
-            if node.op != "Attention" or not _is_default(node):
-                continue
-            try:
-                result.matches.append(self._rewrite(graph, ctx, node))
-            except _Decline as exc:
-                result.declined.append(Declined(self.name, U.node_label(node), str(exc)))
-        return result
+            if node.op == "Attention" and _is_default(node):
+                yield node
 
-    def _rewrite(self, graph, ctx, node: gs.Node) -> Match:
+    def rewrite(self, graph, ctx, node: gs.Node) -> Match:
         def inp(i):
             return None if i >= len(node.inputs) or U.is_empty(node.inputs[i]) else node.inputs[i]
 
@@ -524,25 +502,25 @@ class OnnxAttentionPass:
 
         attrs = node.attrs
         if float(attrs.get("softcap", 0.0)) != 0.0:
-            raise _Decline(f"softcap={attrs['softcap']} is not supported by the fused op")
+            raise Decline(f"softcap={attrs['softcap']} is not supported by the fused op")
         if int(attrs.get("qk_matmul_output_mode", 0)) != 0 or outp(3) is not None:
-            raise _Decline("the qk_matmul_output output is used")
+            raise Decline("the qk_matmul_output output is used")
         if inp(6) is not None:
-            raise _Decline("nonpad_kv_seqlen (opset 24) is not supported")
+            raise Decline("nonpad_kv_seqlen (opset 24) is not supported")
         if int(attrs.get("left_window_size", -1)) >= 0 or int(attrs.get("right_window_size", -1)) >= 0:
-            raise _Decline("sliding-window attributes are not supported")
+            raise Decline("sliding-window attributes are not supported")
         q, k, v, mask, past_k, past_v = (inp(i) for i in range(6))
         if (past_k is None) != (past_v is None):
-            raise _Decline("past_key and past_value must be given together")
+            raise Decline("past_key and past_value must be given together")
         shapes = [U.static_shape(t) for t in (q, k, v)]
         if any(s is None for s in shapes):
-            raise _Decline("Q, K or V has no static shape")
+            raise Decline("Q, K or V has no static shape")
         rank = len(shapes[0])
         dtype = U.np_dtype(q)
         if rank == 3:
             hq, hkv = attrs.get("q_num_heads"), attrs.get("kv_num_heads")
             if hq is None or hkv is None:
-                raise _Decline("3-D inputs without q_num_heads/kv_num_heads")
+                raise Decline("3-D inputs without q_num_heads/kv_num_heads")
             hq, hkv = int(hq), int(hkv)
 
             def heads(t, h):
@@ -551,12 +529,12 @@ class OnnxAttentionPass:
 
             q, k, v = heads(q, hq), heads(k, hkv), heads(v, hkv)
         elif rank != 4:
-            raise _Decline(f"inputs of rank {rank}, expected 3 or 4")
+            raise Decline(f"inputs of rank {rank}, expected 3 or 4")
         B, Hq, Tq, Dh = U.static_shape(q)
         _, Hk, Tnew, _ = U.static_shape(k)
         Dv = U.static_shape(v)[3]
         if Dv != Dh:
-            raise _Decline(f"V head size {Dv} differs from Q/K head size {Dh}")
+            raise Decline(f"V head size {Dv} differs from Q/K head size {Dh}")
         past_len = 0
         # present_key/present_value readers are rewired at the end, once nothing can decline.
         presents = [(outp(1), k), (outp(2), v)]
@@ -567,7 +545,7 @@ class OnnxAttentionPass:
             presents = [(outp(1), k), (outp(2), v)]
         Tk = U.static_shape(k)[2]
         if Hq % Hk != 0:
-            raise _Decline(f"q heads {Hq} not a multiple of kv heads {Hk}")
+            raise Decline(f"q heads {Hq} not a multiple of kv heads {Hk}")
         scale = attrs.get("scale")
         scale = float(scale) if scale is not None else float(1.0 / np.sqrt(Dh))
 
@@ -576,7 +554,7 @@ class OnnxAttentionPass:
         if mask is not None:
             mshape = U.static_shape(mask)
             if mshape is None or mshape[-1] != Tk:
-                raise _Decline(f"attn_mask shape {mshape} does not cover all {Tk} keys (padding is not supported)")
+                raise Decline(f"attn_mask shape {mshape} does not cover all {Tk} keys (padding is not supported)")
             if U.np_dtype(mask) == np.bool_:
                 mask = AttentionPass._fill_mask(graph, ctx, mask, keep_if=True)
             masks.add(mask, 1.0)

@@ -27,15 +27,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import AnchoredPass, Decline, Match, make_framefuse_node
 from framefuse.rewrite.unrolled.graphutil import descendants
 
 CHECK_TOLERANCE = 1e-4
 MAX_EVALUATIONS = 4  # candidate outputs run through ONNX Runtime per assignment of k and v
-
-
-class _Decline(Exception):
-    pass
 
 
 def _reference(q, k, v, beta, g=None):
@@ -53,12 +49,14 @@ def _reference(q, k, v, beta, g=None):
     return out
 
 
-class ChunkedDeltaRulePass:
+class ChunkedDeltaRulePass(AnchoredPass):
     name = "chunked-delta-rule"
+    reason_prefix = "chunked delta rule: "
+    tidy = "attempt"
+    sort_first = True
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
-        graph.toposort()
+    def anchors(self, graph: gs.Graph):
+        """(β, its two scaled products k·β and v·β) for each float32 [B, H, T] tensor β."""
         for beta in [t for t in graph.tensors().values() if isinstance(t, gs.Variable)]:
             shape = U.static_shape(beta)
             if shape is None or len(shape) != 3 or U.np_dtype(beta) != np.float32 or not beta.outputs:
@@ -69,15 +67,13 @@ class ChunkedDeltaRulePass:
             live = {id(n) for n in graph.nodes}
             if not all(id(mul) in live for _, mul in scaled):
                 continue  # a region an earlier match of this pass replaced
-            try:
-                result.matches.append(self._rewrite(graph, ctx, beta, scaled))
-            except _Decline as exc:
-                where = U.node_label(scaled[0][1])
-                result.declined.append(Declined(self.name, where, f"chunked delta rule: {exc}"))
-            graph.cleanup().toposort()
-        return result
+            yield beta, scaled
 
-    def _rewrite(self, graph, ctx, beta: gs.Tensor, scaled) -> Match:
+    def where(self, anchor) -> str:
+        return U.node_label(anchor[1][0][1])
+
+    def rewrite(self, graph, ctx, anchor) -> Match:
+        beta, scaled = anchor
         batch, heads, steps = U.static_shape(beta)
         first, second = {t.name: t for t, _ in scaled}.values()
         order = {o.name: i for i, node in enumerate(graph.nodes) for o in node.outputs}
@@ -144,7 +140,7 @@ class ChunkedDeltaRulePass:
             if chosen:
                 break
         if chosen is None:
-            raise _Decline(
+            raise Decline(
                 "no output agrees with the delta rule (gated or not) on random inputs"
                 + (
                     f" ({'; '.join(problems[:3])})"

@@ -29,16 +29,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import AnchoredPass, Decline, Match, RewriteContext, make_framefuse_node
 from framefuse.rewrite.unrolled.graphutil import descendants
 
 CHECK_TOLERANCE = 1e-4
 MAX_EVALUATIONS = 4  # candidate outputs run through ONNX Runtime per CumSum
 _SHAPE_ONLY = {"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Identity"}
-
-
-class _Decline(Exception):
-    pass
 
 
 def _reference(q, k, v, g):
@@ -71,29 +67,27 @@ def _gate_source(cumsum: gs.Node) -> gs.Tensor | None:
     return None
 
 
-class ChunkedGLAPass:
+class ChunkedGLAPass(AnchoredPass):
     name = "chunked-gla"
+    reason_prefix = "chunked gated linear attention: "
+    tidy = "match"
+    sort_first = True
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
-        graph.toposort()
+    def anchors(self, graph: gs.Graph):
+        """(the CumSum, its gate g) for each CumSum over a gate's logs."""
         for cumsum in [n for n in graph.nodes if n.op == "CumSum"]:
             if id(cumsum) not in {id(n) for n in graph.nodes}:
                 continue  # a region an earlier match of this pass replaced
             g = _gate_source(cumsum)
-            if g is None:
-                continue
-            try:
-                match = self._rewrite(graph, ctx, g, U.node_label(cumsum))
-            except _Decline as exc:
-                result.declined.append(
-                    Declined(self.name, U.node_label(cumsum), f"chunked gated linear attention: {exc}")
-                )
-                continue
-            if match is not None:
-                result.matches.append(match)
-                graph.cleanup().toposort()
-        return result
+            if g is not None:
+                yield cumsum, g
+
+    def where(self, anchor) -> str:
+        return U.node_label(anchor[0])
+
+    def rewrite(self, graph, ctx, anchor) -> Match | None:
+        cumsum, g = anchor
+        return self._rewrite(graph, ctx, g, U.node_label(cumsum))
 
     def _rewrite(self, graph: gs.Graph, ctx: RewriteContext, g: gs.Tensor, where: str) -> Match | None:
         batch, heads, steps, dk = U.static_shape(g)
@@ -150,7 +144,7 @@ class ChunkedGLAPass:
         if chosen is None:
             if not problems:
                 return None  # not this structure: nothing to say (other passes may know the CumSum)
-            raise _Decline(f"no output agrees with the recurrence on random inputs ({'; '.join(problems[:3])})")
+            raise Decline(f"no output agrees with the recurrence on random inputs ({'; '.join(problems[:3])})")
         return self._replace(graph, ctx, g, where, *chosen)
 
     def _replace(self, graph, ctx, g, where, out, q, k, v, scale, error) -> Match:

@@ -28,13 +28,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import AnchoredPass, Decline, Match, NotACandidate, make_framefuse_node
 
 CHECK_TOLERANCE = 1e-5  # the graph's expression (float32, ONNX Runtime) against the recurrence
-
-
-class _Decline(Exception):
-    pass
 
 
 def _binary(node: gs.Node | None, op: str):
@@ -196,27 +192,23 @@ def _reference(log_a: np.ndarray, log_b: np.ndarray, axis: int, log_h0: np.ndarr
     return np.moveaxis(np.stack(out), 0, axis)
 
 
-class LogSpaceScanPass:
+class LogSpaceScanPass(AnchoredPass):
     name = "log-space-scan"
+    reason_prefix = "log-space linear scan: "
+    tidy = "end"
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
-            if node.op != "Exp" or node.domain not in ("", "ai.onnx", None) or not node.outputs:
-                continue
-            found = match(node)
-            if found is None:
-                continue
-            where = U.node_label(node)
-            try:
-                if isinstance(found, str):
-                    raise _Decline(found)
-                result.matches.append(self._rewrite(graph, ctx, node, *found))
-            except _Decline as exc:
-                result.declined.append(Declined(self.name, where, f"log-space linear scan: {exc}"))
-        if result.matches:
-            graph.cleanup().toposort()
-        return result
+            if node.op == "Exp" and node.domain in ("", "ai.onnx", None) and node.outputs:
+                yield node
+
+    def rewrite(self, graph, ctx, node: gs.Node) -> Match:
+        found = match(node)
+        if found is None:
+            raise NotACandidate
+        if isinstance(found, str):
+            raise Decline(found)
+        return self._rewrite(graph, ctx, node, *found)
 
     def _rewrite(self, graph, ctx, exp: gs.Node, log_b, log_a, axis: int, initial) -> Match:
         log_h0, slices = initial if initial is not None else (None, None)
@@ -224,18 +216,18 @@ class LogSpaceScanPass:
         shape = U.static_shape(out)
         dtype = U.np_dtype(out)
         if shape is None or len(shape) != 3 or axis != 1:
-            raise _Decline(f"{out.name} {shape} scans over axis {axis}; LinearScan takes [B, T, D], time axis 1")
+            raise Decline(f"{out.name} {shape} scans over axis {axis}; LinearScan takes [B, T, D], time axis 1")
         for t in (log_a, log_b):
             if U.static_shape(t) != shape:
-                raise _Decline(f"{t.name} has shape {U.static_shape(t)}, not the scan's {list(shape)}")
+                raise Decline(f"{t.name} has shape {U.static_shape(t)}, not the scan's {list(shape)}")
         if slices and U.is_graph_output(graph, exp.outputs[0]):
-            raise _Decline(f"{exp.outputs[0].name}, h_0 and every step, is a graph output")
+            raise Decline(f"{exp.outputs[0].name}, h_0 and every step, is a graph output")
         h0_shape = (shape[0], 1, shape[2])
         if log_h0 is not None and U.static_shape(log_h0) != h0_shape:
-            raise _Decline(f"{log_h0.name} (log h_0) has shape {U.static_shape(log_h0)}, not {list(h0_shape)}")
+            raise Decline(f"{log_h0.name} (log h_0) has shape {U.static_shape(log_h0)}, not {list(h0_shape)}")
         for t in [out] + [s.outputs[0] for s in slices or []]:
             if U.static_shape(t) != shape or U.np_dtype(t) != np.float32:
-                raise _Decline(
+                raise Decline(
                     f"{t.name} is {U.static_shape(t)} {np.dtype(U.np_dtype(t)).name}, LinearScan here is float32 {list(shape)}"
                 )
         # a constant log h_0 (an initializer, as torch.full exports) keeps its value in the check
@@ -260,10 +252,10 @@ class LogSpaceScanPass:
             try:
                 actual = U.evaluate_cut(graph, cut, [out])[0]
             except Exception as exc:  # noqa: BLE001 - a subgraph that does not cut at these tensors
-                raise _Decline(f"the expression cannot be evaluated from {', '.join(cut)} alone ({exc})") from exc
+                raise Decline(f"the expression cannot be evaluated from {', '.join(cut)} alone ({exc})") from exc
             worst = max(worst, float((np.abs(actual - expected) / (1 + np.abs(expected))).max()))
         if not worst <= CHECK_TOLERANCE:
-            raise _Decline(f"the expression differs from the recurrence by {worst:.3g} on random inputs")
+            raise Decline(f"the expression differs from the recurrence by {worst:.3g} on random inputs")
         a = U.add_op(graph, ctx, "Exp", [log_a], dtype=dtype, shape=shape, prefix="log_scan_a")
         b = U.add_op(graph, ctx, "Exp", [log_b], dtype=dtype, shape=shape, prefix="log_scan_b")
         inputs = [a, b]

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import AnchoredPass, Decline, Match, RewriteContext, make_framefuse_node
 
 # Ops that act on each time step independently and keep their meaning when a leading time axis
 # is added to their operands (numpy broadcasting aligns from the right).
@@ -53,10 +53,6 @@ ELEMENTWISE = {
 }
 
 
-class _Decline(Exception):
-    pass
-
-
 class _Hoister:
     """Rebuilds body expressions that do not depend on the state in the outer graph, over all T."""
 
@@ -78,7 +74,7 @@ class _Hoister:
         if key in self.memo:
             return self.memo[key]
         if t is self.state:
-            raise _Decline(
+            raise Decline(
                 "the update is not affine in the state (the state appears inside a nonlinear term or in A / B)"
             )
         if key in self.slices:
@@ -92,7 +88,7 @@ class _Hoister:
                 result = U.new_const(self.ctx, "hoisted_const", value)
             elif node is None:
                 if key in self.body_inputs:
-                    raise _Decline(f"body input {t.name} is not a scanned slice")
+                    raise Decline(f"body input {t.name} is not a scanned slice")
                 result = t  # an outer-scope tensor: the same for every step
             elif node.op in ELEMENTWISE or (
                 node.op == "MatMul"
@@ -113,7 +109,7 @@ class _Hoister:
                     prefix=f"hoisted_{node.op}",
                 )
             else:
-                raise _Decline(f"op {node.op} ({U.node_label(node)}) in the recurrence body is not elementwise")
+                raise Decline(f"op {node.op} ({U.node_label(node)}) in the recurrence body is not elementwise")
         self.memo[key] = result
         return result
 
@@ -123,7 +119,7 @@ def _affine_parts(h_out: gs.Tensor, h_in: gs.Tensor) -> tuple[gs.Tensor, gs.Tens
     h_out = U.strip_identity(h_out)
     add = U.producer_op(h_out, "Add")
     if add is None:
-        raise _Decline("the new state is not an Add of A ⊙ h and B (not a linear recurrence h = a ⊙ h + b)")
+        raise Decline("the new state is not an Add of A ⊙ h and B (not a linear recurrence h = a ⊙ h + b)")
     for i in (0, 1):
         mul = U.producer_op(add.inputs[i], "Mul")
         if mul is None:
@@ -133,7 +129,7 @@ def _affine_parts(h_out: gs.Tensor, h_in: gs.Tensor) -> tuple[gs.Tensor, gs.Tens
             return m1, add.inputs[1 - i]
         if U.strip_identity(m1) is h_in:
             return m0, add.inputs[1 - i]
-    raise _Decline("the new state is not A ⊙ h + B with h the carried state")
+    raise Decline("the new state is not A ⊙ h + B with h the carried state")
 
 
 def _describe_body(body) -> str:
@@ -151,23 +147,19 @@ def _describe_body(body) -> str:
     return f"elementwise body, {carried} outputs"
 
 
-class LoopScanPass:
+class LoopScanPass(AnchoredPass):
     name = "loops"
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
-            if node.op not in ("Scan", "Loop") or node.domain not in ("", "ai.onnx", None):
-                continue
-            try:
-                if node.op == "Scan":
-                    result.matches.append(self._scan(graph, ctx, node))
-                else:
-                    result.matches.append(self._loop(graph, ctx, node))
-            except _Decline as exc:
-                kind = _describe_body(node.attrs.get("body"))
-                result.declined.append(Declined(self.name, U.node_label(node), f"{node.op} ({kind}): {exc}"))
-        return result
+            if node.op in ("Scan", "Loop") and node.domain in ("", "ai.onnx", None):
+                yield node
+
+    def rewrite(self, graph, ctx, node: gs.Node) -> Match:
+        return self._scan(graph, ctx, node) if node.op == "Scan" else self._loop(graph, ctx, node)
+
+    def reason(self, node: gs.Node, exc: Decline) -> str:
+        return f"{node.op} ({_describe_body(node.attrs.get('body'))}): {exc}"
 
     # -- Scan -----------------------------------------------------------------------------
 
@@ -176,15 +168,15 @@ class LoopScanPass:
         m = int(node.attrs["num_scan_inputs"])
         n_state = len(node.inputs) - m
         if n_state != 1:
-            raise _Decline(f"{n_state} carried states (only one carried state h is fused)")
+            raise Decline(f"{n_state} carried states (only one carried state h is fused)")
         for attr in ("scan_input_axes", "scan_input_directions", "scan_output_axes", "scan_output_directions"):
             values = node.attrs.get(attr)
             if values is not None and any(int(v) != 0 for v in values):
-                raise _Decline(f"{attr}={list(values)} (only time-major, forward scans are fused)")
+                raise Decline(f"{attr}={list(values)} (only time-major, forward scans are fused)")
         scanned = node.inputs[1:]
         shapes = [U.static_shape(t) for t in scanned]
         if not scanned or any(s is None for s in shapes):
-            raise _Decline("scanned inputs without static shapes")
+            raise Decline("scanned inputs without static shapes")
         T = shapes[0][0]
         slices = {id(bi): outer for bi, outer in zip(body.inputs[1:], scanned)}
         h_in, h_out = body.inputs[0], body.outputs[0]
@@ -210,20 +202,20 @@ class LoopScanPass:
         trip, cond = node.inputs[0], node.inputs[1]
         carried = node.inputs[2:]
         if len(carried) != 1:
-            raise _Decline(f"{len(carried)} loop-carried values (only one carried state h is fused)")
+            raise Decline(f"{len(carried)} loop-carried values (only one carried state h is fused)")
         trip_value = U.const_value(trip) if not U.is_empty(trip) else None
         if trip_value is None:
-            raise _Decline("trip count M is not a constant")
+            raise Decline("trip count M is not a constant")
         T = int(np.ravel(trip_value)[0])
         if not U.is_empty(cond):
             cv = U.const_value(cond)
             if cv is None or not bool(np.ravel(cv)[0]):
-                raise _Decline("loop condition is not a constant true")
+                raise Decline("loop condition is not a constant true")
         iter_in, cond_in, h_in = body.inputs[:3]
         cond_out = U.strip_identity(body.outputs[0])
         cv = U.const_value(cond_out)
         if not (cond_out is cond_in or (cv is not None and bool(np.ravel(cv)[0]))):
-            raise _Decline("the body computes its own stop condition (data-dependent trip count)")
+            raise Decline("the body computes its own stop condition (data-dependent trip count)")
         # Per-step slices: Gather(X, iteration, axis=0) of an outer tensor X of length T.
         slices = {}
         for bnode in body.nodes:
@@ -236,10 +228,10 @@ class LoopScanPass:
                 src = bnode.inputs[0]
                 shape = U.static_shape(src)
                 if shape is None or shape[0] != T:
-                    raise _Decline(f"{src.name} is indexed per iteration but has shape {shape}, not [{T}, ...]")
+                    raise Decline(f"{src.name} is indexed per iteration but has shape {shape}, not [{T}, ...]")
                 slices[id(bnode.outputs[0])] = src
         if not slices:
-            raise _Decline("no per-iteration input (Gather(X, iteration_num, axis=0)) in the body")
+            raise Decline("no per-iteration input (Gather(X, iteration_num, axis=0)) in the body")
         return self._fuse(
             graph,
             ctx,
@@ -260,13 +252,13 @@ class LoopScanPass:
     def _fuse(self, graph, ctx, node, body, T, h0, h_in, h_out, slices, *, final_out, scan_body_outs, scan_outs):
         for bo, so in zip(scan_body_outs, scan_outs):
             if U.strip_identity(bo) is not U.strip_identity(h_out) and (so.outputs or U.is_graph_output(graph, so)):
-                raise _Decline(f"per-step output {bo.name} is not the new state (only h_t is stacked by LinearScan)")
+                raise Decline(f"per-step output {bo.name} is not the new state (only h_t is stacked by LinearScan)")
         h_shape = U.static_shape(h0)
         if h_shape is None or len(h_shape) == 0:
-            raise _Decline(f"initial state {h0.name} has no static shape")
+            raise Decline(f"initial state {h0.name} has no static shape")
         dtype = U.np_dtype(h0)
         if dtype is None or dtype.kind != "f":
-            raise _Decline(f"state dtype {dtype} is not a float type")
+            raise Decline(f"state dtype {dtype} is not a float type")
         a_body, b_body = _affine_parts(h_out, h_in)
         hoister = _Hoister(graph, ctx, body, h_in, slices, T)
         a_full, b_full = hoister.outer(a_body), hoister.outer(b_body)
@@ -282,9 +274,9 @@ class LoopScanPass:
                 if shape is not None:
                     try:
                         if np.broadcast_shapes(shape, full) != full:
-                            raise _Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}")
+                            raise Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}")
                     except ValueError:
-                        raise _Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}") from None
+                        raise Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}") from None
                 x = U.add_op(
                     graph,
                     ctx,

@@ -16,9 +16,20 @@ import onnx_graphsurgeon as gs
 
 from framefuse.errors import FrameFuseError
 from framefuse.plugins.registry import DOMAIN, OP_TYPES, VERSION
+from framefuse.rewrite.attention import AttentionPass, OnnxAttentionPass
 from framefuse.rewrite.base import PassResult, RewriteContext
+from framefuse.rewrite.chunked_delta import ChunkedDeltaRulePass
+from framefuse.rewrite.chunked_gla import ChunkedGLAPass
+from framefuse.rewrite.logscan import LogSpaceScanPass
+from framefuse.rewrite.loops import LoopScanPass
 from framefuse.rewrite.normalize import normalize_graph
 from framefuse.rewrite.report import RewriteReport
+from framefuse.rewrite.rnn_nodes import RnnNodePass
+from framefuse.rewrite.ssd import ChunkedSSDPass
+from framefuse.rewrite.steps import chained_step_nodes
+from framefuse.rewrite.unroll import UnrollLoopsPass
+from framefuse.rewrite.unrolled import PASSES as UNROLLED_PASSES
+from framefuse.rewrite.unrolled import remaining_recurrence_ops
 from framefuse.rewrite.util import cancel_unsqueeze_squeeze
 
 # ONNX IR version the rewritten model is written with at most (ONNX Runtime 1.31 reads ≤ 13;
@@ -130,31 +141,25 @@ def _infer_loose(model: onnx.ModelProto, notes: list[str] | None = None) -> onnx
         return model
 
 
-def default_passes() -> list:
-    """The passes in their order."""
-    # imported here: framefuse.rewrite.unrolled imports framefuse.rewrite (a cycle at module level)
-    from framefuse.rewrite.attention import AttentionPass, OnnxAttentionPass
-    from framefuse.rewrite.chunked_delta import ChunkedDeltaRulePass
-    from framefuse.rewrite.chunked_gla import ChunkedGLAPass
-    from framefuse.rewrite.logscan import LogSpaceScanPass
-    from framefuse.rewrite.loops import LoopScanPass
-    from framefuse.rewrite.rnn_nodes import RnnNodePass
-    from framefuse.rewrite.ssd import ChunkedSSDPass
-    from framefuse.rewrite.unroll import UnrollLoopsPass
-    from framefuse.rewrite.unrolled import PASSES
+# The graph passes in the order they run, before the unrolled-recurrence family (its own ordered
+# list, rewrite.unrolled.PASSES). A new pattern is one class and one entry here. UnrollLoopsPass
+# after LoopScanPass: it copies out the bodies of the Loop / Scan nodes LoopScanPass left.
+GRAPH_PASSES = (
+    RnnNodePass,
+    OnnxAttentionPass,
+    AttentionPass,
+    LoopScanPass,
+    UnrollLoopsPass,
+    LogSpaceScanPass,
+    ChunkedSSDPass,
+    ChunkedDeltaRulePass,
+    ChunkedGLAPass,
+)
 
-    return [
-        RnnNodePass(),
-        OnnxAttentionPass(),
-        AttentionPass(),
-        LoopScanPass(),
-        UnrollLoopsPass(),  # the Loop / Scan nodes LoopScanPass left: their bodies copied T times
-        LogSpaceScanPass(),
-        ChunkedSSDPass(),
-        ChunkedDeltaRulePass(),
-        ChunkedGLAPass(),
-        *PASSES,
-    ]
+
+def default_passes() -> list:
+    """The passes in their order: GRAPH_PASSES, then rewrite.unrolled.PASSES."""
+    return [cls() for cls in GRAPH_PASSES] + list(UNROLLED_PASSES)
 
 
 def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str, int]:
@@ -164,13 +169,9 @@ def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str
     for node in graph.nodes:
         if node.op in counts and node.domain in _DEFAULT_DOMAINS:
             counts[node.op] += 1
-    from framefuse.rewrite.unrolled import remaining_recurrence_ops
-
     counts["unrolled"] = int(remaining_recurrence_ops(graph))
     # A loop the passes never recognised must not read as 0: the graph's own repeated, chained step
     # structure is counted independently (framefuse.rewrite.steps) and the larger count is kept.
-    from framefuse.rewrite.steps import chained_step_nodes
-
     try:
         independent = chained_step_nodes(graph)
     except Exception as exc:  # noqa: BLE001 - a counting failure is reported, never silently 0

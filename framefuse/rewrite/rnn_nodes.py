@@ -23,7 +23,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import AnchoredPass, Decline, Match, RewriteContext, make_framefuse_node
 
 _DEFAULT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3}
@@ -48,84 +48,76 @@ def _output(graph: gs.Graph, node: gs.Node, i: int) -> gs.Tensor | None:
     return t if (t.outputs or U.is_graph_output(graph, t)) else None
 
 
-class RnnNodePass:
+class RnnNodePass(AnchoredPass):
     name = "rnn_nodes"
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
-            if node.domain not in ("", "ai.onnx", None):
-                continue
-            if node.op == "RNN":
-                result.declined.append(
-                    Declined(
-                        self.name,
-                        U.node_label(node),
-                        "ONNX RNN (Elman) node: framefuse has no fused op for it (left as it stands: the "
-                        "cuda-graph engine runs it as a loop over time, the step compiler as a loop in its kernel)",
-                    )
-                )
-                continue
-            if node.op not in _FUSED_OP:
-                continue
-            reason = self._why_not(node)
-            if reason:
-                result.declined.append(Declined(self.name, U.node_label(node), reason))
-                continue
-            result.matches.extend(self._rewrite(graph, ctx, node))
-        return result
+            if node.domain in ("", "ai.onnx", None) and (node.op == "RNN" or node.op in _FUSED_OP):
+                yield node
+
+    def rewrite(self, graph: gs.Graph, ctx: RewriteContext, node: gs.Node) -> list[Match]:
+        if node.op == "RNN":
+            raise Decline(
+                "ONNX RNN (Elman) node: framefuse has no fused op for it (left as it stands: the "
+                "cuda-graph engine runs it as a loop over time, the step compiler as a loop in its kernel)"
+            )
+        self._check(node)
+        return self._rewrite(graph, ctx, node)
 
     # -- checks -----------------------------------------------------------------------------
 
-    def _why_not(self, node: gs.Node) -> str | None:
+    def _check(self, node: gs.Node) -> None:
+        """Decline (the reason) what the fused op cannot compute exactly."""
         op = node.op
         attrs = node.attrs
         direction = _attr_str(attrs.get("direction", "forward"))
         if direction not in ("forward", "reverse", "bidirectional"):
-            return f"unknown direction {direction!r}"
+            raise Decline(f"unknown direction {direction!r}")
         n_dirs = 2 if direction == "bidirectional" else 1
         if "hidden_size" not in attrs:
-            return "hidden_size attribute missing"
+            raise Decline("hidden_size attribute missing")
         if attrs.get("clip") is not None:
-            return f"clip={attrs['clip']} (cell clipping) is not supported by {_FUSED_OP[op]}"
+            raise Decline(f"clip={attrs['clip']} (cell clipping) is not supported by {_FUSED_OP[op]}")
         if op == "LSTM" and int(attrs.get("input_forget", 0)) != 0:
-            return "input_forget=1 (coupled input-forget gate) is not supported by LSTMSeq"
+            raise Decline("input_forget=1 (coupled input-forget gate) is not supported by LSTMSeq")
         if op == "GRU" and int(attrs.get("linear_before_reset", 0)) != 1:
-            return "GRU with linear_before_reset=0: GRUSeq implements linear_before_reset=1 (torch's GRU) only"
+            raise Decline("GRU with linear_before_reset=0: GRUSeq implements linear_before_reset=1 (torch's GRU) only")
         acts = attrs.get("activations")
         if acts is not None:
             names = [_attr_str(a).lower() for a in acts]
             if names != _DEFAULT_ACTIVATIONS[op] * n_dirs:
-                return f"non-default activations {names} (fused op uses {_DEFAULT_ACTIVATIONS[op]})"
+                raise Decline(f"non-default activations {names} (fused op uses {_DEFAULT_ACTIVATIONS[op]})")
         if attrs.get("activation_alpha") is not None or attrs.get("activation_beta") is not None:
-            return "activation_alpha/activation_beta given (parametric activations are not supported)"
+            raise Decline("activation_alpha/activation_beta given (parametric activations are not supported)")
         x = _input(node, 0)
         x_dtype = U.np_dtype(x)
         if x_dtype is None or x_dtype not in (np.float32, np.float16):
-            return f"input X has dtype {x_dtype}, expected float32 or float16"
+            raise Decline(f"input X has dtype {x_dtype}, expected float32 or float16")
         layout = int(attrs.get("layout", 0))
         x_shape = U.static_shape(x)
         seq_lens = _input(node, 4)
         if seq_lens is not None:
             value = U.const_value(seq_lens)
             if value is None or x_shape is None or not np.all(value == x_shape[1 if layout else 0]):
-                return "sequence_lens given (variable-length sequences): the fused op runs all T steps"
+                raise Decline("sequence_lens given (variable-length sequences): the fused op runs all T steps")
         if op == "LSTM":
             peephole = _input(node, 7)
             if peephole is not None:
                 value = U.const_value(peephole)
                 if value is None or np.any(value != 0):
-                    return "peephole connections (input P) are not supported by LSTMSeq"
+                    raise Decline("peephole connections (input P) are not supported by LSTMSeq")
         if direction != "forward" and x_shape is None:
-            return f"direction={direction} needs a static sequence length to reverse the input; X has shape {x.shape}"
+            raise Decline(
+                f"direction={direction} needs a static sequence length to reverse the input; X has shape {x.shape}"
+            )
         for i, what in ((1, "W"), (2, "R")):
             t = _input(node, i)
             if t is None:
-                return f"input {what} missing"
+                raise Decline(f"input {what} missing")
             shape = U.static_shape(t)
             if shape is not None and (len(shape) != 3 or shape[0] != n_dirs):
-                return f"input {what} has shape {list(shape)}, expected [{n_dirs}, ...]"
-        return None
+                raise Decline(f"input {what} has shape {list(shape)}, expected [{n_dirs}, ...]")
 
     # -- rewrite ----------------------------------------------------------------------------
 

@@ -29,17 +29,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import AnchoredPass, Decline, Match, NotACandidate, make_framefuse_node
 from framefuse.rewrite.unrolled.graphutil import descendants
 
 MAX_EVALUATIONS = 4  # candidate outputs run through ONNX Runtime per scan
 CHECK_TOLERANCE = 1e-4  # the graph's chunked form (float32, ONNX Runtime) against the recurrence (float64)
 # ops that only move or repeat data between the scan's inputs and the chunk machinery
 _MOVES = {"Reshape", "Pad", "Transpose", "Slice", "Cast", "Identity", "Unsqueeze", "Squeeze", "Expand", "Tile"}
-
-
-class _Decline(Exception):
-    pass
 
 
 def _source(t: gs.Tensor) -> gs.Tensor:
@@ -90,29 +86,25 @@ def _reference(x, dt, a, b, c, d, groups: int):
     return y
 
 
-class ChunkedSSDPass:
+class ChunkedSSDPass(AnchoredPass):
     name = "chunked-ssd"
+    reason_prefix = "Mamba2 chunked scan (SSD): "
+    tidy = "attempt"
+    sort_first = True
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
-        graph.toposort()
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
-            if node.op != "CumSum" or not node.inputs or node.name not in {n.name for n in graph.nodes}:
-                continue
-            anchor = _anchor(node)
-            if anchor is None:
-                continue
-            try:
-                result.matches.append(self._rewrite(graph, ctx, node, *anchor))
-            except _Decline as exc:
-                result.declined.append(Declined(self.name, U.node_label(node), f"Mamba2 chunked scan (SSD): {exc}"))
-            graph.cleanup().toposort()
-        return result
+            if node.op == "CumSum" and node.inputs and node.name in {n.name for n in graph.nodes}:
+                yield node
 
-    def _rewrite(self, graph, ctx, cumsum: gs.Node, a: np.ndarray, dt: gs.Tensor) -> Match:
+    def rewrite(self, graph, ctx, cumsum: gs.Node) -> Match:
+        anchor = _anchor(cumsum)
+        if anchor is None:
+            raise NotACandidate
+        a, dt = anchor
         found = U.unsqueezed_products(dt)
         if not found:
-            raise _Decline(f"no product x·dt[..., None] of {dt.name} [B, T, H] with an x of [B, T, H, P]")
+            raise Decline(f"no product x·dt[..., None] of {dt.name} [B, T, H] with an x of [B, T, H, P]")
         x, _ = found[0]
         batch, steps, heads, p = U.static_shape(x)
         order = {o.name: i for i, node in enumerate(graph.nodes) for o in node.outputs}
@@ -131,7 +123,7 @@ class ChunkedSSDPass:
             reverse=True,
         )
         if not candidates:
-            raise _Decline(f"no tensor of y's shape [B, T, H, P] after {cumsum.name}")
+            raise Decline(f"no tensor of y's shape [B, T, H, P] after {cumsum.name}")
         rng = np.random.default_rng(0)
         chosen, problems = None, []
         evaluated = 0
@@ -175,7 +167,7 @@ class ChunkedSSDPass:
             if chosen:
                 break
         if chosen is None:
-            raise _Decline(
+            raise Decline(
                 "no output agrees with the recurrence on random inputs, with any number of groups of B and C"
                 + (f" ({'; '.join(problems[:3])})" if problems else " (no tensor of y's shape reads x, dt, B, C alone)")
             )

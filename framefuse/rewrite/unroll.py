@@ -18,50 +18,42 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
-from framefuse.rewrite.base import Declined, PassResult, RewriteContext
+from framefuse.rewrite.base import AnchoredPass, Decline, Declined, RewriteContext
 
 # The most body nodes one Loop / Scan becomes (iterations x body nodes): past it the node is left
 # as it is (ONNX Runtime and TensorRT run Loop / Scan themselves).
 UNROLL_MAX_NODES = 1 << 13
 
 
-class _Decline(Exception):
-    pass
-
-
 def _graph_attrs(node: gs.Node) -> bool:
     return any(isinstance(v, gs.Graph) for v in node.attrs.values())
 
 
-class UnrollLoopsPass:
+class UnrollLoopsPass(AnchoredPass):
     name = "unroll-loops"
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
-            if node.op not in ("Scan", "Loop") or node.domain not in ("", "ai.onnx", None) or not node.outputs:
-                continue
-            try:
-                steps, size = self._scan(graph, ctx, node) if node.op == "Scan" else self._loop(graph, ctx, node)
-            except _Decline as exc:
-                result.declined.append(Declined(self.name, U.node_label(node), f"{node.op} left as it is: {exc}"))
-                continue
-            result.declined.append(
-                Declined(
-                    self.name,
-                    U.node_label(node),
-                    f"{node.op} not fused: unrolled into {steps} copies of its {size}-node body",
-                )
-            )
-        return result
+            if node.op in ("Scan", "Loop") and node.domain in ("", "ai.onnx", None) and node.outputs:
+                yield node
+
+    def rewrite(self, graph: gs.Graph, ctx: RewriteContext, node: gs.Node) -> Declined:
+        try:
+            steps, size = self._scan(graph, ctx, node) if node.op == "Scan" else self._loop(graph, ctx, node)
+        except Decline as exc:
+            raise Decline(f"{node.op} left as it is: {exc}") from exc
+        # copied, not fused (the unrolled-recurrence passes after this one may fuse the copies)
+        return Declined(
+            self.name, U.node_label(node), f"{node.op} not fused: unrolled into {steps} copies of its {size}-node body"
+        )
 
     # -- the two node kinds ---------------------------------------------------------------
 
     def _check_body(self, body: gs.Graph, steps: int) -> None:
         if any(_graph_attrs(n) for n in body.nodes):
-            raise _Decline("its body holds a nested Loop / Scan / If")
+            raise Decline("its body holds a nested Loop / Scan / If")
         if steps * max(len(body.nodes), 1) > UNROLL_MAX_NODES:
-            raise _Decline(
+            raise Decline(
                 f"{steps} iterations of a {len(body.nodes)}-node body are more than {UNROLL_MAX_NODES} nodes unrolled"
             )
 
@@ -77,11 +69,11 @@ class UnrollLoopsPass:
         out_dirs = [int(d) for d in node.attrs.get("scan_output_directions") or [0] * k]
         shapes = [U.static_shape(x) for x in xs]
         if any(s is None for s in shapes):
-            raise _Decline("a scanned input without a static shape")
+            raise Decline("a scanned input without a static shape")
         in_axes = [a % len(s) for a, s in zip(in_axes, shapes)]
         lengths = {s[a] for a, s in zip(in_axes, shapes)}
         if len(lengths) != 1:
-            raise _Decline(f"scanned inputs of lengths {sorted(lengths)}")
+            raise Decline(f"scanned inputs of lengths {sorted(lengths)}")
         (steps,) = lengths
         self._check_body(body, steps)
         out_axes = self._output_axes(body.outputs[n:], out_axes)
@@ -103,20 +95,20 @@ class UnrollLoopsPass:
         carried = list(node.inputs[2:])
         trip_value = None if U.is_empty(trip) else U.const_value(trip)
         if trip_value is None:
-            raise _Decline("its trip count M is not a constant")
+            raise Decline("its trip count M is not a constant")
         steps = int(np.ravel(trip_value)[0])
         if not U.is_empty(cond):
             value = U.const_value(cond)
             if value is None or not bool(np.ravel(value)[0]):
-                raise _Decline("its initial condition is not a constant true")
+                raise Decline("its initial condition is not a constant true")
         cond_in, cond_out = body.inputs[1], U.strip_identity(body.outputs[0])
         value = U.const_value(cond_out)
         if not (cond_out is cond_in or (value is not None and bool(np.ravel(value)[0]))):
-            raise _Decline("its body computes its own stop condition (a trip count known only at run time)")
+            raise Decline("its body computes its own stop condition (a trip count known only at run time)")
         self._check_body(body, steps)
         k = len(body.outputs) - 1 - len(carried)
         if k and not steps:
-            raise _Decline("it runs no iteration, so its scan outputs have no shape")
+            raise Decline("it runs no iteration, so its scan outputs have no shape")
         axes = self._output_axes(body.outputs[1 + len(carried) :], [0] * k)
         collected: list[list] = [[] for _ in range(k)]
         for t in range(steps):
@@ -139,7 +131,7 @@ class UnrollLoopsPass:
             if axis < 0:
                 shape = U.static_shape(element)
                 if shape is None:
-                    raise _Decline(f"scan output {element.name} has no static rank for axis {axis}")
+                    raise Decline(f"scan output {element.name} has no static rank for axis {axis}")
                 axis %= len(shape) + 1
             out.append(axis)
         return out

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import RewriteContext
+from framefuse.rewrite.base import RewriteContext, node_label  # noqa: F401  (U.node_label in every pass)
 
 FLOAT_DTYPES = (np.float32, np.float16, np.float64)
 
@@ -105,10 +105,6 @@ def only_consumer(graph: gs.Graph, t: gs.Tensor, node: gs.Node) -> bool:
 def is_empty(t: gs.Tensor | None) -> bool:
     """An absent optional input (empty name)."""
     return t is None or (isinstance(t, gs.Variable) and t.name == "")
-
-
-def node_label(node: gs.Node) -> str:
-    return node.name or f"<unnamed {node.op}>"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from framefuse.rewrite.base import Decline
 from framefuse.rewrite.unrolled.graphutil import (
-    NotLiftable,
     const_key,
     const_value,
     descendants,
@@ -187,7 +187,7 @@ def _signature(tm: Tmpl, lifter: Lifter, memo: dict):
             return ("L", None)
         try:
             return ("L", lifter.key(tm.tensor))
-        except NotLiftable:
+        except Decline:
             return ("L!", tm.tensor.name)
     return (
         "N",
@@ -220,7 +220,7 @@ def _match_backward(tm: Tmpl, w: gs.Tensor, lifter: Lifter, binding: dict) -> bo
             return tm.tensor.name == w.name
         try:
             return lifter.key(tm.tensor) == lifter.key(w)
-        except NotLiftable:
+        except Decline:
             return False
     node = producer(w)
     if node is None or node_key(node) != node_key(tm.node) or len(node.inputs) != len(tm.children):

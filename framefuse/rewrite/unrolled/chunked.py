@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import Declined, PassResult, RewriteContext
+from framefuse.rewrite.base import AnchoredPass, Decline, RewriteContext
 from framefuse.rewrite.unrolled.graphutil import is_framefuse
 
 # What may sit between the CumSum and the Exp of a segment sum (broadcasts, the pairwise
@@ -38,31 +38,34 @@ _SEGSUM_PATH = {
 _DEPTH = 8
 
 
-class ChunkedScanReportPass:
+class ChunkedScanReportPass(AnchoredPass):
+    """Anchors: (CumSum, Exp) of each segment sum left (one per Exp); each is declined."""
+
     name = "unrolled-chunked-scan"
 
-    def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
+    def anchors(self, graph: gs.Graph):
         seen_exp: set[str] = set()
-        for node in graph.nodes:
+        for node in list(graph.nodes):
             if node.op != "CumSum" or is_framefuse(node):
                 continue
             exp = _segment_exp(node)
             if exp is None or exp.name in seen_exp:
                 continue
             seen_exp.add(exp.name)
-            result.declined.append(
-                Declined(
-                    self.name,
-                    f"CumSum {node.name!r} → Exp {exp.name!r}",
-                    "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum rather "
-                    "than a per-step recurrence, and no pass mapped it (Mamba2's SSD, the chunked delta rule "
-                    "and gated linear attention are mapped by chunked-ssd, chunked-delta-rule and chunked-gla, "
-                    "whose declines say why not here); export the model's per-step "
-                    "path (a loop over time) to fuse it",
-                )
-            )
-        return result
+            yield node, exp
+
+    def where(self, anchor) -> str:
+        cumsum, exp = anchor
+        return f"CumSum {cumsum.name!r} → Exp {exp.name!r}"
+
+    def rewrite(self, graph: gs.Graph, ctx: RewriteContext, anchor):
+        raise Decline(
+            "a chunked (parallel) scan: the decays are exp of segment sums of a cumulative sum rather "
+            "than a per-step recurrence, and no pass mapped it (Mamba2's SSD, the chunked delta rule "
+            "and gated linear attention are mapped by chunked-ssd, chunked-delta-rule and chunked-gla, "
+            "whose declines say why not here); export the model's per-step "
+            "path (a loop over time) to fuse it"
+        )
 
 
 def _segment_exp(cumsum: gs.Node) -> gs.Node | None:

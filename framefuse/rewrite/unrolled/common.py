@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import Declined, Match, PassResult, RewriteContext
+from framefuse.rewrite.base import Decline, Declined, Match, PassResult, RewriteContext
 from framefuse.rewrite.unrolled.chains import DATA_MOVEMENT, Chain, find_chains
 from framefuse.rewrite.unrolled.graphutil import (
     Emitter,
-    NotLiftable,
     const_value,
     is_framefuse,
     producer,
@@ -34,7 +33,7 @@ def _discard(graph: gs.Graph, nodes: list[gs.Node]) -> None:
 
 class UnrolledPass:
     """Base of the passes: subclasses set ``name``, ``op_type`` and implement
-    ``accepts(chain, tl)`` (cheap structural filter) and ``rewrite_chain`` (raise NotLiftable to
+    ``accepts(chain, tl)`` (cheap structural filter) and ``rewrite_chain`` (raise Decline to
     decline; emit nodes through ``emit`` only, and re-wire the states last)."""
 
     name = "unrolled"
@@ -69,7 +68,7 @@ class UnrolledPass:
                 lifter = Lifter(chain.timeline or tl, emit, chain.steps, chain.first_frame)
                 try:
                     detail = self.rewrite_chain(graph, ctx, chain, lifter, emit)
-                except NotLiftable as exc:
+                except Decline as exc:
                     _discard(graph, emit.new_nodes)
                     declined.append(Declined(self.name, chain.where(), str(exc)))
                     continue
@@ -159,7 +158,7 @@ def restack(graph: gs.Graph, ctx: RewriteContext) -> int:
                 if head:
                     first = emit.unsqueeze(inputs[0], [0], (1, *shape), dtype)
                     lifted = emit.node("Concat", [first, lifted], (len(inputs), *shape), dtype, attrs={"axis": 0})
-            except NotLiftable:
+            except Decline:
                 _discard(graph, emit.new_nodes)
                 continue
             axis = int(node.attrs.get("axis", 0)) % len(shape)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.base import Decline, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl
 from framefuse.rewrite.unrolled.common import UnrolledPass, lift_leaf
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer, replace_producer
+from framefuse.rewrite.unrolled.graphutil import const_value, producer, replace_producer
 from framefuse.rewrite.unrolled.match import args, depends_on_hole, op
 
 
@@ -72,21 +72,21 @@ class DeltaRuleScanPass(UnrolledPass):
         tl = lifter.tl
         found = match_delta_rule(chain.structural_links[0], shapes)
         if isinstance(found, str):
-            raise NotLiftable(found)
+            raise Decline(found)
         k_col, v_col, beta, k_src = found
         if lifter.key(k_src) != lifter.key(k_col):
-            raise NotLiftable("kᵀ is not the transpose of the key column used in S k")
+            raise Decline("kᵀ is not the transpose of the key column used in S k")
         state_shape = shapes.need_shape(chain.states[-1])
         if len(state_shape) != 4 or shapes.dtype(chain.states[-1]) != np.float32:
-            raise NotLiftable(f"delta-rule state must be float32 [B, H, Dv, Dk], got {state_shape}")
+            raise Decline(f"delta-rule state must be float32 [B, H, Dv, Dk], got {state_shape}")
         b, h, dv, dk = state_shape
         if shapes.need_shape(k_col) != (b, h, dk, 1) or shapes.need_shape(v_col) != (b, h, dv, 1):
-            raise NotLiftable(
+            raise Decline(
                 f"key/value columns {shapes.shape(k_col)}, {shapes.shape(v_col)} are not "
                 f"[{b}, {h}, {dk}, 1] / [{b}, {h}, {dv}, 1]"
             )
         if shapes.need_shape(beta) != (b, h, 1, 1):
-            raise NotLiftable(f"β has shape {shapes.shape(beta)}, expected [{b}, {h}, 1, 1]")
+            raise Decline(f"β has shape {shapes.shape(beta)}, expected [{b}, {h}, 1, 1]")
         link_nodes = {id(n) for link in chain.links for n in link.nodes()}
         # The read-out o_t = S_t q_t of every state.
         readouts, q_cols = [], []
@@ -102,19 +102,19 @@ class DeltaRuleScanPass(UnrolledPass):
                     or shapes.shape(q) != (b, h, dk, 1)
                     or tl.time_of(q) - {chain.first_frame + i - 1}
                 ):
-                    raise NotLiftable(
+                    raise Decline(
                         f"state {state.name!r} is read by {node.op} node {node.name!r}, "
                         "not only by the next step and the read-out S_t q_t"
                     )
                 found_readout = node.outputs[0]
                 q_cols.append(q)
             if i < len(chain.states) - 1 and state in graph.outputs:
-                raise NotLiftable(f"intermediate state {state.name!r} is a graph output")
+                raise Decline(f"intermediate state {state.name!r} is a graph output")
             readouts.append(found_readout)
         if any(r is None for r in readouts) and any(r is not None for r in readouts):
-            raise NotLiftable("some steps read out S_t q_t and others do not")
+            raise Decline("some steps read out S_t q_t and others do not")
         if q_cols and len({lifter.key(q) for q in q_cols}) != 1:
-            raise NotLiftable("the read-outs use different queries at different steps")
+            raise Decline("the read-outs use different queries at different steps")
         steps = chain.steps
 
         def heads_major(leaf, width):  # [T, B, H, width(, 1)] -> [B, H, T, width]

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.base import Decline, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl
 from framefuse.rewrite.unrolled.common import UnrolledPass, lift_leaf
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer, replace_producer
+from framefuse.rewrite.unrolled.graphutil import const_value, producer, replace_producer
 from framefuse.rewrite.unrolled.match import args, depends_on_hole, op, pairs
 
 F32 = np.float32
@@ -143,41 +143,39 @@ class GatedDeltaRuleScanPass(UnrolledPass):
             try:
                 if lifter.key(x) == lifter.key(y):
                     return True
-            except NotLiftable:
+            except Decline:
                 return False
             inner_x, inner_y = _unsqueezed_at(x, -1, 4), _unsqueezed_at(y, -1, 4)
             return inner_x is not None and inner_y is not None and same_leaf(inner_x, inner_y)
 
         found = match_gated_delta(chain.structural_links[0], same_leaf)
         if isinstance(found, str):
-            raise NotLiftable(found)
+            raise Decline(found)
         alpha, k_col, v_t, beta, red, delta_row = found
         state_shape = shapes.need_shape(chain.states[-1])
         if len(state_shape) != 4 or shapes.dtype(chain.states[-1]) != F32:
-            raise NotLiftable(f"gated delta-rule state must be float32 [B, H, Dk, Dv], got {list(state_shape)}")
+            raise Decline(f"gated delta-rule state must be float32 [B, H, Dk, Dv], got {list(state_shape)}")
         b, h, dk, dv = state_shape
         if _reduce_axis(red, 4) != 2:
-            raise NotLiftable("Σ S'·k_t does not sum over the key axis (−2) of the state")
+            raise Decline("Σ S'·k_t does not sum over the key axis (−2) of the state")
         delta_axes = const_value(delta_row.inputs[1]) if len(delta_row.inputs) > 1 else None
         if delta_axes is None or delta_axes.size != 1 or int(delta_axes.reshape(-1)[0]) % 4 != 2:
-            raise NotLiftable("δ is not unsqueezed at axis −2 (the outer product is not k_t ⊗ δ_t)")
+            raise Decline("δ is not unsqueezed at axis −2 (the outer product is not k_t ⊗ δ_t)")
         k_t = _unsqueezed_at(k_col, -1, 4)
         if k_t is None or shapes.shape(k_t) != (b, h, dk):
-            raise NotLiftable(f"the key {k_col.name!r} is not k_t[..., None] with k_t [{b}, {h}, {dk}]")
+            raise Decline(f"the key {k_col.name!r} is not k_t[..., None] with k_t [{b}, {h}, {dk}]")
         if shapes.shape(v_t) != (b, h, dv):
-            raise NotLiftable(f"v_t has shape {shapes.shape(v_t)}, expected [{b}, {h}, {dv}]")
+            raise Decline(f"v_t has shape {shapes.shape(v_t)}, expected [{b}, {h}, {dv}]")
         beta_t = _strip(beta)
         if int(np.prod(shapes.need_shape(beta))) != b * h or int(np.prod(shapes.need_shape(beta_t))) != b * h:
-            raise NotLiftable(f"β has shape {shapes.shape(beta)}, not one value per (batch, head)")
+            raise Decline(f"β has shape {shapes.shape(beta)}, not one value per (batch, head)")
         if int(np.prod(shapes.need_shape(alpha))) != b * h:
-            raise NotLiftable(
-                f"the decay {alpha.name!r} has shape {shapes.shape(alpha)}, not one value per (batch, head)"
-            )
+            raise Decline(f"the decay {alpha.name!r} has shape {shapes.shape(alpha)}, not one value per (batch, head)")
         exp_node = producer(_strip(alpha))
         log_needed = exp_node is None or exp_node.op != "Exp"
         g_t = _strip(alpha) if log_needed else exp_node.inputs[0]
         if int(np.prod(shapes.need_shape(g_t))) != b * h:
-            raise NotLiftable(f"the log decay {g_t.name!r} is not one value per (batch, head)")
+            raise Decline(f"the log decay {g_t.name!r} is not one value per (batch, head)")
 
         link_nodes = {id(n) for link in chain.links for n in link.nodes()}
         readouts, q_ts = [], []
@@ -193,7 +191,7 @@ class GatedDeltaRuleScanPass(UnrolledPass):
                         or shapes.shape(q_t) != (b, h, dk)
                         or tl.time_of(q_t) - {chain.first_frame + i - 1}
                     ):
-                        raise NotLiftable(f"state {state.name!r} is read by more than one read-out")
+                        raise Decline(f"state {state.name!r} is read by more than one read-out")
                     found_readout = node.outputs[0]
                     q_ts.append(q_t)
                     continue
@@ -209,19 +207,19 @@ class GatedDeltaRuleScanPass(UnrolledPass):
                     or shapes.shape(q_t) != (b, h, dk)
                     or tl.time_of(q_t) - {chain.first_frame + i - 1}
                 ):
-                    raise NotLiftable(
+                    raise Decline(
                         f"state {state.name!r} is read by {node.op} node {node.name!r}, not only by the "
                         "next step and the read-out Σ S_t·q_t[..., None]"
                     )
                 found_readout = sums[0].outputs[0]
                 q_ts.append(q_t)
             if i < len(chain.states) - 1 and state in graph.outputs:
-                raise NotLiftable(f"intermediate state {state.name!r} is a graph output")
+                raise Decline(f"intermediate state {state.name!r} is a graph output")
             readouts.append(found_readout)
         if any(r is None for r in readouts) and any(r is not None for r in readouts):
-            raise NotLiftable("some steps read out Σ S_t·q_t and others do not")
+            raise Decline("some steps read out Σ S_t·q_t and others do not")
         if q_ts and len({lifter.key(q) for q in q_ts}) != 1:
-            raise NotLiftable("the read-outs use different queries at different steps")
+            raise Decline("the read-outs use different queries at different steps")
         steps = chain.steps
 
         def heads_major(leaf, tail):  # [T, B, H, *tail] -> [B, H, T, *tail]
@@ -231,9 +229,7 @@ class GatedDeltaRuleScanPass(UnrolledPass):
 
         for t in (k_t, v_t, beta_t, g_t):
             if shapes.dtype(t) != F32:
-                raise NotLiftable(
-                    f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)"
-                )
+                raise Decline(f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)")
         q = heads_major(q_ts[0], (dk,)) if q_ts else emit.const(np.zeros((b, h, steps, dk), F32))
         k = heads_major(k_t, (dk,))
         v = heads_major(v_t, (dv,))

@@ -2,7 +2,7 @@
 
 The unrolled-recurrence passes reason about exported graphs whose shapes are static (the
 exporter fixes batch and time), so every helper here works with concrete shapes and declines
-(``NotLiftable``) when one is unknown rather than guessing.
+(``Decline``) when one is unknown rather than guessing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import DOMAIN, RewriteContext
+from framefuse.rewrite.base import DOMAIN, Decline, RewriteContext
 from framefuse.rewrite.util import const_value, producer  # noqa: F401  (re-exported to the passes)
 
 
@@ -33,10 +33,6 @@ def split_span(node: gs.Node, output: gs.Tensor, length: int, sizes=None) -> tup
         return None
     k = node.outputs.index(output)
     return int(node.attrs.get("axis", 0)), int(edges[k]), int(edges[k + 1])
-
-
-class NotLiftable(Exception):
-    """A candidate cannot be rewritten; the message is the reason reported in ``Declined``."""
 
 
 def const_key(value: np.ndarray) -> tuple:
@@ -115,7 +111,7 @@ class Shapes:
     def need_shape(self, t: gs.Tensor, why: str = "") -> tuple[int, ...]:
         shape = self.shape(t)
         if shape is None:
-            raise NotLiftable(f"shape of tensor {t.name!r} is not static{' (' + why + ')' if why else ''}")
+            raise Decline(f"shape of tensor {t.name!r} is not static{' (' + why + ')' if why else ''}")
         return shape
 
     def dtype(self, t: gs.Tensor) -> np.dtype | None:

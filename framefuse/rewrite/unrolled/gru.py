@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.base import Decline, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl, evaluate_template
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs, lift_leaf
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value
+from framefuse.rewrite.unrolled.graphutil import const_value
 from framefuse.rewrite.unrolled.match import (
     args,
     gate_preactivation,
@@ -122,11 +122,11 @@ def check_gru(root: Tmpl, frame: gs.Tensor, w, u, bias, batch: int, hidden: int,
         for t in _x_leaves(root):
             lin = graph_linear(t)
             if lin is None or lin[0].name != frame.name:
-                raise NotLiftable(f"the step input {t.name} is not a linear layer of the frame")
+                raise Decline(f"the step input {t.name} is not a linear layer of the frame")
             leaves[t.name] = x @ lin[1].T.astype(np.float64) + lin[2]
         actual = evaluate_template(root, h, leaves)
         if actual is None:
-            raise NotLiftable("the GRU check cannot evaluate the step on random inputs")
+            raise Decline("the GRU check cannot evaluate the step on random inputs")
         wb, rb = bias[: 3 * hidden].astype(np.float64), bias[3 * hidden :].astype(np.float64)
         gx = x @ w.T.astype(np.float64) + wb
         gh = h @ u.T.astype(np.float64) + rb
@@ -160,23 +160,23 @@ class GRUCellPass(UnrolledPass):
         link = self.reference(chain)
         found = match_gru(link)
         if isinstance(found, str):
-            raise NotLiftable(found)
+            raise Decline(found)
         z, r, n, flipped = found
         frames = {g[0].name for g in (z, r, n)}
         if len(frames) != 1:
-            raise NotLiftable("the GRU gates read different inputs (expected one frame x_t)")
+            raise Decline("the GRU gates read different inputs (expected one frame x_t)")
         frame = z[0]
         state_shape = shapes.need_shape(chain.states[-1])
         if len(state_shape) != 2 or shapes.dtype(chain.states[-1]) != np.float32:
-            raise NotLiftable(f"GRU state must be float32 [B, H], got {state_shape}")
+            raise Decline(f"GRU state must be float32 [B, H], got {state_shape}")
         batch, hidden = state_shape
         frame_shape = shapes.need_shape(frame)
         if len(frame_shape) != 2 or frame_shape[0] != batch:
-            raise NotLiftable(f"the GRU frame must be [B, I] with B = {batch}, got {list(frame_shape)}")
+            raise Decline(f"the GRU frame must be [B, I] with B = {batch}, got {list(frame_shape)}")
         in_features = frame_shape[1]
         for label, (_, w, b, u, c) in zip("zrn", (z, r, n)):
             if w.shape != (hidden, in_features) or u.shape != (hidden, hidden) or {b.shape, c.shape} != {(hidden,)}:
-                raise NotLiftable(
+                raise Decline(
                     f"the GRU {label} gate's weights are {list(w.shape)} and {list(u.shape)}, expected "
                     f"[{hidden}, {in_features}] and [{hidden}, {hidden}]"
                 )
@@ -186,7 +186,7 @@ class GRUCellPass(UnrolledPass):
         bias = np.concatenate([sign * z[2], r[2], n[2], sign * z[4], r[4], n[4]]).astype(np.float32)
         error = check_gru(link, frame, w, u, bias, batch, hidden, in_features)
         if not error <= CHECK_TOLERANCE:
-            raise NotLiftable(f"the step differs from the GRU it matched by {error:.3g} on random inputs")
+            raise Decline(f"the step differs from the GRU it matched by {error:.3g} on random inputs")
         steps = chain.steps
         x_tm, _ = lift_leaf(lifter, emit, frame)  # [T, B, I]
         h0 = chain.states[0]

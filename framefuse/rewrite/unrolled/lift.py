@@ -7,7 +7,7 @@ expression tree of the tensor with each slice source replaced by (whole tensor, 
 constant by its value — the time index is left out. Lifting rewrites the expression once, op by
 op, over the lifted inputs (``Gather(x, t, axis=1)`` becomes x with axis 1 moved to the front,
 ``Gemm`` becomes ``MatMul + Add``, axis attributes shift by one, ...). An op without a safe rule
-raises ``NotLiftable`` naming the op.
+raises ``Decline`` naming the op.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.unrolled.graphutil import Emitter, NotLiftable, const_key, const_value, producer
+from framefuse.rewrite.base import Decline
+from framefuse.rewrite.unrolled.graphutil import Emitter, const_key, const_value, producer
 from framefuse.rewrite.unrolled.timeline import Timeline
 
 ELEMENTWISE = {
@@ -95,7 +96,7 @@ def _attr_key(value):
     if isinstance(value, np.ndarray):
         return const_key(value)
     if isinstance(value, gs.Graph):
-        raise NotLiftable("node with a subgraph attribute")
+        raise Decline("node with a subgraph attribute")
     return repr(value)
 
 
@@ -130,7 +131,7 @@ class Lifter:
         if not times:
             key = ("static", self.static_key(t))
         elif len(times) > 1:
-            raise NotLiftable(
+            raise Decline(
                 f"tensor {t.name!r} depends on several time steps {sorted(times)}: "
                 "it is state of a recurrence, not a per-step input"
             )
@@ -151,7 +152,7 @@ class Lifter:
         """The time-major lifted tensor [T, *shape(t)] of the per-step tensor ``t``."""
         key = self.key(t)
         if key[0] == "static":
-            raise NotLiftable(f"tensor {t.name!r} does not depend on a time step")
+            raise Decline(f"tensor {t.name!r} does not depend on a time step")
         if key in self._lifted:
             return self._lifted[key]
         if t.name in self.tl.slices:
@@ -166,7 +167,7 @@ class Lifter:
                     self._lifted[self.key(out)] = lifted_out
             lifted = self._lifted.get(key)
             if lifted is None:
-                raise NotLiftable(f"output {t.name!r} of {node.op} node {node.name!r} could not be lifted")
+                raise Decline(f"output {t.name!r} of {node.op} node {node.name!r} could not be lifted")
         self._lifted[key] = lifted
         return lifted
 
@@ -193,7 +194,7 @@ class Lifter:
         src = self.tl.slices[t.name]
         shape = self.shape(src.source)
         if shape[src.axis] < self.first_frame + self.steps:
-            raise NotLiftable(
+            raise Decline(
                 f"{t.name!r} slices a time axis of length {shape[src.axis]} of {src.source.name!r} "
                 f"but the recurrence reads frames {self.first_frame}..{self.first_frame + self.steps - 1}"
             )
@@ -253,7 +254,7 @@ class Lifter:
             return None
         value = const_value(t)
         if value is None:
-            raise NotLiftable(f"{node.op} node {node.name!r}: {what} is not a constant")
+            raise Decline(f"{node.op} node {node.name!r}: {what} is not a constant")
         return [int(v) for v in value.reshape(-1)]
 
     def _lift_node(self, node: gs.Node) -> list[gs.Tensor | None]:
@@ -278,7 +279,7 @@ class Lifter:
 
         if op in ELEMENTWISE or op in ELEMENTWISE_FIRST:
             if op in ELEMENTWISE_FIRST and any(per_step[1:]):
-                raise NotLiftable(f"{op} node {node.name!r} has a per-step parameter input")
+                raise Decline(f"{op} node {node.name!r} has a per-step parameter input")
             rank = len(self.shape(outs[0]))
             inputs = [self._align(i, rank) if p else i for i, p in zip(node.inputs, per_step)]
             return emit_same(inputs)
@@ -291,7 +292,7 @@ class Lifter:
             equation = equation.decode() if isinstance(equation, bytes) else equation
             equation = equation.replace(" ", "")
             if "->" not in equation or "..." in equation:
-                raise NotLiftable(f"Einsum node {node.name!r}: equation {equation!r} without explicit output")
+                raise Decline(f"Einsum node {node.name!r}: equation {equation!r} without explicit output")
             lhs, rhs = equation.split("->")
             free = next(c for c in "tTzZyYxXwWqQ" if c not in equation)
             terms = lhs.split(",")
@@ -303,9 +304,9 @@ class Lifter:
             a, b = node.inputs[0], node.inputs[1]
             c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
             if not per_step[0] or per_step[1] or (c is not None and per_step[2]):
-                raise NotLiftable(f"Gemm node {node.name!r}: only the A input may be per-step")
+                raise Decline(f"Gemm node {node.name!r}: only the A input may be per-step")
             if int(attrs.get("transA", 0)):
-                raise NotLiftable(f"Gemm node {node.name!r} with transA=1")
+                raise Decline(f"Gemm node {node.name!r} with transA=1")
             alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
             lifted_a = self.lift(a)
             w = b
@@ -326,7 +327,7 @@ class Lifter:
             return [y]
 
         if any(per_step[1:]) and op not in ("Concat",):
-            raise NotLiftable(f"{op} node {node.name!r}: a per-step tensor in a parameter input")
+            raise Decline(f"{op} node {node.name!r}: a per-step tensor in a parameter input")
         in_rank = len(self.shape(node.inputs[0]))
         out_rank = len(self.shape(outs[0]))
         data = self.lift(node.inputs[0]) if per_step[0] else None
@@ -334,7 +335,7 @@ class Lifter:
         if op in ("Unsqueeze", "Squeeze"):
             axes = self._const_ints(node.inputs[1], "axes", node) if len(node.inputs) > 1 else attrs.get("axes")
             if axes is None:
-                raise NotLiftable(f"{op} node {node.name!r} without explicit axes")
+                raise Decline(f"{op} node {node.name!r} without explicit axes")
             rank = out_rank if op == "Unsqueeze" else in_rank
             axes = [a % rank + 1 for a in axes]
             return emit_same([data, self.emit.ints(axes)], {})
@@ -416,7 +417,7 @@ class Lifter:
             new_attrs["axes"] = axes
             return emit_same([data], new_attrs)
 
-        raise NotLiftable(f"no lifting rule for {op} node {node.name!r}")
+        raise Decline(f"no lifting rule for {op} node {node.name!r}")
 
     def _lift_matmul(self, node: gs.Node, per_step: list[bool]) -> gs.Tensor:
         a, b = node.inputs
@@ -426,18 +427,18 @@ class Lifter:
         ra, rb = len(self.shape(a)), len(self.shape(b))
         if per_step[0] and not per_step[1]:
             if ra == 1 and rb != 2 or ra >= 2 and rb > ra:
-                raise NotLiftable(f"MatMul node {node.name!r}: static operand of rank {rb} would broadcast over time")
+                raise Decline(f"MatMul node {node.name!r}: static operand of rank {rb} would broadcast over time")
             return self.emit.node("MatMul", [self.lift(a), b], out_shape, dtype)
         if per_step[1] and not per_step[0]:
             if rb == 1:  # A @ v_t == v_t @ A^T, lifted: [T, K] @ [K, M]
                 if ra != 2:
-                    raise NotLiftable(f"MatMul node {node.name!r}: matrix-vector product with a rank-{ra} matrix")
+                    raise Decline(f"MatMul node {node.name!r}: matrix-vector product with a rank-{ra} matrix")
                 a_t = self.emit.transpose(a, [1, 0], tuple(reversed(self.shape(a))), self.dtype(a))
                 return self.emit.node("MatMul", [self.lift(b), a_t], out_shape, dtype)
             if ra > rb:
-                raise NotLiftable(f"MatMul node {node.name!r}: static operand of rank {ra} would broadcast over time")
+                raise Decline(f"MatMul node {node.name!r}: static operand of rank {ra} would broadcast over time")
             return self.emit.node("MatMul", [a, self.lift(b)], out_shape, dtype)
         if ra < 2 or rb < 2:
-            raise NotLiftable(f"MatMul node {node.name!r}: vector product of two per-step tensors")
+            raise Decline(f"MatMul node {node.name!r}: vector product of two per-step tensors")
         rank = max(ra, rb)
         return self.emit.node("MatMul", [self._align(a, rank), self._align(b, rank)], out_shape, dtype)

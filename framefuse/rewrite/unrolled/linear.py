@@ -14,17 +14,17 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import RewriteContext, make_framefuse_node
+from framefuse.rewrite.base import Decline, RewriteContext, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs
-from framefuse.rewrite.unrolled.graphutil import Emitter, NotLiftable, const_key, const_value
+from framefuse.rewrite.unrolled.graphutil import Emitter, const_key, const_value
 from framefuse.rewrite.unrolled.lift import Lifter
 
 ONE = ("one",)
 _AFFINE_OPS = {"Add", "Sub", "Neg", "Identity", "Mul", "Div"}
 
 
-class NotAffine(NotLiftable):
+class NotAffine(Decline):
     pass
 
 
@@ -380,20 +380,20 @@ class LinearScanPass(UnrolledPass):
         tl = lifter.tl
         shapes = tl.shapes
         if chain.coupled_with:
-            raise NotLiftable(
+            raise Decline(
                 f"the step reads another recurrent state ({', '.join(chain.coupled_with)}): a coupled "
                 "recurrence, not one LinearScan"
             )
         state_shape = shapes.need_shape(chain.states[-1], "final state")
         dtype = shapes.dtype(chain.states[-1])
         if dtype != np.float32:
-            raise NotLiftable(
+            raise Decline(
                 f"state {chain.states[-1].name!r} is {dtype}, only float32 graphs are rewritten "
                 "(lower the precision after the rewrite)"
             )
         for h in chain.states[1:]:
             if shapes.shape(h) != state_shape:
-                raise NotLiftable(f"state {h.name!r} has shape {shapes.shape(h)}, expected {state_shape}")
+                raise Decline(f"state {h.name!r} has shape {shapes.shape(h)}, expected {state_shape}")
         coeffs = [affine(link) for link in chain.structural_links]
         sigs = [[expr_signature(e, lifter) for e in pair] for pair in coeffs]
         if (
@@ -409,7 +409,7 @@ class LinearScanPass(UnrolledPass):
             coeffs, sigs = coeffs[1:], sigs[1:]
         for i, sig in enumerate(sigs[1:], start=1):
             if sig != sigs[0]:
-                raise NotLiftable(f"step {i} has different coefficients than step 0")
+                raise Decline(f"step {i} has different coefficients than step 0")
         a_expr, b_expr = coeffs[0]
         if a_expr is None:
             raise NotAffine("h_t does not depend on h_(t-1)")
@@ -458,7 +458,7 @@ class LinearScanPass(UnrolledPass):
             leaf = e[1]
             shape = lifter.shapes.need_shape(leaf)
             if len(shape) > rank:
-                raise NotLiftable(f"coefficient {leaf.name!r} {shape} has a higher rank than the state")
+                raise Decline(f"coefficient {leaf.name!r} {shape} has a higher rank than the state")
             if lifter.tl.time_of(leaf):
                 return lifter._align(leaf, rank)
             pad = rank - len(shape)
@@ -472,7 +472,7 @@ class LinearScanPass(UnrolledPass):
                 "Gather", [flat, emit.const(index.astype(np.int64))], None, np.float32, attrs={"axis": 1}
             )
             if index.ndim > rank:
-                raise NotLiftable(f"a rearranged coefficient has rank {index.ndim}, the state {rank}")
+                raise Decline(f"a rearranged coefficient has rank {index.ndim}, the state {rank}")
             if index.ndim < rank:  # broadcast from the right, after the time axis
                 picked = emit.unsqueeze(picked, list(range(1, rank - index.ndim + 1)), None, np.float32)
             return picked

@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.base import Decline, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs, lift_leaf
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value
+from framefuse.rewrite.unrolled.graphutil import const_value
 from framefuse.rewrite.unrolled.match import args, depends_on_hole, linear_head, op, pairs, scalar
 
 
@@ -58,33 +58,33 @@ class LiquidScanPass(UnrolledPass):
         link = chain.structural_links[0]
         found = match_cfc(link)
         if isinstance(found, str):
-            raise NotLiftable(found)
+            raise Decline(found)
         g1, g2, ga, gb, ts = found
         heads = [linear_head(g) for g in (g1, g2, ga, gb)]
         if any(h is None for h in heads):
-            raise NotLiftable("a CfC head is not a linear layer with constant weights on cat([x_t, h])")
+            raise Decline("a CfC head is not a linear layer with constant weights on cat([x_t, h])")
         xh = {h[0].tensor.name for h in heads}
         if len(xh) != 1:
-            raise NotLiftable("the CfC heads read different inputs (expected one cat([x_t, h]))")
+            raise Decline("the CfC heads read different inputs (expected one cat([x_t, h]))")
         concat = args(heads[0][0], "Concat", 2)
         if concat is None:
-            raise NotLiftable("the CfC heads do not read a Concat of the frame and the state")
+            raise Decline("the CfC heads do not read a Concat of the frame and the state")
         state_shape = shapes.need_shape(chain.states[-1])
         if len(state_shape) != 2 or shapes.dtype(chain.states[-1]) != np.float32:
-            raise NotLiftable(f"CfC state must be float32 [B, H], got {state_shape}")
+            raise Decline(f"CfC state must be float32 [B, H], got {state_shape}")
         batch, hidden = state_shape
         axis = int(heads[0][0].node.attrs.get("axis", 0)) % 2
         if axis != 1:
-            raise NotLiftable("the CfC Concat is not along the feature axis")
+            raise Decline("the CfC Concat is not along the feature axis")
         hole_first = concat[0].kind == "hole"
         x_part = concat[1] if hole_first else concat[0]
         if x_part.kind != "leaf" or (concat[0] if hole_first else concat[1]).kind != "hole":
-            raise NotLiftable("the CfC Concat must join the frame and h_(t-1) directly")
+            raise Decline("the CfC Concat must join the frame and h_(t-1) directly")
         in_features = shapes.need_shape(x_part.tensor)[1]
         w_x, w_h, bias = [], [], []
         for _, w, b in heads:
             if w.shape != (hidden, in_features + hidden):
-                raise NotLiftable(
+                raise Decline(
                     f"a CfC head weight has shape {list(w.shape)}, expected [{hidden}, {in_features + hidden}]"
                 )
             w_h.append(w[:, :hidden] if hole_first else w[:, in_features:])

@@ -29,11 +29,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.base import Decline, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import STATE_IN_PREFIX, Chain, Tmpl, evaluate_template, template
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs, lift_leaf
 from framefuse.rewrite.unrolled.graphutil import (
-    NotLiftable,
     const_key,
     const_value,
     descendants,
@@ -197,7 +196,7 @@ def _frame_products(tm: Tmpl, frame: gs.Tensor, x: np.ndarray, skip: set[str]) -
             continue
         lin = graph_linear(t.tensor)
         if lin is None or lin[0].name != frame.name:
-            raise NotLiftable(f"the step input {t.tensor.name} is not a linear layer of the frame")
+            raise Decline(f"the step input {t.tensor.name} is not a linear layer of the frame")
         leaves[t.tensor.name] = x @ lin[1].T.astype(np.float64) + lin[2]
     return leaves
 
@@ -234,24 +233,24 @@ class LSTMCellPass(UnrolledPass):
         reference = chain.links[-1]
         found = match_lstm(reference)
         if isinstance(found, str):
-            raise NotLiftable(f"step {len(run) - 1} ({run[-1].h_new.name}): {found}")
+            raise Decline(f"step {len(run) - 1} ({run[-1].h_new.name}): {found}")
         gates, _ = found
         if len({g[0].name for g in gates.values()}) != 1:
-            raise NotLiftable("the LSTM gates read different inputs (expected one frame x_t)")
+            raise Decline("the LSTM gates read different inputs (expected one frame x_t)")
         state_shape = shapes.need_shape(run[-1].h_new)
         if len(state_shape) != 2 or shapes.dtype(run[-1].h_new) != np.float32:
-            raise NotLiftable(f"LSTM state must be float32 [B, H], got {state_shape}")
+            raise Decline(f"LSTM state must be float32 [B, H], got {state_shape}")
         if shapes.shape(run[-1].c_new) != state_shape:
-            raise NotLiftable(f"the cell state {run[-1].c_new.name} is not [B, H] = {list(state_shape)}")
+            raise Decline(f"the cell state {run[-1].c_new.name} is not [B, H] = {list(state_shape)}")
         batch, hidden = state_shape
         frame = gates["i"][0]
         frame_shape = shapes.need_shape(frame)
         if len(frame_shape) != 2 or frame_shape[0] != batch:
-            raise NotLiftable(f"the LSTM frame must be [B, I] with B = {batch}, got {list(frame_shape)}")
+            raise Decline(f"the LSTM frame must be [B, I] with B = {batch}, got {list(frame_shape)}")
         in_features = frame_shape[1]
         for label, (_, w, b, u, c) in gates.items():
             if w.shape != (hidden, in_features) or u.shape != (hidden, hidden) or {b.shape, c.shape} != {(hidden,)}:
-                raise NotLiftable(
+                raise Decline(
                     f"the LSTM {label} gate's weights are {list(w.shape)} and {list(u.shape)}, expected "
                     f"[{hidden}, {in_features}] and [{hidden}, {hidden}]"
                 )
@@ -270,11 +269,11 @@ class LSTMCellPass(UnrolledPass):
             if times == [[first + count - 1 - k] for k in range(count)]:
                 reverse = True  # a backward loop (the reverse half of a bidirectional layer)
             elif times != [[first + k] for k in range(count)]:
-                raise NotLiftable(f"the LSTM steps do not read one frame each, in order, from frame {first}: {times}")
+                raise Decline(f"the LSTM steps do not read one frame each, in order, from frame {first}: {times}")
         for cell in run[:-1]:
             outside = [n.name for n in cell.c_new.outputs if not _inside(n, run)]
             if outside:
-                raise NotLiftable(f"the cell state {cell.c_new.name} is read outside the loop ({outside[0]})")
+                raise Decline(f"the cell state {cell.c_new.name} is read outside the loop ({outside[0]})")
         steps = len(run)
         x_tm, x_shape = lift_leaf(lifter, emit, frame)  # [T, B, I], the frames in time order
         if reverse:  # the op's steps in the loop's order: its Y and final states are the cells'
@@ -320,13 +319,13 @@ class LSTMCellPass(UnrolledPass):
         for k, link in enumerate(chain.links[first:], start=first):
             found = match_lstm(link)
             if isinstance(found, str):
-                raise NotLiftable(f"step {k}: {found}")
+                raise Decline(f"step {k}: {found}")
             gates, c_leaf = found
             if c_leaf.tensor.name != run[k].c_old.name:
-                raise NotLiftable(f"step {k}: its c is {c_leaf.tensor.name}, not the previous step's cell state")
+                raise Decline(f"step {k}: its c is {c_leaf.tensor.name}, not the previous step's cell state")
             frame = gates["i"][0]
             if len({g[0].name for g in gates.values()}) != 1:
-                raise NotLiftable(f"step {k}: the LSTM gates read different inputs (expected one frame x_t)")
+                raise Decline(f"step {k}: the LSTM gates read different inputs (expected one frame x_t)")
             frames.append(frame)
             for _ in range(2):
                 h, c = rng.standard_normal((2, batch, hidden))
@@ -335,11 +334,11 @@ class LSTMCellPass(UnrolledPass):
                 leaves[c_leaf.tensor.name] = c
                 actual = evaluate_template(link, h, leaves)
                 if actual is None:
-                    raise NotLiftable(f"step {k}: the LSTM check cannot evaluate the step on random inputs")
+                    raise Decline(f"step {k}: the LSTM check cannot evaluate the step on random inputs")
                 expected, _ = lstm_step(x, h, c, w, u, bias)
                 worst = max(worst, float(np.abs(np.broadcast_to(actual, expected.shape) - expected).max()))
             if not worst <= CHECK_TOLERANCE:
-                raise NotLiftable(f"step {k} differs from the LSTM it matched by {worst:.3g} on random inputs")
+                raise Decline(f"step {k} differs from the LSTM it matched by {worst:.3g} on random inputs")
         return worst, frames
 
     def _check_first(self, tl, run, w, u, bias, batch, hidden, in_features, gates):
@@ -350,7 +349,7 @@ class LSTMCellPass(UnrolledPass):
         first = run[0]
         frame = _first_frame(tl, first, gates)
         if frame is None:
-            raise NotLiftable("the first LSTM step reads no linear layer of a frame like the later steps")
+            raise Decline("the first LSTM step reads no linear layer of a frame like the later steps")
         tm = template(first.h_new, frame, order=tl.order)
         c0 = None if _zero(first.c_old) else first.c_old
         h_products = {}  # leaf name -> (U, c) of a linear layer of h_0
@@ -360,7 +359,7 @@ class LSTMCellPass(UnrolledPass):
                 continue
             lin = graph_linear(t.tensor)
             if lin is None or (h0 is not None and lin[0].name != h0.name):
-                raise NotLiftable(f"the first LSTM step reads {t.tensor.name} besides its frame, h_0 and c_0")
+                raise Decline(f"the first LSTM step reads {t.tensor.name} besides its frame, h_0 and c_0")
             h0 = lin[0]
             h_products[t.tensor.name] = (lin[1].astype(np.float64), lin[2])
         h0_value = const_value(h0) if h0 is not None else None
@@ -382,11 +381,11 @@ class LSTMCellPass(UnrolledPass):
                 leaves[c0.name] = c
             actual = evaluate_template(tm, x, leaves)
             if actual is None:
-                raise NotLiftable("the LSTM check cannot evaluate the first step on random inputs")
+                raise Decline("the LSTM check cannot evaluate the first step on random inputs")
             expected, _ = lstm_step(x, h, c, w, u, bias)
             worst = max(worst, float(np.abs(np.broadcast_to(actual, expected.shape) - expected).max()))
         if not worst <= CHECK_TOLERANCE:
-            raise NotLiftable(f"the first step differs from the LSTM of the later ones by {worst:.3g} on random inputs")
+            raise Decline(f"the first step differs from the LSTM of the later ones by {worst:.3g} on random inputs")
         if h0 is not None and h0_value is not None and not np.any(h0_value):
             h0 = None
         return h0, c0, frame, worst

@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.base import Decline, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain
 from framefuse.rewrite.unrolled.common import UnrolledPass, lift_leaf
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer, replace_producer
+from framefuse.rewrite.unrolled.graphutil import const_value, producer, replace_producer
 from framefuse.rewrite.unrolled.match import op, pairs
 
 _BCAST = ("Unsqueeze", "Reshape")
@@ -102,7 +102,7 @@ class _Keys:
             return True
         try:
             return self.lifter.key(a) == self.lifter.key(b)
-        except NotLiftable:
+        except Decline:
             return False
 
 
@@ -172,11 +172,11 @@ class MLSTMScanPass(UnrolledPass):
         keys = _Keys(lifter)
         m_shape = shapes.need_shape(chain.states[-1])
         if shapes.dtype(chain.states[-1]) != np.float32:
-            raise NotLiftable("the mLSTM state is not float32 (lower the precision after the rewrite)")
+            raise Decline("the mLSTM state is not float32 (lower the precision after the rewrite)")
         # transformers keeps m (and the gates) as [B, H, 1]; the op's are [B, H].
         keepdim = len(m_shape) == 3 and m_shape[2] == 1
         if len(m_shape) != 2 and not keepdim:
-            raise NotLiftable(f"mLSTM stabiliser m must be [B, H] or [B, H, 1], got {m_shape}")
+            raise Decline(f"mLSTM stabiliser m must be [B, H] or [B, H, 1], got {m_shape}")
         b, h = m_shape[:2]
         steps = chain.steps
         per_step = {"q": [], "k": [], "v": [], "i": [], "logf": []}
@@ -186,7 +186,7 @@ class MLSTMScanPass(UnrolledPass):
             m_old, m_new = chain.states[i], chain.states[i + 1]
             found = self._match_m(link) if not (chain.folded_first and i == 0) else None
             if found is None:
-                raise NotLiftable("the stabiliser is not m_t = max(logσ(f_t) + m_(t-1), i_t)")
+                raise Decline("the stabiliser is not m_t = max(logσ(f_t) + m_(t-1), i_t)")
             logf, i_pre, added = found
 
             def is_f_arg(x, logf=logf, m_old=m_old, added=added):  # logσ(f) + m_(t-1)
@@ -195,7 +195,7 @@ class MLSTMScanPass(UnrolledPass):
             f_act = self._gate(m_new, is_f_arg, keys)
             i_act = self._gate(m_new, lambda x, i_pre=i_pre: keys.same(x, i_pre), keys)
             if f_act is None or i_act is None:
-                raise NotLiftable(f"step {i}: no gates f' = exp(logσ(f) + m_(t-1) − m_t), i' = exp(i − m_t)")
+                raise Decline(f"step {i}: no gates f' = exp(logσ(f) + m_(t-1) − m_t), i' = exp(i − m_t)")
             c_found = n_found = None
             # C (rank 4) and n (rank 3) updates, found from the gates.
             for candidate_shape in self._state_shapes(f_act, shapes, b, h):
@@ -207,12 +207,12 @@ class MLSTMScanPass(UnrolledPass):
                 elif len(candidate_shape) == 3 and n_found is None:
                     n_found = hit
             if c_found is None or n_found is None:
-                raise NotLiftable(f"step {i}: no C_t = f'·C + i'·v⊗k and n_t = f'·n + i'·k updates")
+                raise Decline(f"step {i}: no C_t = f'·C + i'·v⊗k and n_t = f'·n + i'·k updates")
             c_new, c_old, outer = c_found
             n_new, n_old, k_n = n_found
             carried = (c_prev is None or _same_value(c_old, c_prev)) and (n_prev is None or _same_value(n_old, n_prev))
             if not carried:
-                raise NotLiftable(f"step {i}: C/n are not carried from the previous step")
+                raise Decline(f"step {i}: C/n are not carried from the previous step")
             v_t, k_t, transposed = self._outer(outer, k_n, shapes, keys, (b, h, *shapes.need_shape(c_new)[2:]), i)
             dv, dk = shapes.need_shape(c_new)[2:][::-1] if transposed else shapes.need_shape(c_new)[2:]
             readout, q_t, eps = self._readout(c_new, n_new, m_new, shapes, keys, (b, h, dv, dk), transposed)
@@ -229,17 +229,15 @@ class MLSTMScanPass(UnrolledPass):
             c_prev, n_prev = c_new, n_new
         for name, tensors in per_step.items():
             if len({lifter.key(t) for t in tensors}) != 1:
-                raise NotLiftable(f"the per-step {name} is not the same computation at every step")
+                raise Decline(f"the per-step {name} is not the same computation at every step")
         if len(set(layouts)) != 1:
-            raise NotLiftable("the C layout (v⊗k or k⊗v) differs between steps")
+            raise Decline("the C layout (v⊗k or k⊗v) differs between steps")
         transposed = layouts[0]
         if len(set(epsilons)) != 1:
-            raise NotLiftable(
-                f"the read-out's ε differs between steps ({sorted(set(epsilons))}); MLSTMScan has one eps"
-            )
+            raise Decline(f"the read-out's ε differs between steps ({sorted(set(epsilons))}); MLSTMScan has one eps")
         for state in [c for _, c in c_states[:-1]] + [n for _, n in n_states[:-1]] + chain.states[1:-1]:
             if state in graph.outputs:
-                raise NotLiftable(f"intermediate state {state.name!r} is a graph output")
+                raise Decline(f"intermediate state {state.name!r} is a graph output")
 
         def heads_major(leaf, tail):  # [T, B, H, *tail] -> [B, H, T, *tail]
             lifted, _ = lift_leaf(lifter, emit, leaf)
@@ -306,7 +304,7 @@ class MLSTMScanPass(UnrolledPass):
         b, h, rows, cols = c_shape
         node = producer(outer)
         if node is None or node.op not in ("Mul", "MatMul") or len(node.inputs) != 2:
-            raise NotLiftable(f"step {i}: the C update's input is not an outer product of v_t and k_t")
+            raise Decline(f"step {i}: the C update's input is not an outer product of v_t and k_t")
         orders = [tuple(node.inputs)] if node.op == "MatMul" else _both(outer, "Mul")
         for col, row in orders:  # col [B, H, rows, 1], row [B, H, 1, cols]
             if shapes.shape(col) != (b, h, rows, 1) or shapes.shape(row) != (b, h, 1, cols):
@@ -319,8 +317,8 @@ class MLSTMScanPass(UnrolledPass):
                 return col_t, row_t, False
             if keys.same(col_t, k_n):
                 return row_t, col_t, True
-            raise NotLiftable(f"step {i}: C and n are updated with different keys")
-        raise NotLiftable(f"step {i}: the C update's input is not v_t ⊗ k_t (nor k_t ⊗ v_t)")
+            raise Decline(f"step {i}: C and n are updated with different keys")
+        raise Decline(f"step {i}: the C update's input is not v_t ⊗ k_t (nor k_t ⊗ v_t)")
 
     def _state_shapes(self, f_act, shapes, b, h):
         """The shapes of the states that f' gates (via its broadcast Muls)."""
@@ -369,7 +367,7 @@ class MLSTMScanPass(UnrolledPass):
                             continue
                         if self._is_nq(ab.inputs[0], n_new, q_t, shapes, keys, (b, h, dk)):
                             return div.outputs[0], q_t, eps
-        raise NotLiftable("no read-out h_t = (C_t q_t) / (max(|n_t·q_t|, exp(−m_t)) [+ ε]) of the state")
+        raise Decline("no read-out h_t = (C_t q_t) / (max(|n_t·q_t|, exp(−m_t)) [+ ε]) of the state")
 
     @staticmethod
     def _is_nq(dot, n_new, q_t, shapes, keys, dims) -> bool:
@@ -413,7 +411,7 @@ class MLSTMScanPass(UnrolledPass):
         node = producer(logf)
         whole = _logsigmoid_arg(node.inputs[0]) if node is not None and node.op == "Gather" else None
         if whole is None:
-            raise NotLiftable(f"the forget gate {logf.name!r} is not logσ(f_pre)")
+            raise Decline(f"the forget gate {logf.name!r} is not logσ(f_pre)")
         # logf_t = Gather(logσ(F), t): the same frame of F.
         sliced = emit.node(
             "Gather", [whole, node.inputs[1]], lifter.shapes.shape(logf), np.float32, attrs=dict(node.attrs)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import make_framefuse_node
+from framefuse.rewrite.base import Decline, make_framefuse_node
 from framefuse.rewrite.unrolled.chains import Chain
 from framefuse.rewrite.unrolled.common import UnrolledPass
-from framefuse.rewrite.unrolled.graphutil import NotLiftable, const_value, producer, replace_producer
+from framefuse.rewrite.unrolled.graphutil import const_value, producer, replace_producer
 from framefuse.rewrite.unrolled.linear import affine
 
 TIME = "T"
@@ -50,7 +50,7 @@ class _Factors:
         shape = self.shapes.need_shape(t)
         offset = len(out_shape) - len(shape)
         if offset < 0:
-            raise NotLiftable(f"operand {t.name!r} has a higher rank than its product")
+            raise Decline(f"operand {t.name!r} has a higher rank than its product")
         # A size-1 axis broadcasts when the product is wider there; when both are 1 (B = 1) only
         # provenance tells: a tensor computed from constants alone has no batch axis at all.
         constant = self.tl.is_constant(t)
@@ -138,7 +138,7 @@ class SelectiveScanPass(UnrolledPass):
             return False
         try:
             a_expr, _ = affine(chain.structural_links[0])
-        except NotLiftable:
+        except Decline:
             return False
         return (
             a_expr is not None
@@ -150,19 +150,19 @@ class SelectiveScanPass(UnrolledPass):
         tl, shapes = lifter.tl, lifter.shapes
         state_shape = shapes.need_shape(chain.states[-1])
         if shapes.dtype(chain.states[-1]) != np.float32:
-            raise NotLiftable("the selective-scan state is not float32")
+            raise Decline("the selective-scan state is not float32")
         bsz, dim, nstate = state_shape
         if chain.first_frame:
-            raise NotLiftable(f"the recurrence starts at frame {chain.first_frame}")
+            raise Decline(f"the recurrence starts at frame {chain.first_frame}")
         state_labels = ("b", "d", "n")
         a_expr, b_expr = affine(chain.structural_links[0])
         if a_expr is None or a_expr[0] != "leaf" or b_expr is None or b_expr[0] != "leaf":
-            raise NotLiftable("h_t is not a_t ⊙ h_(t-1) + b_t with single-tensor a_t and b_t")
+            raise Decline("h_t is not a_t ⊙ h_(t-1) + b_t with single-tensor a_t and b_t")
         fac = _Factors(tl, shapes)
         a_leaf, b_leaf = a_expr[1], b_expr[1]
         exponent = fac.exp_argument(a_leaf, fac.labels_for(a_leaf, state_labels, state_shape))
         if exponent is None:
-            raise NotLiftable("a_t is not exp(Δ_t ⊗ A)")
+            raise Decline("a_t is not exp(Δ_t ⊗ A)")
         b_factors = fac.split(b_leaf, fac.labels_for(b_leaf, state_labels, state_shape))
 
         def kind(labels):
@@ -178,17 +178,17 @@ class SelectiveScanPass(UnrolledPass):
             or TIME in a_mats[0][1]
             or tl.time_of(a_mats[0][0])
         ):
-            raise NotLiftable("a_t is not exp(Δ_t[b,d] · A[d,n]) with A constant over time")
+            raise Decline("a_t is not exp(Δ_t[b,d] · A[d,n]) with A constant over time")
         delta, a_mat = deltas[0], a_mats[0]
         same_delta = [f for f in b_factors if f[1] == delta[1] and self._same(f[0], delta[0], lifter)]
         if not same_delta:
-            raise NotLiftable("b_t does not contain the Δ of a_t")
+            raise Decline("b_t does not contain the Δ of a_t")
         rest = [f for f in b_factors if f is not same_delta[0]]
         # B_t is the product of the factors over n, x_t of those over d (silu(x) = x·σ(x) is two).
         b_in = [f for f in rest if "n" in kind(f[1]) and "d" not in kind(f[1])]
         x_in = [f for f in rest if "n" not in kind(f[1])]
         if not b_in or not any("d" in kind(f[1]) for f in x_in) or len(b_in) + len(x_in) != len(rest):
-            raise NotLiftable("b_t is not Δ_t[b,d] · B_t[b,n] · x_t[b,d] with the Δ of a_t")
+            raise Decline("b_t is not Δ_t[b,d] · B_t[b,n] · x_t[b,d] with the Δ of a_t")
         readouts, c_factor = self._readouts(chain, lifter, fac, state_shape)
         steps = chain.steps
         x = self._product(x_in, ("b", TIME, "d"), (bsz, steps, dim), lifter, emit)
@@ -231,7 +231,7 @@ class SelectiveScanPass(UnrolledPass):
             return True
         try:
             return lifter.key(a) == lifter.key(b)
-        except NotLiftable:
+        except Decline:
             return False
 
     def _readouts(self, chain, lifter, fac, state_shape):
@@ -244,17 +244,17 @@ class SelectiveScanPass(UnrolledPass):
         readouts, c_factors = [], []
         for i, state in enumerate(chain.states[1:], start=1):
             if i < len(chain.states) - 1 and state in lifter.tl.graph.outputs:
-                raise NotLiftable(f"intermediate state {state.name!r} is a graph output")
+                raise Decline(f"intermediate state {state.name!r} is a graph output")
             found = None
             for node, h in self._state_readers(state, link_nodes, shapes):
                 if found is not None:
-                    raise NotLiftable(f"state {state.name!r} has a second read-out ({node.op} node {node.name!r})")
+                    raise Decline(f"state {state.name!r} has a second read-out ({node.op} node {node.name!r})")
                 terms = _einsum(node) if node.op == "Einsum" else None
                 if node.op == "MatMul" and len(node.inputs) == 2 and node.inputs[0] is h:
                     c = node.inputs[1]
                     c_shape = shapes.shape(c)
                     if c_shape is None or len(c_shape) not in (2, 3) or c_shape[-2:] != (nstate, 1):
-                        raise NotLiftable(
+                        raise Decline(
                             f"MatMul {node.name!r} multiplies the state by {c.name!r} {c_shape}, not by a "
                             f"column C_t[..., {nstate}, 1]"
                         )
@@ -267,23 +267,21 @@ class SelectiveScanPass(UnrolledPass):
                     c_factors.append((c, (*batch, "n", None)))
                     continue
                 if terms is None or len(node.inputs) != 2 or node.inputs[0] is not h:
-                    raise NotLiftable(
+                    raise Decline(
                         f"state {state.name!r} is read by {node.op} node {node.name!r}, not only by "
                         "the next step and the read-out Σ_n h[b,d,n] C[b,n]"
                     )
                 (h_term, c_term), out_term = terms
                 if len(h_term) != 3 or out_term != h_term[:2] or set(c_term) != {h_term[0], h_term[2]}:
-                    raise NotLiftable(
-                        f"Einsum {node.name!r} ({','.join(terms[0])}->{out_term}) is not Σ_n h[b,d,n] C[b,n]"
-                    )
+                    raise Decline(f"Einsum {node.name!r} ({','.join(terms[0])}->{out_term}) is not Σ_n h[b,d,n] C[b,n]")
                 mapping = dict(zip(h_term, ("b", "d", "n")))
                 found = ("einsum", node.outputs[0])
                 c_factors.append((node.inputs[1], tuple(mapping[c] for c in c_term)))
             if found is None:
-                raise NotLiftable(f"state {state.name!r} has no read-out Σ_n h C")
+                raise Decline(f"state {state.name!r} has no read-out Σ_n h C")
             readouts.append(found)
         if len({(lifter.key(c), lb) for c, lb in c_factors}) != 1:
-            raise NotLiftable("the read-outs use different C at different steps")
+            raise Decline("the read-outs use different C at different steps")
         return readouts, c_factors[0]
 
     @staticmethod
@@ -318,7 +316,7 @@ class SelectiveScanPass(UnrolledPass):
         else:
             shape = shapes.need_shape(tensor)
         if TIME in labels and shape[labels.index(TIME)] != lifter.steps:
-            raise NotLiftable(f"{tensor.name!r} has {shape[labels.index(TIME)]} frames, the recurrence {lifter.steps}")
+            raise Decline(f"{tensor.name!r} has {shape[labels.index(TIME)]} frames, the recurrence {lifter.steps}")
         keep = [i for i, lb in enumerate(labels) if lb is not None]
         if len(keep) != len(labels):  # drop size-1 broadcast axes
             drop = [i for i in range(len(labels)) if i not in keep]
@@ -326,7 +324,7 @@ class SelectiveScanPass(UnrolledPass):
             tensor = emit.node("Squeeze", [tensor, emit.ints(drop)], shape, np.float32)
             labels = tuple(labels[i] for i in keep)
         if any(lb not in want for lb in labels):
-            raise NotLiftable(f"{tensor.name!r} has axes {labels}, expected a subset of {want}")
+            raise Decline(f"{tensor.name!r} has axes {labels}, expected a subset of {want}")
         order = [lb for lb in want if lb in labels]
         perm = [labels.index(lb) for lb in order]
         tensor = emit.transpose(tensor, perm, tuple(shape[p] for p in perm), np.float32)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import Match, PassResult, RewriteContext
+from framefuse.rewrite.base import AnchoredPass, Match, PassResult, RewriteContext
 from framefuse.rewrite.unrolled.graphutil import Emitter, Shapes, const_value, is_framefuse, producer
 
 MIN_WRITES = 2
@@ -28,36 +28,46 @@ MIN_WRITES = 2
 FOLD_SIZE_THRESHOLD = 64 << 20
 
 
-class OutputStackingPass:
+class OutputStackingPass(AnchoredPass):
+    """Anchors: the last write of each ScatterND chain (the growing Concats merged before them)."""
+
     name = "unrolled-output-stacking"
 
     def run(self, graph: gs.Graph, ctx: RewriteContext) -> PassResult:
-        result = PassResult()
         merged = _merge_concats(graph)
-        if merged:
-            result.matches.append(Match(self.name, "Concat", "(merged)", [], {"merged_concats": merged}))
         graph.cleanup().toposort()
-        shapes = None
-        refold = False
+        self._shapes: Shapes | None = None
+        self._refold = False
+        result = super().run(graph, ctx)
+        if merged:
+            result.matches.insert(0, Match(self.name, "Concat", "(merged)", [], {"merged_concats": merged}))
+        graph.cleanup().toposort()
+        if self._refold:
+            _refold(graph)
+        return result
+
+    def anchors(self, graph: gs.Graph):
         for node in list(graph.nodes):
             if node.op != "ScatterND" or is_framefuse(node) or node not in graph.nodes:
                 continue
             if _next_scatter(graph, node) is not None:
                 continue  # not the last write of a chain
             chain = _scatter_chain(graph, node)
-            if len(chain) < MIN_WRITES:
-                continue
-            shapes = shapes or Shapes(graph)
-            replaced = _replace_chain(graph, ctx, chain, shapes)
-            if replaced is not None:
-                new_node, shape_reads = replaced
-                detail = {"writes": len(chain), "shape_reads": shape_reads}
-                result.matches.append(Match(self.name, "ScatterND", new_node.name, [n.name for n in chain], detail))
-                refold = refold or shape_reads > 0
-        graph.cleanup().toposort()
-        if refold:
-            _refold(graph)
-        return result
+            if len(chain) >= MIN_WRITES:
+                yield chain
+
+    def where(self, chain) -> str:
+        return chain[-1].name
+
+    def rewrite(self, graph: gs.Graph, ctx: RewriteContext, chain) -> Match | None:
+        self._shapes = self._shapes or Shapes(graph)
+        replaced = _replace_chain(graph, ctx, chain, self._shapes)
+        if replaced is None:
+            return None
+        new_node, shape_reads = replaced
+        self._refold = self._refold or shape_reads > 0
+        detail = {"writes": len(chain), "shape_reads": shape_reads}
+        return Match(self.name, "ScatterND", new_node.name, [n.name for n in chain], detail)
 
 
 def _refold(graph: gs.Graph) -> None:

@@ -26,9 +26,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.plugins.wkv_scan.schema import MAX_INIT
-from framefuse.rewrite.base import Declined, Match, PassResult, make_framefuse_node
+from framefuse.rewrite.base import Decline, Declined, Match, PassResult, make_framefuse_node
 from framefuse.rewrite.unrolled.common import MAX_ROUNDS, UnrolledPass, _discard, lift_leaf, restack
-from framefuse.rewrite.unrolled.graphutil import Emitter, NotLiftable, const_value, producer, replace_producer
+from framefuse.rewrite.unrolled.graphutil import Emitter, const_value, producer, replace_producer
 from framefuse.rewrite.unrolled.lift import Lifter, node_key
 from framefuse.rewrite.unrolled.timeline import Timeline
 
@@ -96,7 +96,7 @@ class _Same:
         else:
             try:
                 result = self.lifter.key(a) == self.lifter.key(b)
-            except NotLiftable:
+            except Decline:
                 result = False
             if not result and depth > 0:
                 na, nb = producer(a), producer(b)
@@ -310,7 +310,7 @@ class WKVScanPass(UnrolledPass):
                 lifter = Lifter(tl, emit, len(seq), seq[0].frame)
                 try:
                     detail = self._replace(graph, ctx, seq, lifter, emit)
-                except NotLiftable as exc:
+                except Decline as exc:
                     _discard(graph, emit.new_nodes)
                     declined.append(Declined(self.name, where, str(exc)))
                     continue
@@ -332,57 +332,55 @@ class WKVScanPass(UnrolledPass):
         steps = len(seq)
         for i, step in enumerate(seq):
             if step.frame != seq[0].frame + i:
-                raise NotLiftable(f"step {i} reads frame {step.frame}, expected {seq[0].frame + i}")
+                raise Decline(f"step {i} reads frame {step.frame}, expected {seq[0].frame + i}")
             if i < steps - 1 and step.p_new is None:
-                raise NotLiftable(f"step {i} has no state update p' = max(p + w, k)")
+                raise Decline(f"step {i} has no state update p' = max(p + w, k)")
         whole = {}  # k/v as whole-sequence tensors X [B, T, C] when every step reads a slice of X
         for name in ("k", "v"):
             slices = [_time_slice(getattr(s, name), shapes) for s in seq]
             if all(sl is not None and sl[0] is slices[0][0] for sl in slices):
                 whole[name] = slices[0][0]
             elif len({lifter.key(getattr(s, name)) for s in seq}) != 1:
-                raise NotLiftable(f"the per-step {name} is not the same computation at every step")
+                raise Decline(f"the per-step {name} is not the same computation at every step")
         if not all(self.same(s.u, seq[0].u) for s in seq):
-            raise NotLiftable("time_first u is not the same at every step")
+            raise Decline("time_first u is not the same at every step")
         ws = [s.w for s in seq if s.w is not None]
         if ws and not all(self.same(w, ws[0]) for w in ws):
-            raise NotLiftable("the decay w is not the same at every step")
+            raise Decline("the decay w is not the same at every step")
         for i, s in enumerate(seq):
             if s.folded_pw is None:
                 continue
             w_value = const_value(ws[0]) if ws else None
             if w_value is None:
-                raise NotLiftable(f"step {i}: p + w was folded to a constant and w is not a constant")
+                raise Decline(f"step {i}: p + w was folded to a constant and w is not a constant")
             with np.errstate(all="ignore"):
                 expected = (const_value(s.p_old).astype(F32) + w_value.astype(F32)).astype(F32)
             got = const_value(s.folded_pw)
             try:
                 expected = np.broadcast_to(expected, got.shape)
             except ValueError as exc:
-                raise NotLiftable(f"step {i}: folded p + w has shape {list(got.shape)}") from exc
+                raise Decline(f"step {i}: folded p + w has shape {list(got.shape)}") from exc
             if not np.array_equal(expected, got):
-                raise NotLiftable(f"step {i}: the folded constant {s.folded_pw.name!r} is not p + w")
+                raise Decline(f"step {i}: the folded constant {s.folded_pw.name!r} is not p + w")
         k_shape = shapes.need_shape(seq[0].k)
         if len(k_shape) != 2:
-            raise NotLiftable(f"k_t must be [B, C], got {list(k_shape)}")
+            raise Decline(f"k_t must be [B, C], got {list(k_shape)}")
         b, c = k_shape
         for t in (seq[0].v, seq[0].y):
             if shapes.need_shape(t) != (b, c):
-                raise NotLiftable(f"{t.name!r} has shape {shapes.shape(t)}, expected [{b}, {c}]")
+                raise Decline(f"{t.name!r} has shape {shapes.shape(t)}, expected [{b}, {c}]")
         for t in (seq[0].k, seq[0].v, seq[0].y):
             if shapes.dtype(t) != F32:
-                raise NotLiftable(
-                    f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)"
-                )
+                raise Decline(f"{t.name!r} is {shapes.dtype(t)}, not float32 (lower the precision after the rewrite)")
         # Intermediate states must be read only by the matched steps.
         inside = {id(n) for s in seq for n in s.nodes}
         for s in seq[:-1]:
             for t in (s.p_new, s.num_new, s.den_new):
                 if t in graph.outputs:
-                    raise NotLiftable(f"intermediate state {t.name!r} is a graph output")
+                    raise Decline(f"intermediate state {t.name!r} is a graph output")
                 for consumer in t.outputs:
                     if id(consumer) not in inside:
-                        raise NotLiftable(
+                        raise Decline(
                             f"intermediate state {t.name!r} is also read by {consumer.op} node {consumer.name!r}"
                         )
 
@@ -395,7 +393,7 @@ class WKVScanPass(UnrolledPass):
             elif int(np.prod(shape)) == 1:
                 out = emit.expand(emit.reshape(t, (1,), F32), (c,), F32)
             else:
-                raise NotLiftable(f"{what} has shape {list(shape)}, not one value per channel ({c})")
+                raise Decline(f"{what} has shape {list(shape)}, not one value per channel ({c})")
             if shapes.dtype(t) != F32:
                 out = emit.node("Cast", [out], (c,), F32, attrs={"to": 1})
             return out
@@ -407,7 +405,7 @@ class WKVScanPass(UnrolledPass):
                 return emit.transpose(lifted, [1, 0, 2], (b, steps, c), F32)
             x_shape = shapes.need_shape(x)
             if x_shape[0] != b or x_shape[2] != c:
-                raise NotLiftable(f"{name} source {x.name!r} has shape {list(x_shape)}, expected [{b}, T, {c}]")
+                raise Decline(f"{name} source {x.name!r} has shape {list(x_shape)}, expected [{b}, T, {c}]")
             if x_shape[1] != steps:
                 start = seq[0].frame
                 x = emit.node(
@@ -435,9 +433,9 @@ class WKVScanPass(UnrolledPass):
             try:
                 np.broadcast_shapes(shape, (b, c))
             except ValueError as exc:
-                raise NotLiftable(f"initial state {t.name!r} of shape {list(shape)} is not [B, C]") from exc
+                raise Decline(f"initial state {t.name!r} of shape {list(shape)} is not [B, C]") from exc
             if shapes.dtype(t) != F32:
-                raise NotLiftable(f"initial state {t.name!r} is not float32")
+                raise Decline(f"initial state {t.name!r} is not float32")
             return t if shape == (b, c) else emit.expand(t, (b, c), F32)
 
         first = seq[0]
