@@ -15,7 +15,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from framefuse.errors import FrameFuseError
-from framefuse.plugins.registry import DOMAIN, OP_TYPES, VERSION
+from framefuse.plugins import registry
+from framefuse.plugins.registry import DOMAIN, VERSION
 from framefuse.rewrite.attention import AttentionPass, OnnxAttentionPass
 from framefuse.rewrite.base import PassResult, RewriteContext
 from framefuse.rewrite.chunked_delta import ChunkedDeltaRulePass
@@ -82,10 +83,10 @@ def check_known_ops(model: onnx.ModelProto, label: str) -> None:
             domain = node.domain or ""
             name = node.name or f"<unnamed {node.op_type}>"
             if domain == DOMAIN:
-                if node.op_type not in OP_TYPES:
+                if not registry.is_framefuse_node(domain, node.op_type):
                     raise RewriteError(
                         f"{label}: node {name!r} uses op {node.op_type!r} of domain {DOMAIN!r}, which framefuse "
-                        f"does not define (known: {', '.join(OP_TYPES)})"
+                        f"does not define (known: {', '.join(registry.OP_TYPES)})"
                     )
             elif domain in _ONNX_DOMAINS:
                 version = versions.get("" if domain == "ai.onnx" else domain)
