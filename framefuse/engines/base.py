@@ -12,7 +12,8 @@ a Polygraphy ``BaseRunner`` (``activate`` / ``infer`` / ``deactivate``) with the
     summary() -> dict              what ``framefuse build`` prints and the artifact records
     metadata: dict                 extra facts written beside the artifact
 
-Binding protocol (what ``Session.step`` uses; ``cuda_graph.Binding`` is the model)::
+Binding protocol (what ``Session.step`` uses; every binding derives from :class:`BindingBase`,
+which checks the names, the state hand-off and the caller's buffers and holds the host views)::
 
     host_in[name]  / host_in_t[name]    numpy / torch-CPU views of the buffer a host frame is written to
     host_out[name] / host_out_t[name]   numpy / torch-CPU views of the buffer a host output lands in
@@ -198,7 +199,8 @@ class EngineRunner(BaseRunner):
 
     def fixed_binding_args(self, input_shapes, host_inputs, host_outputs, state_pairs) -> tuple[list, list]:
         """(host inputs, host outputs) of a binding of an engine that runs only the shapes it was
-        built for: every input / output by default; other shapes and unknown names refused."""
+        built for: every input / output by default; other shapes refused (unknown names are refused
+        by the binding: BindingBase)."""
         if input_shapes is not None:
             for name, shape in input_shapes.items():
                 if name in self.input_specs and tuple(shape) != self.input_specs[name].shape:
@@ -208,7 +210,6 @@ class EngineRunner(BaseRunner):
                     )
         host_inputs = list(self.input_specs) if host_inputs is None else list(host_inputs)
         host_outputs = list(self.output_specs) if host_outputs is None else list(host_outputs)
-        self.check_binding_args(host_inputs, host_outputs, state_pairs or {})
         return host_inputs, host_outputs
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> None:
@@ -219,33 +220,6 @@ class EngineRunner(BaseRunner):
             raise EngineRunError(
                 f"feeds do not match the graph inputs {self.input_names}: missing {missing}, unexpected {extra}"
             )
-
-    def check_binding_args(
-        self,
-        host_inputs: Sequence[str],
-        host_outputs: Sequence[str],
-        state_pairs: Mapping[str, str],
-        input_specs: Mapping[str, IOSpec] | None = None,
-        output_specs: Mapping[str, IOSpec] | None = None,
-    ) -> None:
-        """EngineRunError / EngineBuildError for names a binding cannot have."""
-        inputs = self.input_specs if input_specs is None else input_specs
-        outputs = self.output_specs if output_specs is None else output_specs
-        for name in host_inputs:
-            if name not in inputs:
-                raise EngineRunError(f"no graph input '{name}' (inputs: {list(inputs)})")
-        for name in host_outputs:
-            if name not in outputs:
-                raise EngineRunError(f"no graph output '{name}' (outputs: {list(outputs)})")
-        for out_name, in_name in state_pairs.items():
-            if out_name not in outputs or in_name not in inputs:
-                raise EngineRunError(f"state hand-off {out_name} -> {in_name} names an unknown output or input")
-            out_spec, in_spec = outputs[out_name], inputs[in_name]
-            if out_spec.shape != in_spec.shape or out_spec.dtype != in_spec.dtype:
-                raise EngineBuildError(
-                    f"state hand-off {out_name} -> {in_name}: output is {list(out_spec.shape)} {out_spec.dtype}, "
-                    f"input is {list(in_spec.shape)} {in_spec.dtype}"
-                )
 
     # -- Polygraphy runner interface ----------------------------------------------------------
     def activate_impl(self):
@@ -267,7 +241,120 @@ class EngineRunner(BaseRunner):
         return OrderedDict((name, outputs[name]) for name in self.output_names)
 
 
-class HostBinding:
+def check_binding_args(
+    host_inputs: Sequence[str],
+    host_outputs: Sequence[str],
+    state_pairs: Mapping[str, str],
+    inputs: Mapping[str, IOSpec],
+    outputs: Mapping[str, IOSpec],
+) -> None:
+    """EngineRunError / EngineBuildError for names a binding cannot have."""
+    for name in host_inputs:
+        if name not in inputs:
+            raise EngineRunError(f"no graph input '{name}' (inputs: {list(inputs)})")
+    for name in host_outputs:
+        if name not in outputs:
+            raise EngineRunError(f"no graph output '{name}' (outputs: {list(outputs)})")
+    for out_name, in_name in state_pairs.items():
+        if out_name not in outputs or in_name not in inputs:
+            raise EngineRunError(f"state hand-off {out_name} -> {in_name} names an unknown output or input")
+        out_spec, in_spec = outputs[out_name], inputs[in_name]
+        if out_spec.shape != in_spec.shape or out_spec.dtype != in_spec.dtype:
+            raise EngineBuildError(
+                f"state hand-off {out_name} -> {in_name}: output is {list(out_spec.shape)} {out_spec.dtype}, "
+                f"input is {list(in_spec.shape)} {in_spec.dtype}"
+            )
+
+
+REPLAY_MODES = ("torch", "driver")
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A numpy array over a CPU tensor's memory (bfloat16 through ml_dtypes: numpy has none)."""
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+class BindingBase:
+    """What every binding shares (the Binding protocol above): the host-fed inputs and
+    host-returned outputs by name, the state hand-off, the caller's input buffers, host buffers and
+    the replay counters. The checks run once, here: an unknown name, a state output handed to an
+    input of another shape or dtype, or a caller's buffer that does not match its input is one
+    EngineBuildError naming it, whatever the backend. A backend builds its own device buffers
+    (from ``given(name)`` where the caller passed one) and its launch."""
+
+    def __init__(
+        self,
+        input_specs: Mapping[str, IOSpec],
+        output_specs: Mapping[str, IOSpec],
+        device,
+        host_inputs: Sequence[str],
+        host_outputs: Sequence[str],
+        state_pairs: Mapping[str, str] | None,
+        input_buffers: Mapping[str, torch.Tensor] | None,
+    ):
+        self.device = torch.device(device)
+        self.host_input_names = tuple(host_inputs)
+        self.host_output_names = tuple(host_outputs)
+        self.state_pairs = dict(state_pairs or {})
+        self.replays = 0
+        self.replay_mode = "torch"
+        check_binding_args(self.host_input_names, self.host_output_names, self.state_pairs, input_specs, output_specs)
+        self._given: dict[str, torch.Tensor] = {}
+        for name, buffer in (input_buffers or {}).items():
+            spec = input_specs.get(name)
+            if spec is None:
+                raise EngineBuildError(f"input buffer for '{name}': the engine has no such input")
+            on_device = buffer.device.type == self.device.type and (
+                self.device.index is None or buffer.device.index in (None, self.device.index)
+            )
+            if tuple(buffer.shape) != spec.shape or buffer.dtype != spec.dtype or not on_device:
+                raise EngineBuildError(
+                    f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on {self.device}, got "
+                    f"{list(buffer.shape)} {buffer.dtype} on {buffer.device}"
+                )
+            if not buffer.is_contiguous():
+                raise EngineBuildError(f"input buffer for '{name}' must be contiguous")
+            self._given[name] = buffer
+
+    def given(self, name: str) -> torch.Tensor | None:
+        """The caller's buffer for input ``name`` (checked), or None."""
+        return self._given.get(name)
+
+    def given_or_zeros(self, name: str, spec: IOSpec) -> torch.Tensor:
+        """The caller's buffer for input ``name``, or a new zeroed one on this binding's device."""
+        buffer = self._given.get(name)
+        return buffer if buffer is not None else torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
+
+    def set_host_buffers(self, host_in_t: Mapping[str, torch.Tensor], host_out_t: Mapping[str, torch.Tensor]) -> None:
+        """Sets the protocol's host_in_t / host_out_t and their numpy views host_in / host_out."""
+        self.host_in_t = dict(host_in_t)
+        self.host_in = {name: numpy_view(t) for name, t in self.host_in_t.items()}
+        self.host_out_t = dict(host_out_t)
+        self.host_out = {name: numpy_view(t) for name, t in self.host_out_t.items()}
+
+    @staticmethod
+    def host_buffers(names: Sequence[str], specs: Mapping[str, IOSpec], *, pinned: bool) -> dict[str, torch.Tensor]:
+        """Zeroed CPU tensors for ``names`` (page-locked when a GPU copies to or from them)."""
+        return {n: torch.zeros(specs[n].shape, dtype=specs[n].dtype, pin_memory=pinned) for n in names}
+
+    def set_replay_mode(self, mode: str) -> None:
+        """ "torch" or "driver"; a backend without graphs accepts both and runs the same way."""
+        if mode not in REPLAY_MODES:
+            raise EngineRunError(f"replay mode must be one of {REPLAY_MODES}, got {mode!r}")
+        self.replay_mode = mode
+
+    def order_after_current(self) -> None:
+        pass  # a backend that runs on a stream of its own makes it wait for torch's current one
+
+    def wait_idle(self) -> None:
+        pass  # a backend that can have work in flight waits for it
+
+
+class HostBinding(BindingBase):
     """The Binding protocol (module docstring) over a runner's ``run``: CPU buffers for every input
     and output, each launch one ``run`` of what the input buffers hold, a state output copied into
     the input it is handed to. What ``create_binding`` gives a backend that has no faster path."""
@@ -280,43 +367,24 @@ class HostBinding:
         state_pairs: dict[str, str],
         input_buffers: Mapping[str, torch.Tensor] | None = None,
     ):
+        super().__init__(
+            runner.input_specs, runner.output_specs, "cpu", host_inputs, host_outputs, state_pairs, input_buffers
+        )
         self.runner = runner
-        self.device = torch.device("cpu")
-        self.host_input_names = tuple(host_inputs)
-        self.host_output_names = tuple(host_outputs)
-        self.state_pairs = state_pairs
-        self.replays = 0
-        self.replay_mode = "torch"
-        given = dict(input_buffers or {})
-        self.dev_in: dict[str, torch.Tensor] = {}
-        for name, spec in runner.input_specs.items():
-            buffer = given.get(name)
-            if buffer is not None and (
-                tuple(buffer.shape) != spec.shape or buffer.dtype != spec.dtype or buffer.device.type != "cpu"
-            ):
-                raise EngineBuildError(f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on the CPU")
-            self.dev_in[name] = buffer if buffer is not None else torch.zeros(spec.shape, dtype=spec.dtype)
+        self.dev_in = {name: self.given_or_zeros(name, spec) for name, spec in runner.input_specs.items()}
         self.dev_out = {
             name: torch.zeros(spec.shape, dtype=spec.dtype)
             for name, spec in runner.output_specs.items()
-            if name not in state_pairs
+            if name not in self.state_pairs
         }
         # the host views are the buffers themselves: nothing to copy on a CPU engine
-        self.host_in_t = {name: self.dev_in[name] for name in self.host_input_names}
-        self.host_in = {name: t.numpy() for name, t in self.host_in_t.items()}
-        self.host_out_t = {
-            name: self.dev_in[state_pairs[name]] if name in state_pairs else self.dev_out[name]
-            for name in self.host_output_names
-        }
-        self.host_out = {name: t.numpy() for name, t in self.host_out_t.items()}
-
-    def set_replay_mode(self, mode: str) -> None:
-        if mode not in ("torch", "driver"):
-            raise EngineRunError(f"replay mode must be 'torch' or 'driver', got {mode!r}")
-        self.replay_mode = mode  # nothing is replayed: the engine runs the graph each time
-
-    def order_after_current(self) -> None:
-        pass
+        self.set_host_buffers(
+            {name: self.dev_in[name] for name in self.host_input_names},
+            {
+                name: self.dev_in[self.state_pairs[name]] if name in self.state_pairs else self.dev_out[name]
+                for name in self.host_output_names
+            },
+        )
 
     def launch(self) -> None:
         """One run (synchronous); the new state replaces the old only after the run has read it."""
@@ -330,9 +398,6 @@ class HostBinding:
 
     def sync(self) -> None:
         pass  # launch() has waited
-
-    def wait_idle(self) -> None:
-        pass
 
     def output(self, name: str) -> torch.Tensor:
         """The tensor holding output ``name`` after the last run (a state output: the current state)."""

@@ -37,6 +37,7 @@ import torch
 from framefuse.engines import artifact as _artifact
 from framefuse.engines.artifact import ArtifactError
 from framefuse.engines.base import (
+    BindingBase,
     EngineBuildError,
     EngineRunError,
     EngineRunner,
@@ -57,14 +58,9 @@ FORMAT_VERSION = _artifact.FORMAT_VERSION
 # Warm-up runs on the capture stream before capture: cuBLAS/cuDNN create their per-stream
 # handles and workspaces on first use, which must not happen inside the capture.
 WARMUP_RUNS = 2
-REPLAY_MODES = ("torch", "driver")
 
 
-def _pinned_empty(spec: IOSpec, pin: bool) -> torch.Tensor:
-    return torch.zeros(spec.shape, dtype=spec.dtype, pin_memory=pin)
-
-
-class Binding:
+class Binding(BindingBase):
     """One runnable variant of a plan with fixed buffers (see the module docstring).
 
     Attributes the session uses:
@@ -86,39 +82,21 @@ class Binding:
         state_pairs: Mapping[str, str],
         input_buffers: Mapping[str, torch.Tensor] | None = None,
     ):
+        super().__init__(
+            plan.input_specs, plan.output_specs, plan.device, host_inputs, host_outputs, state_pairs, input_buffers
+        )
         self.engine = engine
         self.plan = plan
-        self.device = plan.device
-        self.host_input_names = tuple(host_inputs)
-        self.host_output_names = tuple(host_outputs)
-        self.state_pairs = dict(state_pairs)  # output name -> input name it is copied onto
-        for out_name, in_name in self.state_pairs.items():
-            out_spec, in_spec = plan.output_specs[out_name], plan.input_specs[in_name]
-            if out_spec.shape != in_spec.shape or out_spec.dtype != in_spec.dtype:
-                raise EngineBuildError(
-                    f"state hand-off {out_name} -> {in_name}: output is {list(out_spec.shape)} {out_spec.dtype}, "
-                    f"input is {list(in_spec.shape)} {in_spec.dtype}"
-                )
         on_gpu = self.device.type == "cuda"
-        given = dict(input_buffers or {})
-        self.dev_in: dict[str, torch.Tensor] = {}
-        for name, spec in plan.input_specs.items():
-            buffer = given.get(name)
-            if buffer is None:
-                buffer = torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
-            elif tuple(buffer.shape) != spec.shape or buffer.dtype != spec.dtype or buffer.device != self.device:
-                raise EngineBuildError(
-                    f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on {self.device}"
-                )
-            self.dev_in[name] = buffer
-        self.host_in_t = {n: _pinned_empty(plan.input_specs[n], on_gpu) for n in self.host_input_names}
-        self.host_in = {n: t.numpy() for n, t in self.host_in_t.items()}
-        self.host_out_t = {n: _pinned_empty(plan.output_specs[n], on_gpu) for n in self.host_output_names}
-        self.host_out = {n: t.numpy() for n, t in self.host_out_t.items()}
+        self.dev_in: dict[str, torch.Tensor] = {
+            name: self.given_or_zeros(name, spec) for name, spec in plan.input_specs.items()
+        }
+        self.set_host_buffers(
+            self.host_buffers(self.host_input_names, plan.input_specs, pinned=on_gpu),
+            self.host_buffers(self.host_output_names, plan.output_specs, pinned=on_gpu),
+        )
         self.dev_out: dict[str, torch.Tensor] = {}
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.replays = 0
-        self.replay_mode = "torch"
         self._cu_exec = self._cu_stream = None
         if on_gpu:
             self._capture()
@@ -185,9 +163,7 @@ class Binding:
                   (a few µs less host time per frame). Work the caller enqueues on other streams
                   is ordered explicitly (see ``order_after_current``).
         """
-        if mode not in REPLAY_MODES:
-            raise EngineRunError(f"replay mode must be one of {REPLAY_MODES}, got {mode!r}")
-        self.replay_mode = mode
+        super().set_replay_mode(mode)
         self._cu_exec = self._cu_stream = None
         if mode == "driver" and self.graph is not None:
             from cuda.bindings import driver
@@ -395,7 +371,6 @@ class CudaGraphEngine(EngineRunner):
         plan = self.plan(input_shapes)
         host_inputs = list(plan.input_specs) if host_inputs is None else list(host_inputs)
         host_outputs = list(plan.output_specs) if host_outputs is None else list(host_outputs)
-        self.check_binding_args(host_inputs, host_outputs, state_pairs or {}, plan.input_specs, plan.output_specs)
         if hasattr(plan, "create_binding"):  # the step compiler's kernel: mapped host memory, no copies
             return plan.create_binding(
                 self,

@@ -44,6 +44,7 @@ import torch
 from framefuse.engines import artifact as _artifact
 from framefuse.engines.artifact import ArtifactError, ForeignArtifactError
 from framefuse.engines.base import (
+    BindingBase,
     EngineBuildError,
     EngineRunError,
     EngineRunner,
@@ -61,7 +62,6 @@ FORMAT_VERSION = 1
 FRAMEFUSE_DOMAIN = "framefuse"
 CPU_EP = "CPUExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"
-REPLAY_MODES = ("torch", "driver")  # accepted for the Binding protocol; ONNX Runtime has no graph replay
 # Options build() understands, with their defaults. One intra-op thread: a batch-1 step graph is
 # too small to split, and a spinning thread pool costs latency jitter on a shared machine.
 DEFAULT_OPTIONS = {
@@ -333,7 +333,7 @@ class OnnxRuntimeRunner(EngineRunner):
         pass  # the session exists from construction on
 
 
-class OrtBinding:
+class OrtBinding(BindingBase):
     """Fixed buffers over one ONNX Runtime session (the Binding protocol of
     :mod:`framefuse.engines.base`), with the state ping-pong described in the module docstring.
 
@@ -350,50 +350,22 @@ class OrtBinding:
         input_buffers: Mapping[str, torch.Tensor] | None,
     ):
         ort = _ort()
-        self.runner = runner
-        self.device = runner.device
-        self.host_input_names = tuple(host_inputs)
-        self.host_output_names = tuple(host_outputs)
-        self.state_pairs = state_pairs
-        self.replays = 0
-        self.replay_mode = "torch"
-        on_gpu = self.device.type == "cuda"
-        given = dict(input_buffers or {})
         in_specs, out_specs = runner.input_specs, runner.output_specs
-
-        def device_tensor(spec: IOSpec, name: str) -> torch.Tensor:
-            buffer = given.get(name)
-            if buffer is None:
-                return torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
-            if (
-                tuple(buffer.shape) != spec.shape
-                or buffer.dtype != spec.dtype
-                or buffer.device.type != self.device.type
-            ):
-                raise EngineBuildError(
-                    f"input buffer for '{name}' must be {list(spec.shape)} {spec.dtype} on {self.device}"
-                )
-            if not buffer.is_contiguous():
-                raise EngineBuildError(f"input buffer for '{name}' must be contiguous")
-            return buffer
-
+        super().__init__(in_specs, out_specs, runner.device, host_inputs, host_outputs, state_pairs, input_buffers)
+        self.runner = runner
+        on_gpu = self.device.type == "cuda"
         # Host side (pinned when a GPU EP copies from it).
-        self.host_in_t = {
-            n: torch.zeros(in_specs[n].shape, dtype=in_specs[n].dtype, pin_memory=on_gpu) for n in self.host_input_names
-        }
-        self.host_in = {n: t.numpy() for n, t in self.host_in_t.items()}
-        self.host_out_t = {
-            n: torch.zeros(out_specs[n].shape, dtype=out_specs[n].dtype, pin_memory=on_gpu)
-            for n in self.host_output_names
-        }
-        self.host_out = {n: t.numpy() for n, t in self.host_out_t.items()}
+        self.set_host_buffers(
+            self.host_buffers(self.host_input_names, in_specs, pinned=on_gpu),
+            self.host_buffers(self.host_output_names, out_specs, pinned=on_gpu),
+        )
         # What ONNX Runtime reads and writes. On the CPU EP host-fed inputs are bound directly (no copy).
         self.dev_in: dict[str, torch.Tensor] = {}
         for name, spec in in_specs.items():
-            if name in self.host_in_t and not on_gpu and name not in given:
+            if name in self.host_in_t and not on_gpu and self.given(name) is None:
                 self.dev_in[name] = self.host_in_t[name]
             else:
-                self.dev_in[name] = device_tensor(spec, name)
+                self.dev_in[name] = self.given_or_zeros(name, spec)
         self.dev_out: dict[str, torch.Tensor] = {}
         for name, spec in out_specs.items():
             if name in self.state_pairs:
@@ -442,11 +414,6 @@ class OrtBinding:
         return io
 
     # -- the Binding protocol ---------------------------------------------------------------------
-    def set_replay_mode(self, mode: str) -> None:
-        if mode not in REPLAY_MODES:
-            raise EngineRunError(f"replay mode must be one of {REPLAY_MODES}, got {mode!r}")
-        self.replay_mode = mode  # nothing to replay: ONNX Runtime runs the graph each time
-
     def order_after_current(self) -> None:
         if self.device.type == "cuda":  # ONNX Runtime's CUDA EP works on its own stream
             torch.cuda.current_stream(self.device).synchronize()
@@ -476,9 +443,6 @@ class OrtBinding:
 
     def sync(self) -> None:
         pass  # launch() has waited
-
-    def wait_idle(self) -> None:
-        pass
 
     def output(self, name: str) -> torch.Tensor:
         """The tensor holding output ``name`` after the last run (a state output: the current state)."""

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from framefuse.compiler.engine import CompiledStep
-from framefuse.engines.base import EngineBuildError, EngineRunError, IOSpec, run_host
+from framefuse.engines.base import BindingBase, EngineBuildError, EngineRunError, IOSpec, run_host
 from framefuse.engines.executor import Step
 
 
@@ -165,7 +165,7 @@ class _FastLaunch:
         self.stream = ctypes.c_void_p(stream_handle)
 
 
-class StepBinding:
+class StepBinding(BindingBase):
     """Fixed buffers and captured graphs for repeated steps (the engines' Binding protocol, see
     engines/base.py). Host inputs and outputs live in pinned mapped memory the kernel reads and
     writes itself; a state handed to the next step lives in two device halves."""
@@ -173,27 +173,25 @@ class StepBinding:
     def __init__(self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
         c = plan.compiled
         k = c.kernel
+        super().__init__(
+            plan.input_specs, plan.output_specs, plan.device, host_inputs, host_outputs, state_pairs, input_buffers
+        )
         self.plan = plan
         self.engine = engine
-        self.device = plan.device
-        self.host_input_names = tuple(host_inputs)
-        self.host_output_names = tuple(host_outputs)
-        self.state_pairs = dict(state_pairs or {})
-        given = dict(input_buffers or {})
         paired_inputs = set(self.state_pairs.values())
         self._mapped: dict[str, MappedHostBuffer] = {}
         self._dev_inputs: dict[str, torch.Tensor] = {}
         self._halves: dict[str, list[torch.Tensor]] = {}
         for name, spec in plan.input_specs.items():
             if name in paired_inputs:
-                first = given.get(name)
+                first = self.given(name)
                 if first is None:
                     first = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
                 self._halves[name] = [first, torch.zeros_like(first)]
             elif name in self.host_input_names:
                 self._mapped[name] = MappedHostBuffer(spec.shape)
             else:
-                buffer = given.get(name)
+                buffer = self.given(name)
                 if buffer is None:
                     buffer = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
                 self._dev_inputs[name] = buffer
@@ -212,7 +210,6 @@ class StepBinding:
         self.host_out = {n: self._out_mapped[n].array for n in self.host_output_names}
         self.host_out_t = {n: self._out_mapped[n].tensor for n in self.host_output_names}
         self.parity = 0
-        self.replays = 0
         # the host-facing blocks' done words (see codegen.Generator._done): wait_host spins on them
         self._done = MappedHostBuffer((max(k.done_words, 1),), dtype=np.uint32)
         self._done_addr = self._done.array.ctypes.data
@@ -278,10 +275,6 @@ class StepBinding:
     def dev_out(self) -> dict[str, torch.Tensor]:
         nxt = {out: self._halves[inp][self.parity] for out, inp in self.state_pairs.items()}
         return {**self._dev_outputs, **nxt}
-
-    def set_replay_mode(self, mode: str) -> None:
-        if mode not in ("torch", "driver"):
-            raise EngineRunError(f"replay mode must be 'torch' or 'driver', got {mode!r}")
 
     def order_after_current(self) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))

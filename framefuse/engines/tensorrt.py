@@ -37,6 +37,7 @@ import torch
 
 from framefuse.engines import artifact as _artifact
 from framefuse.engines.base import (
+    BindingBase,
     EngineBuildError,
     EngineRunError,
     EngineRunner,
@@ -708,11 +709,10 @@ class TensorRTRunner(EngineRunner):
         host_inputs = list(self.input_names if host_inputs is None else host_inputs)
         host_outputs = list(self.output_names if host_outputs is None else host_outputs)
         state_pairs = dict(state_pairs or {})
-        self.check_binding_args(host_inputs, host_outputs, state_pairs)
         return TrtBinding(self, host_inputs, host_outputs, state_pairs, input_buffers)
 
 
-class TrtBinding:
+class TrtBinding(BindingBase):
     """Fixed device buffers bound once to one execution context (the Binding protocol of
     framefuse.engines.base). One launch = host->device copies, ``execute_async_v3``, the state
     hand-off (next_state output -> state input buffer, a device copy so the bound addresses never
@@ -723,37 +723,15 @@ class TrtBinding:
 
     def __init__(self, runner: TensorRTRunner, host_inputs, host_outputs, state_pairs, input_buffers):
         engine = runner.engine()
-        self.runner = runner
-        self.device = runner.device
-        self.state_pairs = state_pairs
-        self.host_input_names = tuple(host_inputs)
-        self.host_output_names = tuple(host_outputs)
-        self.replays = 0
-        self.replay_mode = "torch"
-        self.stream = torch.cuda.Stream(device=self.device)
-        given = dict(input_buffers or {})
         ins, outs = runner.input_specs, runner.output_specs
-        pin = True
-        self.host_in_t = {n: torch.zeros(ins[n].shape, dtype=ins[n].dtype, pin_memory=pin) for n in host_inputs}
-        self.host_in = {n: _numpy_view(t) for n, t in self.host_in_t.items()}
-        self.host_out_t = {n: torch.zeros(outs[n].shape, dtype=outs[n].dtype, pin_memory=pin) for n in host_outputs}
-        self.host_out = {n: _numpy_view(t) for n, t in self.host_out_t.items()}
-        self.dev_in: dict[str, torch.Tensor] = {}
-        for name, spec in ins.items():
-            buf = given.get(name)
-            if buf is not None:
-                if (
-                    tuple(buf.shape) != spec.shape
-                    or buf.dtype != spec.dtype
-                    or buf.device.type != "cuda"
-                    or not buf.is_contiguous()
-                ):
-                    raise EngineBuildError(
-                        f"input buffer for '{name}' must be a contiguous {list(spec.shape)} {spec.dtype} CUDA tensor"
-                    )
-                self.dev_in[name] = buf
-            else:
-                self.dev_in[name] = torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
+        super().__init__(ins, outs, runner.device, host_inputs, host_outputs, state_pairs, input_buffers)
+        self.runner = runner
+        self.stream = torch.cuda.Stream(device=self.device)
+        self.set_host_buffers(
+            self.host_buffers(self.host_input_names, ins, pinned=True),
+            self.host_buffers(self.host_output_names, outs, pinned=True),
+        )
+        self.dev_in = {name: self.given_or_zeros(name, spec) for name, spec in ins.items()}
         self.dev_out = {n: torch.zeros(s.shape, dtype=s.dtype, device=self.device) for n, s in outs.items()}
         self.context = engine.create_execution_context()
         if self.context is None:
@@ -807,11 +785,6 @@ class TrtBinding:
     def wait_idle(self) -> None:
         self.stream.synchronize()
 
-    def set_replay_mode(self, mode: str) -> None:
-        if mode not in ("torch", "driver"):
-            raise EngineRunError(f"replay mode must be 'torch' or 'driver', got {mode!r}")
-        self.replay_mode = mode
-
     def order_after_current(self) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
@@ -819,14 +792,6 @@ class TrtBinding:
         if name in self.state_pairs:
             return self.dev_in[self.state_pairs[name]]
         return self.dev_out[name]
-
-
-def _numpy_view(t: torch.Tensor) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
 
 
 __all__ = [
