@@ -33,6 +33,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Match, NotACandidate, RewriteContext, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 
 # A mask value at or below this is "masked out": exp(x + score) is 0 in float32 for any sane score.
 MASKED_OUT = -1e9
@@ -184,6 +185,7 @@ class _MaskBuilder:
 
     def build(self, graph, ctx, full_shape: tuple[int, int, int, int], dtype) -> tuple[gs.Tensor | None, int, dict]:
         """(mask input or None, causal flag, detail) for scores of shape [B, Hq, Tq, Tk]."""
+        gb = GraphBuilder(graph, ctx)
         if not self.terms:
             return None, 0, {"mask": "none"}
         b, h, tq, tk = full_shape
@@ -204,23 +206,21 @@ class _MaskBuilder:
                     return None, 0, {"mask": "all-zero constant (dropped)"}
                 if is_bottom_right_causal(m2):
                     return None, 1, {"mask": "constant causal mask → causal=1"}
-                return U.new_const(ctx, "attn_mask", m2.astype(dtype)), 0, {"mask": "constant [Tq,Tk]"}
+                return gb.const(m2.astype(dtype), name="attn_mask"), 0, {"mask": "constant [Tq,Tk]"}
             if np.all(total == total[:, :1]):
-                return (U.new_const(ctx, "attn_mask", total[:, :1].astype(dtype)), 0, {"mask": "constant [B,1,Tq,Tk]"})
-            return U.new_const(ctx, "attn_mask", total.astype(dtype)), 0, {"mask": "constant [B,Hq,Tq,Tk]"}
+                return (gb.const(total[:, :1].astype(dtype), name="attn_mask"), 0, {"mask": "constant [B,1,Tq,Tk]"})
+            return gb.const(total.astype(dtype), name="attn_mask"), 0, {"mask": "constant [B,Hq,Tq,Tk]"}
         # Variable mask terms: sum them in the graph, then bring the sum to a layout the op takes.
         mask = None
         for t, f in self.terms:
             if U.np_dtype(t) is None or U.np_dtype(t).kind != "f":
                 raise Decline(f"mask {t.name} has dtype {U.np_dtype(t)}, expected a float additive mask")
             if f != 1.0:
-                t = U.add_op(
-                    graph,
-                    ctx,
+                t = gb.node(
                     "Mul",
-                    [t, U.new_const(ctx, "mask_scale", np.asarray(f, dtype=U.np_dtype(t)))],
-                    dtype=t.dtype,
+                    [t, gb.const(np.asarray(f, dtype=U.np_dtype(t)), name="mask_scale")],
                     shape=U.static_shape(t),
+                    dtype=t.dtype,
                 )
             if mask is None:
                 mask = t
@@ -230,8 +230,8 @@ class _MaskBuilder:
                     if U.static_shape(mask) and U.static_shape(t)
                     else None
                 )
-                mask = U.add_op(graph, ctx, "Add", [mask, t], dtype=mask.dtype, shape=shape)
-        mask = U.cast(graph, ctx, mask, dtype)
+                mask = gb.node("Add", [mask, t], shape=shape, dtype=mask.dtype)
+        mask = gb.cast(mask, dtype)
         shape = U.static_shape(mask)
         if shape is None:
             raise Decline(f"mask {mask.name} has no static shape")
@@ -242,17 +242,15 @@ class _MaskBuilder:
         if shape == (tq, tk) or shape == (b, 1, tq, tk) or shape == full_shape:
             return mask, 0, {"mask": f"input {list(shape)}"}
         if len(shape) <= 4 and shape[-2:] == (tq, tk) and all(d == 1 for d in shape[:-2]):
-            return U.reshape(graph, ctx, mask, (tq, tk)), 0, {"mask": f"input {list(shape)} → [Tq,Tk]"}
+            return gb.reshape(mask, (tq, tk)), 0, {"mask": f"input {list(shape)} → [Tq,Tk]"}
         # Broadcast explicitly, keeping a head axis of 1 when the mask has no per-head values.
         per_head = len(shape) >= 3 and shape[-3] != 1
         target = (b, h if per_head else 1, tq, tk)
-        expanded = U.add_op(
-            graph,
-            ctx,
+        expanded = gb.node(
             "Expand",
-            [mask, U.new_const(ctx, "mask_shape", np.asarray(target, dtype=np.int64))],
-            dtype=mask.dtype,
+            [mask, gb.const(np.asarray(target, dtype=np.int64), name="mask_shape")],
             shape=target,
+            dtype=mask.dtype,
         )
         return expanded, 0, {"mask": f"input {list(shape)} expanded to {list(target)}"}
 
@@ -266,6 +264,7 @@ class AttentionPass(AnchoredPass):
                 yield node
 
     def rewrite(self, graph: gs.Graph, ctx: RewriteContext, softmax: gs.Node) -> Match:
+        gb = GraphBuilder(graph, ctx)
         removed = [softmax]
         probs = softmax.outputs[0]
         scores_in = softmax.inputs[0]
@@ -402,7 +401,7 @@ class AttentionPass(AnchoredPass):
         if not (len(q_shape) == len(v_shape) == len(kt_shape) == rank):
             raise Decline(f"Q/K/V ranks differ from the scores' rank {rank} (broadcasting MatMul)")
         if k is None:
-            k = U.transpose(graph, ctx, kt, list(range(rank - 2)) + [rank - 1, rank - 2])
+            k = gb.transpose(kt, list(range(rank - 2)) + [rank - 1, rank - 2])
         dh, dv = q_shape[-1], v_shape[-1]
         if dv != dh:
             raise Decline(f"V head size {dv} differs from Q/K head size {dh} (the op needs Dv = Dh)")
@@ -418,7 +417,7 @@ class AttentionPass(AnchoredPass):
             elif k_base or v_base:
                 detail["kv_repeat"] = "repeat not provable for both K and V: repeated tensors passed"
         else:
-            q, k, v = (U.unsqueeze(graph, ctx, x, 0) for x in (q, k, v))
+            q, k, v = (gb.unsqueeze(x, 0) for x in (q, k, v))
         B, Hq, Tq, _ = U.static_shape(q)
         Bk, Hk, Tk, _ = U.static_shape(k)
         Bv, Hv, Tv, _ = U.static_shape(v)
@@ -432,7 +431,7 @@ class AttentionPass(AnchoredPass):
         mask_full = (B, Hq, Tq, Tk)
         if rank == 3:
             masks.terms = [
-                (U.unsqueeze(graph, ctx, m, 0) if (U.static_shape(m) and len(U.static_shape(m)) == 3) else m, f)
+                (gb.unsqueeze(m, 0) if (U.static_shape(m) and len(U.static_shape(m)) == 3) else m, f)
                 for m, f in masks.terms
             ]
         mask, causal, mdetail = masks.build(graph, ctx, mask_full, dtype)
@@ -444,13 +443,13 @@ class AttentionPass(AnchoredPass):
         if rank == 4:
             fused = make_framefuse_node(graph, ctx, "Attention", [q, k, v, mask], [out], attrs)
         else:
-            o4 = U.new_var(ctx, "Attention_o", dtype, (B, Hq, Tq, dh))
+            o4 = gb.var("Attention_o", dtype, (B, Hq, Tq, dh))
             fused = make_framefuse_node(graph, ctx, "Attention", [q, k, v, mask], [o4], attrs)
             graph.nodes.append(
                 gs.Node(
                     "Squeeze",
                     name=ctx.unique_name("Squeeze"),
-                    inputs=[o4, U.new_const(ctx, "axes", np.asarray([0], np.int64))],
+                    inputs=[o4, gb.const(np.asarray([0], np.int64), name="axes")],
                     outputs=[out],
                 )
             )
@@ -464,17 +463,16 @@ class AttentionPass(AnchoredPass):
     @staticmethod
     def _fill_mask(graph, ctx, cond: gs.Tensor, keep_if: bool) -> gs.Tensor:
         """Additive mask equal to Where(cond, scores, -inf) (keep_if) / Where(cond, -inf, scores)."""
+        gb = GraphBuilder(graph, ctx)
         zero, neg = np.float32(0), np.float32(-np.inf)
         value = U.const_value(cond)
         x, y = (zero, neg) if keep_if else (neg, zero)
         if value is not None:
-            return U.new_const(ctx, "fill_mask", np.where(value.astype(bool), x, y).astype(np.float32))
-        return U.where(
-            graph,
-            ctx,
+            return gb.const(np.where(value.astype(bool), x, y).astype(np.float32), name="fill_mask")
+        return gb.where(
             cond,
-            U.new_const(ctx, "zero_or_inf", np.asarray(x)),
-            U.new_const(ctx, "zero_or_inf", np.asarray(y)),
+            gb.const(np.asarray(x), name="zero_or_inf"),
+            gb.const(np.asarray(y), name="zero_or_inf"),
             dtype=np.float32,
             shape=U.static_shape(cond),
         )
@@ -491,6 +489,8 @@ class OnnxAttentionPass(AnchoredPass):
                 yield node
 
     def rewrite(self, graph, ctx, node: gs.Node) -> Match:
+        gb = GraphBuilder(graph, ctx)
+
         def inp(i):
             return None if i >= len(node.inputs) or U.is_empty(node.inputs[i]) else node.inputs[i]
 
@@ -525,7 +525,7 @@ class OnnxAttentionPass(AnchoredPass):
 
             def heads(t, h):
                 b, s, hidden = U.static_shape(t)
-                return U.transpose(graph, ctx, U.reshape(graph, ctx, t, (b, s, h, hidden // h)), [0, 2, 1, 3])
+                return gb.transpose(gb.reshape(t, (b, s, h, hidden // h)), [0, 2, 1, 3])
 
             q, k, v = heads(q, hq), heads(k, hkv), heads(v, hkv)
         elif rank != 4:
@@ -540,8 +540,8 @@ class OnnxAttentionPass(AnchoredPass):
         presents = [(outp(1), k), (outp(2), v)]
         if past_k is not None:
             past_len = U.static_shape(past_k)[2]
-            k = U.concat(graph, ctx, [past_k, k], 2)
-            v = U.concat(graph, ctx, [past_v, v], 2)
+            k = gb.concat([past_k, k], 2)
+            v = gb.concat([past_v, v], 2)
             presents = [(outp(1), k), (outp(2), v)]
         Tk = U.static_shape(k)[2]
         if Hq % Hk != 0:
@@ -563,7 +563,7 @@ class OnnxAttentionPass(AnchoredPass):
                 causal = 1  # ONNX aligns the causal frontier at offset past_len = Tk − Tq here
             else:
                 allowed = np.arange(Tk)[None, :] <= np.arange(Tq)[:, None] + past_len
-                masks.add(U.new_const(ctx, "causal_mask", np.where(allowed, 0.0, -np.inf).astype(np.float32)), 1.0)
+                masks.add(gb.const(np.where(allowed, 0.0, -np.inf).astype(np.float32), name="causal_mask"), 1.0)
         mask_t, mask_causal, detail = masks.build(graph, ctx, (B, Hq, Tq, Tk), dtype)
         causal = causal or mask_causal
 
@@ -576,10 +576,10 @@ class OnnxAttentionPass(AnchoredPass):
         if rank == 4 and y_old is not None:
             fused = make_framefuse_node(graph, ctx, "Attention", [q, k, v, mask_t], [y_old], a)
         else:
-            o = U.new_var(ctx, "Attention_o", dtype, (B, Hq, Tq, Dh))
+            o = gb.var("Attention_o", dtype, (B, Hq, Tq, Dh))
             fused = make_framefuse_node(graph, ctx, "Attention", [q, k, v, mask_t], [o], a)
             if y_old is not None:
-                merged = U.reshape(graph, ctx, U.transpose(graph, ctx, o, [0, 2, 1, 3]), (B, Tq, Hq * Dh))
+                merged = gb.reshape(gb.transpose(o, [0, 2, 1, 3]), (B, Tq, Hq * Dh))
                 U.replace_tensor(graph, y_old, merged)
         detail.update(
             {"q": [B, Hq, Tq, Dh], "kv_heads": Hk, "Tk": Tk, "scale": scale, "causal": causal, "past_len": past_len}

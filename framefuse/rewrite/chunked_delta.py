@@ -28,6 +28,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Match, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 from framefuse.rewrite.unrolled.graphutil import descendants
 
 CHECK_TOLERANCE = 1e-4
@@ -73,6 +74,7 @@ class ChunkedDeltaRulePass(AnchoredPass):
         return U.node_label(anchor[1][0][1])
 
     def rewrite(self, graph, ctx, anchor) -> Match:
+        gb = GraphBuilder(graph, ctx)
         beta, scaled = anchor
         batch, heads, steps = U.static_shape(beta)
         first, second = {t.name: t for t, _ in scaled}.values()
@@ -150,25 +152,23 @@ class ChunkedDeltaRulePass(AnchoredPass):
             )
         out, q_t, k_t, v_t, g_t, scale, error = chosen
         f32 = np.float32
-        q_in = U.scaled(graph, ctx, q_t, scale, "delta_q_scale")
+        q_in = gb.scaled(q_t, scale, name="delta_q_scale")
         dk, dv = U.static_shape(k_t)[3], U.static_shape(v_t)[3]
-        o = U.new_var(ctx, "DeltaRuleScan_o", f32, (batch, heads, steps, dv))
+        o = gb.var("DeltaRuleScan_o", f32, (batch, heads, steps, dv))
         if g_t is None:
             op, inputs = "DeltaRuleScan", [q_in, k_t, v_t, beta]
-            s_last = U.new_var(ctx, "DeltaRuleScan_S_last", f32, (batch, heads, dv, dk))
+            s_last = gb.var("DeltaRuleScan_S_last", f32, (batch, heads, dv, dk))
         else:
             g_in = g_t
             if U.static_shape(g_t) != (batch, heads, steps):  # [B, H, T, 1]
-                g_in = U.add_op(
-                    graph,
-                    ctx,
+                g_in = gb.node(
                     "Reshape",
-                    [g_t, U.new_const(ctx, "gated_delta_g_shape", np.array([batch, heads, steps], np.int64))],
-                    dtype=f32,
+                    [g_t, gb.const(np.array([batch, heads, steps], np.int64), name="gated_delta_g_shape")],
                     shape=(batch, heads, steps),
+                    dtype=f32,
                 )
             op, inputs = "GatedDeltaRuleScan", [q_in, k_t, v_t, g_in, beta]
-            s_last = U.new_var(ctx, "GatedDeltaRuleScan_S_last", f32, (batch, heads, dk, dv))
+            s_last = gb.var("GatedDeltaRuleScan_S_last", f32, (batch, heads, dk, dv))
         node = make_framefuse_node(graph, ctx, op, inputs, [o, s_last], {})
         U.replace_tensor(graph, out, o)
         return Match(

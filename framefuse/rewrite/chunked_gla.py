@@ -30,6 +30,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Match, RewriteContext, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 from framefuse.rewrite.unrolled.graphutil import descendants
 
 CHECK_TOLERANCE = 1e-4
@@ -148,6 +149,7 @@ class ChunkedGLAPass(AnchoredPass):
         return self._replace(graph, ctx, g, where, *chosen)
 
     def _replace(self, graph, ctx, g, where, out, q, k, v, scale, error) -> Match:
+        gb = GraphBuilder(graph, ctx)
         f32 = np.float32
         batch, heads, steps, dk = U.static_shape(g)
         dv = U.static_shape(v)[3]
@@ -156,10 +158,10 @@ class ChunkedGLAPass(AnchoredPass):
         moved = (batch, steps, heads, dk, dv)
 
         def op(name, inputs, shape, **attrs):
-            return U.add_op(graph, ctx, name, inputs, dtype=f32, shape=shape, attrs=attrs)
+            return gb.node(name, inputs, shape=shape, dtype=f32, attrs=attrs)
 
         def const(prefix, values):
-            return U.new_const(ctx, prefix, np.array(values, np.int64))
+            return gb.const(np.array(values, np.int64), name=prefix)
 
         def to_channels(t):  # [B, H, T, Dk, Dv] -> [B, T, H·Dk·Dv]
             return op(
@@ -182,14 +184,14 @@ class ChunkedGLAPass(AnchoredPass):
             ],
             full,
         )
-        states = U.new_var(ctx, "LinearScan_h", f32, (batch, steps, channels))
-        last = U.new_var(ctx, "LinearScan_h_last", f32, (batch, channels))
+        states = gb.var("LinearScan_h", f32, (batch, steps, channels))
+        last = gb.var("LinearScan_h_last", f32, (batch, channels))
         node = make_framefuse_node(
             graph, ctx, "LinearScan", [to_channels(decay), to_channels(update)], [states, last], {}
         )
         states = op("Reshape", [states, const("gla_moved", list(moved))], moved)
         states = op("Transpose", [states], full, perm=[0, 2, 1, 3, 4])
-        query = U.scaled(graph, ctx, q, scale, "gla_q_scale")
+        query = gb.scaled(q, scale, name="gla_q_scale")
         product = op(
             "Mul", [op("Unsqueeze", [query, const("gla_axis", [4])], (batch, heads, steps, dk, 1)), states], full
         )

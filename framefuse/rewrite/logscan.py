@@ -29,6 +29,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Match, NotACandidate, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 
 CHECK_TOLERANCE = 1e-5  # the graph's expression (float32, ONNX Runtime) against the recurrence
 
@@ -211,6 +212,7 @@ class LogSpaceScanPass(AnchoredPass):
         return self._rewrite(graph, ctx, node, *found)
 
     def _rewrite(self, graph, ctx, exp: gs.Node, log_b, log_a, axis: int, initial) -> Match:
+        gb = GraphBuilder(graph, ctx)
         log_h0, slices = initial if initial is not None else (None, None)
         out = slices[0].outputs[0] if slices else exp.outputs[0]
         shape = U.static_shape(out)
@@ -256,14 +258,14 @@ class LogSpaceScanPass(AnchoredPass):
             worst = max(worst, float((np.abs(actual - expected) / (1 + np.abs(expected))).max()))
         if not worst <= CHECK_TOLERANCE:
             raise Decline(f"the expression differs from the recurrence by {worst:.3g} on random inputs")
-        a = U.add_op(graph, ctx, "Exp", [log_a], dtype=dtype, shape=shape, prefix="log_scan_a")
-        b = U.add_op(graph, ctx, "Exp", [log_b], dtype=dtype, shape=shape, prefix="log_scan_b")
+        a = gb.node("Exp", [log_a], shape=shape, dtype=dtype, name="log_scan_a")
+        b = gb.node("Exp", [log_b], shape=shape, dtype=dtype, name="log_scan_b")
         inputs = [a, b]
         if log_h0 is not None:
-            h0_exp = U.add_op(graph, ctx, "Exp", [log_h0], dtype=dtype, shape=h0_shape, prefix="log_scan_h0")
-            inputs.append(U.squeeze(graph, ctx, h0_exp, 1))
-        h = U.new_var(ctx, "LinearScan_h", dtype, shape)
-        h_last = U.new_var(ctx, "LinearScan_h_last", np.float32, (shape[0], shape[2]))
+            h0_exp = gb.node("Exp", [log_h0], shape=h0_shape, dtype=dtype, name="log_scan_h0")
+            inputs.append(gb.squeeze(h0_exp, 1))
+        h = gb.var("LinearScan_h", dtype, shape)
+        h_last = gb.var("LinearScan_h_last", np.float32, (shape[0], shape[2]))
         node = make_framefuse_node(graph, ctx, "LinearScan", inputs, [h, h_last], {})
         for t in [s.outputs[0] for s in slices] if slices else [out]:
             U.replace_tensor(graph, t, h)

@@ -19,6 +19,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Match, RewriteContext, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 
 # Ops that act on each time step independently and keep their meaning when a leading time axis
 # is added to their operands (numpy broadcasting aligns from the right).
@@ -68,6 +69,7 @@ class _Hoister:
         self.graph, self.ctx, self.body, self.state, self.slices, self.T = graph, ctx, body, state, slices, T
         self.body_inputs = {id(t) for t in body.inputs}
         self.memo: dict[int, gs.Tensor] = {}
+        self.build = GraphBuilder(graph, ctx)
 
     def outer(self, t: gs.Tensor) -> gs.Tensor:
         key = id(t)
@@ -85,7 +87,7 @@ class _Hoister:
             node = U.producer(t)
             value = U.const_value(t)
             if value is not None:
-                result = U.new_const(self.ctx, "hoisted_const", value)
+                result = self.build.const(value, name="hoisted_const")
             elif node is None:
                 if key in self.body_inputs:
                     raise Decline(f"body input {t.name} is not a scanned slice")
@@ -98,15 +100,13 @@ class _Hoister:
             ):
                 ins = [self.outer(i) for i in node.inputs]
                 shape = U.static_shape(t)
-                result = U.add_op(
-                    self.graph,
-                    self.ctx,
+                result = self.build.node(
                     node.op,
                     ins,
-                    dtype=t.dtype,
                     shape=(self.T,) + shape if shape is not None else None,
+                    dtype=t.dtype,
                     attrs=dict(node.attrs),
-                    prefix=f"hoisted_{node.op}",
+                    name=f"hoisted_{node.op}",
                 )
             else:
                 raise Decline(f"op {node.op} ({U.node_label(node)}) in the recurrence body is not elementwise")
@@ -250,6 +250,7 @@ class LoopScanPass(AnchoredPass):
     # -- shared -------------------------------------------------------------------------
 
     def _fuse(self, graph, ctx, node, body, T, h0, h_in, h_out, slices, *, final_out, scan_body_outs, scan_outs):
+        gb = GraphBuilder(graph, ctx)
         for bo, so in zip(scan_body_outs, scan_outs):
             if U.strip_identity(bo) is not U.strip_identity(h_out) and (so.outputs or U.is_graph_output(graph, so)):
                 raise Decline(f"per-step output {bo.name} is not the new state (only h_t is stacked by LinearScan)")
@@ -277,27 +278,20 @@ class LoopScanPass(AnchoredPass):
                             raise Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}")
                     except ValueError:
                         raise Decline(f"{x.name} of shape {list(shape)} does not broadcast to {list(full)}") from None
-                x = U.add_op(
-                    graph,
-                    ctx,
-                    "Expand",
-                    [x, U.new_const(ctx, "shape", np.asarray(full, np.int64))],
-                    dtype=dtype,
-                    shape=full,
-                )
-            x = U.cast(graph, ctx, x, dtype)
-            return U.transpose(graph, ctx, U.reshape(graph, ctx, x, (T, bt, d)), [1, 0, 2])
+                x = gb.node("Expand", [x, gb.const(np.asarray(full, np.int64), name="shape")], shape=full, dtype=dtype)
+            x = gb.cast(x, dtype)
+            return gb.transpose(gb.reshape(x, (T, bt, d)), [1, 0, 2])
 
         a, b = to_btd(a_full), to_btd(b_full)
-        h0_2d = U.cast(graph, ctx, U.reshape(graph, ctx, h0, (bt, d)), np.float32)
-        h_all = U.new_var(ctx, "LinearScan_h", dtype, (bt, T, d))
-        h_last = U.new_var(ctx, "LinearScan_h_last", np.float32, (bt, d))
+        h0_2d = gb.cast(gb.reshape(h0, (bt, d)), np.float32)
+        h_all = gb.var("LinearScan_h", dtype, (bt, T, d))
+        h_last = gb.var("LinearScan_h_last", np.float32, (bt, d))
         fused = make_framefuse_node(graph, ctx, "LinearScan", [a, b, h0_2d], [h_all, h_last])
         if not U.is_empty(final_out) and (final_out.outputs or U.is_graph_output(graph, final_out)):
-            U.replace_tensor(graph, final_out, U.reshape(graph, ctx, U.cast(graph, ctx, h_last, dtype), h_shape))
+            U.replace_tensor(graph, final_out, gb.reshape(gb.cast(h_last, dtype), h_shape))
         for so in scan_outs:
             if not U.is_empty(so) and (so.outputs or U.is_graph_output(graph, so)):
-                stacked = U.reshape(graph, ctx, U.transpose(graph, ctx, h_all, [1, 0, 2]), full)
+                stacked = gb.reshape(gb.transpose(h_all, [1, 0, 2]), full)
                 U.replace_tensor(graph, so, stacked)
         U.detach_outputs(node)
         return Match(

@@ -24,6 +24,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Match, RewriteContext, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 
 _DEFAULT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3}
@@ -122,6 +123,7 @@ class RnnNodePass(AnchoredPass):
     # -- rewrite ----------------------------------------------------------------------------
 
     def _rewrite(self, graph: gs.Graph, ctx: RewriteContext, node: gs.Node) -> list[Match]:
+        gb = GraphBuilder(graph, ctx)
         op = node.op
         fused_op = _FUSED_OP[op]
         attrs = node.attrs
@@ -134,7 +136,7 @@ class RnnNodePass(AnchoredPass):
         U.static_shape(x)
 
         # Time-major input [T, B, I].
-        x_tbi = U.transpose(graph, ctx, x, [1, 0, 2]) if layout == 1 else x
+        x_tbi = gb.transpose(x, [1, 0, 2]) if layout == 1 else x
         tbi = U.static_shape(x_tbi)
         T, B = (tbi[0], tbi[1]) if tbi else (None, None)
         w, r, bias = _input(node, 1), _input(node, 2), _input(node, 3)
@@ -148,28 +150,24 @@ class RnnNodePass(AnchoredPass):
         ys, hs, cs, matches = [], [], [], []
         for d in range(n_dirs):
             backwards = direction == "reverse" or d == 1
-            x_d = U.reverse(graph, ctx, x_tbi, 0, T) if backwards else x_tbi
+            x_d = gb.reverse(x_tbi, 0, T) if backwards else x_tbi
             inputs = [
                 x_d,
-                U.take(graph, ctx, w, d),
-                U.take(graph, ctx, r, d),
-                U.take(graph, ctx, bias, d) if bias is not None else None,
+                gb.gather(w, d),
+                gb.gather(r, d),
+                gb.gather(bias, d) if bias is not None else None,
             ]
             for state in (h0_all, c0_all) if op == "LSTM" else (h0_all,):
                 zeros = U.const_value(state) if state is not None else None
                 if zeros is not None and not np.any(zeros):
                     state = None  # an all-zero initial state is the op's default: leave it out
-                inputs.append(
-                    U.cast(graph, ctx, U.take(graph, ctx, state, d, axis=state_axis), np.float32)
-                    if state is not None
-                    else None
-                )
-            y_d = U.new_var(ctx, f"{fused_op}_Y", x_dtype, (T, B, hidden) if T else None)
-            outs = [y_d, U.new_var(ctx, f"{fused_op}_h_last", np.float32, (B, hidden) if B else None)]
+                inputs.append(gb.cast(gb.gather(state, d, axis=state_axis), np.float32) if state is not None else None)
+            y_d = gb.var(f"{fused_op}_Y", x_dtype, (T, B, hidden) if T else None)
+            outs = [y_d, gb.var(f"{fused_op}_h_last", np.float32, (B, hidden) if B else None)]
             if op == "LSTM":
-                outs.append(U.new_var(ctx, f"{fused_op}_c_last", np.float32, (B, hidden) if B else None))
+                outs.append(gb.var(f"{fused_op}_c_last", np.float32, (B, hidden) if B else None))
             fused = make_framefuse_node(graph, ctx, fused_op, inputs, outs)
-            ys.append(U.reverse(graph, ctx, y_d, 0, T) if backwards else y_d)
+            ys.append(gb.reverse(y_d, 0, T) if backwards else y_d)
             hs.append(outs[1])
             if op == "LSTM":
                 cs.append(outs[2])
@@ -191,17 +189,17 @@ class RnnNodePass(AnchoredPass):
 
         if y_out is not None:
             if layout == 1:
-                parts = [U.unsqueeze(graph, ctx, U.transpose(graph, ctx, y, [1, 0, 2]), 2) for y in ys]
-                y_new = parts[0] if n_dirs == 1 else U.concat(graph, ctx, parts, 2)
+                parts = [gb.unsqueeze(gb.transpose(y, [1, 0, 2]), 2) for y in ys]
+                y_new = parts[0] if n_dirs == 1 else gb.concat(parts, 2)
             else:
-                parts = [U.unsqueeze(graph, ctx, y, 1) for y in ys]
-                y_new = parts[0] if n_dirs == 1 else U.concat(graph, ctx, parts, 1)
+                parts = [gb.unsqueeze(y, 1) for y in ys]
+                y_new = parts[0] if n_dirs == 1 else gb.concat(parts, 1)
             U.replace_tensor(graph, y_out, y_new)
         for out, states in ((yh_out, hs), (yc_out, cs)):
             if out is None:
                 continue
-            parts = [U.unsqueeze(graph, ctx, s, state_axis) for s in states]
-            s_new = parts[0] if n_dirs == 1 else U.concat(graph, ctx, parts, state_axis)
-            U.replace_tensor(graph, out, U.cast(graph, ctx, s_new, U.np_dtype(out) or x_dtype))
+            parts = [gb.unsqueeze(s, state_axis) for s in states]
+            s_new = parts[0] if n_dirs == 1 else gb.concat(parts, state_axis)
+            U.replace_tensor(graph, out, gb.cast(s_new, U.np_dtype(out) or x_dtype))
         U.detach_outputs(node)
         return matches

@@ -30,6 +30,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Match, NotACandidate, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 from framefuse.rewrite.unrolled.graphutil import descendants
 
 MAX_EVALUATIONS = 4  # candidate outputs run through ONNX Runtime per scan
@@ -197,22 +198,21 @@ class ChunkedSSDPass(AnchoredPass):
     def _replace(self, graph, ctx, cumsum, out, x, dt, b_t, c_t, a, d, n, groups, error) -> Match:
         """One SelectiveScan a group of heads (the op shares one B and C across its channels),
         their outputs concatenated over the channels."""
+        gb = GraphBuilder(graph, ctx)
         batch, steps, heads, p = U.static_shape(x)
         channels = heads * p
         f32 = np.float32
-        x_in = U.reshape(graph, ctx, x, (batch, steps, channels))
-        dt_wide = U.add_op(
-            graph,
-            ctx,
+        x_in = gb.reshape(x, (batch, steps, channels))
+        dt_wide = gb.node(
             "Expand",
             [
-                U.unsqueeze(graph, ctx, dt, 3),
-                U.new_const(ctx, "ssd_dt_shape", np.array([batch, steps, heads, p], np.int64)),
+                gb.unsqueeze(dt, 3),
+                gb.const(np.array([batch, steps, heads, p], np.int64), name="ssd_dt_shape"),
             ],
-            dtype=f32,
             shape=(batch, steps, heads, p),
+            dtype=f32,
         )
-        dt_in = U.reshape(graph, ctx, dt_wide, (batch, steps, channels))
+        dt_in = gb.reshape(dt_wide, (batch, steps, channels))
         a_full = np.repeat(a, p)[:, None].repeat(n, axis=1).astype(f32)
         d_full = np.repeat(d, p).astype(f32)
         width = channels // groups
@@ -220,34 +220,34 @@ class ChunkedSSDPass(AnchoredPass):
         def part(t, lo, hi, size):
             if (lo, hi) == (0, size):
                 return t
-            ints = lambda v: U.new_const(ctx, "ssd_slice", np.array([v], np.int64))  # noqa: E731
+            ints = lambda v: gb.const(np.array([v], np.int64), name="ssd_slice")  # noqa: E731
             shape = (batch, steps, hi - lo)
-            return U.add_op(graph, ctx, "Slice", [t, ints(lo), ints(hi), ints(2)], dtype=f32, shape=shape)
+            return gb.node("Slice", [t, ints(lo), ints(hi), ints(2)], shape=shape, dtype=f32)
 
-        b_all = U.reshape(graph, ctx, b_t, (batch, steps, groups * n))
-        c_all = U.reshape(graph, ctx, c_t, (batch, steps, groups * n))
+        b_all = gb.reshape(b_t, (batch, steps, groups * n))
+        c_all = gb.reshape(c_t, (batch, steps, groups * n))
         ys, nodes = [], []
         for g in range(groups):
             lo, hi = g * width, (g + 1) * width
             inputs = [
                 part(x_in, lo, hi, channels),
                 part(dt_in, lo, hi, channels),
-                U.new_const(ctx, "ssd_A", a_full[lo:hi]),
+                gb.const(a_full[lo:hi], name="ssd_A"),
                 part(b_all, g * n, (g + 1) * n, groups * n),
                 part(c_all, g * n, (g + 1) * n, groups * n),
-                U.new_const(ctx, "ssd_D", d_full[lo:hi]),
+                gb.const(d_full[lo:hi], name="ssd_D"),
             ]
-            y_g = U.new_var(ctx, "SelectiveScan_y", f32, (batch, steps, width))
-            h_last = U.new_var(ctx, "SelectiveScan_h_last", f32, (batch, width, n))
+            y_g = gb.var("SelectiveScan_y", f32, (batch, steps, width))
+            h_last = gb.var("SelectiveScan_h_last", f32, (batch, width, n))
             nodes.append(make_framefuse_node(graph, ctx, "SelectiveScan", inputs, [y_g, h_last], {"delta_softplus": 0}))
             ys.append(y_g)
         y = (
             ys[0]
             if groups == 1
-            else U.add_op(graph, ctx, "Concat", ys, dtype=f32, shape=(batch, steps, channels), attrs={"axis": 2})
+            else gb.node("Concat", ys, shape=(batch, steps, channels), dtype=f32, attrs={"axis": 2})
         )
         node = nodes[0]
-        result = y if U.static_shape(out) == (batch, steps, channels) else U.reshape(graph, ctx, y, U.static_shape(out))
+        result = y if U.static_shape(out) == (batch, steps, channels) else gb.reshape(y, U.static_shape(out))
         U.replace_tensor(graph, out, result)
         return Match(
             self.name,

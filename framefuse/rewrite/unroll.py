@@ -19,6 +19,7 @@ import onnx_graphsurgeon as gs
 
 from framefuse.rewrite import util as U
 from framefuse.rewrite.base import AnchoredPass, Decline, Declined, RewriteContext
+from framefuse.rewrite.builder import GraphBuilder
 
 # The most body nodes one Loop / Scan becomes (iterations x body nodes): past it the node is left
 # as it is (ONNX Runtime and TensorRT run Loop / Scan themselves).
@@ -58,6 +59,7 @@ class UnrollLoopsPass(AnchoredPass):
             )
 
     def _scan(self, graph, ctx, node: gs.Node) -> tuple[int, int]:
+        gb = GraphBuilder(graph, ctx)
         body: gs.Graph = node.attrs["body"]
         m = int(node.attrs["num_scan_inputs"])
         n = len(node.inputs) - m
@@ -79,9 +81,7 @@ class UnrollLoopsPass(AnchoredPass):
         out_axes = self._output_axes(body.outputs[n:], out_axes)
         collected: list[list] = [[] for _ in range(k)]
         for t in range(steps):
-            feeds = states + [
-                U.take(graph, ctx, x, steps - 1 - t if d else t, a) for x, a, d in zip(xs, in_axes, in_dirs)
-            ]
+            feeds = states + [gb.gather(x, steps - 1 - t if d else t, a) for x, a, d in zip(xs, in_axes, in_dirs)]
             outs = self._copy_body(graph, ctx, node, body, feeds, t)
             states = outs[:n]
             for j, value in enumerate(outs[n:]):
@@ -90,6 +90,7 @@ class UnrollLoopsPass(AnchoredPass):
         return steps, len(body.nodes)
 
     def _loop(self, graph, ctx, node: gs.Node) -> tuple[int, int]:
+        gb = GraphBuilder(graph, ctx)
         body: gs.Graph = node.attrs["body"]
         trip, cond = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
         carried = list(node.inputs[2:])
@@ -112,8 +113,8 @@ class UnrollLoopsPass(AnchoredPass):
         axes = self._output_axes(body.outputs[1 + len(carried) :], [0] * k)
         collected: list[list] = [[] for _ in range(k)]
         for t in range(steps):
-            iteration = U.new_const(ctx, "iteration", np.array(t, dtype=np.int64))
-            keep_going = U.new_const(ctx, "condition", np.array(True))
+            iteration = gb.const(np.array(t, dtype=np.int64), name="iteration")
+            keep_going = gb.const(np.array(True), name="condition")
             outs = self._copy_body(graph, ctx, node, body, [iteration, keep_going, *carried], t)[1:]
             carried = outs[: len(carried)]
             for j, value in enumerate(outs[len(carried) :]):
@@ -161,6 +162,7 @@ class UnrollLoopsPass(AnchoredPass):
         return [mapping.get(id(o), o) for o in body.outputs]
 
     def _finish(self, graph, ctx, node, finals: list, collected: list, axes: list, directions: list) -> None:
+        gb = GraphBuilder(graph, ctx)
         # a copy: replacing a graph output takes it out of node.outputs (onnx-graphsurgeon keeps a
         # tensor's writer and the node's outputs in step), which would shift the list under the loop
         outputs = list(node.outputs)
@@ -171,6 +173,6 @@ class UnrollLoopsPass(AnchoredPass):
             if U.is_empty(old) or not (old.outputs or U.is_graph_output(graph, old)):
                 continue
             values = values[::-1] if backwards else values
-            stacked = U.concat(graph, ctx, [U.unsqueeze(graph, ctx, v, axis) for v in values], axis)
+            stacked = gb.concat([gb.unsqueeze(v, axis) for v in values], axis)
             U.replace_tensor(graph, old, stacked)
         U.detach_outputs(node)

@@ -2,8 +2,8 @@
 
 The passes read an exported graph after constant folding and shape inference, so most tensors
 have a static shape and a dtype; these helpers answer the questions a pass keeps asking
-("what produced this tensor?", "is it a constant, and what is its value?", "who else reads it?")
-and build the few glue nodes (Squeeze, Unsqueeze, Transpose, Cast, ...) a rewrite needs.
+("what produced this tensor?", "is it a constant, and what is its value?", "who else reads it?").
+New nodes are added through ``framefuse.rewrite.builder.GraphBuilder``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import RewriteContext, node_label  # noqa: F401  (U.node_label in every pass)
+from framefuse.rewrite.base import node_label  # noqa: F401  (U.node_label in every pass)
 
 FLOAT_DTYPES = (np.float32, np.float16, np.float64)
 
@@ -107,128 +107,6 @@ def is_empty(t: gs.Tensor | None) -> bool:
     return t is None or (isinstance(t, gs.Variable) and t.name == "")
 
 
-# ---------------------------------------------------------------------------------------------
-# Builders. Each adds one default-domain node and returns its output Variable with a shape and
-# dtype, so later passes and the engines see static shapes without re-running inference.
-
-
-def new_var(ctx: RewriteContext, prefix: str, dtype, shape) -> gs.Variable:
-    return gs.Variable(ctx.unique_name(prefix), dtype=dtype, shape=list(shape) if shape is not None else None)
-
-
-def new_const(ctx: RewriteContext, prefix: str, value) -> gs.Constant:
-    # np.array, not np.ascontiguousarray: the latter turns a 0-d scalar into shape [1].
-    return gs.Constant(ctx.unique_name(prefix), np.array(value, order="C"))
-
-
-def add_op(
-    graph: gs.Graph, ctx: RewriteContext, op: str, inputs: list, *, dtype, shape, attrs=None, prefix: str | None = None
-) -> gs.Variable:
-    out = new_var(ctx, prefix or op, dtype, shape)
-    graph.nodes.append(gs.Node(op=op, name=ctx.unique_name(op), attrs=dict(attrs or {}), inputs=inputs, outputs=[out]))
-    return out
-
-
-def _i64(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.int64)
-
-
-def squeeze(graph, ctx, t: gs.Tensor, axis: int) -> gs.Tensor:
-    """`t` without dimension `axis` (which must be 1); folded for constants."""
-    value = const_value(t)
-    if value is not None:
-        return new_const(ctx, "squeezed", np.squeeze(value, axis=axis))
-    shape = static_shape(t)
-    out_shape = None if shape is None else shape[:axis] + shape[axis + 1 :]
-    return add_op(graph, ctx, "Squeeze", [t, new_const(ctx, "axes", _i64([axis]))], dtype=t.dtype, shape=out_shape)
-
-
-def unsqueeze(graph, ctx, t: gs.Tensor, axis: int) -> gs.Tensor:
-    shape = static_shape(t)
-    out_shape = None if shape is None else shape[:axis] + (1,) + shape[axis:]
-    return add_op(graph, ctx, "Unsqueeze", [t, new_const(ctx, "axes", _i64([axis]))], dtype=t.dtype, shape=out_shape)
-
-
-def transpose(graph, ctx, t: gs.Tensor, perm: list[int]) -> gs.Tensor:
-    value = const_value(t)
-    if value is not None:
-        return new_const(ctx, "transposed", np.transpose(value, perm))
-    shape = static_shape(t)
-    out_shape = None if shape is None else tuple(shape[p] for p in perm)
-    return add_op(graph, ctx, "Transpose", [t], dtype=t.dtype, shape=out_shape, attrs={"perm": list(perm)})
-
-
-def reshape(graph, ctx, t: gs.Tensor, shape) -> gs.Tensor:
-    if static_shape(t) == tuple(shape):
-        return t
-    value = const_value(t)
-    if value is not None:
-        return new_const(ctx, "reshaped", value.reshape(shape))
-    return add_op(graph, ctx, "Reshape", [t, new_const(ctx, "shape", _i64(shape))], dtype=t.dtype, shape=tuple(shape))
-
-
-def take(graph, ctx, t: gs.Tensor, index: int, axis: int = 0) -> gs.Tensor:
-    """t[index] along `axis` (the axis disappears); folded for constants."""
-    value = const_value(t)
-    if value is not None:
-        return new_const(ctx, "taken", np.take(value, index, axis=axis))
-    shape = static_shape(t)
-    out_shape = None if shape is None else shape[:axis] + shape[axis + 1 :]
-    return add_op(
-        graph,
-        ctx,
-        "Gather",
-        [t, new_const(ctx, "index", np.asarray(index, dtype=np.int64))],
-        dtype=t.dtype,
-        shape=out_shape,
-        attrs={"axis": axis},
-    )
-
-
-def reverse(graph, ctx, t: gs.Tensor, axis: int, length: int) -> gs.Tensor:
-    """`t` reversed along `axis` (of static size `length`), via Slice with step -1."""
-    shape = static_shape(t)
-    return add_op(
-        graph,
-        ctx,
-        "Slice",
-        [
-            t,
-            new_const(ctx, "starts", _i64([length - 1])),
-            new_const(ctx, "ends", _i64([-length - 1])),
-            new_const(ctx, "axes", _i64([axis])),
-            new_const(ctx, "steps", _i64([-1])),
-        ],
-        dtype=t.dtype,
-        shape=shape,
-    )
-
-
-def concat(graph, ctx, tensors: list[gs.Tensor], axis: int) -> gs.Tensor:
-    shapes = [static_shape(t) for t in tensors]
-    out_shape = None
-    if all(s is not None for s in shapes):
-        out_shape = list(shapes[0])
-        out_shape[axis] = sum(s[axis] for s in shapes)
-    return add_op(graph, ctx, "Concat", list(tensors), dtype=tensors[0].dtype, shape=out_shape, attrs={"axis": axis})
-
-
-def cast(graph, ctx, t: gs.Tensor, dtype) -> gs.Tensor:
-    """`t` as `dtype` (numpy dtype); no node when it already is."""
-    dtype = np.dtype(dtype)
-    if np_dtype(t) == dtype:
-        return t
-    value = const_value(t)
-    if value is not None:
-        return new_const(ctx, "cast", value.astype(dtype))
-    to = onnx.helper.np_dtype_to_tensor_dtype(dtype)
-    return add_op(graph, ctx, "Cast", [t], dtype=dtype, shape=static_shape(t), attrs={"to": int(to)})
-
-
-def where(graph, ctx, cond: gs.Tensor, x: gs.Tensor, y: gs.Tensor, *, dtype, shape) -> gs.Tensor:
-    return add_op(graph, ctx, "Where", [cond, x, y], dtype=dtype, shape=shape)
-
-
 def replace_tensor(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
     """Make every reader of `old` read `new` instead (graph outputs keep their name: when `old`
     is a graph output, an Identity writes it from `new`)."""
@@ -293,26 +171,11 @@ def fitted_scale(got: list[np.ndarray], expected: list[np.ndarray]) -> tuple[flo
     return scale, error
 
 
-def scaled(graph: gs.Graph, ctx: RewriteContext, t: gs.Tensor, scale: float, prefix: str) -> gs.Tensor:
-    """``t`` · scale (a Mul with a scalar constant), or ``t`` itself when the scale is 1."""
-    if abs(scale - 1.0) <= 1e-6:
-        return t
-    return add_op(
-        graph,
-        ctx,
-        "Mul",
-        [t, new_const(ctx, prefix, np.array(scale, np.float32))],
-        dtype=np.float32,
-        shape=static_shape(t),
-    )
-
-
 def evaluate_cut(graph: gs.Graph, cut: dict, outputs: list[gs.Tensor]) -> list[np.ndarray]:
     """The graph's own nodes from the tensors named in ``cut`` to ``outputs``, run by ONNX Runtime
     on a cut copy of the graph with those tensors fed the given values (float64 results). Raises
     when ``outputs`` need anything besides ``cut`` and constants: a pass proves a pattern by
     running what the graph computes there on random inputs."""
-    import onnx
     import onnxruntime as ort
 
     sub = graph.copy()

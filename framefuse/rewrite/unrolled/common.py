@@ -7,9 +7,9 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite.base import Decline, Declined, Match, PassResult, RewriteContext
+from framefuse.rewrite.builder import GraphBuilder
 from framefuse.rewrite.unrolled.chains import DATA_MOVEMENT, Chain, find_chains
 from framefuse.rewrite.unrolled.graphutil import (
-    Emitter,
     const_value,
     is_framefuse,
     producer,
@@ -64,7 +64,7 @@ class UnrolledPass:
                 if not self.accepts(chain, chain.timeline or tl):
                     continue
                 before = {n.name for n in graph.nodes}
-                emit = Emitter(graph, ctx, prefix=ctx.unique_name(self.op_type or self.name))
+                emit = GraphBuilder(graph, ctx, prefix=ctx.unique_name(self.op_type or self.name))
                 lifter = Lifter(chain.timeline or tl, emit, chain.steps, chain.first_frame)
                 try:
                     detail = self.rewrite_chain(graph, ctx, chain, lifter, emit)
@@ -106,7 +106,7 @@ def backward_chains(tl: Timeline) -> list[Chain]:
 
 
 def emit_state_outputs(
-    graph: gs.Graph, emit: Emitter, chain: Chain, per_step: gs.Tensor | None, last: gs.Tensor, state_shape
+    graph: gs.Graph, emit: GraphBuilder, chain: Chain, per_step: gs.Tensor | None, last: gs.Tensor, state_shape
 ) -> None:
     """Re-wire h_1 .. h_T: h_i becomes slice i−1 of the fused op's time-major output ``per_step``
     and h_T its final state, so every old consumer (the stack, per-step read-outs, ``next_state``
@@ -140,7 +140,7 @@ def restack(graph: gs.Graph, ctx: RewriteContext) -> int:
             inputs = node.inputs
             if [tl.time_of(t) for t in inputs] != [frozenset({i}) for i in range(len(inputs))]:
                 continue
-            emit = Emitter(graph, ctx, prefix=ctx.unique_name("restack"))
+            emit = GraphBuilder(graph, ctx, prefix=ctx.unique_name("restack"))
             lifter = Lifter(tl, emit, len(inputs))
             try:
                 keys = [lifter.key(t) for t in inputs]
@@ -219,7 +219,7 @@ def collapse_gathered_stacks(graph: gs.Graph, ctx: RewriteContext) -> int:
             backwards = True
         else:
             continue
-        emit = Emitter(graph, ctx, prefix=ctx.unique_name("stack_of_frames"))
+        emit = GraphBuilder(graph, ctx, prefix=ctx.unique_name("stack_of_frames"))
         dtype = data.dtype
         if backwards:
             data = emit.node(
@@ -272,7 +272,7 @@ def remaining_recurrence_ops(graph: gs.Graph) -> int:
     return len(counted)
 
 
-def lift_leaf(lifter: Lifter, emit: Emitter, leaf: gs.Tensor) -> tuple[gs.Tensor, tuple[int, ...]]:
+def lift_leaf(lifter: Lifter, emit: GraphBuilder, leaf: gs.Tensor) -> tuple[gs.Tensor, tuple[int, ...]]:
     """A per-step input of the recurrence over all steps, time-major ``[T, *shape]``: lifted when it
     reads the frames, broadcast over T when it does not (the step form's frame, a constant)."""
     shape = lifter.shapes.need_shape(leaf)

@@ -1,4 +1,6 @@
-"""Small helpers over an onnx-graphsurgeon graph: constant values, static shapes, new nodes.
+"""Small helpers over an onnx-graphsurgeon graph: constant values, static shapes, re-wiring.
+
+New nodes are added through ``framefuse.rewrite.builder.GraphBuilder``.
 
 The unrolled-recurrence passes reason about exported graphs whose shapes are static (the
 exporter fixes batch and time), so every helper here works with concrete shapes and declines
@@ -13,7 +15,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from framefuse.rewrite.base import DOMAIN, Decline, RewriteContext
+from framefuse.rewrite.base import DOMAIN, Decline
+from framefuse.rewrite.builder import GraphBuilder
 from framefuse.rewrite.util import const_value, producer  # noqa: F401  (re-exported to the passes)
 
 
@@ -125,66 +128,7 @@ class Shapes:
         return self.dtypes.get(t.name)
 
 
-class Emitter:
-    """Appends new nodes to a graph with unique names and annotated output shapes."""
-
-    def __init__(self, graph: gs.Graph, ctx: RewriteContext, prefix: str):
-        self.graph = graph
-        self.ctx = ctx
-        self.prefix = prefix
-        self.new_nodes: list[gs.Node] = []
-
-    def const(self, value, dtype=None) -> gs.Constant:
-        array = np.asarray(value, dtype=dtype)
-        return gs.Constant(self.ctx.unique_name(f"{self.prefix}/const"), array)
-
-    def ints(self, values) -> gs.Constant:
-        return self.const(np.asarray(list(values), dtype=np.int64))
-
-    def node(
-        self,
-        op: str,
-        inputs: list,
-        shape=None,
-        dtype=None,
-        attrs=None,
-        n_out: int = 1,
-        out_shapes=None,
-        domain: str | None = None,
-    ) -> gs.Variable | list[gs.Variable]:
-        name = self.ctx.unique_name(f"{self.prefix}/{op}")
-        if out_shapes is None:
-            out_shapes = [shape] * n_out
-        outs = [
-            gs.Variable(f"{name}_out{i}", dtype=dtype, shape=None if s is None else list(s))
-            for i, s in enumerate(out_shapes)
-        ]
-        node = gs.Node(op=op, name=name, attrs=dict(attrs or {}), inputs=list(inputs), outputs=outs)
-        if domain is not None:
-            node.domain = domain
-        self.graph.nodes.append(node)
-        self.new_nodes.append(node)
-        return outs[0] if n_out == 1 else outs
-
-    def unsqueeze(self, t, axes, shape=None, dtype=None):
-        return self.node("Unsqueeze", [t, self.ints(axes)], shape, dtype)
-
-    def transpose(self, t, perm, shape=None, dtype=None):
-        if list(perm) == list(range(len(perm))):
-            return t
-        return self.node("Transpose", [t], shape, dtype, attrs={"perm": list(perm)})
-
-    def reshape(self, t, target, dtype=None):
-        return self.node("Reshape", [t, self.ints(target)], tuple(target), dtype)
-
-    def expand(self, t, target, dtype=None):
-        return self.node("Expand", [t, self.ints(target)], tuple(target), dtype)
-
-    def gather(self, t, index: int, axis: int, shape=None, dtype=None):
-        return self.node("Gather", [t, self.const(np.int64(index))], shape, dtype, attrs={"axis": axis})
-
-
-def replace_producer(target: gs.Variable, new_source: gs.Variable, graph: gs.Graph, emit: Emitter) -> None:
+def replace_producer(target: gs.Variable, new_source: gs.Variable, graph: gs.Graph, emit: GraphBuilder) -> None:
     """Make ``target`` (keeping its name, so graph outputs and consumers stay wired) be computed
     by an Identity of ``new_source`` instead of by its old producer."""
     target.inputs.clear()
@@ -199,9 +143,7 @@ def replace_producer(target: gs.Variable, new_source: gs.Variable, graph: gs.Gra
         target.dtype = target.dtype or new_source.dtype
         source_node.outputs[0] = target  # the new node computes ``target`` directly
         return
-    node = gs.Node(
-        op="Identity", name=emit.ctx.unique_name(f"{emit.prefix}/Identity"), inputs=[new_source], outputs=[target]
-    )
+    node = gs.Node(op="Identity", name=emit.unique_name("Identity"), inputs=[new_source], outputs=[target])
     graph.nodes.append(node)
     emit.new_nodes.append(node)
 

@@ -16,7 +16,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite.base import Decline
-from framefuse.rewrite.unrolled.graphutil import Emitter, const_key, const_value, producer
+from framefuse.rewrite.builder import GraphBuilder
+from framefuse.rewrite.unrolled.graphutil import const_key, const_value, producer
 from framefuse.rewrite.unrolled.timeline import Timeline
 
 ELEMENTWISE = {
@@ -107,7 +108,7 @@ def node_key(node: gs.Node) -> tuple:
 class Lifter:
     """Keys and lifted (time-major) versions of the per-step tensors of one Timeline."""
 
-    def __init__(self, timeline: Timeline, emit: Emitter, steps: int, first_frame: int = 0):
+    def __init__(self, timeline: Timeline, emit: GraphBuilder, steps: int, first_frame: int = 0):
         self.first_frame = first_frame
         self.tl = timeline
         self.shapes = timeline.shapes

@@ -15,9 +15,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite.base import Decline, RewriteContext, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 from framefuse.rewrite.unrolled.chains import Chain, Tmpl
 from framefuse.rewrite.unrolled.common import UnrolledPass, emit_state_outputs
-from framefuse.rewrite.unrolled.graphutil import Emitter, const_key, const_value
+from framefuse.rewrite.unrolled.graphutil import const_key, const_value
 from framefuse.rewrite.unrolled.lift import Lifter
 
 ONE = ("one",)
@@ -376,7 +377,9 @@ class LinearScanPass(UnrolledPass):
     op_type = "LinearScan"
     report_problems = True  # the last pass: it reports the candidates no pass could use
 
-    def rewrite_chain(self, graph: gs.Graph, ctx: RewriteContext, chain: Chain, lifter: Lifter, emit: Emitter) -> dict:
+    def rewrite_chain(
+        self, graph: gs.Graph, ctx: RewriteContext, chain: Chain, lifter: Lifter, emit: GraphBuilder
+    ) -> dict:
         tl = lifter.tl
         shapes = tl.shapes
         if chain.coupled_with:
@@ -450,7 +453,7 @@ class LinearScanPass(UnrolledPass):
         emit_state_outputs(graph, emit, chain, h_tm, emit.reshape(h_last, state_shape, np.float32), state_shape)
         return {"node": node, "steps": steps, "state_shape": list(state_shape)}
 
-    def _emit_expr(self, e, lifter: Lifter, emit: Emitter, rank: int):
+    def _emit_expr(self, e, lifter: Lifter, emit: GraphBuilder, rank: int):
         """Emit ``e`` time-major with rank ``rank + 1`` (size-1 axes where it broadcasts)."""
         if e == ONE:
             return emit.const(np.ones((1,) * (rank + 1), np.float32))

@@ -21,7 +21,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from framefuse.rewrite.base import AnchoredPass, Match, PassResult, RewriteContext
-from framefuse.rewrite.unrolled.graphutil import Emitter, Shapes, const_value, is_framefuse, producer
+from framefuse.rewrite.builder import GraphBuilder
+from framefuse.rewrite.unrolled.graphutil import Shapes, const_value, is_framefuse, producer
 
 MIN_WRITES = 2
 # The pipeline's folding limit: larger tensors stay computed at run time.
@@ -275,7 +276,7 @@ def _replace_chain(
             if value is None:
                 return None
             static_shapes.append((shape_node, value))
-    emit = Emitter(graph, ctx, prefix=ctx.unique_name("output_stack"))
+    emit = GraphBuilder(graph, ctx, prefix=ctx.unique_name("output_stack"))
     (update_shape,) = update_shapes
     dtype = shapes.dtype(chain[0].inputs[2])
     pieces = [emit.unsqueeze(n.inputs[2], [0], (1, *update_shape), dtype) for n in chain]

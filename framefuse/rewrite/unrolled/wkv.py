@@ -27,8 +27,9 @@ import onnx_graphsurgeon as gs
 
 from framefuse.plugins.wkv_scan.schema import MAX_INIT
 from framefuse.rewrite.base import Decline, Declined, Match, PassResult, make_framefuse_node
+from framefuse.rewrite.builder import GraphBuilder
 from framefuse.rewrite.unrolled.common import MAX_ROUNDS, UnrolledPass, _discard, lift_leaf, restack
-from framefuse.rewrite.unrolled.graphutil import Emitter, const_value, producer, replace_producer
+from framefuse.rewrite.unrolled.graphutil import const_value, producer, replace_producer
 from framefuse.rewrite.unrolled.lift import Lifter, node_key
 from framefuse.rewrite.unrolled.timeline import Timeline
 
@@ -306,7 +307,7 @@ class WKVScanPass(UnrolledPass):
             for seq in sequences:
                 where = f"{seq[0].p_old.name} → {(seq[-1].p_new or seq[-1].y).name} ({len(seq)} steps)"
                 before = {n.name for n in graph.nodes}
-                emit = Emitter(graph, ctx, prefix=ctx.unique_name(self.op_type))
+                emit = GraphBuilder(graph, ctx, prefix=ctx.unique_name(self.op_type))
                 lifter = Lifter(tl, emit, len(seq), seq[0].frame)
                 try:
                     detail = self._replace(graph, ctx, seq, lifter, emit)
@@ -327,7 +328,7 @@ class WKVScanPass(UnrolledPass):
                 break
         return result
 
-    def _replace(self, graph, ctx, seq: list[WKVStep], lifter: Lifter, emit: Emitter) -> dict:
+    def _replace(self, graph, ctx, seq: list[WKVStep], lifter: Lifter, emit: GraphBuilder) -> dict:
         shapes = self.shapes
         steps = len(seq)
         for i, step in enumerate(seq):
