@@ -427,6 +427,9 @@ def test_every_pass_is_driven_by_one_of_two_drivers_with_one_decline_type():
         "unrolled-output-stacking",
         "unrolled-chunked-scan",
     ]
+    # the ordered lists hold classes: each rewrite runs instances of its own (a pass keeps state
+    # while it runs, output stacking for one), so two rewrites at once share none
+    assert not {id(p) for p in passes} & {id(p) for p in default_passes()}
 
 
 def test_the_anchored_pass_driver_reports_matches_declines_and_skips():

@@ -159,8 +159,9 @@ GRAPH_PASSES = (
 
 
 def default_passes() -> list:
-    """The passes in their order: GRAPH_PASSES, then rewrite.unrolled.PASSES."""
-    return [cls() for cls in GRAPH_PASSES] + list(UNROLLED_PASSES)
+    """New instances of the passes in their order: GRAPH_PASSES, then rewrite.unrolled.PASSES (a
+    pass may keep state while it runs, so two rewrites never share one)."""
+    return [cls() for cls in (*GRAPH_PASSES, *UNROLLED_PASSES)]
 
 
 def count_remaining(graph: gs.Graph, notes: list[str] | None = None) -> dict[str, int]:
@@ -228,8 +229,8 @@ def rewrite_model(model_or_path, *, passes=None, fold_constants: bool = True):
     normalize_graph(graph, report.notes)
 
     ctx = RewriteContext(opset=original_opset.get("", 17), metadata=metadata)
-    if passes is None:
-        passes = default_passes()
+    # a pass class (as the ordered lists hold them) runs as a new instance of its own
+    passes = default_passes() if passes is None else [p() if isinstance(p, type) else p for p in passes]
     for p in passes:
         result: PassResult = p.run(graph, ctx)
         report.passes.append(p.name)

@@ -7,7 +7,7 @@ per-step inputs over all steps (``lift``) and replace the chain with one ``frame
 A step that carries two coupled states (an LSTM cell's h and c) is no one-state chain: its pass
 finds its own (``UnrolledPass.find``; ``lstm``: the cells' c updates linked step to step).
 
-- ``PASSES``: the pass objects, in the order to run them.
+- ``PASSES``: the pass classes, in the order to run them (a rewrite makes its own instances).
 - ``remaining_recurrence_ops(graph)``: per-step recurrent ops left unfused.
 """
 
@@ -29,19 +29,19 @@ from framefuse.rewrite.unrolled.wkv import WKVScanPass
 # SelectiveScan before LinearScan: a Mamba recurrence is also linear, the more specific op wins.
 # WKVScan first: its running max is a Max chain that MLSTMScan would otherwise try and decline.
 # OutputStackingPass first: in-place writes out[:, t] = h are a stack, not a recurrence to try.
-PASSES = [
-    OutputStackingPass(),
-    WKVScanPass(),
-    LiquidScanPass(),
-    GRUCellPass(),
-    LSTMCellPass(),
-    GatedDeltaRuleScanPass(),
-    DeltaRuleScanPass(),
-    MLSTMScanPass(),
-    SelectiveScanPass(),
-    LinearScanPass(),
-    ChunkedScanReportPass(),
-]
+PASSES = (
+    OutputStackingPass,
+    WKVScanPass,
+    LiquidScanPass,
+    GRUCellPass,
+    LSTMCellPass,
+    GatedDeltaRuleScanPass,
+    DeltaRuleScanPass,
+    MLSTMScanPass,
+    SelectiveScanPass,
+    LinearScanPass,
+    ChunkedScanReportPass,
+)
 
 __all__ = [
     "PASSES",
