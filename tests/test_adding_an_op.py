@@ -1,7 +1,7 @@
 """README "Adding an op", followed literally (issue 22): the op's folder (`tests/toy_ops/toy_silu/`:
 schema, reference, CUDA kernel, launch; found by the registry with no list to edit), one rewrite
 pattern (`ToySiluPass` below) and its entry in the ordered pass list, and the op rewrites, builds,
-runs on the CPU executor and passes `framefuse check` against ONNX Runtime, touching no other file.
+runs on the CPU executor and passes `framefuse check` against ONNX Runtime, and TensorRT gets its Python plugin, touching no other file.
 The step compiler declines a graph holding it, naming the op, until the op's lowering (one
 function, `lower_toy_silu` below) is added to its table; then the interpreter and the generated
 kernel (emulated on the CPU) compute what ONNX Runtime does. The kernel compiles with nvcc here;
@@ -196,6 +196,17 @@ def test_the_step_compiler_names_the_op_until_it_has_a_lowering(toy_op, toy_pass
     outputs, _ = emulate(kernel, {"x": _feeds()["x"][None]}, {}, steps=1, workdir=tmp_path)
     for name in ("y", "z"):
         np.testing.assert_allclose(outputs[name][0], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_tensorrt_gets_a_plugin_for_the_op_registered_after_the_others(toy_op):
+    trt = pytest.importorskip("tensorrt_rtx")
+    from framefuse.plugins import tensorrt_plugins
+
+    classes = tensorrt_plugins.plugin_classes(trt)
+    assert set(classes) == set(registry.OP_TYPES) and OP in classes
+    tensorrt_plugins.register_creators(trt)
+    creator = trt.get_plugin_registry().get_creator(OP, "1", "framefuse")
+    assert creator is not None and creator.name == OP
 
 
 @pytest.mark.skipif(build_kernels.find_nvcc() is None, reason="nvcc not found: the toy kernel is not compiled")

@@ -247,9 +247,10 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
 
     The plugin implements IPluginV3 with the IPluginV3One{Core,Build,Runtime} capabilities, as in
     NVIDIA's python_plugin samples; every method defers to the functions above."""
-    key = id(trt)
-    if key in _CLASSES:
-        return _CLASSES[key]
+    classes = _CLASSES.setdefault(id(trt), {})
+    missing = [op_type for op_type in registry.OP_TYPES if op_type not in classes]
+    if not missing:  # an op registered later (registry.add_op_package) gets its classes then
+        return {op_type: classes[op_type] for op_type in registry.OP_TYPES}
     names = trt_dtype_names(trt)
     by_name = {v: k for k, v in names.items()}
 
@@ -376,34 +377,32 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
         Creator.__name__ = Creator.__qualname__ = f"{op_type}TrtPluginCreator"
         return Plugin, Creator
 
-    classes = {op_type: make(op_type) for op_type in registry.OP_TYPES}
-    _CLASSES[key] = classes
-    return classes
+    classes.update({op_type: make(op_type) for op_type in missing})
+    return {op_type: classes[op_type] for op_type in registry.OP_TYPES}
 
 
-_REGISTERED: dict[tuple[int, str], list] = {}
+_REGISTERED: dict[tuple[int, str], dict] = {}
 
 
 def register_creators(trt, namespaces: Sequence[str] = (NAMESPACE,)) -> list:
     """Register one creator per op type in TensorRT's plugin registry under each namespace (once
-    per process and namespace); returns the creator objects (keep them alive: TensorRT holds
-    only a reference)."""
+    per process, namespace and op type: an op registered later gets its creator on the next
+    call); returns the creator objects (keep them alive: TensorRT holds only a reference)."""
     registry_ = trt.get_plugin_registry()
     creators = []
     for ns in namespaces:
-        key = (id(trt), ns)
-        if key not in _REGISTERED:
-            made = []
-            for _plugin, creator_cls in plugin_classes(trt).values():
-                creator = creator_cls()
-                creator.plugin_namespace = ns
-                if not registry_.register_creator(creator, ns):
-                    raise PluginError(
-                        f"TensorRT refused to register the framefuse creator {creator.name} in namespace {ns!r}"
-                    )
-                made.append(creator)
-            _REGISTERED[key] = made
-        creators.extend(_REGISTERED[key])
+        made = _REGISTERED.setdefault((id(trt), ns), {})
+        for op_type, (_plugin, creator_cls) in plugin_classes(trt).items():
+            if op_type in made:
+                continue
+            creator = creator_cls()
+            creator.plugin_namespace = ns
+            if not registry_.register_creator(creator, ns):
+                raise PluginError(
+                    f"TensorRT refused to register the framefuse creator {creator.name} in namespace {ns!r}"
+                )
+            made[op_type] = creator
+        creators.extend(made.values())
     return creators
 
 
