@@ -23,8 +23,6 @@ from framefuse.errors import FrameFuseError
 DOMAIN = "framefuse"
 VERSION = 1
 
-# Packages whose sub-folders are op packages, in the order they were added.
-OP_PACKAGE_ROOTS: list[str] = []
 # op_type (ONNX node op_type in domain `framefuse`) → its package's module name.
 OP_MODULES: dict[str, str] = {}
 OP_TYPES: tuple[str, ...] = ()
@@ -149,8 +147,6 @@ def add_op_package(package: str) -> tuple[str, ...]:
             found[op_type] = where
     OP_MODULES.update(found)
     OP_TYPES = tuple(OP_MODULES)
-    if package not in OP_PACKAGE_ROOTS:
-        OP_PACKAGE_ROOTS.append(package)
     return tuple(found)
 
 
@@ -162,8 +158,6 @@ def remove_op_package(package: str) -> None:
         del OP_MODULES[op_type]
         _cache.pop(op_type, None)
     OP_TYPES = tuple(OP_MODULES)
-    if package in OP_PACKAGE_ROOTS:
-        OP_PACKAGE_ROOTS.remove(package)
 
 
 add_op_package(__package__)
