@@ -288,22 +288,26 @@ def test_linear_scan_shape_rule():
 
 
 def test_linear_scan_validation_errors():
-    from framefuse.plugins.linear_scan import interface
+    from framefuse.plugins.checks import prepare
+    from framefuse.plugins.linear_scan import SCHEMA, interface
+
+    def check(inputs):
+        return prepare(SCHEMA, inputs, cuda=False)
 
     a = torch.rand(2, 5, 7)
     b = torch.rand(2, 5, 7)
     with pytest.raises(OpArgumentError, match="LinearScan: argument a: expected a CUDA tensor"):
         interface.launch([a, b], {})
     with pytest.raises(OpArgumentError, match=r"LinearScan: argument b: expected shape \[2, 5, 7\], got \[2, 5, 6\]"):
-        interface._check_inputs([a, torch.rand(2, 5, 6)], cuda_required=False)
+        check([a, torch.rand(2, 5, 6)])
     with pytest.raises(OpArgumentError, match="LinearScan: argument b: expected dtype float32, got float16"):
-        interface._check_inputs([a, b.half()], cuda_required=False)
+        check([a, b.half()])
     with pytest.raises(OpArgumentError, match=r"LinearScan: argument h0: expected shape \[2, 7\]"):
-        interface._check_inputs([a, b, torch.zeros(7)], cuda_required=False)
+        check([a, b, torch.zeros(7)])
     with pytest.raises(OpArgumentError, match="LinearScan: argument h0: expected dtype float32, got float16"):
-        interface._check_inputs([a.half(), b.half(), torch.zeros(2, 7, dtype=torch.float16)], cuda_required=False)
+        check([a.half(), b.half(), torch.zeros(2, 7, dtype=torch.float16)])
     with pytest.raises(OpArgumentError, match="LinearScan: argument a: storage dtype must be"):
-        interface._check_inputs([a.double(), b.double()], cuda_required=False)
+        check([a.double(), b.double()])
     with pytest.raises(SchemaError, match="LinearScan: unknown attribute"):
         interface.launch([a, b], {"alpha": 1})
 
@@ -430,7 +434,7 @@ def test_selective_scan_validation_errors():
     inputs = [t.float() for t in _ss_inputs()]
     with pytest.raises(OpArgumentError, match="SelectiveScan: argument x: expected a CUDA tensor"):
         interface.launch(inputs, {})
-    interface._check_inputs(inputs, cuda_required=False)  # the good case passes
+    interface.checked(inputs, cuda=False)  # the good case passes
 
     def with_(index, value):
         bad = list(inputs)
@@ -438,8 +442,11 @@ def test_selective_scan_validation_errors():
         return bad
 
     cases = [
-        (with_(2, torch.zeros(4, 3)), r"argument A: expected shape \[5, N\], got \[4, 3\]"),
-        (with_(2, torch.zeros(5, 300)), r"argument A: state size N=300 must be between 1 and 256"),
+        (with_(2, torch.zeros(4, 3)), r"argument A: expected shape \[5, 3\], got \[4, 3\]"),
+        (with_(2, torch.zeros(5, 300)), r"argument A: N=300 must be between 1 and 256"),
+        (with_(2, torch.zeros(5, 0)), r"argument A: N=0 must be between 1 and 256"),
+        (with_(2, torch.zeros(15)), r"argument A: expected rank 2 \[D, N\], got shape \[15\]"),
+        (with_(3, None), r"argument B is required but was None"),
         (with_(2, inputs[2].half()), r"argument A: expected dtype float32, got float16"),
         (with_(1, inputs[1][:, :5].contiguous()), r"argument dt: expected shape \[2, 6, 5\]"),
         (with_(3, torch.zeros(2, 6, 4)), r"argument B: expected shape \[2, 6, 3\], got \[2, 6, 4\]"),
@@ -450,7 +457,7 @@ def test_selective_scan_validation_errors():
     ]
     for bad, message in cases:
         with pytest.raises(OpArgumentError, match="SelectiveScan: " + message):
-            interface._check_inputs(bad, cuda_required=False)
+            interface.checked(bad, cuda=False)
     with pytest.raises(OpArgumentError, match="delta_softplus=2 must be 0 or 1"):
         interface.launch(inputs, {"delta_softplus": 2})
 

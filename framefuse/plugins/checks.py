@@ -3,10 +3,12 @@ expected and what was given."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from framefuse.errors import FrameFuseError
+from framefuse.plugins.schema import OpSchema, SchemaError, parse_dim, resolve_dims
 
 
 class OpArgumentError(FrameFuseError):
@@ -113,13 +115,153 @@ def check_attr_range(op: str, name: str, value, *, low=None, high=None, choices=
         raise OpArgumentError(f"{op}: {name}={value!r} must be <= {high}")
 
 
-def check_outputs(op: str, outputs, specs: Sequence[tuple[str, tuple, Any]], device) -> list:
+def check_outputs(op: str, outputs, specs: Sequence[tuple[str, tuple, Any]], device, *, cuda: bool = True) -> list:
     """Check preallocated outputs against (name, shape, dtype) specs; returns them as torch tensors."""
     if len(outputs) != len(specs):
         raise OpArgumentError(
             f"{op}: expected {len(specs)} preallocated outputs ({', '.join(s[0] for s in specs)}), got {len(outputs)}"
         )
     return [
-        check_tensor(op, f"output {name}", out, shape=shape, dtype=dtype, device=device)
+        check_tensor(op, f"output {name}", out, shape=shape, dtype=dtype, device=device, cuda=cuda)
         for out, (name, shape, dtype) in zip(outputs, specs)
     ]
+
+
+@dataclass
+class Prepared:
+    """An op call after `prepare`: checked inputs in schema order (None where absent), attributes
+    with defaults, the storage dtype and device, the sizes of the schema's symbols and the outputs
+    (allocated, or the caller's after checking)."""
+
+    attrs: dict
+    dtype: Any
+    device: Any
+    dims: dict[str, int]
+    inputs: list
+    outputs: list
+    names: tuple[str, ...]
+
+    def __getitem__(self, name: str):
+        return self.inputs[self.names.index(name)]
+
+
+def _bare_symbols(spec) -> set[str]:
+    return {symbol for coef, symbol in map(parse_dim, spec.dims or ()) if symbol is not None and coef == 1}
+
+
+def _check_order(schema: OpSchema, present: list[int], bound: Mapping[str, int]) -> list[int]:
+    """The present inputs in the order to check them: in schema order, each next input whose
+    derived dims ("4H") have their symbol sized by an input already checked or by itself (R [4H, H]
+    sizes H and checks its own 4H), so an error is reported at the input that is wrong, not at one
+    whose expected shape was derived from it."""
+    known = set(bound)
+    order = []
+    remaining = list(present)
+    while remaining:
+        ready = [
+            i
+            for i in remaining
+            if all(
+                symbol is None or symbol in known or symbol in _bare_symbols(schema.inputs[i])
+                for _, symbol in map(parse_dim, schema.inputs[i].dims or ())
+            )
+        ]
+        i = ready[0] if ready else remaining[0]
+        order.append(i)
+        remaining.remove(i)
+        known |= _bare_symbols(schema.inputs[i])
+    return order
+
+
+def prepare(
+    schema: OpSchema,
+    inputs,
+    attrs=None,
+    outputs=None,
+    *,
+    shape_rule: Callable[[list], dict] | None = None,
+    also_float32: tuple[str, ...] = (),
+    limits: Mapping[str, tuple[int, int]] | None = None,
+    cuda: bool = True,
+) -> Prepared:
+    """Check one call of an op against its schema and size its outputs: what every op's `launch`
+    does before its kernel-specific planning.
+
+    The first input fixes the storage dtype ("T") and device; every input is then checked for
+    rank, shape (its `TensorSpec.dims` under the symbols' sizes), dtype ("T" or float32 state),
+    device and contiguity, and errors name the op and the argument ("LSTMSeq: argument W:
+    expected shape [64, 8], got [64, 4]"). A symbol takes its size from the first input checked
+    where it stands bare, and an input whose dims derive from a symbol ("4H") is checked after
+    the input that sizes it, so a wrong R of an LSTM is reported as R, not as the W sized from
+    it. shape_rule: the op's own
+    shape check (`check_shapes(shapes) -> symbol sizes`), for ops whose inputs constrain each
+    other beyond what dims say (masks that broadcast, head counts that divide); it runs after the
+    dtype checks and its sizes win. also_float32: inputs that may be float32 as well as the
+    storage dtype. limits: {symbol: (low, high)} sizes a kernel supports, checked as soon as the
+    input that sizes the symbol is. cuda=False lets CPU tests reach every check but the device type.
+    """
+    torch = _torch()
+    op = schema.name
+    inputs = list(inputs)
+    schema.check_arity(len(inputs))
+    inputs += [None] * (len(schema.inputs) - len(inputs))
+    attrs = schema.attrs_with_defaults(attrs)
+    anchor = check_tensor(op, schema.inputs[0].name, inputs[0], cuda=cuda)
+    check_storage_dtype(op, schema.inputs[0].name, anchor)
+    dtype, device = anchor.dtype, anchor.device
+    inputs[0] = anchor
+
+    def expected_dtype(spec):
+        if spec.dtype != "T":
+            return getattr(torch, spec.dtype)
+        return (dtype, torch.float32) if spec.name in also_float32 and dtype != torch.float32 else dtype
+
+    for i, spec in enumerate(schema.inputs):
+        if inputs[i] is None and not spec.optional:
+            check_tensor(op, spec.name, None)  # raises: "argument k is required but was None"
+    present = [i for i, spec in enumerate(schema.inputs) if inputs[i] is not None]
+    for i in present[1:]:
+        inputs[i] = as_tensor(op, schema.inputs[i].name, inputs[i])
+    bound: dict[str, int] = {}
+    if shape_rule is not None:
+        for i in present[1:]:
+            spec = schema.inputs[i]
+            inputs[i] = check_tensor(op, spec.name, inputs[i], dtype=expected_dtype(spec), device=device, cuda=cuda)
+        bound.update(shape_rule([None if t is None else tuple(t.shape) for t in inputs]))
+    for i in _check_order(schema, present, bound):
+        spec = schema.inputs[i]
+        t = check_tensor(op, spec.name, inputs[i], dtype=expected_dtype(spec), device=device, cuda=cuda)
+        if spec.dims is not None:
+            if t.dim() != spec.rank:
+                shape = resolve_dims(spec.dims, bound)
+                if None not in shape:
+                    check_tensor(op, spec.name, t, shape=shape, cuda=cuda)  # raises, shape named
+                raise OpArgumentError(
+                    f"{op}: argument {spec.name}: expected rank {spec.rank} [{', '.join(map(str, spec.dims))}], "
+                    f"got shape {list(t.shape)}"
+                )
+            for dim, size in zip(spec.dims, t.shape):
+                coef, symbol = parse_dim(dim)
+                if symbol is not None and coef == 1:
+                    bound.setdefault(symbol, int(size))
+            check_tensor(op, spec.name, t, shape=resolve_dims(spec.dims, bound), cuda=cuda)
+            for symbol, (low, high) in (limits or {}).items():
+                if symbol in _bare_symbols(spec) and not low <= bound[symbol] <= high:
+                    raise OpArgumentError(
+                        f"{op}: argument {spec.name}: {symbol}={bound[symbol]} must be between {low} and {high}"
+                    )
+        inputs[i] = t
+
+    out_specs = []
+    for spec in schema.outputs:
+        if spec.dims is None:
+            raise SchemaError(f"{op}: output {spec.name} declares no dims (prepare sizes outputs from them)")
+        shape = resolve_dims(spec.dims, bound)
+        if None in shape:
+            raise OpArgumentError(f"{op}: output {spec.name} has dims {list(spec.dims)} that no input sizes")
+        out_specs.append((spec.name, shape, dtype if spec.dtype == "T" else getattr(torch, spec.dtype)))
+    if outputs is None:
+        outputs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in out_specs]
+    else:
+        outputs = check_outputs(op, list(outputs), out_specs, device, cuda=cuda)
+    return Prepared(attrs, dtype, device, bound, inputs, outputs, schema.input_names)

@@ -7,6 +7,7 @@ signature is written down exactly once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,15 +85,47 @@ def _convert_like(name: str, like: Any) -> Any:
     return np.dtype(name)
 
 
+_DIM = re.compile(r"^(\d*)([A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def parse_dim(dim: str | int) -> tuple[int, str | None]:
+    """A symbolic dim as (coefficient, symbol): "4H" → (4, "H"), "Dk" → (1, "Dk"), 3 → (3, None)."""
+    if isinstance(dim, int) and not isinstance(dim, bool):
+        return dim, None
+    match = _DIM.match(str(dim))
+    if match is None:
+        raise SchemaError(f"symbolic dim {dim!r} is not an integer, a name or an integer times a name (e.g. 4H)")
+    return int(match.group(1) or 1), match.group(2)
+
+
+def resolve_dims(dims: tuple, bound: Mapping[str, int]) -> tuple[int | None, ...]:
+    """Concrete sizes of symbolic `dims` under `bound` (None where a symbol is not bound)."""
+    sizes = []
+    for dim in dims:
+        coef, symbol = parse_dim(dim)
+        sizes.append(coef if symbol is None else (coef * bound[symbol] if symbol in bound else None))
+    return tuple(sizes)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
-    """One input or output of an op."""
+    """One input or output of an op. dims: its shape in symbols ("B", "T", "4H", ...) that the
+    ops' Python entries check arguments against (`checks.prepare`) and size outputs from; None
+    where no fixed symbolic shape says it (a broadcastable mask)."""
 
     name: str
     rank: int
     dtype: str  # "T" (storage dtype: float32/float16/bfloat16) or "float32" (state)
     optional: bool = False
     doc: str = ""
+    dims: tuple[str | int, ...] | None = None
+
+    def __post_init__(self):
+        if self.dims is not None:
+            if len(self.dims) != self.rank:
+                raise SchemaError(f"tensor {self.name}: dims {list(self.dims)} do not have rank {self.rank}")
+            for dim in self.dims:
+                parse_dim(dim)
 
 
 def _no_shape_rule(shapes, attrs):  # pragma: no cover - placeholder default

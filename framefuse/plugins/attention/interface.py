@@ -19,7 +19,7 @@ import torch
 from framefuse.plugins import cuda
 from framefuse.plugins.attention.naive import reference
 from framefuse.plugins.attention.schema import KERNEL_HEAD_DIMS, OP, SCHEMA, check_shapes, mask_layout
-from framefuse.plugins.checks import OpArgumentError, check_attr_range, check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.checks import OpArgumentError, check_attr_range, prepare
 
 SOURCE = pathlib.Path(__file__).with_name("attention.cu")
 THREADS = 128
@@ -59,32 +59,17 @@ def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
     """o = Attention(q, k, v[, mask]) on the GPU. inputs in schema order (mask may be None or left
     out); attrs: scale (default 1/√Dh), causal (0/1); outputs: [o] preallocated, or None to
     allocate. Launches on `stream` (None: torch's current stream) and never synchronises."""
-    inputs = list(inputs)
-    SCHEMA.check_arity(len(inputs))
-    inputs += [None] * (len(SCHEMA.inputs) - len(inputs))
-    q = check_tensor(OP, "q", inputs[0])
-    check_storage_dtype(OP, "q", q)
-    dtype, device = q.dtype, q.device
-    k = check_tensor(OP, "k", inputs[1], dtype=dtype, device=device)
-    v = check_tensor(OP, "v", inputs[2], dtype=dtype, device=device)
-    mask = inputs[3]
-    if mask is not None:
-        mask = check_tensor(OP, "mask", mask, dtype=(dtype, torch.float32), device=device)
-    sizes = check_shapes([tuple(q.shape), tuple(k.shape), tuple(v.shape), None if mask is None else tuple(mask.shape)])
-    B, Hq, Hkv, Tq, Tk, Dh = (sizes[n] for n in ("B", "Hq", "Hkv", "Tq", "Tk", "Dh"))
+    call = prepare(SCHEMA, inputs, attrs, outputs, shape_rule=check_shapes, also_float32=("mask",))
+    q, k, v, mask = call.inputs
+    (o,) = call.outputs
+    dtype, device = call.dtype, call.device
+    B, Hq, Hkv, Tq, Tk, Dh = (call.dims[n] for n in ("B", "Hq", "Hkv", "Tq", "Tk", "Dh"))
 
-    attrs = SCHEMA.attrs_with_defaults(attrs)
-    scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(Dh)
-    causal = attrs["causal"]
+    scale = call.attrs["scale"] if call.attrs["scale"] is not None else 1.0 / math.sqrt(Dh)
+    causal = call.attrs["causal"]
     check_attr_range(OP, "causal", causal, choices=(0, 1))
     if not math.isfinite(scale):
         raise OpArgumentError(f"{OP}: scale={scale!r} must be finite")
-
-    shape_o = (B, Hq, Tq, Dh)
-    if outputs is None:
-        o = torch.empty(shape_o, dtype=dtype, device=device)
-    else:
-        (o,) = check_outputs(OP, list(outputs), [("o", shape_o, dtype)], device)
 
     if Dh not in KERNEL_HEAD_DIMS:
         # OPS.md: other head dims use the reference (torch ops on the same stream; allocates).

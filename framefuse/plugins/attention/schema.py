@@ -64,9 +64,9 @@ def infer_shapes(shapes, attrs) -> list[tuple[int, ...]]:
 SCHEMA = OpSchema(
     name=OP,
     inputs=(
-        TensorSpec("q", 4, "T", doc="queries [B, Hq, Tq, Dh]"),
-        TensorSpec("k", 4, "T", doc="keys [B, Hkv, Tk, Dh]"),
-        TensorSpec("v", 4, "T", doc="values [B, Hkv, Tk, Dh]"),
+        TensorSpec("q", 4, "T", dims=("B", "Hq", "Tq", "Dh"), doc="queries"),
+        TensorSpec("k", 4, "T", dims=("B", "Hkv", "Tk", "Dh"), doc="keys"),
+        TensorSpec("v", 4, "T", dims=("B", "Hkv", "Tk", "Dh"), doc="values"),
         TensorSpec(
             "mask",
             4,
@@ -76,7 +76,7 @@ SCHEMA = OpSchema(
             "storage dtype or float32",
         ),
     ),
-    outputs=(TensorSpec("o", 4, "T", doc="[B, Hq, Tq, Dh]"),),
+    outputs=(TensorSpec("o", 4, "T", dims=("B", "Hq", "Tq", "Dh")),),
     attributes={"scale": (float, None), "causal": (int, 0)},
     infer_shapes=infer_shapes,
     doc="o = softmax(scale·q kᵀ + mask) v; scale defaults to 1/√Dh; causal aligns bottom-right "

@@ -44,15 +44,15 @@ def infer_shapes(shapes, attrs) -> list[tuple[int, ...]]:
 SCHEMA = OpSchema(
     name=OP,
     inputs=(
-        TensorSpec("q", 4, "T", doc="[B, H, T, Dk]"),
-        TensorSpec("k", 4, "T", doc="[B, H, T, Dk] (normalised before the op)"),
-        TensorSpec("v", 4, "T", doc="[B, H, T, Dv]"),
-        TensorSpec("beta", 3, "T", doc="[B, H, T] (σ applied before the op)"),
-        TensorSpec("S0", 4, "float32", optional=True, doc="[B, H, Dv, Dk] initial state (zeros)"),
+        TensorSpec("q", 4, "T", dims=("B", "H", "T", "Dk")),
+        TensorSpec("k", 4, "T", dims=("B", "H", "T", "Dk"), doc="normalised before the op"),
+        TensorSpec("v", 4, "T", dims=("B", "H", "T", "Dv")),
+        TensorSpec("beta", 3, "T", dims=("B", "H", "T"), doc="σ applied before the op"),
+        TensorSpec("S0", 4, "float32", optional=True, dims=("B", "H", "Dv", "Dk"), doc="initial state (zeros)"),
     ),
     outputs=(
-        TensorSpec("o", 4, "T", doc="[B, H, T, Dv]"),
-        TensorSpec("S_last", 4, "float32", doc="[B, H, Dv, Dk]"),
+        TensorSpec("o", 4, "T", dims=("B", "H", "T", "Dv")),
+        TensorSpec("S_last", 4, "float32", dims=("B", "H", "Dv", "Dk")),
     ),
     attributes={},
     infer_shapes=infer_shapes,

@@ -12,7 +12,7 @@ import pathlib
 import torch
 
 from framefuse.plugins import cuda
-from framefuse.plugins.checks import OpArgumentError, check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.checks import OpArgumentError, prepare
 from framefuse.plugins.gated_delta_rule_scan.schema import MAX_DK, OP, SCHEMA, check_shapes
 
 SOURCE = pathlib.Path(__file__).with_name("gated_delta_rule_scan.cu")
@@ -33,32 +33,14 @@ def variant(Dk: int) -> tuple[int, int]:
 def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
     """[o, S_last] = GatedDeltaRuleScan(q, k, v, g, beta[, S0]) on the GPU. outputs: [o, S_last]
     preallocated, or None to allocate. Launches on `stream` and never synchronises."""
-    inputs = list(inputs)
-    SCHEMA.check_arity(len(inputs))
-    inputs += [None] * (len(SCHEMA.inputs) - len(inputs))
-    SCHEMA.attrs_with_defaults(attrs)  # no attributes: rejects unknown ones
-    q = check_tensor(OP, "q", inputs[0])
-    check_storage_dtype(OP, "q", q)
-    dtype, device = q.dtype, q.device
-    k = check_tensor(OP, "k", inputs[1], dtype=dtype, device=device)
-    v = check_tensor(OP, "v", inputs[2], dtype=dtype, device=device)
-    g = check_tensor(OP, "g", inputs[3], dtype=dtype, device=device)
-    beta = check_tensor(OP, "beta", inputs[4], dtype=dtype, device=device)
-    S0 = inputs[5]
-    if S0 is not None:
-        S0 = check_tensor(OP, "S0", S0, dtype=torch.float32, device=device)
-    s = check_shapes([tuple(x.shape) if x is not None else None for x in (q, k, v, g, beta, S0)])
-    B, H, T, Dk, Dv = s["B"], s["H"], s["T"], s["Dk"], s["Dv"]
+    call = prepare(SCHEMA, inputs, attrs, outputs, shape_rule=check_shapes)
+    q, k, v, g, beta, S0 = call.inputs
+    o, S_last = call.outputs
+    dtype, device = call.dtype, call.device
+    B, H, T, Dk, Dv = (call.dims[n] for n in ("B", "H", "T", "Dk", "Dv"))
     max_dk, rows = variant(Dk)
     if (Dv + rows - 1) // rows > MAX_GRID_Y:
         raise OpArgumentError(f"{OP}: value dim Dv={Dv} needs more than {MAX_GRID_Y} blocks on grid y")
-
-    specs = [("o", (B, H, T, Dv), dtype), ("S_last", (B, H, Dk, Dv), torch.float32)]
-    if outputs is None:
-        o = torch.empty(specs[0][1], dtype=dtype, device=device)
-        S_last = torch.empty(specs[1][1], dtype=torch.float32, device=device)
-    else:
-        o, S_last = check_outputs(OP, list(outputs), specs, device)
 
     kernel = cuda.get_kernel(SOURCE, f"gated_delta_rule_scan_{cuda.dtype_suffix(dtype)}_k{max_dk}", device=device.index)
     kernel.launch(

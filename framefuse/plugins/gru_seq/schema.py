@@ -27,15 +27,15 @@ def infer_shapes(shapes, attrs):
 SCHEMA = OpSchema(
     name=NAME,
     inputs=(
-        TensorSpec("X", 3, "T", doc="[T, B, I] input sequence"),
-        TensorSpec("W", 2, "T", doc="[3H, I] input weights, gates z, r, h"),
-        TensorSpec("R", 2, "T", doc="[3H, H] recurrent weights, gates z, r, h"),
-        TensorSpec("bias", 1, "T", optional=True, doc="[6H] input bias Wb then recurrent bias Rb"),
-        TensorSpec("h0", 2, "float32", optional=True, doc="[B, H] initial hidden state"),
+        TensorSpec("X", 3, "T", dims=("T", "B", "I"), doc="input sequence"),
+        TensorSpec("W", 2, "T", dims=("3H", "I"), doc="input weights, gates z, r, h"),
+        TensorSpec("R", 2, "T", dims=("3H", "H"), doc="recurrent weights, gates z, r, h"),
+        TensorSpec("bias", 1, "T", optional=True, dims=("6H",), doc="input bias Wb then recurrent bias Rb"),
+        TensorSpec("h0", 2, "float32", optional=True, dims=("B", "H"), doc="initial hidden state"),
     ),
     outputs=(
-        TensorSpec("Y", 3, "T", doc="[T, B, H] all hidden states"),
-        TensorSpec("h_last", 2, "float32", doc="[B, H] last hidden state"),
+        TensorSpec("Y", 3, "T", dims=("T", "B", "H"), doc="all hidden states"),
+        TensorSpec("h_last", 2, "float32", dims=("B", "H"), doc="last hidden state"),
     ),
     attributes={},
     infer_shapes=infer_shapes,

@@ -17,7 +17,7 @@ import math
 import pathlib
 
 from framefuse.plugins import cuda
-from framefuse.plugins.checks import OpArgumentError, check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.checks import OpArgumentError, prepare
 from framefuse.plugins.linear_scan.schema import OP, SCHEMA
 
 SOURCE = pathlib.Path(__file__).with_name("linear_scan.cu")
@@ -114,25 +114,6 @@ def _alignment(*tensors) -> int:
     return align
 
 
-def _check_inputs(inputs, *, cuda_required: bool = True):
-    """Checked inputs in schema order (cuda_required=False lets CPU tests reach the shape checks)."""
-    import torch
-
-    SCHEMA.check_arity(len(inputs))
-    a, b, h0 = (list(inputs) + [None, None])[:3]
-    a = check_tensor(OP, "a", a, cuda=cuda_required)
-    check_storage_dtype(OP, "a", a)
-    if a.dim() != 3:
-        raise OpArgumentError(f"{OP}: argument a: expected rank 3 [B,T,D], got shape {list(a.shape)}")
-    batch, steps, channels = a.shape
-    b = check_tensor(OP, "b", b, cuda=cuda_required, shape=(batch, steps, channels), dtype=a.dtype, device=a.device)
-    if h0 is not None:
-        h0 = check_tensor(
-            OP, "h0", h0, cuda=cuda_required, shape=(batch, channels), dtype=torch.float32, device=a.device
-        )
-    return a, b, h0
-
-
 def launch(inputs, attrs=None, outputs=None, stream=None, *, algorithm=None, chunk_len=None):
     """LinearScan kernel entry (see OPS.md): inputs [a, b, h0|None] → [h, h_last].
 
@@ -141,19 +122,11 @@ def launch(inputs, attrs=None, outputs=None, stream=None, *, algorithm=None, chu
     """
     import torch
 
-    SCHEMA.attrs_with_defaults(attrs)
-    a, b, h0 = _check_inputs(inputs)
+    call = prepare(SCHEMA, inputs, attrs, outputs)
+    a, b, h0 = call.inputs
+    h, h_last = call.outputs
     batch, steps, channels = a.shape
-    if outputs is None:
-        h = torch.empty_like(a)
-        h_last = torch.empty(batch, channels, dtype=torch.float32, device=a.device)
-    else:
-        h, h_last = check_outputs(
-            OP,
-            outputs,
-            [("h", (batch, steps, channels), a.dtype), ("h_last", (batch, channels), torch.float32)],
-            a.device,
-        )
+    if outputs is not None:
         for name, t in (("a", a), ("b", b)):
             if h.numel() and h.data_ptr() == t.data_ptr():
                 raise OpArgumentError(f"{OP}: output h must not share memory with input {name}")

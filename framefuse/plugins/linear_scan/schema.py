@@ -31,13 +31,13 @@ def infer_shapes(shapes, attrs):
 SCHEMA = OpSchema(
     name=OP,
     inputs=(
-        TensorSpec("a", 3, "T", doc="[B,T,D] decay/gate per step"),
-        TensorSpec("b", 3, "T", doc="[B,T,D] input per step"),
-        TensorSpec("h0", 2, "float32", optional=True, doc="[B,D] initial state (default zeros)"),
+        TensorSpec("a", 3, "T", dims=("B", "T", "D"), doc="decay/gate per step"),
+        TensorSpec("b", 3, "T", dims=("B", "T", "D"), doc="input per step"),
+        TensorSpec("h0", 2, "float32", optional=True, dims=("B", "D"), doc="initial state (default zeros)"),
     ),
     outputs=(
-        TensorSpec("h", 3, "T", doc="[B,T,D] every h_t"),
-        TensorSpec("h_last", 2, "float32", doc="[B,D] final state"),
+        TensorSpec("h", 3, "T", dims=("B", "T", "D"), doc="every h_t"),
+        TensorSpec("h_last", 2, "float32", dims=("B", "D"), doc="final state"),
     ),
     attributes={},
     infer_shapes=infer_shapes,

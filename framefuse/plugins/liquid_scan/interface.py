@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 import pathlib
 
-import torch
-
 from framefuse.plugins import checks
 from framefuse.plugins.liquid_scan.schema import SCHEMA
 from framefuse.plugins.lstm_seq import persistent
@@ -23,30 +21,12 @@ def launch(inputs, attrs=None, outputs=None, stream=None):
     ts = attrs["ts"]
     if not math.isfinite(ts):
         raise checks.OpArgumentError(f"{OP}: attribute ts={ts!r} must be finite")
-    inputs = list(inputs) + [None] * (3 - len(inputs))
-    SCHEMA.check_arity(len(inputs))
-    xg = checks.check_tensor(OP, "xg", inputs[0])
-    checks.check_storage_dtype(OP, "xg", xg)
-    if xg.dim() != 3:
-        raise checks.OpArgumentError(f"{OP}: argument xg: expected rank 3 [B, T, 4H], got shape {list(xg.shape)}")
-    B, T, G4 = xg.shape
-    device, dtype = xg.device, xg.dtype
-    R = checks.check_tensor(OP, "R", inputs[1], dtype=dtype, device=device)
-    if R.dim() != 2:
-        raise checks.OpArgumentError(f"{OP}: argument R: expected rank 2 [4H, H], got shape {list(R.shape)}")
-    H = R.shape[1]
-    checks.check_tensor(OP, "R", R, shape=(4 * H, H))
-    checks.check_tensor(OP, "xg", xg, shape=(B, T, 4 * H))
-    h0 = inputs[2]
-    if h0 is not None:
-        h0 = checks.check_tensor(OP, "h0", h0, shape=(B, H), dtype=torch.float32, device=device)
+    call = checks.prepare(SCHEMA, inputs, attrs, outputs)
+    xg, R, h0 = call.inputs
+    outputs = call.outputs
+    B, T, H = (call.dims[n] for n in ("B", "T", "H"))
     if B < 1 or H < 1:
         raise checks.OpArgumentError(f"{OP}: B and H must be >= 1, got B={B} H={H}")
-    specs = [("h", (B, T, H), dtype), ("h_last", (B, H), torch.float32)]
-    if outputs is None:
-        outputs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in specs]
-    else:
-        outputs = checks.check_outputs(OP, list(outputs), specs, device)
     persistent.launch_recurrence(
         OP,
         SOURCE,

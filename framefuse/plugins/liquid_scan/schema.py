@@ -30,13 +30,13 @@ def infer_shapes(shapes, attrs):
 SCHEMA = OpSchema(
     name=NAME,
     inputs=(
-        TensorSpec("xg", 3, "T", doc="[B, T, 4H] input part of the gates (x-projection plus biases)"),
-        TensorSpec("R", 2, "T", doc="[4H, H] recurrent weights of (ff1, ff2, time_a, time_b)"),
-        TensorSpec("h0", 2, "float32", optional=True, doc="[B, H] initial hidden state"),
+        TensorSpec("xg", 3, "T", dims=("B", "T", "4H"), doc="input part of the gates (x-projection plus biases)"),
+        TensorSpec("R", 2, "T", dims=("4H", "H"), doc="recurrent weights of (ff1, ff2, time_a, time_b)"),
+        TensorSpec("h0", 2, "float32", optional=True, dims=("B", "H"), doc="initial hidden state"),
     ),
     outputs=(
-        TensorSpec("h", 3, "T", doc="[B, T, H] all hidden states"),
-        TensorSpec("h_last", 2, "float32", doc="[B, H] last hidden state"),
+        TensorSpec("h", 3, "T", dims=("B", "T", "H"), doc="all hidden states"),
+        TensorSpec("h_last", 2, "float32", dims=("B", "H"), doc="last hidden state"),
     ),
     attributes={"ts": (float, 1.0)},
     infer_shapes=infer_shapes,

@@ -30,40 +30,14 @@ def workspace_size(T: int, B: int, I: int, H: int, dtype: torch.dtype, gates: in
 def launch_gated_rnn(op, schema, gates, source, prefix, inputs, attrs, outputs, stream, workspace):
     """Shared body of LSTMSeq / GRUSeq `launch` (LSTM when the schema has a c0 input)."""
     has_cell = len(schema.inputs) == 6
-    schema.attrs_with_defaults(attrs)  # no attributes: rejects unknown ones
-    inputs = list(inputs) + [None] * (len(schema.inputs) - len(inputs))
-    schema.check_arity(len(inputs))
-    X = checks.check_tensor(op, "X", inputs[0])
-    checks.check_storage_dtype(op, "X", X)
-    if X.dim() != 3:
-        raise checks.OpArgumentError(f"{op}: argument X: expected rank 3 [T, B, I], got shape {list(X.shape)}")
-    T, B, I = X.shape
-    device, dtype = X.device, X.dtype
-    R = checks.check_tensor(op, "R", inputs[2], dtype=dtype, device=device)
-    if R.dim() != 2:
-        raise checks.OpArgumentError(f"{op}: argument R: expected rank 2 [{gates}H, H], got shape {list(R.shape)}")
-    H = R.shape[1]
-    checks.check_tensor(op, "R", R, shape=(gates * H, H))
-    W = checks.check_tensor(op, "W", inputs[1], shape=(gates * H, I), dtype=dtype, device=device)
-    bias = inputs[3]
-    if bias is not None:
-        bias = checks.check_tensor(op, "bias", bias, shape=(2 * gates * H,), dtype=dtype, device=device)
-    h0 = inputs[4]
-    if h0 is not None:
-        h0 = checks.check_tensor(op, "h0", h0, shape=(B, H), dtype=torch.float32, device=device)
-    c0 = None
-    if has_cell and inputs[5] is not None:
-        c0 = checks.check_tensor(op, "c0", inputs[5], shape=(B, H), dtype=torch.float32, device=device)
+    call = checks.prepare(schema, inputs, attrs, outputs)
+    X, W, R, bias, h0 = call.inputs[:5]
+    c0 = call.inputs[5] if has_cell else None
+    outputs = call.outputs
+    device, dtype = call.device, call.dtype
+    T, B, I, H = (call.dims[n] for n in ("T", "B", "I", "H"))
     if B < 1 or H < 1 or I < 1:
         raise checks.OpArgumentError(f"{op}: B, H and I must be >= 1, got B={B} H={H} I={I}")
-
-    specs = [("Y", (T, B, H), dtype), ("h_last", (B, H), torch.float32)]
-    if has_cell:
-        specs.append(("c_last", (B, H), torch.float32))
-    if outputs is None:
-        outputs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in specs]
-    else:
-        outputs = checks.check_outputs(op, list(outputs), specs, device)
 
     need = workspace_size(T, B, I, H, dtype, gates)
     if workspace is None:

@@ -12,7 +12,7 @@ import pathlib
 import torch
 
 from framefuse.plugins import cuda
-from framefuse.plugins.checks import OpArgumentError, check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.checks import OpArgumentError, prepare
 from framefuse.plugins.mlstm_scan.schema import MAX_DK, OP, SCHEMA, check_shapes
 
 SOURCE = pathlib.Path(__file__).with_name("mlstm_scan.cu")
@@ -30,37 +30,16 @@ def variant(Dk: int) -> tuple[int, int]:
 def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
     """[h, C_last, n_last, m_last] = MLSTMScan(q, k, v, i_pre, f_pre[, C0, n0, m0]) on the GPU;
     attrs: eps. outputs: the four preallocated, or None to allocate. Never synchronises."""
-    inputs = list(inputs)
     SCHEMA.check_arity(len(inputs))
-    inputs += [None] * (len(SCHEMA.inputs) - len(inputs))
     eps = float(SCHEMA.attrs_with_defaults(attrs)["eps"])
     if not math.isfinite(eps):
         raise OpArgumentError(f"{OP}: attribute eps={eps!r} must be finite")
-    q = check_tensor(OP, "q", inputs[0])
-    check_storage_dtype(OP, "q", q)
-    dtype, device = q.dtype, q.device
-    k = check_tensor(OP, "k", inputs[1], dtype=dtype, device=device)
-    v = check_tensor(OP, "v", inputs[2], dtype=dtype, device=device)
-    i_pre = check_tensor(OP, "i_pre", inputs[3], dtype=dtype, device=device)
-    f_pre = check_tensor(OP, "f_pre", inputs[4], dtype=dtype, device=device)
-    states = [
-        None if x is None else check_tensor(OP, name, x, dtype=torch.float32, device=device)
-        for name, x in zip(("C0", "n0", "m0"), inputs[5:8])
-    ]
-    s = check_shapes([tuple(x.shape) if x is not None else None for x in (q, k, v, i_pre, f_pre, *states)])
-    B, H, T, Dk, Dv = s["B"], s["H"], s["T"], s["Dk"], s["Dv"]
+    call = prepare(SCHEMA, inputs, attrs, outputs, shape_rule=check_shapes)
+    q, k, v, i_pre, f_pre, *states = call.inputs
+    outs = call.outputs
+    dtype, device = call.dtype, call.device
+    B, H, T, Dk, Dv = (call.dims[n] for n in ("B", "H", "T", "Dk", "Dv"))
     max_dk, rows = variant(Dk)
-
-    specs = [
-        ("h", (B, H, T, Dv), dtype),
-        ("C_last", (B, H, Dv, Dk), torch.float32),
-        ("n_last", (B, H, Dk), torch.float32),
-        ("m_last", (B, H), torch.float32),
-    ]
-    if outputs is None:
-        outs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in specs]
-    else:
-        outs = check_outputs(OP, list(outputs), specs, device)
 
     kernel = cuda.get_kernel(SOURCE, f"mlstm_scan_{cuda.dtype_suffix(dtype)}_k{max_dk}", device=device.index)
     kernel.launch(

@@ -53,20 +53,20 @@ def infer_shapes(shapes, attrs) -> list[tuple[int, ...]]:
 SCHEMA = OpSchema(
     name=OP,
     inputs=(
-        TensorSpec("q", 4, "T", doc="[B, H, T, Dk]"),
-        TensorSpec("k", 4, "T", doc="[B, H, T, Dk] (already scaled by 1/√Dk)"),
-        TensorSpec("v", 4, "T", doc="[B, H, T, Dv]"),
-        TensorSpec("i_pre", 3, "T", doc="[B, H, T] input-gate pre-activation"),
-        TensorSpec("f_pre", 3, "T", doc="[B, H, T] forget-gate pre-activation"),
-        TensorSpec("C0", 4, "float32", optional=True, doc="[B, H, Dv, Dk] (zeros)"),
-        TensorSpec("n0", 3, "float32", optional=True, doc="[B, H, Dk] (zeros)"),
-        TensorSpec("m0", 2, "float32", optional=True, doc="[B, H] (zeros)"),
+        TensorSpec("q", 4, "T", dims=("B", "H", "T", "Dk")),
+        TensorSpec("k", 4, "T", dims=("B", "H", "T", "Dk"), doc="already scaled by 1/√Dk"),
+        TensorSpec("v", 4, "T", dims=("B", "H", "T", "Dv")),
+        TensorSpec("i_pre", 3, "T", dims=("B", "H", "T"), doc="input-gate pre-activation"),
+        TensorSpec("f_pre", 3, "T", dims=("B", "H", "T"), doc="forget-gate pre-activation"),
+        TensorSpec("C0", 4, "float32", optional=True, dims=("B", "H", "Dv", "Dk"), doc="zeros"),
+        TensorSpec("n0", 3, "float32", optional=True, dims=("B", "H", "Dk"), doc="zeros"),
+        TensorSpec("m0", 2, "float32", optional=True, dims=("B", "H"), doc="zeros"),
     ),
     outputs=(
-        TensorSpec("h", 4, "T", doc="[B, H, T, Dv]"),
-        TensorSpec("C_last", 4, "float32", doc="[B, H, Dv, Dk]"),
-        TensorSpec("n_last", 3, "float32", doc="[B, H, Dk]"),
-        TensorSpec("m_last", 2, "float32", doc="[B, H]"),
+        TensorSpec("h", 4, "T", dims=("B", "H", "T", "Dv")),
+        TensorSpec("C_last", 4, "float32", dims=("B", "H", "Dv", "Dk")),
+        TensorSpec("n_last", 3, "float32", dims=("B", "H", "Dk")),
+        TensorSpec("m_last", 2, "float32", dims=("B", "H")),
     ),
     # eps is added after the max (transformers' mlstm_recurrent_step_native); 0 keeps graphs fused
     # before the attribute existed bitwise unchanged.

@@ -13,7 +13,7 @@ import math
 import pathlib
 
 from framefuse.plugins import cuda
-from framefuse.plugins.checks import OpArgumentError, check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.checks import OpArgumentError, Prepared, prepare
 from framefuse.plugins.selective_scan.schema import MAX_STATE, OP, SCHEMA
 
 SOURCE = pathlib.Path(__file__).with_name("selective_scan.cu")
@@ -44,40 +44,13 @@ def plan(batch: int, steps: int, channels: int, nstate: int, dtype: str) -> dict
     }
 
 
-def _check_inputs(inputs, *, cuda_required: bool = True):
-    """Checked inputs in schema order (cuda_required=False lets CPU tests reach the shape checks)."""
-    import torch
-
-    SCHEMA.check_arity(len(inputs))
-    x, dt, A, Bm, Cm, Dskip, z, dt_bias, h0 = (list(inputs) + [None] * 9)[:9]
-    x = check_tensor(OP, "x", x, cuda=cuda_required)
-    check_storage_dtype(OP, "x", x)
-    if x.dim() != 3:
-        raise OpArgumentError(f"{OP}: argument x: expected rank 3 [B,T,D], got shape {list(x.shape)}")
-    batch, steps, channels = x.shape
-    dev = x.device
-    A = check_tensor(OP, "A", A, cuda=cuda_required, dtype=torch.float32, device=dev)
-    if A.dim() != 2 or A.shape[0] != channels:
-        raise OpArgumentError(f"{OP}: argument A: expected shape [{channels}, N], got {list(A.shape)}")
-    nstate = A.shape[1]
-    if not 1 <= nstate <= MAX_STATE:
-        raise OpArgumentError(f"{OP}: argument A: state size N={nstate} must be between 1 and {MAX_STATE}")
-    dt = check_tensor(OP, "dt", dt, cuda=cuda_required, shape=(batch, steps, channels), dtype=x.dtype, device=dev)
-    Bm = check_tensor(OP, "B", Bm, cuda=cuda_required, shape=(batch, steps, nstate), dtype=x.dtype, device=dev)
-    Cm = check_tensor(OP, "C", Cm, cuda=cuda_required, shape=(batch, steps, nstate), dtype=x.dtype, device=dev)
-    if Dskip is not None:
-        Dskip = check_tensor(OP, "D", Dskip, cuda=cuda_required, shape=(channels,), dtype=torch.float32, device=dev)
-    if z is not None:
-        z = check_tensor(OP, "z", z, cuda=cuda_required, shape=(batch, steps, channels), dtype=x.dtype, device=dev)
-    if dt_bias is not None:
-        dt_bias = check_tensor(
-            OP, "dt_bias", dt_bias, cuda=cuda_required, shape=(channels,), dtype=torch.float32, device=dev
-        )
-    if h0 is not None:
-        h0 = check_tensor(
-            OP, "h0", h0, cuda=cuda_required, shape=(batch, channels, nstate), dtype=torch.float32, device=dev
-        )
-    return x, dt, A, Bm, Cm, Dskip, z, dt_bias, h0
+def checked(inputs, attrs=None, outputs=None, *, cuda: bool = True) -> Prepared:
+    """The call checked against the schema, with its outputs (cuda=False lets CPU tests
+    reach every check but the device type)."""
+    delta_softplus = SCHEMA.attrs_with_defaults(attrs)["delta_softplus"]
+    if delta_softplus not in (0, 1):
+        raise OpArgumentError(f"{OP}: attribute delta_softplus={delta_softplus} must be 0 or 1")
+    return prepare(SCHEMA, inputs, attrs, outputs, limits={"N": (1, MAX_STATE)}, cuda=cuda)
 
 
 def launch(inputs, attrs=None, outputs=None, stream=None):
@@ -86,23 +59,12 @@ def launch(inputs, attrs=None, outputs=None, stream=None):
     torch's current stream); never synchronises."""
     import torch
 
-    attrs = SCHEMA.attrs_with_defaults(attrs)
-    delta_softplus = attrs["delta_softplus"]
-    if delta_softplus not in (0, 1):
-        raise OpArgumentError(f"{OP}: attribute delta_softplus={delta_softplus} must be 0 or 1")
-    x, dt, A, Bm, Cm, Dskip, z, dt_bias, h0 = _check_inputs(inputs)
+    call = checked(inputs, attrs, outputs)
+    x, dt, A, Bm, Cm, Dskip, z, dt_bias, h0 = call.inputs
+    y, h_last = call.outputs
+    delta_softplus = call.attrs["delta_softplus"]
     batch, steps, channels = x.shape
     nstate = A.shape[1]
-    if outputs is None:
-        y = torch.empty_like(x)
-        h_last = torch.empty(batch, channels, nstate, dtype=torch.float32, device=x.device)
-    else:
-        y, h_last = check_outputs(
-            OP,
-            outputs,
-            [("y", (batch, steps, channels), x.dtype), ("h_last", (batch, channels, nstate), torch.float32)],
-            x.device,
-        )
     if batch * channels == 0:
         return [y, h_last]
 

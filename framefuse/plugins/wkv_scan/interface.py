@@ -10,40 +10,22 @@ import pathlib
 import torch
 
 from framefuse.plugins import cuda
-from framefuse.plugins.checks import check_outputs, check_storage_dtype, check_tensor
+from framefuse.plugins.checks import prepare
 from framefuse.plugins.wkv_scan.schema import OP, SCHEMA, check_shapes
 
 SOURCE = pathlib.Path(__file__).with_name("wkv_scan.cu")
 THREADS = 128
-_STATES = ("num0", "den0", "max0")
 
 
 def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
     """[y, num_last, den_last, max_last] = WKVScan(k, v, w, u[, num0, den0, max0]) on the GPU.
     outputs: preallocated in that order, or None to allocate. Launches on `stream`, never
     synchronises."""
-    inputs = list(inputs)
-    SCHEMA.check_arity(len(inputs))
-    inputs += [None] * (len(SCHEMA.inputs) - len(inputs))
-    SCHEMA.attrs_with_defaults(attrs)  # no attributes: rejects unknown ones
-    k = check_tensor(OP, "k", inputs[0])
-    check_storage_dtype(OP, "k", k)
-    dtype, device = k.dtype, k.device
-    v = check_tensor(OP, "v", inputs[1], dtype=dtype, device=device)
-    w = check_tensor(OP, "w", inputs[2], dtype=torch.float32, device=device)
-    u = check_tensor(OP, "u", inputs[3], dtype=torch.float32, device=device)
-    states = [
-        None if x is None else check_tensor(OP, name, x, dtype=torch.float32, device=device)
-        for name, x in zip(_STATES, inputs[4:7])
-    ]
-    s = check_shapes([tuple(x.shape) if x is not None else None for x in (k, v, w, u, *states)])
-    B, T, C = s["B"], s["T"], s["C"]
-
-    specs = [("y", (B, T, C), dtype)] + [(name, (B, C), torch.float32) for name in ("num_last", "den_last", "max_last")]
-    if outputs is None:
-        outs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in specs]
-    else:
-        outs = check_outputs(OP, list(outputs), specs, device)
+    call = prepare(SCHEMA, inputs, attrs, outputs, shape_rule=check_shapes)
+    k, v, w, u, *states = call.inputs
+    outs = call.outputs
+    dtype, device = call.dtype, call.device
+    B, T, C = (call.dims[n] for n in ("B", "T", "C"))
 
     kernel = cuda.get_kernel(SOURCE, f"wkv_scan_{cuda.dtype_suffix(dtype)}", device=device.index)
     kernel.launch(

@@ -13,8 +13,8 @@ def infer_shapes(shapes, attrs) -> list[tuple[int, ...]]:
 
 SCHEMA = OpSchema(
     name=OP,
-    inputs=(TensorSpec("x", 3, "T", doc="[B, T, D]"),),
-    outputs=(TensorSpec("y", 3, "T", doc="[B, T, D]"),),
+    inputs=(TensorSpec("x", 3, "T", dims=("B", "T", "D")),),
+    outputs=(TensorSpec("y", 3, "T", dims=("B", "T", "D")),),
     infer_shapes=infer_shapes,
     doc="x · sigmoid(x)",
 )
