@@ -110,4 +110,34 @@ def test_plugin_classes_for_tensorrt_rtx_follow_the_registry():
         creator = creator_cls()
         name = tp.trt_plugin_name(op_type)  # the op type, but for Attention (an ONNX op TensorRT imports itself)
         assert (creator.name, creator.plugin_namespace, creator.plugin_version) == (name, "framefuse", "1")
-        assert [f.name for f in creator.field_names] == list(registry.get_schema(op_type).attributes)
+        fields = [f.name for f in creator.field_names]  # the op's attributes, then the input mask
+        assert fields == [*registry.get_schema(op_type).attributes, tp.PRESENT_FIELD]
+
+
+def test_a_layer_with_absent_inputs_reads_its_present_ones_through_the_mask():
+    """mamba's step form: SelectiveScan given x, dt, A, B, C and h0, without D, z, dt_bias."""
+    names = ["x", "dt", "A", "B", "C", "", "", "", "h0"]
+    mask = tp.presence_mask(names)
+    assert mask == 0b100011111
+    assert tp.present_positions("SelectiveScan", mask, 6) == [0, 1, 2, 3, 4, 8]
+    assert tp.by_position("SelectiveScan", list("abcdeh"), mask) == ["a", "b", "c", "d", "e", None, None, None, "h"]
+    assert tp.by_position("SelectiveScan", list("abcde")) == ["a", "b", "c", "d", "e", None, None, None, None]
+    shapes = [(1, 1, 8), (1, 1, 8), (8, 4), (1, 1, 4), (1, 1, 4), (1, 8, 4)]
+    assert tp.output_shapes("SelectiveScan", shapes, {}, present=mask) == [(1, 1, 8), (1, 8, 4)]
+    with pytest.raises(tp.PluginError, match="input D must have rank 1"):  # h0 read as D without the mask
+        tp.output_shapes("SelectiveScan", shapes, {})
+    dtypes = ["float16", "float16", "float32", "float16", "float16", "float32"]  # A and h0: fp32
+    assert tp.output_dtypes("SelectiveScan", dtypes, mask) == ["float16", "float32"]
+    combo = dtypes + ["float16", "float32"]  # + y, h_last
+    linear = [True] * len(combo)
+    assert all(tp.supports_combination("SelectiveScan", pos, combo, linear, 6, mask) for pos in range(len(combo)))
+    # x, dt, A, B, C, z (mask 0b1011111): position 5 is z, a storage tensor, not D (fp32)
+    z_combo = dtypes[:5] + ["float16", "float16", "float32"]
+    assert tp.supports_combination("SelectiveScan", 5, z_combo, linear, 6, 0b1011111)
+    assert not tp.supports_combination("SelectiveScan", 5, z_combo, linear, 6)
+    with pytest.raises(tp.PluginError, match="6 inputs given, but framefuse_present_inputs=31 says 5"):
+        tp.present_positions("SelectiveScan", 0b11111, 6)
+    with pytest.raises(tp.PluginError, match=r"required input\(s\) C not given"):
+        tp.present_positions("SelectiveScan", 0b100001111, 5)
+    with pytest.raises(tp.PluginError, match="names inputs the op does not have"):
+        tp.present_positions("SelectiveScan", 1 << 9 | 0b11111, 6)

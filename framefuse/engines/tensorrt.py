@@ -131,8 +131,8 @@ def framefuse_ops(model: onnx.ModelProto) -> list[str]:
 def plugin_input_holes(model: onnx.ModelProto) -> list[str]:
     """One line per framefuse node with an absent optional input before a present one: TensorRT's
     parser hands a plugin layer no empty input (tensorrt_rtx 1.7: "addPluginV3: ... (input) !=
-    nullptr"), and the plugins read their inputs by position, so such a node cannot be a plugin
-    layer yet (mamba's step form: SelectiveScan without D, z and dt_bias, with the state h0)."""
+    nullptr"), so `packed_plugin_inputs` gives such a node (mamba's step form: SelectiveScan
+    without D, z and dt_bias, with the state h0) its present inputs only and a mask."""
     from framefuse.plugins.registry import get_schema
 
     lines = []
@@ -151,6 +151,32 @@ def plugin_input_holes(model: onnx.ModelProto) -> list[str]:
                 f"{specs[len(inputs) - 1].name if len(inputs) <= len(specs) else 'a later one'}"
             )
     return lines
+
+
+def packed_plugin_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every framefuse node that has an absent optional input before a present one
+    given its present inputs only and the attribute ``tensorrt_plugins.PRESENT_FIELD`` (a bit mask
+    over the schema's inputs), which the plugin reads back to place them (a copy; ``model`` is
+    untouched)."""
+    from framefuse.plugins.tensorrt_plugins import PRESENT_FIELD, presence_mask
+
+    packed = None
+    for index, node in enumerate(model.graph.node):
+        if node.domain != DOMAIN:
+            continue
+        inputs = list(node.input)
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        if all(inputs):
+            continue
+        if packed is None:
+            packed = onnx.ModelProto()
+            packed.CopyFrom(model)
+        target = packed.graph.node[index]
+        del target.input[:]
+        target.input.extend(name for name in inputs if name)
+        target.attribute.append(onnx.helper.make_attribute(PRESENT_FIELD, presence_mask(inputs)))
+    return model if packed is None else packed
 
 
 def plugin_versions(ops: Sequence[str]) -> dict[str, str]:
@@ -194,10 +220,9 @@ def build_plan(
     say = log or (lambda _msg: None)
     ops = framefuse_ops(model)
     holes = plugin_input_holes(model)
-    if holes:
-        raise EngineBuildError(
-            f"{flavour} {trt.__version__}: TensorRT plugin layers take no empty inputs: " + "; ".join(holes)
-        )
+    if holes:  # a plugin layer takes no empty input: the present ones and a mask instead
+        model = packed_plugin_inputs(model)
+        say("plugin layers given their present inputs and a mask: " + "; ".join(holes))
     if ops:
         if flavour == "tensorrt_rtx" and not _parser_library_loadable():
             try:
@@ -806,6 +831,7 @@ __all__ = [
     "build_plan",
     "framefuse_ops",
     "library_info",
+    "packed_plugin_inputs",
     "plugin_input_holes",
     "load",
     "read_artifact",

@@ -36,6 +36,49 @@ class PluginError(FrameFuseError):
     """A framefuse TensorRT plugin was configured with shapes, dtypes or fields it cannot take."""
 
 
+# A plugin layer takes no empty input (tensorrt_rtx 1.7: "addPluginV3: ... (input) != nullptr"), so
+# a node with an absent optional input before a present one (mamba's step form: SelectiveScan
+# without D, z and dt_bias, with the state h0) is parsed with its present inputs only and this
+# field, a bit mask over the schema's inputs (bit i: input i given), maps them back to positions.
+# Without it the inputs given are the schema's first ones.
+PRESENT_FIELD = "framefuse_present_inputs"
+
+
+def present_positions(op_type: str, present: int | None, n_given: int) -> list[int]:
+    """The schema positions of the ``n_given`` inputs a plugin layer gets (``present``: the mask)."""
+    schema = _schema(op_type)
+    if present is None:
+        positions = list(range(n_given))
+    else:
+        positions = [i for i in range(len(schema.inputs)) if int(present) >> i & 1]
+        if int(present) >> len(schema.inputs):
+            raise PluginError(f"TensorRT plugin {op_type}: {PRESENT_FIELD}={present} names inputs the op does not have")
+    if len(positions) != n_given or n_given > len(schema.inputs):
+        raise PluginError(
+            f"TensorRT plugin {op_type}: {n_given} inputs given, but {PRESENT_FIELD}={present} says {len(positions)}"
+        )
+    missing = [
+        schema.inputs[i].name for i in range(len(schema.inputs)) if not schema.inputs[i].optional and i not in positions
+    ]
+    if missing:
+        raise PluginError(f"TensorRT plugin {op_type}: required input(s) {', '.join(missing)} not given")
+    return positions
+
+
+def by_position(op_type: str, values: Sequence, present: int | None = None) -> list:
+    """``values`` of the inputs a plugin layer gets, placed at their schema positions (None where
+    an optional input is absent)."""
+    out = [None] * len(_schema(op_type).inputs)
+    for position, value in zip(present_positions(op_type, present, len(values)), values):
+        out[position] = value
+    return out
+
+
+def presence_mask(inputs: Sequence[str]) -> int:
+    """The ``PRESENT_FIELD`` mask of an ONNX node's input names ("" = absent)."""
+    return sum(1 << i for i, name in enumerate(inputs) if name)
+
+
 # ---------------------------------------------------------------------------------------------
 # build-time logic (no TensorRT)
 # ---------------------------------------------------------------------------------------------
@@ -43,14 +86,16 @@ def _schema(op_type: str):
     return registry.get_schema(op_type)
 
 
-def output_shapes(op_type: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None):
+def output_shapes(
+    op_type: str, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping | None = None, present: int | None = None
+):
     """Output shapes of ``op_type`` for the given input shapes (-1 = unknown), from the schema's
     rule. Unknown dimensions in an output are a PluginError: the plugins are built for the static
-    shapes framefuse engines use."""
+    shapes framefuse engines use. ``present``: the layer's PRESENT_FIELD mask, if it has one."""
     schema = _schema(op_type)
-    schema.check_arity(len(input_shapes))
-    shapes = [None if s is None else tuple(int(d) for d in s) for s in input_shapes]
-    shapes += [None] * (len(schema.inputs) - len(shapes))
+    if present is None:
+        schema.check_arity(len(input_shapes))
+    shapes = by_position(op_type, [None if s is None else tuple(int(d) for d in s) for s in input_shapes], present)
     try:
         result = schema.infer_shapes(shapes, schema.attrs_with_defaults(attrs))
     except SchemaError as exc:
@@ -65,30 +110,33 @@ def output_shapes(op_type: str, input_shapes: Sequence[Sequence[int] | None], at
     return out
 
 
-def storage_dtype(op_type: str, input_dtypes: Sequence[Any]) -> str:
+def storage_dtype(op_type: str, input_dtypes: Sequence[Any], present: int | None = None) -> str:
     """The op's storage dtype "T" (name) read from its first "T" input."""
     schema = _schema(op_type)
-    for spec, dt in zip(schema.inputs, input_dtypes):
+    for spec, dt in zip(schema.inputs, by_position(op_type, list(input_dtypes), present)):
         if spec.dtype == "T" and dt is not None:
             return dtype_name(dt)
     raise PluginError(f"TensorRT plugin {op_type}: no storage-dtype input among {len(input_dtypes)} inputs")
 
 
-def output_dtypes(op_type: str, input_dtypes: Sequence[Any]) -> list[str]:
+def output_dtypes(op_type: str, input_dtypes: Sequence[Any], present: int | None = None) -> list[str]:
     """Output dtype names from the schema ("T" outputs take the storage dtype)."""
-    return [dtype_name(d) for d in _schema(op_type).output_dtypes(storage_dtype(op_type, input_dtypes))]
+    return [dtype_name(d) for d in _schema(op_type).output_dtypes(storage_dtype(op_type, input_dtypes, present))]
 
 
-def supports_combination(op_type: str, pos: int, dtypes: Sequence[str], linear: Sequence[bool], n_inputs: int) -> bool:
+def supports_combination(
+    op_type: str, pos: int, dtypes: Sequence[str], linear: Sequence[bool], n_inputs: int, present: int | None = None
+) -> bool:
     """TensorRT's supportsFormatCombination for position ``pos`` of ``inputs + outputs``: row-major
     (LINEAR) only; storage "T" tensors in float32/float16/bfloat16, all equal to the first input's;
     fixed-dtype tensors (fp32 state) exactly that dtype. ``dtypes`` are dtype names, ``linear``
     whether each position's format is LINEAR; only positions <= pos are looked at, as TensorRT
-    requires."""
+    requires. ``present``: the layer's PRESENT_FIELD mask, if it has one."""
     schema = _schema(op_type)
     if not linear[pos]:
         return False
-    specs = list(schema.inputs[:n_inputs]) + list(schema.outputs)
+    given = [schema.inputs[i] for i in present_positions(op_type, present, n_inputs)]
+    specs = given + list(schema.outputs)
     if pos >= len(specs):
         return False
     spec, dt = specs[pos], dtypes[pos]
@@ -191,26 +239,30 @@ def enqueue_core(
     out_shapes: Sequence[Sequence[int]],
     out_dtypes: Sequence[Any],
     stream: int,
+    present: int | None = None,
 ):
     """Run ``op_type`` on raw device buffers on ``stream`` (a CUstream handle as int): wraps the
     pointers as torch tensors and calls the op package's ``launch`` with the outputs given, so
     the kernel writes straight into them. Inputs are the op's first ``len(input_ptrs)`` inputs
-    (trailing optional ones left out). Checks the shapes against the schema's rule first; never
-    synchronises. Returns the output tensors (views of ``output_ptrs``)."""
+    (trailing optional ones left out), or the ones ``present`` (the PRESENT_FIELD mask) names.
+    Checks the shapes against the schema's rule first; never synchronises. Returns the output
+    tensors (views of ``output_ptrs``)."""
     op = registry.get_op(op_type)
     launch = getattr(op, "launch", None)
     if launch is None:
         raise PluginError(f"TensorRT plugin {op_type}: the op has no CUDA launch")
     attrs = op.SCHEMA.attrs_with_defaults(attrs)
-    expected = output_shapes(op_type, input_shapes, attrs)
+    expected = output_shapes(op_type, input_shapes, attrs, present)
     given = [tuple(int(d) for d in s) for s in out_shapes]
     if expected != given[: len(expected)] or len(given) != len(expected):
         raise PluginError(f"TensorRT plugin {op_type}: output shapes {given} do not match the schema's {expected}")
-    want = output_dtypes(op_type, input_dtypes)
+    want = output_dtypes(op_type, input_dtypes, present)
     got = [dtype_name(d) for d in out_dtypes]
     if want != got:
         raise PluginError(f"TensorRT plugin {op_type}: output dtypes {got} do not match the schema's {want}")
-    inputs = [tensor_from_pointer(p, s, d) for p, s, d in zip(input_ptrs, input_shapes, input_dtypes)]
+    inputs = by_position(
+        op_type, [tensor_from_pointer(p, s, d) for p, s, d in zip(input_ptrs, input_shapes, input_dtypes)], present
+    )
     outputs = [tensor_from_pointer(p, s, d) for p, s, d in zip(output_ptrs, out_shapes, out_dtypes)]
     launch(inputs, attrs, outputs, int(stream))
     return outputs
@@ -265,7 +317,7 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
 
     def make(op_type: str):
         class Plugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
-            def __init__(self, attrs=None):
+            def __init__(self, attrs=None, present=None):
                 trt.IPluginV3.__init__(self)
                 trt.IPluginV3OneCore.__init__(self)
                 trt.IPluginV3OneBuild.__init__(self)
@@ -278,6 +330,7 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                 self.timing_cache_id = ""
                 self.metadata_string = f"framefuse {op_type} v{PLUGIN_VERSION}"
                 self.attrs = _schema(op_type).attrs_with_defaults(attrs)
+                self.present = None if present is None else int(present)
                 self.in_shapes = None
                 self.in_dtypes = None
 
@@ -285,7 +338,7 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                 return self
 
             def clone(self):
-                other = Plugin(self.attrs)
+                other = Plugin(self.attrs, self.present)
                 other.in_shapes, other.in_dtypes = self.in_shapes, self.in_dtypes
                 return other
 
@@ -295,15 +348,16 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                     np.dtype(np.float32): trt.PluginFieldType.FLOAT32,
                     np.dtype(np.int8): trt.PluginFieldType.CHAR,
                 }
-                return trt.PluginFieldCollection(
-                    [trt.PluginField(n, a, kinds[a.dtype]) for n, a in attrs_to_fields(op_type, self.attrs)]
-                )
+                fields = attrs_to_fields(op_type, self.attrs)
+                if self.present is not None:
+                    fields.append((PRESENT_FIELD, np.array([self.present], dtype=np.int32)))
+                return trt.PluginFieldCollection([trt.PluginField(n, a, kinds[a.dtype]) for n, a in fields])
 
             def get_output_data_types(self, input_types):
-                return [by_name[n] for n in output_dtypes(op_type, [names.get(t) for t in input_types])]
+                return [by_name[n] for n in output_dtypes(op_type, [names.get(t) for t in input_types], self.present)]
 
             def get_output_shapes(self, inputs, shape_inputs, expr_builder):
-                shapes = output_shapes(op_type, [constant_dims(d) for d in inputs], self.attrs)
+                shapes = output_shapes(op_type, [constant_dims(d) for d in inputs], self.attrs, self.present)
                 result = []
                 for shape in shapes:
                     dims = trt.DimsExprs(len(shape))
@@ -320,6 +374,7 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                     [names.get(d.type) for d in descs],
                     [d.format == trt.TensorFormat.LINEAR for d in descs],
                     num_inputs,
+                    self.present,
                 )
 
             def configure_plugin(self, inp, out):
@@ -350,6 +405,7 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                     [tuple(d.dims) for d in output_desc],
                     [names.get(d.type) for d in output_desc],
                     stream,
+                    self.present,
                 )
 
         class Creator(trt.IPluginCreatorV3One):
@@ -368,10 +424,18 @@ def plugin_classes(trt) -> dict[str, tuple[type, type]]:
                         trt.PluginField(n, np.array([], dtype=kinds[t][0]), kinds[t][1])
                         for n, (t, _) in _schema(op_type).attributes.items()
                     ]
+                    + [trt.PluginField(PRESENT_FIELD, np.array([], dtype=np.int32), trt.PluginFieldType.INT32)]
                 )
 
             def create_plugin(self, name, fc, phase):
-                return Plugin(fields_to_attrs(op_type, fields_of(fc)))
+                fields = fields_of(fc)
+                present = fields.get(PRESENT_FIELD)
+                present = (
+                    None
+                    if present is None or np.asarray(present).size == 0
+                    else int(np.asarray(present).reshape(-1)[0])
+                )
+                return Plugin(fields_to_attrs(op_type, fields), present)
 
         Plugin.__name__ = Plugin.__qualname__ = f"{op_type}TrtPlugin"
         Creator.__name__ = Creator.__qualname__ = f"{op_type}TrtPluginCreator"
@@ -408,15 +472,19 @@ def register_creators(trt, namespaces: Sequence[str] = (NAMESPACE,)) -> list:
 
 __all__ = [
     "NAMESPACE",
+    "PRESENT_FIELD",
     "TRT_PLUGIN_NAMES",
     "PLUGIN_VERSION",
     "PluginError",
     "attrs_to_fields",
+    "by_position",
     "enqueue_core",
     "fields_to_attrs",
     "output_dtypes",
     "output_shapes",
     "plugin_classes",
+    "presence_mask",
+    "present_positions",
     "register_creators",
     "trt_plugin_name",
     "storage_dtype",

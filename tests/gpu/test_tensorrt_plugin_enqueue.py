@@ -115,3 +115,30 @@ def test_enqueue_core_with_optional_state_input(kc):
     ref_h, ref_last = registry.get_op("LinearScan").reference(a, b, h0)
     kc.assert_close(h, ref_h, 1e-5, name="h")
     kc.assert_close(h_last, ref_last, 1e-5, name="h_last")
+
+
+def test_enqueue_core_places_present_inputs_by_the_mask(kc):
+    """mamba's step form as a plugin layer gets x, dt, A, B, C and h0 (no D, z, dt_bias) and the
+    mask that places h0 at its schema position (engines/tensorrt.packed_plugin_inputs)."""
+    gen = torch.Generator().manual_seed(5)
+    shapes = {**SHAPES["SelectiveScan"], "h0": (B, D, N)}
+    given = [_value("SelectiveScan", name, shape, gen).cuda() for name, shape in shapes.items()]
+    mask = tp.presence_mask(["x", "dt", "A", "B", "C", "", "", "", "h0"])
+    y, h_last = torch.full((B, T, D), float("nan"), device="cuda"), torch.full((B, D, N), float("nan"), device="cuda")
+    tp.enqueue_core(
+        "SelectiveScan",
+        {},
+        [t.data_ptr() for t in given],
+        [tuple(t.shape) for t in given],
+        ["float32"] * len(given),
+        [y.data_ptr(), h_last.data_ptr()],
+        [(B, T, D), (B, D, N)],
+        ["float32"] * 2,
+        torch.cuda.current_stream().cuda_stream,
+        present=mask,
+    )
+    torch.cuda.synchronize()
+    x, dt, A, Bm, Cm, h0 = given
+    ref_y, ref_last = registry.get_op("SelectiveScan").reference(x, dt, A, Bm, Cm, None, None, None, h0)
+    kc.assert_close(y, ref_y, 1e-5, name="y")
+    kc.assert_close(h_last, ref_last, 1e-5, name="h_last")
