@@ -175,8 +175,8 @@ def test_conv1d_lowering_matches_onnxruntime(channels, length, kernel, groups, p
 
 @pytest.mark.parametrize("op", ["DeltaRuleScan", "GatedDeltaRuleScan"])
 def test_delta_rule_steps_lower_to_the_ops_reference(op):
-    """The single step of both delta rules (their states are transposed to each other: [Dv, Dk]
-    and [Dk, Dv]) through the interpreter, against the op's reference in ONNX Runtime."""
+    """The single step of both delta rules (state [Dk, Dv]) through the interpreter, against the
+    op's reference in ONNX Runtime."""
     from framefuse.plugins.ort_bridge import ort_session
 
     rng = np.random.default_rng(12)
@@ -188,7 +188,7 @@ def test_delta_rule_steps_lower_to_the_ops_reference(op):
         "v": rng.standard_normal((b, h, 1, dv)),
         **({"g": -np.abs(rng.standard_normal((b, h, 1)))} if gated else {}),
         "beta": 1 / (1 + np.exp(-rng.standard_normal((b, h, 1)))),
-        "S0": rng.standard_normal((b, h, dk, dv) if gated else (b, h, dv, dk)),
+        "S0": rng.standard_normal((b, h, dk, dv)),
     }
     feeds = {n: a.astype(np.float32) for n, a in feeds.items()}
     node = helper.make_node(op, list(feeds), ["o", "S"], domain="framefuse", name="scan")
@@ -1392,7 +1392,7 @@ def test_a_delta_rule_window_runs_each_state_row_through_its_positions(op, tmp_p
         "k": rng.standard_normal((B, H, T, Dk)).astype(np.float32) / np.sqrt(Dk),
         "v": rng.standard_normal((B, H, T, Dv)).astype(np.float32),
         "beta": rng.uniform(0.1, 0.9, (B, H, T)).astype(np.float32),
-        "state.S": rng.standard_normal((B, H, Dk, Dv) if gated else (B, H, Dv, Dk)).astype(np.float32),
+        "state.S": rng.standard_normal((B, H, Dk, Dv)).astype(np.float32),
     }
     names = ["q", "k", "v", "beta"]
     if gated:

@@ -3,7 +3,7 @@ references) and of their kernels' compilation (nvcc, when present).
 
 Each reference is checked against an independent formulation:
 - Attention vs torch's F.scaled_dot_product_attention with the KV heads repeated;
-- DeltaRuleScan (S(I − βkkᵀ) + βvkᵀ) vs DeltaNet's error-correction form S − β(Sk − v)kᵀ;
+- DeltaRuleScan ((I − βkkᵀ)S + βkvᵀ, S [Dk, Dv]) vs DeltaNet's error-correction form S − βk(Sᵀk − v)ᵀ;
 - MLSTMScan (stabilised) vs the unstabilised recurrence (C̃ = e^f̃ C̃ + e^i v kᵀ, h = C̃q / max(|ñᵀq|, 1)),
   on inputs small enough not to overflow, with m_T from its closed form;
 and the step form (T = 1, state carried) is checked to chain into the sequence form.
@@ -201,20 +201,20 @@ def delta_inputs(gen, B, H, T, Dk, Dv, dtype=F64, with_state=True):
     k = unit(torch.randn(B, H, T, Dk, generator=gen, dtype=dtype))
     v = torch.randn(B, H, T, Dv, generator=gen, dtype=dtype)
     beta = torch.sigmoid(torch.randn(B, H, T, generator=gen, dtype=dtype))
-    S0 = torch.randn(B, H, Dv, Dk, generator=gen, dtype=dtype) if with_state else None
+    S0 = torch.randn(B, H, Dk, Dv, generator=gen, dtype=dtype) if with_state else None
     return q, k, v, beta, S0
 
 
 def delta_error_correction_form(q, k, v, beta, S0):
-    """DeltaNet as fla's naive recurrence writes it: S ← S − β(S k − v) kᵀ, o = S q (einsum)."""
+    """DeltaNet as fla's naive recurrence writes it, S [Dk, Dv]: S ← S − β k (Sᵀk − v)ᵀ, o = Sᵀq (einsum)."""
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
-    S = torch.zeros(B, H, Dv, Dk, dtype=q.dtype) if S0 is None else S0.clone()
+    S = torch.zeros(B, H, Dk, Dv, dtype=q.dtype) if S0 is None else S0.clone()
     outs = []
     for t in range(T):
-        error = torch.einsum("bhvk,bhk->bhv", S, k[:, :, t]) - v[:, :, t]
-        S = S - torch.einsum("bh,bhv,bhk->bhvk", beta[:, :, t], error, k[:, :, t])
-        outs.append(torch.einsum("bhvk,bhk->bhv", S, q[:, :, t]))
+        error = torch.einsum("bhkv,bhk->bhv", S, k[:, :, t]) - v[:, :, t]
+        S = S - torch.einsum("bh,bhk,bhv->bhkv", beta[:, :, t], k[:, :, t], error)
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))
     return torch.stack(outs, dim=2), S
 
 
@@ -234,20 +234,20 @@ def test_delta_reference_matches_error_correction_form(B, H, T, Dk, Dv, with_sta
     o, S_last = reference(q, k, v, beta, S0)
     o_exp, S_exp = delta_error_correction_form(q, k, v, beta, S0)
     assert o.dtype == F64 and S_last.dtype == torch.float32  # state outputs are float32 (OPS.md)
-    assert o.shape == (B, H, T, Dv) and S_last.shape == (B, H, Dv, Dk)
+    assert o.shape == (B, H, T, Dv) and S_last.shape == (B, H, Dk, Dv)
     torch.testing.assert_close(o, o_exp, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(S_last, S_exp.float())
 
 
 def test_delta_reference_writes_keys_it_is_given():
-    """With β = 1 and a unit key, the state stores v exactly under k: S k = v afterwards."""
+    """With β = 1 and a unit key, the state stores v exactly under k: Sᵀ k = v afterwards."""
     from framefuse.plugins.delta_rule_scan import reference
 
     q, k, v, _, S0 = delta_inputs(seeded(7), 1, 1, 1, 8, 6)
     beta = torch.ones(1, 1, 1, dtype=F64)
     o, S_last = reference(k, k, v, beta, S0)  # query = key: o reads back what was just written
     torch.testing.assert_close(o[0, 0, 0], v[0, 0, 0])
-    torch.testing.assert_close(S_last[0, 0].double() @ k[0, 0, 0], v[0, 0, 0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(S_last[0, 0].double().T @ k[0, 0, 0], v[0, 0, 0], rtol=1e-6, atol=1e-6)
 
 
 def test_delta_step_chaining_equals_sequence():
@@ -272,7 +272,7 @@ def test_delta_dtypes_and_nan():
     v[0, 0, 2, 1] = float("nan")
     o, S = reference(q, k, v, beta, S0)
     assert torch.isnan(o[0, 0, 2:, 1]).all() and torch.isfinite(o[0, 0, :, [0, 2]]).all()
-    assert torch.isnan(S[0, 0, 1]).all() and torch.isfinite(S[0, 1]).all()
+    assert torch.isnan(S[0, 0, :, 1]).all() and torch.isfinite(S[0, 1]).all()  # value index 1: a column of S
 
 
 def test_delta_schema_and_shape_rule():
@@ -283,18 +283,18 @@ def test_delta_schema_and_shape_rule():
     assert SCHEMA.output_dtypes(torch.float16) == [torch.float16, torch.float32]
     assert SCHEMA.infer_shapes([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), None], {}) == [
         (2, 4, 7, 32),
-        (2, 4, 32, 16),
+        (2, 4, 16, 32),
     ]
-    assert SCHEMA.infer_shapes([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), (2, 4, 32, 16)], {})[1] == (
+    assert SCHEMA.infer_shapes([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), (2, 4, 16, 32)], {})[1] == (
         2,
         4,
-        32,
         16,
+        32,
     )
     bad = [
         ([(2, 4, 7, 16), (2, 4, 7, 15), (2, 4, 7, 32), (2, 4, 7), None], r"key dims of q and k disagree"),
         ([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 6), None], r"sequence lengths disagree"),
-        ([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), (2, 4, 16, 32)], r"input S0 must have shape"),
+        ([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7), (2, 4, 32, 16)], r"input S0 must have shape"),
         ([(2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 32), (2, 4, 7, 1), None], r"input beta must have rank 3"),
     ]
     for shapes, message in bad:

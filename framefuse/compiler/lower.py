@@ -1010,37 +1010,48 @@ def _wkv(ctx, ins):
     return [_unsq(y, [1], ctx.label), num_next, den_next, p_next]
 
 
-def _delta_window(ctx, ins, op: str, n_gates: int, *, k_last: bool):
+def _delta_window(ctx, ins, op: str, n_gates: int):
     """A delta-rule window: q, k [B, H, T, Dk], v [B, H, T, Dv], the gates [B, H, T], the state
-    [B, H, Dv, Dk] (k_last: DeltaRuleScan) or [B, H, Dk, Dv] (GatedDeltaRuleScan, carried here
-    transposed so a row is always Dk long): one DeltaScan; returns [o [B, H, T, Dv], S_T]."""
+    [B, H, Dk, Dv] (carried here transposed, so a row is Dk long): one DeltaScan; returns
+    [o [B, H, T, Dv], S_T]."""
     label = ctx.label
     q, k, v = (as_node(ins[i], label) for i in range(3))
     gates = [as_node(ins[3 + g], label) for g in range(n_gates)]
     batch, heads, steps, dk = k.shape
     dv = v.shape[-1]
     given = ins[3 + n_gates] if len(ins) > 3 + n_gates else None
-    S0 = _state_or(ctx, given, (batch, heads, dv, dk) if k_last else (batch, heads, dk, dv))
-    if not k_last:
-        S0 = ir.transpose(S0, [0, 1, 3, 2], label)
-    out = ir.DeltaScan(op, q, k, v, gates, S0, label)
+    out = ir.DeltaScan(op, q, k, v, gates, _state_as_rows(ctx, given, (batch, heads, dk, dv)), label)
     o = ir.transpose(ir.slice_axis(out, -1, 0, 1, steps, label), [0, 1, 3, 2], label)
     S = ir.slice_axis(out, -1, steps, 1, dk, label)
-    return [o, S if k_last else ir.transpose(S, [0, 1, 3, 2], label)]
+    return [o, ir.transpose(S, [0, 1, 3, 2], label)]
 
 
 def _delta_rule(ctx, ins):
     if DELTA_WINDOWS and _window_steps(ctx, ins[0], 2) > 1:
-        return _delta_window(ctx, ins, "delta_rule_state", 1, k_last=True)
+        return _delta_window(ctx, ins, "delta_rule_state", 1)
     q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))  # [B, H, D]
     beta = _one_step(ctx, ins[3], 2, "beta")  # [B, H]
-    S = _state_or(ctx, ins[4] if len(ins) > 4 else None, (k.shape[0], k.shape[1], v.shape[-1], k.shape[-1]))
-    return _delta_update(ctx, "delta_rule_state", S, q, k, v, [beta], k_last=True)
+    # carried transposed, [B, H, Dv, Dk], as the window form does: the reductions then run along the
+    # state's last axis, and a model that keeps S as [Dv, Dk] (the zoo's DeltaNet, whose rewrite
+    # puts a Transpose on each side of the op) lowers to the IR it had before the op took [Dk, Dv]
+    given = ins[4] if len(ins) > 4 else None
+    S = _state_as_rows(ctx, given, (k.shape[0], k.shape[1], k.shape[-1], v.shape[-1]))
+    o, S_t = _delta_update(ctx, "delta_rule_state", S, q, k, v, [beta], k_last=True)
+    return [o, ir.transpose(S_t, [0, 1, 3, 2], ctx.label)]
+
+
+def _state_as_rows(ctx, given, shape):
+    """A delta-rule state given as [B, H, Dk, Dv] (``shape``), as [B, H, Dv, Dk]: one row of Dk a
+    value index (zeros made in that layout when it is absent)."""
+    batch, heads, dk, dv = shape
+    if given is None:
+        return _state_or(ctx, None, (batch, heads, dv, dk))
+    return ir.transpose(as_node(given, ctx.label), [0, 1, 3, 2], ctx.label)
 
 
 def _gated_delta_rule(ctx, ins):
     if DELTA_WINDOWS and _window_steps(ctx, ins[0], 2) > 1:
-        return _delta_window(ctx, ins, "gated_delta_state", 2, k_last=False)
+        return _delta_window(ctx, ins, "gated_delta_state", 2)
     q, k, v = (_one_step(ctx, ins[i], 2, name) for i, name in enumerate(("q", "k", "v")))
     g, beta = _one_step(ctx, ins[3], 2, "g"), _one_step(ctx, ins[4], 2, "beta")  # [B, H]
     S = _state_or(ctx, ins[5] if len(ins) > 5 else None, (k.shape[0], k.shape[1], k.shape[-1], v.shape[-1]))
@@ -1048,9 +1059,9 @@ def _gated_delta_rule(ctx, ins):
 
 
 def _delta_update(ctx, op: str, S, q, k, v, gates: list, *, k_last: bool):
-    """One delta-rule step on a state S [B, H, Dv, Dk] (``k_last``: DeltaRuleScan) or
-    [B, H, Dk, Dv] (GatedDeltaRuleScan): s = S·k along Dk, S' = op(S, *gates, k, v, s) (the op's
-    step function), o = S'·q along Dk; returns [o as [B, H, 1, Dv], S']."""
+    """One delta-rule step on a state S [B, H, Dv, Dk] (``k_last``) or [B, H, Dk, Dv]: s = S·k
+    along Dk, S' = op(S, *gates, k, v, s) (the op's step function, elementwise), o = S'·q along Dk;
+    returns [o as [B, H, 1, Dv], S'] (S' laid out as S)."""
     label = ctx.label
     k_axis, v_axis = (2, 3) if k_last else (3, 2)  # where k and v are broadcast into the state
     along_k = -1 if k_last else -2

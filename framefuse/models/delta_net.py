@@ -1,5 +1,7 @@
 """DeltaNet (Schlag et al. 2021; Yang et al. 2024), the recurrent form of flash-linear-attention's
-``naive_recurrent_delta_rule``, with the state laid out as OPS.md's DeltaRuleScan (S is [Dv, Dk]):
+``naive_recurrent_delta_rule``, with the state laid out as [Dv, Dk] (the transpose of fla's layout,
+which OPS.md's DeltaRuleScan takes: the rewrite puts a Transpose on each side of the op, and the step
+compiler, which carries the state as [Dv, Dk] rows, lowers the pair away):
 
 S_t = S_{t−1} − β_t (S_{t−1} k_t − v_t) k_tᵀ  (= S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ),  o_t = S_t q_t.
 

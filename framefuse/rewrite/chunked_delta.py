@@ -157,7 +157,7 @@ class ChunkedDeltaRulePass(AnchoredPass):
         o = gb.var("DeltaRuleScan_o", f32, (batch, heads, steps, dv))
         if g_t is None:
             op, inputs = "DeltaRuleScan", [q_in, k_t, v_t, beta]
-            s_last = gb.var("DeltaRuleScan_S_last", f32, (batch, heads, dv, dk))
+            s_last = gb.var("DeltaRuleScan_S_last", f32, (batch, heads, dk, dv))
         else:
             g_in = g_t
             if U.static_shape(g_t) != (batch, heads, steps):  # [B, H, T, 1]

@@ -30,8 +30,8 @@ def make_inputs(kc, gen, B, H, T, Dk, Dv, dtype, s0_kind):
     beta = torch.sigmoid(torch.randn(B, H, T, generator=gen)).to(dtype).cuda()
     S0 = {
         "none": None,
-        "zero": torch.zeros(B, H, Dv, Dk, device="cuda"),
-        "rand": kc.randn(gen, B, H, Dv, Dk, scale=0.5),
+        "zero": torch.zeros(B, H, Dk, Dv, device="cuda"),
+        "rand": kc.randn(gen, B, H, Dk, Dv, scale=0.5),
     }[s0_kind]
     return q, k, v, beta, S0
 
@@ -54,7 +54,7 @@ def check(kc, q, k, v, beta, S0, o, S_last, name=""):
 def poisoned_outputs(kc, q, v):
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
-    return [kc.poisoned_like(v), kc.poisoned_like(v, dtype=torch.float32, shape=(B, H, Dv, Dk))]
+    return [kc.poisoned_like(v), kc.poisoned_like(v, dtype=torch.float32, shape=(B, H, Dk, Dv))]
 
 
 CASES = [
@@ -131,10 +131,10 @@ def test_nan_and_inf_propagate_like_reference(kc, gen, dtype):
 
     B, H, T, Dk, Dv = 2, 2, 40, 33, 24  # Dk = 33: padded columns in the k64 instantiation
     q, k, v, beta, S0 = make_inputs(kc, gen, B, H, T, Dk, Dv, dtype, "rand")
-    v[0, 0, 5, 7] = float("nan")  # row 7 of S (and of o) is NaN from t = 5 on
+    v[0, 0, 5, 7] = float("nan")  # value index 7 of S (and of o) is NaN from t = 5 on
     beta[1, 0, 3] = float("nan")  # everything of (1, 0) is NaN from t = 3 on
     q[0, 1, 7, 4] = float("inf")  # o at t = 7 of (0, 1) is ±Inf, S unaffected
-    S0[1, 1, 2, 3] = float("nan")  # row 2 of (1, 1) is NaN from the start
+    S0[1, 1, 3, 2] = float("nan")  # value index 2 of (1, 1) (a column of S) is NaN from the start
     outs = poisoned_outputs(kc, q, v)
     launch([q, k, v, beta, S0], {}, outputs=outs)
     torch.cuda.synchronize()

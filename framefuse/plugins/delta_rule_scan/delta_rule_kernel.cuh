@@ -3,9 +3,8 @@
 //
 //   s = α_t s (Gated: α_t = exp(g_t));  u = s·k_t;  s += β_t (v_t[r] − u) k_t;  o_t[r] = s·q_t
 //
-// which is S(I − β kkᵀ) + β v kᵀ for a state S [Dv, Dk] (DeltaRuleScan) and α(I − β kkᵀ)S + β k vᵀ
-// for S [Dk, Dv] (GatedDeltaRuleScan): the same arithmetic on the same Dk-long slices, KeyMajor only
-// says how a slice lies in S0 / S_last. The value indices never interact, so:
+// which is α(I − β kkᵀ)S + β k vᵀ for the state S [Dk, Dv] of both ops (s is column r of S; α = 1
+// for DeltaRuleScan). The value indices never interact, so:
 //
 // - a block owns ROWS value indices of one (batch, head) for all T steps; grid = (B·H, ⌈Dv / ROWS⌉);
 // - P consecutive lanes share a value index, each keeping 16 of its Dk entries in registers
@@ -26,7 +25,7 @@ constexpr int kThreads = 128;
 constexpr int kCols = 16;    // columns of S per thread
 constexpr int kChunk = 16;   // time steps staged per chunk
 
-template <typename T, int P, bool Gated, bool KeyMajor>
+template <typename T, int P, bool Gated>
 __device__ __forceinline__ void delta_rule_scan_block(const T* __restrict__ q, const T* __restrict__ k,
                                                 const T* __restrict__ v, const T* __restrict__ g, const T* __restrict__ beta,
                                                 const float* __restrict__ S0, T* __restrict__ o,
@@ -57,10 +56,8 @@ __device__ __forceinline__ void delta_rule_scan_block(const T* __restrict__ q, c
     const T* vh = v + (long long)bh * T_len * Dv;
     const T* bh_beta = beta + (long long)bh * T_len;
     const T* bh_g = Gated ? g + (long long)bh * T_len : nullptr;
-    // State element (value index `row`, key index `col`) of this (batch, head): [Dk, Dv] or [Dv, Dk].
-    auto state_at = [&](int col) -> long long {
-        return KeyMajor ? ((long long)bh * Dk + col) * Dv + row : ((long long)bh * Dv + row) * Dk + col;
-    };
+    // State element (key index `col`, value index `row`) of this (batch, head): S is [Dk, Dv].
+    auto state_at = [&](int col) -> long long { return ((long long)bh * Dk + col) * Dv + row; };
 
     // This thread's slice of the state of value index `row`: key entries sub + P·i. Entries past Dk
     // stay exactly 0 (they are never updated, and k, q read as 0 there), so they add nothing to the dot products even

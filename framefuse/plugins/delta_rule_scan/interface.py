@@ -64,7 +64,7 @@ def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
 
 
 def delta_rule_scan(q, k, v, beta, S0=None, *, out=None, stream=None):
-    """DeltaNet recurrence on the GPU; returns (o [B,H,T,Dv], S_last [B,H,Dv,Dk] float32).
+    """DeltaNet recurrence on the GPU; returns (o [B,H,T,Dv], S_last [B,H,Dk,Dv] float32).
     out: optional preallocated (o, S_last)."""
     o, S_last = launch([q, k, v, beta, S0], outputs=None if out is None else list(out), stream=stream)
     return o, S_last

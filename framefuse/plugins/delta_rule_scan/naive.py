@@ -1,6 +1,6 @@
 """Reference DeltaRuleScan (ground truth for the kernel): the recurrence of OPS.md, looped over time.
 
-S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ,   o_t = S_t q_t   (S is [Dv, Dk]).
+S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,   o_t = S_tᵀ q_t   (S is [Dk, Dv]).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def reference(q, k, v, beta, S0=None) -> tuple[torch.Tensor, torch.Tensor]:
     )
     B, H, T, Dk, Dv = sizes["B"], sizes["H"], sizes["T"], sizes["Dk"], sizes["Dv"]
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    S = torch.zeros(B, H, Dv, Dk, dtype=compute, device=q.device) if S0 is None else S0.to(compute)
+    S = torch.zeros(B, H, Dk, Dv, dtype=compute, device=q.device) if S0 is None else S0.to(compute)
     identity = torch.eye(Dk, dtype=compute, device=q.device)
     outputs = []
     for t in range(T):
@@ -26,8 +26,8 @@ def reference(q, k, v, beta, S0=None) -> tuple[torch.Tensor, torch.Tensor]:
         v_t = v[:, :, t].to(compute)  # [B, H, Dv]
         beta_t = beta[:, :, t].to(compute)[..., None, None]  # [B, H, 1, 1]
         kkT = k_t.unsqueeze(-1) * k_t.unsqueeze(-2)  # [B, H, Dk, Dk]
-        vkT = v_t.unsqueeze(-1) * k_t.unsqueeze(-2)  # [B, H, Dv, Dk]
-        S = torch.matmul(S, identity - beta_t * kkT) + beta_t * vkT
-        outputs.append(torch.matmul(S, q_t.unsqueeze(-1)).squeeze(-1))  # [B, H, Dv]
+        kvT = k_t.unsqueeze(-1) * v_t.unsqueeze(-2)  # [B, H, Dk, Dv]
+        S = torch.matmul(identity - beta_t * kkT, S) + beta_t * kvT
+        outputs.append(torch.matmul(q_t.unsqueeze(-2), S).squeeze(-2))  # qᵀS = (Sᵀq)ᵀ: [B, H, Dv]
     o = torch.stack(outputs, dim=2)
     return o.to(q.dtype), S.to(torch.float32)

@@ -1,8 +1,9 @@
-"""DeltaRuleScan (domain `framefuse`, DeltaNet): S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ,
-o_t = S_t q_t, with S [Dv, Dk] per (batch, head). See OPS.md.
+"""DeltaRuleScan (domain `framefuse`, DeltaNet): S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,
+o_t = S_tᵀ q_t, with S [Dk, Dv] per (batch, head), the layout of flash-linear-attention and of
+GatedDeltaRuleScan. See OPS.md.
 
-Shapes: q, k [B,H,T,Dk], v [B,H,T,Dv], beta [B,H,T], S0 [B,H,Dv,Dk] f32 (optional: zeros);
-outputs o [B,H,T,Dv], S_last [B,H,Dv,Dk] f32.
+Shapes: q, k [B,H,T,Dk], v [B,H,T,Dv], beta [B,H,T], S0 [B,H,Dk,Dv] f32 (optional: zeros);
+outputs o [B,H,T,Dv], S_last [B,H,Dk,Dv] f32.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ def check_shapes(shapes) -> dict:
         raise SchemaError(f"{OP}: every dim must be ≥ 1, got q {list(shapes[0])}, v {list(shapes[2])}")
     if shapes[4] is not None:
         s0 = tuple(shapes[4])
-        if s0 != (B, H, Dv, Dk):
-            raise SchemaError(f"{OP}: input S0 must have shape [B, H, Dv, Dk] = {[B, H, Dv, Dk]}, got {list(s0)}")
+        if s0 != (B, H, Dk, Dv):
+            raise SchemaError(f"{OP}: input S0 must have shape [B, H, Dk, Dv] = {[B, H, Dk, Dv]}, got {list(s0)}")
     return dict(B=B, H=H, T=T, Dk=Dk, Dv=Dv)
 
 
 def infer_shapes(shapes, attrs) -> list[tuple[int, ...]]:
     s = check_shapes(shapes)
-    return [(s["B"], s["H"], s["T"], s["Dv"]), (s["B"], s["H"], s["Dv"], s["Dk"])]
+    return [(s["B"], s["H"], s["T"], s["Dv"]), (s["B"], s["H"], s["Dk"], s["Dv"])]
 
 
 SCHEMA = OpSchema(
@@ -48,13 +49,13 @@ SCHEMA = OpSchema(
         TensorSpec("k", 4, "T", dims=("B", "H", "T", "Dk"), doc="normalised before the op"),
         TensorSpec("v", 4, "T", dims=("B", "H", "T", "Dv")),
         TensorSpec("beta", 3, "T", dims=("B", "H", "T"), doc="σ applied before the op"),
-        TensorSpec("S0", 4, "float32", optional=True, dims=("B", "H", "Dv", "Dk"), doc="initial state (zeros)"),
+        TensorSpec("S0", 4, "float32", optional=True, dims=("B", "H", "Dk", "Dv"), doc="initial state (zeros)"),
     ),
     outputs=(
         TensorSpec("o", 4, "T", dims=("B", "H", "T", "Dv")),
-        TensorSpec("S_last", 4, "float32", dims=("B", "H", "Dv", "Dk")),
+        TensorSpec("S_last", 4, "float32", dims=("B", "H", "Dk", "Dv")),
     ),
     attributes={},
     infer_shapes=infer_shapes,
-    doc="S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ; o_t = S_t q_t (fp32 state).",
+    doc="S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ; o_t = S_tᵀ q_t (fp32 state [Dk, Dv]).",
 )

@@ -3,7 +3,7 @@
 //   S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,  α_t = exp(g_t),   o_t = S_tᵀ q_t   (S is [Dk, Dv], fp32)
 //
 // computed per value column of S as transformers' Qwen3-Next recurrent form does; the kernel is the
-// delta-rule family's (../delta_rule_scan/delta_rule_kernel.cuh) with the decay and the [Dk, Dv] state.
+// delta-rule family's (../delta_rule_scan/delta_rule_kernel.cuh) with the decay.
 // Entries gated_delta_rule_scan_<f32|f16|bf16>_k<32|64|128> (P = 2, 4, 8). Arguments: q, k, v, g,
 // beta, S0 (nullable: zeros), o, S_last, BH (= B·H), T, Dk, Dv. S0/S_last are [B, H, Dk, Dv].
 
@@ -14,7 +14,7 @@
         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,       \
         const T* __restrict__ beta, const float* __restrict__ S0, T* __restrict__ o, float* __restrict__ S_last,  \
         int BH, int T_len, int Dk, int Dv) {                                                                     \
-        delta_rule_scan_block<T, P, true, true>(q, k, v, g, beta, S0, o, S_last, BH, T_len, Dk, Dv);              \
+        delta_rule_scan_block<T, P, true>(q, k, v, g, beta, S0, o, S_last, BH, T_len, Dk, Dv);              \
     }
 #define FF_GDELTA_ALL(SUFFIX, T) \
     FF_GDELTA_ENTRY(SUFFIX, T, 32, 2) FF_GDELTA_ENTRY(SUFFIX, T, 64, 4) FF_GDELTA_ENTRY(SUFFIX, T, 128, 8)

@@ -4,7 +4,9 @@ The step must be S_t = S_{t−1} − β_t (S_{t−1} k_t − v_t) k_tᵀ (or S +
 k_t, v_t columns [B, H, D, 1], k_tᵀ their transpose, β_t [B, H, 1, 1], the outer product written
 as a broadcast Mul or a MatMul; every per-step state must be read only by the next step and by
 the read-out o_t = S_t q_t (a MatMul with a column q_t). The read-outs become the op's output o,
-the last state its S_last. Anything else is declined with what did not match.
+the last state its S_last. The op keeps S as [Dk, Dv] (flash-linear-attention's layout, shared with
+GatedDeltaRuleScan): this form's [Dv, Dk] state is transposed on the way in and out. Anything else
+is declined with what did not match.
 """
 
 from __future__ import annotations
@@ -134,13 +136,15 @@ class DeltaRuleScanPass(UnrolledPass):
         s0_in = None if s0_value is not None and not np.any(s0_value) else s0
         if s0_in is not None and shapes.shape(s0) != state_shape:
             s0_in = emit.expand(s0_in, state_shape, np.float32)
+        if s0_in is not None:  # [B, H, Dv, Dk] -> the op's [B, H, Dk, Dv]
+            s0_in = emit.transpose(s0_in, [0, 1, 3, 2], (b, h, dk, dv), np.float32)
         o = gs.Variable(ctx.unique_name("delta_rule_o"), dtype=np.float32, shape=[b, h, steps, dv])
-        s_last = gs.Variable(ctx.unique_name("delta_rule_S_last"), dtype=np.float32, shape=list(state_shape))
+        s_last = gs.Variable(ctx.unique_name("delta_rule_S_last"), dtype=np.float32, shape=[b, h, dk, dv])
         node = make_framefuse_node(graph, ctx, "DeltaRuleScan", [q, k, v, beta_bht, s0_in], [o, s_last])
         emit.new_nodes.append(node)
         for i, readout in enumerate(readouts):
             if readout is not None:
                 o_t = emit.gather(o, i, 2, (b, h, dv), np.float32)
                 replace_producer(readout, emit.unsqueeze(o_t, [3], (b, h, dv, 1), np.float32), graph, emit)
-        replace_producer(chain.states[-1], s_last, graph, emit)
+        replace_producer(chain.states[-1], emit.transpose(s_last, [0, 1, 3, 2], state_shape, np.float32), graph, emit)
         return {"node": node, "steps": steps, "state_shape": list(state_shape)}
