@@ -464,6 +464,20 @@ def test_build_cuda_graph_on_the_cpu_and_check_it(tmp_path, capsys):
     assert "engine.ffe (cuda-graph): parity PASS" in capsys.readouterr().out
 
 
+def test_build_json_prints_the_metadata_the_artifact_holds(tmp_path, capsys):
+    """`framefuse build --json` prints what the backend wrote beside the artifact, whichever backend
+    (each save() leaves it on the runner; the command names no engine)."""
+    from framefuse.engines.cuda_graph import read_artifact
+
+    folder = _step_folder(tmp_path)
+    assert main(["build", str(folder), "--engine", "onnxruntime", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads((folder / "engine.ort").read_text())
+    assert main(["build", str(folder), "--engine", "cuda-graph", "--device", "cpu", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written, _graph = read_artifact(folder / "engine.ffe")
+    assert printed == json.loads(json.dumps(written, default=str)) and printed["source"]["relative_path"]
+
+
 def test_build_dumps_the_step_kernel_source_without_a_gpu(tmp_path, capsys):
     """`framefuse build --dump-source DIR` on a machine without a GPU writes the generated source
     the build would compile (for --grid blocks), named by its hash, and says which NVRTC options

@@ -236,16 +236,8 @@ def run(args) -> int:
     )
     runner, source = built.runner, built.source
     target = runner.artifact_path
-    if args.json:
-        if target is not None and target.suffix == ".ort":
-            metadata = json.loads(target.read_text())
-        elif engine == "cuda-graph":
-            from framefuse.engines.cuda_graph import read_artifact
-
-            metadata, _ = read_artifact(target)
-        else:
-            metadata = runner.artifact_metadata or runner.summary()
-        print(json.dumps(metadata, indent=2, sort_keys=True, default=str))
+    if args.json:  # every backend's save() leaves the metadata it wrote on the runner
+        print(json.dumps(runner.artifact_metadata or runner.summary(), indent=2, sort_keys=True, default=str))
     elif not quiet:
         print(f"wrote {target}  ({engine} engine of {source}, precision {args.precision}; {built.seconds:.1f} s)")
         print("\n".join(_describe(runner.summary())))

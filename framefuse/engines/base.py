@@ -144,7 +144,7 @@ class EngineRunner(BaseRunner):
     source_path: Path | None = None
     #: the artifact the engine was loaded from or saved to (None until then)
     artifact_path: Path | None = None
-    #: the artifact's metadata as read at load time (None for a freshly built engine)
+    #: the artifact's metadata as read at load time or written by save (None before either)
     artifact_metadata: dict | None = None
     precision: str = "fp32"
     #: runs through a binding so far (Session.replays)

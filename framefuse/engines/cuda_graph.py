@@ -464,6 +464,7 @@ def save_engine(engine: CudaGraphEngine, path, *, source: Path | None = None) ->
 
     _artifact.write_atomic(target, write)
     engine.artifact_path = target
+    engine.artifact_metadata = metadata
     return target
 
 

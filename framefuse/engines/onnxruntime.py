@@ -501,6 +501,7 @@ def save_runner(runner: OnnxRuntimeRunner, path, *, model: onnx.ModelProto | Non
     text = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
     _artifact.write_atomic(target, lambda raw: raw.write(text.encode()))
     runner.artifact_path = target
+    runner.artifact_metadata = metadata
     return target
 
 

@@ -518,7 +518,7 @@ def save(runner: TensorRTRunner, path, *, source=None) -> Path:
     text = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
     _artifact.write_atomic(metadata_path(target), lambda f: f.write(text.encode()))
     runner.artifact_path = target
-    runner.metadata = metadata
+    runner.metadata = runner.artifact_metadata = metadata
     return target
 
 
