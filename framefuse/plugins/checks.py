@@ -139,10 +139,6 @@ class Prepared:
     dims: dict[str, int]
     inputs: list
     outputs: list
-    names: tuple[str, ...]
-
-    def __getitem__(self, name: str):
-        return self.inputs[self.names.index(name)]
 
 
 def _bare_symbols(spec) -> set[str]:
@@ -264,4 +260,4 @@ def prepare(
         outputs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in out_specs]
     else:
         outputs = check_outputs(op, list(outputs), out_specs, device, cuda=cuda)
-    return Prepared(attrs, dtype, device, bound, inputs, outputs, schema.input_names)
+    return Prepared(attrs, dtype, device, bound, inputs, outputs)

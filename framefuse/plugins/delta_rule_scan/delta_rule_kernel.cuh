@@ -22,7 +22,7 @@
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kCols = 16;    // columns of S per thread
+constexpr int kCols = 16;    // key entries of S per thread
 constexpr int kChunk = 16;   // time steps staged per chunk
 
 template <typename T, int P, bool Gated>
@@ -31,7 +31,7 @@ __device__ __forceinline__ void delta_rule_scan_block(const T* __restrict__ q, c
                                                 const float* __restrict__ S0, T* __restrict__ o,
                                                 float* __restrict__ S_last, int BH, int T_len, int Dk, int Dv) {
     constexpr int DK = P * kCols;       // largest Dk this instantiation holds
-    constexpr int ROWS = kThreads / P;  // rows of S per block
+    constexpr int ROWS = kThreads / P;  // value indices (columns of S) per block
     constexpr int QK_PER_THREAD = kChunk * DK / kThreads;
     constexpr int V_PER_THREAD = kChunk * ROWS / kThreads;
     static_assert(kChunk * DK % kThreads == 0 && kChunk * ROWS % kThreads == 0, "chunk must tile the block");
