@@ -128,6 +128,19 @@ def framefuse_ops(model: onnx.ModelProto) -> list[str]:
     return sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN})
 
 
+def _nodes_with_holes(model: onnx.ModelProto):
+    """(index, node, inputs without trailing absent ones) of each framefuse node with an absent
+    input before a present one."""
+    for index, node in enumerate(model.graph.node):
+        if node.domain != DOMAIN:
+            continue
+        inputs = list(node.input)
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        if not all(inputs):
+            yield index, node, inputs
+
+
 def plugin_input_holes(model: onnx.ModelProto) -> list[str]:
     """One line per framefuse node with an absent optional input before a present one: TensorRT's
     parser hands a plugin layer no empty input (tensorrt_rtx 1.7: "addPluginV3: ... (input) !=
@@ -136,12 +149,7 @@ def plugin_input_holes(model: onnx.ModelProto) -> list[str]:
     from framefuse.plugins.registry import get_schema
 
     lines = []
-    for node in model.graph.node:
-        if node.domain != DOMAIN:
-            continue
-        inputs = list(node.input)
-        while inputs and not inputs[-1]:
-            inputs.pop()
+    for _, node, inputs in _nodes_with_holes(model):
         holes = [i for i, name in enumerate(inputs) if not name]
         if holes:
             specs = get_schema(node.op_type).inputs
@@ -161,14 +169,7 @@ def packed_plugin_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     from framefuse.plugins.tensorrt_plugins import PRESENT_FIELD, presence_mask
 
     packed = None
-    for index, node in enumerate(model.graph.node):
-        if node.domain != DOMAIN:
-            continue
-        inputs = list(node.input)
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        if all(inputs):
-            continue
+    for index, _, inputs in _nodes_with_holes(model):
         if packed is None:
             packed = onnx.ModelProto()
             packed.CopyFrom(model)

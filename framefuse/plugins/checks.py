@@ -176,6 +176,7 @@ def prepare(
     outputs=None,
     *,
     shape_rule: Callable[[list], dict] | None = None,
+    attr_rule: Callable[[dict], None] | None = None,
     also_float32: tuple[str, ...] = (),
     limits: Mapping[str, tuple[int, int]] | None = None,
     cuda: bool = True,
@@ -192,7 +193,8 @@ def prepare(
     it. shape_rule: the op's own
     shape check (`check_shapes(shapes) -> symbol sizes`), for ops whose inputs constrain each
     other beyond what dims say (masks that broadcast, head counts that divide); it runs after the
-    dtype checks and its sizes win. also_float32: inputs that may be float32 as well as the
+    dtype checks and its sizes win. attr_rule: the op's check of its attributes' values (defaults
+    filled in; it raises), run before any tensor is looked at. also_float32: inputs that may be float32 as well as the
     storage dtype. limits: {symbol: (low, high)} sizes a kernel supports, checked as soon as the
     input that sizes the symbol is. cuda=False lets CPU tests reach every check but the device type.
     """
@@ -202,6 +204,8 @@ def prepare(
     schema.check_arity(len(inputs))
     inputs += [None] * (len(schema.inputs) - len(inputs))
     attrs = schema.attrs_with_defaults(attrs)
+    if attr_rule is not None:
+        attr_rule(attrs)
     anchor = check_tensor(op, schema.inputs[0].name, inputs[0], cuda=cuda)
     check_storage_dtype(op, schema.inputs[0].name, anchor)
     dtype, device = anchor.dtype, anchor.device
@@ -219,14 +223,18 @@ def prepare(
     for i in present[1:]:
         inputs[i] = as_tensor(op, schema.inputs[i].name, inputs[i])
     bound: dict[str, int] = {}
+    checked = {0}  # inputs whose dtype, device and layout are checked already
     if shape_rule is not None:
         for i in present[1:]:
             spec = schema.inputs[i]
             inputs[i] = check_tensor(op, spec.name, inputs[i], dtype=expected_dtype(spec), device=device, cuda=cuda)
+        checked.update(present)
         bound.update(shape_rule([None if t is None else tuple(t.shape) for t in inputs]))
     for i in _check_order(schema, present, bound):
         spec = schema.inputs[i]
-        t = check_tensor(op, spec.name, inputs[i], dtype=expected_dtype(spec), device=device, cuda=cuda)
+        t = inputs[i]
+        if i not in checked:
+            t = check_tensor(op, spec.name, t, dtype=expected_dtype(spec), device=device, cuda=cuda)
         if spec.dims is not None:
             if t.dim() != spec.rank:
                 shape = resolve_dims(spec.dims, bound)

@@ -14,14 +14,16 @@ SOURCE = pathlib.Path(__file__).resolve().parent / "liquid_scan.cu"
 OP = SCHEMA.name
 
 
+def _check_attrs(attrs) -> None:
+    if not math.isfinite(attrs["ts"]):
+        raise checks.OpArgumentError(f"{OP}: attribute ts={attrs['ts']!r} must be finite")
+
+
 def launch(inputs, attrs=None, outputs=None, stream=None):
     """LiquidScan on the GPU. inputs: (xg [B,T,4H], R [4H,H], h0 [B,H] f32 | None); attrs: ts.
     outputs (h [B,T,H], h_last [B,H] f32) are allocated unless given."""
-    attrs = SCHEMA.attrs_with_defaults(attrs)
-    ts = attrs["ts"]
-    if not math.isfinite(ts):
-        raise checks.OpArgumentError(f"{OP}: attribute ts={ts!r} must be finite")
-    call = checks.prepare(SCHEMA, inputs, attrs, outputs)
+    call = checks.prepare(SCHEMA, inputs, attrs, outputs, attr_rule=_check_attrs)
+    ts = call.attrs["ts"]
     xg, R, h0 = call.inputs
     outputs = call.outputs
     B, T, H = (call.dims[n] for n in ("B", "T", "H"))

@@ -27,14 +27,16 @@ def variant(Dk: int) -> tuple[int, int]:
     raise OpArgumentError(f"{OP}: key dim Dk={Dk} is larger than the kernel supports ({MAX_DK})")
 
 
+def _check_attrs(attrs) -> None:
+    if not math.isfinite(attrs["eps"]):
+        raise OpArgumentError(f"{OP}: attribute eps={attrs['eps']!r} must be finite")
+
+
 def launch(inputs, attrs=None, outputs=None, stream=None) -> list[torch.Tensor]:
     """[h, C_last, n_last, m_last] = MLSTMScan(q, k, v, i_pre, f_pre[, C0, n0, m0]) on the GPU;
     attrs: eps. outputs: the four preallocated, or None to allocate. Never synchronises."""
-    SCHEMA.check_arity(len(inputs))
-    eps = float(SCHEMA.attrs_with_defaults(attrs)["eps"])
-    if not math.isfinite(eps):
-        raise OpArgumentError(f"{OP}: attribute eps={eps!r} must be finite")
-    call = prepare(SCHEMA, inputs, attrs, outputs, shape_rule=check_shapes)
+    call = prepare(SCHEMA, inputs, attrs, outputs, shape_rule=check_shapes, attr_rule=_check_attrs)
+    eps = float(call.attrs["eps"])
     q, k, v, i_pre, f_pre, *states = call.inputs
     outs = call.outputs
     dtype, device = call.dtype, call.device

@@ -47,10 +47,12 @@ def plan(batch: int, steps: int, channels: int, nstate: int, dtype: str) -> dict
 def checked(inputs, attrs=None, outputs=None, *, cuda: bool = True) -> Prepared:
     """The call checked against the schema, with its outputs (cuda=False lets CPU tests
     reach every check but the device type)."""
-    delta_softplus = SCHEMA.attrs_with_defaults(attrs)["delta_softplus"]
-    if delta_softplus not in (0, 1):
-        raise OpArgumentError(f"{OP}: attribute delta_softplus={delta_softplus} must be 0 or 1")
-    return prepare(SCHEMA, inputs, attrs, outputs, limits={"N": (1, MAX_STATE)}, cuda=cuda)
+    return prepare(SCHEMA, inputs, attrs, outputs, attr_rule=_check_attrs, limits={"N": (1, MAX_STATE)}, cuda=cuda)
+
+
+def _check_attrs(attrs) -> None:
+    if attrs["delta_softplus"] not in (0, 1):
+        raise OpArgumentError(f"{OP}: attribute delta_softplus={attrs['delta_softplus']} must be 0 or 1")
 
 
 def launch(inputs, attrs=None, outputs=None, stream=None):
