@@ -320,8 +320,9 @@ def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, 
     state = {n: first[n] for n in program.states}
     outputs, final = emulate(kernel, frames, state, steps=steps, workdir=tmp_path, races=races)
     expected_state = dict(state)
+    rows = kernel.dot_rows()  # the rows a kernel with narrow weights reads (none for fp32)
     for step in range(steps):
-        expected = naive.run(program, {**{n: frames[n][step] for n in frames}, **expected_state})
+        expected = naive.run(program, {**{n: frames[n][step] for n in frames}, **expected_state}, dot_rows=rows)
         for name in kernel.output_names:
             _close(outputs[name][step], expected[name], f"{name} step {step}", tol=1e-5)
         expected_state = {s: expected[program.state_of[s]] for s in program.states}
@@ -688,6 +689,83 @@ def test_resident_kernel_of_a_graph_without_state_emulated(arch, tmp_path):
     assert not program.states
     kernel = generate(schedule(program, grid=3, threads=64), resident=True)
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=arch == "gru")
+
+
+# -- narrow weight rows (codegen.WEIGHT_FORMATS) ------------------------------------------------------------
+
+
+def test_narrow_rows_round_as_torch_and_pad_each_row_to_16_bytes():
+    """fp16 / bf16 rows round to nearest even as torch's casts do (NaN stays NaN, ±Inf and
+    overflow to ±Inf in fp16, subnormals kept); each row padded with zeros to 8 elements, two
+    elements a 32-bit word, element 2i in the low half."""
+    import torch
+
+    from framefuse.compiler.codegen import NARROW_ROW_ALIGN, narrow_rows, rounded_rows
+
+    rng = np.random.default_rng(0)
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, 70000.0, 1e-6, 3e-8, 1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 3.4e38]
+    rows = np.concatenate([np.array(special, np.float32), rng.standard_normal(33).astype(np.float32) * 10]).reshape(
+        5, 9
+    )
+    for fmt, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        want = torch.from_numpy(rows).to(dtype).float().numpy()
+        got = rounded_rows(rows, fmt)
+        assert np.array_equal(np.isnan(got), np.isnan(rows)), fmt
+        assert np.array_equal(got[~np.isnan(rows)], want[~np.isnan(rows)]), fmt
+        words, stride = narrow_rows(rows, fmt)
+        assert stride == 16 and stride % NARROW_ROW_ALIGN == 0 and words.dtype == np.float32
+        halves = words.view(np.uint16).reshape(5, stride)
+        assert not halves[:, 9:].any()  # the padding is zeros
+        bits = torch.from_numpy(rows).to(dtype).view(torch.int16).numpy().view(np.uint16)
+        finite = ~np.isnan(rows)
+        assert np.array_equal(halves[:, :9][finite], bits[finite]), fmt
+    with pytest.raises(CompileError, match="weight format 'fp8'"):
+        generate(schedule(lower_program(_prepared("min_gru").fused), grid=3, threads=64), weight_format="fp8")
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,weight_format",
+    [(a, "fp16") for a in ARCHS] + [("min_gru", "bf16"), ("mamba", "bf16"), ("attention", "bf16"), ("lstm", "bf16")],
+)
+def test_narrow_weight_kernel_emulated_matches_the_interpreter_on_the_rows_it_reads(arch, weight_format, tmp_path):
+    """Every product's rows stored as fp16 / bf16 and widened as read: the emulated kernel over two
+    chained frames against the float64 interpreter computing with those rows (Kernel.dot_rows),
+    every output and the final state within 1e-5; the rows half the bytes."""
+    program = lower_program(_prepared(arch).fused)
+    sched = schedule(program, grid=3, threads=64)
+    kernel = generate(sched, weight_format=weight_format)
+    wide = generate(sched)
+    dots = {u.node.id for t in kernel.schedule.tasks for u in t.units.values() if u.how == "dot"}
+    assert set(kernel.layout.narrow) == dots and dots
+    assert "ffk_seg_dot_n<" in kernel.source and "ffk_warp_dot<" not in kernel.source
+    assert kernel.describe()["weight_bytes"] < 0.6 * wide.describe()["weight_bytes"]
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["lstm", "mamba", "attention", "xlstm"])
+def test_narrow_weight_window_kernels_emulated_match_the_interpreter(arch, tmp_path):
+    """The sequence form (8 positions over 16 blocks) with fp16 product rows: the recurrences'
+    own weights (ir.Recur's R) stay fp32, every product unit reads narrow rows."""
+    _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0})
+    kernel = generate(schedule(program, grid=16, threads=128), weight_format="fp16")
+    assert kernel.layout.narrow
+    _emulate_against_interpreter(kernel, program, 1, tmp_path)
+
+
+@needs_cxx
+def test_narrow_weights_read_from_global_memory_and_resident_under_emulation(tmp_path):
+    """Without the prefetch (every product reads its rows from the weight buffer in global
+    memory) and in the resident kernel (rows copied into shared memory once), bf16 rows;
+    ThreadSanitizer over the resident one."""
+    program = lower_program(_prepared("gru").fused)
+    sched = schedule(program, grid=3, threads=64)
+    unfetched = generate(sched, prefetch=False, weight_format="bf16")
+    assert unfetched.layout.narrow and not unfetched.layout.prefetch
+    _emulate_against_interpreter(unfetched, program, 2, tmp_path / "global")
+    resident = generate(sched, resident=True, weight_format="bf16")
+    _emulate_against_interpreter(resident, program, 3, tmp_path / "resident", races=True)
 
 
 def test_resident_source_reuses_weights_and_reads_state_coherently():
@@ -1259,17 +1337,30 @@ def test_generated_source_is_the_same_for_the_same_graph():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize(
-    "arch", ["min_gru", "mamba", "attention", "min_gru/sequence", "lstm/sequence", "delta_net/sequence"]
+    "arch",
+    [
+        "min_gru",
+        "mamba",
+        "attention",
+        "min_gru/sequence",
+        "lstm/sequence",
+        "delta_net/sequence",
+        "mamba:fp16",
+        "attention:bf16",
+        "lstm/sequence:bf16",
+    ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
-    """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once)."""
+    """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once); after
+    a colon, the products' weight format (codegen.WEIGHT_FORMATS)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, _, weight_format = arch.partition(":")
     arch, _, form = arch.partition("/")
     prepared = prepare_cached(arch, SMALL)[form] if form else _prepared(arch)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
     for resident in (False, True):
-        kernel = generate_source(prepared.fused, grid=132, resident=resident)
+        kernel = generate_source(prepared.fused, grid=132, resident=resident, weight_format=weight_format or "fp32")
         source = tmp_path / f"{kernel.name}.cu"
         source.write_text(kernel.source)
         result = subprocess.run(

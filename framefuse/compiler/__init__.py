@@ -42,17 +42,24 @@ def lower_program(
 
 
 def generate_source(
-    model_or_path, *, grid: int, threads: int = 256, smem_limit_bytes: int = 200 * 1024, resident: bool = False
+    model_or_path,
+    *,
+    grid: int,
+    threads: int = 256,
+    smem_limit_bytes: int = 200 * 1024,
+    resident: bool = False,
+    weight_format: str = "fp32",
 ):
     """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
     ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel` (``resident``: the
-    kernel launched once that runs a frame per bell)."""
+    kernel launched once that runs a frame per bell; ``weight_format``: the products' weight rows,
+    codegen.WEIGHT_FORMATS)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
 
     program = lower_program(model_or_path)
     sched = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit_bytes // 8)
-    return generate(sched, smem_limit_bytes=smem_limit_bytes, resident=resident)
+    return generate(sched, smem_limit_bytes=smem_limit_bytes, resident=resident, weight_format=weight_format)
 
 
 __all__ = ["CompileError", "Program", "generate_source", "lower_program"]

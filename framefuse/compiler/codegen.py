@@ -67,6 +67,13 @@ from framefuse.compiler.schedule import (
 RUNTIME = Path(__file__).resolve().parent / "runtime.cuh"
 KERNEL_NAME = "ffk_step"
 RESIDENT_KERNEL_NAME = "ffk_resident"  # the same body in a loop over frames (see Generator._resident_loop)
+# Storage of the products' weight rows (Dot units; the weights of recurrences, loop bodies, biases
+# and other vectors stay float32): "fp32", or "fp16" / "bf16" read by the products and widened to
+# float32 as they are read (fp32 accumulation). A narrow row is padded to NARROW_ROW_ALIGN elements
+# (16 bytes), so every row starts 16-byte aligned in the weight buffer and in shared memory: the
+# prefetch copies stay whole 16-byte cp.async copies and a product reads four weights as 8 bytes.
+WEIGHT_FORMATS = {"fp32": 0, "fp16": 1, "bf16": 2}  # the FMT template argument of ffk_seg_dot_n
+NARROW_ROW_ALIGN = 8
 REDUCE_INIT = {"sum": "0.0f", "prod": "1.0f", "max": "-__int_as_float(0x7f800000)", "min": "__int_as_float(0x7f800000)"}
 
 
@@ -132,6 +139,7 @@ class Layout:
     weight_arrays: list = field(default_factory=list)  # (offset, array)
     recur_by_k: dict = field(default_factory=dict)  # Recur id -> offset of R laid out per block by k
     weight_floats: int = 0
+    narrow: dict = field(default_factory=dict)  # Dot id -> (offset in floats, row stride in elements): narrow rows
     ll: dict = field(default_factory=dict)  # node id -> offset
     ll_words: int = 0
     columns: list = field(default_factory=list)  # range-table columns: (task, unit id, "lo" | "hi" | "nlo")
@@ -164,7 +172,11 @@ class Generator:
         copy_pieces: int | None = None,
         paced_copies: bool | None = None,
         skewed_sums: bool | None = None,
+        weight_format: str = "fp32",
     ):
+        if weight_format not in WEIGHT_FORMATS:
+            raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
+        self.weight_format = weight_format
         if trace and resident:
             raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
         self.trace = trace
@@ -196,7 +208,15 @@ class Generator:
     # -- layout -------------------------------------------------------------------------------------
     def _plan(self) -> None:
         lay = self.layout
+        narrow = self._narrow_dots()
         for leaf in self.program.weights():
+            dot = narrow.get(leaf.id)
+            if dot is not None:
+                words, stride = narrow_rows(dot.rows, self.weight_format)
+                lay.narrow[dot.id] = (lay.weight_floats, stride)
+                lay.weight_arrays.append((lay.weight_floats, words))
+                lay.weight_floats += _align4(words.size)
+                continue
             lay.weights[leaf.id] = lay.weight_floats
             lay.weight_arrays.append((lay.weight_floats, leaf.array.reshape(-1)))
             lay.weight_floats += _align4(leaf.size)
@@ -243,7 +263,9 @@ class Generator:
         n_copies = len(leaves) + len(dots)
         if self.copy_pieces > 0:
             n_copies = sum(_piece_count(span, self.copy_pieces) for _, _, span in leaves)
-            n_copies += sum(_piece_count(rows * unit.node.k, self.copy_pieces) for _, unit, rows in dots)
+            n_copies += sum(
+                _piece_count(rows * self._row_floats(unit.node), self.copy_pieces) for _, unit, rows in dots
+            )
         n_columns = lay.segment_column + 4 * n_copies
         # shared memory: the range row, weight prefetch, the task arena
         used = 0
@@ -276,7 +298,7 @@ class Generator:
                 lay.leaf_prefetch[(t, leaf.id)] = lay.prefetch_floats
                 lay.prefetch_floats += need
             for t, unit, rows in dots:
-                need = _align4(rows * unit.node.k)
+                need = _align4(rows * self._row_floats(unit.node))
                 if rows == 0 or need > budget - lay.prefetch_floats:
                     continue
                 lay.prefetch[(t, unit.node.id)] = (lay.prefetch_floats, rows)
@@ -285,6 +307,27 @@ class Generator:
         lay.smem_floats = self.arena_offset + arena
         columns += self._segments(columns, n_columns)
         lay.table = np.stack(columns, axis=1).astype(np.int32) if columns else np.zeros((self.grid, 1), dtype=np.int32)
+
+    def _narrow_dots(self) -> dict:
+        """{weight leaf id: Dot} of the products whose rows are stored narrow: every product a task
+        computes as a unit of dot products (_dot), when the weight format is not fp32."""
+        if self.weight_format == "fp32":
+            return {}
+        found = {}
+        for task in self.sched.tasks:
+            for unit in task.units.values():
+                if unit.how == "dot":
+                    found[unit.node.weight.id] = unit.node
+        return found
+
+    def _row_floats(self, dot: Dot) -> int:
+        """32-bit words a weight row of ``dot`` takes in the weight buffer and in shared memory."""
+        narrow = self.layout.narrow.get(dot.id)
+        return dot.k if narrow is None else narrow[1] // 2
+
+    def _weight_offset(self, dot: Dot) -> int:
+        narrow = self.layout.narrow.get(dot.id)
+        return self.layout.weights[dot.weight.id] if narrow is None else narrow[0]
 
     def _paced_points(self, own: list[int], n_groups: int) -> list[int]:
         """paced_copies (PREFETCH_PACED): the commit point of each of a block's own groups (indices into
@@ -362,8 +405,9 @@ class Generator:
             node = unit.node
             nlo = columns[lay.column_of[(t, uid, "nlo")]]
             nrows = np.where(unit.hi > unit.lo, np.minimum(node.n - nlo, rows), 0)
-            base = lay.weights[node.weight.id] + nlo * node.k
-            groups.setdefault(t, []).append((self.prefetch_offset + offset, 0, base, nrows * node.k))
+            row_floats = self._row_floats(node)
+            base = self._weight_offset(node) + nlo * row_floats
+            groups.setdefault(t, []).append((self.prefetch_offset + offset, 0, base, nrows * row_floats))
         if self.copy_pieces > 0:
             groups = {
                 t: [piece for entry in entries for piece in _pieces(entry, self.copy_pieces)]
@@ -1254,12 +1298,25 @@ class Generator:
         loop.items.append(f"const int m = e / {node.n}, n = e % {node.n};")
         loop.items.append(f"const float* x = {self.arr(t, src.node.id)} + (m * {k} - lo{src.node.id});")
         pf = lay.prefetch.get((t, uid))
+        narrow = lay.narrow.get(uid)
+        row = self._row_floats(node)
         if pf is not None:
             col = lay.column_of[(t, uid, "nlo")]
-            loop.items.append(f"const float* w = ffk_smem + {self.prefetch_offset + pf[0]} + (n - ffk_r[{col}]) * {k};")
+            w = f"ffk_smem + {self.prefetch_offset + pf[0]} + (n - ffk_r[{col}]) * {row}"
         else:
-            loop.items.append(f"const float* w = ffk_w + {lay.weights[node.weight.id]} + n * {k};")
+            w = f"ffk_w + {self._weight_offset(node)} + n * {row}"
         aligned = "true" if k % 4 == 0 else "false"
+        if narrow is not None:  # the row's 16-bit weights (see WEIGHT_FORMATS)
+            loop.items.append(f"const unsigned short* w = reinterpret_cast<const unsigned short*>({w});")
+            fmt = WEIGHT_FORMATS[self.weight_format]
+            if lanes < WARP_LANES:
+                loop.items.append(f"const float acc = ffk_seg_dot_n<{k}, {lanes}, {aligned}, {fmt}>(x, w, sub);")
+                loop.items.append(f"if (sub == 0 && live) {self.arr(t, uid)}[e - lo{uid}] = acc;")
+                return
+            loop.items.append(f"const float acc = ffk_seg_dot_n<{k}, 32, {aligned}, {fmt}>(x, w, lane);")
+            loop.items.append(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = acc;")
+            return
+        loop.items.append(f"const float* w = {w};")
         if lanes < WARP_LANES:
             loop.items.append(f"const float acc = ffk_seg_dot<{k}, {lanes}, {aligned}>(x, w, sub);")
             loop.items.append(f"if (sub == 0 && live) {self.arr(t, uid)}[e - lo{uid}] = acc;")
@@ -2208,6 +2265,39 @@ def _piece_count(floats: int, piece: int) -> int:
     return max(1, -(-int(floats) // piece))
 
 
+def _narrow_bits(rows: np.ndarray, weight_format: str) -> np.ndarray:
+    """The 16-bit patterns of ``rows`` (float32) in ``weight_format``, rounded to nearest even."""
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    if weight_format == "fp16":
+        with np.errstate(over="ignore"):  # beyond fp16's range: inf, as a cast would give
+            return rows.astype(np.float16).view(np.uint16)
+    if weight_format == "bf16":
+        bits = rows.view(np.uint32).astype(np.uint64)
+        nan = np.isnan(rows)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # to nearest, ties to even
+        return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)  # a NaN stays a NaN
+    raise CompileError(f"weight format {weight_format!r} is not a 16-bit format")
+
+
+def rounded_rows(rows: np.ndarray, weight_format: str) -> np.ndarray:
+    """``rows`` as the kernel reads them back from ``weight_format`` (float32)."""
+    bits = _narrow_bits(rows, weight_format)
+    if weight_format == "fp16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def narrow_rows(rows: np.ndarray, weight_format: str) -> tuple[np.ndarray, int]:
+    """The weight rows [N, K] in ``weight_format`` as the kernel stores them: each row padded with
+    zeros to a stride of NARROW_ROW_ALIGN elements, two elements a 32-bit word (little-endian:
+    element 2i in the low half). Returns (the words as float32 bit patterns, the row stride)."""
+    n, k = rows.shape
+    stride = -(-k // NARROW_ROW_ALIGN) * NARROW_ROW_ALIGN
+    padded = np.zeros((n, stride), dtype=np.uint16)
+    padded[:, :k] = _narrow_bits(rows, weight_format)
+    return padded.reshape(-1).view(np.float32), stride
+
+
 def _pieces(entry: tuple, piece: int) -> list[tuple]:
     """A prefetch copy (shared-memory offset, source, source offsets, floats per block) as copies of
     at most ``piece`` floats each."""
@@ -2611,6 +2701,7 @@ class Kernel:
     copy_pieces: int = 0  # prefetch copies cut into pieces of this many floats (0: whole)
     paced_copies: bool = False  # each block issues a group's copies a task ahead in its own order
     skewed_sums: bool = False  # sums whose reads share a bank start each element at its own position
+    weight_format: str = "fp32"  # the products' weight rows: fp32, fp16 or bf16 (see WEIGHT_FORMATS)
 
     @property
     def name(self) -> str:
@@ -2634,13 +2725,24 @@ class Kernel:
         return 4 * self.layout.smem_floats
 
     def weights(self) -> np.ndarray:
-        buffer = np.zeros(max(self.layout.weight_floats, 4), dtype=np.float32)
+        """The weight buffer (float32; narrow rows are 16-bit pairs, copied as bits)."""
+        buffer = np.zeros(max(self.layout.weight_floats, 4), dtype=np.uint32)
         for offset, array in self.layout.weight_arrays:
-            buffer[offset : offset + array.size] = array
-        return buffer
+            buffer[offset : offset + array.size] = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+        return buffer.view(np.float32)
 
     def ranges(self) -> np.ndarray:
         return np.ascontiguousarray(self.layout.table, dtype=np.int32)
+
+    def dot_rows(self) -> dict[int, np.ndarray]:
+        """{Dot id: its weight rows as the kernel reads them (float32)} for the products stored
+        narrow: what the reference interpreter computes with (naive.run's ``dot_rows``)."""
+        found = {}
+        for task in self.schedule.tasks:
+            for unit in task.units.values():
+                if unit.node.id in self.layout.narrow:
+                    found[unit.node.id] = rounded_rows(unit.node.rows, self.weight_format)
+        return found
 
     def describe(self) -> dict:
         info = self.schedule.describe()
@@ -2657,6 +2759,8 @@ class Kernel:
                 "copy_pieces": self.copy_pieces,
                 "paced_copies": self.paced_copies,
                 "skewed_sums": self.skewed_sums,
+                "weight_format": self.weight_format,
+                "narrow_products": len(self.layout.narrow),
             }
         )
         return info
@@ -2672,10 +2776,13 @@ def generate(
     copy_pieces: int | None = None,
     paced_copies: bool | None = None,
     skewed_sums: bool | None = None,
+    weight_format: str = "fp32",
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
-    table and flagged buffer as the launched kernel of the same schedule)."""
+    table and flagged buffer as the launched kernel of the same schedule). ``weight_format``:
+    how the products' weight rows are stored and read (WEIGHT_FORMATS; :meth:`Kernel.dot_rows`
+    gives the rows the kernel computes with, for the reference)."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
@@ -2685,6 +2792,7 @@ def generate(
         copy_pieces=copy_pieces,
         paced_copies=paced_copies,
         skewed_sums=skewed_sums,
+        weight_format=weight_format,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -2699,6 +2807,7 @@ def generate(
         gen.copy_pieces,
         gen.paced_copies,
         gen.skewed_sums,
+        gen.weight_format,
     )
 
 

@@ -202,6 +202,26 @@ inline void ffk_prefetch(float* dst, const float* src, int n) {
 inline void ffk_prefetch_lanes(float* dst, const float* src, int n, int lane) {
     ffk_emu_open.push_back({dst, src, n, lane, 32});
 }
+// fp16 bits to float (the GPU's cvt.f32.f16: exact, subnormals, infinities and NaNs kept)
+inline float ffk_emu_half_to_float(unsigned short h) {
+    const unsigned sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
+    if (exponent == 0) {
+        const float f = (float)mantissa * 5.9604644775390625e-08f;  // mantissa * 2^-24
+        return sign ? -f : f;
+    }
+    return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+// An 8-byte load (two 32-bit words) of narrow weights; misaligned faults on the GPU: refused here too
+inline void ffk_emu_ld8(const void* p, unsigned& lo, unsigned& hi) {
+    if (reinterpret_cast<std::uintptr_t>(p) & 7) {
+        std::fprintf(stderr, "ffk_ld_w4: misaligned address %p (block %u thread %u)\n", p, blockIdx.x, threadIdx.x);
+        std::abort();
+    }
+    unsigned words[2];
+    std::memcpy(words, p, sizeof words);
+    lo = words[0], hi = words[1];
+}
 // A misaligned float4 load faults on the GPU: the emulator refuses one too
 inline float4 ffk_ld4(const float* p) {
     if (reinterpret_cast<std::uintptr_t>(p) & 15) {
@@ -219,7 +239,7 @@ inline void ffk_prefetch_commit() {
 inline void ffk_emu_prefetch_wait(int n) {
     while ((int)ffk_emu_groups.size() > n) {
         for (const FfkEmuCopy& c : ffk_emu_groups.front())
-            for (int i = c.start; i < c.n; i += c.stride) c.dst[i] = c.src[i];
+            for (int i = c.start; i < c.n; i += c.stride) std::memcpy(c.dst + i, c.src + i, 4);  // bits, not values
         ffk_emu_groups.erase(ffk_emu_groups.begin());
     }
 }
@@ -234,7 +254,8 @@ template <typename F>
 void ffk_emu_launch(int grid, int threads, size_t smem_floats, F kernel) {
     std::vector<FfkEmuBlock> blocks(grid);
     for (auto& blk : blocks) {
-        blk.smem.assign(smem_floats + 4, std::nanf(""));  // uninitialised shared memory reads as NaN
+        // uninitialised shared memory reads as NaN, as a float and as either 16-bit half (narrow weights)
+        blk.smem.assign(smem_floats + 4, __uint_as_float(0x7fc07fc0u));
         blk.bar = std::make_unique<std::barrier<>>(threads);
         for (int w = 0; w < threads / 32; ++w) blk.warp_bars.push_back(std::make_unique<std::barrier<>>(32));
         blk.shuffle.assign(threads, 0.0f);

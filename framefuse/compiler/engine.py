@@ -97,9 +97,11 @@ def prepare_step(
     skewed_sums: bool | None = None,
     grid_fraction: float = 1.0,
     fast_math: bool | None = None,
+    weight_format: str = "fp32",
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
-    "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source."""
+    "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
+    (``weight_format``: how the products' weight rows are stored, codegen.WEIGHT_FORMATS)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -120,6 +122,7 @@ def prepare_step(
         copy_pieces=copy_pieces,
         paced_copies=paced_copies,
         skewed_sums=skewed_sums,
+        weight_format=weight_format,
     )
     schedule_s = time.perf_counter() - start
     return StepSource(
@@ -267,6 +270,7 @@ class CompiledStep:
         skewed_sums: bool | None = None,
         grid_fraction: float = 1.0,
         fast_math: bool | None = None,
+        weight_format: str = "fp32",
         source: StepSource | None = None,
         log=None,
     ):
@@ -291,6 +295,7 @@ class CompiledStep:
                 skewed_sums=skewed_sums,
                 grid_fraction=grid_fraction,
                 fast_math=fast_math,
+                weight_format=weight_format,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -300,6 +305,7 @@ class CompiledStep:
         self.copy_pieces = self.kernel.copy_pieces
         self.paced_copies = self.kernel.paced_copies
         self.skewed_sums = self.kernel.skewed_sums
+        self.weight_format = self.kernel.weight_format
         self.kernel_prefetch = source.prefetch
         self.schedule_s = source.schedule_s
         grid, threads = source.grid, source.threads
@@ -465,6 +471,7 @@ class CompiledStep:
                 copy_pieces=self.copy_pieces,
                 paced_copies=self.paced_copies,
                 skewed_sums=self.skewed_sums,
+                weight_format=self.weight_format,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -502,11 +509,13 @@ def compile_step(
     fast_math=FAST_MATH,
     compose_input=None,
     roll_recurrences=None,
+    weight_format="fp32",
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
     by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS;
-    ``compose_input``, ``roll_recurrences``: see lower_program). The program is lowered once for
+    ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
+    weight rows fp32, fp16 or bf16, see codegen.WEIGHT_FORMATS). The program is lowered once for
     the build's tactics (compiler.memo)."""
     program = cached_program(model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences)
     return CompiledStep(
@@ -519,6 +528,7 @@ def compile_step(
         skewed_sums=skewed_sums,
         grid_fraction=grid_fraction,
         fast_math=fast_math,
+        weight_format=weight_format,
         log=log,
     )
 

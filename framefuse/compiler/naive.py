@@ -146,8 +146,12 @@ def body_loop(node: BodyLoop, values: Mapping[int, np.ndarray]) -> np.ndarray:
     return out
 
 
-def run(program: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every output of ``program`` (float32) for graph inputs and states given by name."""
+def run(
+    program: Program, feeds: Mapping[str, np.ndarray], *, dot_rows: Mapping[int, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Every output of ``program`` (float32) for graph inputs and states given by name.
+    ``dot_rows``: {Dot id: the weight rows to use instead of its own} (a kernel whose products
+    read narrow weights: codegen.Kernel.dot_rows)."""
     values: dict[int, np.ndarray] = {}
     for node in program.nodes():
         if isinstance(node, Leaf):
@@ -162,6 +166,10 @@ def run(program: Program, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
                 values[node.id] = value
             else:
                 values[node.id] = np.broadcast_to(node.array.astype(np.float64), node.shape)
+            continue
+        if dot_rows and node.id in dot_rows:
+            rows = np.asarray(dot_rows[node.id], dtype=np.float64)
+            values[node.id] = np.asarray(values[node.src.id] @ rows.T).reshape(node.shape)
             continue
         values[node.id] = evaluate_node(node, values)
     return {name: values[node.id].astype(np.float32) for name, node in program.outputs.items()}

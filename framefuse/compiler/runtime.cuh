@@ -349,3 +349,62 @@ template <int K, bool ALIGNED4>
 FFK_DEVICE float ffk_warp_dot(const float* x, const float* w, int lane) {
     return ffk_seg_dot<K, 32, ALIGNED4>(x, w, lane);
 }
+
+// -- narrow weight rows (codegen.WEIGHT_FORMATS: FMT 1 fp16, 2 bf16), widened to float as they are
+// read: the products accumulate in float32. A bf16 weight is the high half of a float32.
+template <int FMT>
+FFK_DEVICE float ffk_wf(unsigned short b) {
+    if (FMT == 2) return __uint_as_float((unsigned)b << 16);
+#ifndef FFK_EMULATE
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
+    return f;
+#else
+    return ffk_emu_half_to_float(b);
+#endif
+}
+// Four weights at an 8-byte aligned address (a row starts 16-byte aligned, codegen.NARROW_ROW_ALIGN)
+template <int FMT>
+FFK_DEVICE void ffk_ld_w4(const unsigned short* p, float& b0, float& b1, float& b2, float& b3) {
+#ifndef FFK_EMULATE
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    const unsigned lo = v.x, hi = v.y;
+#else
+    unsigned lo, hi;
+    ffk_emu_ld8(p, lo, hi);
+#endif
+    if (FMT == 2) {
+        b0 = __uint_as_float(lo << 16), b1 = __uint_as_float(lo & 0xffff0000u);
+        b2 = __uint_as_float(hi << 16), b3 = __uint_as_float(hi & 0xffff0000u);
+    } else {
+        b0 = ffk_wf<FMT>((unsigned short)lo), b1 = ffk_wf<FMT>((unsigned short)(lo >> 16));
+        b2 = ffk_wf<FMT>((unsigned short)hi), b3 = ffk_wf<FMT>((unsigned short)(hi >> 16));
+    }
+}
+// ffk_seg_dot with a narrow weight row (K elements; ALIGNED4: x 16-byte aligned and K % 4 == 0).
+template <int K, int L, bool ALIGNED4, int FMT>
+FFK_DEVICE float ffk_seg_dot_n(const float* x, const unsigned short* w, int sub) {
+    float acc = 0.0f;
+    if (ALIGNED4) {
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        constexpr int N4 = K / 4, J = (N4 + L - 1) / L;
+#pragma unroll 8
+        for (int j = 0; j < J; ++j) {
+            const int k = sub + L * j;
+            if (N4 % L == 0 || k < N4) {
+                const float4 a = x4[k];
+                float b0, b1, b2, b3;
+                ffk_ld_w4<FMT>(w + 4 * k, b0, b1, b2, b3);
+                acc += a.x * b0 + a.y * b1 + a.z * b2 + a.w * b3;
+            }
+        }
+    } else {
+        constexpr int J = (K + L - 1) / L;
+#pragma unroll 8
+        for (int j = 0; j < J; ++j) {
+            const int k = sub + L * j;
+            if (K % L == 0 || k < K) acc += x[k] * ffk_wf<FMT>(w[k]);
+        }
+    }
+    return ffk_seg_sum<L>(acc);
+}

@@ -111,6 +111,53 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     assert kernel["grid"] == round(sms * STEPKERNELS[tactic].get("grid_fraction", 1.0))
 
 
+FULL = {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0}  # the benchmark's zoo size
+
+
+@pytest.mark.parametrize("weight_format", ["fp16", "bf16"])
+@pytest.mark.parametrize("arch", [*ARCHS, "lstm/sequence", "mamba/sequence", "attention/sequence"])
+def test_narrow_weight_kernel_matches_the_interpreter_on_the_rows_it_reads(arch, weight_format):
+    """The products' weight rows stored as fp16 / bf16 and widened as they are read
+    (codegen.WEIGHT_FORMATS), at the benchmark's size (embed 256, 2 layers, a block per SM; three
+    windows of 4 frames too): from
+    zero state a random, a random, an all-zero and a NaN frame, each against the float64
+    interpreter computing with the rows the kernel reads (Kernel.dot_rows), and, before the NaN,
+    within the format's tolerance (config.PRECISION_TOLERANCE) of the fp32 interpreter."""
+    import torch
+
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.config import PRECISION_TOLERANCE
+    from framefuse.engines.stepkernel import StepKernelPlan
+
+    arch, _, form = arch.partition("/")
+    program = lower_program(prepare_cached(arch, FULL)[form or "step"].fused)
+    compiled = CompiledStep(program, device=torch.device("cuda"), weight_format=weight_format)
+    assert compiled.kernel.layout.narrow, "no product reads narrow rows"
+    rows = compiled.kernel.dot_rows()
+    plan = StepKernelPlan.of(compiled)
+    rng = np.random.default_rng(3)
+    (x_name,) = program.inputs
+    shape = program.inputs[x_name].shape
+    nan = rng.standard_normal(shape).astype(np.float32)
+    nan.reshape(-1)[nan.size // 3] = np.nan
+    frames = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)] + [np.zeros(shape, np.float32), nan]
+    state = {n: np.zeros(leaf.shape, np.float32) for n, leaf in program.states.items()}
+    for step, frame in enumerate(frames):
+        feeds = {x_name: frame, **state}
+        expected = naive.run(program, feeds, dot_rows=rows)
+        outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        torch.cuda.synchronize()
+        for name, value in expected.items():
+            _close(outputs[name].cpu().numpy(), value, f"{weight_format} step {step} {name}")
+        if step < 3:
+            wide = naive.run(program, feeds)
+            for name, value in wide.items():
+                err = np.abs(expected[name].astype(np.float64) - value) / (1 + np.abs(value))
+                assert err.max() <= PRECISION_TOLERANCE[weight_format], (step, name, err.max())
+        state = {n: expected[program.state_of[n]] for n in program.states}
+
+
 @pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention", "mamba", "delta_net"])
 def test_stepkernel_batch_of_three(arch):
     prepared = prepare_cached(arch, {**SMALL, "batch": 3})["step"]

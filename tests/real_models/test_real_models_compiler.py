@@ -108,6 +108,36 @@ def test_short_row_products_run_in_lane_segments_under_emulation(name, export_ro
             np.testing.assert_allclose(outputs[out][s], value, rtol=2e-5, atol=2e-6, err_msg=f"{name} {out} step {s}")
 
 
+@pytest.mark.parametrize(
+    "name,steps,weight_format",
+    [("torch_lnlstm_loop", 8, "bf16"), ("gpt2_sdpa", 1, "fp16"), ("torch_lstm_bidir", 1, "fp16")],
+)
+def test_narrow_product_rows_of_real_models_under_emulation(name, steps, weight_format, export_root, tmp_path):
+    """Real models with their products' rows stored narrow (codegen.WEIGHT_FORMATS): a rolled
+    body loop (its own products stay fp32) beside narrow products, GPT-2's attention step, the
+    bidirectional LSTM's 16-lane segments (ffk_seg_dot_n); the emulated kernel against the
+    interpreter computing with the rows the kernel reads (Kernel.dot_rows)."""
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.schedule import schedule
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulation")
+    program = lower_program(fuse_real_model(name, steps, export_root).fused_path)
+    sched = schedule(program, grid=8, threads=128, smem_floats=12 * 1024)
+    kernel = generate(sched, smem_limit_bytes=100 * 1024, weight_format=weight_format)
+    assert kernel.layout.narrow
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
+    outputs, _ = emulate(kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path)
+    expected = naive.run(program, {**feeds, **state}, dot_rows=kernel.dot_rows())
+    for out in kernel.output_names:
+        err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
+        assert err.max() <= 1e-5, f"{name} {out}: max rel diff {err.max():.3g}"
+
+
 @pytest.mark.parametrize("steps", [8, 32])
 def test_an_rnncell_loop_rolls_into_one_recurrence_a_layer(steps, export_root):
     """nn.RNNCell layers stepped in a Python loop: no rewrite fuses the Elman cell, so the fused
