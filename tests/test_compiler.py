@@ -712,13 +712,27 @@ def test_narrow_rows_round_as_torch_and_pad_each_row_to_16_bytes():
         got = rounded_rows(rows, fmt)
         assert np.array_equal(np.isnan(got), np.isnan(rows)), fmt
         assert np.array_equal(got[~np.isnan(rows)], want[~np.isnan(rows)]), fmt
-        words, stride = narrow_rows(rows, fmt)
+        words, row_words = narrow_rows(rows, fmt)
+        stride = 2 * row_words  # 9 values padded to 16
         assert stride == 16 and stride % NARROW_ROW_ALIGN == 0 and words.dtype == np.float32
         halves = words.view(np.uint16).reshape(5, stride)
         assert not halves[:, 9:].any()  # the padding is zeros
         bits = torch.from_numpy(rows).to(dtype).view(torch.int16).numpy().view(np.uint16)
         finite = ~np.isnan(rows)
         assert np.array_equal(halves[:, :9][finite], bits[finite]), fmt
+    # int8: precision/quantize's weight-only scheme, a scale a row ahead of the row's values
+    from framefuse.compiler.codegen import INT8_HEADER_WORDS, quantized_rows
+
+    wide = np.concatenate([rng.standard_normal((3, 21)).astype(np.float32) * 5, np.zeros((1, 21), np.float32)])
+    q, scale = quantized_rows(wide)
+    assert np.array_equal(np.abs(q).max(axis=1), [127, 127, 127, 0]) and scale[3] == 1.0
+    back = rounded_rows(wide, "int8")
+    assert np.all(np.abs(back - wide) <= scale[:, None] / 2 * (1 + 1e-6)) and not back[3].any()
+    words, row_words = narrow_rows(wide, "int8")
+    assert row_words == INT8_HEADER_WORDS + 32 // 4  # 21 values padded to 32 bytes
+    packed = words.view(np.uint8).reshape(4, 4 * row_words)
+    assert np.array_equal(packed[:, :4].copy().view(np.float32)[:, 0], scale) and not packed[:, 4:16].any()
+    assert np.array_equal(packed[:, 16:37].view(np.int8), q) and not packed[:, 37:].any()
     with pytest.raises(CompileError, match="weight format 'fp8'"):
         generate(schedule(lower_program(_prepared("min_gru").fused), grid=3, threads=64), weight_format="fp8")
 
@@ -726,30 +740,36 @@ def test_narrow_rows_round_as_torch_and_pad_each_row_to_16_bytes():
 @needs_cxx
 @pytest.mark.parametrize(
     "arch,weight_format",
-    [(a, "fp16") for a in ARCHS] + [("min_gru", "bf16"), ("mamba", "bf16"), ("attention", "bf16"), ("lstm", "bf16")],
+    [(a, "fp16") for a in ARCHS]
+    + [("min_gru", "bf16"), ("mamba", "bf16"), ("attention", "bf16"), ("lstm", "bf16")]
+    + [("min_gru", "int8"), ("gru", "int8"), ("mamba", "int8"), ("attention", "int8"), ("xlstm", "int8")],
 )
 def test_narrow_weight_kernel_emulated_matches_the_interpreter_on_the_rows_it_reads(arch, weight_format, tmp_path):
-    """Every product's rows stored as fp16 / bf16 and widened as read: the emulated kernel over two
-    chained frames against the float64 interpreter computing with those rows (Kernel.dot_rows),
-    every output and the final state within 1e-5; the rows half the bytes."""
+    """Every product's rows stored as fp16 / bf16 (widened as read) or int8 (a scale a row): the
+    emulated kernel over two chained frames against the float64 interpreter computing with those
+    rows (Kernel.dot_rows), every output and the final state within 1e-5; the rows at most 0.6 of
+    the bytes."""
     program = lower_program(_prepared(arch).fused)
     sched = schedule(program, grid=3, threads=64)
     kernel = generate(sched, weight_format=weight_format)
     wide = generate(sched)
     dots = {u.node.id for t in kernel.schedule.tasks for u in t.units.values() if u.how == "dot"}
     assert set(kernel.layout.narrow) == dots and dots
-    assert "ffk_seg_dot_n<" in kernel.source and "ffk_warp_dot<" not in kernel.source
+    assert ("ffk_seg_dot_q<" if weight_format == "int8" else "ffk_seg_dot_n<") in kernel.source
+    assert "ffk_warp_dot<" not in kernel.source
     assert kernel.describe()["weight_bytes"] < 0.6 * wide.describe()["weight_bytes"]
     _emulate_against_interpreter(kernel, program, 2, tmp_path)
 
 
 @needs_cxx
-@pytest.mark.parametrize("arch", ["lstm", "mamba", "attention", "xlstm"])
-def test_narrow_weight_window_kernels_emulated_match_the_interpreter(arch, tmp_path):
-    """The sequence form (8 positions over 16 blocks) with fp16 product rows: the recurrences'
+@pytest.mark.parametrize(
+    "arch,weight_format", [("lstm", "fp16"), ("mamba", "fp16"), ("attention", "int8"), ("xlstm", "fp16")]
+)
+def test_narrow_weight_window_kernels_emulated_match_the_interpreter(arch, weight_format, tmp_path):
+    """The sequence form (8 positions over 16 blocks) with narrow product rows: the recurrences'
     own weights (ir.Recur's R) stay fp32, every product unit reads narrow rows."""
     _, program = _sequence_program(arch, {"model": {"embed": 64, "layers": 2}, "seq": 8, "seed": 0})
-    kernel = generate(schedule(program, grid=16, threads=128), weight_format="fp16")
+    kernel = generate(schedule(program, grid=16, threads=128), weight_format=weight_format)
     assert kernel.layout.narrow
     _emulate_against_interpreter(kernel, program, 1, tmp_path)
 
@@ -766,6 +786,23 @@ def test_narrow_weights_read_from_global_memory_and_resident_under_emulation(tmp
     _emulate_against_interpreter(unfetched, program, 2, tmp_path / "global")
     resident = generate(sched, resident=True, weight_format="bf16")
     _emulate_against_interpreter(resident, program, 3, tmp_path / "resident", races=True)
+
+
+@needs_cxx
+def test_a_product_whose_rows_a_format_cannot_hold_keeps_fp32_rows(tmp_path):
+    """A weight beyond fp16's range (it would read back as inf) or not finite (int8 has no
+    NaN): that product keeps its float32 rows, the others go narrow, and the kernel still matches
+    the interpreter."""
+    program = lower_program(_prepared("min_gru").fused)
+    dots = [n for n in program.nodes() if n.kind == "dot"]
+    big, odd = dots[0], dots[-1]
+    big.rows[0, 0] = 1e6
+    odd.rows[1, 2] = np.nan
+    sched = schedule(program, grid=3, threads=64)
+    for weight_format, kept in (("fp16", big), ("int8", odd)):
+        kernel = generate(sched, weight_format=weight_format)
+        assert kept.id not in kernel.layout.narrow and len(kernel.layout.narrow) >= 2, weight_format
+        _emulate_against_interpreter(kernel, program, 1, tmp_path / weight_format)
 
 
 def test_resident_source_reuses_weights_and_reads_state_coherently():
@@ -1348,6 +1385,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "mamba:fp16",
         "attention:bf16",
         "lstm/sequence:bf16",
+        "gru:int8",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):

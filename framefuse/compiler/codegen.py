@@ -69,11 +69,18 @@ KERNEL_NAME = "ffk_step"
 RESIDENT_KERNEL_NAME = "ffk_resident"  # the same body in a loop over frames (see Generator._resident_loop)
 # Storage of the products' weight rows (Dot units; the weights of recurrences, loop bodies, biases
 # and other vectors stay float32): "fp32", or "fp16" / "bf16" read by the products and widened to
-# float32 as they are read (fp32 accumulation). A narrow row is padded to NARROW_ROW_ALIGN elements
-# (16 bytes), so every row starts 16-byte aligned in the weight buffer and in shared memory: the
-# prefetch copies stay whole 16-byte cp.async copies and a product reads four weights as 8 bytes.
-WEIGHT_FORMATS = {"fp32": 0, "fp16": 1, "bf16": 2}  # the FMT template argument of ffk_seg_dot_n
+# float32 as they are read (fp32 accumulation), or "int8": symmetric per row (precision/quantize's
+# weight-only scheme: scale max|w| / 127, 1 for a zero row), the row's scale in a 16-byte header
+# before its values, the sum over the row scaled once. A narrow row is padded to 16 bytes
+# (NARROW_ROW_ALIGN elements of 16 bits, INT8_ROW_ALIGN of 8), so every row starts 16-byte aligned
+# in the weight buffer and in shared memory: the prefetch copies stay whole 16-byte cp.async copies
+# and a product reads four weights as one 8-byte (16-bit) or 4-byte (int8) load. A product whose
+# rows the format cannot hold (beyond fp16's range; not finite, for int8) keeps float32 rows.
+WEIGHT_FORMATS = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3}  # the FMT template argument of the dots
 NARROW_ROW_ALIGN = 8
+INT8_ROW_ALIGN = 16
+INT8_HEADER_WORDS = 4  # the row's scale, then zeros to 16 bytes
+FP16_MAX = 65504.0
 REDUCE_INIT = {"sum": "0.0f", "prod": "1.0f", "max": "-__int_as_float(0x7f800000)", "min": "__int_as_float(0x7f800000)"}
 
 
@@ -139,7 +146,7 @@ class Layout:
     weight_arrays: list = field(default_factory=list)  # (offset, array)
     recur_by_k: dict = field(default_factory=dict)  # Recur id -> offset of R laid out per block by k
     weight_floats: int = 0
-    narrow: dict = field(default_factory=dict)  # Dot id -> (offset in floats, row stride in elements): narrow rows
+    narrow: dict = field(default_factory=dict)  # Dot id -> (offset in floats, 32-bit words a row): narrow rows
     ll: dict = field(default_factory=dict)  # node id -> offset
     ll_words: int = 0
     columns: list = field(default_factory=list)  # range-table columns: (task, unit id, "lo" | "hi" | "nlo")
@@ -212,8 +219,8 @@ class Generator:
         for leaf in self.program.weights():
             dot = narrow.get(leaf.id)
             if dot is not None:
-                words, stride = narrow_rows(dot.rows, self.weight_format)
-                lay.narrow[dot.id] = (lay.weight_floats, stride)
+                words, row_words = narrow_rows(dot.rows, self.weight_format)
+                lay.narrow[dot.id] = (lay.weight_floats, row_words)
                 lay.weight_arrays.append((lay.weight_floats, words))
                 lay.weight_floats += _align4(words.size)
                 continue
@@ -310,20 +317,21 @@ class Generator:
 
     def _narrow_dots(self) -> dict:
         """{weight leaf id: Dot} of the products whose rows are stored narrow: every product a task
-        computes as a unit of dot products (_dot), when the weight format is not fp32."""
+        computes as a unit of dot products (_dot) whose rows the format holds, when the weight
+        format is not fp32."""
         if self.weight_format == "fp32":
             return {}
         found = {}
         for task in self.sched.tasks:
             for unit in task.units.values():
-                if unit.how == "dot":
+                if unit.how == "dot" and format_holds(unit.node.rows, self.weight_format):
                     found[unit.node.weight.id] = unit.node
         return found
 
     def _row_floats(self, dot: Dot) -> int:
         """32-bit words a weight row of ``dot`` takes in the weight buffer and in shared memory."""
         narrow = self.layout.narrow.get(dot.id)
-        return dot.k if narrow is None else narrow[1] // 2
+        return dot.k if narrow is None else narrow[1]
 
     def _weight_offset(self, dot: Dot) -> int:
         narrow = self.layout.narrow.get(dot.id)
@@ -1306,15 +1314,17 @@ class Generator:
         else:
             w = f"ffk_w + {self._weight_offset(node)} + n * {row}"
         aligned = "true" if k % 4 == 0 else "false"
-        if narrow is not None:  # the row's 16-bit weights (see WEIGHT_FORMATS)
-            loop.items.append(f"const unsigned short* w = reinterpret_cast<const unsigned short*>({w});")
-            fmt = WEIGHT_FORMATS[self.weight_format]
-            if lanes < WARP_LANES:
-                loop.items.append(f"const float acc = ffk_seg_dot_n<{k}, {lanes}, {aligned}, {fmt}>(x, w, sub);")
-                loop.items.append(f"if (sub == 0 && live) {self.arr(t, uid)}[e - lo{uid}] = acc;")
-                return
-            loop.items.append(f"const float acc = ffk_seg_dot_n<{k}, 32, {aligned}, {fmt}>(x, w, lane);")
-            loop.items.append(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = acc;")
+        if narrow is not None:  # the row's narrow weights (see WEIGHT_FORMATS)
+            lane = "sub" if lanes < WARP_LANES else "lane"
+            if self.weight_format == "int8":
+                loop.items.append(f"const unsigned char* w = reinterpret_cast<const unsigned char*>({w});")
+                call = f"ffk_seg_dot_q<{k}, {lanes}, {aligned}>(x, w, {lane})"
+            else:
+                loop.items.append(f"const unsigned short* w = reinterpret_cast<const unsigned short*>({w});")
+                call = f"ffk_seg_dot_n<{k}, {lanes}, {aligned}, {WEIGHT_FORMATS[self.weight_format]}>(x, w, {lane})"
+            loop.items.append(f"const float acc = {call};")
+            live = " && live" if lanes < WARP_LANES else ""
+            loop.items.append(f"if ({lane} == 0{live}) {self.arr(t, uid)}[e - lo{uid}] = acc;")
             return
         loop.items.append(f"const float* w = {w};")
         if lanes < WARP_LANES:
@@ -2279,8 +2289,30 @@ def _narrow_bits(rows: np.ndarray, weight_format: str) -> np.ndarray:
     raise CompileError(f"weight format {weight_format!r} is not a 16-bit format")
 
 
+def quantized_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 rows, a scale a row (precision/quantize's weight-only scheme): (q [N, K]
+    int8, scale [N] float32)."""
+    rows = np.asarray(rows, dtype=np.float32)
+    amax = np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0], np.float32)
+    scale = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.round(rows / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def format_holds(rows: np.ndarray, weight_format: str) -> bool:
+    """Whether ``weight_format`` can store ``rows`` (fp16: within its range; int8: finite)."""
+    if weight_format == "fp16":
+        return bool((np.abs(rows[np.isfinite(rows)]) <= FP16_MAX).all())
+    if weight_format == "int8":
+        return bool(np.isfinite(rows).all())
+    return True
+
+
 def rounded_rows(rows: np.ndarray, weight_format: str) -> np.ndarray:
-    """``rows`` as the kernel reads them back from ``weight_format`` (float32)."""
+    """``rows`` as the kernel reads them back from ``weight_format`` (float32; int8: q · scale)."""
+    if weight_format == "int8":
+        q, scale = quantized_rows(rows)
+        return q.astype(np.float32) * scale[:, None]
     bits = _narrow_bits(rows, weight_format)
     if weight_format == "fp16":
         return bits.view(np.float16).astype(np.float32)
@@ -2288,14 +2320,23 @@ def rounded_rows(rows: np.ndarray, weight_format: str) -> np.ndarray:
 
 
 def narrow_rows(rows: np.ndarray, weight_format: str) -> tuple[np.ndarray, int]:
-    """The weight rows [N, K] in ``weight_format`` as the kernel stores them: each row padded with
-    zeros to a stride of NARROW_ROW_ALIGN elements, two elements a 32-bit word (little-endian:
-    element 2i in the low half). Returns (the words as float32 bit patterns, the row stride)."""
+    """The weight rows [N, K] in ``weight_format`` as the kernel stores them, as float32 bit
+    patterns, and the 32-bit words a row takes. fp16 / bf16: each row padded with zeros to
+    NARROW_ROW_ALIGN elements, two a word (little-endian: element 2i in the low half); int8: a
+    header of INT8_HEADER_WORDS words (the row's scale, then zeros), then the values padded with
+    zeros to INT8_ROW_ALIGN, four a word."""
     n, k = rows.shape
+    if weight_format == "int8":
+        q, scale = quantized_rows(rows)
+        width = -(-k // INT8_ROW_ALIGN) * INT8_ROW_ALIGN
+        packed = np.zeros((n, 4 * INT8_HEADER_WORDS + width), dtype=np.uint8)
+        packed[:, :4] = scale.astype("<f4").view(np.uint8).reshape(n, 4)
+        packed[:, 4 * INT8_HEADER_WORDS : 4 * INT8_HEADER_WORDS + k] = q.view(np.uint8)
+        return packed.reshape(-1).view(np.float32), packed.shape[1] // 4
     stride = -(-k // NARROW_ROW_ALIGN) * NARROW_ROW_ALIGN
     padded = np.zeros((n, stride), dtype=np.uint16)
     padded[:, :k] = _narrow_bits(rows, weight_format)
-    return padded.reshape(-1).view(np.float32), stride
+    return padded.reshape(-1).view(np.float32), stride // 2
 
 
 def _pieces(entry: tuple, piece: int) -> list[tuple]:

@@ -222,6 +222,16 @@ inline void ffk_emu_ld8(const void* p, unsigned& lo, unsigned& hi) {
     std::memcpy(words, p, sizeof words);
     lo = words[0], hi = words[1];
 }
+// A 4-byte load of int8 weights; misaligned faults on the GPU: refused here too
+inline unsigned ffk_emu_ld4u(const unsigned* p) {
+    if (reinterpret_cast<std::uintptr_t>(p) & 3) {
+        std::fprintf(stderr, "ffk_seg_dot_q: misaligned address %p (block %u thread %u)\n", (const void*)p, blockIdx.x, threadIdx.x);
+        std::abort();
+    }
+    unsigned v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
 // A misaligned float4 load faults on the GPU: the emulator refuses one too
 inline float4 ffk_ld4(const float* p) {
     if (reinterpret_cast<std::uintptr_t>(p) & 15) {

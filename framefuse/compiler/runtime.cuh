@@ -408,3 +408,39 @@ FFK_DEVICE float ffk_seg_dot_n(const float* x, const unsigned short* w, int sub)
     }
     return ffk_seg_sum<L>(acc);
 }
+// ffk_seg_dot with an int8 row (codegen.WEIGHT_FORMATS "int8"): the row's float scale in its first
+// 4 bytes, its K values from byte 16; the segment's sum scaled once. ALIGNED4: x 16-byte aligned
+// and K % 4 == 0, four values read as one 4-byte word.
+FFK_DEVICE float ffk_i8(unsigned v, int byte) { return (float)(signed char)(unsigned char)(v >> (8 * byte)); }
+template <int K, int L, bool ALIGNED4>
+FFK_DEVICE float ffk_seg_dot_q(const float* x, const unsigned char* row, int sub) {
+    const float scale = *reinterpret_cast<const float*>(row);
+    const unsigned char* q = row + 16;
+    float acc = 0.0f;
+    if (ALIGNED4) {
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        const unsigned* q4 = reinterpret_cast<const unsigned*>(q);
+        constexpr int N4 = K / 4, J = (N4 + L - 1) / L;
+#pragma unroll 8
+        for (int j = 0; j < J; ++j) {
+            const int k = sub + L * j;
+            if (N4 % L == 0 || k < N4) {
+                const float4 a = x4[k];
+#ifndef FFK_EMULATE
+                const unsigned v = q4[k];
+#else
+                const unsigned v = ffk_emu_ld4u(q4 + k);
+#endif
+                acc += a.x * ffk_i8(v, 0) + a.y * ffk_i8(v, 1) + a.z * ffk_i8(v, 2) + a.w * ffk_i8(v, 3);
+            }
+        }
+    } else {
+        constexpr int J = (K + L - 1) / L;
+#pragma unroll 8
+        for (int j = 0; j < J; ++j) {
+            const int k = sub + L * j;
+            if (K % L == 0 || k < K) acc += x[k] * (float)(signed char)q[k];
+        }
+    }
+    return scale * ffk_seg_sum<L>(acc);
+}

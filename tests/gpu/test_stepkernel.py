@@ -114,11 +114,11 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
 FULL = {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0}  # the benchmark's zoo size
 
 
-@pytest.mark.parametrize("weight_format", ["fp16", "bf16"])
+@pytest.mark.parametrize("weight_format", ["fp16", "bf16", "int8"])
 @pytest.mark.parametrize("arch", [*ARCHS, "lstm/sequence", "mamba/sequence", "attention/sequence"])
 def test_narrow_weight_kernel_matches_the_interpreter_on_the_rows_it_reads(arch, weight_format):
-    """The products' weight rows stored as fp16 / bf16 and widened as they are read
-    (codegen.WEIGHT_FORMATS), at the benchmark's size (embed 256, 2 layers, a block per SM; three
+    """The products' weight rows stored as fp16 / bf16 and widened as they are read, or as int8
+    with a scale a row (codegen.WEIGHT_FORMATS), at the benchmark's size (embed 256, 2 layers, a block per SM; three
     windows of 4 frames too): from
     zero state a random, a random, an all-zero and a NaN frame, each against the float64
     interpreter computing with the rows the kernel reads (Kernel.dot_rows), and, before the NaN,

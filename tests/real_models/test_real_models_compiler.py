@@ -110,12 +110,12 @@ def test_short_row_products_run_in_lane_segments_under_emulation(name, export_ro
 
 @pytest.mark.parametrize(
     "name,steps,weight_format",
-    [("torch_lnlstm_loop", 8, "bf16"), ("gpt2_sdpa", 1, "fp16"), ("torch_lstm_bidir", 1, "fp16")],
+    [("torch_lnlstm_loop", 8, "bf16"), ("gpt2_sdpa", 1, "fp16"), ("torch_lstm_bidir", 1, "int8")],
 )
 def test_narrow_product_rows_of_real_models_under_emulation(name, steps, weight_format, export_root, tmp_path):
     """Real models with their products' rows stored narrow (codegen.WEIGHT_FORMATS): a rolled
-    body loop (its own products stay fp32) beside narrow products, GPT-2's attention step, the
-    bidirectional LSTM's 16-lane segments (ffk_seg_dot_n); the emulated kernel against the
+    body loop (its own products stay fp32) beside bf16 products, GPT-2's attention step in fp16,
+    the bidirectional LSTM's 16-lane segments in int8 (ffk_seg_dot_q); the emulated kernel against the
     interpreter computing with the rows the kernel reads (Kernel.dot_rows)."""
     from framefuse.compiler import lower_program, naive
     from framefuse.compiler.codegen import generate
