@@ -805,6 +805,35 @@ def test_a_product_whose_rows_a_format_cannot_hold_keeps_fp32_rows(tmp_path):
         _emulate_against_interpreter(kernel, program, 1, tmp_path / weight_format)
 
 
+@pytest.mark.parametrize("arch", ["min_gru", "lstm", "mamba", "attention"])
+def test_an_int8_weight_only_graph_lowers_with_its_dequantized_weights(arch, tmp_path):
+    """`framefuse build --precision int8`'s default graph (precision/quantize: int8 weights, a
+    scale per output channel, DequantizeLinear before each product): the weights fold to the
+    float32 values the graph computes, and the interpreter matches ONNX Runtime running that graph
+    as written (its optimiser off: its fused integer kernels quantize the activations too); an
+    activation Q/DQ graph is declined naming the node."""
+    from framefuse.plugins.ort_bridge import ort_session
+    from framefuse.precision import convert_model
+
+    prepared = _prepared(arch)
+    model = convert_model(onnx.load(str(prepared.fused)), "int8", config=prepared.manifest["config"])
+    assert "DequantizeLinear" in {n.op_type for n in model.graph.node}
+    program = lower_program(model)
+    path = tmp_path / "model.int8.onnx"
+    onnx.save(model, str(path))
+    session = ort_session(str(path), optimize=False)
+    feeds = _feeds(program, np.random.default_rng(1))
+    names = [o.name for o in session.get_outputs()]
+    expected = dict(zip(names, session.run(names, feeds)))
+    actual = naive.run(program, feeds)
+    for name in names:
+        _close(actual[name], expected[name], f"{arch} int8 {name}", tol=1e-5)
+    if arch == "min_gru":
+        qdq = convert_model(onnx.load(str(prepared.fused)), "int8", config=prepared.manifest["config"], int8_mode="qdq")
+        with pytest.raises(CompileError, match=r"node '\w+' \((De)?QuantizeLinear\)"):
+            lower_program(qdq)  # the activations' QuantizeLinear (no lowering) comes first
+
+
 def test_resident_source_reuses_weights_and_reads_state_coherently():
     from framefuse.compiler import codegen
 

@@ -186,6 +186,35 @@ def _cast(ctx, ins):
     )
 
 
+def _dequantize_linear(ctx, ins):
+    """A weight-only int8 graph's weights (precision/quantize: int8 values, a float32 scale per
+    output channel): folded to the float32 constant (x − zero point) · scale at compile time, so
+    the products read the very values the graph computes. A computed input (activation Q/DQ) is
+    declined: the step compiler computes in float32."""
+    x = ins[0]
+    if isinstance(x, Node):
+        raise ctx.fail(
+            "DequantizeLinear of a computed value (activation Q/DQ): the step compiler computes in float32 "
+            "(build int8 mode 'weights' for the step kernel)"
+        )
+    if ctx.attr("block_size", 0):
+        raise ctx.fail("blocked DequantizeLinear (block_size) is not lowered")
+    if len(ctx.types) > 1 and ctx.types[1] not in (None, FLOAT):
+        raise ctx.fail(f"scale of type {helper.tensor_dtype_to_string(ctx.types[1])}: only float32 scales are lowered")
+    x = np.asarray(x)
+    if x.dtype.kind not in "iu":
+        raise ctx.fail(f"DequantizeLinear of {x.dtype} values: only integer ones are lowered")
+    scale = const_of(ctx, ins[1], "the scale").astype(np.float32)
+    zero = np.zeros((), np.int64) if len(ins) < 3 or ins[2] is None else const_of(ctx, ins[2], "the zero point")
+    if scale.ndim == 1 and x.ndim > 0:
+        axis = int(ctx.attr("axis", 1)) % x.ndim
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        scale, zero = scale.reshape(shape), np.asarray(zero).reshape(shape if np.asarray(zero).ndim == 1 else ())
+    ctx.out_types = [FLOAT]
+    return [((x.astype(np.int64) - np.asarray(zero).astype(np.int64)).astype(np.float32) * scale).astype(np.float32)]
+
+
 def _where(ctx, ins):
     cond, a, b = ins
     return [_ew("where", cond, a, b, ctx=ctx)]
@@ -669,6 +698,7 @@ STANDARD: dict[str, Callable] = {
     "IsNaN": _unary("isnan"),
     "IsInf": lambda ctx, ins: [_ew("isinf", ins[0], ctx=ctx)],
     "Cast": _cast,
+    "DequantizeLinear": _dequantize_linear,
     "Identity": lambda ctx, ins: [ins[0]],
     "Dropout": lambda ctx, ins: [ins[0]],
     "Reshape": _reshape,
