@@ -72,7 +72,7 @@ RESIDENT_KERNEL_NAME = "ffk_resident"  # the same body in a loop over frames (se
 # float32 as they are read (fp32 accumulation), or "int8": symmetric per row (precision/quantize's
 # weight-only scheme: scale max|w| / 127, 1 for a zero row), the row's scale in a 16-byte header
 # before its values, the sum over the row scaled once. A narrow row is padded to 16 bytes
-# (NARROW_ROW_ALIGN elements of 16 bits, INT8_ROW_ALIGN of 8), so every row starts 16-byte aligned
+# (NARROW_ROW_ALIGN 16-bit elements, INT8_ROW_ALIGN int8 ones), so every row starts 16-byte aligned
 # in the weight buffer and in shared memory: the prefetch copies stay whole 16-byte cp.async copies
 # and a product reads four weights as one 8-byte (16-bit) or 4-byte (int8) load. A product whose
 # rows the format cannot hold (beyond fp16's range; not finite, for int8) keeps float32 rows.
@@ -2742,7 +2742,7 @@ class Kernel:
     copy_pieces: int = 0  # prefetch copies cut into pieces of this many floats (0: whole)
     paced_copies: bool = False  # each block issues a group's copies a task ahead in its own order
     skewed_sums: bool = False  # sums whose reads share a bank start each element at its own position
-    weight_format: str = "fp32"  # the products' weight rows: fp32, fp16 or bf16 (see WEIGHT_FORMATS)
+    weight_format: str = "fp32"  # the products' weight rows: fp32, fp16, bf16 or int8 (see WEIGHT_FORMATS)
 
     @property
     def name(self) -> str:

@@ -515,7 +515,7 @@ def compile_step(
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
     by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS;
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
-    weight rows fp32, fp16 or bf16, see codegen.WEIGHT_FORMATS). The program is lowered once for
+    weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS). The program is lowered once for
     the build's tactics (compiler.memo)."""
     program = cached_program(model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences)
     return CompiledStep(
