@@ -789,6 +789,39 @@ def test_narrow_weights_read_from_global_memory_and_resident_under_emulation(tmp
 
 
 @needs_cxx
+@pytest.mark.parametrize("weight_format", ["fp16", "bf16", "int8"])
+def test_narrow_rows_of_odd_length_read_one_weight_at_a_time_under_emulation(weight_format, tmp_path):
+    """Rows of 13 and 7 weights (not a multiple of 4: the scalar walk of ffk_seg_dot_n /
+    ffk_seg_dot_q, each row still padded to 16 bytes) over 3 blocks, against the interpreter on
+    the rows the kernel reads."""
+    rng = np.random.default_rng(5)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((9, 13)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((13, 7)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.standard_normal((7, 5)).astype(np.float32), "w3"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"]),
+        helper.make_node("Tanh", ["a"], ["ta"]),
+        helper.make_node("MatMul", ["ta", "w2"], ["b"]),
+        helper.make_node("Sigmoid", ["b"], ["sb"]),
+        helper.make_node("MatMul", ["sb", "w3"], ["y"]),
+    ]
+    model = _graph(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+        weights,
+    )
+    program = lower_program(model)
+    kernel = generate(schedule(program, grid=3, threads=64), weight_format=weight_format)
+    odd = [dot for dot in program.nodes() if dot.kind == "dot" and dot.k % 4 and dot.id in kernel.layout.narrow]
+    assert odd, "no narrow product with a row of odd length"
+    assert re.search(r"ffk_seg_dot_[nq]<(13|7), \d+, false", kernel.source)
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
+@needs_cxx
 def test_a_product_whose_rows_a_format_cannot_hold_keeps_fp32_rows(tmp_path):
     """A weight beyond fp16's range (it would read back as inf) or not finite (int8 has no
     NaN): that product keeps its float32 rows, the others go narrow, and the kernel still matches
