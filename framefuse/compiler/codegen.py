@@ -1314,25 +1314,23 @@ class Generator:
         else:
             w = f"ffk_w + {self._weight_offset(node)} + n * {row}"
         aligned = "true" if k % 4 == 0 else "false"
-        if narrow is not None:  # the row's narrow weights (see WEIGHT_FORMATS)
-            lane = "sub" if lanes < WARP_LANES else "lane"
-            if self.weight_format == "int8":
-                loop.items.append(f"const unsigned char* w = reinterpret_cast<const unsigned char*>({w});")
-                call = f"ffk_seg_dot_q<{k}, {lanes}, {aligned}>(x, w, {lane})"
-            else:
-                loop.items.append(f"const unsigned short* w = reinterpret_cast<const unsigned short*>({w});")
-                call = f"ffk_seg_dot_n<{k}, {lanes}, {aligned}, {WEIGHT_FORMATS[self.weight_format]}>(x, w, {lane})"
-            loop.items.append(f"const float acc = {call};")
-            live = " && live" if lanes < WARP_LANES else ""
-            loop.items.append(f"if ({lane} == 0{live}) {self.arr(t, uid)}[e - lo{uid}] = acc;")
-            return
-        loop.items.append(f"const float* w = {w};")
-        if lanes < WARP_LANES:
-            loop.items.append(f"const float acc = ffk_seg_dot<{k}, {lanes}, {aligned}>(x, w, sub);")
-            loop.items.append(f"if (sub == 0 && live) {self.arr(t, uid)}[e - lo{uid}] = acc;")
-            return
-        loop.items.append(f"const float acc = ffk_warp_dot<{k}, {aligned}>(x, w, lane);")
-        loop.items.append(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = acc;")
+        lane = "sub" if lanes < WARP_LANES else "lane"
+        if narrow is None:
+            loop.items.append(f"const float* w = {w};")
+            call = (
+                f"ffk_seg_dot<{k}, {lanes}, {aligned}>(x, w, sub)"
+                if lanes < WARP_LANES
+                else f"ffk_warp_dot<{k}, {aligned}>(x, w, lane)"
+            )
+        elif self.weight_format == "int8":  # the row's narrow weights (see WEIGHT_FORMATS)
+            loop.items.append(f"const unsigned char* w = reinterpret_cast<const unsigned char*>({w});")
+            call = f"ffk_seg_dot_q<{k}, {lanes}, {aligned}>(x, w, {lane})"
+        else:
+            loop.items.append(f"const unsigned short* w = reinterpret_cast<const unsigned short*>({w});")
+            call = f"ffk_seg_dot_n<{k}, {lanes}, {aligned}, {WEIGHT_FORMATS[self.weight_format]}>(x, w, {lane})"
+        loop.items.append(f"const float acc = {call};")
+        live = " && live" if lanes < WARP_LANES else ""
+        loop.items.append(f"if ({lane} == 0{live}) {self.arr(t, uid)}[e - lo{uid}] = acc;")
 
     def _early_input(self, task: Task) -> bool:
         """A task that republishes a graph input with at most one element a thread reads it at

@@ -206,13 +206,12 @@ def _dequantize_linear(ctx, ins):
         raise ctx.fail(f"DequantizeLinear of {x.dtype} values: only integer ones are lowered")
     scale = const_of(ctx, ins[1], "the scale").astype(np.float32)
     zero = np.zeros((), np.int64) if len(ins) < 3 or ins[2] is None else const_of(ctx, ins[2], "the zero point")
-    if scale.ndim == 1 and x.ndim > 0:
-        axis = int(ctx.attr("axis", 1)) % x.ndim
+    if scale.ndim == 1 and x.ndim > 0:  # per axis: scale and zero point along `axis`
         shape = [1] * x.ndim
-        shape[axis] = -1
-        scale, zero = scale.reshape(shape), np.asarray(zero).reshape(shape if np.asarray(zero).ndim == 1 else ())
+        shape[int(ctx.attr("axis", 1)) % x.ndim] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape) if zero.ndim == 1 else zero
     ctx.out_types = [FLOAT]
-    return [((x.astype(np.int64) - np.asarray(zero).astype(np.int64)).astype(np.float32) * scale).astype(np.float32)]
+    return [((x.astype(np.int64) - zero.astype(np.int64)).astype(np.float32) * scale).astype(np.float32)]
 
 
 def _where(ctx, ins):
