@@ -357,21 +357,26 @@ def selection_summary(engine) -> dict:
     out = {"chosen": selection.get("chosen"), "graph": selection.get("graph", "fused")}
     if "skipped" in selection:
         out["skipped"] = selection["skipped"]
+    if "vs_fp32" in selection:  # a precision build beside its fp32 graph's step kernels (same rounds)
+        out["vs_fp32"] = selection["vs_fp32"]
     candidates = {}
     for name, entry in (selection.get("candidates") or {}).items():
         candidates[name] = {
-            k: entry[k] for k in ("us_per_step", "error", "compile_s", "steps", "max_abs_diff") if k in entry
+            k: entry[k]
+            for k in ("us_per_step", "error", "compile_s", "steps", "max_abs_diff", "reference")
+            if k in entry
         }
     if candidates:
         out["candidates"] = candidates
     return out
 
 
-def build_framefuse(source, *, device: str, precision: str = "fp32", unfused=None):
+def build_framefuse(source, *, device: str, precision: str = "fp32", unfused=None, fp32_graph=None):
     """The cuda-graph engine as ``framefuse build`` makes it (framefuse.build: select="time", the
     unfused model.onnx as a candidate for fp32 fused graphs), in memory. A precision row's graph
     comes converted by the precision section (which reports its accuracy beside the latency), so
-    that one goes to the backend with its precision named. Returns (engine, seconds)."""
+    that one goes to the backend with its precision named, and with its ``fp32_graph`` as the build
+    hands it (the fp32 graph's step kernels timed beside). Returns (engine, seconds)."""
     from framefuse.build import build_engine
     from framefuse.engines import cuda_graph
 
@@ -381,6 +386,8 @@ def build_framefuse(source, *, device: str, precision: str = "fp32", unfused=Non
             options["unfused"] = Path(unfused)
         built = build_engine(Path(source), engine="cuda-graph", device=device, options=options)
         return built.runner, built.seconds
+    if fp32_graph is not None:
+        options["fp32_graph"] = Path(fp32_graph)
     start = time.perf_counter()
     engine = cuda_graph.build(Path(source), precision=precision, device=device, options=options)
     return engine, time.perf_counter() - start
@@ -1200,7 +1207,11 @@ def run_precision(runner: Runner, archs: list[str], precisions: list[str], work:
                     onnx.save(converted, str(target))
                     source = target
                 engine, build_s = build_framefuse(
-                    source, device=settings.device, precision=precision, unfused=entry["onnx"]
+                    source,
+                    device=settings.device,
+                    precision=precision,
+                    unfused=entry["onnx"],
+                    fp32_graph=entry["fused"] if precision != "fp32" else None,
                 )
                 call = _engine_call(engine, form="step", pool=pool, in_name=in_name, out_name=out_name)
                 with torch.no_grad():
@@ -1445,11 +1456,15 @@ def precision_section(rows: list[dict]) -> list[str]:
     lines = [
         "## Precision: the framefuse engine at fp32 / fp16 / bf16 / int8 (step form, T = 1)",
         "",
-        "Graphs from framefuse.precision (`framefuse build --precision`: fp16/bf16 storage conversion, int8 Q/DQ "
-        'calibrated on the config\'s seeded inputs); the engine built with select="time". Accuracy: the accuracy '
-        "report against the fp32 graph over a rollout (each side carries its own state); max abs error of the "
-        "policy output y and of every output (next state included); argmax agreement of y. Gate: the build's "
-        "accuracy gate (a `no` means `framefuse build` would refuse this graph; it is timed anyway).",
+        "Graphs from framefuse.precision (`framefuse build --precision`: fp16/bf16 storage conversion, int8 "
+        'weight-only by default); the engine built with select="time". A step kernel of a precision build '
+        "computes with the weights as the graph stores them and float32 activations and state; a selection "
+        "name ending in @fp16 / @bf16 / @int8 reads those weight rows in that format (engines/fusion."
+        "PRECISION_ROWS), checked against the converted graph's plan within the precision's tolerance. "
+        "Accuracy: the accuracy report of the converted graph against the fp32 graph over a rollout (each side "
+        "carries its own state); max abs error of the policy output y and of every output (next state "
+        "included); argmax agreement of y. Gate: the build's accuracy gate (a `no` means `framefuse build` "
+        "would refuse this graph; it is timed anyway).",
         "",
     ]
     if not rows:

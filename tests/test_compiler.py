@@ -871,6 +871,132 @@ def test_an_int8_weight_only_graph_lowers_with_its_dequantized_weights(arch, tmp
             lower_program(qdq)  # the activations' QuantizeLinear (no lowering) comes first
 
 
+# -- a precision build's graph: widened storage, lossless narrow rows (issue 19 item 4) -----------------
+
+
+def _weights_as_stored(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The precision build's graph rewritten, independently of the lowering, into the float32 graph
+    the widened lowering means: fp16 / bf16 initializers as float32 (the same values), a Cast of
+    a constant to fp16 / bf16 still rounding it (followed by a Cast back to float32), a Cast of a
+    computed value to fp16 / bf16 an Identity. ONNX Runtime runs it."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    low = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    constants = {i.name for i in graph.initializer} | {
+        o for n in graph.node if n.op_type == "Constant" for o in n.output
+    }
+    for init in graph.initializer:
+        if init.data_type in low:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+    nodes = []
+    for node in graph.node:
+        to = next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+        if to in low and node.input[0] in constants:
+            rounded = node.output[0] + "/rounded"
+            nodes.append(helper.make_node("Cast", [node.input[0]], [rounded], to=to, name=node.name))
+            nodes.append(helper.make_node("Cast", [rounded], [node.output[0]], to=TensorProto.FLOAT))
+        elif to in low:
+            nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    return model
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_half_precision_graph_lowers_with_its_weights_as_stored(arch, precision, tmp_path):
+    """`framefuse build --precision fp16 | bf16`'s graph (precision/convert: Casts around the
+    products, fp16 / bf16 weights) is declined as it is and lowers with ``widen_storage``: the
+    interpreter matches ONNX Runtime on the same graph rewritten by hand into float32 with the
+    stored weights (within 1e-5), and the converted graph as written (the cuda-graph engine on the
+    CPU: ONNX Runtime has no bf16 Gemm there) within the precision's tolerance (it also rounds the
+    activations)."""
+    from framefuse.config import PRECISION_TOLERANCE
+    from framefuse.engines.cuda_graph import CudaGraphEngine
+    from framefuse.plugins.ort_bridge import ort_session
+    from framefuse.precision import convert_model
+
+    prepared = _prepared(arch)
+    model = convert_model(onnx.load(str(prepared.fused)), precision, config=prepared.manifest["config"])
+    with pytest.raises(CompileError, match=r"\(Cast\): Cast to TensorProto\.(B?FLOAT16)"):
+        lower_program(model)
+    program = lower_program(model, widen_storage=True)
+    feeds = _feeds(program, np.random.default_rng(2))
+    actual = naive.run(program, feeds)
+    path = tmp_path / "as_stored.onnx"
+    onnx.save(_weights_as_stored(model), str(path))
+    session = ort_session(str(path))
+    names = [o.name for o in session.get_outputs()]
+    for name, expected in zip(names, session.run(names, feeds)):
+        _close(actual[name], expected, f"{arch} {precision} as stored {name}", tol=1e-5)
+    as_written = CudaGraphEngine(model, device="cpu").run(feeds)
+    for name in names:
+        _close(
+            actual[name], as_written[name], f"{arch} {precision} as written {name}", tol=PRECISION_TOLERANCE[precision]
+        )
+
+
+def test_stores_exactly_tells_stored_rows_from_rows_a_format_would_round():
+    """codegen.stores_exactly: fp16 / bf16 rows already rounded (NaN, ±Inf and zeros included)
+    are stored as they are, float32 rows are not; int8 rows that are a row scale times integers in
+    [-127, 127] (precision/quantize's weight-only scheme, the products computed in float32) are,
+    other rows are not; beyond fp16's range never."""
+    from framefuse.compiler.codegen import quantized_rows, rounded_rows, stores_exactly
+
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((6, 40)).astype(np.float32)
+    for fmt in ("fp16", "bf16"):
+        assert not stores_exactly(rows, fmt)
+        stored = rounded_rows(rows, fmt)
+        stored[0, :3] = [np.nan, np.inf, -0.0]
+        assert stores_exactly(stored, fmt), fmt
+    assert not stores_exactly(np.full((1, 4), 70000.0, np.float32), "fp16")
+    q, scale = quantized_rows(rows * 3)
+    dequantized = (q.astype(np.float32) * scale[:, None]).astype(np.float32)
+    dequantized[5] = 0.0
+    assert stores_exactly(dequantized, "int8")
+    assert not stores_exactly(rows, "int8")
+    nudged = dequantized.copy()
+    nudged[1, 7] += scale[1] / 10  # off the grid by a tenth of a step
+    assert not stores_exactly(nudged, "int8")
+    assert not stores_exactly(np.array([[np.nan, 1.0]], np.float32), "int8")
+    assert stores_exactly(rows, "fp32")
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,precision", [("min_gru", "fp16"), ("lstm", "bf16"), ("mamba", "fp16"), ("attention", "int8"), ("gru", "int8")]
+)
+def test_a_precision_build_kernel_stores_the_graphs_weights_narrow_and_computes_the_same(arch, precision, tmp_path):
+    """A precision build's step kernel (engines.fusion.PRECISION_ROWS): the graph lowered with its
+    weights as stored, the products whose rows the format holds exactly read narrow
+    (lossless_rows), the others float32. The rows it reads are the program's own, bit for bit
+    (int8: within a few ulps), so the emulated kernel matches the interpreter on the program's
+    rows, and the kernel with float32 rows of the same program computes the same outputs."""
+    from framefuse.compiler.codegen import stores_exactly
+    from framefuse.precision import convert_model
+
+    prepared = _prepared(arch)
+    model = convert_model(onnx.load(str(prepared.fused)), precision, config=prepared.manifest["config"])
+    program = lower_program(model, widen_storage=precision != "int8")
+    sched = schedule(program, grid=3, threads=64)
+    kernel = generate(sched, weight_format=precision, lossless_rows=True)
+    dots = {u.node.id: u.node for t in sched.tasks for u in t.units.values() if u.how == "dot"}
+    assert kernel.layout.narrow and set(kernel.layout.narrow) <= set(dots)
+    for nid, dot in dots.items():
+        assert (nid in kernel.layout.narrow) == stores_exactly(dot.rows, precision)
+    for nid, rows in kernel.dot_rows().items():
+        np.testing.assert_allclose(rows, dots[nid].rows, rtol=0, atol=1e-6 * float(np.abs(rows).max() or 1))
+        if precision != "int8":
+            assert np.array_equal(rows, dots[nid].rows)
+    assert kernel.describe()["lossless_rows"] and kernel.describe()["narrow_products"] == len(kernel.layout.narrow)
+    assert kernel.describe()["weight_bytes"] < generate(sched).describe()["weight_bytes"]
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
 def test_resident_source_reuses_weights_and_reads_state_coherently():
     from framefuse.compiler import codegen
 
@@ -1792,6 +1918,10 @@ def test_half_precision_graph_is_declined_naming_the_cast():
     )
     with pytest.raises(CompileError, match=r"node 'to_half' \(Cast\): Cast to TensorProto.FLOAT16"):
         lower_onnx(model)
+    # a precision build's graph lowers with widened storage: the computed value stays float32
+    program = lower_onnx(model, widen_storage=True)
+    x = np.array([[1 + 2**-13] * 8], np.float32)  # not an fp16 value: kept, not rounded
+    assert np.array_equal(naive.run(program, {"x": x})["y"], x)
 
 
 def test_dynamic_input_shape_is_declined():

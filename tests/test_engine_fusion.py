@@ -664,3 +664,234 @@ def test_the_unrolled_tactic_keeps_the_copies_the_other_tactics_roll(monkeypatch
     assert rolled.program.counts()["recur"] == 1
     assert unrolled.program.counts()["tanh"] == control_flow_graphs.STEPS
     assert rolled.kernel.digest != unrolled.kernel.digest
+
+
+# -- a precision build's step kernels (issue 19 item 4) -----------------------------------------------------
+
+
+def _converted_min_gru(precision, tmp_path):
+    import onnx
+
+    from framefuse.precision import convert_model
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached("min_gru", {"model": {"embed": 32, "layers": 2}, "seq": 4, "seed": 0})["step"]
+    model = convert_model(onnx.load(str(prepared.fused)), precision, config=prepared.manifest["config"])
+    path = tmp_path / f"model.fused.{precision}.onnx"
+    onnx.save(model, str(path))
+    return prepared, path
+
+
+def test_a_precision_build_times_every_tactic_twice_from_its_graph_as_stored(monkeypatch, tmp_path):
+    """stepkernel_tactics: an fp32 build's are STEPKERNELS; an fp16 / bf16 build's lower its graph
+    with widened storage and repeat every tactic with the precision's rows ("<tactic>@<format>",
+    lossless); int8's graph lowers as it is. prepare_tactics makes them for an H100 without a GPU:
+    a twin has the float32 kernel's program (lowered once) and schedule, reads narrow exactly the
+    products whose rows the format stores, and those rows are the program's own, bit for bit."""
+    import numpy as np
+
+    from framefuse.compiler.codegen import stores_exactly
+    from framefuse.compiler.engine import StepSource, prepare_tactics
+    from framefuse.engines.fusion import STEPKERNELS, candidate_name, split_candidate, stepkernel_tactics
+
+    assert stepkernel_tactics("fp32") == STEPKERNELS
+    int8 = stepkernel_tactics("int8")
+    assert set(int8) == set(STEPKERNELS) | {f"{t}@int8" for t in STEPKERNELS}
+    assert not any("widen_storage" in a for a in int8.values())
+    fp16 = stepkernel_tactics("fp16")
+    assert all(a["widen_storage"] for a in fp16.values())
+    for tactic in STEPKERNELS:
+        twin = fp16[candidate_name(tactic, "fp16")]
+        assert split_candidate(candidate_name(tactic, "fp16")) == (tactic, "fp16")
+        assert twin == {**STEPKERNELS[tactic], "widen_storage": True, "weight_format": "fp16", "lossless_rows": True}
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "cache"))
+    _, path = _converted_min_gru("fp16", tmp_path)
+    chosen = {k: fp16[k] for k in ("stepkernel", "stepkernel@fp16", "stepkernel-384-threads@fp16")}
+    sources = prepare_tactics(path, H100_PROPS, chosen, compile_image=lambda source: 0.0)
+    assert all(isinstance(s, StepSource) for s in sources.values()), sources
+    plain, twin = sources["stepkernel"], sources["stepkernel@fp16"]
+    assert twin.program is plain.program and twin.schedule is plain.schedule
+    assert not plain.kernel.layout.narrow and plain.kernel.weight_format == "fp32"
+    dots = {u.node.id: u.node for t in twin.schedule.tasks for u in t.units.values() if u.how == "dot"}
+    assert twin.kernel.layout.narrow and twin.kernel.describe()["lossless_rows"]
+    assert set(twin.kernel.layout.narrow) == {i for i, d in dots.items() if stores_exactly(d.rows, "fp16")}
+    for nid, rows in twin.kernel.dot_rows().items():
+        assert np.array_equal(rows, dots[nid].rows)
+    assert twin.kernel.describe()["weight_bytes"] < plain.kernel.describe()["weight_bytes"]
+    assert sources["stepkernel-384-threads@fp16"].threads == 384
+
+
+def test_a_selection_name_says_its_tactic_and_its_rows():
+    """check_select: the selection choices, and a tactic with its build's narrow rows; rows of
+    another precision, or rows on what is not a step kernel, are refused in one line."""
+    from framefuse.engines.base import EngineBuildError
+    from framefuse.engines.fusion import check_select
+
+    assert check_select("time") == ("time", "fp32")
+    assert check_select("stepkernel-384-threads", "fp16") == ("stepkernel-384-threads", "fp32")
+    assert check_select("stepkernel-paced@bf16", "bf16") == ("stepkernel-paced", "bf16")
+    assert check_select("stepkernel@int8", "int8") == ("stepkernel", "int8")
+    with pytest.raises(
+        EngineBuildError, match=r"select 'stepkernel@fp16': fp16 weight rows belong to a fp16 build, this one is bf16"
+    ):
+        check_select("stepkernel@fp16", "bf16")
+    with pytest.raises(EngineBuildError, match="this one is fp32"):
+        check_select("stepkernel@fp16")
+    for bad in ("inductor@fp16", "stepkernel-fast", "stepkernel@fp8"):
+        with pytest.raises(EngineBuildError, match="select must be one of|weight rows belong"):
+            check_select(bad, "fp16")
+
+
+def test_a_precision_build_keeps_its_narrow_rows_within_the_noise_and_says_how_it_compares_with_fp32():
+    """The timed selection of a precision build: a float32-row kernel that beat its narrow twin by
+    less than TACTIC_MARGIN gives way to the twin (the same numbers in the precision asked for);
+    the plain-kernel rule holds within one row format; the chosen candidate is compared with the
+    fastest step kernel of the fp32 graph timed in the same rounds."""
+    from framefuse.engines.fusion import (
+        FP32_REFERENCE,
+        comparison_line,
+        fp32_comparison,
+        narrow_rows_within_margin,
+        plain_kernel_within_margin,
+    )
+
+    timings = {"stepkernel": 20.0, "stepkernel@fp16": 20.1, "stepkernel-pieces": 19.0, "stepkernel-pieces@fp16": 19.1}
+    assert narrow_rows_within_margin("stepkernel-pieces", timings, "fp16") == "stepkernel-pieces@fp16"
+    assert narrow_rows_within_margin("stepkernel-pieces", {**timings, "stepkernel-pieces@fp16": 19.5}, "fp16") is None
+    assert narrow_rows_within_margin("stepkernel-pieces@fp16", timings, "fp16") is None  # already narrow
+    assert narrow_rows_within_margin("stepkernel-pieces", timings, "fp32") is None  # an fp32 build has no twin
+    assert narrow_rows_within_margin("inductor", {"inductor": 1.0}, "fp16") is None
+    assert not plain_kernel_within_margin("stepkernel-pieces@fp16", timings)  # 5 % faster than stepkernel@fp16
+    assert plain_kernel_within_margin("stepkernel-pieces@fp16", {**timings, "stepkernel-pieces@fp16": 20.0})
+
+    report = {
+        "chosen": "stepkernel-pieces@fp16",
+        "candidates": {
+            "stepkernel-pieces@fp16": {"us_per_step": 19.1},
+            "plan": {"us_per_step": 60.0},
+            FP32_REFERENCE + "stepkernel": {"us_per_step": 19.6, "reference": True},
+            FP32_REFERENCE + "stepkernel-pieces": {"us_per_step": 18.0, "reference": True},
+            FP32_REFERENCE + "stepkernel-paced": {"error": "declined", "reference": True},
+        },
+    }
+    comparison = fp32_comparison(report, "fp16")
+    assert comparison == {
+        "precision": "fp16",
+        "chosen": "stepkernel-pieces@fp16",
+        "us_per_step": 19.1,
+        "fp32_reference": "stepkernel-pieces",
+        "fp32_us_per_step": 18.0,
+        "slower": True,
+    }
+    assert comparison_line(comparison).endswith("this fp16 build is SLOWER than the fp32 build (6.1%)")
+    report["candidates"][FP32_REFERENCE + "stepkernel-pieces"]["us_per_step"] = 18.95  # within the margin
+    line = comparison_line(fp32_comparison(report, "fp16"))
+    assert line == (
+        "the fp16 build's stepkernel-pieces@fp16 takes 19.10 us against 18.95 us for the fp32 graph's "
+        "stepkernel-pieces: not slower than the fp32 build"
+    )
+    assert fp32_comparison({"chosen": "plan", "candidates": {"plan": {"us_per_step": 3.0}}}, "fp16") is None
+
+
+def test_the_timed_selection_of_a_precision_build_on_a_gpu_end_to_end_of_its_logic(monkeypatch):
+    """apply_selection's timed path for an fp16 build, with the compiler and the timing replaced
+    (the GPU run is tests/gpu/test_stepkernel.py::test_a_precision_build_on_the_gpu): the build's
+    step kernels are asked for with the precision, the fp32 graph's as references, every candidate
+    is checked within the precision's tolerance relative to the outputs, the narrow twin is kept
+    within the noise, and the report says how the choice compares with fp32."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from framefuse.config import PRECISION_TOLERANCE
+    from framefuse.engines import fusion
+
+    asked, seen = [], {}
+
+    class Compiled:
+        def __init__(self, name):
+            self.name = name
+
+        def describe(self):
+            return {"weight_format": fusion.split_candidate(self.name)[1], "name": self.name}
+
+    def candidates(executor, plan, say, *, exact_math=False, precision="fp32"):
+        asked.append((executor.model, precision))
+        names = ["stepkernel", "stepkernel-pieces"]
+        if precision != "fp32":
+            names += [fusion.candidate_name(n, precision) for n in names]
+        return {n: SimpleNamespace(compiled=Compiled(n)) for n in names}
+
+    times = {
+        "plan": 80.0,
+        "inductor": 70.0,
+        "stepkernel": 20.0,
+        "stepkernel-pieces": 18.0,
+        "stepkernel@fp16": 20.2,
+        "stepkernel-pieces@fp16": 18.1,
+    }
+
+    def select(plan, *, alternatives, modes, compile_also, references, tolerance, relative, log):
+        seen.update(
+            tolerance=tolerance, relative=relative, references=sorted(references), alternatives=sorted(alternatives)
+        )
+        report = {name: {"us_per_step": t} for name, t in times.items()}
+        report.update({name: {"us_per_step": 17.5, "reference": True} for name in references})
+        chosen = min(times, key=times.get)
+        return alternatives.get(chosen, plan), {"chosen": chosen, "candidates": report}
+
+    monkeypatch.setattr(fusion, "stepkernel_candidates", candidates)
+    monkeypatch.setattr(fusion, "select_plan", select)
+    executor = SimpleNamespace(model="model.fused.fp16.onnx", optimize=False)
+    plan = SimpleNamespace(device=torch.device("cuda"), input_specs={}, output_specs={})
+    lines = []
+    chosen, report = fusion.apply_selection(
+        executor, plan, "time", precision="fp16", fp32_graph="model.fused.onnx", log=lines.append
+    )
+    assert asked == [("model.fused.fp16.onnx", "fp16"), ("model.fused.onnx", "fp32")]
+    assert seen["tolerance"] == PRECISION_TOLERANCE["fp16"] and seen["relative"]
+    assert seen["references"] == [fusion.FP32_REFERENCE + "stepkernel", fusion.FP32_REFERENCE + "stepkernel-pieces"]
+    assert report["chosen"] == "stepkernel-pieces@fp16" and chosen.compiled.name == "stepkernel-pieces@fp16"
+    assert report["stepkernel"] == {"weight_format": "fp16", "name": "stepkernel-pieces@fp16"}
+    assert report["vs_fp32"]["slower"] and report["vs_fp32"]["fp32_us_per_step"] == 17.5
+    assert any("the fp16 rows are kept" in line for line in lines)
+    assert lines[-1].startswith("selection: the fp16 build's stepkernel-pieces@fp16 takes 18.10 us")
+    assert report["candidates"][fusion.FP32_REFERENCE + "stepkernel"]["kernel"]["name"] == "stepkernel"
+
+    asked.clear()
+    chosen, report = fusion.apply_selection(executor, plan, "time")  # an fp32 build: as before
+    assert asked == [("model.fused.fp16.onnx", "fp32")]
+    assert seen["tolerance"] == fusion.PARITY_TOLERANCE and not seen["relative"] and not seen["references"]
+    assert report["chosen"] == "stepkernel-pieces" and "vs_fp32" not in report
+
+
+def test_a_precision_build_hands_the_cuda_graph_engine_its_fp32_graph(tmp_path, monkeypatch):
+    """framefuse.build: an fp16 build of the cuda-graph engine names the fp32 graph (the engine's
+    fp32_graph option: on a GPU its step kernels are timed beside); the converted graph is what
+    the engine runs and records, its precision set before the selection, and a load keeps it."""
+    import shutil
+
+    from framefuse.build import build_engine
+    from framefuse.engines import cuda_graph
+
+    prepared, _ = _converted_min_gru("fp16", tmp_path)
+    folder = tmp_path / "min_gru-step"
+    folder.mkdir()
+    for path in prepared.onnx.parent.iterdir():
+        if path.is_file():
+            shutil.copy(path, folder / path.name)
+    seen = {}
+    real = cuda_graph.CudaGraphEngine.__init__
+
+    def spy(self, source, **kwargs):
+        seen.update(kwargs)
+        real(self, source, **kwargs)
+
+    monkeypatch.setattr(cuda_graph.CudaGraphEngine, "__init__", spy)
+    built = build_engine(folder, engine="cuda-graph", precision="fp16", device="cpu", out=folder, gate=(50, None))
+    assert seen["precision"] == "fp16" and seen["fp32_graph"] == folder / "model.fused.onnx"
+    assert built.source == folder / "model.fused.fp16.onnx" and built.runner.precision == "fp16"
+    seen.clear()
+    loaded = cuda_graph.load(folder / "engine.ffe", device="cpu")
+    assert loaded.precision == "fp16" and seen["precision"] == "fp16" and seen.get("fp32_graph") is None

@@ -122,8 +122,9 @@ def register(subparsers) -> argparse.ArgumentParser:
         "each element at its own position, stepkernel-unrolled: an unrolled Elman cell's copies kept as they are, "
         "not rolled into a loop), the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "
-        "them, and keeps the fastest; time-autotune "
-        "adds max-autotune; a name forces that candidate",
+        "them, and keeps the fastest (a --precision build times each step-kernel tactic with float32 weight rows "
+        "and with its precision's rows, <tactic>@fp16 / @bf16 / @int8, and its fp32 graph's kernels beside); "
+        "time-autotune adds max-autotune; a name forces that candidate (float32 rows)",
     )
     parser.add_argument(
         "--exact-math",
@@ -264,7 +265,8 @@ def _dump_source(runner, source: Path, folder: Path, grid: int | None, log) -> N
     from framefuse.plugins.cuda import _atomic_write
 
     blocks = grid or 132
-    kernel = generate_source(source, grid=blocks)
+    # a precision build's graph: its weights as stored, its activations in float32 (engines.fusion)
+    kernel = generate_source(source, grid=blocks, widen_storage=getattr(runner, "precision", "fp32") in ("fp16", "bf16"))
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"stepkernel-{kernel.digest[:12]}.cu"
     _atomic_write(target, kernel.source.encode())

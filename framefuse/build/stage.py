@@ -226,7 +226,8 @@ def build_engine(
     ``precision``: the graph is converted first and, with ``gate`` = (frames, tolerance or None),
     checked against fp32 before anything is written. ``offer_unfused``: a fused fp32 graph's
     model.onnx beside it becomes a candidate of the cuda-graph engine's build-time selection (a
-    fused op must never cost time). ``check`` (default: the engine kind's ``checked_by_default``):
+    fused op must never cost time); a precision build's fp32 graph is handed to an engine that
+    times against it (its ``fp32_graph`` option). ``check`` (default: the engine kind's ``checked_by_default``):
     the parity gate against ONNX Runtime on the original graph; a mismatch removes what was
     written. ``log`` receives the build's progress lines (and is handed to the backend). Problems
     raise a one-line framefuse error (EngineBuildError, AccuracyError, ParityError)."""
@@ -258,6 +259,9 @@ def build_engine(
     if out is not None:
         out = Path(out)
         out_dir = out if out.suffix != kind.suffix else out.parent
+    if precision != "fp32" and not in_memory and "fp32_graph" in kind.options:
+        # the fp32 graph's step kernels are timed beside the precision build's (engines.fusion)
+        options.setdefault("fp32_graph", source)
     if precision != "fp32" or calib is not None or int8_mode is not None:
         source = convert_precision(
             source,

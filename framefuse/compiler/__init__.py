@@ -25,17 +25,19 @@ def lower_program(
     compose_input: bool | None = None,
     roll_recurrences: bool | None = None,
     roll_bodies: bool | None = None,
+    widen_storage: bool = False,
 ) -> Program:
     """The step IR of a fused ONNX graph (path or ModelProto), simplified unless asked not to
     (``compose_input``: the first layer's products as products of the frame, see
     simplify.ComposeInputProducts; None: simplify.COMPOSE_INPUT_PRODUCTS; ``roll_recurrences``:
     unrolled Elman cells rolled into loops, see simplify.RollRecurrences; None: simplify.ROLL_RECURRENCES;
     ``roll_bodies``: any other unrolled cell rolled into a loop over its body, see simplify.RollBodies;
-    None: simplify.ROLL_BODIES)."""
+    None: simplify.ROLL_BODIES; ``widen_storage``: an fp16 / bf16 build's graph with its weights as it
+    stores them and its activations in float32, see lower.lower_model)."""
     from framefuse.compiler.lower import lower_onnx
     from framefuse.compiler.simplify import simplify
 
-    program = lower_onnx(model_or_path)
+    program = lower_onnx(model_or_path, widen_storage=widen_storage)
     if not simplified:
         return program
     return simplify(program, compose_input=compose_input, roll_recurrences=roll_recurrences, roll_bodies=roll_bodies)
@@ -49,17 +51,25 @@ def generate_source(
     smem_limit_bytes: int = 200 * 1024,
     resident: bool = False,
     weight_format: str = "fp32",
+    lossless_rows: bool = False,
+    widen_storage: bool = False,
 ):
     """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
     ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel` (``resident``: the
-    kernel launched once that runs a frame per bell; ``weight_format``: the products' weight rows,
-    codegen.WEIGHT_FORMATS)."""
+    kernel launched once that runs a frame per bell; ``weight_format``, ``lossless_rows``: the
+    products' weight rows, codegen.WEIGHT_FORMATS; ``widen_storage``: see lower_program)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
 
-    program = lower_program(model_or_path)
+    program = lower_program(model_or_path, widen_storage=widen_storage)
     sched = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit_bytes // 8)
-    return generate(sched, smem_limit_bytes=smem_limit_bytes, resident=resident, weight_format=weight_format)
+    return generate(
+        sched,
+        smem_limit_bytes=smem_limit_bytes,
+        resident=resident,
+        weight_format=weight_format,
+        lossless_rows=lossless_rows,
+    )
 
 
 __all__ = ["CompileError", "Program", "generate_source", "lower_program"]

@@ -180,10 +180,12 @@ class Generator:
         paced_copies: bool | None = None,
         skewed_sums: bool | None = None,
         weight_format: str = "fp32",
+        lossless_rows: bool = False,
     ):
         if weight_format not in WEIGHT_FORMATS:
             raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
         self.weight_format = weight_format
+        self.lossless_rows = bool(lossless_rows)
         if trace and resident:
             raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
         self.trace = trace
@@ -318,13 +320,14 @@ class Generator:
     def _narrow_dots(self) -> dict:
         """{weight leaf id: Dot} of the products whose rows are stored narrow: every product a task
         computes as a unit of dot products (_dot) whose rows the format holds, when the weight
-        format is not fp32."""
+        format is not fp32; with ``lossless_rows`` only those it stores exactly (stores_exactly)."""
         if self.weight_format == "fp32":
             return {}
+        keeps = stores_exactly if self.lossless_rows else format_holds
         found = {}
         for task in self.sched.tasks:
             for unit in task.units.values():
-                if unit.how == "dot" and format_holds(unit.node.rows, self.weight_format):
+                if unit.how == "dot" and keeps(unit.node.rows, self.weight_format):
                     found[unit.node.weight.id] = unit.node
         return found
 
@@ -2306,6 +2309,30 @@ def format_holds(rows: np.ndarray, weight_format: str) -> bool:
     return True
 
 
+# int8 rows count as stored exactly when they read back within this many float32 ulps of their
+# row's largest magnitude: a weight-only int8 graph's dequantized rows q * s (precision/quantize,
+# float32 products) re-quantize to the same q, with a scale within an ulp or two of s.
+INT8_EXACT_ULPS = 8
+
+
+def stores_exactly(rows: np.ndarray, weight_format: str) -> bool:
+    """Whether ``weight_format`` stores ``rows`` without changing them: fp16 / bf16 when rounding
+    is the identity (a precision build's graph already rounded them; NaN stays NaN), int8 when they
+    are a row's scale times integers in [-127, 127] (up to INT8_EXACT_ULPS, see there)."""
+    rows = np.asarray(rows, dtype=np.float32)
+    if weight_format == "fp32":
+        return True
+    if not format_holds(rows, weight_format):
+        return False
+    back = rounded_rows(rows, weight_format)
+    if weight_format != "int8":
+        return bool(np.array_equal(back, rows, equal_nan=True))
+    if not rows.size:
+        return True
+    bound = INT8_EXACT_ULPS * np.finfo(np.float32).eps * np.abs(rows).max(axis=1, keepdims=True)
+    return bool((np.abs(back - rows) <= bound).all())
+
+
 def rounded_rows(rows: np.ndarray, weight_format: str) -> np.ndarray:
     """``rows`` as the kernel reads them back from ``weight_format`` (float32; int8: q · scale)."""
     if weight_format == "int8":
@@ -2741,6 +2768,7 @@ class Kernel:
     paced_copies: bool = False  # each block issues a group's copies a task ahead in its own order
     skewed_sums: bool = False  # sums whose reads share a bank start each element at its own position
     weight_format: str = "fp32"  # the products' weight rows: fp32, fp16, bf16 or int8 (see WEIGHT_FORMATS)
+    lossless_rows: bool = False  # narrow only the products the format stores exactly (stores_exactly)
 
     @property
     def name(self) -> str:
@@ -2799,6 +2827,7 @@ class Kernel:
                 "paced_copies": self.paced_copies,
                 "skewed_sums": self.skewed_sums,
                 "weight_format": self.weight_format,
+                "lossless_rows": self.lossless_rows,
                 "narrow_products": len(self.layout.narrow),
             }
         )
@@ -2816,12 +2845,15 @@ def generate(
     paced_copies: bool | None = None,
     skewed_sums: bool | None = None,
     weight_format: str = "fp32",
+    lossless_rows: bool = False,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
     table and flagged buffer as the launched kernel of the same schedule). ``weight_format``:
     how the products' weight rows are stored and read (WEIGHT_FORMATS; :meth:`Kernel.dot_rows`
-    gives the rows the kernel computes with, for the reference)."""
+    gives the rows the kernel computes with, for the reference); ``lossless_rows``: only the
+    products whose rows the format stores exactly go narrow (a precision build's graph, whose
+    weights are already rounded: the kernel then computes with the very values the graph holds)."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
@@ -2832,6 +2864,7 @@ def generate(
         paced_copies=paced_copies,
         skewed_sums=skewed_sums,
         weight_format=weight_format,
+        lossless_rows=lossless_rows,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -2847,6 +2880,7 @@ def generate(
         gen.paced_copies,
         gen.skewed_sums,
         gen.weight_format,
+        gen.lossless_rows,
     )
 
 

@@ -98,10 +98,12 @@ def prepare_step(
     grid_fraction: float = 1.0,
     fast_math: bool | None = None,
     weight_format: str = "fp32",
+    lossless_rows: bool = False,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
-    (``weight_format``: how the products' weight rows are stored, codegen.WEIGHT_FORMATS)."""
+    (``weight_format``, ``lossless_rows``: how the products' weight rows are stored,
+    codegen.WEIGHT_FORMATS and codegen.stores_exactly)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -123,6 +125,7 @@ def prepare_step(
         paced_copies=paced_copies,
         skewed_sums=skewed_sums,
         weight_format=weight_format,
+        lossless_rows=lossless_rows,
     )
     schedule_s = time.perf_counter() - start
     return StepSource(
@@ -153,6 +156,8 @@ def prepare_step(
 # and a loop rolled from that many copies is the faster kernel anyway (the nn.RNNCell loop at T = 32,
 # 456 nodes unrolled: rolled 35 us, unrolled 79 on the H100).
 UNROLLED_TACTIC_MAX_NODES = 512
+# A tactic's arguments that choose the lowering (memo.cached_program), not the schedule or the code
+LOWERING_ARGUMENTS = ("compose_input", "roll_recurrences", "widen_storage")
 NVRTC_WORKERS = 8  # the environment's FRAMEFUSE_NVRTC_WORKERS replaces it (1: one compile at a time)
 
 
@@ -197,7 +202,7 @@ def prepare_tactics(
     log=None,
 ) -> dict[str, StepSource | Exception]:
     """Every tactic's source (``tactics``: name -> prepare_step's arguments and the lowering's
-    ``compose_input`` / ``roll_recurrences``, as engines.fusion.STEPKERNELS), generated in order
+    LOWERING_ARGUMENTS, as engines.fusion.STEPKERNELS), generated in order
     while NVRTC compiles the sources already written, ``workers`` threads at a time (default:
     nvrtc_workers()). A source another tactic already has is compiled once. Returns, per tactic in
     order, its StepSource (compiled: a load reads the kernel cache) or the exception that declined
@@ -218,7 +223,8 @@ def prepare_tactics(
                 results[name] = first_failure
                 continue
             arguments = dict(arguments)
-            lowering = {key: arguments.pop(key, None) for key in ("compose_input", "roll_recurrences")}
+            lowering = {key: arguments.pop(key, None) for key in LOWERING_ARGUMENTS}
+            lowering["widen_storage"] = bool(lowering["widen_storage"])
             try:
                 program = cached_program(model_or_path, **lowering)
                 nodes = len(program.nodes())
@@ -271,6 +277,7 @@ class CompiledStep:
         grid_fraction: float = 1.0,
         fast_math: bool | None = None,
         weight_format: str = "fp32",
+        lossless_rows: bool = False,
         source: StepSource | None = None,
         log=None,
     ):
@@ -296,6 +303,7 @@ class CompiledStep:
                 grid_fraction=grid_fraction,
                 fast_math=fast_math,
                 weight_format=weight_format,
+                lossless_rows=lossless_rows,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -306,6 +314,7 @@ class CompiledStep:
         self.paced_copies = self.kernel.paced_copies
         self.skewed_sums = self.kernel.skewed_sums
         self.weight_format = self.kernel.weight_format
+        self.lossless_rows = self.kernel.lossless_rows
         self.kernel_prefetch = source.prefetch
         self.schedule_s = source.schedule_s
         grid, threads = source.grid, source.threads
@@ -472,6 +481,7 @@ class CompiledStep:
                 paced_copies=self.paced_copies,
                 skewed_sums=self.skewed_sums,
                 weight_format=self.weight_format,
+                lossless_rows=self.lossless_rows,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -510,14 +520,19 @@ def compile_step(
     compose_input=None,
     roll_recurrences=None,
     weight_format="fp32",
+    lossless_rows=False,
+    widen_storage=False,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
     by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS;
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
-    weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS). The program is lowered once for
-    the build's tactics (compiler.memo)."""
-    program = cached_program(model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences)
+    weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
+    format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
+    lower.lower_model). The program is lowered once for the build's tactics (compiler.memo)."""
+    program = cached_program(
+        model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
+    )
     return CompiledStep(
         program,
         device=device,
@@ -529,6 +544,7 @@ def compile_step(
         grid_fraction=grid_fraction,
         fast_math=fast_math,
         weight_format=weight_format,
+        lossless_rows=lossless_rows,
         log=log,
     )
 

@@ -13,6 +13,7 @@ import math
 import os
 from collections import ChainMap
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,33 @@ from framefuse.onnx_spec import slice_bounds
 
 FLOAT, BOOL = 1, 9
 FLOAT_LIKE = {FLOAT}
+FLOAT16, BFLOAT16 = 10, 16
+# A precision build's graph (precision/convert: fp16 / bf16 storage) lowered with widened storage:
+# its fp16 / bf16 constants become the float32 values they hold, a Cast of a constant to fp16 /
+# bf16 still rounds it, and a Cast of a computed value to fp16 / bf16 is the value itself. The
+# kernel then computes with the weights the graph stores and float32 activations and state: the
+# weight-only reading of the build (issue 19: weights stored narrow, fp32 accumulation), not the
+# graph's rounding of every activation. Set for one lowering by lower_model(widen_storage=True).
+_WIDEN_STORAGE: ContextVar[bool] = ContextVar("widen_storage", default=False)
+_LOW_FLOATS = {FLOAT16: np.float16, BFLOAT16: None}  # bfloat16's numpy type comes from ml_dtypes
+
+
+def _low_float_type(elem: int):
+    if elem == BFLOAT16:
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return _LOW_FLOATS[elem]
+
+
+def stored(array: np.ndarray, elem: int) -> tuple[np.ndarray, int]:
+    """A constant of ONNX type ``elem`` as the lowering holds it: with widened storage an fp16 /
+    bf16 one is the float32 array of the same values (exact), anything else as it is."""
+    if elem in _LOW_FLOATS and _WIDEN_STORAGE.get():
+        return np.asarray(array).astype(np.float32), FLOAT
+    return array, elem
+
+
 INT_TYPES = {2, 3, 5, 6, 7, 12, 13}  # uint8, int8, int16, int32, int64, uint32, uint64
 STATE_PREFIX, NEXT_STATE_PREFIX = "state.", "next_state."
 WKV_MAX_INIT = -1e38
@@ -175,14 +203,23 @@ def _cast(ctx, ins):
     if to == BOOL:
         return [_ew("tobool", ins[0], ctx=ctx)]
     if to == FLOAT:
+        if not isinstance(ins[0], Node) and np.asarray(ins[0]).dtype.kind == "f":
+            return [np.asarray(ins[0]).astype(np.float32)]
         return [ins[0]]  # float -> float, bool (0/1) -> float: the value is unchanged
     if to in INT_TYPES and src == BOOL:
         return [ins[0]]
+    if to in _LOW_FLOATS and _WIDEN_STORAGE.get():
+        ctx.out_types = [FLOAT]
+        if isinstance(ins[0], Node):
+            return [ins[0]]  # a computed value stays float32 (see _WIDEN_STORAGE)
+        rounded = np.asarray(ins[0]).astype(np.float32).astype(_low_float_type(to))
+        return [rounded.astype(np.float32)]  # a constant is stored rounded, as the graph stores it
     if not isinstance(ins[0], Node):
         return [np.asarray(ins[0]).astype(helper.tensor_dtype_to_np_dtype(to))]
     raise ctx.fail(
         f"Cast to {helper.tensor_dtype_to_string(to)}: the step compiler computes in float32 "
-        f"(fp16/bf16/int graphs are not lowered; build fp32 or use the cuda-graph plan)"
+        f"(an fp16 / bf16 build's graph lowers with widen_storage=True, its weights as stored and its "
+        f"activations in float32; int graphs are not lowered)"
     )
 
 
@@ -427,7 +464,10 @@ def _constant(ctx, ins):
         if key in ctx.attrs:
             value = ctx.attrs[key]
             if isinstance(value, onnx.TensorProto):
-                return [numpy_helper.to_array(value)]
+                array, elem = stored(numpy_helper.to_array(value), value.data_type)
+                if elem != value.data_type:  # widened: the value is float32 now
+                    ctx.out_types = [elem]
+                return [array]
             return [np.asarray(value)]
     raise ctx.fail("Constant without a supported value attribute")
 
@@ -1335,7 +1375,7 @@ def _body_of(ctx: Ctx, inputs: int, outputs: int | None = None) -> onnx.GraphPro
 def _body_constants(body: onnx.GraphProto) -> dict:
     """The body's initializers (onnx-graphsurgeon moves a constant only the body reads into it),
     converted once for all the iterations: name -> (array, elem type)."""
-    return {i.name: (numpy_helper.to_array(i), i.data_type) for i in body.initializer}
+    return {i.name: stored(numpy_helper.to_array(i), i.data_type) for i in body.initializer}
 
 
 def _iteration(ctx: Ctx, body, constants: dict, values: dict, types: dict, feeds: list, trip: int) -> list:
@@ -1530,15 +1570,24 @@ def _lower_nodes(nodes, values: dict, types: dict, where: str = "") -> None:
                 types[name] = in_types[0] if in_types and in_types[0] is not None else FLOAT
 
 
-def lower_model(model: onnx.ModelProto, *, source: str = "") -> Program:
+def lower_model(model: onnx.ModelProto, *, source: str = "", widen_storage: bool = False) -> Program:
     """The step IR of ``model`` (a step-form graph: ``x`` + ``state.*`` in, ``y`` + ``next_state.*``
-    out, fp32, static shapes). Raises CompileError naming the first node that cannot be lowered."""
+    out, fp32, static shapes). Raises CompileError naming the first node that cannot be lowered.
+    ``widen_storage``: an fp16 / bf16 build's graph as weight-only low precision (its constants as
+    stored, its computed values in float32; see _WIDEN_STORAGE)."""
+    token = _WIDEN_STORAGE.set(bool(widen_storage))
+    try:
+        return _lower_model(model, source)
+    finally:
+        _WIDEN_STORAGE.reset(token)
+
+
+def _lower_model(model: onnx.ModelProto, source: str) -> Program:
     graph = model.graph
     values: dict[str, Value] = {}
     types: dict[str, int] = {}
     for init in graph.initializer:
-        values[init.name] = numpy_helper.to_array(init)
-        types[init.name] = init.data_type
+        values[init.name], types[init.name] = stored(numpy_helper.to_array(init), init.data_type)
     inputs: dict[str, Leaf] = {}
     states: dict[str, Leaf] = {}
     for vi in graph.input:
@@ -1582,19 +1631,19 @@ def lower_model(model: onnx.ModelProto, *, source: str = "") -> Program:
     return Program(inputs, states, outputs, state_of, source=source)
 
 
-def lower_onnx(path_or_model) -> Program:
+def lower_onnx(path_or_model, *, widen_storage: bool = False) -> Program:
     """Load (a path or a ModelProto) and lower. Shape computations and constant subgraphs
     (Shape/Gather/Concat chains, a Loop's or Scan's body constants) are folded by the lowering
     itself, op by op in numpy, so it needs no executor: folding with the engines' executor first
     (as before session 36) generated the same kernels for every zoo architecture and real model,
-    both forms, up to the IR's node numbering."""
+    both forms, up to the IR's node numbering. ``widen_storage``: see lower_model."""
     if isinstance(path_or_model, onnx.ModelProto):
-        return lower_model(path_or_model, source="<ModelProto>")
+        return lower_model(path_or_model, source="<ModelProto>", widen_storage=widen_storage)
     path = Path(os.fspath(path_or_model))
     model = read_onnx(path, error=CompileError)
     if not model.graph.output:
         raise CompileError(f"{path}: the graph has no outputs: there is nothing to compile (an empty export?)")
-    return lower_model(model, source=str(path))
+    return lower_model(model, source=str(path), widen_storage=widen_storage)
 
 
-__all__ = ["FRAMEFUSE", "STANDARD", "lower_model", "lower_onnx", "matmul"]
+__all__ = ["FRAMEFUSE", "STANDARD", "lower_model", "lower_onnx", "matmul", "stored"]

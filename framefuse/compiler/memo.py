@@ -52,19 +52,25 @@ def _remember(memo: OrderedDict, key, value):
 
 
 def cached_program(
-    model_or_path, *, compose_input: bool | None = None, roll_recurrences: bool | None = None
+    model_or_path,
+    *,
+    compose_input: bool | None = None,
+    roll_recurrences: bool | None = None,
+    widen_storage: bool = False,
 ) -> Program:
     """lower_program, the same Program object for the same graph, options and settings.
     ``roll_recurrences`` False: nothing rolled, neither Elman cells nor any other body (the tactic
     stepkernel-unrolled); where the rolling program already rolled nothing, it is that program (the
-    tactic then schedules nothing again and builds the same kernel)."""
+    tactic then schedules nothing again and builds the same kernel). ``widen_storage``: see
+    lower_program (a precision build's graph)."""
     digest, settings = source_digest(model_or_path), settings_key()
-    key = (digest, compose_input, roll_recurrences, settings)
+    widen_storage = bool(widen_storage)
+    key = (digest, compose_input, roll_recurrences, widen_storage, settings)
     if key in _programs:
         _programs.move_to_end(key)
         return _programs[key]
     if roll_recurrences is False:
-        rolling = _programs.get((digest, compose_input, None, settings))
+        rolling = _programs.get((digest, compose_input, None, widen_storage, settings))
         if rolling is not None and not simplify.rolled_recurrences(rolling) and not simplify.rolled_bodies(rolling):
             return _remember(_programs, key, rolling)
     program = lower_program(
@@ -72,6 +78,7 @@ def cached_program(
         compose_input=compose_input,
         roll_recurrences=roll_recurrences,
         roll_bodies=False if roll_recurrences is False else None,
+        widen_storage=widen_storage,
     )
     return _remember(_programs, key, program)
 

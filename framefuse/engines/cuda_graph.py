@@ -243,8 +243,11 @@ class CudaGraphEngine(EngineRunner):
         select: str | None = None,
         unfused=None,
         exact_math: bool = False,
+        precision: str = "fp32",
+        fp32_graph=None,
     ):
         super().__init__(name=name, prefix="framefuse-cuda-graph")
+        self.precision = check_precision(precision)
         model, path = load_onnx(onnx_path_or_model)
         self.source_path = path
         self.device = torch.device(device)
@@ -282,6 +285,8 @@ class CudaGraphEngine(EngineRunner):
                 select,
                 unfused_executor=unfused_executor,
                 exact_math=self.exact_math,
+                precision=self.precision,
+                fp32_graph=fp32_graph if select.startswith("time") and self.device.type == "cuda" else None,
             )
             if report.get("graph") == "unfused":  # the graph before the rewrite won the timing: run (and save) it
                 self.executor = unfused_executor
@@ -334,6 +339,16 @@ class CudaGraphEngine(EngineRunner):
                 "tasks": d["tasks"],
                 "levels": d["levels"],
                 "smem_bytes": d["smem_bytes"],
+                "weight_rows": d.get("weight_format", "fp32"),
+                "narrow_products": d.get("narrow_products", 0),
+                "weight_bytes": d.get("weight_bytes"),
+            }
+        vs_fp32 = (self.metadata.get("selection") or {}).get("vs_fp32")
+        if vs_fp32:  # a precision build beside its fp32 graph's step kernels, timed in the same rounds
+            extra["vs_fp32"] = {
+                "us_per_step": vs_fp32["us_per_step"],
+                "fp32_us_per_step": vs_fp32["fp32_us_per_step"],
+                "slower": vs_fp32["slower"],
             }
         return {
             **extra,
@@ -504,8 +519,8 @@ def load_engine(path, *, device: str | torch.device | None = None, check_source:
         framefuse_impl=metadata.get("framefuse_impl"),
         metadata=metadata.get("extra") or {},
         select=_recorded_choice(metadata),
+        precision=metadata.get("precision", "fp32"),
     )
-    engine.precision = metadata.get("precision", "fp32")
     engine.artifact_metadata = metadata
     engine.source_path = source
     engine.artifact_path = target
@@ -565,7 +580,9 @@ def build(
     """Backend ``build``: options ``framefuse_impl`` ("kernel" | "reference"), ``input_shapes``,
     ``optimize`` (bool), ``select`` (build-time selection, engines/fusion.py; default "time"),
     ``unfused`` (the graph before the rewrite, timed as a candidate too), ``exact_math`` (bool: the
-    step kernel with exact IEEE division, square root and exp; recorded in the artifact)."""
+    step kernel with exact IEEE division, square root and exp; recorded in the artifact),
+    ``fp32_graph`` (a precision build's fp32 graph: its step kernels timed beside, and the build says
+    whether it is slower; engines.fusion.apply_selection)."""
     options = dict(options or {})
     known = set(ENGINES[NAME].options)
     unknown = sorted(set(options) - known)
@@ -574,8 +591,7 @@ def build(
     device = _default_device(device)
     options.setdefault("select", "time")  # time the candidate plans on the GPU (skipped with a note on the CPU)
     start = time.perf_counter()
-    engine = CudaGraphEngine(source, device=device, **options)
-    engine.precision = check_precision(precision)
+    engine = CudaGraphEngine(source, device=device, precision=precision, **options)
     if log is not None:
         summary = engine.summary()
         log(

@@ -368,6 +368,9 @@ def select_plan(
     alternatives: Mapping[str, Plan] | None = None,
     modes: Mapping[str, str] | None = None,
     compile_also: tuple[str, ...] = (),
+    references: Mapping[str, Plan] | None = None,
+    tolerance: float = PARITY_TOLERANCE,
+    relative: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> tuple[Plan, dict]:
     """Build-time selection (TensorRT-style tactic timing) among ``plan`` (named "plan"), the given
@@ -375,12 +378,14 @@ def select_plan(
     ``modes`` (candidate name -> torch.compile mode; default :data:`COMPILE_MODES`); the
     alternatives named in ``compile_also`` get compiled copies too ("<alternative>+<mode name>").
 
-    Each candidate is checked against ``plan`` on random inputs (max |diff| <= PARITY_TOLERANCE,
-    else rejected), its device time measured captured in a CUDA graph (``device_us_per_step``)
-    and then every one timed host to host as the session runs it (``us_per_step``, the median,
-    and ``p99_us``: :func:`time_plans_host`); the fastest host to host is returned with a report
-    {"chosen", "metric", "candidates": {name: {us_per_step | error, ...}}}. On a CPU device
-    nothing is timed: ``plan`` is returned with a note."""
+    Each candidate is checked against ``plan`` on random inputs (max |diff| <= ``tolerance``, or
+    with ``relative`` <= tolerance x (1 + max |plan's output|), else rejected), its device time
+    measured captured in a CUDA graph (``device_us_per_step``) and then every one timed host to
+    host as the session runs it (``us_per_step``, the median, and ``p99_us``:
+    :func:`time_plans_host`); the fastest host to host is returned with a report {"chosen",
+    "metric", "candidates": {name: {us_per_step | error, ...}}}. ``references`` are timed in the
+    same rounds for comparison (marked "reference": true), never checked against ``plan`` and
+    never chosen. On a CPU device nothing is timed: ``plan`` is returned with a note."""
     say = log or (lambda message: None)
     if plan.device.type != "cuda":
         note = "build-time selection skipped: no CUDA device (the plan is used as planned)"
@@ -405,17 +410,23 @@ def select_plan(
                 report[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     timings: dict[str, float] = {}
     timed: dict[str, Plan] = {}
+    bound = tolerance
+    if relative:
+        bound = tolerance * (1.0 + max((v.abs().max().item() for v in reference.values() if v.numel()), default=0.0))
+    for name, other in (references or {}).items():
+        candidates[name] = other
+        report[name] = {"reference": True}
     for name, candidate in candidates.items():
         entry = report.setdefault(name, {})
         entry["steps"] = len(candidate.steps)
         try:
-            if name != "plan":
+            if name != "plan" and not entry.get("reference"):
                 with fp32_math(), torch.no_grad():
                     got = candidate.execute({k: v.clone() for k, v in feeds.items()})
                 diff = max_difference(reference, got)
                 entry["max_abs_diff"] = diff
-                if not diff <= PARITY_TOLERANCE:
-                    entry["error"] = f"rejected: max |diff| {diff:.3g} vs the plan > {PARITY_TOLERANCE}"
+                if not diff <= bound:
+                    entry["error"] = f"rejected: max |diff| {diff:.3g} vs the plan > {bound:.3g}"
                     continue
             device = time_plan_graph(candidate, feeds)
             entry["device_us_per_step"] = device["us_per_step"]
@@ -425,7 +436,7 @@ def select_plan(
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     for name, result in time_plans_host(timed, feeds).items():
         report[name].update(result)
-        if "us_per_step" in result:
+        if "us_per_step" in result and not report[name].get("reference"):
             timings[name] = result["us_per_step"]
     chosen = min(timings, key=timings.get) if timings else "plan"
     for name, entry in report.items():
@@ -439,6 +450,7 @@ def select_plan(
         say(
             f"selection: {name:<18} {entry.get('steps', '?'):>4} steps  {detail}"
             + ("  <- chosen" if name == chosen else "")
+            + ("  (reference, not a candidate)" if entry.get("reference") else "")
         )
     return candidates[chosen], {
         "chosen": chosen,
@@ -508,6 +520,50 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
 }
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
+# A precision build's step kernels (issue 19 item 4). Its graph (precision/convert: fp16 / bf16
+# storage; int8 weight-only: DequantizeLinear of int8 weights) is lowered with its weights as the
+# graph stores them and its activations and state in float32 (compiler.lower's widened storage:
+# the weight-only reading of the build, at least as accurate as the graph). Every tactic is then a
+# candidate twice: with float32 weight rows, and with the rows in the precision's own format where
+# that format stores them exactly (codegen.stores_exactly: the graph already rounded them), named
+# "<tactic>@<format>". Both compute with the same weights; the selection keeps the faster, the
+# narrow one within TACTIC_MARGIN (the precision asked for, in less memory).
+PRECISION_ROWS = {"fp16": "fp16", "bf16": "bf16", "int8": "int8"}  # precision -> its weight rows' format
+ROWS_MARK = "@"
+# Where the build names the fp32 graph of a precision build (the cuda-graph engine's fp32_graph
+# option), that graph's step kernels are timed in the same rounds as references: the build says
+# when the precision build is slower than them (issue 19: never slower without saying so).
+FP32_REFERENCE = "fp32 graph: "
+
+
+def candidate_name(tactic: str, weight_format: str = "fp32") -> str:
+    """A step-kernel candidate's name: the tactic, with "@<format>" for rows in a narrow format."""
+    return tactic if weight_format == "fp32" else f"{tactic}{ROWS_MARK}{weight_format}"
+
+
+def split_candidate(name: str) -> tuple[str, str]:
+    """(tactic or candidate, weight rows' format) of a selection name (see candidate_name)."""
+    tactic, mark, weight_format = name.partition(ROWS_MARK)
+    return (tactic, weight_format) if mark else (name, "fp32")
+
+
+def widens_storage(precision: str) -> bool:
+    """Whether a build of ``precision`` lowers its graph with widened storage (fp16 / bf16)."""
+    return precision in ("fp16", "bf16")
+
+
+def check_select(select: str, precision: str = "fp32") -> tuple[str, str]:
+    """(choice, weight rows' format) of a ``select`` value: one of SELECT_CHOICES, or a step-kernel
+    tactic with its precision's narrow rows ("stepkernel@fp16" in an fp16 build)."""
+    tactic, weight_format = split_candidate(select)
+    if tactic not in SELECT_CHOICES or (weight_format != "fp32" and tactic not in STEPKERNELS):
+        raise EngineBuildError(f"select must be one of {SELECT_CHOICES}, got {select!r}")
+    if weight_format != "fp32" and PRECISION_ROWS.get(precision) != weight_format:
+        raise EngineBuildError(
+            f"select {select!r}: {weight_format} weight rows belong to a {weight_format} build, this one is {precision}"
+        )
+    return tactic, weight_format
+
 
 def stepkernel_candidate(
     executor,
@@ -517,31 +573,65 @@ def stepkernel_candidate(
     required: bool = False,
     name: str = STEPKERNEL,
     exact_math: bool = False,
+    precision: str = "fp32",
+    weight_format: str = "fp32",
 ):
     """The step compiler's kernel for the engine's graph (``name``: which tactic, see STEPKERNELS;
-    ``exact_math``: IEEE division, square root and exp instead of the kernel's default fast math),
-    as a Plan-like candidate; None (with the reason logged) when the graph cannot be compiled, or
+    ``exact_math``: IEEE division, square root and exp instead of the kernel's default fast math;
+    ``precision``: the build's, whose graph an fp16 / bf16 build lowers with widened storage;
+    ``weight_format``: its products' rows, PRECISION_ROWS[precision] for the narrow ones), as a
+    Plan-like candidate; None (with the reason logged) when the graph cannot be compiled, or
     EngineBuildError when ``required``."""
     from framefuse.compiler.engine import compile_step
     from framefuse.engines.stepkernel import StepKernelPlan
 
+    label = candidate_name(name, weight_format)
     try:
         compiled = compile_step(
-            executor.model, device=plan.device, log=say, fast_math=not exact_math, **STEPKERNELS[name]
+            executor.model,
+            device=plan.device,
+            log=say,
+            fast_math=not exact_math,
+            widen_storage=widens_storage(precision),
+            weight_format=weight_format,
+            lossless_rows=weight_format != "fp32",
+            **STEPKERNELS[name],
         )
         return StepKernelPlan(compiled, plan.input_specs, plan.output_specs)
     except Exception as exc:  # a graph the compiler declines is reported, never fatal to the build
         reason = f"{type(exc).__name__}: {str(exc)[:400]}"
         if required:
-            raise EngineBuildError(f"--select {name}: the step compiler cannot build this graph ({reason})") from exc
-        say(f"selection: {name} not a candidate ({reason})")
+            raise EngineBuildError(f"--select {label}: the step compiler cannot build this graph ({reason})") from exc
+        say(f"selection: {label} not a candidate ({reason})")
         return None
 
 
-def stepkernel_candidates(executor, plan: Plan, say: Callable[[str], None], *, exact_math: bool = False) -> dict:
-    """Every tactic of STEPKERNELS that builds a kernel of its own, as candidates (name -> plan):
-    their sources generated one after the other and compiled side by side (compiler.engine's
-    prepare_tactics); none when the plain kernel is declined (the reason logged)."""
+def stepkernel_tactics(precision: str = "fp32") -> dict[str, dict]:
+    """Candidate name -> prepare_tactics' arguments of every step-kernel candidate of a build of
+    ``precision``: each tactic of STEPKERNELS (lowered with widened storage in an fp16 / bf16
+    build), then, in a precision build, each again with its rows in PRECISION_ROWS[precision]
+    where they are stored exactly."""
+    widen = {"widen_storage": True} if widens_storage(precision) else {}
+    tactics = {name: {**arguments, **widen} for name, arguments in STEPKERNELS.items()}
+    narrow = PRECISION_ROWS.get(precision)
+    if narrow is not None:
+        for name, arguments in STEPKERNELS.items():
+            tactics[candidate_name(name, narrow)] = {
+                **arguments,
+                **widen,
+                "weight_format": narrow,
+                "lossless_rows": True,
+            }
+    return tactics
+
+
+def stepkernel_candidates(
+    executor, plan: Plan, say: Callable[[str], None], *, exact_math: bool = False, precision: str = "fp32"
+) -> dict:
+    """Every candidate of stepkernel_tactics(precision) that builds a kernel of its own (name ->
+    plan): their sources generated one after the other and compiled side by side (compiler.engine's
+    prepare_tactics); none when the plain kernel is declined (the reason logged). A narrow-row
+    candidate none of whose products the format stores exactly is the float32 one: not repeated."""
     from framefuse.compiler import memo
     from framefuse.compiler.engine import CompiledStep, device_properties, nvrtc_workers, prepare_tactics
     from framefuse.engines.stepkernel import StepKernelPlan
@@ -553,7 +643,7 @@ def stepkernel_candidates(executor, plan: Plan, say: Callable[[str], None], *, e
             sources = prepare_tactics(
                 executor.model,
                 device_properties(plan.device),
-                STEPKERNELS,
+                stepkernel_tactics(precision),
                 fast_math=not exact_math,
                 workers=workers,
                 log=say,
@@ -589,12 +679,65 @@ def stepkernel_candidates(executor, plan: Plan, say: Callable[[str], None], *, e
 
 def plain_kernel_within_margin(chosen: str, timings: Mapping[str, float | None]) -> bool:
     """Whether the timed selection's ``chosen`` is a step-kernel tactic that is not measurably
-    faster than the plain kernel (within TACTIC_MARGIN of its host-to-host median): then the plain
-    kernel is kept, so the same model builds the same kernel from one build to the next."""
-    plain = timings.get(STEPKERNEL)
-    if chosen == STEPKERNEL or chosen not in STEPKERNELS or plain is None or timings.get(chosen) is None:
+    faster than the plain kernel with the same weight rows (within TACTIC_MARGIN of its host-to-host
+    median): then the plain kernel is kept, so the same model builds the same kernel from one build
+    to the next."""
+    tactic, weight_format = split_candidate(chosen)
+    plain = timings.get(candidate_name(STEPKERNEL, weight_format))
+    if tactic == STEPKERNEL or tactic not in STEPKERNELS or plain is None or timings.get(chosen) is None:
         return False
     return timings[chosen] > plain * (1.0 - TACTIC_MARGIN)
+
+
+def narrow_rows_within_margin(chosen: str, timings: Mapping[str, float | None], precision: str) -> str | None:
+    """The narrow-row twin of a chosen float32-row step kernel in a precision build when it is
+    within TACTIC_MARGIN of it (the same numbers in the precision asked for), else None."""
+    tactic, weight_format = split_candidate(chosen)
+    narrow = PRECISION_ROWS.get(precision)
+    if narrow is None or weight_format != "fp32" or tactic not in STEPKERNELS:
+        return None
+    twin = candidate_name(tactic, narrow)
+    if timings.get(twin) is None or timings.get(chosen) is None:
+        return None
+    return twin if timings[twin] <= timings[chosen] * (1.0 + TACTIC_MARGIN) else None
+
+
+def fp32_comparison(report: dict, precision: str) -> dict | None:
+    """How the chosen candidate of a precision build compares with the fastest step kernel of its
+    fp32 graph timed in the same rounds (FP32_REFERENCE), or None when none was timed: {"precision",
+    "chosen", "us_per_step", "fp32_reference", "fp32_us_per_step", "slower"}; "slower" when the
+    chosen one's median is more than TACTIC_MARGIN above."""
+    candidates = report.get("candidates") or {}
+    references = {
+        name: entry["us_per_step"]
+        for name, entry in candidates.items()
+        if entry.get("reference") and name.startswith(FP32_REFERENCE) and "us_per_step" in entry
+    }
+    chosen = report.get("chosen")
+    mine = (candidates.get(chosen) or {}).get("us_per_step")
+    if not references or mine is None:
+        return None
+    best = min(references, key=references.get)
+    return {
+        "precision": precision,
+        "chosen": chosen,
+        "us_per_step": mine,
+        "fp32_reference": best.removeprefix(FP32_REFERENCE),
+        "fp32_us_per_step": references[best],
+        "slower": mine > references[best] * (1.0 + TACTIC_MARGIN),
+    }
+
+
+def comparison_line(comparison: dict) -> str:
+    """The build's line for fp32_comparison's result."""
+    mine, theirs = comparison["us_per_step"], comparison["fp32_us_per_step"]
+    head = (
+        f"the {comparison['precision']} build's {comparison['chosen']} takes {mine:.2f} us against "
+        f"{theirs:.2f} us for the fp32 graph's {comparison['fp32_reference']}"
+    )
+    if comparison["slower"]:
+        return f"{head}: this {comparison['precision']} build is SLOWER than the fp32 build ({mine / theirs - 1:.1%})"
+    return f"{head}: not slower than the fp32 build"
 
 
 UNFUSED = "unfused"  # the candidates made from the graph before the rewrite ("unfused", "unfused+inductor")
@@ -607,6 +750,8 @@ def apply_selection(
     *,
     unfused_executor=None,
     exact_math: bool = False,
+    precision: str = "fp32",
+    fp32_graph=None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[Plan, dict]:
     """The engine's hook: ``select`` is "time" (time the plan, the unoptimised plan and the
@@ -618,7 +763,13 @@ def apply_selection(
     slower is never kept. When one of those wins, report["graph"] is "unfused" (the caller then
     runs that executor) and report["apply"] is the choice to re-apply to it at load.
     ``exact_math``: the step kernels are compiled with exact IEEE math (compiler/engine.FAST_MATH).
+    ``precision``: the build's (its graph converted by framefuse.precision): the step kernels
+    compute with the graph's weights and float32 activations (see PRECISION_ROWS), every candidate
+    is checked against the plan within the precision's tolerance (a tactic named alone reads float32
+    rows, "<tactic>@<format>" the narrow ones); ``fp32_graph`` (that build's fp32 graph): its step kernels are timed
+    beside as references, and report["vs_fp32"] says whether this build is slower.
     Returns (plan, report); report["log"] holds the lines logged."""
+    from framefuse.config import PRECISION_TOLERANCE
     from framefuse.engines.executor import GraphExecutor
 
     lines: list[str] = []
@@ -628,8 +779,7 @@ def apply_selection(
         if log is not None:
             log(message)
 
-    if select not in SELECT_CHOICES:
-        raise EngineBuildError(f"select must be one of {SELECT_CHOICES}, got {select!r}")
+    choice, weight_format = check_select(select, precision)
 
     def unoptimized() -> Plan:
         other = GraphExecutor(executor.model, executor.device, executor.framefuse_impl, optimize=False)
@@ -640,7 +790,13 @@ def apply_selection(
         chosen, report = select_plan(plan, log=say)  # skipped with a note
     elif select.startswith("time"):
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
-        alternatives.update(stepkernel_candidates(executor, plan, say, exact_math=exact_math))
+        alternatives.update(stepkernel_candidates(executor, plan, say, exact_math=exact_math, precision=precision))
+        references = {}
+        if fp32_graph is not None and precision != "fp32":
+            from types import SimpleNamespace
+
+            fp32_kernels = stepkernel_candidates(SimpleNamespace(model=fp32_graph), plan, say, exact_math=exact_math)
+            references = {FP32_REFERENCE + name: kernel for name, kernel in fp32_kernels.items()}
         if unfused_executor is not None:
             shapes = {name: spec.shape for name, spec in plan.input_specs.items()}
             try:
@@ -648,45 +804,72 @@ def apply_selection(
             except Exception as exc:  # e.g. an op outside the table: reported, the fused plans still compete
                 say(f"selection: {UNFUSED} graph not a candidate ({type(exc).__name__}: {str(exc)[:200]})")
         modes = dict(COMPILE_MODES) if select == "time-autotune" else {"inductor": COMPILE_MODES["inductor"]}
+        precise = precision == "fp32"
         chosen, report = select_plan(
             plan,
             alternatives=alternatives,
             modes=modes,
             compile_also=(UNFUSED,) if UNFUSED in alternatives else (),
+            references=references,
+            tolerance=PARITY_TOLERANCE if precise else PRECISION_TOLERANCE[precision],
+            relative=not precise,
             log=say,
         )
         name = report["chosen"]
-        timings = {k: v.get("us_per_step") for k, v in report.get("candidates", {}).items()}
-        if plain_kernel_within_margin(name, timings):
+        timings = {k: v.get("us_per_step") for k, v in report.get("candidates", {}).items() if not v.get("reference")}
+        twin = narrow_rows_within_margin(name, timings, precision)
+        if twin is not None:
             say(
-                f"selection: {name} ({timings[name]:.2f} us) is within {TACTIC_MARGIN:.0%} of {STEPKERNEL} "
-                f"({timings[STEPKERNEL]:.2f} us): the plain kernel is kept"
+                f"selection: {twin} ({timings[twin]:.2f} us) is within {TACTIC_MARGIN:.0%} of {name} "
+                f"({timings[name]:.2f} us), the same numbers: the {precision} rows are kept"
             )
-            name = report["chosen"] = STEPKERNEL
-            chosen = alternatives[STEPKERNEL]
-        for tactic in STEPKERNELS:
-            if tactic in alternatives:
-                kernel = alternatives[tactic].compiled.describe()
-                report.setdefault("candidates", {}).setdefault(tactic, {})["kernel"] = kernel
+            name = report["chosen"] = twin
+            chosen = alternatives[twin]
+        if plain_kernel_within_margin(name, timings):
+            plain = candidate_name(STEPKERNEL, split_candidate(name)[1])
+            say(
+                f"selection: {name} ({timings[name]:.2f} us) is within {TACTIC_MARGIN:.0%} of {plain} "
+                f"({timings[plain]:.2f} us): the plain kernel is kept"
+            )
+            name = report["chosen"] = plain
+            chosen = alternatives[plain]
+        for candidate, kernel_plan in (*alternatives.items(), *references.items()):
+            if getattr(kernel_plan, "compiled", None) is not None:
+                report.setdefault("candidates", {}).setdefault(candidate, {})["kernel"] = (
+                    kernel_plan.compiled.describe()
+                )
         if name == UNFUSED or name.startswith(UNFUSED + "+"):
             report["graph"] = UNFUSED
             report["apply"] = name.partition("+")[2] or "plan"
             say(f"selection: the unfused graph is faster than the fused one here: the engine runs it ({name})")
-    elif select == "plan":
+        comparison = fp32_comparison(report, precision)
+        if comparison is not None:
+            report["vs_fp32"] = comparison
+            say(f"selection: {comparison_line(comparison)}")
+    elif choice == "plan":
         chosen, report = plan, {"chosen": "plan"}
-    elif select == "unoptimized":
+    elif choice == "unoptimized":
         chosen, report = unoptimized(), {"chosen": "unoptimized"}
-    elif select in STEPKERNELS and plan.device.type == "cuda":
-        chosen = stepkernel_candidate(executor, plan, say, required=True, name=select, exact_math=exact_math)
-        report = {"chosen": select}
+    elif choice in STEPKERNELS and plan.device.type == "cuda":
+        chosen = stepkernel_candidate(
+            executor,
+            plan,
+            say,
+            required=True,
+            name=choice,
+            exact_math=exact_math,
+            precision=precision,
+            weight_format=weight_format,
+        )
+        report = {"chosen": candidate_name(choice, weight_format)}
     elif plan.device.type != "cuda":
         note = f"recorded choice {select!r} needs a CUDA device: the plan is used as planned"
         say(note)
         chosen, report = plan, {"chosen": "plan", "skipped": note}
     else:
-        chosen, info = compile_plan(plan, mode=COMPILE_MODES[select])
-        report = {"chosen": select, "compile_s": info["compile_s"]}
-        say(f"selection: {select} (recorded at build) compiled in {info['compile_s']:.1f} s")
+        chosen, info = compile_plan(plan, mode=COMPILE_MODES[choice])
+        report = {"chosen": choice, "compile_s": info["compile_s"]}
+        say(f"selection: {choice} (recorded at build) compiled in {info['compile_s']:.1f} s")
     if getattr(chosen, "compiled", None) is not None:
         report["stepkernel"] = chosen.compiled.describe()
     report["log"] = lines
@@ -704,7 +887,12 @@ __all__ = [
     "STEPKERNEL_UNFRAMED",
     "STEPKERNEL_PIECES",
     "UNFUSED",
+    "PRECISION_ROWS",
     "apply_selection",
+    "candidate_name",
+    "check_select",
+    "split_candidate",
+    "stepkernel_tactics",
     "Segment",
     "compile_plan",
     "example_feeds",

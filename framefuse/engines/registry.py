@@ -59,7 +59,7 @@ ENGINES: dict[str, EngineKind] = {
         "engine.ffe",
         "torch + framefuse CUDA kernels captured in one CUDA graph per shape (eager CPU executor without a GPU)",
         "a CUDA build of torch and `pip install 'framefuse[gpu]'` (cuda-python)",
-        options=("framefuse_impl", "input_shapes", "optimize", "select", "unfused", "exact_math"),
+        options=("framefuse_impl", "input_shapes", "optimize", "select", "unfused", "exact_math", "fp32_graph"),
         runs_fused_anywhere=True,
     ),
     "onnxruntime": EngineKind(

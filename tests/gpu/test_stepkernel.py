@@ -158,6 +158,94 @@ def test_narrow_weight_kernel_matches_the_interpreter_on_the_rows_it_reads(arch,
         state = {n: expected[program.state_of[n]] for n in program.states}
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("arch", ["min_gru", "lstm", "mamba", "attention"])
+def test_a_precision_graphs_kernel_with_lossless_rows_matches_the_interpreter(arch, precision):
+    """A precision build's step kernel (engines.fusion.PRECISION_ROWS) at the benchmark's size:
+    the converted graph lowered with its weights as stored (widened storage for fp16 / bf16), the
+    rows the format stores exactly read narrow: over a random, an all-zero and a NaN frame it
+    matches the float64 interpreter on the program's own rows (the rows it reads are those)."""
+    import onnx
+    import torch
+
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.engines.stepkernel import StepKernelPlan
+    from framefuse.precision import convert_model
+
+    prepared = prepare_cached(arch, FULL)["step"]
+    model = convert_model(onnx.load(str(prepared.fused)), precision, config=prepared.manifest["config"])
+    program = lower_program(model, widen_storage=precision != "int8")
+    compiled = CompiledStep(program, device=torch.device("cuda"), weight_format=precision, lossless_rows=True)
+    assert compiled.kernel.layout.narrow, "no product reads narrow rows"
+    plan = StepKernelPlan.of(compiled)
+    rng = np.random.default_rng(7)
+    (x_name,) = program.inputs
+    shape = program.inputs[x_name].shape
+    nan = rng.standard_normal(shape).astype(np.float32)
+    nan.reshape(-1)[nan.size // 2] = np.nan
+    state = {n: np.zeros(leaf.shape, np.float32) for n, leaf in program.states.items()}
+    for step, frame in enumerate([rng.standard_normal(shape).astype(np.float32), np.zeros(shape, np.float32), nan]):
+        feeds = {x_name: frame, **state}
+        expected = naive.run(program, feeds)
+        outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        torch.cuda.synchronize()
+        for name, value in expected.items():
+            _close(outputs[name].cpu().numpy(), value, f"{precision} step {step} {name}")
+        state = {n: expected[program.state_of[n]] for n in program.states}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("arch", ["min_gru", "mamba"])
+def test_a_precision_build_on_the_gpu(arch, precision, tmp_path):
+    """`framefuse build --precision P` of the cuda-graph engine on a GPU (issue 19 item 4): the
+    selection times the converted graph's step kernels with float32 and with P rows ("@P") and
+    the fp32 graph's as references, reports how the choice compares with them (vs_fp32), passes
+    the parity gate against ONNX Runtime on the original graph at P's tolerance, and a load
+    compiles the same kernel; the session's steps stay within P's tolerance of ONNX Runtime."""
+    import shutil
+
+    from framefuse.build import build_engine
+    from framefuse.config import PRECISION_TOLERANCE
+    from framefuse.engines import cuda_graph, fusion
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, FULL)["step"]
+    folder = tmp_path / f"{arch}-step"
+    shutil.copytree(prepared.onnx.parent, folder)
+    built = build_engine(folder, engine="cuda-graph", precision=precision, device="cuda", out=folder, check=True)
+    selection = built.runner.metadata["selection"]
+    candidates = selection["candidates"]
+    assert any(name.endswith(f"@{precision}") and "us_per_step" in entry for name, entry in candidates.items()), (
+        candidates
+    )
+    assert candidates[fusion.FP32_REFERENCE + "stepkernel"]["reference"]
+    assert "us_per_step" in candidates[fusion.FP32_REFERENCE + "stepkernel"]
+    assert set(selection["vs_fp32"]) == {
+        "precision",
+        "chosen",
+        "us_per_step",
+        "fp32_reference",
+        "fp32_us_per_step",
+        "slower",
+    }
+    tactic, rows = fusion.split_candidate(selection["chosen"])
+    if tactic in fusion.STEPKERNELS:
+        assert selection["stepkernel"]["weight_format"] == rows and rows in ("fp32", precision)
+    loaded = cuda_graph.load(folder / "engine.ffe")
+    assert loaded.precision == precision and loaded.metadata["selection"]["chosen"] == selection["chosen"]
+    if tactic in fusion.STEPKERNELS:
+        assert loaded.default_plan.compiled.kernel.digest == built.runner.default_plan.compiled.kernel.digest
+    session = Session(loaded, budget_ms=None)
+    frames = np.random.default_rng(8).standard_normal((100, *prepared.input_shapes()["x"])).astype(np.float32)
+    ref_y, _ = _rollout(prepared, frames)
+    tol = PRECISION_TOLERANCE[precision]
+    for i, frame in enumerate(frames):
+        y = np.asarray(session.step(frame), np.float64)
+        err = np.abs(y - ref_y[i]) / (1 + np.abs(ref_y[i]))
+        assert err.max() <= tol, (i, err.max())
+
+
 @pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention", "mamba", "delta_net"])
 def test_stepkernel_batch_of_three(arch):
     prepared = prepare_cached(arch, {**SMALL, "batch": 3})["step"]
