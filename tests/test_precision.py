@@ -111,6 +111,45 @@ def test_bf16_weights_are_rounded_from_fp32_not_through_fp16():
     assert checked >= 3
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_an_exponential_gate_is_computed_and_used_in_float32(precision):
+    """precision/convert.exponent_chains: the mLSTM exponentiates its gate pre-activations (schema
+    inputs marked ``exponentiated``), so an fp16 / bf16 build keeps each MLSTMScan and what computes
+    its i_pre and f_pre (the gate projections and their biases, and the data movement after them)
+    in float32, while q, k, v and the other products go low; models without such an op convert as
+    before."""
+    from framefuse.precision.convert import exponent_chains
+    from framefuse.plugins.registry import get_op
+
+    marked = [s.name for s in get_op("MLSTMScan").SCHEMA.inputs if s.exponentiated]
+    assert marked == ["i_pre", "f_pre"]
+    model, prepared = _fused("xlstm")
+    converted = convert_model(model, precision, config=prepared.manifest["config"])
+    graph = converted.graph
+    types = _types(converted)
+    producers = {o: n for n in graph.node for o in n.output}
+    scans = [n for n in graph.node if n.op_type == "MLSTMScan"]
+    assert len(scans) == 2
+    for node in scans:
+        for k, name in enumerate(node.input[:5]):  # q, k, v, i_pre, f_pre: all float32 into the op
+            assert types.get(name) == TensorProto.FLOAT, (node.name, k, types.get(name))
+        for name in node.input[3:5]:  # back to the gate's product: no low-precision Cast on the way
+            while producers[name].op_type not in ("MatMul", "Gemm"):
+                assert producers[name].op_type != "Cast", (node.name, name)
+                name = next(i for i in producers[name].input if i and i in producers)
+            weight = producers[name].input[1]
+            assert types.get(weight) == TensorProto.FLOAT, weight
+    inits = {i.name: i.data_type for i in graph.initializer}
+    assert sum(t == LOW[precision] for t in inits.values()) >= 4  # q / k / v / z projections, the head's input
+    chains = exponent_chains(model)
+    assert {n.name for n in scans} <= set(chains)
+    assert {node.op_type for node in model.graph.node if node.name in chains} <= {
+        "MLSTMScan", "MatMul", "Gemm", "Add", "Transpose", "Reshape", "Unsqueeze", "Gather", "Squeeze", "Slice",
+    }
+    for arch in ("mamba", "min_gru", "delta_net"):
+        assert exponent_chains(_fused(arch)[0]) == []
+
+
 def test_recurrence_nodes_are_the_state_paths():
     model, _ = _fused("mamba")
     nodes = [model.graph.node[i] for i in recurrence_nodes(model)]

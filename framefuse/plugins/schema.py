@@ -119,6 +119,9 @@ class TensorSpec:
     optional: bool = False
     doc: str = ""
     dims: tuple[str | int, ...] | None = None
+    # the op exponentiates this input (a gate's pre-activation): an fp16 / bf16 build computes it,
+    # and runs the op, in float32 (precision/convert.exponent_chains), as it keeps Exp in float32
+    exponentiated: bool = False
 
     def __post_init__(self):
         if self.dims is not None:

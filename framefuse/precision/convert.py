@@ -11,6 +11,9 @@ around the ops and nodes it is told to leave in fp32. We only decide *what* stay
   ``next_state.<name>`` output, so the recurrent state is carried and accumulated in fp32 frame after
   frame (in a fused graph that is mostly data movement around the framefuse nodes);
 - the policy head: the GEMM that writes ``y`` (:func:`policy_head`);
+- a framefuse op that exponentiates an input (its schema marks it ``exponentiated``: the mLSTM's
+  gate pre-activations) and the nodes that compute that input back to its product
+  (:func:`exponent_chains`): the same range-hungry gate maths as Exp, inside a fused op;
 - anything the caller lists (``keep_fp32``: op types or node names).
 
 framefuse nodes are given to the converter as fp32 nodes, then their storage-dtype inputs/outputs
@@ -248,6 +251,44 @@ def recurrence_nodes(model: onnx.ModelProto) -> set[int]:
     return result
 
 
+def exponent_chains(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes an fp16 / bf16 build keeps in float32 because a framefuse op exponentiates
+    what they compute: every framefuse node with an input its schema marks ``exponentiated`` (the
+    mLSTM's gate pre-activations), and, for each such input, the nodes that compute it back to and
+    including the product that starts it (the gate's projection and its bias; data movement on the
+    way). Why: the converter keeps Exp in float32 for its range, and an exponential gate inside a
+    fused op is the same math: exp(i_pre - m) turns bf16's 2^-9 relative rounding of a
+    pre-activation of size ~10 into a few per cent of the gate (xlstm's bf16 build failed the accuracy
+    gate on next_state.l0_C by 2.91 with every product, and the op, kept in float32; passes with
+    these chains kept, 2026-12-01). Nodes must be named (to_low_precision names them first)."""
+    from framefuse.plugins.registry import get_op
+
+    graph = model.graph
+    producers = _producers(graph)
+    kept: list[str] = []
+    for node in graph.node:
+        if node.domain != FRAMEFUSE_DOMAIN:
+            continue
+        try:
+            specs = get_op(node.op_type).SCHEMA.inputs
+        except Exception:  # noqa: BLE001 - an unknown op is reported by the conversion itself
+            continue
+        marked = [name for spec, name in zip(specs, node.input) if spec.exponentiated and name]
+        if not marked:
+            continue
+        kept.append(node.name)
+        stack = list(marked)
+        while stack:
+            producer = producers.get(stack.pop())
+            if producer is None or producer.name in kept:
+                continue
+            kept.append(producer.name)
+            if producer.op_type in ("MatMul", "Gemm") and producer.domain in ("", "ai.onnx"):
+                continue  # the gate's projection: its own inputs are the layer's shared activations
+            stack.extend(name for name in producer.input if name)
+    return kept
+
+
 def _framefuse_dtypes(node: onnx.NodeProto) -> tuple[list[str], list[str]]:
     """Schema dtype ("T" or "float32") per input / output of a framefuse node."""
     from framefuse.plugins.registry import get_op
@@ -297,6 +338,7 @@ def to_low_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Itera
             node.name = _unique(f"{node.op_type}_{i}", taken)
     _inline_constant_identities(graph)
     recurrence = recurrence_nodes(work)
+    keep |= set(exponent_chains(work))
     block_nodes = [
         node.name
         for i, node in enumerate(graph.node)
