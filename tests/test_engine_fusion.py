@@ -895,3 +895,33 @@ def test_a_precision_build_hands_the_cuda_graph_engine_its_fp32_graph(tmp_path, 
     seen.clear()
     loaded = cuda_graph.load(folder / "engine.ffe", device="cpu")
     assert loaded.precision == "fp16" and seen["precision"] == "fp16" and seen.get("fp32_graph") is None
+
+
+@pytest.mark.parametrize("arch,precision", [("lstm", "fp16"), ("gru", "bf16"), ("mamba", "int8")])
+def test_a_precision_artifacts_graph_generates_the_kernel_its_build_compiled(arch, precision):
+    """A load compiles the recorded step kernel from the artifact's graph (the engine's folded
+    model: the converted graph's Casts of constants folded into fp16 / bf16 initializers), which
+    generates the very kernel the build compiled from the converted graph: source, range table
+    and weight buffer, the narrow rows included."""
+    import hashlib
+
+    import onnx
+
+    from framefuse.compiler import generate_source
+    from framefuse.engines.cuda_graph import CudaGraphEngine
+    from framefuse.precision import convert_model
+    from framefuse.runtime.pipeline import prepare_cached
+
+    prepared = prepare_cached(arch, {"model": {"embed": 32, "layers": 2}, "seq": 4, "seed": 0})["step"]
+    converted = convert_model(onnx.load(str(prepared.fused)), precision, config=prepared.manifest["config"])
+    engine = CudaGraphEngine(converted, device="cpu", precision=precision)
+    folded = engine.executor.folded_model(engine.default_shapes)
+
+    def identity(model):
+        kernel = generate_source(
+            model, grid=8, threads=128, widen_storage=precision != "int8", weight_format=precision, lossless_rows=True
+        )
+        assert kernel.layout.narrow
+        return hashlib.sha256(kernel.source.encode() + kernel.ranges().tobytes() + kernel.weights().tobytes()).digest()
+
+    assert identity(folded) == identity(converted)

@@ -118,8 +118,8 @@ def test_an_exponential_gate_is_computed_and_used_in_float32(precision):
     its i_pre and f_pre (the gate projections and their biases, and the data movement after them)
     in float32, while q, k, v and the other products go low; models without such an op convert as
     before."""
-    from framefuse.precision.convert import exponent_chains
     from framefuse.plugins.registry import get_op
+    from framefuse.precision.convert import exponent_chains
 
     marked = [s.name for s in get_op("MLSTMScan").SCHEMA.inputs if s.exponentiated]
     assert marked == ["i_pre", "f_pre"]
@@ -144,7 +144,16 @@ def test_an_exponential_gate_is_computed_and_used_in_float32(precision):
     chains = exponent_chains(model)
     assert {n.name for n in scans} <= set(chains)
     assert {node.op_type for node in model.graph.node if node.name in chains} <= {
-        "MLSTMScan", "MatMul", "Gemm", "Add", "Transpose", "Reshape", "Unsqueeze", "Gather", "Squeeze", "Slice",
+        "MLSTMScan",
+        "MatMul",
+        "Gemm",
+        "Add",
+        "Transpose",
+        "Reshape",
+        "Unsqueeze",
+        "Gather",
+        "Squeeze",
+        "Slice",
     }
     for arch in ("mamba", "min_gru", "delta_net"):
         assert exponent_chains(_fused(arch)[0]) == []
