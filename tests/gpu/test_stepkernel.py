@@ -212,7 +212,9 @@ def test_a_precision_build_on_the_gpu(arch, precision, tmp_path):
 
     prepared = prepare_cached(arch, FULL)["step"]
     folder = tmp_path / f"{arch}-step"
-    shutil.copytree(prepared.onnx.parent, folder)
+    folder.mkdir()
+    for name in ("model.onnx", "model.fused.onnx", "manifest.json"):
+        shutil.copy(prepared.directory / name, folder / name)
     built = build_engine(folder, engine="cuda-graph", precision=precision, device="cuda", out=folder, check=True)
     selection = built.runner.metadata["selection"]
     candidates = selection["candidates"]
@@ -236,14 +238,19 @@ def test_a_precision_build_on_the_gpu(arch, precision, tmp_path):
     assert loaded.precision == precision and loaded.metadata["selection"]["chosen"] == selection["chosen"]
     if tactic in fusion.STEPKERNELS:
         assert loaded.default_plan.compiled.kernel.digest == built.runner.default_plan.compiled.kernel.digest
+    # every step from ONNX Runtime's state (as the accuracy gate steps): within P's tolerance, norm-wise
     session = Session(loaded, budget_ms=None)
-    frames = np.random.default_rng(8).standard_normal((100, *prepared.input_shapes()["x"])).astype(np.float32)
-    ref_y, _ = _rollout(prepared, frames)
+    frames = np.random.default_rng(8).standard_normal((50, *prepared.input_shapes()["x"])).astype(np.float32)
+    state = None
     tol = PRECISION_TOLERANCE[precision]
     for i, frame in enumerate(frames):
+        ref_y, next_state = _rollout(prepared, frame[None], state)
+        if state is not None:
+            session.set_state(state)
         y = np.asarray(session.step(frame), np.float64)
-        err = np.abs(y - ref_y[i]) / (1 + np.abs(ref_y[i]))
-        assert err.max() <= tol, (i, err.max())
+        err = np.abs(y - ref_y[0]).max() / (1 + np.abs(ref_y[0]).max())
+        assert err <= tol, (i, err)
+        state = next_state
 
 
 @pytest.mark.parametrize("arch", ["min_gru", "lstm", "attention", "mamba", "delta_net"])
