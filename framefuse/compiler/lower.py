@@ -482,8 +482,12 @@ def _shape(ctx, ins):
 def _constant_of_shape(ctx, ins):
     shape = [int(v) for v in const_of(ctx, ins[0], "ConstantOfShape's shape").reshape(-1)]
     value = ctx.attr("value")
-    fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
-    return [np.full(shape, fill)]
+    if value is None:
+        return [np.full(shape, np.float32(0))]
+    fill, elem = stored(numpy_helper.to_array(value).reshape(-1)[:1], value.data_type)
+    if elem != value.data_type:  # widened: the value is float32 now
+        ctx.out_types = [elem]
+    return [np.full(shape, fill[0])]
 
 
 # -- reductions and normalisations --------------------------------------------------------------------
