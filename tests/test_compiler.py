@@ -1924,6 +1924,37 @@ def test_half_precision_graph_is_declined_naming_the_cast():
     assert np.array_equal(naive.run(program, {"x": x})["y"], x)
 
 
+def test_widened_storage_reads_fp16_constants_as_the_values_they_hold():
+    """A precision build's graph lowered with widened storage: an fp16 initializer, a Constant and
+    a ConstantOfShape of fp16 values hold the float32 values they store (1 + 2**-10 is an fp16
+    value, kept exactly), and a Cast of a float32 constant to fp16 rounds it (1 + 2**-12 is not:
+    it becomes 1)."""
+    f16, f32 = TensorProto.FLOAT16, TensorProto.FLOAT
+    value = np.array([1 + 2**-10], np.float16)
+    model = _graph(
+        [
+            helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(value, "kv")),
+            helper.make_node("ConstantOfShape", ["shape"], ["c"], value=numpy_helper.from_array(value, "cv")),
+            helper.make_node("Cast", ["fine"], ["rounded"], to=f16),
+            helper.make_node("Add", ["w", "k"], ["wk"]),
+            helper.make_node("Add", ["wk", "c"], ["wkc"]),
+            helper.make_node("Add", ["wkc", "rounded"], ["sum"]),
+            helper.make_node("Cast", ["sum"], ["sum32"], to=f32),
+            helper.make_node("Add", ["x", "sum32"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", f32, [1, 4])],
+        [helper.make_tensor_value_info("y", f32, [1, 4])],
+        [
+            numpy_helper.from_array(np.full((1, 4), 1 + 2**-10, np.float16), "w"),
+            numpy_helper.from_array(np.array([1, 4], np.int64), "shape"),
+            numpy_helper.from_array(np.array([1 + 2**-12], np.float32), "fine"),
+        ],
+    )
+    program = lower_onnx(model, widen_storage=True)
+    y = naive.run(program, {"x": np.zeros((1, 4), np.float32)})["y"]
+    assert np.array_equal(y, np.full((1, 4), 3 * (1 + 2**-10) + 1, np.float32))
+
+
 def test_dynamic_input_shape_is_declined():
     f32 = TensorProto.FLOAT
     model = _graph(
