@@ -523,7 +523,7 @@ SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, 
 # A precision build's step kernels (issue 19 item 4). Its graph (precision/convert: fp16 / bf16
 # storage; int8 weight-only: DequantizeLinear of int8 weights) is lowered with its weights as the
 # graph stores them and its activations and state in float32 (compiler.lower's widened storage:
-# the weight-only reading of the build, at least as accurate as the graph). Every tactic is then a
+# the weight-only reading of the build: the graph's rounding of activations left out). Every tactic is then a
 # candidate twice: with float32 weight rows, and with the rows in the precision's own format where
 # that format stores them exactly (codegen.stores_exactly: the graph already rounded them), named
 # "<tactic>@<format>". Both compute with the same weights; the selection keeps the faster, the
