@@ -158,3 +158,31 @@ def test_the_pattern_crashes_the_shared_domain_scheme():
         pytest.skip("onnxruntime-extensions no longer crashes on the shared-domain pattern (library fixed?)")
     assert proc.returncode == -signal.SIGSEGV or "Segmentation fault" in proc.stderr, proc.stderr[-4000:]
     assert "PASSED" not in proc.stdout
+
+
+def test_a_session_with_python_ops_does_not_spin_and_one_without_keeps_the_default():
+    """ONNX Runtime's pool threads spin after each node; with framefuse's Python ops in the graph
+    they take the cores from the op's torch threads (fused zoo step graphs ran 3-6x slower), so
+    such a session turns spinning off. A plain graph keeps ORT's default (the ORT CPU peer)."""
+    import numpy as np
+
+    from framefuse.plugins.ort_bridge import ort_session
+
+    key = "session.intra_op.allow_spinning"
+    fused = ort_session(linear_scan_model(with_h0=False))
+    assert fused.get_session_options().get_session_config_entry(key) == "0"
+    a = np.full((2, 5, 3), 0.5, np.float32)
+    h, h_last = fused.run(None, {"a": a, "b": np.ones((2, 5, 3), np.float32)})
+    np.testing.assert_allclose(h_last, np.full((2, 3), 2 * (1 - 0.5**5)), rtol=1e-6)  # h = a h + b
+    node = helper.make_node("Relu", ["x"], ["y"])
+    plain = helper.make_model(
+        helper.make_graph(
+            [node],
+            "plain",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    with pytest.raises(Exception, match="does not have configuration"):  # ORT: an entry never set
+        ort_session(plain).get_session_options().get_session_config_entry(key)
