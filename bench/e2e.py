@@ -9,8 +9,10 @@ Sections (``--section``, comma-separated or ``all``; default ``zoo``):
              KV heads, Mamba, Jamba; torch.nn LSTM, GRU and RNN bidirectional), T = --seq and T = 1.
              These models have only a sequence form: T = 1 is a length-1 sequence, not a step.
   precision  the framefuse engine of each zoo architecture's step form at fp32 / fp16 / bf16 / int8
-             (graphs from framefuse.precision, as ``framefuse build --precision`` makes them), with
-             the accuracy report's max abs error and argmax agreement over a 1000-frame rollout
+             (graphs as ``framefuse build --precision`` makes them: the accuracy gate and the int8
+             fallback included), with the accuracy report's max abs error and argmax agreement over
+             a 1000-frame rollout; an architecture's precisions and its floor timed in the same
+             interleaved rounds
 
 Every row times host input → host output per call (the same ``measure_rounds`` for every engine:
 all of a row's engines are built first, then timed in --rounds interleaved rounds, so each samples
@@ -1122,12 +1124,62 @@ def _load_graph(path):
     return onnx.load(str(path), load_external_data=False).graph
 
 
-def run_precision(runner: Runner, archs: list[str], precisions: list[str], work: Path) -> None:
+def precision_graph(entry: dict, precision: str, frames: int, say) -> tuple[Path, object, str | None]:
+    """(graph, accuracy report, refusal) of ``precision`` for a zoo step form, as ``framefuse build
+    --precision`` makes it: framefuse.build.convert_precision with the accuracy gate over ``frames``
+    frames and the int8 weight-only fallback (products kept in float32 until the gate passes). A
+    conversion the build refuses is still timed, from convert_model's graph and its own report,
+    with the refusal (the gate's failures) beside it: the row says the build would not ship it."""
     import onnx
+
+    from framefuse.build import convert_precision
+    from framefuse.precision import AccuracyError, accuracy_report, convert_model
+    from framefuse.precision.accuracy import AccuracyReport, gate_inputs
+
+    source = Path(entry["fused"])
+    manifest = entry["manifest"]
+    config = manifest.get("config") or {}
+    try:
+        target = convert_precision(
+            source,
+            precision,
+            None,
+            source.parent,
+            lambda line: say(f"    {line}"),
+            engine="cuda-graph",
+            gate=(frames, None),
+        )
+        report = AccuracyReport.read(source.parent / f"accuracy.{precision}.json") if frames > 0 else None
+        return target, report, None
+    except AccuracyError as exc:
+        refusal = str(exc)
+    converted = convert_model(onnx.load(str(source)), precision, config=config)
+    inputs, inputs_note = gate_inputs(manifest, frames)
+    report = accuracy_report(
+        source,
+        converted,
+        frames=frames,
+        precision=precision,
+        tolerance=(config.get("tolerance") or {}).get(precision),
+        calib=inputs,
+    )
+    if inputs_note:
+        report.notes.append(inputs_note)
+    target = source.with_name(f"{source.stem}.{precision}.refused.onnx")
+    onnx.save(converted, str(target))
+    return target, report, refusal
+
+
+def run_precision(runner: Runner, archs: list[str], precisions: list[str], work: Path) -> None:
+    """Per architecture: every precision's engine built (its graph from precision_graph), then all
+    of them and the floor timed in the same interleaved rounds, so that "faster than fp32" compares
+    samples from the same windows of the host (timed one after the other, the same fp32 engine's
+    p50 moved by 3-4 µs between windows on the H200, 2026-12-01: more than the precisions differ)."""
     import torch
 
     args, settings = runner.args, runner.settings
     dev = torch.device(settings.device)
+    on_gpu = dev.type == "cuda"
     for n, arch in enumerate(archs, 1):
         if runner.over_budget(f"precision {arch}"):
             continue
@@ -1146,106 +1198,108 @@ def run_precision(runner: Runner, archs: list[str], precisions: list[str], work:
             runner.error(f"precision {arch}: export failed: {_error(exc)}")
             continue
         entry = forms["step"]
+        if "fused" not in entry:
+            runner.error(f"precision {arch}: no fused graph: {entry.get('fused_error')}")
+            continue
         manifest = entry["manifest"]
         in_shape = manifest["inputs"][0]["shape"]
         in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
         pool = np.random.default_rng(0).standard_normal((POOL, *in_shape)).astype(np.float32)
-        floor = None
-        if dev.type == "cuda":
-            try:
-                floor = measure(
-                    make_floor(pool=pool, out_shape=manifest["outputs"][0]["shape"], device=dev),
-                    iters=settings.iters,
-                    warmup=settings.warmup,
-                )["p50_us"]
-            except Exception as exc:  # noqa: BLE001
-                say(f"  {arch}: floor failed: {_error(exc)}")
-        if "fused" not in entry:
-            runner.error(f"precision {arch}: no fused graph: {entry.get('fused_error')}")
-            continue
-        config = manifest.get("config") or {}
-        fp32_p50 = None
-        for precision in precisions:
-            row = {
-                "section": "precision",
-                "arch": arch,
-                "category": _zoo_category(arch),
-                "form": "step",
-                "T": 1,
-                "precision": precision,
-            }
-            if floor:
-                row["floor_p50_us"] = floor
-            try:
-                source = entry["fused"]
-                if precision != "fp32":
-                    from framefuse.precision import accuracy_report, convert_model, unsupported_reason
-                    from framefuse.precision.accuracy import gate_inputs
+        rows: dict[str, dict] = {}
+        live: dict[str, Callable] = {}
+        try:
+            if on_gpu:
+                try:
+                    live[FLOOR] = make_floor(pool=pool, out_shape=manifest["outputs"][0]["shape"], device=dev)
+                except Exception as exc:  # noqa: BLE001
+                    say(f"  {arch}: floor failed: {_error(exc)}")
+            for precision in precisions:
+                row = rows[precision] = {
+                    "section": "precision",
+                    "arch": arch,
+                    "category": _zoo_category(arch),
+                    "form": "step",
+                    "T": 1,
+                    "precision": precision,
+                }
+                try:
+                    source = entry["fused"]
+                    if precision != "fp32":
+                        from framefuse.precision import unsupported_reason
 
-                    reason = unsupported_reason("cuda-graph", precision)
-                    if reason:
-                        raise RuntimeError(reason)
-                    start = time.perf_counter()
-                    converted = convert_model(onnx.load(str(source)), precision, config=config)
-                    row["convert_s"] = time.perf_counter() - start
-                    tolerance = (config.get("tolerance") or {}).get(precision)
-                    start = time.perf_counter()
-                    inputs, inputs_note = gate_inputs(manifest, args.accuracy_frames)
-                    report = accuracy_report(
+                        reason = unsupported_reason("cuda-graph", precision)
+                        if reason:
+                            raise RuntimeError(reason)
+                        start = time.perf_counter()
+                        source, report, refusal = precision_graph(entry, precision, args.accuracy_frames, say)
+                        row["accuracy_s"] = time.perf_counter() - start
+                        if report is not None:
+                            row["accuracy"] = accuracy_summary(report)
+                        if refusal:
+                            row["refused"] = refusal
+                    engine, build_s = build_framefuse(
                         source,
-                        converted,
-                        frames=args.accuracy_frames,
+                        device=settings.device,
                         precision=precision,
-                        tolerance=tolerance,
-                        calib=inputs,
+                        unfused=entry["onnx"],
+                        fp32_graph=entry["fused"] if precision != "fp32" else None,
                     )
-                    if inputs_note:
-                        report.notes.append(inputs_note)
-                    row["accuracy_s"] = time.perf_counter() - start
-                    row["accuracy"] = accuracy_summary(report)
-                    target = Path(source).with_name(f"model.fused.{precision}.onnx")
-                    onnx.save(converted, str(target))
-                    source = target
-                engine, build_s = build_framefuse(
-                    source,
-                    device=settings.device,
-                    precision=precision,
-                    unfused=entry["onnx"],
-                    fp32_graph=entry["fused"] if precision != "fp32" else None,
-                )
-                call = _engine_call(engine, form="step", pool=pool, in_name=in_name, out_name=out_name)
+                    call = _engine_call(engine, form="step", pool=pool, in_name=in_name, out_name=out_name)
+                    with torch.no_grad():
+                        call(0)
+                    row.update(build_s=build_s, selection=selection_summary(engine))
+                    live[precision] = call
+                    say(f"  {arch:10s} {precision:5s} built ({build_s:.1f} s; {row['selection'].get('chosen')})")
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = _error(exc)
+                    row["traceback"] = traceback.format_exc(limit=6)
+                    say(f"  {arch:10s} {precision:5s} FAILED: {row['error']}")
+                finally:
+                    if on_gpu:
+                        torch.cuda.synchronize(dev)
+            if live:
+                say(f"  {arch:10s} timing {len(live)} engine(s) in {settings.rounds} interleaved rounds")
                 with torch.no_grad():
-                    call(0)
-                    result = measure(call, iters=settings.iters, warmup=settings.warmup)
-                row.update(
-                    {k: result[k] for k in ("p50_us", "p99_us", "mean_us", "max_us", "fps", "iters")},
-                    build_s=build_s,
-                    selection=selection_summary(engine),
-                )
-                if floor:
-                    row["floor_multiple"] = row["p50_us"] / floor
-                if precision == "fp32":
-                    fp32_p50 = row["p50_us"]
-                if fp32_p50:
-                    row["speedup_vs_fp32"] = fp32_p50 / row["p50_us"]
-                acc = row.get("accuracy", {})
-                say(
-                    f"  {arch:10s} {precision:5s} p50 {row['p50_us']:8.1f} us  p99 {row['p99_us']:8.1f} us"
-                    + (
-                        f"  max abs {acc['max_abs_policy']:.2e}  argmax {100 * acc['argmax_agreement']:.2f}%"
-                        if acc.get("argmax_agreement") is not None
-                        else ""
+                    timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
+                floor = timed.get(FLOOR)
+                floor_p50 = floor["p50_us"] if isinstance(floor, dict) else None
+                fp32 = timed.get("fp32")
+                fp32_p50 = fp32["p50_us"] if isinstance(fp32, dict) else None
+                for precision, row in rows.items():
+                    result = timed.get(precision)
+                    if result is None:
+                        continue
+                    if isinstance(result, BaseException):
+                        row["error"] = _error(result)
+                        continue
+                    row.update(
+                        {k: result[k] for k in ("p50_us", "p99_us", "mean_us", "max_us", "fps", "iters", "rounds")},
+                        round_p50_us=result["round_p50_us"],
                     )
-                )
-                del call, engine
-            except Exception as exc:  # noqa: BLE001
-                row["error"] = _error(exc)
-                row["traceback"] = traceback.format_exc(limit=6)
-                say(f"  {arch:10s} {precision:5s} FAILED: {row['error']}")
-            finally:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                    torch.cuda.empty_cache()
+                    if floor_p50:
+                        row["floor_p50_us"] = floor_p50
+                        row["floor_multiple"] = row["p50_us"] / floor_p50
+                    if fp32_p50:
+                        row["speedup_vs_fp32"] = fp32_p50 / row["p50_us"]
+                    acc = row.get("accuracy", {})
+                    say(
+                        f"  {arch:10s} {precision:5s} p50 {row['p50_us']:8.1f} us  p99 {row['p99_us']:8.1f} us"
+                        + (
+                            f"  max abs {acc['max_abs_policy']:.2e}  argmax {100 * acc['argmax_agreement']:.2f}%"
+                            if acc.get("argmax_agreement") is not None
+                            else ""
+                        )
+                        + ("  (the build refuses it)" if row.get("refused") else "")
+                    )
+        finally:
+            for call in live.values():
+                if hasattr(call, "close"):
+                    call.close()
+            live.clear()
+            if on_gpu:
+                torch.cuda.synchronize(dev)
+                torch.cuda.empty_cache()
+        for row in rows.values():
             runner.add("precision", row)
 
 
@@ -1260,6 +1314,8 @@ def _zoo_category(arch: str) -> str:
 
 def accuracy_summary(report) -> dict:
     """The figures of framefuse.precision's accuracy report the table shows."""
+    from framefuse.build.stage import KEPT_FP32_NOTE
+
     policy = report.policy_output
     by_name = {o.name: o for o in report.outputs}
     finite = [o.max_abs for o in report.outputs]
@@ -1274,6 +1330,9 @@ def accuracy_summary(report) -> dict:
         "passed": report.passed,
         "failures": report.failures(),
         "engines": report.engines,
+        # the int8 weight-only fallback's products in float32, as the build's report names them
+        "kept_fp32": next((n.split(": ", 1)[1] for n in report.notes if n.startswith(KEPT_FP32_NOTE)), None),
+        "notes": list(report.notes),
     }
 
 
@@ -1456,29 +1515,35 @@ def precision_section(rows: list[dict]) -> list[str]:
     lines = [
         "## Precision: the framefuse engine at fp32 / fp16 / bf16 / int8 (step form, T = 1)",
         "",
-        "Graphs from framefuse.precision (`framefuse build --precision`: fp16/bf16 storage conversion, int8 "
-        'weight-only by default); the engine built with select="time". A step kernel of a precision build '
-        "computes with the weights as the graph stores them and float32 activations and state; a selection "
-        "name ending in @fp16 / @bf16 / @int8 reads those weight rows in that format (engines/fusion."
-        "PRECISION_ROWS), checked against the converted graph's plan within the precision's tolerance. "
+        "Graphs as `framefuse build --precision` makes them (framefuse.build.convert_precision: fp16/bf16 "
+        "storage conversion, int8 weight-only by default, the accuracy gate, and for int8 the fallback that "
+        'keeps the most sensitive products in float32 until the gate passes); the engine built with select="time". '
+        "A step kernel of a precision build computes with the weights as the graph stores them and float32 "
+        "activations and state; a selection name ending in @fp16 / @bf16 / @int8 reads those weight rows in that "
+        "format (engines/fusion.PRECISION_ROWS), checked against the converted graph's plan within the "
+        "precision's tolerance. An architecture's precisions and its floor are built first, then timed in the "
+        "same interleaved rounds: speedup vs fp32 compares samples from the same windows of the host. "
+        "Build's kernel vs fp32: the build's own timing of the chosen step kernel beside the fp32 graph's "
+        "kernels in the same rounds (µs a replay; device work and launch, no host copy). "
         "Accuracy: the accuracy report of the converted graph against the fp32 graph over a rollout (each side "
         "carries its own state); max abs error of the policy output y and of every output (next state "
-        "included); argmax agreement of y. Gate: the build's accuracy gate (a `no` means `framefuse build` "
-        "would refuse this graph; it is timed anyway).",
+        "included); argmax agreement of y. Gate: yes = `framefuse build` ships this graph (with the products "
+        "the int8 fallback kept in float32 counted); no = the build refuses it (timed anyway, from the plain "
+        "conversion).",
         "",
     ]
     if not rows:
         return [*lines, "(no rows)", ""]
     lines += [
-        "| architecture | precision | p50 µs | p99 µs | × floor | speedup vs fp32 | max abs err (y) "
-        "| max abs err (all outputs) | argmax agreement | frames | gate | selection |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---|",
+        "| architecture | precision | p50 µs | p99 µs | × floor | speedup vs fp32 | build's kernel vs fp32 µs "
+        "| max abs err (y) | max abs err (all outputs) | argmax agreement | frames | gate | selection |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---|",
     ]
     order = {p: i for i, p in enumerate(PRECISIONS)}
     for r in sorted(rows, key=lambda r: (r["arch"], order.get(r["precision"], 9))):
         acc = r.get("accuracy") or {}
         if "error" in r:
-            lines.append(f"| {r['arch']} | {r['precision']} | failed: {r['error'][:120]} | | | | | | | | | |")
+            lines.append(f"| {r['arch']} | {r['precision']} | failed: {r['error'][:120]} | | | | | | | | | | |")
             continue
         if r["precision"] == "fp32":
             err_y = err_all = agree = frames = "reference"
@@ -1488,15 +1553,38 @@ def precision_section(rows: list[dict]) -> list[str]:
             err_all = f"{acc['max_abs_all']:.2e}" if acc.get("max_abs_all") is not None else "—"
             agree = f"{100 * acc['argmax_agreement']:.2f}%" if acc.get("argmax_agreement") is not None else "—"
             frames = str(acc.get("frames", "—"))
-            gate = "yes" if acc.get("passed") else "no"
-        chosen = (r.get("selection") or {}).get("chosen") or "—"
+            gate = _gate_cell(r)
+        selection = r.get("selection") or {}
+        vs = selection.get("vs_fp32") or {}
+        kernel = (
+            f"{vs['us_per_step']:.2f} / {vs['fp32_us_per_step']:.2f}"
+            if vs.get("us_per_step") is not None and vs.get("fp32_us_per_step") is not None
+            else "—"
+        )
         lines.append(
             f"| {r['arch']} | {r['precision']} | {_us(r.get('p50_us'))} | {_us(r.get('p99_us'))} "
-            f"| {_x(r.get('floor_multiple'))} | {_x(r.get('speedup_vs_fp32'))} | {err_y} | {err_all} | {agree} "
-            f"| {frames} | {gate} | {chosen} |"
+            f"| {_x(r.get('floor_multiple'))} | {_x(r.get('speedup_vs_fp32'))} | {kernel} | {err_y} | {err_all} "
+            f"| {agree} | {frames} | {gate} | {selection.get('chosen') or '—'} |"
         )
     lines.append("")
+    narrow = [r for r in rows if r["precision"] != "fp32" and "error" not in r and r.get("speedup_vs_fp32")]
+    slower = [r for r in narrow if r["speedup_vs_fp32"] < 1.0]
+    if narrow:
+        listed = ", ".join(f"{r['arch']} {r['precision']} {r['speedup_vs_fp32']:.2f}×" for r in slower)
+        lines += [
+            f"**Precision rows slower than fp32 in the same rounds: {len(slower)} of {len(narrow)}**"
+            + (f": {listed}." if slower else "."),
+            "",
+        ]
     return lines
+
+
+def _gate_cell(row: dict) -> str:
+    acc = row.get("accuracy") or {}
+    if row.get("refused") or not acc.get("passed"):
+        return "no"
+    kept = acc.get("kept_fp32")  # "a, b (2 of 12 quantizable products; ...)": the names only
+    return f"yes (fp32: {kept.split(' (', 1)[0]})" if kept else "yes"
 
 
 def _measured_lengths(results: dict, cfg: dict) -> str:

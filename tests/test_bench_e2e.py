@@ -105,8 +105,33 @@ def test_precision_rows(smoke):
             assert acc["frames"] == 20 and acc["policy_output"] == "y"
             assert acc["max_abs_policy"] is not None and 0.0 <= acc["argmax_agreement"] <= 1.0
             assert isinstance(acc["passed"], bool)
+        # an architecture's precisions timed in the same interleaved rounds
+        assert row["rounds"] == len(row["round_p50_us"]) >= 1
+        assert row["speedup_vs_fp32"] == pytest.approx(rows["fp32"]["p50_us"] / row["p50_us"])
     table = (out / "e2e.md").read_text()
     assert "| min_gru | bf16 |" in table and "argmax agreement" in table
+    assert "Precision rows slower than fp32 in the same rounds:" in table
+
+
+def test_precision_gate_cell_names_what_the_int8_fallback_kept(e2e):
+    """The gate column: what `framefuse build` ships (with the products its int8 fallback kept in
+    float32, as the build's report names them) or a refusal."""
+    from framefuse.build.stage import KEPT_FP32_NOTE
+
+    class Report:
+        notes = [f"{KEPT_FP32_NOTE}: /in_proj/Gemm, /o_proj/MatMul (2 of 12 quantizable products; the gate failed)"]
+        policy_output, outputs, frames, form, tolerance = "y", [], 20, "step", 0.1
+        argmax_agreement, passed, engines = 0.996, True, {}
+
+        def failures(self):
+            return []
+
+    acc = e2e.accuracy_summary(Report())
+    assert acc["kept_fp32"].startswith("/in_proj/Gemm, /o_proj/MatMul (2 of 12")
+    assert e2e._gate_cell({"accuracy": acc}) == "yes (fp32: /in_proj/Gemm, /o_proj/MatMul)"
+    assert e2e._gate_cell({"accuracy": dict(acc, kept_fp32=None)}) == "yes"
+    assert e2e._gate_cell({"accuracy": acc, "refused": "int8 build rejected"}) == "no"
+    assert e2e._gate_cell({"accuracy": dict(acc, passed=False)}) == "no"
 
 
 def test_markdown_states_rows_below_the_best_peer(smoke):
