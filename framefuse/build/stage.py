@@ -115,9 +115,9 @@ def convert_precision(
 # gated_ssm and delta_net failed the gate (99.40 / 99.40 / 98.80 % argmax agreement) with every
 # product int8.
 INT8_FALLBACK_SHARE = 0.5
+SENSITIVITY_FRAMES = 200
 # How the report names the products the fallback kept (bench/e2e.py's precision rows read it).
 KEPT_FP32_NOTE = "kept in float32 for accuracy"
-SENSITIVITY_FRAMES = 200
 
 
 def int8_fallback(source: Path, original, config, first, frames: int, tolerance, inputs, log):
