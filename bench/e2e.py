@@ -1128,17 +1128,15 @@ def precision_graph(entry: dict, precision: str, frames: int, say) -> tuple[Path
     """(graph, accuracy report, refusal) of ``precision`` for a zoo step form, as ``framefuse build
     --precision`` makes it: framefuse.build.convert_precision with the accuracy gate over ``frames``
     frames and the int8 weight-only fallback (products kept in float32 until the gate passes). A
-    conversion the build refuses is still timed, from convert_model's graph and its own report,
-    with the refusal (the gate's failures) beside it: the row says the build would not ship it."""
+    graph the build refuses is still timed, with the gate's report and its failures beside it: the
+    row says the build would not ship it."""
     import onnx
 
     from framefuse.build import convert_precision
-    from framefuse.precision import AccuracyError, accuracy_report, convert_model
-    from framefuse.precision.accuracy import AccuracyReport, gate_inputs
+    from framefuse.precision import AccuracyError
+    from framefuse.precision.accuracy import AccuracyReport
 
     source = Path(entry["fused"])
-    manifest = entry["manifest"]
-    config = manifest.get("config") or {}
     try:
         target = convert_precision(
             source,
@@ -1149,25 +1147,12 @@ def precision_graph(entry: dict, precision: str, frames: int, say) -> tuple[Path
             engine="cuda-graph",
             gate=(frames, None),
         )
-        report = AccuracyReport.read(source.parent / f"accuracy.{precision}.json") if frames > 0 else None
-        return target, report, None
     except AccuracyError as exc:
-        refusal = str(exc)
-    converted = convert_model(onnx.load(str(source)), precision, config=config)
-    inputs, inputs_note = gate_inputs(manifest, frames)
-    report = accuracy_report(
-        source,
-        converted,
-        frames=frames,
-        precision=precision,
-        tolerance=(config.get("tolerance") or {}).get(precision),
-        calib=inputs,
-    )
-    if inputs_note:
-        report.notes.append(inputs_note)
-    target = source.with_name(f"{source.stem}.{precision}.refused.onnx")
-    onnx.save(converted, str(target))
-    return target, report, refusal
+        target = source.with_name(f"{source.stem}.{precision}.refused.onnx")
+        onnx.save(exc.model, str(target))
+        return target, exc.report, str(exc)
+    report = AccuracyReport.read(source.parent / f"accuracy.{precision}.json") if frames > 0 else None
+    return target, report, None
 
 
 def run_precision(runner: Runner, archs: list[str], precisions: list[str], work: Path) -> None:
@@ -1314,8 +1299,6 @@ def _zoo_category(arch: str) -> str:
 
 def accuracy_summary(report) -> dict:
     """The figures of framefuse.precision's accuracy report the table shows."""
-    from framefuse.build.stage import KEPT_FP32_NOTE
-
     policy = report.policy_output
     by_name = {o.name: o for o in report.outputs}
     finite = [o.max_abs for o in report.outputs]
@@ -1330,8 +1313,7 @@ def accuracy_summary(report) -> dict:
         "passed": report.passed,
         "failures": report.failures(),
         "engines": report.engines,
-        # the int8 weight-only fallback's products in float32, as the build's report names them
-        "kept_fp32": next((n.split(": ", 1)[1] for n in report.notes if n.startswith(KEPT_FP32_NOTE)), None),
+        "kept_fp32": list(getattr(report, "kept_fp32", None) or []),  # the int8 fallback's products
         "notes": list(report.notes),
     }
 
@@ -1583,8 +1565,8 @@ def _gate_cell(row: dict) -> str:
     acc = row.get("accuracy") or {}
     if row.get("refused") or not acc.get("passed"):
         return "no"
-    kept = acc.get("kept_fp32")  # "a, b (2 of 12 quantizable products; ...)": the names only
-    return f"yes (fp32: {kept.split(' (', 1)[0]})" if kept else "yes"
+    kept = acc.get("kept_fp32")
+    return f"yes (fp32: {', '.join(kept)})" if kept else "yes"
 
 
 def _measured_lengths(results: dict, cfg: dict) -> str:

@@ -776,11 +776,18 @@ def test_an_int8_build_that_fails_the_gate_keeps_its_most_sensitive_product_in_f
     assert any("with sensitive in float32: passes" in line for line in lines), lines
     report = json.loads((tmp_path / "accuracy.int8.json").read_text())
     assert any(note.startswith("kept in float32 for accuracy: sensitive (1 of 2") for note in report["notes"])
+    assert report["kept_fp32"] == ["sensitive"]
     target.unlink()
     (tmp_path / "accuracy.int8.json").unlink()
-    with pytest.raises(AccuracyError, match="build rejected"):
+    with pytest.raises(AccuracyError, match="build rejected") as refused:
         convert_precision(source, "int8", None, tmp_path, lines.append, gate=(200, None), fallback=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+    # the refusal carries what failed: the graph with both quantizable products int8 and its report
+    assert not refused.value.report.passed and refused.value.report.kept_fp32 == []
+    assert {n.name for n in refused.value.model.graph.node if n.op_type == "DequantizeLinear"} == {
+        "w1_DequantizeLinear",
+        "w2_DequantizeLinear",
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

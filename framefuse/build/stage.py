@@ -92,13 +92,16 @@ def convert_precision(
             if found is not None:
                 model, better, kept, candidates = found
                 better.notes = report.notes + [
-                    f"{KEPT_FP32_NOTE}: {', '.join(kept)} ({len(kept)} of {candidates} quantizable "
+                    f"kept in float32 for accuracy: {', '.join(kept)} ({len(kept)} of {candidates} quantizable "
                     f"products; the gate failed with all of them int8: {'; '.join(report.failures())})"
                 ]
+                better.kept_fp32 = list(kept)
                 report = better
                 label = f"{label}, {len(kept)} product{'s' if len(kept) > 1 else ''} in float32"
         if not report.passed:
-            raise AccuracyError(f"{source}: {label} build rejected, " + "; ".join(report.failures()))
+            raise AccuracyError(
+                f"{source}: {label} build rejected, " + "; ".join(report.failures()), report=report, model=model
+            )
         log(report.table())
     stem = source.name.removesuffix(".onnx")
     target = out_dir / f"{stem}.{precision}.onnx"
@@ -116,8 +119,6 @@ def convert_precision(
 # product int8.
 INT8_FALLBACK_SHARE = 0.5
 SENSITIVITY_FRAMES = 200
-# How the report names the products the fallback kept (bench/e2e.py's precision rows read it).
-KEPT_FP32_NOTE = "kept in float32 for accuracy"
 
 
 def int8_fallback(source: Path, original, config, first, frames: int, tolerance, inputs, log):

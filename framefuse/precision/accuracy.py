@@ -85,6 +85,8 @@ class AccuracyReport:
     margins: dict | None = None
     #: max |Δ| per output over the candidate's own rollout (step form), reported, not gated.
     drift: dict | None = None
+    #: Products an int8 weight-only build kept in float32 to pass the gate (framefuse.build's fallback).
+    kept_fp32: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:

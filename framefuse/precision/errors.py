@@ -15,4 +15,10 @@ class CalibrationError(FrameFuseError):
 
 
 class AccuracyError(ParityError):
-    """A converted graph is outside the configured tolerance of its fp32 reference."""
+    """A converted graph is outside the configured tolerance of its fp32 reference. ``report`` and
+    ``model``: the accuracy report and the converted graph that failed (None when not at hand)."""
+
+    def __init__(self, message: str, *, report=None, model=None):
+        super().__init__(message)
+        self.report = report
+        self.model = model
