@@ -180,8 +180,10 @@ def latency_stats(ns: np.ndarray) -> dict:
 def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int) -> dict:
     """measure() of every call in ``calls`` interleaved: ``warmup`` untimed calls each, then
     ``rounds`` rounds in which each call is timed ``iters / rounds`` times in turn (a block of
-    calls, not one call each: switching engines on every call would time the switch). An engine
-    that raises is left out of the later rounds; its entry is the exception."""
+    calls, not one call each: switching engines on every call would time the switch), the order
+    rotated by one each round so that no engine always runs first after the previous round's last
+    (the H200 run of 2026-12-02 timed them in a fixed order). An engine that raises is left out of
+    the later rounds; its entry is the exception."""
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict = {name: [] for name in calls}
     failed: dict = {}
@@ -193,8 +195,11 @@ def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int) -> dict
         except Exception as exc:  # noqa: BLE001
             failed[name] = exc
     done = 0
-    for n in per_round:
-        for name, call in calls.items():
+    names = list(calls)
+    for r, n in enumerate(per_round):
+        first = r % max(1, len(names))
+        for name in names[first:] + names[:first]:
+            call = calls[name]
             if name in failed:
                 continue
             ns = np.empty(n, dtype=np.int64)

@@ -136,3 +136,31 @@ def test_precision_gate_cell_names_what_the_int8_fallback_kept(e2e):
     assert e2e._gate_cell({"accuracy": dict(acc, kept_fp32=[])}) == "yes"
     assert e2e._gate_cell({"accuracy": acc, "refused": "int8 build rejected"}) == "no"
     assert e2e._gate_cell({"accuracy": dict(acc, passed=False)}) == "no"
+
+
+def test_measure_rounds_rotates_the_order_and_drops_a_failing_engine(e2e):
+    """Each round times every engine's block of calls in turn, starting one engine later than the
+    round before; every engine gets the same frame indices; one that raises is left out after."""
+    order: list[str] = []
+    frames: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+
+    def engine(name):
+        def call(i):
+            if not order or order[-1] != name:
+                order.append(name)
+            frames[name].append(i)
+
+        return call
+
+    def broken(i):
+        if i >= 2:  # the warm-up passes, the second round fails
+            raise RuntimeError("lost the device")
+
+    timed = e2e.measure_rounds(
+        {"a": engine("a"), "b": engine("b"), "c": engine("c"), "x": broken}, iters=6, warmup=1, rounds=3
+    )
+    assert order == ["a", "b", "c"] + ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # warm-up, 3 rounds
+    assert all(f == [0, 0, 1, 2, 3, 4, 5] for f in frames.values())  # warm-up 0, then rounds 0-1, 2-3, 4-5
+    assert all(timed[n]["rounds"] == 3 and timed[n]["iters"] == 6 for n in "abc")
+    assert isinstance(timed["x"], RuntimeError)
+    assert e2e.measure_rounds({}, iters=4, warmup=1, rounds=2) == {}
