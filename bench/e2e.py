@@ -177,13 +177,16 @@ def latency_stats(ns: np.ndarray) -> dict:
     }
 
 
+ROUND_ORDER = "rotated"  # the results' config says so: runs before 2026-12-02 kept one order
+
+
 def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int) -> dict:
     """measure() of every call in ``calls`` interleaved: ``warmup`` untimed calls each, then
     ``rounds`` rounds in which each call is timed ``iters / rounds`` times in turn (a block of
     calls, not one call each: switching engines on every call would time the switch), the order
-    rotated by one each round so that no engine always runs first after the previous round's last
-    (the H200 run of 2026-12-02 timed them in a fixed order). An engine that raises is left out of
-    the later rounds; its entry is the exception."""
+    rotated by one each round so that no engine always takes the same place in a round (the H200
+    precision runs of 2026-12-02 timed them in a fixed order, fp32 first). An engine that raises is
+    left out of the later rounds; its entry is the exception."""
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict = {name: [] for name in calls}
     failed: dict = {}
@@ -1360,8 +1363,9 @@ def _rounds_note(cfg: dict) -> str:
     rounds = cfg.get("rounds", 1)
     if rounds <= 1:  # runs before 2026-11-26 timed each engine in one stretch
         return ""
+    order = ", in an order rotated each round" if cfg.get("round_order") == ROUND_ORDER else ""
     return (
-        f", timed in {rounds} interleaved rounds of a row's engines (the resident kernel and "
+        f", timed in {rounds} interleaved rounds of a row's engines{order} (the resident kernel and "
         "torch.compile reduce-overhead alone, after)"
     )
 
@@ -1862,8 +1866,10 @@ def merge(paths: list[str], out: Path) -> dict:
     merged["configs"] = [
         dict(part["config"], created=part.get("created"), file=str(p)) for part, p in zip(parts, paths)
     ]
-    comparable = ("embed", "layers", "seq", "iters", "warmup", "compile")
+    comparable = ("embed", "layers", "seq", "iters", "warmup", "compile", "rounds", "round_order")
     differing = [k for k in comparable if len({json.dumps(part["config"].get(k)) for part in parts}) > 1]
+    if "round_order" in differing:  # the report's settings line then claims no order
+        merged["config"] = dict(merged["config"], round_order=None)
     if differing:
         merged.setdefault("notes", []).append(f"merged runs differ in {', '.join(differing)} (see configs)")
         say(f"warning: merged runs differ in {', '.join(differing)}")
@@ -2109,6 +2115,7 @@ def run(args) -> int:
             "accuracy_frames": args.accuracy_frames,
             "profile_calls": settings.profile_calls,
             "rounds": settings.rounds,
+            "round_order": ROUND_ORDER,
             "seed": args.seed,
             "quick": bool(args.quick),
         },

@@ -164,3 +164,35 @@ def test_measure_rounds_rotates_the_order_and_drops_a_failing_engine(e2e):
     assert all(timed[n]["rounds"] == 3 and timed[n]["iters"] == 6 for n in "abc")
     assert isinstance(timed["x"], RuntimeError)
     assert e2e.measure_rounds({}, iters=4, warmup=1, rounds=2) == {}
+
+
+def test_merge_takes_later_rows_and_says_where_the_runs_differ(e2e, smoke, tmp_path):
+    """--merge: a row of a later file replaces the earlier one's; runs timed in a fixed order (before
+    the rotation) and rotated ones merged give a settings line that claims no order, and a note;
+    runs of different GPUs are refused."""
+    out, results = smoke
+    assert results["config"]["round_order"] == e2e.ROUND_ORDER
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps(results))
+    older = json.loads(json.dumps(results))
+    del older["config"]["round_order"]  # a run from before the rotation
+    (row,) = [r for r in older["precision_rows"] if r["precision"] == "bf16"]
+    row["p50_us"] = 123.0
+    second.write_text(json.dumps(older))
+
+    same = e2e.merge([str(first), str(first)], tmp_path / "same")
+    assert same["config"]["round_order"] == e2e.ROUND_ORDER
+    assert "in an order rotated each round" in (tmp_path / "same" / "e2e.md").read_text()
+
+    merged = e2e.merge([str(first), str(second)], tmp_path / "merged")
+    (bf16,) = [r for r in merged["precision_rows"] if r["precision"] == "bf16"]
+    assert bf16["p50_us"] == 123.0 and len(merged["precision_rows"]) == len(results["precision_rows"])
+    assert merged["config"]["round_order"] is None
+    assert any("round_order" in note for note in merged["notes"])
+    assert "rotated" not in (tmp_path / "merged" / "e2e.md").read_text()
+
+    other = json.loads(json.dumps(results))
+    other["environment"]["gpu"] = "another GPU"
+    second.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="different GPUs"):
+        e2e.merge([str(first), str(second)], tmp_path / "refused")
