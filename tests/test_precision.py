@@ -448,6 +448,68 @@ def test_int8_weights_only_is_dequantised_once_at_load():
     assert 0 < np.abs(actual - reference).max() < 0.05
 
 
+@pytest.mark.parametrize(
+    "arch, op, weights", [("lstm", "LSTMSeq", "WR"), ("gru", "GRUSeq", "WR"), ("liquid", "LiquidScan", "R")]
+)
+def test_int8_weights_only_quantizes_the_recurrent_ops_weights_by_row(arch, op, weights):
+    """Weight-only int8 puts the LSTM's / GRU's W and R and the liquid cell's R (framefuse op inputs)
+    through a DequantizeLinear of int8 rows, one scale a row (an output channel of the cell); ONNX
+    Runtime (the op as a Python op) and the CPU executor run the graph alike; the products are
+    int8_candidates by name, and keep_fp32 keeps one of them (or the whole op) in float; the
+    activation (Q/DQ) mode leaves them alone."""
+    from framefuse.plugins.ort_bridge import ort_session
+    from framefuse.precision.convert import int8_candidates
+
+    model, prepared = _fused(arch)
+    ops = [n for n in model.graph.node if n.op_type == op]
+    roles = {"W": 1, "R": 2} if op != "LiquidScan" else {"R": 1}
+    products = [f"{n.name}:{r}" for n in ops for r in weights]
+    assert ops and set(products) <= set(int8_candidates(model))
+
+    converted = convert_model(model, "int8")
+    inits = {i.name: numpy_helper.to_array(i) for i in converted.graph.initializer}
+    made = {o: n for n in converted.graph.node for o in n.output}
+    for node in (n for n in converted.graph.node if n.op_type == op):
+        original = next(n for n in ops if n.name == node.name)
+        for role in weights:
+            dq = made[node.input[roles[role]]]
+            assert dq.op_type == "DequantizeLinear" and helper.get_attribute_value(dq.attribute[0]) == 0
+            rows, scale = inits[dq.input[0]], inits[dq.input[1]]
+            fp32 = numpy_helper.to_array(
+                next(i for i in model.graph.initializer if i.name == original.input[roles[role]])
+            )
+            assert rows.dtype == np.int8 and rows.shape == fp32.shape and scale.shape == (fp32.shape[0],)
+            assert np.abs(rows).max() == 127 and not inits[dq.input[2]].any()
+            assert np.abs(rows * scale[:, None] - fp32).max() <= scale.max() / 2 + 1e-7
+
+    feeds = {
+        k: np.random.default_rng(7).standard_normal(s).astype(np.float32) for k, s in prepared.input_shapes().items()
+    }
+    session = ort_session(converted, optimize=False)
+    names = [o.name for o in session.get_outputs()]
+    by_ort = dict(zip(names, session.run(names, feeds)))
+    by_engine = CudaGraphEngine(converted, device="cpu").run(feeds)
+    reference = CudaGraphEngine(model, device="cpu").run(feeds)
+    for name in names:
+        np.testing.assert_allclose(by_engine[name], by_ort[name], atol=1e-5, rtol=1e-5, err_msg=name)
+    assert max(np.abs(by_engine[n] - reference[n]).max() for n in names) > 0  # the op's weights are int8
+
+    def dequantized_ops(m):
+        made = {o: n for n in m.graph.node for o in n.output}
+        return {
+            f"{n.name}:{role}"
+            for n in m.graph.node
+            if n.op_type == op
+            for role, i in roles.items()
+            if made.get(n.input[i]) is not None and made[n.input[i]].op_type == "DequantizeLinear"
+        }
+
+    assert dequantized_ops(converted) == set(products)
+    assert dequantized_ops(convert_model(model, "int8", keep_fp32=[products[-1]])) == set(products[:-1])
+    assert dequantized_ops(convert_model(model, "int8", keep_fp32=[op])) == set()
+    assert dequantized_ops(convert_model(model, "int8", int8_mode="qdq")) == set()
+
+
 def test_int8_modes(tmp_path):
     """int8 is weights-only unless asked otherwise: a calibration file, int8_mode="qdq" or the config
     asks for calibrated activations; a calibration file with mode "weights" is refused."""

@@ -105,14 +105,18 @@ def convert_model(
 
 
 def int8_candidates(model: onnx.ModelProto, config: Mapping | None = None) -> list[str]:
-    """The names (as quantize_int8 names the nodes) of the products an int8 build of ``model``
-    quantizes: the MatMul / Gemm nodes with a constant weight outside the state recurrence, the
-    policy head and the config's ``keep_fp32``. Naming some of them in ``keep_fp32`` keeps them in
-    float32 (the build's accuracy fallback)."""
-    from framefuse.precision.quantize import _named, weight_gemms
+    """The names (as quantize_int8 names the nodes) of the products a weight-only int8 build of
+    ``model`` quantizes: the MatMul / Gemm nodes with a constant weight outside the state
+    recurrence, the policy head and the config's ``keep_fp32`` left out, then the framefuse ops'
+    weight matrices (``LSTMSeq_10:W``, quantize.op_weight_name). Naming some of them in
+    ``keep_fp32`` keeps them in float32 (the build's accuracy fallback)."""
+    from framefuse.precision.quantize import _named, op_weight_name, op_weights, weight_gemms
 
     keep = list((config or {}).get("keep_fp32") or []) + policy_head(model)
-    return [node.name for node in weight_gemms(_named(model), keep)]
+    named = _named(model)
+    return [node.name for node in weight_gemms(named, keep)] + [
+        op_weight_name(node, index) for node, index in op_weights(named, keep)
+    ]
 
 
 def int8_mode_of(int8_mode: str | None, config: Mapping | None = None, *, calib=None) -> str:

@@ -8,7 +8,8 @@ for the same Q/DQ graph at this size.
 What is quantized: the GEMMs with a constant weight (``MatMul`` / ``Gemm`` whose second input is an
 initializer): weights int8 per output channel, symmetric; activations int8 per tensor, symmetric
 (zero point 0, as TensorRT requires), ranges from MinMax calibration. Left in float: framefuse nodes
-(their kernels have no int8 path), the state recurrence (every node on a path from ``state.<n>`` to
+(their kernels have no int8 path; in weight-only mode their weight matrices, OP_WEIGHTS, are int8
+with a DequantizeLinear in front), the state recurrence (every node on a path from ``state.<n>`` to
 ``next_state.<n>``, as for fp16), the policy head (convert.policy_head), and anything in ``keep_fp32``.
 
 Calibration runs the graph frame by frame on the CPU executor
@@ -40,6 +41,14 @@ from framefuse.precision.convert import FRAMEFUSE_DOMAIN, recurrence_nodes
 from framefuse.precision.errors import PrecisionError
 
 QUANT_OPS = ("MatMul", "Gemm")
+# The weight inputs of framefuse ops whose rows are the op's output channels (plugins/OPS.md: the
+# LSTM's and GRU's W [gates·H, I] and R [gates·H, H], the liquid cell's R [4H, H]): each row is one
+# dot product of the cell, so an int8 scale a row is the per-output-channel quantization the
+# MatMul / Gemm weights get. Weight-only int8 only: the op reads the dequantized weight (its own
+# kernels have no int8 path, ONNX Runtime and the CPU executor run the DequantizeLinear in front of
+# it), while the step compiler reads the int8 rows (engines/fusion.PRECISION_ROWS). Without them
+# an int8 lstm, gru or liquid build kept 70-99 % of its weight bytes in float32.
+OP_WEIGHTS = {"LSTMSeq": {1: "W", 2: "R"}, "GRUSeq": {1: "W", 2: "R"}, "LiquidScan": {1: "R"}}
 
 
 def weight_gemms(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> list[onnx.NodeProto]:
@@ -60,6 +69,33 @@ def weight_gemms(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> list[
             continue
         nodes.append(node)
     return nodes
+
+
+def op_weight_name(node: onnx.NodeProto, index: int) -> str:
+    """The product name of a framefuse op's weight input (``LSTMSeq_10:W``): what int8_candidates
+    lists and ``keep_fp32`` takes, beside node names and op types."""
+    return f"{node.name}:{OP_WEIGHTS[node.op_type][index]}"
+
+
+def op_weights(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> list[tuple[onnx.NodeProto, int]]:
+    """(node, input index) of every framefuse op weight of OP_WEIGHTS that is a constant 2-D fp32
+    initializer and not kept in float (by its product name, the node's name or its op type)."""
+    keep = set(keep_fp32)
+    inits = {i.name: i for i in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.domain != FRAMEFUSE_DOMAIN or node.op_type not in OP_WEIGHTS:
+            continue
+        if node.name in keep or node.op_type in keep:
+            continue
+        for index in OP_WEIGHTS[node.op_type]:
+            if index >= len(node.input) or op_weight_name(node, index) in keep:
+                continue
+            weight = inits.get(node.input[index])
+            if weight is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) != 2:
+                continue
+            found.append((node, index))
+    return found
 
 
 def _named(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -95,13 +131,15 @@ def quantize_int8(
         weights_only = int8_mode_of(None, config, calib=calib) == "weights"
     work = _named(model)
     gemms = weight_gemms(work, keep_fp32)
-    if not gemms:
+    ops = op_weights(work, keep_fp32) if weights_only else []
+    if not gemms and not ops:
         raise PrecisionError(
-            f"{model.graph.name or '<model>'}: no MatMul/Gemm with a constant weight outside the state recurrence; "
-            "nothing to quantize to int8"
+            f"{model.graph.name or '<model>'}: no MatMul/Gemm with a constant weight outside the state recurrence"
+            + (" and no framefuse op weight" if weights_only else "")
+            + "; nothing to quantize to int8"
         )
     if weights_only:
-        return _weights_only(work, gemms)
+        return _weights_only(work, gemms, ops)
     arrays = calibration.resolve(calib, work, config=config, frames=frames)
     ranges = _calibrate(work, arrays, gemms)
     return _quantize_static(work, gemms, ranges)
@@ -184,40 +222,48 @@ def _quantize_static(model: onnx.ModelProto, gemms, ranges) -> onnx.ModelProto:
         return onnx.load(str(target))
 
 
-def _weights_only(model: onnx.ModelProto, gemms) -> onnx.ModelProto:
-    """Per-output-channel symmetric int8 weights + DequantizeLinear; activations untouched."""
+def _weights_only(model: onnx.ModelProto, gemms, ops=()) -> onnx.ModelProto:
+    """Per-output-channel symmetric int8 weights + DequantizeLinear; activations untouched. ``ops``:
+    framefuse op weights (op_weights), one scale a row."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    done: dict[str, str] = {}
+    done: dict[tuple[str, int], str] = {}
     new_nodes = []
+
+    def dequantized(wname: str, axis: int) -> str:
+        if (wname, axis) in done:
+            return done[(wname, axis)]
+        w = numpy_helper.to_array(inits[wname]).astype(np.float32)
+        amax = np.abs(w).max(axis=1 - axis)
+        scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+        shape = [1, 1]
+        shape[axis] = -1
+        q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+        stem = wname if not any(k[0] == wname for k in done) else f"{wname}_axis{axis}"
+        qname, sname, zname, dname = (f"{stem}_quantized", f"{stem}_scale", f"{stem}_zero_point", f"{stem}_dq")
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(q, qname),
+                numpy_helper.from_array(scale, sname),
+                numpy_helper.from_array(np.zeros(scale.shape, np.int8), zname),
+            ]
+        )
+        new_nodes.append(
+            helper.make_node(
+                "DequantizeLinear", [qname, sname, zname], [dname], name=f"{stem}_DequantizeLinear", axis=axis
+            )
+        )
+        done[(wname, axis)] = dname
+        return dname
+
     for node in gemms:
-        wname = node.input[1]
-        if wname not in done:
-            w = numpy_helper.to_array(inits[wname]).astype(np.float32)
-            trans_b = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
-            axis = 0 if trans_b else 1  # the output-channel axis of the stored weight
-            amax = np.abs(w).max(axis=1 - axis)
-            scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-            shape = [1, 1]
-            shape[axis] = -1
-            q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
-            qname, sname, zname, dname = (f"{wname}_quantized", f"{wname}_scale", f"{wname}_zero_point", f"{wname}_dq")
-            graph.initializer.extend(
-                [
-                    numpy_helper.from_array(q, qname),
-                    numpy_helper.from_array(scale, sname),
-                    numpy_helper.from_array(np.zeros(scale.shape, np.int8), zname),
-                ]
-            )
-            new_nodes.append(
-                helper.make_node(
-                    "DequantizeLinear", [qname, sname, zname], [dname], name=f"{wname}_DequantizeLinear", axis=axis
-                )
-            )
-            done[wname] = dname
-        node.input[1] = done[wname]
+        trans_b = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+        node.input[1] = dequantized(node.input[1], 0 if trans_b else 1)  # the output-channel axis
+    for node, index in ops:
+        node.input[index] = dequantized(node.input[index], 0)  # a row per output channel
+    replaced = {name for name, _axis in done}
     still_used = {name for node in graph.node for name in node.input}
-    kept = [i for i in graph.initializer if i.name in still_used or i.name not in done]
+    kept = [i for i in graph.initializer if i.name in still_used or i.name not in replaced]
     del graph.initializer[:]
     graph.initializer.extend(kept)
     nodes = new_nodes + list(graph.node)

@@ -159,7 +159,7 @@ def test_narrow_weight_kernel_matches_the_interpreter_on_the_rows_it_reads(arch,
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
-@pytest.mark.parametrize("arch", ["min_gru", "lstm", "mamba", "attention"])
+@pytest.mark.parametrize("arch", ["min_gru", "lstm", "gru", "liquid", "mamba", "attention"])
 def test_a_precision_graphs_kernel_with_lossless_rows_matches_the_interpreter(arch, precision):
     """A precision build's step kernel (engines.fusion.PRECISION_ROWS) at the benchmark's size:
     the converted graph lowered with its weights as stored (widened storage for fp16 / bf16), the
