@@ -1321,7 +1321,7 @@ def accuracy_summary(report) -> dict:
         "passed": report.passed,
         "failures": report.failures(),
         "engines": report.engines,
-        "kept_fp32": list(getattr(report, "kept_fp32", None) or []),  # the int8 fallback's products
+        "kept_fp32": list(report.kept_fp32),  # the int8 fallback's products
         "notes": list(report.notes),
     }
 
