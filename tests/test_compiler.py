@@ -1998,6 +1998,8 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-skewed",
         "stepkernel-384-threads-skewed",
         "stepkernel-unrolled",
+        "stepkernel-replica-cap",
+        "stepkernel-384-threads-replica-cap",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
@@ -2297,10 +2299,12 @@ def test_the_frame_task_on_the_first_free_block_under_emulation(monkeypatch, tmp
 
 
 @needs_cxx
-def test_a_task_copying_whole_caches_placed_on_fewer_blocks_under_emulation(monkeypatch, tmp_path):
-    """schedule.REPLICA_FLOATS: attention's output projection, whose every block copies both KV
-    caches whole, goes on fewer blocks, a larger share of the product's rows on each; the
-    emulated kernel still computes what the interpreter does."""
+@pytest.mark.parametrize("how", ["argument", "setting"])
+def test_a_task_copying_whole_caches_placed_on_fewer_blocks_under_emulation(how, monkeypatch, tmp_path):
+    """schedule(replica_floats=) (the build's stepkernel-replica-cap tactics) and the module's
+    REPLICA_FLOATS: attention's output projection, whose every block copies both KV caches whole,
+    goes on fewer blocks, a larger share of the product's rows on each; the emulated kernel still
+    computes what the interpreter does."""
     from framefuse.compiler import schedule as schedule_module
 
     program = lower_program(_prepared("attention", WIDE).fused)
@@ -2308,12 +2312,24 @@ def test_a_task_copying_whole_caches_placed_on_fewer_blocks_under_emulation(monk
     heavy = {str(t.root): t.blocks for t in plain.tasks if schedule_module.replicated_floats(t) > 0}
     assert heavy and min(heavy.values()) > 2, heavy  # the output projections, over several blocks
     per_block = max(schedule_module.replicated_floats(t) for t in plain.tasks)
-    monkeypatch.setattr(schedule_module, "REPLICA_FLOATS", 2 * per_block)
-    capped = schedule(program, grid=32, threads=64)
+    assert schedule_module.replica_capped(plain, 2 * per_block)
+    assert not schedule_module.replica_capped(plain, per_block * max(heavy.values()))  # nothing over this cap
+    if how == "argument":
+        capped = schedule(program, grid=32, threads=64, replica_floats=2 * per_block)
+    else:
+        monkeypatch.setattr(schedule_module, "REPLICA_FLOATS", 2 * per_block)
+        capped = schedule(program, grid=32, threads=64)
     after = {str(t.root): t.blocks for t in capped.tasks if str(t.root) in heavy}
     assert after.keys() == heavy.keys() and all(blocks <= 2 for blocks in after.values()), after
+    assert not schedule_module.replica_capped(capped, 2 * per_block)
     assert capped.levels() == plain.levels()
     _emulate_against_interpreter(generate(capped), program, 2, tmp_path)
+
+
+def test_a_replica_cap_that_is_not_a_number_of_floats_is_refused():
+    program = lower_program(_prepared("attention").fused)
+    with pytest.raises(CompileError, match="replica_floats must be a positive number of floats, got 0"):
+        schedule(program, grid=8, threads=64, replica_floats=0)
 
 
 @needs_cxx

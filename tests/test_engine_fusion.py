@@ -504,6 +504,10 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
     assert sources["stepkernel-unrolled"].program is sources["stepkernel"].program
     assert sources["stepkernel-unrolled"].schedule is sources["stepkernel"].schedule
     assert digests["stepkernel-unrolled"] == digests["stepkernel"]
+    # no task copies the same values whole over more than the cap: the plain schedule and kernel
+    assert sources["stepkernel-replica-cap"].schedule is sources["stepkernel"].schedule
+    assert digests["stepkernel-replica-cap"] == digests["stepkernel"]
+    assert digests["stepkernel-384-threads-replica-cap"] == digests["stepkernel-384-threads"]
     assert len(set(digests.values())) == len(compiled) >= 5
     assert sources["stepkernel-fewer-blocks"].grid == round(132 * 0.75)
     assert sources["stepkernel-384-threads"].threads == WIDE_THREADS
@@ -515,6 +519,34 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
         assert s.fast_math and s.cc == 90 and s.nvrtc_options == ("-ftz=true", "-prec-div=false", "-prec-sqrt=false")
     assert len(log) == 1 and log[0].startswith(f"stepkernel: {len(compiled)} tactic source(s) generated and compiled")
     assert f"({0.25 * len(compiled):.1f} s of NVRTC compiles" in log[0]
+
+
+def test_replica_cap_tactics_put_attentions_output_projections_on_fewer_blocks(monkeypatch, tmp_path):
+    """At the benchmark's size (embed 256) every block of attention's output projection copies both
+    KV caches (8159 floats a layer) on up to 128 blocks; the replica-cap tactics schedule those
+    tasks on REPLICA_CAP_FLOATS / 8159 = 32 blocks and nothing else (same levels), each with its
+    own source."""
+    from framefuse.compiler import schedule as scheduling
+    from framefuse.compiler.engine import prepare_tactics
+    from framefuse.engines.fusion import REPLICA_CAP_FLOATS, STEPKERNELS
+    from framefuse.runtime.pipeline import prepare_cached
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    model = str(prepare_cached("attention", {"model": {"embed": 256, "layers": 2}, "seed": 0})["step"].fused)
+    names = ("stepkernel", "stepkernel-replica-cap", "stepkernel-384-threads", "stepkernel-384-threads-replica-cap")
+    sources = prepare_tactics(model, H100_PROPS, {k: STEPKERNELS[k] for k in names}, compile_image=lambda s: 0.0)
+    for plain, capped in ((names[0], names[1]), (names[2], names[3])):
+        before, after = sources[plain].schedule, sources[capped].schedule
+        assert scheduling.replica_capped(before, REPLICA_CAP_FLOATS)
+        assert not scheduling.replica_capped(after, REPLICA_CAP_FLOATS)
+        heavy = {i: t.blocks for i, t in enumerate(before.tasks) if scheduling.replicated_floats(t) > 4096}
+        assert len(heavy) == 2 and max(heavy.values()) > 32, heavy  # the two layers' output projections
+        for i in heavy:
+            per_block = scheduling.replicated_floats(after.tasks[i])
+            assert after.tasks[i].blocks <= REPLICA_CAP_FLOATS // per_block == 32
+        assert after.levels() == before.levels() and len(after.tasks) == len(before.tasks)
+        assert sources[capped].kernel.digest != sources[plain].kernel.digest
+        assert sources[capped].threads == sources[plain].threads
 
 
 def test_prepare_tactics_reports_each_declined_tactic_with_its_own_error(monkeypatch, tmp_path):
@@ -610,7 +642,13 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
         log: list[str] = []
         loaded.clear()
         candidates = stepkernel_candidates(executor, plan, log.append, exact_math=exact_math)
-        same = {"stepkernel-skewed", "stepkernel-384-threads-skewed", "stepkernel-unrolled"}  # kernels here
+        same = {  # kernels here: nothing skewed, rolled or copied whole over the cap in min_gru's step
+            "stepkernel-skewed",
+            "stepkernel-384-threads-skewed",
+            "stepkernel-unrolled",
+            "stepkernel-replica-cap",
+            "stepkernel-384-threads-replica-cap",
+        }
         assert list(candidates) == [k for k in STEPKERNELS if k not in same]
         assert [c.compiled.kernel.identity for c in candidates.values()] == [s.kernel.identity for s in loaded]
         assert all(s.fast_math is (not exact_math) for s in loaded)

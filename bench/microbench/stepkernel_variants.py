@@ -146,6 +146,8 @@ SCHEDULE_VARIANTS = {
     "replica-128k": ("schedule", "REPLICA_FLOATS", 128 * 1024),
     "replica-192k": ("schedule", "REPLICA_FLOATS", 192 * 1024),
     "replica-256k": ("schedule", "REPLICA_FLOATS", 256 * 1024),
+    "replica-384k": ("schedule", "REPLICA_FLOATS", 384 * 1024),
+    "replica-512k": ("schedule", "REPLICA_FLOATS", 512 * 1024),
     # each block issues a group's copies a task ahead in its own order, not the kernel's
     "paced-copies": ("codegen", "PREFETCH_PACED", True),
     # the frame's in-projection kept a level of its own (before 2026-11-26 session 19): no
@@ -176,6 +178,7 @@ TACTIC_VARIANTS = {
     "384-threads": "stepkernel-384-threads",
     "paced": "stepkernel-paced",
     "unframed": "stepkernel-unframed",
+    "replica-cap": "stepkernel-replica-cap",
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

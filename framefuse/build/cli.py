@@ -110,6 +110,8 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-skewed",
             "stepkernel-384-threads-skewed",
             "stepkernel-unrolled",
+            "stepkernel-replica-cap",
+            "stepkernel-384-threads-replica-cap",
             "inductor",
             "inductor-autotune",
         ],  # engines.fusion.SELECT_CHOICES (a test keeps them equal; importing it here would load torch)
@@ -120,7 +122,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "task ahead in its own order, stepkernel-unframed: the frame's in-projection a level of its own, "
         "stepkernel-skewed / stepkernel-384-threads-skewed: sums that read one shared-memory bank a warp start "
         "each element at its own position, stepkernel-unrolled: an unrolled Elman cell's copies kept as they are, "
-        "not rolled into a loop), the inductor-compiled plan and, when model.onnx sits beside "
+        "not rolled into a loop, stepkernel-replica-cap / stepkernel-384-threads-replica-cap: a task whose blocks "
+        "each copy the same values whole, such as attention's KV caches, on fewer blocks), the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "
         "them, and keeps the fastest (a --precision build times each step-kernel tactic with float32 weight rows "
         "and with its precision's rows, <tactic>@fp16 / @bf16 / @int8, and its fp32 graph's kernels beside); "

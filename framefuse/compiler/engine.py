@@ -23,7 +23,7 @@ import torch
 from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.memo import cached_program, cached_schedule
-from framefuse.compiler.schedule import THREADS, Schedule
+from framefuse.compiler.schedule import THREADS, Schedule, replica_capped
 
 # The step kernel's math: denormals flushed to zero, division and square root to 2 ulp (full range:
 # inf and NaN as IEEE), exp as the __expf intrinsic (codegen.EXP_INTRINSIC). Measured on the H100:
@@ -99,11 +99,14 @@ def prepare_step(
     fast_math: bool | None = None,
     weight_format: str = "fp32",
     lossless_rows: bool = False,
+    replica_floats: int | None = None,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
     (``weight_format``, ``lossless_rows``: how the products' weight rows are stored,
-    codegen.WEIGHT_FORMATS and codegen.stores_exactly)."""
+    codegen.WEIGHT_FORMATS and codegen.stores_exactly; ``replica_floats``: the schedule's cap on a
+    task whose blocks copy the same values whole, schedule.schedule; where no task of the plain
+    schedule exceeds it, the plain schedule is the capped one)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -116,6 +119,10 @@ def prepare_step(
     start = time.perf_counter()
     # the same schedule for the tactics that differ only in the code (compiler.memo)
     schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
+    if replica_floats is not None and replica_capped(schedule, replica_floats):
+        schedule = cached_schedule(
+            program, grid=grid, threads=threads, smem_floats=smem_limit // 8, replica_floats=replica_floats
+        )
     kernel = generate(
         schedule,
         smem_limit_bytes=smem_limit,
@@ -278,6 +285,7 @@ class CompiledStep:
         fast_math: bool | None = None,
         weight_format: str = "fp32",
         lossless_rows: bool = False,
+        replica_floats: int | None = None,
         source: StepSource | None = None,
         log=None,
     ):
@@ -304,6 +312,7 @@ class CompiledStep:
                 fast_math=fast_math,
                 weight_format=weight_format,
                 lossless_rows=lossless_rows,
+                replica_floats=replica_floats,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -522,6 +531,7 @@ def compile_step(
     weight_format="fp32",
     lossless_rows=False,
     widen_storage=False,
+    replica_floats=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
@@ -529,7 +539,7 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -545,6 +555,7 @@ def compile_step(
         fast_math=fast_math,
         weight_format=weight_format,
         lossless_rows=lossless_rows,
+        replica_floats=replica_floats,
         log=log,
     )
 

@@ -83,14 +83,19 @@ def cached_program(
     return _remember(_programs, key, program)
 
 
-def cached_schedule(program: Program, *, grid: int, threads: int, smem_floats: int) -> scheduling.Schedule:
+def cached_schedule(
+    program: Program, *, grid: int, threads: int, smem_floats: int, replica_floats: int | None = None
+) -> scheduling.Schedule:
     """schedule.schedule, the same Schedule for the same program object, sizes and settings."""
-    key = (id(program), grid, threads, smem_floats, settings_key())
+    key = (id(program), grid, threads, smem_floats, replica_floats, settings_key())
     found = _schedules.get(key)
     if found is not None and found.program is program:
         _schedules.move_to_end(key)
         return found
-    return _remember(_schedules, key, scheduling.schedule(program, grid=grid, threads=threads, smem_floats=smem_floats))
+    sched = scheduling.schedule(
+        program, grid=grid, threads=threads, smem_floats=smem_floats, replica_floats=replica_floats
+    )
+    return _remember(_schedules, key, sched)
 
 
 def clear() -> None:

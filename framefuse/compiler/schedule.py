@@ -122,7 +122,8 @@ HOST_WRITE_CHUNK = 8
 # A task whose blocks each copy the same state or weight values whole (attention's output
 # projection: every block recomputes the attention over the window, so every block copies both
 # KV caches, 8064 floats a layer) is placed on at most REPLICA_FLOATS / (those floats a block)
-# blocks. None: no limit (an experiment; see README).
+# blocks. None: no limit by default; the build's stepkernel-replica-cap tactics pass a cap
+# (schedule's replica_floats, engines.fusion.REPLICA_CAP_FLOATS), timed against the plain kernel.
 REPLICA_FLOATS: int | None = None
 # The frame's task goes on the block that runs nothing before it and whose next tasks copy the
 # fewest floats into shared memory: the block issues those copies in the kernel's prologue, before
@@ -792,6 +793,7 @@ class Schedule:
     producer: dict  # node id -> index of the task that stores it
     notes: list = field(default_factory=list)
     layouts: dict = field(default_factory=dict)  # node id -> its stored order of axes (column_layouts)
+    replica_floats: int | None = None  # the cap it was scheduled under (see schedule)
 
     def task_levels(self) -> list[int]:
         """Each task's dependency level: 1 + the deepest level of the tasks it waits on."""
@@ -810,6 +812,7 @@ class Schedule:
             "phases": sum(t.phases() for t in self.tasks),
             "flagged_values": len(self.ll_nodes),
             "side_stores": sum(len(t.side) for t in self.tasks),
+            "replica_floats": self.replica_floats,
             "notes": list(self.notes),
         }
 
@@ -1752,18 +1755,34 @@ def canonical_output(node: Node) -> Node:
     return node
 
 
-def schedule(program: Program, *, grid: int, threads: int = THREADS, smem_floats: int = 40 * 1024) -> Schedule:
+def schedule(
+    program: Program,
+    *,
+    grid: int,
+    threads: int = THREADS,
+    smem_floats: int = 40 * 1024,
+    replica_floats: int | None = None,
+) -> Schedule:
     """Tasks, arrays and per-block ranges for a grid of ``grid`` blocks of ``threads`` threads;
-    ``smem_floats`` bounds each task's arrays."""
+    ``smem_floats`` bounds each task's arrays; ``replica_floats`` caps the floats that the blocks
+    of a task copying the same values whole copy in all (None: REPLICA_FLOATS)."""
     if threads % WARP or threads <= 0:
         raise CompileError(f"threads per block must be a positive multiple of {WARP}, got {threads}")
+    if replica_floats is not None and replica_floats <= 0:
+        raise CompileError(f"replica_floats must be a positive number of floats, got {replica_floats}")
     try:
-        return _schedule(program, grid=grid, threads=threads, smem_floats=smem_floats)
+        return _schedule(
+            program,
+            grid=grid,
+            threads=threads,
+            smem_floats=smem_floats,
+            replica_floats=REPLICA_FLOATS if replica_floats is None else replica_floats,
+        )
     finally:
         _forget_pairs()
 
 
-def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) -> Schedule:
+def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, replica_floats: int | None) -> Schedule:
     users = consumers(program)
     destinations: dict[int, list[str]] = {}
     materialized: dict[int, Node] = {}
@@ -1896,7 +1915,9 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
         tasks[host_id] = task
     for out_id in side_of:
         tasks.pop(out_id, None)
-    ordered = _place(_order_tasks(tasks, side_of), materialized, grid, threads, users, outputs, smem_floats)
+    ordered = _place(
+        _order_tasks(tasks, side_of), materialized, grid, threads, users, outputs, smem_floats, replica_floats
+    )
     if FRAME_BLOCK_QUIET:
         ordered = _quiet_frame_block(ordered, materialized, grid, threads, users, outputs)
     producer: dict[int, int] = {}
@@ -1907,7 +1928,9 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int) ->
     read_ids = set().union(*(t.reads for t in ordered)) if ordered else set()
     read_ids |= {t.root.id for t in ordered if isinstance(t.root, Recur)}  # it reads its own h back
     ll_nodes = {nid: materialized[nid] for nid in sorted(read_ids)}
-    return Schedule(program, grid, threads, ordered, materialized, destinations, ll_nodes, producer, notes, layouts)
+    return Schedule(
+        program, grid, threads, ordered, materialized, destinations, ll_nodes, producer, notes, layouts, replica_floats
+    )
 
 
 def _task_levels(ordered: list) -> list[int]:
@@ -1924,7 +1947,14 @@ def _task_levels(ordered: list) -> list[int]:
 
 
 def _place(
-    ordered: list, materialized: dict, grid: int, threads: int, users: dict, outputs: set, smem_floats: int
+    ordered: list,
+    materialized: dict,
+    grid: int,
+    threads: int,
+    users: dict,
+    outputs: set,
+    smem_floats: int,
+    replica_floats: int | None = None,
 ) -> list:
     """Tasks that do not wait on one another (one dependency level: attention's q, k and v,
     mamba's three x-projection slices) go on disjoint blocks, so they run side by side instead of
@@ -1934,7 +1964,7 @@ def _place(
     block's warps are mostly idle at two rows a block anyway. A task whose arrays would then
     outgrow shared memory keeps its blocks."""
     level = _task_levels(ordered)
-    wanted = [_replica_capped_blocks(task) for task in ordered]
+    wanted = [_replica_capped_blocks(task, replica_floats) for task in ordered]
     # the recurrences' own blocks, from the grid's end (RECUR_OWN_BLOCKS)
     own: dict[int, int] = {}
     end = grid
@@ -2055,11 +2085,17 @@ def replicated_floats(task: Task) -> int:
     return total
 
 
-def _replica_capped_blocks(task: Task) -> int:
+def _replica_capped_blocks(task: Task, replica_floats: int | None) -> int:
     replicated = replicated_floats(task)
-    if REPLICA_FLOATS is None or replicated == 0:
+    if replica_floats is None or replicated == 0:
         return task.blocks
-    return max(1, min(task.blocks, REPLICA_FLOATS // replicated))
+    return max(1, min(task.blocks, replica_floats // replicated))
+
+
+def replica_capped(sched: Schedule, replica_floats: int) -> bool:
+    """Whether a cap of ``replica_floats`` (see schedule) takes blocks from some task of ``sched``:
+    a schedule where none exceeds it is the capped one already."""
+    return any(replicated_floats(task) * task.blocks > replica_floats for task in sched.tasks)
 
 
 def _computed_parts(node: Node, materialized: dict, found: list) -> int:

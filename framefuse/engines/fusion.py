@@ -500,6 +500,17 @@ STEPKERNEL_WIDE_SKEWED = "stepkernel-384-threads-skewed"
 # faster is the GPU's to say (not measured yet). This one keeps the copies. A model with nothing to
 # roll gets the plain kernel's source: no candidate to time (nor a second lowering).
 STEPKERNEL_UNROLLED = "stepkernel-unrolled"
+# A task whose blocks each copy the same values whole (attention's output projection: every block
+# recomputes the attention over the window, so every one copies both KV caches, 8159 floats a
+# layer, on 128 of 132 blocks) goes on at most REPLICA_CAP_FLOATS / those floats blocks (32
+# here): fewer blocks issue those copies and poll the new K / V rows. H200, session 43
+# (bench/h200/2026-12-02-s43/), device time plain / capped: attention 13.87-14.14 / 13.38-13.46 us,
+# with 384 threads 13.87 / 13.16; but Jamba 16.06-16.16 / 16.41-16.54, and the T = 32 windows
+# unchanged (attention 45.8 / 45.7, Jamba 50.1 / 49.8-50.5). Built only where the cap takes blocks
+# from some task of the plain schedule (no other zoo model has one): no candidate to time elsewhere.
+STEPKERNEL_REPLICA_CAP = "stepkernel-replica-cap"
+STEPKERNEL_WIDE_REPLICA_CAP = "stepkernel-384-threads-replica-cap"
+REPLICA_CAP_FLOATS = 256 * 1024
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -517,6 +528,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_SKEWED: {"copy_pieces": 0, "skewed_sums": True},
     STEPKERNEL_WIDE_SKEWED: {"copy_pieces": 0, "threads": WIDE_THREADS, "skewed_sums": True},
     STEPKERNEL_UNROLLED: {"copy_pieces": 0, "roll_recurrences": False},
+    STEPKERNEL_REPLICA_CAP: {"copy_pieces": 0, "replica_floats": REPLICA_CAP_FLOATS},
+    STEPKERNEL_WIDE_REPLICA_CAP: {"copy_pieces": 0, "threads": WIDE_THREADS, "replica_floats": REPLICA_CAP_FLOATS},
 }
 SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
 
@@ -882,6 +895,8 @@ __all__ = [
     "STEPKERNEL",
     "STEPKERNELS",
     "STEPKERNEL_FEWER_BLOCKS",
+    "STEPKERNEL_REPLICA_CAP",
+    "STEPKERNEL_WIDE_REPLICA_CAP",
     "STEPKERNEL_WIDE",
     "STEPKERNEL_PACED",
     "STEPKERNEL_UNFRAMED",

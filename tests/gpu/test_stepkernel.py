@@ -88,7 +88,10 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
     + [(a, "stepkernel-fewer-blocks") for a in ("attention", "lstm", "mamba", "xlstm", "delta_net")]
     + [(a, "stepkernel-384-threads") for a in ARCHS]
     + [(a, "stepkernel-paced") for a in ARCHS]
-    + [(a, "stepkernel-unframed") for a in ARCHS],
+    + [(a, "stepkernel-unframed") for a in ARCHS]
+    + [
+        (a, t) for a in ("attention", "jamba") for t in ("stepkernel-replica-cap", "stepkernel-384-threads-replica-cap")
+    ],
 )
 def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     """The build's step-kernel tactics at the benchmark's size (where copies are long enough to be
