@@ -506,7 +506,8 @@ STEPKERNEL_UNROLLED = "stepkernel-unrolled"
 # here): fewer blocks issue those copies and poll the new K / V rows. H200, session 43
 # (bench/h200/2026-12-02-s43/), device time plain / capped: attention 13.87-14.14 / 13.38-13.46 us,
 # with 384 threads 13.87 / 13.16; but Jamba 16.06-16.16 / 16.41-16.54, and the T = 32 windows
-# unchanged (attention 45.8 / 45.7, Jamba 50.1 / 49.8-50.5). Built only where the cap takes blocks
+# unchanged (attention 45.8 / 45.7, Jamba 50.1 / 49.8-50.5); host to host in a build on another H200,
+# attention 20.05 / 20.09 us (19.60 / 19.87 with 384 threads): not chosen there. Built only where the cap takes blocks
 # from some task of the plain schedule (no other zoo model has one): no candidate to time elsewhere.
 STEPKERNEL_REPLICA_CAP = "stepkernel-replica-cap"
 STEPKERNEL_WIDE_REPLICA_CAP = "stepkernel-384-threads-replica-cap"
