@@ -1954,7 +1954,7 @@ def _place(
     users: dict,
     outputs: set,
     smem_floats: int,
-    replica_floats: int | None = None,
+    replica_floats: int | None,
 ) -> list:
     """Tasks that do not wait on one another (one dependency level: attention's q, k and v,
     mamba's three x-projection slices) go on disjoint blocks, so they run side by side instead of
@@ -2093,8 +2093,9 @@ def _replica_capped_blocks(task: Task, replica_floats: int | None) -> int:
 
 
 def replica_capped(sched: Schedule, replica_floats: int) -> bool:
-    """Whether a cap of ``replica_floats`` (see schedule) takes blocks from some task of ``sched``:
-    a schedule where none exceeds it is the capped one already."""
+    """Whether some task of ``sched`` copies the same values whole over more than ``replica_floats``
+    floats in all, its blocks together (see schedule): where none does, the build's replica-cap
+    tactics take the plain schedule as theirs instead of scheduling again."""
     return any(replicated_floats(task) * task.blocks > replica_floats for task in sched.tasks)
 
 
