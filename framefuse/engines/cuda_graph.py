@@ -229,6 +229,23 @@ class CudaGraphEngine(EngineRunner):
     """
 
     ENGINE = NAME
+    _frame_states: tuple | list = ()  # step bindings' hostpath.FrameStates (count_native_launches)
+    _replays = 0
+
+    @property
+    def replays(self) -> int:
+        """Graph replays through this engine's bindings, those hostpath.c launched included."""
+        return self._replays + sum(state.launches for state in self._frame_states)
+
+    @replays.setter
+    def replays(self, value: int) -> None:
+        self._replays = int(value) - sum(state.launches for state in self._frame_states)
+
+    def count_native_launches(self, state) -> None:
+        """A step binding's hostpath.FrameState: the frames it launches count as replays here."""
+        if not isinstance(self._frame_states, list):
+            self._frame_states = []
+        self._frame_states.append(state)
 
     def __init__(
         self,

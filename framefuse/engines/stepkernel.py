@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from framefuse.compiler.engine import CompiledStep
+from framefuse.engines import hostpath
 from framefuse.engines.base import BindingBase, EngineBuildError, EngineRunError, IOSpec, run_host
 from framefuse.engines.executor import Step
 
@@ -165,14 +166,47 @@ class _FastLaunch:
         self.stream = ctypes.c_void_p(stream_handle)
 
 
+class _HostField:
+    """An attribute kept in the binding's hostpath.FrameState: the native per-frame call
+    (hostpath.c) and the Python paths read and write one value."""
+
+    def __init__(self, field: str, kind=int):
+        self.field, self.kind = field, kind
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        return self.kind(getattr(obj._hs, self.field))
+
+    def __set__(self, obj, value) -> None:
+        setattr(obj._hs, self.field, int(value))
+
+
 class StepBinding(BindingBase):
     """Fixed buffers and captured graphs for repeated steps (the engines' Binding protocol, see
     engines/base.py). Host inputs and outputs live in pinned mapped memory the kernel reads and
-    writes itself; a state handed to the next step lives in two device halves."""
+    writes itself; a state handed to the next step lives in two device halves.
+
+    A frame's host work (the done words cleared, the launch, the spin on the done words, the
+    frame's NaN check) is one call into hostpath.c where that is built (``native_frame``); the
+    Python methods below do the same where it is not, and every path outside Session.step's."""
+
+    parity = _HostField("parity")
+    _unwaited = _HostField("unwaited", bool)  # a launch nobody has waited on yet
+
+    @property
+    def replays(self) -> int:
+        return self._py_replays + self._hs.launches
+
+    @replays.setter
+    def replays(self, value: int) -> None:
+        self._py_replays = int(value) - self._hs.launches
 
     def __init__(self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
         c = plan.compiled
         k = c.kernel
+        self._hs = hostpath.FrameState()
+        self._hs_ptr = ctypes.pointer(self._hs)
         super().__init__(
             plan.input_specs, plan.output_specs, plan.device, host_inputs, host_outputs, state_pairs, input_buffers
         )
@@ -215,7 +249,7 @@ class StepBinding(BindingBase):
         self._done_addr = self._done.array.ctypes.data
         self._done_nbytes = self._done.array.nbytes
         self._done_words = [ctypes.c_uint32.from_address(self._done_addr + 4 * i) for i in range(k.done_words)]
-        self._unwaited = False  # a launch nobody has waited on yet
+        self._unwaited = False
         if not self._done_words:  # no block touches host memory: nothing to wait on but the stream
             self.wait_host = self.sync
         self.stream = torch.cuda.Stream(self.device)
@@ -263,7 +297,55 @@ class StepBinding(BindingBase):
         self._sync_fn = self._launchers[0].sync_fn
         self._stream_handle = self._launchers[0].stream
         self._execs = [launcher.exec_handle for launcher in self._launchers]
+        hs = self._hs
+        hs.launch = ctypes.cast(_FastLaunch._lib.cuGraphLaunch, ctypes.c_void_p).value
+        hs.exec[0], hs.exec[1] = self._execs[0].value, self._execs[-1].value
+        hs.stream = self._stream_handle.value
+        hs.n_execs = len(self._execs)
+        hs.spin_limit = HOST_SPIN_LIMIT
+        self._point_done_words()
+        self._native = hostpath.load()
+        count = getattr(engine, "count_native_launches", None)
+        if count is not None:
+            count(hs)
         torch.cuda.synchronize(self.device)
+
+    def _point_done_words(self) -> None:
+        self._hs.done = self._done_addr
+        self._hs.n_done = len(self._done_words)
+
+    def native_frame(self, check_input: str | None = None):
+        """``(call, argument)`` for Session.step's hot path, or None where hostpath.c is not built
+        (or this binding has no done words to wait on): ``call(argument)`` launches a frame whose
+        inputs are already in ``host_in`` and waits for its host outputs, in one foreign call,
+        after checking the host input ``check_input`` for NaN/Inf (None: no check). It answers
+        hostpath.DONE, or a code for ``native_failed``."""
+        if self._native is None or not self._done_words:
+            return None
+        hs = self._hs
+        if check_input is None:
+            hs.frame, hs.frame_floats = None, 0
+        else:
+            array = self.host_in[check_input]
+            hs.frame, hs.frame_floats = array.ctypes.data, array.size
+        return self._native[0], self._hs_ptr
+
+    def native_failed(self, code: int) -> bool:
+        """After ``native_frame``'s call answered ``code``: finish the frame the Python way (wait
+        on, launch after a pending launch's wait, start the resident kernel) or raise; True when
+        the frame was refused for a NaN/Inf (nothing launched; the caller raises its error)."""
+        if code == hostpath.NONFINITE:
+            return True
+        if code == hostpath.LAUNCH_FAILED:
+            raise EngineRunError(f"stepkernel: cuGraphLaunch failed: CUresult {self._hs.error}")
+        if code == hostpath.SPINNING:
+            self.wait_host()
+            return False
+        if code in (hostpath.UNWAITED, hostpath.NOT_RUNNING):
+            self.launch()
+            self.wait_host()
+            return False
+        raise EngineRunError(f"stepkernel: the native frame call answered {code}")
 
     # -- the protocol ------------------------------------------------------------------------------------
     @property
@@ -335,6 +417,7 @@ class StepBinding(BindingBase):
 # (compute-sanitizer runs a kernel tens of times slower: raise it there)
 RESIDENT_TIMEOUT_S = float(os.environ.get("FRAMEFUSE_RESIDENT_TIMEOUT_S", "2.0"))
 _BELL_STOP = 0xFFFFFFFF
+_RESIDENT_CHECK_POLLS = 0x20000  # polls of a done word between looks at the clock and the kernel
 
 
 class ResidentStepBinding(StepBinding):
@@ -348,6 +431,12 @@ class ResidentStepBinding(StepBinding):
     state reads and writes, resets, checks) and the next frame starts it again (one launch).
     A frame that does not answer within ``timeout_s`` raises and stops the kernel; ``close()``
     (and interpreter exit) stops it."""
+
+    # kept in the hostpath.FrameState, where hostpath.c rings the bell and waits
+    frames = _HostField("frames")  # frames rung since the kernel was launched
+    running = _HostField("running", bool)
+    _epoch_base = _HostField("epoch_base")
+    _expected = _HostField("expected")
 
     def __init__(
         self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None, sms=None
@@ -377,6 +466,7 @@ class ResidentStepBinding(StepBinding):
             self._done_addr = self._done.array.ctypes.data
             self._done_nbytes = self._done.array.nbytes
             self._done_words = [ctypes.c_uint32.from_address(self._done_addr + 4 * i) for i in range(k.done_words)]
+            self._point_done_words()
         loose = [n for n in k.input_names if n not in self._mapped] + [
             n for n in k.output_names if n not in self._out_mapped
         ]
@@ -394,6 +484,8 @@ class ResidentStepBinding(StepBinding):
         self._idle = MappedHostBuffer((1,), dtype=np.uint32)
         self._bell_word = ctypes.c_uint32.from_address(self._bell.array.ctypes.data)
         self._idle_word = ctypes.c_uint32.from_address(self._idle.array.ctypes.data)
+        self._hs.bell = self._bell.array.ctypes.data
+        self._hs.spin_limit = _RESIDENT_CHECK_POLLS  # then wait_host looks at the clock and the kernel
         self._ctl = torch.zeros(3, dtype=torch.int64, device=self.device)
         cuda = _cuda()
         driver = cuda._driver()
@@ -405,7 +497,7 @@ class ResidentStepBinding(StepBinding):
         self._query.argtypes = [ctypes.c_void_p]
         self._query.restype = ctypes.c_int
         self.running = False
-        self.frames = 0  # frames rung since the kernel was launched
+        self.frames = 0
         self.starts = 0
         self._epoch_base = 0
         self._expected = 0
@@ -488,7 +580,7 @@ class ResidentStepBinding(StepBinding):
             spins = 0
             while word.value != expected:
                 spins += 1
-                if spins & 0x1FFFF == 0:
+                if spins % _RESIDENT_CHECK_POLLS == 0:
                     now = time.perf_counter()
                     if not deadline:
                         deadline = now + self.timeout_s

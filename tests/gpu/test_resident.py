@@ -194,7 +194,10 @@ def test_starts_and_stops_1000_times_without_a_leak_or_a_hang():
     assert torch.cuda.memory_allocated() == memory
 
 
-def test_a_frame_that_never_answers_raises_and_stops_the_kernel():
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_frame_that_never_answers_raises_and_stops_the_kernel(path):
+    """The watchdog, on the frame path Session.step takes (engines/hostpath.c's call, which hands
+    a long wait back to wait_host) and on the Python one."""
     from framefuse.engines.base import EngineRunError
     from framefuse.runtime.session import Session
 
@@ -205,16 +208,22 @@ def test_a_frame_that_never_answers_raises_and_stops_the_kernel():
     binding = resident._host_step
     resident.step(frames[0])
     binding.timeout_s = 0.2
-    ring = binding.launch
+    if path == "native":
+        assert resident._hot is not None
+        binding._epoch_base += 1000  # the host waits for an epoch the kernel never raises
+    else:
+        resident._hot = None
+        ring = binding.launch
 
-    def ring_and_expect_another_epoch():  # the host waits for an epoch the kernel never raises
-        ring()
-        binding._expected += 1000
+        def ring_and_expect_another_epoch():
+            ring()
+            binding._expected += 1000
 
-    binding.launch = ring_and_expect_another_epoch
+        binding.launch = ring_and_expect_another_epoch
     with pytest.raises(EngineRunError, match="did not answer frame 2 within 0.2 s"):
         resident.step(frames[1])
-    del binding.launch
+    if path == "python":
+        del binding.launch
     assert not binding.running  # the watchdog rang the stop and the kernel left
     launched = Session(engine, budget_ms=None)
     launched.set_state(resident.get_state())

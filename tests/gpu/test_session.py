@@ -250,3 +250,35 @@ def test_onnxruntime_sessions_on_a_gpu_machine():
         np.testing.assert_allclose(gpu.step(frame), expected[t], rtol=TOL, atol=TOL, err_msg=f"CUDA EP frame {t}")
     gpu.reset()
     np.testing.assert_allclose(gpu.step(torch.from_numpy(frames[0]).cuda()), expected[0], rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("resident", [False, True], ids=["launched", "resident"])
+@pytest.mark.parametrize("arch", ["lstm", "attention"])
+def test_native_host_path_equals_the_python_path(arch, resident):
+    """engines/hostpath.c's frame in one call (the NaN check, the launch or the resident bell, the
+    wait on the done words) is built on the GPU machine and gives the Python path's outputs and
+    state bit for bit over 300 chained frames; each frame counts as one replay."""
+    from framefuse.engines import cuda_graph, hostpath
+
+    prepared = prepare_cached(arch, CONFIG)["step"]
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+    frames = np.random.default_rng(3).standard_normal((300, *engine.input_specs["x"].shape)).astype(np.float32)
+    results = {}
+    for native in (True, False):
+        session = Session(engine, budget_ms=None, resident=resident)
+        try:
+            if native:
+                assert session._hot is not None, hostpath.status()
+            else:
+                session._hot = None
+            before = session.replays
+            outs = [session.step(f).copy() for f in frames]
+            assert session.replays == before + len(frames)
+            results[native] = outs, session.get_state()
+        finally:
+            session.close()
+    (native_outs, native_state), (python_outs, python_state) = results[True], results[False]
+    for t, (a, b) in enumerate(zip(native_outs, python_outs)):
+        np.testing.assert_array_equal(a, b, err_msg=f"{arch} frame {t}")
+    for name in python_state:
+        np.testing.assert_array_equal(native_state[name], python_state[name], err_msg=name)

@@ -1,0 +1,222 @@
+#!/usr/bin/env python
+"""Session.step's host work on the step kernel, native (engines/hostpath.c: the NaN check, the
+launch or the bell, the wait in one foreign call) against the Python path, in the same process,
+interleaved in rounds (bench/e2e.py's measure_rounds), beside the raw replay + wait and the mapped
+floor. The kernel is the same in every column: the differences are host work.
+
+    python bench/microbench/session_host.py --archs min_gru,attention --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def _outputs_equal(a: list, b: list) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+FLOOR_DONE_SOURCE = r"""
+extern "C" __global__ void floor_mapped_done(const float* x, float* y, int n_in, int n_out, unsigned* done) {
+    for (int i = threadIdx.x; i < max(n_in, n_out); i += blockDim.x) {
+        float v = 0.0f;
+        if (i < n_in) v = *(volatile const float*)(x + i);
+        if (i < n_out) y[i] = v * 2.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        *(volatile unsigned*)done = 1u;
+    }
+}
+"""
+
+
+def make_native_floor(pool: np.ndarray, out_shape):
+    """The mapped floor's kernel raising a done word after a system fence, and the host waiting
+    through hostpath.c as Session.step does (not cuStreamSynchronize): the floor of the host path
+    Session.step now takes. None without the native host path."""
+    import ctypes
+
+    import torch
+
+    from framefuse.engines import hostpath
+    from framefuse.engines.stepkernel import MappedHostBuffer, _FastLaunch
+    from framefuse.plugins import cuda
+
+    lib = hostpath.load()
+    if lib is None:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="ff-floor-done-"))
+    src = folder / "floor_mapped_done.cu"
+    src.write_text(FLOOR_DONE_SOURCE)
+    fn = cuda.get_kernel(src, "floor_mapped_done")
+    in_shape = pool.shape[1:]
+    x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
+    done = MappedHostBuffer((1,), dtype=np.uint32)
+    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    args = [
+        ctypes.c_void_p(x.device_ptr),
+        ctypes.c_void_p(y.device_ptr),
+        ctypes.c_int(n_in),
+        ctypes.c_int(n_out),
+        ctypes.c_void_p(done.device_ptr),
+    ]
+    with torch.cuda.graph(graph, stream=stream):
+        fn.launch(1, min(1024, max(32, -(-max(n_in, n_out) // 32) * 32)), args)
+    launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
+    state = hostpath.FrameState()
+    state.launch = ctypes.cast(_FastLaunch._lib.cuGraphLaunch, ctypes.c_void_p).value
+    state.exec[0] = state.exec[1] = launcher.exec_handle.value
+    state.stream = launcher.stream.value
+    state.done, state.n_done, state.n_execs, state.spin_limit = done.array.ctypes.data, 1, 1, 1 << 40
+    pointer = ctypes.pointer(state)
+    frame_call = lib[0]
+
+    def call(i):
+        x.array[...] = pool[i % len(pool)]
+        if frame_call(pointer):
+            raise RuntimeError("the native floor's launch failed")
+        return y.array
+
+    call.keep = (graph, x, y, done, stream, fn, state, launcher)  # type: ignore[attr-defined]
+    return call
+
+
+def bench_arch(arch: str, args, root: Path) -> dict:
+    import torch
+    from e2e import make_mapped_floor, measure, measure_rounds
+
+    from framefuse.engines import cuda_graph, hostpath
+    from framefuse.runtime.pipeline import prepare
+    from framefuse.runtime.session import Session
+
+    prepared = prepare(arch, root / arch)["step"]
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": args.select})
+    in_shape = engine.input_specs["x"].shape
+    out_name = next(n for n in engine.output_specs if not n.startswith("next_state."))
+    out_shape = engine.output_specs[out_name].shape
+    rng = np.random.default_rng(0)
+    pool = rng.standard_normal((64, *in_shape)).astype(np.float32)
+    row: dict = {"arch": arch, "select": args.select, "hostpath": hostpath.status()}
+
+    # the two paths give the same outputs (same kernel, same frames)
+    outs = {}
+    for native in (True, False):
+        session = Session(engine, budget_ms=None)
+        if not native:
+            session._hot = None
+        outs[native] = [session.step(pool[i % 64]).copy() for i in range(200)]
+    row["paths_equal"] = _outputs_equal(outs[True], outs[False])
+
+    native = Session(engine, budget_ms=None)
+    python = Session(engine, budget_ms=None)
+    python._hot = None
+    binding = python._host_step
+    floor = make_mapped_floor(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
+    fn, arg = native._hot[2:4] if native._hot else (None, None)
+    nb = native._host_step
+
+    def raw_native(i):
+        nb.host_in["x"][...] = pool[i % 64]
+        fn(arg)
+
+    calls = {
+        "step_native": lambda i: native.step(pool[i % 64]),
+        "step_python": lambda i: python.step(pool[i % 64]),
+        "launch_wait_python": lambda i: (binding.launch(), binding.wait_host()),
+        "copy_call_native": raw_native,
+        "mapped_floor": floor,
+    }
+    native_floor = make_native_floor(pool, out_shape)
+    if native_floor is not None:
+        calls["mapped_floor_native_wait"] = native_floor
+    if fn is None:
+        calls = {k: v for k, v in calls.items() if "native" not in k}
+    row["launched"] = measure_rounds(calls, iters=args.iters, warmup=args.warmup, rounds=args.rounds)
+    for s in (native, python):
+        s.close()
+    torch.cuda.synchronize()
+    if not args.no_resident:
+        res_native = Session(engine, budget_ms=None, resident=True)
+        outs_native = [res_native.step(pool[i % 64]).copy() for i in range(200)]
+        res_native.close()
+        res_python = Session(engine, budget_ms=None, resident=True)
+        res_python._hot = None
+        outs_python = [res_python.step(pool[i % 64]).copy() for i in range(200)]
+        res_python.close()
+        row["resident_paths_equal"] = _outputs_equal(outs_native, outs_python) and _outputs_equal(
+            outs_native, outs[True]
+        )
+        # one resident session at a time (each holds every SM): a fresh one each block of calls
+        results: dict = {"step_native": [], "step_python": []}
+        for r in range(args.rounds):
+            for name in ("step_native", "step_python") if r % 2 == 0 else ("step_python", "step_native"):
+                s = Session(engine, budget_ms=None, resident=True)
+                if name == "step_python":
+                    s._hot = None
+                step = s.step
+                results[name].append(
+                    measure(
+                        lambda i, step=step: step(pool[i % 64]), iters=args.iters // args.rounds, warmup=args.warmup
+                    )
+                )
+                s.close()
+        row["resident"] = {
+            name: {
+                "p50_us_rounds": [g["p50_us"] for g in got],
+                "p50_us": float(np.median([g["p50_us"] for g in got])),
+                "p99_us": float(np.median([g["p99_us"] for g in got])),
+            }
+            for name, got in results.items()
+        }
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archs", default="min_gru,attention")
+    ap.add_argument("--select", default="stepkernel")
+    ap.add_argument("--iters", type=int, default=5000)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-resident", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    import torch
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ff-session-host-") as tmp:
+        for arch in args.archs.split(","):
+            row = bench_arch(arch, args, Path(tmp))
+            rows.append(row)
+            line = ", ".join(f"{k} {v['p50_us']:.2f}/{v['p99_us']:.2f}" for k, v in row["launched"].items())
+            print(f"{arch} [{row['hostpath']}] paths equal {row['paths_equal']}: {line}", flush=True)
+            if "resident" in row:
+                line = ", ".join(f"{k} {v['p50_us']:.2f}/{v['p99_us']:.2f}" for k, v in row["resident"].items())
+                print(f"{arch} resident (equal {row['resident_paths_equal']}): {line}", flush=True)
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "args": {**vars(args), "out": str(args.out)},
+        "rows": rows,
+    }
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "session_host.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+// The step kernel's per-frame host work in one foreign call (engines/hostpath.py builds and loads
+// this file; engines/stepkernel.py's bindings fill the struct).
+//
+// Why C: at batch 1 the host's own work is a fifth of a step. Through ctypes every foreign call
+// costs 0.3-0.6 us before it does anything (the done words' memset, cuGraphLaunch), and the spin
+// on the done words and the frame's NaN probe are Python loops and numpy calls. Here a frame is
+// one call: check the frame, clear the done words, launch (or ring the resident kernel's bell),
+// spin on the done words.
+//
+// Every field is read and written by Python too (ctypes.Structure in hostpath.py, same order and
+// types): this file owns nothing.
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*ff_graph_launch_fn)(void* exec, void* stream);  // cuGraphLaunch
+
+typedef struct {
+    ff_graph_launch_fn launch;  // cuGraphLaunch (launched mode)
+    void* exec[2];              // the captured graphs, one per state parity
+    void* stream;
+    volatile uint32_t* done;    // the host-facing blocks' done words, mapped host memory
+    volatile uint32_t* bell;    // resident mode: the bell word (NULL: launched mode)
+    const float* frame;         // the mapped frame input the NaN/Inf check reads (NULL: no check)
+    int64_t frame_floats;
+    int64_t spin_limit;         // polls of one done word before returning FF_SPINNING
+    int64_t launches;           // frames launched or rung through here
+    int64_t epoch_base;         // resident: the blocks' launch count when the kernel started
+    int64_t frames;             // resident: frames rung since it started
+    uint32_t expected;          // resident: the epoch this frame's done words carry
+    int32_t n_done;
+    int32_t n_execs;            // 1 or 2 (two: the parity flips every launch)
+    int32_t parity;             // the graph the next launch replays
+    int32_t unwaited;           // a launch (or bell) whose done words nobody has seen yet
+    int32_t running;            // resident: the kernel is on the GPU
+    int32_t error;              // the CUresult of the last failed launch
+    int32_t pad;
+} ff_frame_state;
+
+enum {
+    FF_DONE = 0,        // launched (or rung) and every done word is up
+    FF_NONFINITE = 1,   // the frame holds NaN or Inf: nothing launched
+    FF_LAUNCH_FAILED = 2,
+    FF_SPINNING = 3,    // launched, the done words not up after spin_limit polls: wait in Python
+    FF_UNWAITED = 4,    // an earlier launch was never waited on: nothing launched
+    FF_NOT_RUNNING = 5  // resident kernel not running: nothing rung
+};
+
+// Spin until every done word is up: non-zero (launched: the words were cleared before the launch)
+// or equal to `expected` (resident: the words carry each frame's epoch).
+int ff_wait(ff_frame_state* s) {
+    const uint32_t expected = s->expected;
+    for (int32_t i = 0; i < s->n_done; ++i) {
+        int64_t spins = 0;
+        if (s->bell) {
+            while (s->done[i] != expected)
+                if (++spins > s->spin_limit) return FF_SPINNING;
+        } else {
+            while (!s->done[i])
+                if (++spins > s->spin_limit) return FF_SPINNING;
+        }
+    }
+    s->unwaited = 0;
+    return FF_DONE;
+}
+
+int ff_frame(ff_frame_state* s) {
+    if (s->unwaited) return FF_UNWAITED;
+    if (s->frame) {
+        // NaN * 0 and Inf * 0 are NaN, finite * 0 is 0: one pass, one branch at the end
+        float probe = 0.0f;
+        for (int64_t i = 0; i < s->frame_floats; ++i) probe += s->frame[i] * 0.0f;
+        if (probe != probe) return FF_NONFINITE;
+    }
+    if (s->bell) {
+        if (!s->running) return FF_NOT_RUNNING;
+        s->frames += 1;
+        const uint64_t count = (uint64_t)(s->epoch_base + s->frames - 1);
+        s->expected = (uint32_t)(count % 0xffffffffull) + 1u;
+        // after the frame (written before this call): x86 stores are seen in order
+        *s->bell = (uint32_t)s->frames;
+    } else {
+        memset((void*)s->done, 0, 4u * (uint32_t)s->n_done);
+        const int err = s->launch(s->exec[s->parity], s->stream);
+        if (err) {
+            s->error = err;
+            return FF_LAUNCH_FAILED;
+        }
+    }
+    s->launches += 1;
+    s->unwaited = 1;
+    if (s->n_execs == 2) s->parity ^= 1;
+    return ff_wait(s);
+}
+
+// The struct's size and each field's offset, in declaration order: hostpath.py checks its
+// ctypes mirror against them before the first frame.
+int ff_layout(int64_t* out, int n) {
+    const int64_t values[] = {
+        (int64_t)sizeof(ff_frame_state),
+        offsetof(ff_frame_state, launch), offsetof(ff_frame_state, exec), offsetof(ff_frame_state, stream),
+        offsetof(ff_frame_state, done), offsetof(ff_frame_state, bell), offsetof(ff_frame_state, frame),
+        offsetof(ff_frame_state, frame_floats), offsetof(ff_frame_state, spin_limit),
+        offsetof(ff_frame_state, launches), offsetof(ff_frame_state, epoch_base), offsetof(ff_frame_state, frames),
+        offsetof(ff_frame_state, expected), offsetof(ff_frame_state, n_done), offsetof(ff_frame_state, n_execs),
+        offsetof(ff_frame_state, parity), offsetof(ff_frame_state, unwaited), offsetof(ff_frame_state, running),
+        offsetof(ff_frame_state, error), offsetof(ff_frame_state, pad),
+    };
+    const int count = (int)(sizeof(values) / sizeof(values[0]));
+    for (int i = 0; i < n && i < count; ++i) out[i] = values[i];
+    return count;
+}
