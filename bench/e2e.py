@@ -35,11 +35,13 @@ and the peers (the best peer = the lowest p50 among them, per row):
   torch.compile AT + graph   torch.compile(mode="max-autotune-no-cudagraphs") kernels captured by
                              hand in a torch.cuda.CUDAGraph with static input/output buffers
   ONNX Runtime CPU           the original, unfused graph
-and two floors: a CUDA graph holding only the pinned host→device input copy, one trivial kernel and
-the device→host output copy, replayed and synchronised ("floor"); and a CUDA graph of one trivial
+and three floors: a CUDA graph holding only the pinned host→device input copy, one trivial kernel and
+the device→host output copy, replayed and synchronised ("floor"); a CUDA graph of one trivial
 kernel that reads the frame from and writes the output to pinned, mapped host memory, launched and
-synchronised with the calls Session.step uses ("mapped floor": what a one-kernel step cannot go
-below). Every p50 is also given as a multiple of each.
+stream-synchronised ("mapped floor": what a one-kernel step cannot go below); and the same kernel
+raising a done word, launched and waited on through engines/hostpath.c exactly as Session.step
+waits on the step kernel ("mapped floor, done word", 1.4-2 µs lower on an H200). Every p50 is also
+given as a multiple of the first two, and framefuse's of the third.
 
 When the build chose the step compiler's kernel, framefuse's row also gives its dependency levels
 and the cost of one level (the profiled kernel time per call / levels).
@@ -99,13 +101,23 @@ SECTIONS = ("zoo", "real", "precision")
 ROW_KEYS = {"zoo": "rows", "real": "real_rows", "precision": "precision_rows"}
 TORCH_PEERS = ("torch_eager", "torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph")
 PEERS = (*TORCH_PEERS, "ort_cpu")
-GPU_ONLY = ("torch_cuda_graph", "torch_compile", "torch_compile_autotune_graph", "floor", "mapped_floor")
+GPU_ONLY = (
+    "torch_cuda_graph",
+    "torch_compile",
+    "torch_compile_autotune_graph",
+    "floor",
+    "mapped_floor",
+    "mapped_floor_done",
+)
 COMPILE_PEERS = ("torch_compile", "torch_compile_autotune_graph")
 ABLATIONS = ("framefuse_unfused", "framefuse_driver", "framefuse_resident")
 FORMS = ("step", "sequence")
 FLOOR = "floor"
 MAPPED_FLOOR = "mapped_floor"
-FLOORS = (FLOOR, MAPPED_FLOOR)
+# the mapped floor's kernel raising a done word, waited on through engines/hostpath.c as
+# Session.step waits on the step kernel (no cuStreamSynchronize): reported beside, not the ratio's
+MAPPED_FLOOR_DONE = "mapped_floor_done"
+FLOORS = (FLOOR, MAPPED_FLOOR, MAPPED_FLOOR_DONE)
 ENGINE_LABELS = {
     "framefuse": "framefuse",
     "framefuse_unfused": "framefuse (unfused graph)",
@@ -118,6 +130,7 @@ ENGINE_LABELS = {
     "ort_cpu": "ONNX Runtime CPU",
     "floor": "floor (H2D + 1 kernel + D2H graph)",
     "mapped_floor": "mapped floor (1 kernel on mapped host memory)",
+    "mapped_floor_done": "mapped floor, done word (waited on as Session.step waits)",
 }
 # tests/real_models entries benchmarked by --section real (--models overrides)
 REAL_MODELS = (
@@ -608,6 +621,81 @@ def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
     return call
 
 
+FLOOR_DONE_SOURCE = r"""
+extern "C" __global__ void floor_mapped_done(const float* x, float* y, int n_in, int n_out, unsigned* done) {
+    for (int i = threadIdx.x; i < max(n_in, n_out); i += blockDim.x) {
+        float v = 0.0f;
+        if (i < n_in) v = *(volatile const float*)(x + i);
+        if (i < n_out) y[i] = v * 2.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        *(volatile unsigned*)done = 1u;
+    }
+}
+"""
+
+
+def make_mapped_floor_done(*, pool: np.ndarray, out_shape, device):
+    """The mapped floor's kernel raising a done word after a system fence, and the host waiting
+    through hostpath.c as Session.step does (not cuStreamSynchronize): the floor of the host path
+    Session.step takes. None without the native host path (engines/hostpath.status() says why)."""
+    import ctypes
+
+    import torch
+
+    from framefuse.engines import hostpath
+    from framefuse.engines.stepkernel import MappedHostBuffer, _FastLaunch
+    from framefuse.plugins import cuda
+
+    lib = hostpath.load()
+    if lib is None:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="ff-floor-done-"))
+    src = folder / "floor_mapped_done.cu"
+    src.write_text(FLOOR_DONE_SOURCE)
+    fn = cuda.get_kernel(src, "floor_mapped_done")
+    in_shape = pool.shape[1:]
+    x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
+    done = MappedHostBuffer((1,), dtype=np.uint32)
+    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
+    stream = torch.cuda.Stream(device)
+    graph = torch.cuda.CUDAGraph()
+    args = [
+        ctypes.c_void_p(x.device_ptr),
+        ctypes.c_void_p(y.device_ptr),
+        ctypes.c_int(n_in),
+        ctypes.c_int(n_out),
+        ctypes.c_void_p(done.device_ptr),
+    ]
+    with torch.cuda.graph(graph, stream=stream):
+        fn.launch(1, min(1024, max(32, -(-max(n_in, n_out) // 32) * 32)), args)
+    launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
+    state = hostpath.FrameState()
+    state.launch = ctypes.cast(_FastLaunch._lib.cuGraphLaunch, ctypes.c_void_p).value
+    state.exec[0] = state.exec[1] = launcher.exec_handle.value
+    state.stream = launcher.stream.value
+    state.done, state.n_done, state.n_execs, state.spin_limit = done.array.ctypes.data, 1, 1, 1 << 26
+    pointer = ctypes.pointer(state)
+    frame_call = lib[0]
+
+    def call(i):
+        x.array[...] = pool[i % len(pool)]
+        code = frame_call(pointer)
+        if code == hostpath.SPINNING:  # seconds without its done word: the stream says why
+            err = launcher.sync_fn(launcher.stream)
+            state.unwaited = 0
+            if err or not done.array[0]:
+                raise RuntimeError(f"the done-word floor's kernel did not raise its word (CUresult {err})")
+        elif code:
+            raise RuntimeError(f"the done-word floor's launch failed: answer {code}, CUresult {state.error}")
+        return y.array
+
+    call.keep = (graph, x, y, done, stream, fn, state, launcher)  # type: ignore[attr-defined]
+    return call
+
+
 def make_ort(model_path, *, pool: np.ndarray, manifest: dict):
     import onnxruntime as ort
 
@@ -732,6 +820,14 @@ def bench_row(
     if on_gpu:
         makers.append((FLOOR, lambda: make_floor(pool=pool, out_shape=out_shape, device=dev)))
         makers.append((MAPPED_FLOOR, lambda: make_mapped_floor(pool=pool, out_shape=out_shape, device=dev)))
+        from framefuse.engines import hostpath
+
+        if hostpath.load() is not None:
+            makers.append(
+                (MAPPED_FLOOR_DONE, lambda: make_mapped_floor_done(pool=pool, out_shape=out_shape, device=dev))
+            )
+        else:
+            row["engines"][MAPPED_FLOOR_DONE] = {"skipped": f"no native host path: {hostpath.status()}"}
     else:
         for name in FLOORS:
             row["engines"][name] = {"skipped": "no GPU"}
@@ -932,6 +1028,11 @@ def finish_row(row: dict) -> None:
     mapped = engines.get(MAPPED_FLOOR, {}).get("p50_us")
     if mapped:
         row["mapped_floor_p50_us"] = mapped
+    mapped_done = engines.get(MAPPED_FLOOR_DONE, {}).get("p50_us")
+    if mapped_done:
+        row["mapped_floor_done_p50_us"] = mapped_done
+        if "p50_us" in ff:
+            row["mapped_floor_done_multiple"] = ff["p50_us"] / mapped_done
     best_p50 = None
     if peers:
         best = min(peers, key=lambda k: peers[k]["p50_us"])
@@ -1626,7 +1727,9 @@ def markdown(results: dict) -> str:
         "input copy, one trivial kernel and the D2H output copy, replayed and synchronised: × floor = p50 / floor "
         "p50. The mapped floor is a CUDA graph of one trivial kernel reading the frame from and writing the output "
         "to pinned, mapped host memory (no copies), launched and synchronised: what a one-kernel step cannot go "
-        "below; × mapped floor = p50 / mapped floor p50. Kernels / call: torch.profiler over the profiled calls; "
+        "below; × mapped floor = p50 / mapped floor p50. The mapped floor, done word, is the same kernel raising a "
+        "word in mapped memory that the host spins on through engines/hostpath.c, as Session.step waits on the step "
+        "kernel (no stream synchronisation). Kernels / call: torch.profiler over the profiled calls; "
         "levels and µs / level: the step compiler's dependency levels and its kernel time per call / levels, when "
         'the build chose it. framefuse is the engine `framefuse build` makes (build-time selection select="time"; the chosen '
         "candidate is in the selection column, its timings in the JSON). Viable at 60 FPS: framefuse p99 ≤ 16.67 ms.",

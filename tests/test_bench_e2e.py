@@ -161,6 +161,7 @@ def test_row_ratios_to_both_floors_and_the_cost_of_a_level(e2e):
             "torch_cuda_graph": {"p50_us": 50.0, "p99_us": 60.0, "kernels": {"kernels_per_call": 9.0}},
             "floor": {"p50_us": 16.0, "p99_us": 20.0},
             "mapped_floor": {"p50_us": 8.0, "p99_us": 12.0},
+            "mapped_floor_done": {"p50_us": 6.25, "p99_us": 10.0},
         }
     }
     e2e.finish_row(row)
@@ -172,6 +173,8 @@ def test_row_ratios_to_both_floors_and_the_cost_of_a_level(e2e):
     assert row["speedup_vs_best_peer"] == 2.5 and row["best_peer"] == "torch_cuda_graph"
     assert row["floor_multiple"] == 1.25 and row["mapped_floor_multiple"] == 2.5
     assert "speedup_vs_best_peer" not in row["engines"]["mapped_floor"]  # a floor is not a peer
+    assert row["mapped_floor_done_p50_us"] == 6.25 and row["mapped_floor_done_multiple"] == 3.2
+    assert "speedup_vs_best_peer" not in row["engines"]["mapped_floor_done"]
     assert row["engines"]["framefuse"]["stepkernel"]["us_per_level"] == 1.5
     assert row["kernels"]["framefuse"]["kernels_per_call"] == 1.0
 

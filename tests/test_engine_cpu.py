@@ -518,3 +518,25 @@ def test_polygraphy_comparator_engine_vs_onnxruntime():
     assert bool(accuracy), "the engine differs from ONNX Runtime"
     ours = results[runners[1].name]
     assert len(ours) == 2 and set(ours[0]) == {o["name"] for o in prepared.manifest["outputs"]}
+
+
+def test_replays_count_the_native_host_path_launches_of_live_and_gone_bindings():
+    """engine.replays adds the frames engines/hostpath.c launched for the engine's step bindings
+    (their FrameState counts them): while the binding lives and after it is gone."""
+    from framefuse.engines.hostpath import FrameState
+
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    engine = build_engine(prepared.fused, device="cpu")
+    engine.replays += 2
+    first, second = FrameState(), FrameState()
+    engine.count_native_launches(first)
+    engine.count_native_launches(second)
+    first.launches, second.launches = 5, 7
+    assert engine.replays == 14
+    engine.replays += 1  # a Python-path launch beside them
+    assert engine.replays == 15
+    engine.forget_native_launches(first)
+    first.launches = 100  # a state let go no longer counts
+    assert engine.replays == 15
+    second.launches += 1
+    assert engine.replays == 16

@@ -176,3 +176,11 @@ def test_a_broken_compiler_falls_back_with_the_reason(monkeypatch, tmp_path):
         assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp"))
     finally:
         hostpath._reset_for_tests()
+
+
+def test_the_frame_times_its_launch_and_its_wait(lib):
+    frame_call, _ = lib
+    fake = Fake()
+    s = fake.state
+    assert frame_call(ctypes.pointer(s)) == hostpath.DONE
+    assert 0 < s.launch_ns < 10**9 and 0 <= s.wait_ns < 10**9

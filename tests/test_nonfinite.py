@@ -112,3 +112,13 @@ def test_the_frame_check_reads_the_buffer_the_engine_reads():
     assert np.shares_memory(flat, buffer) and not zeros.any()
     buffer[...] = np.nan  # what the engine would read is what the check reads
     assert np.dot(flat, zeros) != np.dot(flat, zeros)
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "cuda-graph"])
+def test_host_path_is_named_only_for_the_step_kernel(engine):
+    """Session.host_path says how step() launches and waits on the step kernel; the CPU engines
+    have no such path (None), and their frames still step."""
+    session = _session(engine)
+    assert session.host_path is None
+    session.step(np.zeros(session.engine.input_specs["x"].shape, dtype=np.float32))
+    assert session.host_path is None

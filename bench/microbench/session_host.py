@@ -26,78 +26,9 @@ def _outputs_equal(a: list, b: list) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
-FLOOR_DONE_SOURCE = r"""
-extern "C" __global__ void floor_mapped_done(const float* x, float* y, int n_in, int n_out, unsigned* done) {
-    for (int i = threadIdx.x; i < max(n_in, n_out); i += blockDim.x) {
-        float v = 0.0f;
-        if (i < n_in) v = *(volatile const float*)(x + i);
-        if (i < n_out) y[i] = v * 2.0f;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        *(volatile unsigned*)done = 1u;
-    }
-}
-"""
-
-
-def make_native_floor(pool: np.ndarray, out_shape):
-    """The mapped floor's kernel raising a done word after a system fence, and the host waiting
-    through hostpath.c as Session.step does (not cuStreamSynchronize): the floor of the host path
-    Session.step now takes. None without the native host path."""
-    import ctypes
-
-    import torch
-
-    from framefuse.engines import hostpath
-    from framefuse.engines.stepkernel import MappedHostBuffer, _FastLaunch
-    from framefuse.plugins import cuda
-
-    lib = hostpath.load()
-    if lib is None:
-        return None
-    folder = Path(tempfile.mkdtemp(prefix="ff-floor-done-"))
-    src = folder / "floor_mapped_done.cu"
-    src.write_text(FLOOR_DONE_SOURCE)
-    fn = cuda.get_kernel(src, "floor_mapped_done")
-    in_shape = pool.shape[1:]
-    x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
-    done = MappedHostBuffer((1,), dtype=np.uint32)
-    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    args = [
-        ctypes.c_void_p(x.device_ptr),
-        ctypes.c_void_p(y.device_ptr),
-        ctypes.c_int(n_in),
-        ctypes.c_int(n_out),
-        ctypes.c_void_p(done.device_ptr),
-    ]
-    with torch.cuda.graph(graph, stream=stream):
-        fn.launch(1, min(1024, max(32, -(-max(n_in, n_out) // 32) * 32)), args)
-    launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
-    state = hostpath.FrameState()
-    state.launch = ctypes.cast(_FastLaunch._lib.cuGraphLaunch, ctypes.c_void_p).value
-    state.exec[0] = state.exec[1] = launcher.exec_handle.value
-    state.stream = launcher.stream.value
-    state.done, state.n_done, state.n_execs, state.spin_limit = done.array.ctypes.data, 1, 1, 1 << 40
-    pointer = ctypes.pointer(state)
-    frame_call = lib[0]
-
-    def call(i):
-        x.array[...] = pool[i % len(pool)]
-        if frame_call(pointer):
-            raise RuntimeError("the native floor's launch failed")
-        return y.array
-
-    call.keep = (graph, x, y, done, stream, fn, state, launcher)  # type: ignore[attr-defined]
-    return call
-
-
 def bench_arch(arch: str, args, root: Path) -> dict:
     import torch
-    from e2e import make_mapped_floor, measure, measure_rounds
+    from e2e import make_mapped_floor, make_mapped_floor_done, measure, measure_rounds
 
     from framefuse.engines import cuda_graph, hostpath
     from framefuse.runtime.pipeline import prepare
@@ -140,12 +71,34 @@ def bench_arch(arch: str, args, root: Path) -> dict:
         "copy_call_native": raw_native,
         "mapped_floor": floor,
     }
-    native_floor = make_native_floor(pool, out_shape)
+    native_floor = make_mapped_floor_done(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
     if native_floor is not None:
         calls["mapped_floor_native_wait"] = native_floor
     if fn is None:
         calls = {k: v for k, v in calls.items() if "native" not in k}
     row["launched"] = measure_rounds(calls, iters=args.iters, warmup=args.warmup, rounds=args.rounds)
+    if fn is not None:
+        # Session.step's own host work: the call less the spin on the done words (hostpath.c
+        # times the spin and the launch call of each frame)
+        import time
+
+        hs = nb._hs
+        n = args.iters
+        total, wait, launch = (np.empty(n, dtype=np.int64) for _ in range(3))
+        clock = time.perf_counter_ns
+        for i in range(n):
+            start = clock()
+            native.step(pool[i % 64])
+            total[i] = clock() - start
+            wait[i], launch[i] = hs.wait_ns, hs.launch_ns
+        p50 = lambda a: float(np.percentile(a / 1e3, 50))  # noqa: E731
+        row["host_work"] = {
+            "step_p50_us": p50(total),
+            "host_work_p50_us": p50(total - wait),
+            "host_work_p99_us": float(np.percentile((total - wait) / 1e3, 99)),
+            "launch_call_p50_us": p50(launch),
+            "wait_p50_us": p50(wait),
+        }
     for s in (native, python):
         s.close()
     torch.cuda.synchronize()
@@ -204,6 +157,10 @@ def main() -> None:
             rows.append(row)
             line = ", ".join(f"{k} {v['p50_us']:.2f}/{v['p99_us']:.2f}" for k, v in row["launched"].items())
             print(f"{arch} [{row['hostpath']}] paths equal {row['paths_equal']}: {line}", flush=True)
+            if "host_work" in row:
+                print(
+                    f"{arch} host work: " + ", ".join(f"{k} {v:.2f}" for k, v in row["host_work"].items()), flush=True
+                )
             if "resident" in row:
                 line = ", ".join(f"{k} {v['p50_us']:.2f}/{v['p99_us']:.2f}" for k, v in row["resident"].items())
                 print(f"{arch} resident (equal {row['resident_paths_equal']}): {line}", flush=True)

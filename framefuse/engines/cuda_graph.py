@@ -242,10 +242,17 @@ class CudaGraphEngine(EngineRunner):
         self._replays = int(value) - sum(state.launches for state in self._frame_states)
 
     def count_native_launches(self, state) -> None:
-        """A step binding's hostpath.FrameState: the frames it launches count as replays here."""
+        """A step binding's hostpath.FrameState: the frames it launches count as replays here
+        (until ``forget_native_launches``, when the binding goes)."""
         if not isinstance(self._frame_states, list):
             self._frame_states = []
         self._frame_states.append(state)
+
+    def forget_native_launches(self, state) -> None:
+        """A counted binding is gone: its launches stay counted, its state is let go."""
+        if state in self._frame_states:
+            self._frame_states.remove(state)
+            self._replays += state.launches
 
     def __init__(
         self,

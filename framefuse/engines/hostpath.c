@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 typedef int (*ff_graph_launch_fn)(void* exec, void* stream);  // cuGraphLaunch
 
@@ -27,6 +28,8 @@ typedef struct {
     int64_t launches;           // frames launched or rung through here
     int64_t epoch_base;         // resident: the blocks' launch count when the kernel started
     int64_t frames;             // resident: frames rung since it started
+    int64_t launch_ns;          // the last frame: its launch (or bell) call, the done words' clearing included
+    int64_t wait_ns;            // the last frame: the spin on its done words (the GPU's time, not host work)
     uint32_t expected;          // resident: the epoch this frame's done words carry
     int32_t n_done;
     int32_t n_execs;            // 1 or 2 (two: the parity flips every launch)
@@ -46,9 +49,24 @@ enum {
     FF_NOT_RUNNING = 5  // resident kernel not running: nothing rung
 };
 
+static int64_t ff_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int ff_spin(ff_frame_state* s);
+
 // Spin until every done word is up: non-zero (launched: the words were cleared before the launch)
-// or equal to `expected` (resident: the words carry each frame's epoch).
+// or equal to `expected` (resident: the words carry each frame's epoch). wait_ns: how long.
 int ff_wait(ff_frame_state* s) {
+    const int64_t start = ff_now_ns();
+    const int answer = ff_spin(s);
+    s->wait_ns = ff_now_ns() - start;
+    return answer;
+}
+
+static int ff_spin(ff_frame_state* s) {
     const uint32_t expected = s->expected;
     for (int32_t i = 0; i < s->n_done; ++i) {
         int64_t spins = 0;
@@ -72,6 +90,7 @@ int ff_frame(ff_frame_state* s) {
         for (int64_t i = 0; i < s->frame_floats; ++i) probe += s->frame[i] * 0.0f;
         if (probe != probe) return FF_NONFINITE;
     }
+    const int64_t start = ff_now_ns();
     if (s->bell) {
         if (!s->running) return FF_NOT_RUNNING;
         s->frames += 1;
@@ -87,6 +106,7 @@ int ff_frame(ff_frame_state* s) {
             return FF_LAUNCH_FAILED;
         }
     }
+    s->launch_ns = ff_now_ns() - start;
     s->launches += 1;
     s->unwaited = 1;
     if (s->n_execs == 2) s->parity ^= 1;
@@ -102,7 +122,8 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, done), offsetof(ff_frame_state, bell), offsetof(ff_frame_state, frame),
         offsetof(ff_frame_state, frame_floats), offsetof(ff_frame_state, spin_limit),
         offsetof(ff_frame_state, launches), offsetof(ff_frame_state, epoch_base), offsetof(ff_frame_state, frames),
-        offsetof(ff_frame_state, expected), offsetof(ff_frame_state, n_done), offsetof(ff_frame_state, n_execs),
+        offsetof(ff_frame_state, launch_ns), offsetof(ff_frame_state, wait_ns), offsetof(ff_frame_state, expected),
+        offsetof(ff_frame_state, n_done), offsetof(ff_frame_state, n_execs),
         offsetof(ff_frame_state, parity), offsetof(ff_frame_state, unwaited), offsetof(ff_frame_state, running),
         offsetof(ff_frame_state, error), offsetof(ff_frame_state, pad),
     };

@@ -45,6 +45,8 @@ class FrameState(ctypes.Structure):
         ("launches", ctypes.c_int64),
         ("epoch_base", ctypes.c_int64),
         ("frames", ctypes.c_int64),
+        ("launch_ns", ctypes.c_int64),
+        ("wait_ns", ctypes.c_int64),
         ("expected", ctypes.c_uint32),
         ("n_done", ctypes.c_int32),
         ("n_execs", ctypes.c_int32),

@@ -308,6 +308,7 @@ class StepBinding(BindingBase):
         count = getattr(engine, "count_native_launches", None)
         if count is not None:
             count(hs)
+            weakref.finalize(self, engine.forget_native_launches, hs)
         torch.cuda.synchronize(self.device)
 
     def _point_done_words(self) -> None:

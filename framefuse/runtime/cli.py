@@ -139,6 +139,8 @@ def run(args) -> int:
         )
         print(f"  step latency  p50 {lat['p50_us']:.1f} us   p99 {lat['p99_us']:.1f} us   max {lat['max_us']:.1f} us")
         print(f"  budget {lat['budget_ms']:.2f} ms: {lat['overruns']} overruns; {data['late_ticks']} late ticks")
+        if session.host_path:
+            print(f"  host path  {session.host_path}")
         if not data["output_finite"]:
             print("  WARNING: the last output is not finite", file=sys.stderr)
     if data.get("interrupted"):

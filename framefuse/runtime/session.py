@@ -370,6 +370,26 @@ class Session:
     def replays(self) -> int:
         return self.engine.replays
 
+    @property
+    def host_path(self) -> str | None:
+        """How step() does a host frame's launch and wait on the step kernel: "native" (one call
+        into engines/hostpath.c) or "python (why)"; None for other engines."""
+        binding = self._host_step
+        if binding is None or not hasattr(binding, "native_frame"):
+            return None
+        if self._hot is not None:
+            return "native (engines/hostpath.c)"
+        from framefuse.engines import hostpath
+
+        if self.check_finite:
+            return "python (check_finite reads the outputs and the state after each step)"
+        if self._single_in is None:
+            return f"python ({len(self.frame_inputs)} frame inputs)"
+        status = hostpath.status()
+        if status.startswith("native"):  # built, but this kernel raises no done word to spin on
+            return "python (no done words: the stream is synchronised)"
+        return status
+
     def __repr__(self) -> str:
         form = "step" if self.is_step_form else "sequence"
         return (

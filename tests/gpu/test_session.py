@@ -269,6 +269,7 @@ def test_native_host_path_equals_the_python_path(arch, resident):
         try:
             if native:
                 assert session._hot is not None, hostpath.status()
+                assert session.host_path == "native (engines/hostpath.c)"
             else:
                 session._hot = None
             before = session.replays
