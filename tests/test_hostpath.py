@@ -172,7 +172,8 @@ def test_a_broken_compiler_falls_back_with_the_reason(monkeypatch, tmp_path):
     hostpath._reset_for_tests()
     try:
         assert hostpath.load() is None
-        assert hostpath.status().startswith("python (build failed")
+        assert hostpath.status().startswith("python (build failed: false -O2")
+        assert hostpath.status().endswith("failed: exit status 1)")
         assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp"))
     finally:
         hostpath._reset_for_tests()

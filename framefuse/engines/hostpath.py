@@ -92,7 +92,8 @@ def _build(cc: list[str]) -> Path:
         cmd = [*cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip().splitlines()[:1]}")
+            first = ((done.stderr or done.stdout).strip().splitlines() or [f"exit status {done.returncode}"])[0]
+            raise RuntimeError(f"{' '.join(cmd)} failed: {first}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)
     finally:
