@@ -579,10 +579,9 @@ extern "C" __global__ void floor_mapped(const float* x, float* y, int n_in, int 
 """
 
 
-def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
-    """The mapped floor: a CUDA graph of one kernel that reads the frame from and writes the output
-    (2 × the frame's first elements) to pinned, mapped host memory, launched and synchronised with
-    the ctypes calls Session.step's step kernel uses. call.check() says whether the output is right."""
+def _mapped_floor_graph(source: str, kernel: str, *, pool: np.ndarray, out_shape, device, extra_args=()):
+    """One block of ``kernel`` (``source``) over a frame and an output in pinned mapped host memory,
+    captured in a CUDA graph: (x, y, launcher, keep)."""
     import ctypes
 
     import torch
@@ -590,10 +589,10 @@ def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
     from framefuse.engines.stepkernel import MappedHostBuffer, _FastLaunch
     from framefuse.plugins import cuda
 
-    folder = Path(tempfile.mkdtemp(prefix="ff-floor-"))
-    src = folder / "floor_mapped.cu"
-    src.write_text(MAPPED_FLOOR_SOURCE)
-    fn = cuda.get_kernel(src, "floor_mapped")
+    folder = Path(tempfile.mkdtemp(prefix=f"ff-{kernel}-"))
+    src = folder / f"{kernel}.cu"
+    src.write_text(source)
+    fn = cuda.get_kernel(src, kernel)
     in_shape = pool.shape[1:]
     x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
     n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
@@ -601,9 +600,21 @@ def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
     graph = torch.cuda.CUDAGraph()
     args = [ctypes.c_void_p(x.device_ptr), ctypes.c_void_p(y.device_ptr), ctypes.c_int(n_in), ctypes.c_int(n_out)]
     with torch.cuda.graph(graph, stream=stream):
-        fn.launch(1, min(1024, max(32, -(-max(n_in, n_out) // 32) * 32)), args)  # one block: a sequence loops
+        # one block: a sequence loops
+        fn.launch(1, min(1024, max(32, -(-max(n_in, n_out) // 32) * 32)), args + list(extra_args))
     launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
+    return x, y, launcher, (graph, x, y, stream, fn, launcher)
+
+
+def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
+    """The mapped floor: a CUDA graph of one kernel that reads the frame from and writes the output
+    (2 × the frame's first elements) to pinned, mapped host memory, launched and synchronised with
+    the ctypes calls Session.step's step kernel uses. call.check() says whether the output is right."""
+    x, y, launcher, keep = _mapped_floor_graph(
+        MAPPED_FLOOR_SOURCE, "floor_mapped", pool=pool, out_shape=out_shape, device=device
+    )
     launch, sync, exe, st = launcher.launch_fn, launcher.sync_fn, launcher.exec_handle, launcher.stream
+    n_out = y.array.size
 
     def call(i):
         np.copyto(x.array, pool[i % len(pool)])
@@ -613,11 +624,11 @@ def make_mapped_floor(*, pool: np.ndarray, out_shape, device):
 
     def check() -> bool:
         call(0)
-        k = min(n_in, n_out)
+        k = min(x.array.size, n_out)
         return bool(np.allclose(y.array.reshape(-1)[:k], 2 * pool[0].reshape(-1)[:k]))
 
     call.check = check  # type: ignore[attr-defined]
-    call.keep = (graph, x, y, stream, fn)  # type: ignore[attr-defined] - alive as long as the call
+    call.keep = keep  # type: ignore[attr-defined] - alive as long as the call
     return call
 
 
@@ -643,40 +654,24 @@ def make_mapped_floor_done(*, pool: np.ndarray, out_shape, device):
     Session.step takes. None without the native host path (engines/hostpath.status() says why)."""
     import ctypes
 
-    import torch
-
     from framefuse.engines import hostpath
-    from framefuse.engines.stepkernel import MappedHostBuffer, _FastLaunch
-    from framefuse.plugins import cuda
+    from framefuse.engines.stepkernel import MappedHostBuffer, fill_launch
 
     lib = hostpath.load()
     if lib is None:
         return None
-    folder = Path(tempfile.mkdtemp(prefix="ff-floor-done-"))
-    src = folder / "floor_mapped_done.cu"
-    src.write_text(FLOOR_DONE_SOURCE)
-    fn = cuda.get_kernel(src, "floor_mapped_done")
-    in_shape = pool.shape[1:]
-    x, y = MappedHostBuffer(in_shape), MappedHostBuffer(out_shape)
     done = MappedHostBuffer((1,), dtype=np.uint32)
-    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
-    stream = torch.cuda.Stream(device)
-    graph = torch.cuda.CUDAGraph()
-    args = [
-        ctypes.c_void_p(x.device_ptr),
-        ctypes.c_void_p(y.device_ptr),
-        ctypes.c_int(n_in),
-        ctypes.c_int(n_out),
-        ctypes.c_void_p(done.device_ptr),
-    ]
-    with torch.cuda.graph(graph, stream=stream):
-        fn.launch(1, min(1024, max(32, -(-max(n_in, n_out) // 32) * 32)), args)
-    launcher = _FastLaunch(int(graph.raw_cuda_graph_exec()), int(stream.cuda_stream))
+    x, y, launcher, keep = _mapped_floor_graph(
+        FLOOR_DONE_SOURCE,
+        "floor_mapped_done",
+        pool=pool,
+        out_shape=out_shape,
+        device=device,
+        extra_args=[ctypes.c_void_p(done.device_ptr)],
+    )
     state = hostpath.FrameState()
-    state.launch = ctypes.cast(_FastLaunch._lib.cuGraphLaunch, ctypes.c_void_p).value
-    state.exec[0] = state.exec[1] = launcher.exec_handle.value
-    state.stream = launcher.stream.value
-    state.done, state.n_done, state.n_execs, state.spin_limit = done.array.ctypes.data, 1, 1, 1 << 26
+    fill_launch(state, [launcher.exec_handle], launcher.stream)
+    state.done, state.n_done, state.spin_limit = done.array.ctypes.data, 1, 1 << 26
     pointer = ctypes.pointer(state)
     frame_call = lib[0]
 
@@ -692,7 +687,7 @@ def make_mapped_floor_done(*, pool: np.ndarray, out_shape, device):
             raise RuntimeError(f"the done-word floor's launch failed: answer {code}, CUresult {state.error}")
         return y.array
 
-    call.keep = (graph, x, y, done, stream, fn, state, launcher)  # type: ignore[attr-defined]
+    call.keep = (keep, done, state)  # type: ignore[attr-defined]
     return call
 
 

@@ -166,6 +166,15 @@ class _FastLaunch:
         self.stream = ctypes.c_void_p(stream_handle)
 
 
+def fill_launch(state, execs: Sequence[ctypes.c_void_p], stream: ctypes.c_void_p) -> None:
+    """A hostpath.FrameState's launch: cuGraphLaunch of ``execs`` (one graph, or one per state
+    parity, alternating) on ``stream``, as _FastLaunch holds them."""
+    state.launch = ctypes.cast(_FastLaunch._lib.cuGraphLaunch, ctypes.c_void_p).value
+    state.exec[0], state.exec[1] = execs[0].value, execs[-1].value
+    state.stream = stream.value
+    state.n_execs = len(execs)
+
+
 class _HostField:
     """An attribute kept in the binding's hostpath.FrameState: the native per-frame call
     (hostpath.c) and the Python paths read and write one value."""
@@ -298,10 +307,7 @@ class StepBinding(BindingBase):
         self._stream_handle = self._launchers[0].stream
         self._execs = [launcher.exec_handle for launcher in self._launchers]
         hs = self._hs
-        hs.launch = ctypes.cast(_FastLaunch._lib.cuGraphLaunch, ctypes.c_void_p).value
-        hs.exec[0], hs.exec[1] = self._execs[0].value, self._execs[-1].value
-        hs.stream = self._stream_handle.value
-        hs.n_execs = len(self._execs)
+        fill_launch(hs, self._execs, self._stream_handle)
         hs.spin_limit = HOST_SPIN_LIMIT
         self._point_done_words()
         self._native = hostpath.load()
