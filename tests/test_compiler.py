@@ -1017,8 +1017,10 @@ def test_an_int8_build_kernel_reads_the_recurrent_ops_weights_as_int8(arch, op):
     assert products > products_kept and share < 0.7 < share_kept, (products, share, products_kept, share_kept)
 
 
-def test_resident_source_reuses_weights_and_reads_state_coherently():
+def test_resident_source_reuses_weights_and_reads_state_coherently(monkeypatch):
     from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RESIDENT_TAGGED_FRAMES", True)
 
     prepared = _prepared("mamba")
     launched = generate_source(prepared.fused, grid=8, threads=128)
@@ -1036,6 +1038,16 @@ def test_resident_source_reuses_weights_and_reads_state_coherently():
     # the first copies issued before the go, after every block is through the last frame
     loop = resident.source[resident.source.index("for (;; ++ffk_n)") :]
     assert loop.index("ffk_wait_finished") < loop.index("ffk_prefetch_commit") < loop.index("ffk_wait_go")
+    # tagged frames: the input is words, the frame's blocks poll them (not the go), and the leader
+    # is a block that reads no frame
+    assert resident.tagged_frames and not launched.tagged_frames
+    assert "const unsigned long long* __restrict__ in0" in resident.source
+    step_body = launched.source[launched.source.index("ffk_step(") :]
+    assert "const float* __restrict__ in0" in step_body and "ffk_poll_frame(" not in step_body
+    framer = re.search(r"const bool ffk_framer = (.*);", resident.source).group(1)
+    leader = int(re.search(r"ffk_epoch_s = b == (\d+) \? ffk_lead_frame", resident.source).group(1))
+    assert "(ffk_framer ? e : ffk_wait_go(ffk_ctl, e))" in loop and "ffk_poll_frame(in0" in loop
+    assert not eval(framer.replace("&&", "and").replace("||", "or"), {"b": leader})
 
 
 def test_enumerated_index_pairs_match_a_plain_loop_and_are_kept_only_while_scheduling():

@@ -155,6 +155,35 @@ def test_resident_epochs_wrap_as_the_kernels_do(lib):
         assert frame_call(ctypes.pointer(s)) == hostpath.DONE and s.expected == expected
 
 
+def test_resident_tags_each_input_float_with_the_frames_epoch_before_the_bell(lib):
+    """Tagged frames: every input's floats land in its words as (epoch << 32) | bits, the frame's
+    epoch in the high half, whatever the floats are (NaN bits are not checked here: no frame
+    pointer), and a second frame re-tags them with its own epoch."""
+    frame_call, _ = lib
+    fake = Fake(raise_done=False)
+    bell = np.zeros(1, dtype=np.uint32)
+    s = fake.state
+    s.bell, s.running, s.epoch_base = bell.ctypes.data, 1, 6
+    inputs = [np.array([1.5, -0.0, 3e38], dtype=np.float32), np.arange(5, dtype=np.float32)]
+    words = [np.zeros(x.size, dtype=np.uint64) for x in inputs]
+    src = (ctypes.c_void_p * 2)(*[x.ctypes.data for x in inputs])
+    dst = (ctypes.c_void_p * 2)(*[w.ctypes.data for w in words])
+    lengths = (ctypes.c_int64 * 2)(*[x.size for x in inputs])
+    s.tag_src, s.tag_dst, s.tag_len, s.tag_inputs = (
+        ctypes.addressof(src),
+        ctypes.addressof(dst),
+        ctypes.addressof(lengths),
+        2,
+    )
+    for epoch in (7, 8):
+        fake.done[:] = epoch
+        inputs[1] += 1
+        assert frame_call(ctypes.pointer(s)) == hostpath.DONE and s.expected == epoch
+        for x, w in zip(inputs, words):
+            assert np.array_equal(w >> np.uint64(32), np.full(x.size, epoch, dtype=np.uint64))
+            assert np.array_equal((w & np.uint64(0xFFFFFFFF)).astype(np.uint32), x.view(np.uint32))
+
+
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("FRAMEFUSE_HOSTPATH", "0")
     hostpath._reset_for_tests()

@@ -21,13 +21,18 @@ for path in (REPO, REPO / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-# codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY)
+# codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES)
 VARIANTS = {
-    "default": (True, True),
-    "weights-every-frame": (False, True),
-    "prefetch-after-go": (True, False),
-    "neither": (False, False),
+    "default": (True, True, False),
+    "tagged-frames": (True, True, True),
+    "weights-every-frame": (False, True, False),
+    "prefetch-after-go": (True, False, False),
+    "neither": (False, False, False),
 }
+
+
+def _settings(codegen, values) -> None:
+    codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY, codegen.RESIDENT_TAGGED_FRAMES = values
 
 
 def main() -> int:
@@ -44,6 +49,7 @@ def main() -> int:
     parser.add_argument("--archs", default="min_gru,gru,attention,mamba")
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--variants", default="default,tagged-frames", help=f"of {','.join(VARIANTS)}")
     parser.add_argument("--rounds", type=int, default=2, help="each variant timed this many times, in turn")
     parser.add_argument(
         "--sms", default="", help="also time the default variant on these SM counts (resident_sms=), e.g. 66,33"
@@ -61,10 +67,11 @@ def main() -> int:
         launched = Session(engine, budget_ms=None)
         expected = [launched.step(pool[i % 64]).copy() for i in range(200)]
         launched.reset()
-        row = {"arch": arch, "launched": [], **{name: [] for name in VARIANTS}}
+        variants = args.variants.split(",")
+        row = {"arch": arch, "launched": [], **{name: [] for name in variants}}
         sessions = {}
-        for name, (once, early) in VARIANTS.items():
-            codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY = once, early
+        for name in variants:
+            _settings(codegen, VARIANTS[name])
             compiled._resident_fn = None  # generated and compiled again with these settings
             session = Session(engine, budget_ms=None, resident=True)
             got = [session.step(pool[i % 64]).copy() for i in range(200)]
@@ -72,7 +79,7 @@ def main() -> int:
             session.close()
             session.reset()
             sessions[name] = session
-        codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY = VARIANTS["default"]
+        _settings(codegen, VARIANTS["default"])
         compiled._resident_fn = None
         for sms in [int(v) for v in args.sms.split(",") if v]:
             name = f"sms-{sms}"
@@ -101,7 +108,7 @@ def main() -> int:
         )
         diffs = {k: v for k, v in row.items() if k.endswith("_max_diff")}
         print(
-            f"{arch}: p50/p99 us (best round) {line}; equal {[row[f'{n}_equal'] for n in VARIANTS]}; {diffs}",
+            f"{arch}: p50/p99 us (best round) {line}; equal {[row[f'{n}_equal'] for n in variants]}; {diffs}",
             flush=True,
         )
         rows.append(row)

@@ -210,6 +210,7 @@ class Generator:
         self.output_names = [n for n in self.program.outputs if n not in self.program.state_of.values()]
         self.host_tasks: set[int] = set()  # tasks that read a graph input or write a graph output
         self.done_words = 0
+        self.tagged = self.resident and RESIDENT_TAGGED_FRAMES
         self._t = -1
         self._followers: dict[int, Unit] = {}  # the current task's (see _row_followers)
         self._plan()
@@ -534,7 +535,10 @@ class Generator:
         outer.render(1, lines)
         params = []
         for i, name in enumerate(self.input_names):
-            params.append(f"const float* __restrict__ in{i} /* {name} */")
+            if self.tagged:
+                params.append(f"const unsigned long long* __restrict__ in{i} /* {name}: (epoch << 32) | float bits */")
+            else:
+                params.append(f"const float* __restrict__ in{i} /* {name} */")
         for i, name in enumerate(self.output_names):
             params.append(f"float* __restrict__ out{i} /* {name} */")
         if self.resident:  # the two halves of each state: frame n reads half n % 2 and writes the other
@@ -641,23 +645,46 @@ class Generator:
             "(void)lane; (void)warp;",
         ]
 
+    def _framer_blocks(self) -> list[int]:
+        """The blocks whose tasks read the frame at entry (see _prologue)."""
+        found = set()
+        for task in self.sched.tasks:
+            if self._framed_input(task) is not None or self._early_input(task):
+                found.update(range(task.first, task.first + task.blocks))
+        return sorted(found)
+
+    def _leader(self) -> int:
+        """The block whose thread 0 leads the frames: block 0, or with tagged frames the first
+        block that does not read the frame (a leader's frame reads would wait for its bell)."""
+        if not self.tagged:
+            return 0
+        framers = set(self._framer_blocks())
+        return next((b for b in range(self.grid) if b not in framers), 0)
+
     def _resident_loop(self, outer: Code) -> Code:
         """The resident kernel: launched once, it runs the step body once per frame the host
-        rings in. Block 0's thread 0 is the leader: it waits until every block is through the
-        last frame, tells the host (``ffk_idle``), polls the host's bell in mapped memory and
+        rings in. The leader (a block's thread 0, see _leader) waits until every block is through
+        the last frame, tells the host (``ffk_idle``), polls the host's bell in mapped memory and
         publishes the frame's epoch (or the stop) in device memory, where every block polls it.
-        Only the leader reads host memory while idle (132 blocks polling one host line would
-        serialise over PCIe). The body is the launched kernel's, with the epoch from a loop
-        counter instead of a launch counter; the state halves alternate as the launched graphs
-        alternate them."""
+        Only the leader reads the bell while idle (132 blocks polling one host line would
+        serialise over PCIe). With tagged frames the blocks that read the frame do not wait for
+        the go: once every block is through the last frame they poll their own frame words, which
+        carry the epoch, and see the stop through the leader's stop word. The body is the
+        launched kernel's, with the epoch from a loop counter instead of a launch counter; the
+        state halves alternate as the launched graphs alternate them."""
         ncol = self.layout.table.shape[1]
         self._entry(outer)
+        leader = self._leader()
+        framers = self._framer_blocks() if self.tagged else []
         outer.items += [
             "const unsigned long long ffk_base = ffk_counters[b];  // launches and frames before this launch",
             f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
             f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
             "unsigned long long ffk_n = 0;",
         ]
+        if framers:
+            outer.items += ["FFK_RESIDENT_SHARED_DECL", "if (tid == 0) ffk_stop_s = 0u;"]
+            outer.items.append(f"const bool ffk_framer = {_block_set(framers)};  // reads the frame at entry")
         loop = Code("#pragma unroll 1\nfor (;; ++ffk_n)")
         outer.items.append(loop)
         loop.items.append("const unsigned long long ffk_count = ffk_base + ffk_n;")
@@ -665,21 +692,26 @@ class Generator:
             loop.items.append(
                 f"const float* sin{i} = (ffk_n & 1) ? ffk_sb{i} : ffk_sa{i}; float* sout{i} = (ffk_n & 1) ? ffk_sa{i} : ffk_sb{i};"
             )
-        if RESIDENT_PREFETCH_EARLY and self.groups:
-            # The first groups' copies are issued while the frame is awaited: once every block is
-            # through the last frame, the state it wrote is final and the half this frame writes
-            # is read by nobody.
+        early = RESIDENT_PREFETCH_EARLY and self.groups
+        if early or framers:
+            # Once every block is through the last frame, the state it wrote is final and the half
+            # this frame writes is read by nobody: the first groups' copies are issued while the
+            # frame is awaited, and a frame block may go as soon as its words are in.
             loop.items += [
                 f"if (tid == 0) ffk_wait_finished(ffk_ctl, {self.grid}ull * ffk_n);",
                 "__syncthreads();",
             ]
+        if early:
             self._issue(loop, "0", str(min(PROLOGUE_GROUPS, len(self.groups))))
+        lead = f"ffk_lead_frame(ffk_ctl, ffk_bell, ffk_idle, {self.grid}ull * ffk_n, (unsigned)(ffk_n + 1), e)"
+        others = "(ffk_framer ? e : ffk_wait_go(ffk_ctl, e))" if framers else "ffk_wait_go(ffk_ctl, e)"
         loop.items += [
             "if (tid == 0) {",
             "    const unsigned e = (unsigned)(ffk_count % 0xffffffffull) + 1u;",
-            "    // the leader knows the answer it published; the others wait for it (0: stop)",
-            f"    ffk_epoch_s = b == 0 ? ffk_lead_frame(ffk_ctl, ffk_bell, ffk_idle, {self.grid}ull * ffk_n, (unsigned)(ffk_n + 1), e)",
-            "                         : ffk_wait_go(ffk_ctl, e);",
+            "    // the leader knows the answer it published; the others wait for it (0: stop)"
+            + ("; a frame block polls its words" if framers else ""),
+            f"    ffk_epoch_s = b == {leader} ? {lead}",
+            f"                         : {others};",
             "}",
             "__syncthreads();",
             "if (ffk_epoch_s == 0) break;",
@@ -699,16 +731,25 @@ class Generator:
                     f"// task {t}'s frame element, read before anything else (its scalars are computed from it later)",
                     f"float ffk_host{t} = 0.0f;",
                     f"if ({_in_task(task)} && tid < {leaf.size})",
-                    f"    ffk_host{t} = ffk_load_host(in{self.input_names.index(leaf.name)} + tid);",
+                    f"    ffk_host{t} = {self._frame_read(f'in{self.input_names.index(leaf.name)} + tid')};",
                 ]
             if self._early_input(task):
                 leaf = task.root
+                at = f"in{self.input_names.index(leaf.name)} + {_block_in_task(task)} * {task.chunk} + tid"
                 body.items += [
                     f"// task {t}'s frame element, read before anything else: the host round trip overlaps the prologue",
                     f"float ffk_host{t} = 0.0f;",
                     f"if ({_in_task(task)} && tid < {min(task.chunk, leaf.size)} && {_block_in_task(task)} * {task.chunk} + tid < {leaf.size})",
-                    f"    ffk_host{t} = ffk_load_host(in{self.input_names.index(leaf.name)} + {_block_in_task(task)} * {task.chunk} + tid);",
+                    f"    ffk_host{t} = {self._frame_read(at)};",
                 ]
+        if self.tagged and self._framer_blocks():
+            body.items += [
+                "// a frame block's poll ends with its words or with the stop",
+                "if (ffk_framer) {",
+                "    __syncthreads();",
+                "    if (ffk_stop_s) break;",
+                "}",
+            ]
         if self.resident:  # the epoch came with the go (see _resident_loop)
             body.items.append("const unsigned epoch = ffk_epoch_s;")
         else:
@@ -732,6 +773,13 @@ class Generator:
             )
             self._issue(body, "0", str(first))
         self._stamp(body, len(self.sched.tasks), 1)
+
+    def _frame_read(self, at: str) -> str:
+        """A frame element read at entry: once from host memory, or with tagged frames a poll of
+        its word until it carries this frame's epoch (or the leader publishes the stop)."""
+        if self.tagged:
+            return f"ffk_poll_frame({at}, ffk_epoch_s, ffk_ctl, &ffk_stop_s)"
+        return f"ffk_load_host({at})"
 
     def _issue(self, body: Code, g0: str, g1: str) -> None:
         """cp.async copies of commit groups [g0, g1) from the range table, one commit each. A
@@ -2161,6 +2209,11 @@ PROLOGUE_GROUPS = 2
 # groups' copies issued while the frame is awaited, not after it rang
 RESIDENT_WEIGHTS_ONCE = True
 RESIDENT_PREFETCH_EARLY = True
+# the resident kernel's frame inputs are words (epoch << 32) | float bits in mapped host memory:
+# the blocks that read the frame poll those words themselves instead of waiting for the go, which
+# the leader publishes only after its own poll of the bell answered (one host round trip and one
+# L2 hop less on the frame's path; see Generator._resident_loop)
+RESIDENT_TAGGED_FRAMES = False  # CPU-tested only (emulation, nvcc): on once GPU-run and measured
 # Every expf of the kernel, the step functions' included, is the hardware's __expf (2 + 1.17·|x| ulp;
 # exp(±inf), NaN as expf), unless compiled with -DFFK_EXACT_MATH. With the compile options of
 # engine.FAST_MATH_OPTIONS: H100, 0.1-1.2 us a step (bench/h100/2026-11-26-session/). Not
@@ -2262,6 +2315,17 @@ def _in_task(task: Task) -> str:
     if task.first:
         return f"b >= {task.first} && b < {task.first + task.blocks}"
     return f"b < {task.blocks}"
+
+
+def _block_set(blocks: list[int]) -> str:
+    """The condition that block ``b`` is one of ``blocks`` (sorted), as ranges."""
+    runs: list[list[int]] = []
+    for blk in blocks:
+        if runs and runs[-1][1] == blk - 1:
+            runs[-1][1] = blk
+        else:
+            runs.append([blk, blk])
+    return " || ".join(f"b == {lo}" if lo == hi else f"(b >= {lo} && b <= {hi})" for lo, hi in runs) or "false"
 
 
 def _on_blocks(task: Task) -> str:
@@ -2509,6 +2573,8 @@ class Emitter:
         if framed is not None and framed.id == node.id and c == "e" and self.per_thread:
             # element e of a loop that starts at tid on the task's one block: read at entry
             return self.bind(key, f"ffk_host{self.t}", free)
+        if gen.tagged:  # its own word's epoch: the frame's words arrive in no particular order
+            return self.bind(key, f"ffk_load_host_tagged(in{gen.input_names.index(node.name)} + {c}, epoch)", free)
         return self.bind(key, f"ffk_load_host(in{gen.input_names.index(node.name)} + {c})", free)
 
     def _reduce(self, node: Reduce, index: list, flat, free: frozenset, key) -> Val:
@@ -2769,6 +2835,7 @@ class Kernel:
     skewed_sums: bool = False  # sums whose reads share a bank start each element at its own position
     weight_format: str = "fp32"  # the products' weight rows: fp32, fp16, bf16 or int8 (see WEIGHT_FORMATS)
     lossless_rows: bool = False  # narrow only the products the format stores exactly (stores_exactly)
+    tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
 
     @property
     def name(self) -> str:
@@ -2829,6 +2896,7 @@ class Kernel:
                 "weight_format": self.weight_format,
                 "lossless_rows": self.lossless_rows,
                 "narrow_products": len(self.layout.narrow),
+                "tagged_frames": self.tagged_frames,
             }
         )
         return info
@@ -2881,6 +2949,7 @@ def generate(
         gen.skewed_sums,
         gen.weight_format,
         gen.lossless_rows,
+        gen.tagged,
     )
 
 

@@ -50,6 +50,7 @@ inline dim3 gridDim;
 struct FfkEmuBlock {
     std::vector<float> smem;
     unsigned epoch = 0;
+    unsigned stop = 0;
     std::unique_ptr<std::barrier<>> bar;
     std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
     std::vector<float> shuffle;  // one slot per thread
@@ -60,6 +61,7 @@ inline FfkEmuBlock& ffk_emu_block() { return (*ffk_emu_blocks)[blockIdx.x]; }
 #define FFK_SHARED_DECL                             \
     float* ffk_smem = ffk_emu_block().smem.data(); \
     unsigned& ffk_epoch_s = ffk_emu_block().epoch;
+#define FFK_RESIDENT_SHARED_DECL unsigned& ffk_stop_s = ffk_emu_block().stop;
 
 inline void __syncthreads() { ffk_emu_block().bar->arrive_and_wait(); }
 
@@ -165,6 +167,24 @@ inline unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell, un
 inline void ffk_wait_finished(unsigned long long* ctl, unsigned long long finished) {
     while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
         std::this_thread::yield();
+}
+inline float ffk_poll_frame(const unsigned long long* p, unsigned epoch, unsigned long long* ctl, unsigned* stop) {
+    for (;;) {
+        const unsigned long long w = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_acquire);
+        if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
+        if (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_STOP]).load(std::memory_order_acquire)) {
+            std::atomic_ref<unsigned>(*stop).fetch_or(1u, std::memory_order_relaxed);
+            return 0.0f;
+        }
+        std::this_thread::yield();
+    }
+}
+inline float ffk_load_host_tagged(const unsigned long long* p, unsigned epoch) {
+    for (;;) {
+        const unsigned long long w = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_acquire);
+        if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
+        std::this_thread::yield();
+    }
 }
 inline float ffk_ld_cg(const float* p) { return *p; }
 inline unsigned ffk_wait_go(unsigned long long* ctl, unsigned epoch) {

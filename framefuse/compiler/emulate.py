@@ -63,9 +63,20 @@ def _resident_frames(kernel: Kernel) -> str:
     args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()", "done.data()"]
     args += ["&bell", "&idle", "ctl"]
     call = f"{kernel.name}({', '.join(args)})"
+    if kernel.tagged_frames:  # each float a word (epoch << 32) | bits, stored whole, in order
+        word = "unsigned long long"
+        write = (
+            "for (size_t j = 0; j < in_sizes[i]; ++j) { unsigned bits; std::memcpy(&bits, ins[i] + step * in_sizes[i] + j, 4); "
+            "std::atomic_ref<unsigned long long>(in_buf[i][j]).store(((unsigned long long)(step + 1) << 32) | bits, "
+            "std::memory_order_release); }"
+        )
+    else:
+        word = "float"
+        write = "std::memcpy(in_buf[i].data(), ins[i] + step * in_sizes[i], 4 * in_sizes[i]);"
     return f"""
-    std::vector<std::vector<float>> in_buf, out_buf;
-    for (int i = 0; i < {n_in}; ++i) in_buf.emplace_back(in_sizes[i], 0.0f);
+    std::vector<std::vector<{word}>> in_buf;
+    std::vector<std::vector<float>> out_buf;
+    for (int i = 0; i < {n_in}; ++i) in_buf.emplace_back(in_sizes[i], 0);
     for (int i = 0; i < {n_out}; ++i) out_buf.emplace_back(out_sizes[i], std::nanf(""));
     unsigned bell = 0, idle = 0;
     unsigned long long ctl[3] = {{0ull, 0ull, 0ull}};
@@ -86,7 +97,7 @@ def _resident_frames(kernel: Kernel) -> str:
                 wait_for(&idle, (unsigned)step, "the idle word", step);
                 for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
             }}
-            for (int i = 0; i < {n_in}; ++i) std::memcpy(in_buf[i].data(), ins[i] + step * in_sizes[i], 4 * in_sizes[i]);
+            for (int i = 0; i < {n_in}; ++i) {write}
             for (int i = 0; i < {n_out}; ++i) std::fill(out_buf[i].begin(), out_buf[i].end(), std::nanf(""));
             std::atomic_ref<unsigned>(bell).store((unsigned)(step + 1), std::memory_order_release);
             for (int k = 0; k < {kernel.done_words}; ++k) wait_for(&done[k], (unsigned)(step + 1), "a done word", step);

@@ -41,6 +41,8 @@ FFK_DEVICE float ffk_pow(float x, float y) { return powf(x, y); }
 #define FFK_SHARED_DECL                             \
     extern __shared__ __align__(16) float ffk_smem[]; \
     __shared__ unsigned ffk_epoch_s;
+// the resident kernel with tagged frames: a frame block's poll saw the stop
+#define FFK_RESIDENT_SHARED_DECL __shared__ unsigned ffk_stop_s;
 
 // -- flag-tagged values ------------------------------------------------------------------------------
 FFK_DEVICE void ffk_ll_store(unsigned long long* p, float v, unsigned epoch) {
@@ -187,6 +189,34 @@ FFK_DEVICE unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell
     }
     ffk_st_release_u64(ctl + FFK_CTL_GO, epoch);
     return epoch;
+}
+// Tagged frames (codegen.RESIDENT_TAGGED_FRAMES): the host writes each frame float as one 64-bit
+// word, (epoch << 32) | its bits, before the bell. A frame block polls its own words instead of
+// waiting for the go: returns the value once the word carries `epoch`, or 0 with *stop set once
+// the leader has published the stop (the host rings the stop only between frames, so a frame that
+// has begun arriving always arrives whole). Unbounded, like the leader's poll of the bell.
+FFK_DEVICE float ffk_poll_frame(const unsigned long long* p, unsigned epoch, unsigned long long* ctl,
+                                unsigned* stop) {
+    for (;;) {
+        unsigned long long w;
+        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+        if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
+        if (ffk_ld_acquire_u64(ctl + FFK_CTL_STOP)) {
+            atomicOr(stop, 1u);  // (every polling thread of the block may write it)
+            return 0.0f;
+        }
+    }
+}
+// A tagged frame element read where it is used, by a block that has the go or its own frame
+// words: the host writes the frame's words in order, not atomically as a whole, so this word may
+// still be on its way. Bounded (FFK_POLL_LIMIT) like a flagged word's wait.
+FFK_DEVICE float ffk_load_host_tagged(const unsigned long long* p, unsigned epoch) {
+    for (unsigned polls = 0;; ++polls) {
+        unsigned long long w;
+        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+        if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
+        if (polls > FFK_POLL_LIMIT) __trap();
+    }
 }
 // A block's thread 0 before it prefetches a frame's state: every block through the last frame.
 FFK_DEVICE void ffk_wait_finished(unsigned long long* ctl, unsigned long long finished) {

@@ -5,7 +5,8 @@
 // Through ctypes every foreign call costs 0.6-1.1 us on the 2-core CI machine before it does
 // anything (the done words' memset, cuGraphLaunch), and the spin on the done words and the
 // frame's NaN probe are Python loops and numpy calls. Here a frame is one call: check the frame,
-// clear the done words, launch (or ring the resident kernel's bell), spin on the done words.
+// clear the done words, launch (or tag the frame and ring the resident kernel's bell), spin on
+// the done words.
 //
 // Every field is read and written by Python too (ctypes.Structure in hostpath.py, same order and
 // types): this file owns nothing.
@@ -38,6 +39,14 @@ typedef struct {
     int32_t running;            // resident: the kernel is on the GPU
     int32_t error;              // the CUresult of the last failed launch
     int32_t pad;
+    // resident mode with tagged frames (codegen.RESIDENT_TAGGED_FRAMES): before the bell, each
+    // input's floats (tag_src[k], tag_len[k] of them) into its words (tag_dst[k], mapped host
+    // memory) as (expected << 32) | bits, one 64-bit store a word
+    const uint32_t* const* tag_src;
+    volatile uint64_t* const* tag_dst;
+    const int64_t* tag_len;
+    int32_t tag_inputs;
+    int32_t pad2;
 } ff_frame_state;
 
 enum {
@@ -96,7 +105,15 @@ int ff_frame(ff_frame_state* s) {
         s->frames += 1;
         const uint64_t count = (uint64_t)(s->epoch_base + s->frames - 1);
         s->expected = (uint32_t)(count % 0xffffffffull) + 1u;
-        // after the frame (written before this call): x86 stores are seen in order
+        const uint64_t tag = (uint64_t)s->expected << 32;
+        for (int32_t k = 0; k < s->tag_inputs; ++k) {
+            const uint32_t* src = s->tag_src[k];
+            volatile uint64_t* dst = s->tag_dst[k];
+            for (int64_t i = 0; i < s->tag_len[k]; ++i) dst[i] = tag | src[i];
+        }
+        // the bell after the frame (its floats written before this call, its words above): x86
+        // stores are seen in order; the fence keeps the compiler (and a weaker host) from moving it
+        __atomic_thread_fence(__ATOMIC_RELEASE);
         *s->bell = (uint32_t)s->frames;
     } else {
         memset((void*)s->done, 0, 4u * (uint32_t)s->n_done);
@@ -126,6 +143,8 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, n_done), offsetof(ff_frame_state, n_execs),
         offsetof(ff_frame_state, parity), offsetof(ff_frame_state, unwaited), offsetof(ff_frame_state, running),
         offsetof(ff_frame_state, error), offsetof(ff_frame_state, pad),
+        offsetof(ff_frame_state, tag_src), offsetof(ff_frame_state, tag_dst), offsetof(ff_frame_state, tag_len),
+        offsetof(ff_frame_state, tag_inputs), offsetof(ff_frame_state, pad2),
     };
     const int count = (int)(sizeof(values) / sizeof(values[0]));
     for (int i = 0; i < n && i < count; ++i) out[i] = values[i];

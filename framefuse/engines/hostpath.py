@@ -56,6 +56,11 @@ class FrameState(ctypes.Structure):
         ("running", ctypes.c_int32),
         ("error", ctypes.c_int32),
         ("pad", ctypes.c_int32),
+        ("tag_src", ctypes.c_void_p),
+        ("tag_dst", ctypes.c_void_p),
+        ("tag_len", ctypes.c_void_p),
+        ("tag_inputs", ctypes.c_int32),
+        ("pad2", ctypes.c_int32),
     ]
 
 

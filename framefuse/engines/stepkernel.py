@@ -486,6 +486,29 @@ class ResidentStepBinding(StepBinding):
         if not self._done_words:
             raise EngineBuildError("a resident step needs done words (a block that reads a frame or writes an output)")
         self.fn = c.resident_fn()
+        # Tagged frames (codegen.RESIDENT_TAGGED_FRAMES): the kernel reads each input float as a
+        # word (epoch << 32) | bits in a buffer of its own, written from host_in just before the
+        # bell; the blocks that read the frame poll those words instead of waiting for the bell
+        self.tagged = bool(c.resident_kernel.tagged_frames)
+        self._tagged: dict[str, MappedHostBuffer] = {}
+        self._tag_views = []
+        if self.tagged:
+            for n in k.input_names:
+                self._tagged[n] = MappedHostBuffer(self._mapped[n].shape, dtype=np.uint64)
+                self._tag_views.append(
+                    (
+                        self._mapped[n].array.reshape(-1).view(np.uint32),
+                        self._tagged[n].array.reshape(-1).view(np.uint32).reshape(-1, 2),
+                    )
+                )
+            count = len(k.input_names)
+            self._tag_src = (ctypes.c_void_p * count)(*[self._mapped[n].array.ctypes.data for n in k.input_names])
+            self._tag_dst = (ctypes.c_void_p * count)(*[self._tagged[n].array.ctypes.data for n in k.input_names])
+            self._tag_len = (ctypes.c_int64 * count)(*[self._mapped[n].array.size for n in k.input_names])
+            self._hs.tag_src = ctypes.addressof(self._tag_src)
+            self._hs.tag_dst = ctypes.addressof(self._tag_dst)
+            self._hs.tag_len = ctypes.addressof(self._tag_len)
+            self._hs.tag_inputs = count
         self.timeout_s = RESIDENT_TIMEOUT_S
         self._bell = MappedHostBuffer((1,), dtype=np.uint32)
         self._idle = MappedHostBuffer((1,), dtype=np.uint32)
@@ -530,7 +553,7 @@ class ResidentStepBinding(StepBinding):
         self._idle_word.value = 0
         torch.cuda.current_stream(self.device).synchronize()
         k = c.kernel
-        pointers_in = [self._mapped[n].device_ptr for n in k.input_names]
+        pointers_in = [(self._tagged if self.tagged else self._mapped)[n].device_ptr for n in k.input_names]
         pointers_out = [self._out_mapped[n].device_ptr for n in k.output_names]
         halves = [self._halves[n] for n in k.state_names]
         ptr = ctypes.c_void_p
@@ -568,7 +591,10 @@ class ResidentStepBinding(StepBinding):
             self.start()
         self.frames += 1
         count = self._epoch_base + self.frames - 1
-        self._expected = count % 0xFFFFFFFF + 1
+        self._expected = expected = count % 0xFFFFFFFF + 1
+        for floats, words in self._tag_views:  # each word's value, then its epoch: never a new epoch on an old value
+            words[:, 0] = floats
+            words[:, 1] = expected
         self._bell_word.value = self.frames  # after the frame: x86 stores are seen in order
         self._unwaited = True
         if len(self._execs) == 2:
