@@ -211,6 +211,7 @@ class Generator:
         self.host_tasks: set[int] = set()  # tasks that read a graph input or write a graph output
         self.done_words = 0
         self.tagged = self.resident and RESIDENT_TAGGED_FRAMES
+        self._framers: list[int] = []  # tagged: the blocks that poll their frame words (see _resident_loop)
         self._t = -1
         self._followers: dict[int, Unit] = {}  # the current task's (see _row_followers)
         self._plan()
@@ -591,12 +592,9 @@ class Generator:
         self.done_words = len(blocks)
         if not blocks:
             return
-        runs: list[list[int]] = []  # [first block, last block, first slot]
-        for slot, blk in enumerate(blocks):
-            if runs and runs[-1][1] == blk - 1:
-                runs[-1][1] = blk
-            else:
-                runs.append([blk, blk, slot])
+        runs = []  # (first block, last block, first slot)
+        for lo, hi in _block_runs(blocks):
+            runs.append((lo, hi, blocks.index(lo)))
         cond = " : ".join(
             f"(b >= {lo} && b <= {hi}) ? b - {lo - slot}" if lo != slot else f"(b >= {lo} && b <= {hi}) ? b"
             for lo, hi, slot in runs
@@ -675,7 +673,7 @@ class Generator:
         ncol = self.layout.table.shape[1]
         self._entry(outer)
         leader = self._leader()
-        framers = self._framer_blocks() if self.tagged else []
+        framers = self._framers = self._framer_blocks() if self.tagged else []
         outer.items += [
             "const unsigned long long ffk_base = ffk_counters[b];  // launches and frames before this launch",
             f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
@@ -742,7 +740,7 @@ class Generator:
                     f"if ({_in_task(task)} && tid < {min(task.chunk, leaf.size)} && {_block_in_task(task)} * {task.chunk} + tid < {leaf.size})",
                     f"    ffk_host{t} = {self._frame_read(at)};",
                 ]
-        if self.tagged and self._framer_blocks():
+        if self.resident and self._framers:
             body.items += [
                 "// a frame block's poll ends with its words or with the stop",
                 "if (ffk_framer) {",
@@ -2317,14 +2315,20 @@ def _in_task(task: Task) -> str:
     return f"b < {task.blocks}"
 
 
-def _block_set(blocks: list[int]) -> str:
-    """The condition that block ``b`` is one of ``blocks`` (sorted), as ranges."""
+def _block_runs(blocks: list[int]) -> list[tuple[int, int]]:
+    """Sorted block numbers as runs of consecutive ones, (first, last)."""
     runs: list[list[int]] = []
     for blk in blocks:
         if runs and runs[-1][1] == blk - 1:
             runs[-1][1] = blk
         else:
             runs.append([blk, blk])
+    return [(lo, hi) for lo, hi in runs]
+
+
+def _block_set(blocks: list[int]) -> str:
+    """The condition that block ``b`` is one of ``blocks`` (sorted), as ranges."""
+    runs = _block_runs(blocks)
     return " || ".join(f"b == {lo}" if lo == hi else f"(b >= {lo} && b <= {hi})" for lo, hi in runs) or "false"
 
 
