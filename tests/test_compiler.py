@@ -684,6 +684,21 @@ def test_resident_kernel_emulated_has_no_data_race(arch, tmp_path):
 
 
 @needs_cxx
+@pytest.mark.parametrize("races", [False, True], ids=["outputs", "races"])
+def test_resident_kernel_with_untagged_frames_emulated(monkeypatch, races, tmp_path):
+    """The resident kernel that waits for the leader's go and then reads the frame's floats
+    (codegen.RESIDENT_TAGGED_FRAMES off, the form before session 46 and resident_variants.py's
+    untagged-frames variant) still matches the interpreter, also under ThreadSanitizer."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RESIDENT_TAGGED_FRAMES", False)
+    program = lower_program(_prepared("lstm").fused)
+    kernel = generate(schedule(program, grid=3, threads=64), resident=True)
+    assert not kernel.tagged_frames and "ffk_framer" not in kernel.source
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
+
+
+@needs_cxx
 @pytest.mark.parametrize("arch", ["gru", "attention"])
 def test_resident_kernel_of_a_graph_without_state_emulated(arch, tmp_path):
     """A window without state kept resident (Session.step of a sequence-form graph): every frame's

@@ -214,3 +214,125 @@ def test_the_frame_times_its_launch_and_its_wait(lib):
     s = fake.state
     assert frame_call(ctypes.pointer(s)) == hostpath.DONE
     assert 0 < s.launch_ns < 10**9 and 0 <= s.wait_ns < 10**9
+
+
+# -- the extension module's step (Session.step's hot path) ------------------------------------------
+
+
+@pytest.fixture
+def extension(lib):
+    module = hostpath.extension()
+    if module is None:
+        pytest.skip(f"the extension is not built here: {hostpath.status()}")
+    return module
+
+
+class FastStep:
+    """hostpath.StepContext over a Fake frame state, a frame buffer, an output object and a
+    LatencyStats: what Session gives the extension's step."""
+
+    def __init__(self, shape=(1, 6), budget_ms=None, **fake):
+        from framefuse.runtime.stats import LatencyStats
+
+        self.buffer = np.zeros(shape, dtype=np.float32)
+        self.fake = Fake(frame=self.buffer.reshape(-1), **fake)
+        self.out = np.full(3, 7.0, dtype=np.float32)
+        self.stats = LatencyStats(capacity=4, budget_ms=budget_ms)
+        c = self.context = hostpath.StepContext()
+        c.state = ctypes.addressof(self.fake.state)
+        c.ndarray, c.dtype, c.out = np.ndarray, np.dtype(np.float32), self.out
+        c.buffer, c.nbytes = self.buffer.ctypes.data, self.buffer.nbytes
+        c.shape[: len(shape)] = shape
+        c.ndim = len(shape)
+        c.ring, c.stats = self.stats.buffers()
+        self.address = ctypes.addressof(c)
+
+
+def test_the_extension_step_copies_the_frame_launches_records_and_returns_the_output(extension):
+    fast = FastStep()
+    for i in range(6):  # past the ring's capacity of 4
+        frame = np.arange(6, dtype=np.float32).reshape(1, 6) + i
+        assert extension.step(fast.address, frame) is fast.out
+        assert np.array_equal(fast.buffer, frame)
+        s = fast.fake.state
+        assert fast.stats.window()[-1] == s.launch_ns + s.wait_ns > 0
+    assert len(fast.fake.calls) == 6 and fast.fake.state.launches == 6
+    assert fast.stats.count == 6 and fast.stats.window().size == 4 and fast.stats.overruns == 0
+    assert fast.stats.max_ns == fast.stats.window().max() or fast.stats.max_ns > fast.stats.window().max()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        np.zeros((1, 6), dtype=np.float64),  # another dtype: Python converts it (or refuses it)
+        np.zeros((6,), dtype=np.float32),  # another shape: Python checks it
+        np.zeros((1, 7), dtype=np.float32),
+        np.zeros((1, 12), dtype=np.float32)[:, ::2],  # not contiguous
+        np.zeros((1, 6), dtype=np.dtype(">f4")),  # float32, but not the native one
+        np.zeros((1, 6), dtype=np.float32).view(np.recarray),  # a subclass
+        [[0.0] * 6],
+        None,
+    ],
+    ids=["float64", "no-batch", "wider", "strided", "big-endian", "subclass", "list", "none"],
+)
+def test_the_extension_step_leaves_every_other_frame_to_python(extension, frame):
+    fast = FastStep()
+    fast.buffer[...] = 5
+    assert extension.step(fast.address, frame) is None
+    assert fast.fake.calls == [] and fast.stats.count == 0 and (fast.buffer == 5).all()
+
+
+def test_the_extension_step_answers_the_frame_calls_code(extension):
+    fast = FastStep(raise_done=False)
+    bad = np.ones((1, 6), dtype=np.float32)
+    bad[0, 3] = np.inf
+    assert extension.step(fast.address, bad) == hostpath.NONFINITE
+    assert fast.fake.calls == [] and np.array_equal(fast.buffer, bad)  # copied in, not launched
+    good = np.ones((1, 6), dtype=np.float32)
+    assert extension.step(fast.address, good) == hostpath.SPINNING  # launched, the words not up
+    assert extension.step(fast.address, good) == hostpath.UNWAITED
+    assert fast.stats.count == 0  # Python records the frames it finishes
+
+
+def test_the_extension_step_counts_budget_overruns(extension):
+    fast = FastStep(budget_ms=1e-6)  # 1 ns: every frame overruns it
+    frame = np.ones((1, 6), dtype=np.float32)
+    for _ in range(3):
+        assert extension.step(fast.address, frame) is fast.out
+    assert fast.stats.overruns == 3
+
+
+def test_the_extension_step_allocates_nothing_and_keeps_the_outputs_count(extension):
+    import sys
+    import tracemalloc
+
+    fast = FastStep()
+    bell = np.zeros(1, dtype=np.uint32)
+    s = fast.fake.state  # a resident frame with no done word: no Python launch callback to allocate
+    s.bell, s.running, s.n_done = bell.ctypes.data, 1, 0
+    frame = np.ones((1, 6), dtype=np.float32)
+    step, address = extension.step, fast.address
+    assert step(address, frame) is fast.out
+    refs = sys.getrefcount(fast.out)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for _ in range(200):
+            step(address, frame)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    refs_after = sys.getrefcount(fast.out)  # (outside the assert: pytest's rewrite holds what it shows)
+    grown = [d for d in after.compare_to(before, "lineno") if d.size_diff > 0 and "test_hostpath" in str(d)]
+    assert grown == [] and refs_after == refs and bell[0] == 201 and fast.stats.count == 201
+
+
+def test_the_extension_step_refuses_bad_arguments(extension):
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        extension.step(1)
+    with pytest.raises(ValueError, match="null context"):
+        extension.step(0, np.zeros(1, dtype=np.float32))
+
+
+def test_the_extensions_view_of_numpy_arrays_is_numpys(extension):
+    assert hostpath._module_mismatch(extension) == ""

@@ -23,11 +23,11 @@ for path in (REPO, REPO / "bench"):
 
 # codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES)
 VARIANTS = {
-    "default": (True, True, False),
-    "tagged-frames": (True, True, True),
-    "weights-every-frame": (False, True, False),
-    "prefetch-after-go": (True, False, False),
-    "neither": (False, False, False),
+    "default": (True, True, True),
+    "untagged-frames": (True, True, False),  # the default before session 46
+    "weights-every-frame": (False, True, True),
+    "prefetch-after-go": (True, False, True),
+    "neither": (False, False, True),
 }
 
 
@@ -49,7 +49,7 @@ def main() -> int:
     parser.add_argument("--archs", default="min_gru,gru,attention,mamba")
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--variants", default="default,tagged-frames", help=f"of {','.join(VARIANTS)}")
+    parser.add_argument("--variants", default="default,untagged-frames", help=f"of {','.join(VARIANTS)}")
     parser.add_argument("--rounds", type=int, default=2, help="each variant timed this many times, in turn")
     parser.add_argument(
         "--sms", default="", help="also time the default variant on these SM counts (resident_sms=), e.g. 66,33"

@@ -26,6 +26,29 @@ def _outputs_equal(a: list, b: list) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def host_work(session, pool, iters: int) -> dict:
+    """Session.step's own host work: the call less the spin on the done words (hostpath.c times
+    the spin, and the frame's check and launch call or bell, of each frame)."""
+    import time
+
+    hs = session._host_step.native_state
+    total, wait, launch = (np.empty(iters, dtype=np.int64) for _ in range(3))
+    clock = time.perf_counter_ns
+    for i in range(iters):
+        start = clock()
+        session.step(pool[i % 64])
+        total[i] = clock() - start
+        wait[i], launch[i] = hs.wait_ns, hs.launch_ns
+    p50 = lambda a: float(np.percentile(a / 1e3, 50))  # noqa: E731
+    return {
+        "step_p50_us": p50(total),
+        "host_work_p50_us": p50(total - wait),
+        "host_work_p99_us": float(np.percentile((total - wait) / 1e3, 99)),
+        "launch_call_p50_us": p50(launch),
+        "wait_p50_us": p50(wait),
+    }
+
+
 def bench_arch(arch: str, args, root: Path) -> dict:
     import torch
     from e2e import make_mapped_floor, make_mapped_floor_done, measure, measure_rounds
@@ -55,6 +78,10 @@ def bench_arch(arch: str, args, root: Path) -> dict:
     native = Session(engine, budget_ms=None)
     python = Session(engine, budget_ms=None)
     python._hot = None
+    through_ctypes = Session(engine, budget_ms=None)  # the native call without the extension's step
+    if through_ctypes._hot is not None:
+        through_ctypes._hot = through_ctypes._hot[:5] + (None, None)
+    row["extension"] = native.host_path
     binding = python._host_step
     floor = make_mapped_floor(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
     fn, arg = native._hot[2:4] if native._hot else (None, None)
@@ -66,6 +93,7 @@ def bench_arch(arch: str, args, root: Path) -> dict:
 
     calls = {
         "step_native": lambda i: native.step(pool[i % 64]),
+        "step_ctypes": lambda i: through_ctypes.step(pool[i % 64]),
         "step_python": lambda i: python.step(pool[i % 64]),
         "launch_wait_python": lambda i: (binding.launch(), binding.wait_host()),
         "copy_call_native": raw_native,
@@ -75,31 +103,11 @@ def bench_arch(arch: str, args, root: Path) -> dict:
     if native_floor is not None:
         calls["mapped_floor_native_wait"] = native_floor
     if fn is None:
-        calls = {k: v for k, v in calls.items() if "native" not in k}
+        calls = {k: v for k, v in calls.items() if "native" not in k and "ctypes" not in k}
     row["launched"] = measure_rounds(calls, iters=args.iters, warmup=args.warmup, rounds=args.rounds)
     if fn is not None:
-        # Session.step's own host work: the call less the spin on the done words (hostpath.c
-        # times the spin and the launch call of each frame)
-        import time
-
-        hs = nb._hs
-        n = args.iters
-        total, wait, launch = (np.empty(n, dtype=np.int64) for _ in range(3))
-        clock = time.perf_counter_ns
-        for i in range(n):
-            start = clock()
-            native.step(pool[i % 64])
-            total[i] = clock() - start
-            wait[i], launch[i] = hs.wait_ns, hs.launch_ns
-        p50 = lambda a: float(np.percentile(a / 1e3, 50))  # noqa: E731
-        row["host_work"] = {
-            "step_p50_us": p50(total),
-            "host_work_p50_us": p50(total - wait),
-            "host_work_p99_us": float(np.percentile((total - wait) / 1e3, 99)),
-            "launch_call_p50_us": p50(launch),
-            "wait_p50_us": p50(wait),
-        }
-    for s in (native, python):
+        row["host_work"] = host_work(native, pool, args.iters)
+    for s in (native, python, through_ctypes):
         s.close()
     torch.cuda.synchronize()
     if not args.no_resident:
@@ -114,12 +122,15 @@ def bench_arch(arch: str, args, root: Path) -> dict:
             outs_native, outs[True]
         )
         # one resident session at a time (each holds every SM): a fresh one each block of calls
-        results: dict = {"step_native": [], "step_python": []}
+        names = ["step_native", "step_ctypes", "step_python"]
+        results: dict = {name: [] for name in names}
         for r in range(args.rounds):
-            for name in ("step_native", "step_python") if r % 2 == 0 else ("step_python", "step_native"):
+            for name in names[r % 3 :] + names[: r % 3]:
                 s = Session(engine, budget_ms=None, resident=True)
                 if name == "step_python":
                     s._hot = None
+                elif name == "step_ctypes" and s._hot is not None:
+                    s._hot = s._hot[:5] + (None, None)
                 step = s.step
                 results[name].append(
                     measure(
@@ -127,6 +138,12 @@ def bench_arch(arch: str, args, root: Path) -> dict:
                     )
                 )
                 s.close()
+        s = Session(engine, budget_ms=None, resident=True)
+        if s._hot is not None:
+            for i in range(args.warmup):
+                s.step(pool[i % 64])
+            row["resident_host_work"] = host_work(s, pool, args.iters)
+        s.close()
         row["resident"] = {
             name: {
                 "p50_us_rounds": [g["p50_us"] for g in got],
@@ -157,10 +174,9 @@ def main() -> None:
             rows.append(row)
             line = ", ".join(f"{k} {v['p50_us']:.2f}/{v['p99_us']:.2f}" for k, v in row["launched"].items())
             print(f"{arch} [{row['hostpath']}] paths equal {row['paths_equal']}: {line}", flush=True)
-            if "host_work" in row:
-                print(
-                    f"{arch} host work: " + ", ".join(f"{k} {v:.2f}" for k, v in row["host_work"].items()), flush=True
-                )
+            for key in ("host_work", "resident_host_work"):
+                if key in row:
+                    print(f"{arch} {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in row[key].items()), flush=True)
             if "resident" in row:
                 line = ", ".join(f"{k} {v['p50_us']:.2f}/{v['p99_us']:.2f}" for k, v in row["resident"].items())
                 print(f"{arch} resident (equal {row['resident_paths_equal']}): {line}", flush=True)

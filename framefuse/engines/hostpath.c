@@ -8,8 +8,19 @@
 // clear the done words, launch (or tag the frame and ring the resident kernel's bell), spin on
 // the done words.
 //
+// Built with the Python headers (FF_PYTHON, where they are installed), the same library is also
+// the extension module framefuse_hostpath, whose step(context, frame) is Session.step's whole hot
+// path: the frame's type, dtype and shape looked at, the frame copied into the mapped input,
+// ff_frame, the latency recorded, the session's output returned. Through ctypes, the call alone,
+// numpy's copy of the frame and a clock pair cost 1.1 us on the H200's host
+// (bench/microbench/host_calls.py, 2026-12-04), before the Python latency record.
+//
 // Every field is read and written by Python too (ctypes.Structure in hostpath.py, same order and
 // types): this file owns nothing.
+#ifdef FF_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -29,8 +40,9 @@ typedef struct {
     int64_t launches;           // frames launched or rung through here
     int64_t epoch_base;         // resident: the blocks' launch count when the kernel started
     int64_t frames;             // resident: frames rung since it started
-    int64_t launch_ns;          // the last frame: its launch (or bell) call, the done words' clearing included
+    int64_t launch_ns;          // the last frame: its check, the done words' clearing, the launch (or bell) call
     int64_t wait_ns;            // the last frame: the spin on its done words (the GPU's time, not host work)
+    int64_t start_ns;           // the last frame: CLOCK_MONOTONIC (Python's perf_counter_ns) at ff_frame's entry
     uint32_t expected;          // resident: the epoch this frame's done words carry
     int32_t n_done;
     int32_t n_execs;            // 1 or 2 (two: the parity flips every launch)
@@ -64,17 +76,8 @@ static int64_t ff_now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static int ff_spin(ff_frame_state* s);
-
-// Spin until every done word is up: non-zero (launched: the words were cleared before the launch)
-// or equal to `expected` (resident: the words carry each frame's epoch). wait_ns: how long.
-int ff_wait(ff_frame_state* s) {
-    const int64_t start = ff_now_ns();
-    const int answer = ff_spin(s);
-    s->wait_ns = ff_now_ns() - start;
-    return answer;
-}
-
+// Poll until every done word is up: non-zero (launched: the words were cleared before the launch)
+// or equal to `expected` (resident: the words carry each frame's epoch).
 static int ff_spin(ff_frame_state* s) {
     const uint32_t expected = s->expected;
     for (int32_t i = 0; i < s->n_done; ++i) {
@@ -91,15 +94,28 @@ static int ff_spin(ff_frame_state* s) {
     return FF_DONE;
 }
 
-int ff_frame(ff_frame_state* s) {
-    if (s->unwaited) return FF_UNWAITED;
-    if (s->frame) {
-        // NaN * 0 and Inf * 0 are NaN, finite * 0 is 0: one pass, one branch at the end
-        float probe = 0.0f;
-        for (int64_t i = 0; i < s->frame_floats; ++i) probe += s->frame[i] * 0.0f;
-        if (probe != probe) return FF_NONFINITE;
-    }
+// ff_spin, timed: wait_ns.
+int ff_wait(ff_frame_state* s) {
     const int64_t start = ff_now_ns();
+    const int answer = ff_spin(s);
+    s->wait_ns = ff_now_ns() - start;
+    return answer;
+}
+
+// 1 when some float of `v` is NaN or +-Inf (every exponent bit set). An integer OR over the words
+// vectorises; a float sum of v[i] * 0 (the same test) is a chain the compiler may not reorder.
+static int ff_nonfinite(const float* v, int64_t n) {
+    const uint32_t* w = (const uint32_t*)v;
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; ++i) any |= (uint32_t)((w[i] & 0x7f800000u) == 0x7f800000u);
+    return any != 0;
+}
+
+int ff_frame(ff_frame_state* s) {
+    const int64_t start = ff_now_ns();
+    s->start_ns = start;
+    if (s->unwaited) return FF_UNWAITED;
+    if (s->frame && ff_nonfinite(s->frame, s->frame_floats)) return FF_NONFINITE;
     if (s->bell) {
         if (!s->running) return FF_NOT_RUNNING;
         s->frames += 1;
@@ -123,11 +139,14 @@ int ff_frame(ff_frame_state* s) {
             return FF_LAUNCH_FAILED;
         }
     }
-    s->launch_ns = ff_now_ns() - start;
+    const int64_t launched = ff_now_ns();
+    s->launch_ns = launched - start;
     s->launches += 1;
     s->unwaited = 1;
     if (s->n_execs == 2) s->parity ^= 1;
-    return ff_wait(s);
+    const int answer = ff_spin(s);
+    s->wait_ns = ff_now_ns() - launched;
+    return answer;
 }
 
 // The struct's size and each field's offset, in declaration order: hostpath.py checks its
@@ -139,8 +158,8 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, done), offsetof(ff_frame_state, bell), offsetof(ff_frame_state, frame),
         offsetof(ff_frame_state, frame_floats), offsetof(ff_frame_state, spin_limit),
         offsetof(ff_frame_state, launches), offsetof(ff_frame_state, epoch_base), offsetof(ff_frame_state, frames),
-        offsetof(ff_frame_state, launch_ns), offsetof(ff_frame_state, wait_ns), offsetof(ff_frame_state, expected),
-        offsetof(ff_frame_state, n_done), offsetof(ff_frame_state, n_execs),
+        offsetof(ff_frame_state, launch_ns), offsetof(ff_frame_state, wait_ns), offsetof(ff_frame_state, start_ns),
+        offsetof(ff_frame_state, expected), offsetof(ff_frame_state, n_done), offsetof(ff_frame_state, n_execs),
         offsetof(ff_frame_state, parity), offsetof(ff_frame_state, unwaited), offsetof(ff_frame_state, running),
         offsetof(ff_frame_state, error), offsetof(ff_frame_state, pad),
         offsetof(ff_frame_state, tag_src), offsetof(ff_frame_state, tag_dst), offsetof(ff_frame_state, tag_len),
@@ -150,3 +169,113 @@ int ff_layout(int64_t* out, int n) {
     for (int i = 0; i < n && i < count; ++i) out[i] = values[i];
     return count;
 }
+
+#ifdef FF_PYTHON
+// -- the extension module: Session.step's hot path --------------------------------------------------
+
+// numpy's PyArrayObject_fields up to its flags: public, and the same from numpy 1.7 through 2.x.
+// hostpath.py checks what ff_probe reads here against numpy's own answers before using it.
+typedef struct {
+    PyObject_HEAD char* data;
+    int nd;
+    Py_ssize_t* dimensions;
+    Py_ssize_t* strides;
+    PyObject* base;
+    PyObject* descr;
+    int flags;
+} ff_ndarray;
+#define FF_NPY_C_CONTIGUOUS 0x0001
+
+#define FF_MAX_DIMS 8
+// LatencyStats' counters (runtime/stats.py, an array of int64 shared with Python)
+enum { FF_STAT_NEXT, FF_STAT_COUNT, FF_STAT_OVERRUNS, FF_STAT_MAX, FF_STAT_BUDGET, FF_STAT_CAPACITY };
+
+typedef struct {
+    ff_frame_state* state;
+    PyObject* ndarray;  // numpy.ndarray: a frame of exactly this type, ...
+    PyObject* dtype;    // ... of exactly this dtype (numpy's float32 singleton), ...
+    PyObject* out;      // the session's output: returned as it is after every frame
+    char* buffer;       // the mapped frame input the frame is copied into
+    int64_t nbytes;
+    int64_t shape[FF_MAX_DIMS];  // ... of this shape and C-contiguous: anything else is Python's
+    int32_t ndim;
+    int32_t pad;
+    int64_t* ring;   // LatencyStats' ring of durations (ns)
+    int64_t* stats;  // its counters (FF_STAT_*)
+} ff_step_context;
+
+static void ff_record(int64_t* ring, int64_t* stats, int64_t ns) {
+    int64_t i = stats[FF_STAT_NEXT];
+    ring[i] = ns;
+    stats[FF_STAT_NEXT] = i + 1 < stats[FF_STAT_CAPACITY] ? i + 1 : 0;
+    stats[FF_STAT_COUNT] += 1;
+    if (ns > stats[FF_STAT_MAX]) stats[FF_STAT_MAX] = ns;
+    if (stats[FF_STAT_BUDGET] >= 0 && ns > stats[FF_STAT_BUDGET]) stats[FF_STAT_OVERRUNS] += 1;
+}
+
+// step(context, frame): the session's output once the frame is done; None when the frame is not
+// a C-contiguous float32 numpy array of the input's shape (nothing was done: Python's path takes
+// it); else the ff_frame code (an int) of a frame that was copied in and ran into that code.
+// The GIL is held throughout: the spin is bounded by spin_limit, and giving the GIL up would let
+// another thread keep this one from its answer.
+static PyObject* ff_py_step(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "step(context, frame) takes 2 arguments");
+        return NULL;
+    }
+    ff_step_context* c = (ff_step_context*)PyLong_AsVoidPtr(args[0]);
+    if (c == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "step: a null context");
+        return NULL;
+    }
+    PyObject* frame = args[1];
+    if ((PyObject*)Py_TYPE(frame) != c->ndarray) Py_RETURN_NONE;
+    const ff_ndarray* a = (const ff_ndarray*)frame;
+    if (a->descr != c->dtype || a->nd != c->ndim || !(a->flags & FF_NPY_C_CONTIGUOUS)) Py_RETURN_NONE;
+    for (int32_t i = 0; i < c->ndim; ++i)
+        if (a->dimensions[i] != c->shape[i]) Py_RETURN_NONE;
+    memcpy(c->buffer, a->data, (size_t)c->nbytes);
+    const int code = ff_frame(c->state);
+    if (code != FF_DONE) return PyLong_FromLong(code);
+    const ff_frame_state* s = c->state;
+    ff_record(c->ring, c->stats, s->launch_ns + s->wait_ns);  // from ff_frame's entry to the answer
+    Py_INCREF(c->out);
+    return c->out;
+}
+
+// probe(array) -> (data, nd, dimensions..., flags, descr id): what step reads of a numpy array.
+static PyObject* ff_py_probe(PyObject* module, PyObject* array) {
+    (void)module;
+    const ff_ndarray* a = (const ff_ndarray*)array;
+    if (a->nd < 0 || a->nd > FF_MAX_DIMS) return Py_BuildValue("(i)", a->nd);
+    PyObject* dims = PyTuple_New(a->nd);
+    if (dims == NULL) return NULL;
+    for (int i = 0; i < a->nd; ++i) PyTuple_SET_ITEM(dims, i, PyLong_FromSsize_t(a->dimensions[i]));
+    return Py_BuildValue("(KiNiK)", (unsigned long long)(uintptr_t)a->data, a->nd, dims, a->flags,
+                         (unsigned long long)(uintptr_t)a->descr);
+}
+
+static PyObject* ff_py_layout(PyObject* module, PyObject* unused) {
+    (void)module;
+    (void)unused;
+    return Py_BuildValue(
+        "(nnnnnnnnnnnn)", (Py_ssize_t)sizeof(ff_step_context), (Py_ssize_t)offsetof(ff_step_context, state),
+        (Py_ssize_t)offsetof(ff_step_context, ndarray), (Py_ssize_t)offsetof(ff_step_context, dtype),
+        (Py_ssize_t)offsetof(ff_step_context, out), (Py_ssize_t)offsetof(ff_step_context, buffer),
+        (Py_ssize_t)offsetof(ff_step_context, nbytes), (Py_ssize_t)offsetof(ff_step_context, shape),
+        (Py_ssize_t)offsetof(ff_step_context, ndim), (Py_ssize_t)offsetof(ff_step_context, pad),
+        (Py_ssize_t)offsetof(ff_step_context, ring), (Py_ssize_t)offsetof(ff_step_context, stats));
+}
+
+static PyMethodDef ff_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))ff_py_step, METH_FASTCALL, "Session.step's hot path (hostpath.py)"},
+    {"probe", ff_py_probe, METH_O, "what step reads of a numpy array"},
+    {"layout", ff_py_layout, METH_NOARGS, "ff_step_context's size and offsets"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef ff_module = {PyModuleDef_HEAD_INIT, "framefuse_hostpath", NULL, -1, ff_methods};
+
+PyMODINIT_FUNC PyInit_framefuse_hostpath(void) { return PyModule_Create(&ff_module); }
+#endif

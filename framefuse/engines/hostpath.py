@@ -11,16 +11,25 @@ torch's Triton needs for its own launchers) into the kernel cache, under a hash 
 and the compiler, written to a temporary name and renamed. Without a compiler, or with
 ``FRAMEFUSE_HOSTPATH=0``, the bindings keep the Python path (the same outputs; on an H200 2.4–4.5 µs more a step);
 ``status()`` says which one runs and why.
+
+Where the Python headers are installed (``sysconfig``'s include folder: python3-dev, or what
+torch's Triton needs for its launchers) the same file is built with ``FF_PYTHON`` and is also the
+extension module ``framefuse_hostpath``: its ``step(context, frame)`` is Session.step's whole hot
+path (``StepContext``), so a frame costs one C call instead of a numpy copy, a ctypes call and a
+Python latency record. Without the headers, the ctypes call remains.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from pathlib import Path
@@ -48,6 +57,7 @@ class FrameState(ctypes.Structure):
         ("frames", ctypes.c_int64),
         ("launch_ns", ctypes.c_int64),
         ("wait_ns", ctypes.c_int64),
+        ("start_ns", ctypes.c_int64),
         ("expected", ctypes.c_uint32),
         ("n_done", ctypes.c_int32),
         ("n_execs", ctypes.c_int32),
@@ -64,8 +74,33 @@ class FrameState(ctypes.Structure):
     ]
 
 
+MAX_DIMS = 8  # hostpath.c's FF_MAX_DIMS
+
+
+class StepContext(ctypes.Structure):
+    """hostpath.c's ff_step_context: what the extension's step needs of a session (the frame
+    state, the frame's type, dtype and shape, the mapped input, the output, the latency buffers).
+    The py_object fields hold their references."""
+
+    _fields_ = [
+        ("state", ctypes.c_void_p),
+        ("ndarray", ctypes.py_object),
+        ("dtype", ctypes.py_object),
+        ("out", ctypes.py_object),
+        ("buffer", ctypes.c_void_p),
+        ("nbytes", ctypes.c_int64),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("ndim", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("ring", ctypes.c_void_p),
+        ("stats", ctypes.c_void_p),
+    ]
+
+
 _lock = threading.Lock()
-_loaded: dict = {}  # "lib" -> (ff_frame, ff_wait) or None; "why" -> the reason it is None
+# "lib" -> (ff_frame, ff_wait) or None; "why" -> the reason it is None; "module" -> the extension
+# module or None; "module_why" -> why it is None
+_loaded: dict = {}
 
 
 def _compiler() -> list[str] | None:
@@ -79,13 +114,22 @@ def _cache_dir() -> Path:
     return cache_dir() / "host"
 
 
+def python_include() -> str | None:
+    """The folder holding this interpreter's Python.h, or None where the headers are not installed."""
+    include = sysconfig.get_paths().get("include")
+    return include if include and os.path.exists(os.path.join(include, "Python.h")) else None
+
+
 def _build(cc: list[str]) -> Path:
     source = SOURCE.read_bytes()
     try:
         version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"{' '.join(cc)} --version failed: {exc}") from exc
-    digest = hashlib.sha256(source + version.encode() + sys.platform.encode()).hexdigest()[:16]
+    include = python_include()
+    # the extension is built for this interpreter: its version and ABI are part of the name
+    python = f"{include}|{sys.version}|{sysconfig.get_config_var('EXT_SUFFIX')}" if include else "no-python"
+    digest = hashlib.sha256(source + version.encode() + sys.platform.encode() + python.encode()).hexdigest()[:16]
     target = _cache_dir() / f"hostpath-{digest}.so"
     if target.exists():
         return target
@@ -94,7 +138,8 @@ def _build(cc: list[str]) -> Path:
     os.close(fd)
     try:
         # no -ffast-math: the frame check relies on NaN * 0 being NaN
-        cmd = [*cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)]
+        python_flags = ["-DFF_PYTHON", f"-I{include}"] if include else []
+        cmd = [*cc, "-O2", "-shared", "-fPIC", *python_flags, "-o", tmp, str(SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             first = ((done.stderr or done.stdout).strip().splitlines() or [f"exit status {done.returncode}"])[0]
@@ -149,16 +194,62 @@ def load():
                     else:
                         lib = (frame, wait)
                         why = str(path)
+                        _loaded["module"], _loaded["module_why"] = _load_module(path)
                 except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                     why = f"build failed: {exc}"
         _loaded["lib"], _loaded["why"] = lib, why
+        _loaded.setdefault("module", None)
+        _loaded.setdefault("module_why", why)
         return lib
+
+
+def _load_module(path: Path):
+    """(the extension module, '') from the built library, or (None, why not)."""
+    if python_include() is None:
+        return None, f"no Python headers ({sysconfig.get_paths().get('include')}/Python.h)"
+    try:
+        loader = importlib.machinery.ExtensionFileLoader("framefuse_hostpath", str(path))
+        spec = importlib.util.spec_from_file_location("framefuse_hostpath", str(path), loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except (ImportError, OSError) as exc:
+        return None, f"{path} is not an extension module: {exc}"
+    mismatch = _module_mismatch(module)
+    return (None, f"{path}: {mismatch}") if mismatch else (module, "")
+
+
+def _module_mismatch(module) -> str:
+    """'' when StepContext matches ff_step_context and the extension reads numpy arrays as numpy
+    describes them, else what differs."""
+    import numpy as np
+
+    mine = tuple([ctypes.sizeof(StepContext)] + [getattr(StepContext, n).offset for n, _ in StepContext._fields_])
+    theirs = tuple(module.layout())
+    if mine != theirs:
+        return f"the C step context's layout {theirs} is not StepContext's {mine}"
+    probe = np.zeros((3, 5), dtype=np.float32)
+    for array in (probe, probe[1:], probe[:, 1:], probe.T, probe.astype(np.float64)):
+        data, ndim, shape, flags, dtype = module.probe(array)
+        want = (array.ctypes.data, array.ndim, array.shape, array.flags.c_contiguous, id(array.dtype))
+        if (data, ndim, shape, bool(flags & 1), dtype) != want:
+            return f"numpy {np.__version__}'s arrays are not laid out as hostpath.c reads them"
+    return ""
+
+
+def extension():
+    """The extension module (its ``step`` is Session.step's hot path), or None (see status)."""
+    load()
+    return _loaded.get("module")
 
 
 def status() -> str:
     """Which per-frame host path the step bindings use, and why."""
     lib = load()
-    return f"native ({_loaded['why']})" if lib else f"python ({_loaded['why']})"
+    if not lib:
+        return f"python ({_loaded['why']})"
+    if _loaded.get("module") is None:
+        return f"native through ctypes ({_loaded['why']}; no extension: {_loaded['module_why']})"
+    return f"native ({_loaded['why']})"
 
 
 def _reset_for_tests() -> None:

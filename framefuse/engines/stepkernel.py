@@ -337,6 +337,16 @@ class StepBinding(BindingBase):
             hs.frame, hs.frame_floats = array.ctypes.data, array.size
         return self._native[0], self._hs_ptr
 
+    @property
+    def native_state(self):
+        """The hostpath.FrameState that native_frame's call runs (for hostpath's extension step,
+        which runs the same call from C); None where hostpath.c is not built."""
+        return self._hs if self._native is not None and self._done_words else None
+
+    def native_start_ns(self) -> int:
+        """When the last native frame call began (perf_counter_ns's clock)."""
+        return self._hs.start_ns
+
     def native_failed(self, code: int) -> bool:
         """After ``native_frame``'s call answered ``code``: finish the frame the Python way (wait
         on, launch after a pending launch's wait, start the resident kernel) or raise; True when

@@ -35,6 +35,7 @@ default, when the hot path does not look at them.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import time
 import warnings
@@ -275,7 +276,10 @@ class Session:
         if native is not None:
             buffer = binding.host_in[self._single_in]
             out = binding.host_out[self._single_out] if self._single_out else self._out_dict
-            self._hot = (buffer, buffer.shape, native[0], native[1], out)
+            # with the extension built (hostpath.extension), the whole frame is its step(); else
+            # the frame is copied here and the ctypes call does the rest
+            fast, context = _native_step(binding, buffer, out, self.stats)
+            self._hot = (buffer, buffer.shape, native[0], native[1], out, fast, context)
         self._host_step = binding
 
     # -- lifetime ---------------------------------------------------------------------------------
@@ -378,6 +382,8 @@ class Session:
         if binding is None or not hasattr(binding, "native_frame"):
             return None
         if self._hot is not None:
+            if self._hot[5] is None:
+                return "native through ctypes (engines/hostpath.c; its extension module is not built)"
             return "native (engines/hostpath.c)"
         from framefuse.engines import hostpath
 
@@ -486,10 +492,19 @@ class Session:
         else SessionError names the dtype and the first value that would change; complex, string
         and object frames are refused.
         """
-        start = _clock()
         hot = self._hot
-        if hot is not None and type(frame) is np.ndarray and not self.check_finite:  # the hot path
-            buffer, shape, call, arg, out = hot
+        if hot is not None and not self.check_finite:
+            fast = hot[5]
+            if fast is not None and not (copy or self.copy):  # the hot path: one C call
+                out = fast(hot[6], frame)  # None: not a float32 ndarray of the input's shape
+                if out is not None:
+                    if out.__class__ is int:  # copied in, but not done in C
+                        out = self._finish_native_frame(out, hot)
+                    self.frame_index += 1
+                    return out
+        start = _clock()
+        if hot is not None and type(frame) is np.ndarray and not self.check_finite:  # the ctypes path
+            buffer, shape, call, arg, out = hot[:5]
             if frame.shape != shape:
                 self._check_frame_shape(self._single_in, frame.shape)
             if frame.dtype is _FLOAT32:
@@ -537,6 +552,17 @@ class Session:
             out = _copy_output(out)
         self.stats.record(_clock() - start)
         return out
+
+    def _finish_native_frame(self, code: int, hot: tuple):
+        """The extension's step copied the frame in and its frame call answered ``code``: refuse
+        the frame, or finish it the Python way (binding.native_failed), and record its latency
+        from the call's entry (hostpath.c's start_ns, on perf_counter_ns's clock)."""
+        binding = self._host_step
+        if binding.native_failed(code):
+            self._refuse_host_frame(self._single_in, hot[0])  # raises, naming the frame
+            raise SessionError(f"frame '{self._single_in}': refused by the native host path, not by the check")
+        self.stats.record(_clock() - binding.native_start_ns())
+        return hot[4]
 
     def _check_frame_shape(self, name: str, shape) -> None:
         expected = self._frame_specs[name].shape
@@ -750,6 +776,37 @@ class Session:
             target.copy_(source)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+
+
+def _native_step(binding, buffer: np.ndarray, out, stats: LatencyStats):
+    """(hostpath's extension step, its context's address) for a step-kernel binding whose frame
+    call is native, or (None, None) where the extension is not built. The context (kept on the
+    binding) names the binding's frame state, the mapped frame input, the session's output and
+    its latency buffers."""
+    from framefuse.engines import hostpath
+
+    module = hostpath.extension()
+    state = getattr(binding, "native_state", None)
+    if (
+        module is None
+        or state is None
+        or buffer.dtype != np.float32  # the C checks a frame's floats for NaN/Inf
+        or buffer.ndim > hostpath.MAX_DIMS
+        or not buffer.flags.c_contiguous
+    ):
+        return None, None
+    context = hostpath.StepContext()
+    context.state = ctypes.addressof(state)
+    context.ndarray = np.ndarray
+    context.dtype = _FLOAT32  # numpy's float32 singleton: a frame's dtype is compared by identity
+    context.out = out
+    context.buffer = buffer.ctypes.data
+    context.nbytes = buffer.nbytes
+    context.shape[: buffer.ndim] = buffer.shape
+    context.ndim = buffer.ndim
+    context.ring, context.stats = stats.buffers()
+    binding.native_context = context  # alive as long as the frame state it names
+    return module.step, ctypes.addressof(context)
 
 
 def _copy_output(out):

@@ -197,7 +197,12 @@ def test_starts_and_stops_1000_times_without_a_leak_or_a_hang():
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_a_frame_that_never_answers_raises_and_stops_the_kernel(path):
     """The watchdog, on the frame path Session.step takes (engines/hostpath.c's call, which hands
-    a long wait back to wait_host) and on the Python one."""
+    a long wait back to wait_host) and on the Python one. The answer is lost on its way: the host
+    watches done words the kernel never writes (the kernel computes the frame and goes idle). An
+    answer the host waits for under another epoch would also tag the frame with it, and with
+    tagged frames (codegen.RESIDENT_TAGGED_FRAMES) the kernel would wait for that frame instead."""
+    import ctypes
+
     from framefuse.engines.base import EngineRunError
     from framefuse.runtime.session import Session
 
@@ -210,20 +215,17 @@ def test_a_frame_that_never_answers_raises_and_stops_the_kernel(path):
     binding.timeout_s = 0.2
     if path == "native":
         assert resident._hot is not None
-        binding._epoch_base += 1000  # the host waits for an epoch the kernel never raises
     else:
         resident._hot = None
-        ring = binding.launch
-
-        def ring_and_expect_another_epoch():
-            ring()
-            binding._expected += 1000
-
-        binding.launch = ring_and_expect_another_epoch
+    real = binding._done_addr, binding._done_words
+    lost = np.zeros(len(real[1]), dtype=np.uint32)
+    binding._done_addr = lost.ctypes.data
+    binding._done_words = [ctypes.c_uint32.from_address(lost.ctypes.data + 4 * i) for i in range(lost.size)]
+    binding._point_done_words()
     with pytest.raises(EngineRunError, match="did not answer frame 2 within 0.2 s"):
         resident.step(frames[1])
-    if path == "python":
-        del binding.launch
+    binding._done_addr, binding._done_words = real
+    binding._point_done_words()
     assert not binding.running  # the watchdog rang the stop and the kernel left
     launched = Session(engine, budget_ms=None)
     launched.set_state(resident.get_state())

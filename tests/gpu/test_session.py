@@ -256,30 +256,37 @@ def test_onnxruntime_sessions_on_a_gpu_machine():
 @pytest.mark.parametrize("arch", ["lstm", "attention"])
 def test_native_host_path_equals_the_python_path(arch, resident):
     """engines/hostpath.c's frame in one call (the NaN check, the launch or the resident bell, the
-    wait on the done words) is built on the GPU machine and gives the Python path's outputs and
-    state bit for bit over 300 chained frames; each frame counts as one replay."""
+    wait on the done words), through its extension module's step and through ctypes, is built on
+    the GPU machine and gives the Python path's outputs and state bit for bit over 300 chained
+    frames; each frame counts as one replay and one latency record."""
     from framefuse.engines import cuda_graph, hostpath
 
     prepared = prepare_cached(arch, CONFIG)["step"]
     engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
     frames = np.random.default_rng(3).standard_normal((300, *engine.input_specs["x"].shape)).astype(np.float32)
     results = {}
-    for native in (True, False):
+    for path in ("extension", "ctypes", "python"):
         session = Session(engine, budget_ms=None, resident=resident)
         try:
-            if native:
-                assert session._hot is not None, hostpath.status()
+            if path == "extension":
+                assert session._hot is not None and session._hot[5] is not None, hostpath.status()
                 assert session.host_path == "native (engines/hostpath.c)"
+            elif path == "ctypes":
+                session._hot = session._hot[:5] + (None, None)
+                assert session.host_path.startswith("native through ctypes")
             else:
                 session._hot = None
             before = session.replays
             outs = [session.step(f).copy() for f in frames]
             assert session.replays == before + len(frames)
-            results[native] = outs, session.get_state()
+            assert session.stats.count == len(frames) and 0 < session.stats.percentile_us(50) < 1e4
+            results[path] = outs, session.get_state()
         finally:
             session.close()
-    (native_outs, native_state), (python_outs, python_state) = results[True], results[False]
-    for t, (a, b) in enumerate(zip(native_outs, python_outs)):
-        np.testing.assert_array_equal(a, b, err_msg=f"{arch} frame {t}")
-    for name in python_state:
-        np.testing.assert_array_equal(native_state[name], python_state[name], err_msg=name)
+    python_outs, python_state = results["python"]
+    for path in ("extension", "ctypes"):
+        outs, state = results[path]
+        for t, (a, b) in enumerate(zip(outs, python_outs)):
+            np.testing.assert_array_equal(a, b, err_msg=f"{arch} {path} frame {t}")
+        for name in python_state:
+            np.testing.assert_array_equal(state[name], python_state[name], err_msg=f"{path} {name}")
