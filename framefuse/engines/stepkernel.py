@@ -496,10 +496,13 @@ class ResidentStepBinding(StepBinding):
         if not self._done_words:
             raise EngineBuildError("a resident step needs done words (a block that reads a frame or writes an output)")
         self.fn = c.resident_fn()
+        # this binding's kernel: c.resident_kernel names the one compiled last, which a later
+        # resident_fn() with other codegen settings (bench/microbench/resident_variants.py) replaces
+        self.resident_kernel = c.resident_kernel
         # Tagged frames (codegen.RESIDENT_TAGGED_FRAMES): the kernel reads each input float as a
         # word (epoch << 32) | bits in a buffer of its own, written from host_in just before the
         # bell; the blocks that read the frame poll those words instead of waiting for the bell
-        self.tagged = bool(c.resident_kernel.tagged_frames)
+        self.tagged = bool(self.resident_kernel.tagged_frames)
         self._tagged: dict[str, MappedHostBuffer] = {}
         self._tag_views = []
         if self.tagged:
@@ -587,10 +590,10 @@ class ResidentStepBinding(StepBinding):
             c.grid,
             c.threads,
             args,
-            shared_mem=c.resident_kernel.smem_bytes,
+            shared_mem=self.resident_kernel.smem_bytes,
             stream=self._rstream_handle,
             op="stepkernel",
-            detail=f"resident, source {c.resident_kernel.digest[:12]}",
+            detail=f"resident, source {self.resident_kernel.digest[:12]}",
         )
         self.frames = 0
         self.running = True

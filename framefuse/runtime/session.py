@@ -222,6 +222,7 @@ class Session:
         self._state: dict[str, torch.Tensor] = {}
         self._host_step = None
         self._hot = None  # see _open_host_step
+        self._native_context = None  # hostpath.StepContext of the extension's step (see _native_step)
         self._device_step = None
         self._device_run: dict[tuple, Any] = {}
         self._cupy_out: dict[str, Any] = {}
@@ -278,7 +279,8 @@ class Session:
             out = binding.host_out[self._single_out] if self._single_out else self._out_dict
             # with the extension built (hostpath.extension), the whole frame is its step(); else
             # the frame is copied here and the ctypes call does the rest
-            fast, context = _native_step(binding, buffer, out, self.stats)
+            fast, self._native_context = _native_step(binding, buffer, out, self.stats)
+            context = ctypes.addressof(self._native_context) if fast is not None else None
             self._hot = (buffer, buffer.shape, native[0], native[1], out, fast, context)
         self._host_step = binding
 
@@ -779,10 +781,10 @@ class Session:
 
 
 def _native_step(binding, buffer: np.ndarray, out, stats: LatencyStats):
-    """(hostpath's extension step, its context's address) for a step-kernel binding whose frame
-    call is native, or (None, None) where the extension is not built. The context (kept on the
-    binding) names the binding's frame state, the mapped frame input, the session's output and
-    its latency buffers."""
+    """(hostpath's extension step, its hostpath.StepContext) for a step-kernel binding whose
+    frame call is native, or (None, None) where the extension is not built. The context names the
+    binding's frame state, the mapped frame input, the session's output and its latency buffers:
+    the session keeps it, with the binding and the stats it points into."""
     from framefuse.engines import hostpath
 
     module = hostpath.extension()
@@ -805,8 +807,7 @@ def _native_step(binding, buffer: np.ndarray, out, stats: LatencyStats):
     context.shape[: buffer.ndim] = buffer.shape
     context.ndim = buffer.ndim
     context.ring, context.stats = stats.buffers()
-    binding.native_context = context  # alive as long as the frame state it names
-    return module.step, ctypes.addressof(context)
+    return module.step, context
 
 
 def _copy_output(out):
