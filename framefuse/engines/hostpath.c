@@ -244,11 +244,11 @@ static PyObject* ff_py_step(PyObject* module, PyObject* const* args, Py_ssize_t 
     return c->out;
 }
 
-// probe(array) -> (data, nd, dimensions..., flags, descr id): what step reads of a numpy array.
+// probe(array) -> (data, nd, dimensions, flags, descr id): what step reads of a numpy array (the
+// caller passes an ndarray: hostpath.py, on arrays it made, to check the layout above).
 static PyObject* ff_py_probe(PyObject* module, PyObject* array) {
     (void)module;
     const ff_ndarray* a = (const ff_ndarray*)array;
-    if (a->nd < 0 || a->nd > FF_MAX_DIMS) return Py_BuildValue("(i)", a->nd);
     PyObject* dims = PyTuple_New(a->nd);
     if (dims == NULL) return NULL;
     for (int i = 0; i < a->nd; ++i) PyTuple_SET_ITEM(dims, i, PyLong_FromSsize_t(a->dimensions[i]));
