@@ -74,9 +74,6 @@ def bench_arch(arch: str, args, root: Path) -> dict:
             session._hot = None
         outs[native] = [session.step(pool[i % 64]).copy() for i in range(200)]
     row["paths_equal"] = _outputs_equal(outs[True], outs[False])
-    direct = Session(engine, budget_ms=None)  # the native call launching with cuLaunchKernel
-    direct._host_step.direct_launch = True
-    row["direct_launch_equal"] = _outputs_equal([direct.step(pool[i % 64]).copy() for i in range(200)], outs[True])
 
     native = Session(engine, budget_ms=None)
     python = Session(engine, budget_ms=None)
@@ -96,7 +93,6 @@ def bench_arch(arch: str, args, root: Path) -> dict:
 
     calls = {
         "step_native": lambda i: native.step(pool[i % 64]),
-        "step_native_cuLaunchKernel": lambda i: direct.step(pool[i % 64]),
         "step_ctypes": lambda i: through_ctypes.step(pool[i % 64]),
         "step_python": lambda i: python.step(pool[i % 64]),
         "launch_wait_python": lambda i: (binding.launch(), binding.wait_host()),
@@ -111,8 +107,7 @@ def bench_arch(arch: str, args, root: Path) -> dict:
     row["launched"] = measure_rounds(calls, iters=args.iters, warmup=args.warmup, rounds=args.rounds)
     if fn is not None:
         row["host_work"] = host_work(native, pool, args.iters)
-        row["host_work_cuLaunchKernel"] = host_work(direct, pool, args.iters)
-    for s in (native, python, through_ctypes, direct):
+    for s in (native, python, through_ctypes):
         s.close()
     torch.cuda.synchronize()
     if not args.no_resident:
@@ -179,8 +174,7 @@ def main() -> None:
             rows.append(row)
             line = ", ".join(f"{k} {v['p50_us']:.2f}/{v['p99_us']:.2f}" for k, v in row["launched"].items())
             print(f"{arch} [{row['hostpath']}] paths equal {row['paths_equal']}: {line}", flush=True)
-            print(f"{arch} cuLaunchKernel equal {row['direct_launch_equal']}", flush=True)
-            for key in ("host_work", "host_work_cuLaunchKernel", "resident_host_work"):
+            for key in ("host_work", "resident_host_work"):
                 if key in row:
                     print(f"{arch} {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in row[key].items()), flush=True)
             if "resident" in row:

@@ -27,9 +27,6 @@
 #include <time.h>
 
 typedef int (*ff_graph_launch_fn)(void* exec, void* stream);  // cuGraphLaunch
-typedef int (*ff_kernel_launch_fn)(void* function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
-                                   unsigned block_x, unsigned block_y, unsigned block_z, unsigned smem,
-                                   void* stream, void** params, void** extra);  // cuLaunchKernel
 
 typedef struct {
     ff_graph_launch_fn launch;  // cuGraphLaunch (launched mode)
@@ -62,16 +59,6 @@ typedef struct {
     const int64_t* tag_len;
     int32_t tag_inputs;
     int32_t pad2;
-    // launched mode through cuLaunchKernel (launch_kernel set) instead of the graphs: the same
-    // kernel, configuration and arguments the graphs hold (params[parity]: cuLaunchKernel's
-    // kernelParams, one pointer per argument)
-    ff_kernel_launch_fn launch_kernel;
-    void* function;
-    void** params[2];
-    uint32_t grid;
-    uint32_t block;
-    uint32_t smem;
-    int32_t pad3;
 } ff_frame_state;
 
 enum {
@@ -146,10 +133,7 @@ int ff_frame(ff_frame_state* s) {
         *s->bell = (uint32_t)s->frames;
     } else {
         memset((void*)s->done, 0, 4u * (uint32_t)s->n_done);
-        const int err = s->launch_kernel
-                            ? s->launch_kernel(s->function, s->grid, 1, 1, s->block, 1, 1, s->smem, s->stream,
-                                               s->params[s->parity], NULL)
-                            : s->launch(s->exec[s->parity], s->stream);
+        const int err = s->launch(s->exec[s->parity], s->stream);
         if (err) {
             s->error = err;
             return FF_LAUNCH_FAILED;
@@ -180,9 +164,6 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, error), offsetof(ff_frame_state, pad),
         offsetof(ff_frame_state, tag_src), offsetof(ff_frame_state, tag_dst), offsetof(ff_frame_state, tag_len),
         offsetof(ff_frame_state, tag_inputs), offsetof(ff_frame_state, pad2),
-        offsetof(ff_frame_state, launch_kernel), offsetof(ff_frame_state, function), offsetof(ff_frame_state, params),
-        offsetof(ff_frame_state, grid), offsetof(ff_frame_state, block), offsetof(ff_frame_state, smem),
-        offsetof(ff_frame_state, pad3),
     };
     const int count = (int)(sizeof(values) / sizeof(values[0]));
     for (int i = 0; i < n && i < count; ++i) out[i] = values[i];

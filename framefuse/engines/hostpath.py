@@ -71,13 +71,6 @@ class FrameState(ctypes.Structure):
         ("tag_len", ctypes.c_void_p),
         ("tag_inputs", ctypes.c_int32),
         ("pad2", ctypes.c_int32),
-        ("launch_kernel", ctypes.c_void_p),
-        ("function", ctypes.c_void_p),
-        ("params", ctypes.c_void_p * 2),
-        ("grid", ctypes.c_uint32),
-        ("block", ctypes.c_uint32),
-        ("smem", ctypes.c_uint32),
-        ("pad3", ctypes.c_int32),
     ]
 
 

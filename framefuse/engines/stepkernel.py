@@ -144,10 +144,6 @@ class StepKernelPlan:
 
 # polls of a done word before wait_host falls back to the stream sync (tens of ns a poll: a few ms)
 HOST_SPIN_LIMIT = 100_000
-# hostpath.c launches a frame with cuLaunchKernel instead of cuGraphLaunch of the one-kernel graph
-# (the same kernel and arguments): not measured yet on the GPU (bench/microbench/session_host.py
-# --launch both)
-DIRECT_LAUNCH = False
 
 
 class _FastLaunch:
@@ -163,7 +159,6 @@ class _FastLaunch:
             lib.cuGraphLaunch.restype = ctypes.c_int
             lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
             lib.cuStreamSynchronize.restype = ctypes.c_int
-            lib.cuLaunchKernel.restype = ctypes.c_int
             _FastLaunch._lib = lib
         self.launch_fn = _FastLaunch._lib.cuGraphLaunch
         self.sync_fn = _FastLaunch._lib.cuStreamSynchronize
@@ -288,7 +283,6 @@ class StepBinding(BindingBase):
 
         self._graphs = []
         self._launchers = []
-        self._kernel_args = []  # per parity: the ctypes values the graphs captured (a direct launch's)
         for parity in range(2 if self._halves else 1):
             args = c.args(
                 [pointer_in(n, parity) for n in k.input_names],
@@ -307,7 +301,6 @@ class StepBinding(BindingBase):
                     f"stepkernel needs torch.cuda.CUDAGraph.raw_cuda_graph_exec (torch {torch.__version__})"
                 )
             self._graphs.append(graph)
-            self._kernel_args.append(args)
             self._launchers.append(_FastLaunch(int(raw()), int(self.stream.cuda_stream)))
         self._launch_fn = self._launchers[0].launch_fn
         self._sync_fn = self._launchers[0].sync_fn
@@ -315,8 +308,6 @@ class StepBinding(BindingBase):
         self._execs = [launcher.exec_handle for launcher in self._launchers]
         hs = self._hs
         fill_launch(hs, self._execs, self._stream_handle)
-        self._kernel_params: list = []
-        self.direct_launch = DIRECT_LAUNCH
         hs.spin_limit = HOST_SPIN_LIMIT
         self._point_done_words()
         self._native = hostpath.load()
@@ -325,28 +316,6 @@ class StepBinding(BindingBase):
             count(hs)
             weakref.finalize(self, engine.forget_native_launches, hs)
         torch.cuda.synchronize(self.device)
-
-    @property
-    def direct_launch(self) -> bool:
-        """Whether hostpath.c's frame call launches the kernel with cuLaunchKernel (the graphs'
-        kernel, configuration and arguments) instead of cuGraphLaunch (see DIRECT_LAUNCH)."""
-        return bool(self._hs.launch_kernel)
-
-    @direct_launch.setter
-    def direct_launch(self, on: bool) -> None:
-        hs = self._hs
-        if not on:
-            hs.launch_kernel, hs.function = None, None
-            return
-        c = self.plan.compiled
-        self._kernel_params = [
-            (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args]) for args in self._kernel_args
-        ]
-        hs.params[0] = ctypes.addressof(self._kernel_params[0])
-        hs.params[1] = ctypes.addressof(self._kernel_params[-1])
-        hs.function = int(c.fn._function)
-        hs.grid, hs.block, hs.smem = int(c.grid), int(c.threads), int(c.kernel.smem_bytes)
-        hs.launch_kernel = ctypes.cast(_FastLaunch._lib.cuLaunchKernel, ctypes.c_void_p).value
 
     def _point_done_words(self) -> None:
         self._hs.done = self._done_addr
