@@ -255,12 +255,18 @@ def trace_arch(arch: str, root: Path) -> list:
 
     from framefuse.compiler import lower_program
     from framefuse.compiler.engine import CompiledStep
-    from framefuse.engines.fusion import example_feeds
+    from framefuse.engines.fusion import example_feeds, time_plan_graph
     from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.runtime.pipeline import prepare
 
     name, _, steps = arch.partition("/sequence")
-    if arch != name:
+    if arch.startswith("real:"):  # real:NAME/T, a tests/real_models model's window of T frames
+        from e2e import load_real_models
+
+        real, _, seq = arch[len("real:") :].partition("/")
+        _, flow = load_real_models()
+        prepared = flow.fuse_real_model(real, int(seq or 1), root / f"trace-{real}-{seq or 1}")
+    elif arch != name:
         prepared = prepare(name, root / f"trace-{name}-{steps}", {"seq": int(steps or 32)})["sequence"]
     else:
         prepared = prepare(arch, root / f"trace-{arch}")["step"]
@@ -271,6 +277,12 @@ def trace_arch(arch: str, root: Path) -> list:
         plan.execute(feeds)
     torch.cuda.synchronize()
     timeline = compiled.timeline()
+    untraced = StepKernelPlan.of(CompiledStep(lower_program(prepared.fused), device=torch.device("cuda")))
+    say(
+        f"trace {arch}: device us a step, traced {time_plan_graph(plan, feeds)['us_per_step']}, "
+        f"untraced {time_plan_graph(untraced, example_feeds(untraced))['us_per_step']}; "
+        f"{compiled.grid} blocks x {compiled.threads} threads, {compiled.kernel.smem_bytes} B shared memory"
+    )
     for row in timeline:
         say(
             f"trace {arch} task {row['task']:>2} ({row['blocks']:>3} blocks, {row['phases']} phases) "
@@ -300,7 +312,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--trace",
         default="",
-        help="architectures whose per-task timeline is printed (ARCH/sequenceT: the sequence form)",
+        help="architectures whose per-task timeline is printed (ARCH/sequenceT: the sequence form; real:NAME/T: a tests/real_models model)",
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
