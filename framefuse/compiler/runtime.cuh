@@ -35,6 +35,7 @@ FFK_DEVICE float ffk_gelu(float x, float tanh_form) {
     return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }
 FFK_DEVICE float ffk_pow(float x, float y) { return powf(x, y); }
+// -- end of the elementwise math: compiler/cstep.py's CPU step takes this file up to here
 
 #ifndef FFK_EMULATE
 // the shared memory of a block: the dynamic arena and the launch's epoch

@@ -1,0 +1,163 @@
+"""The step IR compiled for the CPU (framefuse/compiler/cstep.py) against the IR's reference
+interpreter (naive.py) and ONNX Runtime, without a GPU: every zoo architecture's step form, batch 3,
+odd sizes, NaN and Inf frames, a zero state, a real model's length-1 window, the decline of a
+sequence form's recurrence, and the function run as hostpath.c's launch (Session.step's frame call)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from framefuse.compiler import CompileError, cstep, lower_program, naive
+from framefuse.models import ARCHITECTURES
+from framefuse.runtime.pipeline import prepare_cached
+
+SMALL = {"model": {"embed": 32, "layers": 2}, "seq": 4, "seed": 0}  # tests/test_compiler.py's: one export
+TOL = 1e-5
+
+pytestmark = pytest.mark.skipif(cstep.compiler() is None, reason="no C++ compiler: the CPU step is not built")
+
+
+def _program(arch, config=SMALL, form="step"):
+    prepared = prepare_cached(arch, config)[form]
+    assert prepared.fused is not None, prepared.fused_error
+    return lower_program(prepared.fused)
+
+
+def _state(program, rng, scale=0.5):
+    state = {}
+    for name, leaf in program.states.items():
+        value = (scale * rng.standard_normal(leaf.shape)).astype(np.float32)
+        if "valid" in name:  # the attention window's 0/1 mask
+            value = (rng.random(leaf.shape) > 0.3).astype(np.float32)
+        state[name] = value
+    return state
+
+
+def _close(actual, expected, what, tol=TOL):
+    """Within ``tol`` relative to 1 + |expected|; NaN and Inf exactly where the reference has them."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, what
+    finite = np.isfinite(expected)
+    assert np.array_equal(actual[~finite], expected[~finite], equal_nan=True), f"{what}: NaN / Inf differ"
+    err = np.abs(actual[finite] - expected[finite]) / (1 + np.abs(expected[finite]))
+    assert err.size == 0 or err.max() <= tol, f"{what}: max rel diff {err.max():.3g}"
+
+
+def _chain(program, frames, state, runner=None):
+    """Chained steps of the C step and of the interpreter from the same frames and state, each
+    carrying its own state; every output compared."""
+    runner = runner or cstep.Runner(cstep.generate(program))
+    x = next(iter(program.inputs))
+    mine, ref = dict(state), dict(state)
+    for i, frame in enumerate(frames):
+        got = runner.run({x: frame}, mine)
+        want = naive.run(program, {x: frame, **ref})
+        for name in want:
+            _close(got[name], want[name], f"step {i}: {name}")
+        mine = {n: got[program.state_of[n]] for n in program.states}
+        ref = {n: want[program.state_of[n]] for n in program.states}
+    return runner
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_cpu_step_matches_the_interpreter_over_chained_steps(arch):
+    program = _program(arch)
+    rng = np.random.default_rng(0)
+    x = next(iter(program.inputs))
+    frames = rng.standard_normal((4, *program.inputs[x].shape)).astype(np.float32)
+    _chain(program, frames, _state(program, rng))
+
+
+@pytest.mark.parametrize("arch", ["lstm", "attention"])
+def test_cpu_step_batch_of_three_and_odd_sizes(arch):
+    rng = np.random.default_rng(1)
+    for config in (
+        {**SMALL, "batch": 3},
+        {"model": {"embed": 48, "layers": 3}, "in_features": 17, "out_features": 5, "seq": 4, "seed": 3},
+    ):
+        program = _program(arch, config)
+        x = next(iter(program.inputs))
+        frames = rng.standard_normal((3, *program.inputs[x].shape)).astype(np.float32)
+        _chain(program, frames, _state(program, rng))
+
+
+@pytest.mark.parametrize("arch", ["gru", "mamba"])
+def test_cpu_step_nan_and_inf_frames_and_a_zero_state(arch):
+    program = _program(arch)
+    rng = np.random.default_rng(2)
+    x = next(iter(program.inputs))
+    frames = rng.standard_normal((4, *program.inputs[x].shape)).astype(np.float32)
+    frames[1].reshape(-1)[0] = np.nan
+    frames[2].reshape(-1)[-1] = np.inf
+    frames[3].reshape(-1)[1] = -np.inf
+    zero = {n: np.zeros(leaf.shape, np.float32) for n, leaf in program.states.items()}
+    _chain(program, frames, zero)
+
+
+def test_cpu_step_of_a_real_models_length_one_window_matches_onnxruntime():
+    """transformers-free and small: the LayerNorm-LSTM loop of tests/real_models at T = 1 (its
+    frame concatenated with scalars of it, layer norms, LSTM cells), against ONNX Runtime on the
+    original graph over chained frames."""
+    import tempfile
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    from tests.real_models.flow import fuse_real_model
+
+    fused = fuse_real_model("torch_lnlstm_loop", 1, Path(tempfile.mkdtemp(prefix="ff-cstep-")))
+    program = lower_program(fused.fused)
+    runner = cstep.Runner(cstep.generate(program))
+    sess = ort.InferenceSession(str(fused.source), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    x = next(iter(program.inputs))
+    assert x in names and not program.states  # a window: no state carried between calls
+    out = next(iter(program.outputs))
+    rng = np.random.default_rng(4)
+    for _ in range(5):
+        frame = rng.standard_normal(program.inputs[x].shape).astype(np.float32)
+        want = sess.run([out], {x: frame})[0]
+        _close(runner.run({x: frame})[out], want, out, tol=1e-5)
+
+
+def test_a_sequence_forms_recurrence_is_declined_naming_the_node():
+    program = _program("lstm", form="sequence")
+    with pytest.raises(CompileError, match=r"Recur|Scan|BodyLoop|DeltaScan") as caught:
+        cstep.generate(program)
+    assert "CPU step" in str(caught.value)
+
+
+def test_the_cpu_step_runs_as_hostpaths_launch_with_alternating_state_halves():
+    """hostpath.c's frame call with the generated function as its launch and the runner's two
+    argument blocks as its graphs: the done word raised, the parity flipping, the outputs and
+    state those of direct calls."""
+    from framefuse.engines import hostpath
+
+    lib = hostpath.load()
+    if lib is None:
+        pytest.skip(f"hostpath.c not built here: {hostpath.status()}")
+    frame_call, _ = lib
+    program = _program("min_gru")
+    rng = np.random.default_rng(5)
+    x = next(iter(program.inputs))
+    frames = rng.standard_normal((4, *program.inputs[x].shape)).astype(np.float32)
+    direct = cstep.Runner(cstep.generate(program))
+    native = cstep.Runner(direct.step)
+    state = hostpath.FrameState()
+    state.launch = native.function
+    state.exec[0], state.exec[1] = native.io_address(0), native.io_address(1)
+    state.done, state.n_done, state.n_execs, state.spin_limit = native.done.ctypes.data, 1, 2, 1000
+    pointer = ctypes.pointer(state)
+    out = next(n for n in program.outputs if n not in set(program.state_of.values()))
+    for i, frame in enumerate(frames):
+        direct.inputs[x][...] = frame
+        direct.call(i % 2)
+        native.inputs[x][...] = frame
+        assert frame_call(pointer) == hostpath.DONE
+        assert native.done[0] == 1 and state.parity == (i + 1) % 2
+        np.testing.assert_array_equal(native.outputs[out], direct.outputs[out])
+    for name in program.states:
+        np.testing.assert_array_equal(native.halves[name][0], direct.halves[name][0])
