@@ -161,3 +161,49 @@ def test_the_cpu_step_runs_as_hostpaths_launch_with_alternating_state_halves():
         np.testing.assert_array_equal(native.outputs[out], direct.outputs[out])
     for name in program.states:
         np.testing.assert_array_equal(native.halves[name][0], direct.halves[name][0])
+
+
+def test_the_cpu_step_as_the_engines_recorded_choice_runs_session_step(tmp_path):
+    """``select="cpustep"``: the cuda-graph engine's plan is the CPU step, Session.step runs it
+    through the native frame call, chained frames match ONNX Runtime on the original graph, the
+    state API reads and writes its halves, and a saved engine loads with the same choice."""
+    import onnxruntime as ort
+
+    from framefuse.engines import cuda_graph
+    from framefuse.engines.cpustep import CpuStepPlan
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("lstm", SMALL)["step"]
+    engine = cuda_graph.build(prepared.fused, device="cpu", options={"select": "cpustep"})
+    assert engine.metadata["selection"]["chosen"] == "cpustep"
+    assert isinstance(engine.default_plan, CpuStepPlan) and engine.summary()["cpustep"]["nodes"] > 0
+    session = Session(engine, budget_ms=None)
+    manifest = prepared.manifest
+    x, y = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    names = [f"state.{n}" for n in manifest["state_names"]]
+    ref = ort.InferenceSession(str(prepared.onnx), providers=["CPUExecutionProvider"])
+    shapes = {i.name: [int(d) for d in i.shape] for i in ref.get_inputs()}
+    state = {n: np.zeros(shapes[n], np.float32) for n in names}
+    rng = np.random.default_rng(6)
+    for i in range(20):
+        frame = rng.standard_normal(shapes[x]).astype(np.float32)
+        got = session.step(frame).copy()
+        results = ref.run([y] + ["next_" + n for n in names], {x: frame, **state})
+        state = dict(zip(names, results[1:]))
+        _close(got, results[0], f"frame {i}")
+    assert session.frame_index == 20
+    for name, value in session.get_state().items():
+        _close(value, state[name], name)
+    session.reset()
+    assert all(not v.any() for v in session.get_state().values())
+    session.set_state(state)
+    for name, value in session.get_state().items():
+        np.testing.assert_array_equal(value, state[name])
+    engine.save(tmp_path)
+    loaded = cuda_graph.load(tmp_path, device="cpu")
+    assert loaded.metadata["selection"]["chosen"] == "cpustep" and isinstance(loaded.default_plan, CpuStepPlan)
+    again = Session(loaded, budget_ms=None)
+    again.set_state(state)
+    frame = rng.standard_normal(shapes[x]).astype(np.float32)
+    session.set_state(state)
+    np.testing.assert_array_equal(again.step(frame), session.step(frame))

@@ -112,6 +112,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-unrolled",
             "stepkernel-replica-cap",
             "stepkernel-384-threads-replica-cap",
+            "cpustep",
             "inductor",
             "inductor-autotune",
         ],  # engines.fusion.SELECT_CHOICES (a test keeps them equal; importing it here would load torch)
@@ -123,7 +124,9 @@ def register(subparsers) -> argparse.ArgumentParser:
         "stepkernel-skewed / stepkernel-384-threads-skewed: sums that read one shared-memory bank a warp start "
         "each element at its own position, stepkernel-unrolled: an unrolled Elman cell's copies kept as they are, "
         "not rolled into a loop, stepkernel-replica-cap / stepkernel-384-threads-replica-cap: a task whose blocks "
-        "each copy the same values whole, such as attention's KV caches, on fewer blocks), the inductor-compiled plan and, when model.onnx sits beside "
+        "each copy the same values whole, such as attention's KV caches, on fewer blocks), the step compiler's "
+        "program as one C++ function on the host CPU (cpustep, fp32 builds: small models answer faster there), "
+        "the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "
         "them, and keeps the fastest (a --precision build times each step-kernel tactic with float32 weight rows "
         "and with its precision's rows, <tactic>@fp16 / @bf16 / @int8, and its fp32 graph's kernels beside); "

@@ -367,6 +367,14 @@ class CudaGraphEngine(EngineRunner):
                 "narrow_products": d.get("narrow_products", 0),
                 "weight_bytes": d.get("weight_bytes"),
             }
+        if getattr(plan, "host_only", False):  # the step compiler's CPU step, when selected
+            d = plan.describe()
+            extra["cpustep"] = {
+                "source_sha256": d["source_sha256"][:16],
+                "nodes": d["nodes"],
+                "weight_floats": d["weight_floats"],
+                "scratch_floats": d["scratch_floats"],
+            }
         vs_fp32 = (self.metadata.get("selection") or {}).get("vs_fp32")
         if vs_fp32:  # a precision build beside its fp32 graph's step kernels, timed in the same rounds
             extra["vs_fp32"] = {

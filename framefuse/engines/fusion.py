@@ -428,9 +428,12 @@ def select_plan(
                 if not diff <= bound:
                     entry["error"] = f"rejected: max |diff| {diff:.3g} vs the plan > {bound:.3g}"
                     continue
-            device = time_plan_graph(candidate, feeds)
-            entry["device_us_per_step"] = device["us_per_step"]
-            entry["device_samples_us"] = device["samples_us"]
+            if getattr(candidate, "host_only", False):  # runs on the CPU: no graph to time on the GPU
+                entry["device_us_per_step"] = None
+            else:
+                device = time_plan_graph(candidate, feeds)
+                entry["device_us_per_step"] = device["us_per_step"]
+                entry["device_samples_us"] = device["samples_us"]
             timed[name] = candidate
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -441,9 +444,9 @@ def select_plan(
     chosen = min(timings, key=timings.get) if timings else "plan"
     for name, entry in report.items():
         if "us_per_step" in entry:
-            detail = (
-                f"{entry['us_per_step']:.1f} us/step host to host (p99 {entry['p99_us']:.1f}), "
-                f"device {entry['device_us_per_step']:.1f}"
+            device = entry["device_us_per_step"]
+            detail = f"{entry['us_per_step']:.1f} us/step host to host (p99 {entry['p99_us']:.1f}), " + (
+                f"device {device:.1f}" if device is not None else "on the CPU"
             )
         else:
             detail = entry.get("error", "not timed")
@@ -532,7 +535,10 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_REPLICA_CAP: {"copy_pieces": 0, "replica_floats": REPLICA_CAP_FLOATS},
     STEPKERNEL_WIDE_REPLICA_CAP: {"copy_pieces": 0, "threads": WIDE_THREADS, "replica_floats": REPLICA_CAP_FLOATS},
 }
-SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, *COMPILE_MODES)
+# The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
+# engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.
+CPUSTEP = "cpustep"
+SELECT_CHOICES = ("time", "time-autotune", "plan", "unoptimized", *STEPKERNELS, CPUSTEP, *COMPILE_MODES)
 
 # A precision build's step kernels (issue 19 item 4). Its graph (precision/convert: fp16 / bf16
 # storage; int8 weight-only: DequantizeLinear of int8 weights) is lowered with its weights as the
@@ -805,6 +811,12 @@ def apply_selection(
     elif select.startswith("time"):
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
         alternatives.update(stepkernel_candidates(executor, plan, say, exact_math=exact_math, precision=precision))
+        if precision == "fp32":
+            from framefuse.engines.cpustep import cpustep_candidate
+
+            cpu = cpustep_candidate(executor.model, plan, say)
+            if cpu is not None:
+                alternatives[CPUSTEP] = cpu
         references = {}
         if fp32_graph is not None and precision != "fp32":
             from types import SimpleNamespace
@@ -864,6 +876,11 @@ def apply_selection(
         chosen, report = plan, {"chosen": "plan"}
     elif choice == "unoptimized":
         chosen, report = unoptimized(), {"chosen": "unoptimized"}
+    elif choice == CPUSTEP:
+        from framefuse.engines.cpustep import cpustep_candidate
+
+        chosen = cpustep_candidate(executor.model, plan, say, required=True)
+        report = {"chosen": CPUSTEP}
     elif choice in STEPKERNELS and plan.device.type == "cuda":
         chosen = stepkernel_candidate(
             executor,
@@ -886,12 +903,15 @@ def apply_selection(
         say(f"selection: {choice} (recorded at build) compiled in {info['compile_s']:.1f} s")
     if getattr(chosen, "compiled", None) is not None:
         report["stepkernel"] = chosen.compiled.describe()
+    if getattr(chosen, "host_only", False):
+        report[CPUSTEP] = chosen.describe()
     report["log"] = lines
     return chosen, report
 
 
 __all__ = [
     "COMPILE_MODES",
+    "CPUSTEP",
     "SELECT_CHOICES",
     "STEPKERNEL",
     "STEPKERNELS",

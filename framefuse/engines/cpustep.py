@@ -1,0 +1,198 @@
+"""The step compiler's CPU step as an engine candidate: compiler/cstep.py's function behind the
+executor's ``Plan`` interface, so the cuda-graph engine's build-time selection times it host to host
+beside the GPU candidates and keeps it where it answers first (small models at batch 1: a launch,
+a PCIe round trip and a wait cost more than their arithmetic).
+
+:class:`CpuStepBinding` is the Binding protocol (engines/base.py) over the compiled function's own
+buffers: the frame is written into its input array, a launch is one call, the state lives in two
+host halves the function reads and writes by parity. Its frame is hostpath.c's frame call with the
+function as the launch (``native_frame``), so Session.step's native hot path (the extension's
+step) runs it as it runs the step kernel, with no Python between the frame and the output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+
+import torch
+
+from framefuse.compiler import cstep
+from framefuse.engines import hostpath
+from framefuse.engines.base import BindingBase, EngineBuildError, EngineRunError, IOSpec
+from framefuse.engines.executor import Step
+
+CPUSTEP = "cpustep"
+HOST_SPIN_LIMIT = 16  # the function has raised its done word when the call returns
+
+
+class CpuStepPlan:
+    """A program's CPU step behind the executor's Plan interface. ``execute(feeds)`` runs it on
+    the feeds' values (any device) and returns the outputs on the plan's device, for the
+    selection's parity check; ``host_only``: nothing to capture in a CUDA graph."""
+
+    host_only = True
+
+    def __init__(
+        self, step: cstep.CStep, input_specs: Mapping[str, IOSpec], output_specs: Mapping[str, IOSpec], device
+    ):
+        self.step = step
+        self.device = torch.device(device)
+        self.input_specs = dict(input_specs)
+        self.output_specs = dict(output_specs)
+        program = step.program
+        for name, spec in self.input_specs.items():
+            leaf = program.inputs.get(name) or program.states.get(name)
+            if leaf is None or leaf.shape != tuple(spec.shape) or spec.dtype != torch.float32:
+                raise EngineBuildError(f"{CPUSTEP}: input '{name}' {list(spec.shape)} {spec.dtype} does not match")
+        for name, spec in self.output_specs.items():
+            node = program.outputs.get(name)
+            if node is None or node.shape != tuple(spec.shape) or spec.dtype != torch.float32:
+                raise EngineBuildError(f"{CPUSTEP}: output '{name}' {list(spec.shape)} {spec.dtype} does not match")
+        self.steps = [Step(CPUSTEP, "CpuStep", None, [], [], list(self.output_specs))]
+        self.folded: list[str] = []
+        self.constants: dict = {}
+        self.output_sources = {n: ("env", n) for n in self.output_specs}
+        self._runner: cstep.Runner | None = None
+
+    @classmethod
+    def build(cls, model, input_specs, output_specs, device) -> CpuStepPlan:
+        """Lower ``model`` (a fused step graph), generate and compile its CPU step."""
+        from framefuse.compiler import lower_program
+
+        return cls(cstep.generate(lower_program(model)), input_specs, output_specs, device)
+
+    def describe(self) -> dict:
+        return self.step.describe()
+
+    def execute(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self._runner is None:
+            self._runner = cstep.Runner(self.step)
+        program = self.step.program
+        values = {n: feeds[n].detach().cpu().numpy() for n in self.input_specs}
+        result = self._runner.run(
+            {n: values[n] for n in program.inputs}, {n: values[n] for n in program.states if n in values}
+        )
+        return {n: torch.from_numpy(result[n]).to(self.device) for n in self.output_specs}
+
+    def create_binding(
+        self, engine, *, host_inputs, host_outputs, state_pairs, input_buffers=None, resident=False
+    ) -> CpuStepBinding:
+        if resident:
+            raise EngineBuildError(
+                f"resident=True keeps a GPU kernel running; this engine's step is the {CPUSTEP} candidate, "
+                "which runs on the CPU (build with `--select stepkernel` for a resident step)"
+            )
+        return CpuStepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+
+
+class CpuStepBinding(BindingBase):
+    """The compiled function over its own host buffers (see the module docstring). ``dev_in`` and
+    ``dev_out`` are CPU tensors over the same arrays: the current state half is
+    ``dev_in[state]``."""
+
+    def __init__(self, plan: CpuStepPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
+        # the caller's state buffers live on the engine's device: their values are taken, the
+        # state itself lives in the function's host halves
+        super().__init__(plan.input_specs, plan.output_specs, "cpu", host_inputs, host_outputs, state_pairs, None)
+        self.plan, self.engine = plan, engine
+        runner = self.runner = cstep.Runner(plan.step)
+        program = plan.step.program
+        unpaired = [n for n in program.states if self.state_pairs.get(program.state_of[n]) != n]
+        if unpaired:
+            raise EngineBuildError(
+                f"{CPUSTEP}: state input(s) {unpaired} must be handed their next value ({program.state_of})"
+            )
+        for name, buffer in (input_buffers or {}).items():
+            if name in runner.halves:
+                runner.halves[name][0][...] = buffer.detach().cpu().numpy().reshape(runner.halves[name][0].shape)
+        self._inputs_t = {n: torch.from_numpy(a) for n, a in runner.inputs.items()}
+        self._outputs_t = {n: torch.from_numpy(a) for n, a in runner.outputs.items()}
+        self._halves_t = {n: [torch.from_numpy(h) for h in halves] for n, halves in runner.halves.items()}
+        self.set_host_buffers(
+            {n: self._inputs_t[n] for n in self.host_input_names},
+            {n: self._outputs_t[n] for n in self.host_output_names},
+        )
+        hs = self._hs = hostpath.FrameState()
+        hs.launch = runner.function
+        hs.exec[0], hs.exec[1] = runner.io_address(0), runner.io_address(1)
+        hs.n_execs = 2 if runner.halves else 1
+        hs.done, hs.n_done = runner.done.ctypes.data, 1
+        hs.spin_limit = HOST_SPIN_LIMIT
+        self._hs_ptr = ctypes.pointer(hs)
+        self._native = hostpath.load()
+
+    @property
+    def parity(self) -> int:
+        return int(self._hs.parity)
+
+    @property
+    def dev_in(self) -> dict[str, torch.Tensor]:
+        current = {n: halves[self.parity] for n, halves in self._halves_t.items()}
+        return {**self._inputs_t, **current}
+
+    @property
+    def dev_out(self) -> dict[str, torch.Tensor]:
+        nxt = {out: self._halves_t[inp][self.parity] for out, inp in self.state_pairs.items()}
+        return {**self._outputs_t, **nxt}
+
+    def launch(self) -> None:
+        hs = self._hs
+        self.runner.call(hs.parity)
+        if hs.n_execs == 2:
+            hs.parity ^= 1
+        self.replays += 1
+        if self.engine is not None:
+            self.engine.replays += 1
+
+    def sync(self) -> None:
+        pass  # a call returns when the step is done
+
+    def output(self, name: str) -> torch.Tensor:
+        return self.dev_out[name]
+
+    # -- Session.step's native frame (engines/hostpath.py) --------------------------------------------
+    def native_frame(self, check_input: str | None = None):
+        """``(call, argument)``: hostpath.c's frame call with the function as its launch (the NaN/Inf
+        check of ``check_input`` first, None: none); None where hostpath.c is not built."""
+        if self._native is None:
+            return None
+        hs = self._hs
+        if check_input is None:
+            hs.frame, hs.frame_floats = None, 0
+        else:
+            array = self.host_in[check_input]
+            hs.frame, hs.frame_floats = array.ctypes.data, array.size
+        return self._native[0], self._hs_ptr
+
+    @property
+    def native_state(self):
+        return self._hs if self._native is not None else None
+
+    def native_start_ns(self) -> int:
+        return self._hs.start_ns
+
+    def native_failed(self, code: int) -> bool:
+        if code == hostpath.NONFINITE:
+            return True
+        if code == hostpath.UNWAITED:  # not left by this binding's calls; clear it and run the frame
+            self._hs.unwaited = 0
+            self.launch()
+            return False
+        raise EngineRunError(f"{CPUSTEP}: the native frame call answered {code}")
+
+
+def cpustep_candidate(model, plan, say, *, required: bool = False):
+    """The CPU step of the engine's graph as a Plan-like candidate; None (the reason logged) when
+    the graph cannot be compiled for the CPU, or EngineBuildError when ``required``."""
+    try:
+        return CpuStepPlan.build(model, plan.input_specs, plan.output_specs, plan.device)
+    except Exception as exc:  # a graph the CPU step declines is reported, never fatal to the build
+        reason = f"{type(exc).__name__}: {str(exc)[:400]}"
+        if required:
+            raise EngineBuildError(f"--select {CPUSTEP}: the CPU step cannot run this graph ({reason})") from exc
+        say(f"selection: {CPUSTEP} not a candidate ({reason})")
+        return None
+
+
+__all__ = ["CPUSTEP", "CpuStepBinding", "CpuStepPlan", "cpustep_candidate"]
