@@ -798,6 +798,9 @@ def bench_row(
         step_kernel = engine.summary().get("stepkernel") if hasattr(engine, "summary") else None
         if step_kernel:  # the build chose the step compiler's one kernel
             call.extra["stepkernel"] = step_kernel  # type: ignore[attr-defined]
+        cpu_step = engine.summary().get("cpustep") if hasattr(engine, "summary") else None
+        if cpu_step:  # the build chose the step compiler's CPU step: no kernel at all
+            call.extra["cpustep"] = cpu_step  # type: ignore[attr-defined]
         return call
 
     def unfused_call():
@@ -847,16 +850,24 @@ def bench_row(
 
                 if "engine" not in built:
                     raise RuntimeError("the framefuse build failed (see the framefuse row)")
-                chosen = selection_summary(built["engine"]).get("chosen")
+                engine = built["engine"]
+                chosen = selection_summary(engine).get("chosen")
                 if not str(chosen).startswith("stepkernel"):
-                    raise RuntimeError(f"the build chose {chosen}, not the step kernel: nothing to keep resident")
-                session = Session(built["engine"], resident=True)
+                    # the build chose another candidate (the CPU step for a small model): the
+                    # resident column is the plain step kernel, built for it alone
+                    from framefuse.engines import cuda_graph
+
+                    engine = cuda_graph.build(entry["fused"], device=settings.device, options={"select": "stepkernel"})
+                    built["resident_note"] = f"the build chose {chosen}; resident: the plain step kernel, built for it"
+                session = Session(engine, resident=True)
 
                 def call(i):
                     return session.step(pool[i % POOL])
 
-                call.engine = built["engine"]  # type: ignore[attr-defined]
+                call.engine = engine  # type: ignore[attr-defined]
                 call.close = session.close  # type: ignore[attr-defined]
+                if "resident_note" in built:
+                    call.extra = {"note": built["resident_note"]}  # type: ignore[attr-defined]
                 return call
 
             makers.append(("framefuse_resident", resident_call))
