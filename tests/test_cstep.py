@@ -207,3 +207,20 @@ def test_the_cpu_step_as_the_engines_recorded_choice_runs_session_step(tmp_path)
     frame = rng.standard_normal(shapes[x]).astype(np.float32)
     session.set_state(state)
     np.testing.assert_array_equal(again.step(frame), session.step(frame))
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba"])  # every node kind, the step.cuh bodies of both
+def test_the_cpu_step_is_clean_under_address_and_undefined_behaviour_sanitizers(arch):
+    """The CPU step's memcheck: its own process built with -fsanitize=address,undefined, every
+    buffer a heap block of exactly its size, chained steps with the state halves alternating."""
+    step = cstep.generate(_program(arch))
+    assert cstep.sanitize(step) == ""
+
+
+def test_the_sanitizer_run_catches_a_buffer_too_small():
+    """The check above can fail: the same step with its scratch cut to 16 floats overflows it."""
+    import dataclasses
+
+    step = cstep.generate(_program("gru"))
+    report = cstep.sanitize(dataclasses.replace(step, scratch_floats=16))
+    assert "heap-buffer-overflow" in report

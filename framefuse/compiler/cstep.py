@@ -525,6 +525,71 @@ def load(step: CStep) -> ctypes.CDLL:
     return lib
 
 
+def sanitize(step: CStep, steps: int = 3, timeout: float = 600.0) -> str:
+    """Run ``step`` ``steps`` times in a process of its own built with AddressSanitizer and
+    UndefinedBehaviorSanitizer (the CPU step's memcheck): every input, output, state half, the
+    weights and the scratch in a heap block of exactly its size, random frames, the state halves
+    alternating. Returns the sanitizers' report, "" when clean."""
+    cxx = compiler()
+    if cxx is None:
+        raise CompileError("no C++ compiler for the CPU step (set CXX, or install g++)")
+    program = step.program
+    sizes = {
+        "inputs": [program.inputs[n].size for n in step.input_names],
+        "outputs": [program.outputs[n].size for n in step.output_names],
+        "states": [program.states[n].size for n in step.state_names],
+    }
+
+    def table(values):
+        return "{" + ", ".join(str(max(int(v), 0)) for v in values) + "}" if values else "{0}"
+
+    harness = f"""
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+static float* ffc_block(long n) {{ float* p = (float*)std::malloc(sizeof(float) * (n ? n : 1)); for (long i = 0; i < n; ++i) p[i] = (float)std::rand() / RAND_MAX - 0.5f; return p; }}
+int main() {{
+    const long in_sizes[] = {table(sizes["inputs"])}, out_sizes[] = {table(sizes["outputs"])}, state_sizes[] = {table(sizes["states"])};
+    const int n_in = {len(sizes["inputs"])}, n_out = {len(sizes["outputs"])}, n_state = {len(sizes["states"])};
+    std::vector<const float*> ins(n_in + 1), states_in[2];
+    std::vector<float*> outs(n_out + 1), states_out[2], halves[2];
+    for (int i = 0; i < n_in; ++i) ins[i] = ffc_block(in_sizes[i]);
+    for (int i = 0; i < n_out; ++i) outs[i] = ffc_block(out_sizes[i]);
+    for (int h = 0; h < 2; ++h) for (int i = 0; i < n_state; ++i) halves[h].push_back(ffc_block(state_sizes[i]));
+    for (int p = 0; p < 2; ++p) for (int i = 0; i < n_state; ++i) {{ states_in[p].push_back(halves[p][i]); states_out[p].push_back(halves[1 - p][i]); }}
+    for (int p = 0; p < 2; ++p) {{ states_in[p].push_back(nullptr); states_out[p].push_back(nullptr); }}
+    float* weights = ffc_block({step.weights.size});
+    float* scratch = ffc_block({step.scratch_floats});
+    unsigned done = 0;
+    for (int t = 0; t < {steps}; ++t) {{
+        ffc_io io{{ins.data(), outs.data(), states_in[t % 2].data(), states_out[t % 2].data(), weights, scratch, &done}};
+        {FUNCTION}(&io, nullptr);
+        if (done != 1u) {{ std::fprintf(stderr, "step %d: the done word is %u\\n", t, done); return 3; }}
+        done = 0;
+    }}
+    return 0;
+}}
+"""
+    folder = Path(tempfile.mkdtemp(prefix="framefuse-cstep-san-"))
+    try:
+        (folder / "step.cpp").write_text(step.source + harness)
+        binary = folder / "step"
+        flags = [f for f in CXX_FLAGS if f not in ("-shared", "-fPIC", "-O3")]
+        cmd = [*cxx, *flags, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+        built = subprocess.run(
+            [*cmd, "-o", str(binary), str(folder / "step.cpp"), *LIBS], capture_output=True, text=True, timeout=timeout
+        )
+        if built.returncode != 0:
+            raise CompileError(f"the sanitized CPU step did not compile: {(built.stderr or built.stdout)[-2000:]}")
+        env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0"}  # the harness keeps its blocks
+        run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=timeout, env=env)
+        if run.returncode != 0 or "runtime error" in run.stderr or "ERROR: AddressSanitizer" in run.stderr:
+            return (run.stderr or f"exit status {run.returncode}")[-4000:]
+        return ""
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class Runner:
     """A compiled CPU step over its own buffers: ``io(parity)`` is the argument of one call (the
     state halves swapped by parity), ``function`` the address of the generated function. The
@@ -582,4 +647,4 @@ class Runner:
         return result
 
 
-__all__ = ["CStep", "FUNCTION", "IO", "Runner", "build", "compiler", "generate", "load"]
+__all__ = ["CStep", "FUNCTION", "IO", "Runner", "build", "compiler", "generate", "load", "sanitize"]
