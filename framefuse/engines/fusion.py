@@ -811,7 +811,7 @@ def apply_selection(
     elif select.startswith("time"):
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
         alternatives.update(stepkernel_candidates(executor, plan, say, exact_math=exact_math, precision=precision))
-        if precision == "fp32":
+        if precision == "fp32" and not exact_math:  # (its exp and tanh are glibc's vector ones, not IEEE-exact)
             from framefuse.engines.cpustep import cpustep_candidate
 
             cpu = cpustep_candidate(executor.model, plan, say)
