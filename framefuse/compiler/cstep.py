@@ -5,8 +5,10 @@ At batch 1 a small model's step is a few thousand multiply-adds: a hidden-64 nn.
 round trip and a wait (the one-kernel mapped-memory graph alone is 8-13 us on the H200's host).
 ONNX Runtime on the CPU answers such models in 16-25 us, most of it its own per-run work. This
 backend generates, from the same lowered program the GPU kernel is scheduled from, one function
-that evaluates every node in topological order into a scratch buffer (:mod:`naive`'s meaning, in
-float32), compiled by the system C++ compiler for the machine it runs on.
+that evaluates the program in topological order (:mod:`naive`'s meaning, in float32): index maps
+and single-reader elementwise ops folded into their readers' loops, products, reductions and
+shared values computed into a scratch buffer. It is compiled by the system C++ compiler for the
+machine it runs on.
 
 The generated function follows hostpath.c's launch signature (``int ffc_step(void* io, void*)``):
 a FrameState can "launch" it in place of cuGraphLaunch, so Session.step's native hot path runs it
@@ -17,9 +19,10 @@ What it runs: the node kinds a step form lowers to (Leaf, Map, Concat, Ew, Reduc
 architecture's step form and the real models' length-1 windows. Scan, Recur, DeltaScan and BodyLoop
 (the sequence form's recurrences) are declined, naming the node.
 
-Products read their weight rows transposed ([K, N]): the loop over outputs is innermost, each
-output its own chain of multiply-adds in k order, so the compiler vectorises across outputs
-without reassociating a sum (no -ffast-math: NaN and Inf propagate as the reference's).
+Products read their weight rows transposed ([K, N]) and keep a block of outputs in vector
+registers over the k loop: each output its own chain of multiply-adds in k order, vectorised across
+outputs without reassociating a sum (no -ffast-math: NaN and Inf propagate as the reference's).
+The measured choices are in this folder's README ("The CPU step").
 """
 
 from __future__ import annotations
@@ -210,8 +213,13 @@ class _Generator:
         for node in self.order:
             for child in node.inputs():
                 self.users[child.id] = self.users.get(child.id, 0) + 1
-                if isinstance(node, (Dot, Reduce)):
-                    self.looped.add(child.id)
+            if isinstance(node, (Dot, Reduce)):
+                # its inner loop reads the source once per output block (or element): what the
+                # source's index maps read is computed once, not in that loop
+                child = node.src
+                while isinstance(child, Map):
+                    child = child.src
+                self.looped.update((node.src.id, child.id))
         self.output_ids = {n.id for n in program.outputs.values()}
 
     def _weight(self, array: np.ndarray) -> int:

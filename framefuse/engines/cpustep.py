@@ -57,10 +57,13 @@ class CpuStepPlan:
 
     @classmethod
     def build(cls, model, input_specs, output_specs, device) -> CpuStepPlan:
-        """Lower ``model`` (a fused step graph), generate and compile its CPU step."""
+        """Lower ``model`` (a fused step graph), generate and compile its CPU step (compiled now:
+        a compiler or library that fails does so at the build, naming itself)."""
         from framefuse.compiler import lower_program
 
-        return cls(cstep.generate(lower_program(model)), input_specs, output_specs, device)
+        step = cstep.generate(lower_program(model))
+        cstep.load(step)
+        return cls(step, input_specs, output_specs, device)
 
     def describe(self) -> dict:
         return self.step.describe()
