@@ -21,8 +21,8 @@ from framefuse.compiler import cstep
 from framefuse.engines import hostpath
 from framefuse.engines.base import BindingBase, EngineBuildError, EngineRunError, IOSpec
 from framefuse.engines.executor import Step
+from framefuse.engines.fusion import CPUSTEP
 
-CPUSTEP = "cpustep"
 HOST_SPIN_LIMIT = 16  # the function has raised its done word when the call returns
 
 

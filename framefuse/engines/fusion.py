@@ -782,6 +782,8 @@ def apply_selection(
     outputs), timing also runs that graph, plain and compiled: a fused op that makes the model
     slower is never kept. When one of those wins, report["graph"] is "unfused" (the caller then
     runs that executor) and report["apply"] is the choice to re-apply to it at load.
+    In an fp32 build without ``exact_math`` the step compiler's CPU step (engines/cpustep.py,
+    CPUSTEP) is a candidate too, timed host to host like the others.
     ``exact_math``: the step kernels are compiled with exact IEEE math (compiler/engine.FAST_MATH).
     ``precision``: the build's (its graph converted by framefuse.precision): the step kernels
     compute with the graph's weights and float32 activations (see PRECISION_ROWS), every candidate
