@@ -209,6 +209,23 @@ def test_the_cpu_step_as_the_engines_recorded_choice_runs_session_step(tmp_path)
     np.testing.assert_array_equal(again.step(frame), session.step(frame))
 
 
+@pytest.fixture(scope="module")
+def sanitizers(tmp_path_factory):
+    """Skip where g++ has no AddressSanitizer / UBSan runtime (the check needs both)."""
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("san")
+    (folder / "probe.cpp").write_text("int main() { return 0; }\n")
+    probe = subprocess.run(
+        [*cstep.compiler(), "-fsanitize=address,undefined", "-o", str(folder / "probe"), str(folder / "probe.cpp")],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"g++ cannot build with -fsanitize=address,undefined here: {probe.stderr.strip()[:200]}")
+
+
+@pytest.mark.usefixtures("sanitizers")
 @pytest.mark.parametrize("arch", ["attention", "mamba"])  # every node kind, the step.cuh bodies of both
 def test_the_cpu_step_is_clean_under_address_and_undefined_behaviour_sanitizers(arch):
     """The CPU step's memcheck: its own process built with -fsanitize=address,undefined, every
@@ -217,6 +234,7 @@ def test_the_cpu_step_is_clean_under_address_and_undefined_behaviour_sanitizers(
     assert cstep.sanitize(step) == ""
 
 
+@pytest.mark.usefixtures("sanitizers")
 def test_the_sanitizer_run_catches_a_buffer_too_small():
     """The check above can fail: the same step with its scratch cut to 16 floats overflows it."""
     import dataclasses
