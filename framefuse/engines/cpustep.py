@@ -22,6 +22,7 @@ from framefuse.engines import hostpath
 from framefuse.engines.base import BindingBase, EngineBuildError, EngineRunError, IOSpec
 from framefuse.engines.executor import Step
 from framefuse.engines.fusion import CPUSTEP
+from framefuse.engines.stepkernel import NativeFrameBinding
 
 HOST_SPIN_LIMIT = 16  # the function has raised its done word when the call returns
 
@@ -89,7 +90,7 @@ class CpuStepPlan:
         return CpuStepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
 
 
-class CpuStepBinding(BindingBase):
+class CpuStepBinding(NativeFrameBinding, BindingBase):
     """The compiled function over its own host buffers (see the module docstring). ``dev_in`` and
     ``dev_out`` are CPU tensors over the same arrays: the current state half is
     ``dev_in[state]``."""
@@ -109,12 +110,12 @@ class CpuStepBinding(BindingBase):
         for name, buffer in (input_buffers or {}).items():
             if name in runner.halves:
                 runner.halves[name][0][...] = buffer.detach().cpu().numpy().reshape(runner.halves[name][0].shape)
-        self._inputs_t = {n: torch.from_numpy(a) for n, a in runner.inputs.items()}
-        self._outputs_t = {n: torch.from_numpy(a) for n, a in runner.outputs.items()}
-        self._halves_t = {n: [torch.from_numpy(h) for h in halves] for n, halves in runner.halves.items()}
+        self._dev_inputs = {n: torch.from_numpy(a) for n, a in runner.inputs.items()}
+        self._dev_outputs = {n: torch.from_numpy(a) for n, a in runner.outputs.items()}
+        self._halves = {n: [torch.from_numpy(h) for h in halves] for n, halves in runner.halves.items()}
         self.set_host_buffers(
-            {n: self._inputs_t[n] for n in self.host_input_names},
-            {n: self._outputs_t[n] for n in self.host_output_names},
+            {n: self._dev_inputs[n] for n in self.host_input_names},
+            {n: self._dev_outputs[n] for n in self.host_output_names},
         )
         hs = self._hs = hostpath.FrameState()
         hs.launch = runner.function
@@ -124,20 +125,6 @@ class CpuStepBinding(BindingBase):
         hs.spin_limit = HOST_SPIN_LIMIT
         self._hs_ptr = ctypes.pointer(hs)
         self._native = hostpath.load()
-
-    @property
-    def parity(self) -> int:
-        return int(self._hs.parity)
-
-    @property
-    def dev_in(self) -> dict[str, torch.Tensor]:
-        current = {n: halves[self.parity] for n, halves in self._halves_t.items()}
-        return {**self._inputs_t, **current}
-
-    @property
-    def dev_out(self) -> dict[str, torch.Tensor]:
-        nxt = {out: self._halves_t[inp][self.parity] for out, inp in self.state_pairs.items()}
-        return {**self._outputs_t, **nxt}
 
     def launch(self) -> None:
         hs = self._hs
@@ -154,27 +141,7 @@ class CpuStepBinding(BindingBase):
     def output(self, name: str) -> torch.Tensor:
         return self.dev_out[name]
 
-    # -- Session.step's native frame (engines/hostpath.py) --------------------------------------------
-    def native_frame(self, check_input: str | None = None):
-        """``(call, argument)``: hostpath.c's frame call with the function as its launch (the NaN/Inf
-        check of ``check_input`` first, None: none); None where hostpath.c is not built."""
-        if self._native is None:
-            return None
-        hs = self._hs
-        if check_input is None:
-            hs.frame, hs.frame_floats = None, 0
-        else:
-            array = self.host_in[check_input]
-            hs.frame, hs.frame_floats = array.ctypes.data, array.size
-        return self._native[0], self._hs_ptr
-
-    @property
-    def native_state(self):
-        return self._hs if self._native is not None else None
-
-    def native_start_ns(self) -> int:
-        return self._hs.start_ns
-
+    # -- Session.step's native frame (engines/hostpath.py; NativeFrameBinding's native_frame) --------
     def native_failed(self, code: int) -> bool:
         if code == hostpath.NONFINITE:
             return True

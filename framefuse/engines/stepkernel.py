@@ -191,7 +191,55 @@ class _HostField:
         setattr(obj._hs, self.field, int(value))
 
 
-class StepBinding(BindingBase):
+class NativeFrameBinding:
+    """What the bindings whose frame is hostpath.c's call share (StepBinding here,
+    cpustep.CpuStepBinding): the state in two halves chosen by ``parity`` (``_halves``: name ->
+    [half 0, half 1], beside ``_dev_inputs`` and ``_dev_outputs``), and Session.step's native frame
+    over the FrameState ``_hs`` (``_hs_ptr``; ``_native``: hostpath.load()'s answer)."""
+
+    parity = _HostField("parity")
+
+    def _native_ready(self) -> bool:
+        return self._native is not None
+
+    @property
+    def dev_in(self) -> dict[str, torch.Tensor]:
+        current = {n: halves[self.parity] for n, halves in self._halves.items()}
+        return {**self._dev_inputs, **current}
+
+    @property
+    def dev_out(self) -> dict[str, torch.Tensor]:
+        nxt = {out: self._halves[inp][self.parity] for out, inp in self.state_pairs.items()}
+        return {**self._dev_outputs, **nxt}
+
+    def native_frame(self, check_input: str | None = None):
+        """``(call, argument)`` for Session.step's hot path, or None where hostpath.c is not built
+        (or this binding has no done words to wait on): ``call(argument)`` launches a frame whose
+        inputs are already in ``host_in`` and waits for its host outputs, in one foreign call,
+        after checking the host input ``check_input`` for NaN/Inf (None: no check). It answers
+        hostpath.DONE, or a code for ``native_failed``."""
+        if not self._native_ready():
+            return None
+        hs = self._hs
+        if check_input is None:
+            hs.frame, hs.frame_floats = None, 0
+        else:
+            array = self.host_in[check_input]
+            hs.frame, hs.frame_floats = array.ctypes.data, array.size
+        return self._native[0], self._hs_ptr
+
+    @property
+    def native_state(self):
+        """The hostpath.FrameState that native_frame's call runs (for hostpath's extension step,
+        which runs the same call from C); None where native_frame is None."""
+        return self._hs if self._native_ready() else None
+
+    def native_start_ns(self) -> int:
+        """When the last native frame call began (perf_counter_ns's clock)."""
+        return self._hs.start_ns
+
+
+class StepBinding(NativeFrameBinding, BindingBase):
     """Fixed buffers and captured graphs for repeated steps (the engines' Binding protocol, see
     engines/base.py). Host inputs and outputs live in pinned mapped memory the kernel reads and
     writes itself; a state handed to the next step lives in two device halves.
@@ -200,7 +248,6 @@ class StepBinding(BindingBase):
     frame's NaN check) is one call into hostpath.c where that is built (``native_frame``); the
     Python methods below do the same where it is not, and every path outside Session.step's."""
 
-    parity = _HostField("parity")
     _unwaited = _HostField("unwaited", bool)  # a launch nobody has waited on yet
 
     @property
@@ -321,31 +368,8 @@ class StepBinding(BindingBase):
         self._hs.done = self._done_addr
         self._hs.n_done = len(self._done_words)
 
-    def native_frame(self, check_input: str | None = None):
-        """``(call, argument)`` for Session.step's hot path, or None where hostpath.c is not built
-        (or this binding has no done words to wait on): ``call(argument)`` launches a frame whose
-        inputs are already in ``host_in`` and waits for its host outputs, in one foreign call,
-        after checking the host input ``check_input`` for NaN/Inf (None: no check). It answers
-        hostpath.DONE, or a code for ``native_failed``."""
-        if self._native is None or not self._done_words:
-            return None
-        hs = self._hs
-        if check_input is None:
-            hs.frame, hs.frame_floats = None, 0
-        else:
-            array = self.host_in[check_input]
-            hs.frame, hs.frame_floats = array.ctypes.data, array.size
-        return self._native[0], self._hs_ptr
-
-    @property
-    def native_state(self):
-        """The hostpath.FrameState that native_frame's call runs (for hostpath's extension step,
-        which runs the same call from C); None where hostpath.c is not built."""
-        return self._hs if self._native is not None and self._done_words else None
-
-    def native_start_ns(self) -> int:
-        """When the last native frame call began (perf_counter_ns's clock)."""
-        return self._hs.start_ns
+    def _native_ready(self) -> bool:
+        return self._native is not None and bool(self._done_words)
 
     def native_failed(self, code: int) -> bool:
         """After ``native_frame``'s call answered ``code``: finish the frame the Python way (wait
@@ -365,16 +389,6 @@ class StepBinding(BindingBase):
         raise EngineRunError(f"stepkernel: the native frame call answered {code}")
 
     # -- the protocol ------------------------------------------------------------------------------------
-    @property
-    def dev_in(self) -> dict[str, torch.Tensor]:
-        current = {n: halves[self.parity] for n, halves in self._halves.items()}
-        return {**self._dev_inputs, **current}
-
-    @property
-    def dev_out(self) -> dict[str, torch.Tensor]:
-        nxt = {out: self._halves[inp][self.parity] for out, inp in self.state_pairs.items()}
-        return {**self._dev_outputs, **nxt}
-
     def order_after_current(self) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
