@@ -617,6 +617,7 @@ class Runner:
         self.done = np.zeros(1, np.uint32)
         self._tables: list = []
         self._io = [self._make_io(parity) for parity in range(2)]
+        self._io_addresses = [ctypes.addressof(io) for io in self._io]
 
     def _pointers(self, arrays) -> ctypes.Array:
         table = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
@@ -636,10 +637,10 @@ class Runner:
         return io
 
     def io_address(self, parity: int) -> int:
-        return ctypes.addressof(self._io[parity])
+        return self._io_addresses[parity]
 
     def call(self, parity: int) -> None:
-        self._call(self.io_address(parity), None)
+        self._call(self._io_addresses[parity], None)
 
     def run(self, feeds: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None = None) -> dict:
         """One step from ``feeds`` (graph inputs) and ``state`` (by state input name; zeros where
