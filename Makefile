@@ -29,7 +29,9 @@ PIP := $(PY) -m pip install --disable-pip-version-check $(LOCAL_WHEELS) $(PIP_AR
 PYPROJECT_HASH := $(shell $(PYTHON) -c "import hashlib;print(hashlib.sha256(b''.join(open(f,'rb').read() for f in ['pyproject.toml'] + '$(CONSTRAINTS)'.split())).hexdigest()[:16])")
 STAMP := $(VENV)/.framefuse-installed-$(PYPROJECT_HASH)
 
-PYTEST_ARGS ?= -q
+# The suite runs on every core (pytest-xdist): most of its time is g++/nvcc compiles and emulated
+# kernels, each a process of its own. PYTEST_ARGS='-q -n 0' runs it in one process.
+PYTEST_ARGS ?= -q -n auto --durations=30
 DEMO_ARCH ?= min_gru
 ARTIFACTS ?= artifacts
 

@@ -97,8 +97,10 @@ def _resident_frames(kernel: Kernel) -> str:
                 wait_for(&idle, (unsigned)step, "the idle word", step);
                 for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
             }}
-            for (int i = 0; i < {n_in}; ++i) {write}
+            // the outputs poisoned before the frame is published: a frame block starts on its words
+            // alone (no bell), so a poison written after them would race with its output stores
             for (int i = 0; i < {n_out}; ++i) std::fill(out_buf[i].begin(), out_buf[i].end(), std::nanf(""));
+            for (int i = 0; i < {n_in}; ++i) {write}
             std::atomic_ref<unsigned>(bell).store((unsigned)(step + 1), std::memory_order_release);
             for (int k = 0; k < {kernel.done_words}; ++k) wait_for(&done[k], (unsigned)(step + 1), "a done word", step);
             for (int i = 0; i < {n_out}; ++i) std::memcpy(outs[i] + step * out_sizes[i], out_buf[i].data(), 4 * out_sizes[i]);
