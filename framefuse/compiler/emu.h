@@ -25,12 +25,6 @@
 #include <thread>
 #include <vector>
 
-#include <climits>
-#include <ctime>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 using std::isinf;
 using std::isnan;
 using std::max;
@@ -140,42 +134,6 @@ inline T __ldg(const T* p) {
     return *p;
 }
 
-// A thread waiting for a flagged word sleeps on a futex of the word's bucket, and a store wakes the
-// bucket's sleepers: thousands of emulated threads spinning on a 2-core machine left the few that
-// would store their words a sliver of it (a CI run past its limit). The bucket's counters and the
-// futex are relaxed atomics, seq_cst fences and a syscall, none of which ThreadSanitizer takes for
-// synchronisation, so a race the generated code leaves is still reported.
-struct FfkEmuWaitBucket {
-    std::atomic<unsigned> seq{0};
-    std::atomic<int> sleepers{0};
-    char pad[56];
-};
-inline FfkEmuWaitBucket ffk_emu_buckets[4096];
-inline FfkEmuWaitBucket& ffk_emu_bucket(const void* p) {
-    return ffk_emu_buckets[(reinterpret_cast<std::uintptr_t>(p) >> 3) & 4095];
-}
-inline void ffk_emu_wake(const void* p) {
-    // the word's store before the sleepers' count, as the sleeper's count before its look at the word
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    FfkEmuWaitBucket& b = ffk_emu_bucket(p);
-    if (b.sleepers.load(std::memory_order_relaxed) == 0) return;
-    b.seq.fetch_add(1, std::memory_order_relaxed);
-    syscall(SYS_futex, reinterpret_cast<unsigned*>(&b.seq), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-}
-// Sleeps until a store to p's bucket (or 20 ms, a bound on any wake lost) unless `ready()` holds.
-template <typename Ready>
-inline void ffk_emu_sleep(const void* p, Ready ready) {
-    FfkEmuWaitBucket& b = ffk_emu_bucket(p);
-    const unsigned seq = b.seq.load(std::memory_order_relaxed);
-    b.sleepers.fetch_add(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (!ready()) {
-        timespec limit{0, 20'000'000};
-        syscall(SYS_futex, reinterpret_cast<unsigned*>(&b.seq), FUTEX_WAIT_PRIVATE, seq, &limit, nullptr, 0);
-    }
-    b.sleepers.fetch_sub(1, std::memory_order_relaxed);
-}
-
 // Flagged stores over the whole grid: a wait is a deadlock when no block stored anything for 120 s
 // (a long chain of dependent waits, a recurrence's positions one after another, on thousands of
 // emulated threads, can keep one waiting longer than that while the others make progress; under
@@ -186,23 +144,16 @@ inline void ffk_ll_store(unsigned long long* p, float v, unsigned epoch) {
     const unsigned long long word = ((unsigned long long)epoch << 32) | (unsigned long long)__float_as_uint(v);
     std::atomic_ref<unsigned long long>(*p).store(word, std::memory_order_relaxed);
     ffk_emu_stores.fetch_add(1, std::memory_order_relaxed);
-    ffk_emu_wake(p);
 }
 inline const unsigned long long* ffk_emu_ll_base = nullptr;
 inline float ffk_ll_wait(const unsigned long long* p, unsigned epoch) {
     auto& word_ref = *const_cast<unsigned long long*>(p);
-    const auto arrived = [&] {
-        return (unsigned)(std::atomic_ref<unsigned long long>(word_ref).load(std::memory_order_relaxed) >> 32) == epoch;
-    };
     auto start = std::chrono::steady_clock::now();
     unsigned long long stores = ffk_emu_stores.load(std::memory_order_relaxed);
-    for (int tries = 0;; ++tries) {
+    for (;;) {
         const unsigned long long word = std::atomic_ref<unsigned long long>(word_ref).load(std::memory_order_relaxed);
         if ((unsigned)(word >> 32) == epoch) return __uint_as_float((unsigned)word);
-        if (tries < 2)
-            std::this_thread::yield();
-        else
-            ffk_emu_sleep(p, arrived);
+        std::this_thread::yield();
         const unsigned long long now_stores = ffk_emu_stores.load(std::memory_order_relaxed);
         if (now_stores != stores) {
             stores = now_stores;
