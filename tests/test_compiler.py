@@ -1416,6 +1416,39 @@ def test_later_copies_are_issued_a_task_ahead_and_waited_on_exactly(monkeypatch)
 
 
 @needs_cxx
+def test_the_emulators_header_is_precompiled_once_and_read_by_the_compile(tmp_path, monkeypatch):
+    """emulate's g++ reads emu.h from a precompiled header kept under the kernel cache, one per
+    header, compiler and flags, built once (a second call finds it); a cache that cannot be
+    written means no precompiled header, not a failure."""
+    import subprocess
+
+    from framefuse.compiler import emulate as emu
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "cache"))
+    flags = ["-std=c++20", "-O1", "-pthread", "-w"]
+    folder = emu._precompiled_header(cxx_compiler(), flags)
+    assert folder is not None and (folder / "emu.h").read_bytes() == emu.EMU_HEADER.read_bytes()
+    built = (folder / "emu.h.gch").stat().st_mtime_ns
+    assert emu._precompiled_header(cxx_compiler(), flags) == folder
+    assert (folder / "emu.h.gch").stat().st_mtime_ns == built
+    assert emu._precompiled_header(cxx_compiler(), [*flags, "-g"]) != folder  # other flags, another header
+    assert sorted(p.name for p in folder.parent.iterdir()) == sorted(
+        {folder.name, emu._precompiled_header(cxx_compiler(), [*flags, "-g"]).name}
+    )
+
+    source = tmp_path / "kernel.cpp"
+    source.write_text('#include "emu.h"\nint main() { return 0; }\n')
+    shown = subprocess.run(
+        [cxx_compiler(), *flags, "-I", str(folder), "-H", "-fsyntax-only", str(source)], capture_output=True, text=True
+    )
+    assert shown.returncode == 0 and f"! {folder / 'emu.h.gch'}" in shown.stderr  # "!": the header was used
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "file" / "cache"))
+    assert emu._precompiled_header(cxx_compiler(), flags) is None
+
+
+@needs_cxx
 def test_emulated_copies_land_only_at_their_wait(tmp_path):
     """The emulator lands a cp.async copy only when its thread waits for the copy's commit group,
     the latest the hardware may: a wait that leaves one group too many in flight reads shared

@@ -43,8 +43,11 @@ def _precompiled_header(cxx: str, flags: list[str]) -> Path | None:
     folder = cache_dir() / "emu" / key
     if (folder / "emu.h.gch").exists():
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=key + "."))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=key + "."))
+    except OSError:  # a cache that cannot be written: compile without
+        return None
     try:
         (building / "emu.h").write_bytes(header)
         made = subprocess.run(
