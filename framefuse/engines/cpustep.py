@@ -96,6 +96,7 @@ class CpuStepBinding(NativeFrameBinding, BindingBase):
     ``dev_in[state]``."""
 
     def __init__(self, plan: CpuStepPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
+        hs = self._hs = hostpath.FrameState()  # (before the base's __init__: it counts the replays)
         # the caller's state buffers live on the engine's device: their values are taken, the
         # state itself lives in the function's host halves
         super().__init__(plan.input_specs, plan.output_specs, "cpu", host_inputs, host_outputs, state_pairs, None)
@@ -117,7 +118,6 @@ class CpuStepBinding(NativeFrameBinding, BindingBase):
             {n: self._dev_inputs[n] for n in self.host_input_names},
             {n: self._dev_outputs[n] for n in self.host_output_names},
         )
-        hs = self._hs = hostpath.FrameState()
         hs.launch = runner.function
         hs.exec[0], hs.exec[1] = runner.io_address(0), runner.io_address(1)
         hs.n_execs = 2 if runner.halves else 1
@@ -125,6 +125,7 @@ class CpuStepBinding(NativeFrameBinding, BindingBase):
         hs.spin_limit = HOST_SPIN_LIMIT
         self._hs_ptr = ctypes.pointer(hs)
         self._native = hostpath.load()
+        self._count_native_launches(engine)
 
     def launch(self) -> None:
         hs = self._hs

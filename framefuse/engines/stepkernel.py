@@ -199,6 +199,23 @@ class NativeFrameBinding:
 
     parity = _HostField("parity")
 
+    @property
+    def replays(self) -> int:
+        """Frames run through this binding, those hostpath.c ran included (its FrameState counts
+        them: ``_hs`` exists before BindingBase.__init__ sets this to 0)."""
+        return self._py_replays + self._hs.launches
+
+    @replays.setter
+    def replays(self, value: int) -> None:
+        self._py_replays = int(value) - self._hs.launches
+
+    def _count_native_launches(self, engine) -> None:
+        """The engine's ``replays`` count this binding's native frames too, until the binding goes."""
+        count = getattr(engine, "count_native_launches", None)
+        if count is not None:
+            count(self._hs)
+            weakref.finalize(self, engine.forget_native_launches, self._hs)
+
     def _native_ready(self) -> bool:
         return self._native is not None
 
@@ -249,14 +266,6 @@ class StepBinding(NativeFrameBinding, BindingBase):
     Python methods below do the same where it is not, and every path outside Session.step's."""
 
     _unwaited = _HostField("unwaited", bool)  # a launch nobody has waited on yet
-
-    @property
-    def replays(self) -> int:
-        return self._py_replays + self._hs.launches
-
-    @replays.setter
-    def replays(self, value: int) -> None:
-        self._py_replays = int(value) - self._hs.launches
 
     def __init__(self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
         c = plan.compiled
@@ -358,10 +367,7 @@ class StepBinding(NativeFrameBinding, BindingBase):
         hs.spin_limit = HOST_SPIN_LIMIT
         self._point_done_words()
         self._native = hostpath.load()
-        count = getattr(engine, "count_native_launches", None)
-        if count is not None:
-            count(hs)
-            weakref.finalize(self, engine.forget_native_launches, hs)
+        self._count_native_launches(engine)
         torch.cuda.synchronize(self.device)
 
     def _point_done_words(self) -> None:

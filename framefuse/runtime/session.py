@@ -221,7 +221,10 @@ class Session:
         self._device_frames = self.device.type == "cuda" and getattr(engine, "DEVICE_FRAMES", True)
         self._state: dict[str, torch.Tensor] = {}
         self._host_step = None
-        self._hot = None  # see _open_host_step
+        self._hot = None  # see _open_host_step; None while the device frames' binding holds the state
+        self._hot_path = None  # the host frames' hot path, as built (self._hot is it or None)
+        self._state_holder = None  # the binding whose buffers hold the current state (None: _host_step)
+        self._device_out: dict[str, torch.Tensor] = {}  # device copies of a host-only binding's outputs
         self._native_context = None  # hostpath.StepContext of the extension's step (see _native_step)
         self._device_step = None
         self._device_run: dict[tuple, Any] = {}
@@ -282,6 +285,7 @@ class Session:
             fast, self._native_context = _native_step(binding, buffer, out, self.stats)
             context = ctypes.addressof(self._native_context) if fast is not None else None
             self._hot = (buffer, buffer.shape, native[0], native[1], out, fast, context)
+        self._hot_path = self._hot
         self._host_step = binding
 
     # -- lifetime ---------------------------------------------------------------------------------
@@ -383,8 +387,8 @@ class Session:
         binding = self._host_step
         if binding is None or not hasattr(binding, "native_frame"):
             return None
-        if self._hot is not None:
-            if self._hot[5] is None:
+        if self._hot_path is not None:
+            if self._hot_path[5] is None:
                 return "native through ctypes (engines/hostpath.c; its extension module is not built)"
             return "native (engines/hostpath.c)"
         from framefuse.engines import hostpath
@@ -504,6 +508,9 @@ class Session:
                         out = self._finish_native_frame(out, hot)
                     self.frame_index += 1
                     return out
+        if self._state_holder is not None and not self._is_device_frame(frame):
+            self._hand_state_to(self._host_step)  # the device frames' binding ran last
+            hot = self._hot
         start = _clock()
         if hot is not None and type(frame) is np.ndarray and not self.check_finite:  # the ctypes path
             buffer, shape, call, arg, out = hot[:5]
@@ -603,6 +610,8 @@ class Session:
                 )
             return self._step_device(frames, cupy_out="cupy" in kinds)
         binding = self._host_step
+        if self._state_holder is not None:
+            self._hand_state_to(binding)
         for name, value in frames.items():
             if isinstance(value, torch.Tensor) and value.dtype in (torch.float32, torch.float16, torch.bfloat16):
                 binding.host_in_t[name].copy_(value.reshape(binding.host_in_t[name].shape))  # exact widening
@@ -636,6 +645,8 @@ class Session:
             )
             binding.set_replay_mode(self.replay_mode)
             self._device_step = binding
+        if self.is_step_form and self._host_step is not None:
+            self._hand_state_to(binding)
         for name, value in frames.items():
             source = value if isinstance(value, torch.Tensor) else _as_torch_device_tensor(value, self.device)
             binding.dev_in[name].copy_(source.reshape(binding.dev_in[name].shape))
@@ -645,7 +656,7 @@ class Session:
         binding.order_after_current()
         binding.launch()
         binding.sync()
-        outputs = {name: binding.dev_out[name] for name in self.frame_outputs}
+        outputs = {name: self._on_device(name, binding.dev_out[name]) for name in self.frame_outputs}
         if self.check_finite:
             self._check_step_results(binding, outputs)
         if cupy_out:
@@ -653,6 +664,18 @@ class Session:
         if self._single_out is not None:
             return outputs[self._single_out]
         return outputs
+
+    def _on_device(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A device frame's output on the session's device: a binding that computes on the host
+        (the CPU step, chosen by the build's timing) answers through a device buffer of the
+        session's, so the kind of array returned does not depend on that choice."""
+        if tensor.device.type == self.device.type:
+            return tensor
+        buffer = self._device_out.get(name)
+        if buffer is None:
+            buffer = self._device_out[name] = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+        buffer.copy_(tensor)
+        return buffer
 
     def _cupy_view(self, name: str, tensor: torch.Tensor):
         view = self._cupy_out.get(name)
@@ -735,10 +758,39 @@ class Session:
     def _bindings(self):
         return [b for b in (self._host_step, self._device_step) if b is not None]
 
+    def _is_device_frame(self, frame) -> bool:
+        """Whether ``frame`` (or a dict of them) takes the device frames' binding (_step_device)."""
+        if not self._device_frames:
+            return False
+        values = frame.values() if isinstance(frame, Mapping) else (frame,)
+        return any((isinstance(v, torch.Tensor) and v.is_cuda) or _is_cuda_array(v) for v in values)
+
+    def _hand_state_to(self, binding) -> None:
+        """Make ``binding`` hold the current state. Host and device frames run through two
+        bindings, each with its own state buffers (two halves chosen by a parity it keeps, or a
+        host copy for the CPU step): the state is copied across when frames change side, so any
+        mix of host and device frames steps one sequence. The host frames' hot path runs only
+        while its binding holds the state."""
+        source = self._state_holder or self._host_step
+        if source is binding:
+            return
+        for other in self._bindings():
+            other.wait_idle()
+        for name in self.state_inputs:
+            target, value = binding.dev_in[name], source.dev_in[name]
+            if target.data_ptr() != value.data_ptr() or target.device != value.device:
+                target.copy_(value)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        if binding is self._host_step:
+            self._state_holder, self._hot = None, self._hot_path
+        else:
+            self._state_holder, self._hot = binding, None
+
     def _state_buffers(self) -> dict[str, torch.Tensor]:
         """The buffers holding the current state. Bindings that swap state buffers between runs
-        (ONNX Runtime's ping-pong) name the current one in ``dev_in``."""
-        binding = self._host_step
+        (ONNX Runtime's ping-pong, the step kernels' two halves) name the current one in ``dev_in``."""
+        binding = self._state_holder or self._host_step
         if binding is None:
             return {}
         return {name: binding.dev_in[name] for name in self.state_inputs}

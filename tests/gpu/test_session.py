@@ -60,6 +60,7 @@ def test_step_equals_torch_step_loop(arch):
 
 @pytest.mark.parametrize("arch", ["mamba", "attention", "lstm"])
 def test_step_allocates_nothing_and_replays(arch):
+    """Whatever the build chose (the CPU step counts its calls as replays too)."""
     session = _session(arch)
     frames = _frames(session, 100)
     session.step(frames[0])  # first call: nothing lazy should remain, but be fair
@@ -84,18 +85,31 @@ def test_step_allocates_nothing_and_replays(arch):
     assert torch.cuda.memory_allocated() == allocated, "step() with CUDA frames allocated device memory"
 
 
-def test_device_frames_match_host_frames():
-    session = _session("mamba")
-    frames = _frames(session, 8)
+@pytest.mark.parametrize("select", ["time", "plan", "stepkernel", "cpustep"])
+def test_device_frames_match_host_frames(select):
+    """Host and device frames mixed in any order step one sequence, whichever candidate the build
+    runs (the build's own timing, the plan, the step kernel, the CPU step): the state follows the
+    frames from one binding to the other, and a device frame's output is on the device."""
+    options = None if select == "time" else {"select": select}
+    session = _session("mamba", engine_options=options)
+    if select != "time":
+        assert session.engine.metadata["selection"]["chosen"] == select
+    frames = _frames(session, 9)
     host = [session.step(f).copy() for f in frames]
+    expected_state = session.get_state()
     session.reset()
-    # step returns the session's own output buffer (overwritten by the next step): keep copies
-    cuda = [session.step(torch.from_numpy(f).cuda()).clone() for f in frames[:4]]
-    assert all(isinstance(y, torch.Tensor) and y.is_cuda for y in cuda)
-    # mix kinds across frames: the state is shared by the host and device paths
-    mixed = [y.cpu().numpy() for y in cuda] + [session.step(f).copy() for f in frames[4:]]
-    for t, (a, b) in enumerate(zip(mixed, host)):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=f"frame {t}")
+    # odd runs on each side, so a binding's two state halves are never in step by chance
+    sides = ["host"] * 3 + ["device"] * 3 + ["host"] * 2 + ["device"]
+    for t, (side, frame) in enumerate(zip(sides, frames)):
+        if side == "device":
+            y = session.step(torch.from_numpy(frame).cuda())
+            assert isinstance(y, torch.Tensor) and y.is_cuda, f"frame {t}: a device frame answered {type(y)}"
+            y = y.cpu().numpy()
+        else:
+            y = session.step(frame).copy()
+        np.testing.assert_allclose(y, host[t], rtol=1e-6, atol=1e-6, err_msg=f"frame {t} ({side})")
+    for name, value in session.get_state().items():  # read after a device frame
+        np.testing.assert_allclose(value, expected_state[name], rtol=1e-6, atol=1e-6, err_msg=name)
     session.reset()
     cpu_torch = session.step(torch.from_numpy(frames[0]))
     assert isinstance(cpu_torch, torch.Tensor) and not cpu_torch.is_cuda
