@@ -223,19 +223,31 @@ def resident_rows(engine, frames, ref_y, ref_state, pool, args) -> dict:
 def sweep(arch: str, root: Path, grids, threads_list) -> list:
     import torch
 
-    from framefuse.compiler import lower_program
+    from framefuse.compiler import codegen, lower_program
     from framefuse.compiler.engine import CompiledStep
     from framefuse.engines.fusion import example_feeds, time_plan_graph
     from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.runtime.pipeline import prepare
 
-    prepared = prepare(arch, root / f"sweep-{arch}")["step"]
-    program = lower_program(prepared.fused)
+    arch, plus, variant = arch.partition("+")
+    if plus and variant != "lanes":
+        raise SystemExit(f"--sweep {arch}+{variant}: the only variant is +lanes (codegen.RECUR_LANE_CELLS on)")
+    if arch.startswith("rnn:"):  # rnn:KIND/HIDDEN/T/DIRECTIONS, one of bench/rnn_sizes.py's windows
+        from bench.rnn_sizes import export_window
+
+        kind, hidden, seq, dirs = arch.removeprefix("rnn:").split("/")
+        folder = root / f"sweep-{kind}-{hidden}-{seq}-{dirs}"
+        fused = export_window(kind, int(hidden), int(seq), int(dirs), folder)["fused"]
+    else:
+        fused = prepare(arch, root / f"sweep-{arch}")["step"].fused
+    program = lower_program(fused)
     rows = []
     for grid in grids:
         for threads in threads_list:
-            entry = {"arch": arch, "grid": grid, "threads": threads}
+            entry = {"arch": arch + plus + variant, "grid": grid, "threads": threads}
+            saved = codegen.RECUR_LANE_CELLS
             try:
+                codegen.RECUR_LANE_CELLS = bool(variant) or saved
                 compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, threads=threads)
                 plan = StepKernelPlan.of(compiled)
                 entry.update(time_plan_graph(plan, example_feeds(plan), replays=500))
@@ -243,7 +255,9 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
                 entry["registers"] = compiled.fn.attribute("NUM_REGS")
             except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is reported
                 entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            say(f"sweep {arch} grid {grid} threads {threads}: {entry.get('us_per_step', entry.get('error'))}")
+            finally:
+                codegen.RECUR_LANE_CELLS = saved
+            say(f"sweep {entry['arch']} grid {grid} threads {threads}: {entry.get('us_per_step', entry.get('error'))}")
             rows.append(entry)
     return rows
 
@@ -299,7 +313,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=1000, help="chained steps of the parity check")
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--sweep", default="", help="architectures whose grid/block sizes are swept")
+    parser.add_argument(
+        "--sweep",
+        default="",
+        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on)",
+    )
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")
     parser.add_argument(

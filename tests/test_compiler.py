@@ -442,6 +442,62 @@ def test_a_nonlinear_window_runs_as_a_loop_over_its_positions(
 
 @needs_cxx
 @pytest.mark.parametrize(
+    "arch,embed,seq,batch,threads,lanes",
+    [  # the emulator runs a std::thread per CUDA thread (under ThreadSanitizer): small grids
+        ("lstm", 64, 7, 1, 256, 4),
+        ("gru", 32, 5, 2, 256, 4),  # two batch rows, 3 gates: 24 weights a lane
+        ("liquid", 48, 6, 1, 256, 4),
+        ("lstm", 64, 5, 1, 128, 2),  # fewer threads, fewer lanes
+    ],
+)
+def test_a_one_block_recurrence_splits_each_unit_over_lanes(
+    arch, embed, seq, batch, threads, lanes, monkeypatch, tmp_path
+):
+    """codegen.RECUR_LANE_CELLS: a recurrence on one block gives each unit ``lanes`` threads of a
+    warp, each its K split of the unit's gate rows in registers, the sums met through shuffles and
+    the cell applied in every lane: one barrier a position. The emulated kernel (ThreadSanitizer)
+    computes the interpreter's values."""
+    from framefuse.compiler import codegen
+    from framefuse.compiler.ir import Recur
+
+    monkeypatch.setattr(codegen, "RECUR_LANE_CELLS", True)
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    plan = schedule(program, grid=4, threads=threads)
+    loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
+    assert [t.blocks for t in loops] == [1, 1]
+    assert [codegen.recur_lanes(t.root, threads) for t in loops] == [lanes, lanes]
+    kernel = generate(plan)
+    assert kernel.source.count(f"// {lanes} lanes a unit") == 2
+    assert kernel.source.count("__shfl_xor_sync(0xffffffffu, a0, o)") == 2
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+
+
+def test_lanes_a_unit_are_whole_warps_of_float4_splits_within_the_registers(monkeypatch):
+    """recur_lanes: the most lanes (a power of two) whose threads fill whole warps of the block,
+    whose K splits are whole float4s and whose gate rows fit RECUR_REGISTER_WEIGHTS; none when off."""
+    from types import SimpleNamespace
+
+    from framefuse.compiler import codegen
+
+    def node(hidden, gates=4, batch=1):
+        return SimpleNamespace(hidden=hidden, gates=gates, batch=batch)
+
+    assert codegen.recur_lanes(node(64), 256) == 0  # off by default
+    monkeypatch.setattr(codegen, "RECUR_LANE_CELLS", True)
+    assert codegen.recur_lanes(node(64), 256) == 4  # 16 of K a lane, 64 weights
+    assert codegen.recur_lanes(node(64), 384) == 4  # 8 lanes would need 512 threads
+    assert codegen.recur_lanes(node(64), 1024) == 16  # 4 of K a lane
+    assert codegen.recur_lanes(node(64), 128) == 2  # 32 of K a lane, 128 weights: the most registers
+    assert codegen.recur_lanes(node(64), 64) == 0  # no room for two lanes a unit
+    assert codegen.recur_lanes(node(48, gates=3), 256) == 4  # 12 of K a lane
+    assert codegen.recur_lanes(node(40, gates=3), 256) == 0  # 80 threads are not whole warps, 40 / 4 not float4s
+    assert codegen.recur_lanes(node(24, gates=3), 96) == 0  # 48 threads are not whole warps
+    assert codegen.recur_lanes(node(128), 256) == 0  # 2 lanes: 4 x 64 weights, over the registers
+
+
+@needs_cxx
+@pytest.mark.parametrize(
     "arch,embed,seq,batch,smem,threads,grid,blocks,ahead",
     [  # 256 threads on a grid of 4: the emulator runs a std::thread per CUDA thread (under TSan)
         ("lstm", 64, 7, 1, None, 256, 4, 1, True),

@@ -47,6 +47,7 @@ from framefuse.compiler.ir import (
 from framefuse.compiler.naive import index_grid
 from framefuse.compiler.ops import EW, c_float
 from framefuse.compiler.schedule import (
+    RECUR_REGISTER_WEIGHTS,
     ROOT,
     Schedule,
     Task,
@@ -1574,6 +1575,10 @@ class Generator:
         def x_word(position: str, g: int) -> str:  # the flagged word of gate g's input (alone)
             return f"ffk_ll + {xg} + ({position} * {B} + rcb) * {G * H} + {g * H} + rcu"
 
+        lanes = recur_lanes(node, self.threads) if alone else 0
+        if lanes:
+            self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
+            return
         if alone:
             code.items += [
                 "// the inputs of the next position, loaded a position ahead (a thread per unit)",
@@ -1747,6 +1752,93 @@ class Generator:
             loop.items += [cells, "__syncthreads();"]
         else:
             loop.items += [_ONCE, cells]
+
+    def _recur_lane_loop(self, code: Code, t: int, task: Task, lanes: int, x_word, h_floats: int, w_bias, stride: int):
+        """_recur's loop on one block holding every unit (RECUR_LANE_CELLS, recur_lanes): ``lanes``
+        threads a unit, each with its K split of the unit's gate rows of R in registers; the
+        lanes' sums meet through shuffles, every lane applies the cell (c stays in a register),
+        its first lane publishes h. One barrier a position (h's two buffers in shared memory),
+        where the thread-per-row loop has two and the products' parts in between."""
+        node: Recur = task.root
+        G, S, H, B, T = node.gates, node.carried, node.hidden, node.batch, node.steps
+        KL, active = H // lanes, B * H * lanes
+        code.items += [
+            f"// {lanes} lanes a unit: each holds its {KL} of K of the unit's {G} rows of R in registers; the sums",
+            "// meet through shuffles and every lane applies the cell: one barrier a position",
+            f"const int rcl = tid % {lanes}, rcg = tid / {lanes};",
+            f"const int rcb = rcg / {H}, rcj = rcg - rcb * {H}, rcu = rcj;",
+            f"unsigned long long rxw[{G}];  // the inputs of the next position, loaded a position ahead",
+            f"if (tid < {active}) {{",
+            *(f"    rxw[{g}] = ffk_ll_peek({x_word('0', g)});" for g in range(G)),
+            "}",
+            "__syncthreads();  // R, h and c in shared memory",
+            f"float rw[{G * KL}];",
+        ]
+        fill = Code(f"if (tid < {active})")
+        fill.items += [
+            "#pragma unroll",
+            f"for (int q = 0; q < {G * KL}; ++q) rw[q] = rR[(rcl * {KL} + q % {KL}) * {stride} + (q / {KL}) * {H} + rcj];",
+        ]
+        code.items.append(fill)
+        if node.cell == "lstm":
+            code.items.append(f"float rcc = tid < {active} ? rC[rcb * {H} + rcj] : 0.0f;  // c of the unit")
+        if w_bias is not None:
+            code.items += [
+                f"const float rbg{g} = tid < {active} ? __ldg(ffk_w + {w_bias} + {g * H} + rcu) : 0.0f;"
+                for g in range(G)
+            ]
+        loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
+        code.items += [_ONCE, loop]
+        step = Code(f"if (tid < {active})")
+        step.items += [
+            f"const float* const hv = rH + (rcs & 1) * {h_floats} + rcb * {H} + rcl * {KL};",
+            "float " + ", ".join(f"a{g} = 0.0f" for g in range(G)) + ";",
+            "#pragma unroll",
+            f"for (int k = 0; k < {KL}; k += 4) {{",
+            "    const float4 v = ffk_ld4(hv + k);",
+            *(
+                f"    a{g} += rw[{g * KL} + k] * v.x; a{g} += rw[{g * KL} + k + 1] * v.y; "
+                f"a{g} += rw[{g * KL} + k + 2] * v.z; a{g} += rw[{g * KL} + k + 3] * v.w;"
+                for g in range(G)
+            ),
+            "}",
+            "#pragma unroll",
+            f"for (int o = {lanes // 2}; o > 0; o >>= 1) {{  // whole warps: {active} threads, {lanes} lanes a unit",
+            *(f"    a{g} += __shfl_xor_sync(0xffffffffu, a{g}, o);" for g in range(G)),
+            "}",
+            *(f"const float rxv{g} = ffk_ll_take(rxw[{g}], {x_word('rcs', g)}, epoch);" for g in range(G)),
+            f"if (rcs + 1 < {T}) {{",
+            *(f"    rxw[{g}] = ffk_ll_peek({x_word('(rcs + 1)', g)});" for g in range(G)),
+            "}",
+        ]
+        body = Code()
+        step.items.append(body)
+        em = Emitter(self, t, task, body)
+        em.stack[0].guard = True
+        rs = [f"(a{g} + rbg{g})" if w_bias is not None else f"a{g}" for g in range(G)]
+        xs = [f"rxv{g}" for g in range(G)]
+        publish = Code("if (rcl == 0)")
+        flat = f"(rcs * {B} + rcb) * {S * H} + rcu"
+        if node.cell == "lstm":
+            i_, o_, f_, g_ = (f"({x} + {r})" for x, r in zip(xs, rs))
+            em.top.insert(f"const float c = {EW['lstm_cell'].c([i_, f_, g_, 'rcc'], ())};")
+            em.top.insert(f"const float h = {EW['lstm_hidden'].c([o_, 'c'], ())};")
+            em.top.insert("rcc = c;")
+            publish.items += self.stores(node, f"{flat} + {H}", "c")
+        elif node.cell == "gru":
+            args = [xs[0], rs[0], xs[1], rs[1], xs[2], rs[2], f"rH[(rcs & 1) * {h_floats} + rcb * {H} + rcu]"]
+            em.top.insert(f"const float h = {EW['gru_hidden'].c(args, ())};")
+        elif node.cell.startswith("rnn_"):
+            act = EW[node.cell.removeprefix("rnn_")]
+            self.need_header(act.header)
+            em.top.insert(f"const float h = {act.c([f'({xs[0]} + {rs[0]})'], ())};")
+        else:
+            args = [f"({x} + {r})" for x, r in zip(xs, rs)]
+            em.top.insert(f"const float h = {EW['liquid_hidden'].c(args, node.params)};")
+        publish.items += self.stores(node, flat, "h")
+        publish.items.append(f"rH[((rcs + 1) & 1) * {h_floats} + rcb * {H} + rcu] = h;")
+        body.items.append(publish)
+        loop.items += [step, "__syncthreads();  // h of this position in shared memory, the other buffer free"]
 
     def _delta(self, code: Code, t: int, task: Task) -> None:
         """A delta-rule window (ir.DeltaScan, schedule._delta_task): the block's state rows of one
@@ -2249,6 +2341,28 @@ RECUR_GLOBAL_ROWS_BY_K = False
 # A recurrence on one block keeps h in shared memory (no flagged round trip through L2 between its
 # own positions) and loads each unit's next inputs a position ahead (see Generator._recur).
 RECUR_ONE_BLOCK = True
+# ... and splits each unit over a few lanes of one warp (each lane its K split of the unit's gate
+# rows in registers, the sums exchanged by shuffles, the cell in every lane): one barrier a
+# position instead of two, no products' parts through shared memory (Generator._recur_lane_loop).
+# Not yet timed on a GPU: off until it is (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+lanes).
+RECUR_LANE_CELLS = False
+
+
+def recur_lanes(node: Recur, threads: int) -> int:
+    """Lanes a unit of a one-block recurrence under RECUR_LANE_CELLS (0: not taken): the most, a
+    power of two up to a warp, whose threads fit the block in whole warps, whose K splits are
+    whole float4s and whose gate rows fit RECUR_REGISTER_WEIGHTS."""
+    if not RECUR_LANE_CELLS:
+        return 0
+    units, best, lanes = node.batch * node.hidden, 0, 2
+    while lanes <= 32 and units * lanes <= threads:
+        split = node.hidden // lanes
+        if node.hidden % (4 * lanes) == 0 and node.gates * split <= RECUR_REGISTER_WEIGHTS and units * lanes % 32 == 0:
+            best = lanes
+        lanes *= 2
+    return best
+
+
 # How many weights of R a thread keeps in registers: schedule.RECUR_REGISTER_WEIGHTS (the arena's
 # size depends on it). A pause between the re-polls of h at 128 blocks (__nanosleep 100 ns) was no
 # faster on the H100 (hidden 1024, T = 256: 1696 / 1499 us against 1659 / 1447), so it was not kept.

@@ -286,10 +286,10 @@ def test_native_host_path_equals_the_python_path(arch, resident):
                 assert session._hot is not None and session._hot[5] is not None, hostpath.status()
                 assert session.host_path == "native (engines/hostpath.c)"
             elif path == "ctypes":
-                session._hot = session._hot[:5] + (None, None)
+                session._hot = session._hot_path = session._hot[:5] + (None, None)
                 assert session.host_path.startswith("native through ctypes")
             else:
-                session._hot = None
+                session._hot = session._hot_path = None
             before = session.replays
             outs = [session.step(f).copy() for f in frames]
             assert session.replays == before + len(frames)
