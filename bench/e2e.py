@@ -163,13 +163,16 @@ def _error(exc: BaseException) -> str:
 # timing
 
 
-def measure(call: Callable[[int], object], *, iters: int, warmup: int) -> dict:
-    """Time ``call(i)`` (one host→host inference) ``iters`` times after ``warmup`` calls."""
+def measure(call: Callable[[int], object], *, iters: int, warmup: int, between=None) -> dict:
+    """Time ``call(i)`` (one host→host inference) ``iters`` times after ``warmup`` calls;
+    ``between()`` (a framegap.CacheSweep: --frame-gap) runs before each timed call, off the clock."""
     for i in range(warmup):
         call(i)
     ns = np.empty(iters, dtype=np.int64)
     clock = time.perf_counter_ns
     for i in range(iters):
+        if between is not None:
+            between()
         start = clock()
         call(i)
         ns[i] = clock() - start
@@ -193,13 +196,13 @@ def latency_stats(ns: np.ndarray) -> dict:
 ROUND_ORDER = "rotated"  # the results' config says so: runs before 2026-12-02 kept one order
 
 
-def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int) -> dict:
+def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int, between=None) -> dict:
     """measure() of every call in ``calls`` interleaved: ``warmup`` untimed calls each, then
     ``rounds`` rounds in which each call is timed ``iters / rounds`` times in turn (a block of
     calls, not one call each: switching engines on every call would time the switch), the order
     rotated by one each round so that no engine always takes the same place in a round (the H200
     precision runs of 2026-12-02 timed them in a fixed order, fp32 first). An engine that raises is
-    left out of the later rounds; its entry is the exception."""
+    left out of the later rounds; its entry is the exception. ``between()`` as in measure()."""
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict = {name: [] for name in calls}
     failed: dict = {}
@@ -221,6 +224,8 @@ def measure_rounds(calls: dict, *, iters: int, warmup: int, rounds: int) -> dict
             ns = np.empty(n, dtype=np.int64)
             try:
                 for k in range(n):
+                    if between is not None:
+                        between()
                     start = clock()
                     call(done + k)
                     ns[k] = clock() - start
@@ -736,9 +741,25 @@ class Settings:
     """What every row needs from the command line."""
 
     def __init__(
-        self, *, iters, warmup, device, compile_forms, replays, profile_calls, quick, rounds=ROUNDS, prebuild=None
+        self,
+        *,
+        iters,
+        warmup,
+        device,
+        compile_forms,
+        replays,
+        profile_calls,
+        quick,
+        rounds=ROUNDS,
+        prebuild=None,
+        frame_gap_bytes=0,
     ):
+        from framefuse.engines.framegap import cache_sweep
+
         self.prebuild = prebuild  # engine names: build these, time nothing (see --prebuild)
+        self.frame_gap_bytes = int(frame_gap_bytes)
+        # run before every timed call of every engine, off the clock (--frame-gap)
+        self.between = cache_sweep(self.frame_gap_bytes) if self.frame_gap_bytes > 0 else None
         self.rounds = max(1, min(rounds, iters))
         self.iters = iters
         self.warmup = warmup
@@ -916,7 +937,9 @@ def bench_row(
                     if name not in FLOORS:
                         result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
                     if name == "framefuse_resident":
-                        result.update(measure(call, iters=settings.iters, warmup=settings.warmup))
+                        result.update(
+                            measure(call, iters=settings.iters, warmup=settings.warmup, between=settings.between)
+                        )
                         result["rounds"] = 1
                         call.close()
                         result["kernels"] = {"skipped": "resident: no launch per call (one kernel, launched once)"}
@@ -937,7 +960,9 @@ def bench_row(
             say(f"  {arch:<16} T={T:<3} timing {len(live)} engine(s) in {settings.rounds} interleaved rounds")
         try:
             with torch.no_grad():
-                timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
+                timed = measure_rounds(
+                    live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds, between=settings.between
+                )
             for name, call in live.items():
                 if isinstance(timed[name], BaseException):
                     _engine_failed(row, name, timed[name])
@@ -1360,7 +1385,13 @@ def run_precision(runner: Runner, archs: list[str], precisions: list[str], work:
             if live:
                 say(f"  {arch:10s} timing {len(live)} engine(s) in {settings.rounds} interleaved rounds")
                 with torch.no_grad():
-                    timed = measure_rounds(live, iters=settings.iters, warmup=settings.warmup, rounds=settings.rounds)
+                    timed = measure_rounds(
+                        live,
+                        iters=settings.iters,
+                        warmup=settings.warmup,
+                        rounds=settings.rounds,
+                        between=settings.between,
+                    )
                 floor = timed.get(FLOOR)
                 floor_p50 = floor["p50_us"] if isinstance(floor, dict) else None
                 fp32 = timed.get("fp32")
@@ -1693,6 +1724,19 @@ def _measured_lengths(results: dict, cfg: dict) -> str:
     return " and ".join(str(t) for t in lengths)
 
 
+def _frame_gap_note(cfg: dict) -> str:
+    """What the settings line says of --frame-gap (nothing for calls back to back)."""
+    nbytes = int(cfg.get("frame_gap_bytes") or 0)
+    if not nbytes:
+        return ""
+    from framefuse.engines.framegap import describe
+
+    return (
+        f"; **{describe(nbytes)} written before every timed call**, off the clock (--frame-gap: a game's own "
+        "work between two frames, which evicts what the CPU's caches held)"
+    )
+
+
 def markdown(results: dict) -> str:
     env = results["environment"]
     cfg = results["config"]
@@ -1711,8 +1755,8 @@ def markdown(results: dict) -> str:
         "",
         f"Settings: sections {', '.join(results.get('sections', ['zoo']))}; zoo embed {cfg['embed']}, "
         f"{cfg['layers']} layers, batch 1, T = {_measured_lengths(results, cfg)}; {cfg['iters']} timed calls after {cfg['warmup']} "
-        f"warm-up calls per engine{_rounds_note(cfg)}; kernel profile over {cfg.get('profile_calls', '—')} calls; fp32 everywhere "
-        "(TF32 off).",
+        f"warm-up calls per engine{_rounds_note(cfg)}{_frame_gap_note(cfg)}; kernel profile over {cfg.get('profile_calls', '—')} "
+        "calls; fp32 everywhere (TF32 off).",
     ]
     if results.get("merged_from"):
         lines.append(f"Merged from {len(results['merged_from'])} runs of one GPU: {', '.join(results['merged_from'])}.")
@@ -1926,6 +1970,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, FRAMEFUSE_CACHE) for a later run whose row must fit a "
         "time limit; the report is marked and cannot be merged",
     )
+    parser.add_argument(
+        "--frame-gap",
+        default="0",
+        metavar="BYTES",
+        help="write this many bytes (e.g. 32M) before every timed call of every engine, off the clock: a game's "
+        "own work between two frames, which evicts what the CPU's caches held (framefuse/engines/framegap.py); "
+        "0 (default): calls back to back, as every run before 2026-12-05",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", default=None, help="folder for the exported artifacts (default: a temporary folder)")
     parser.add_argument("--merge", nargs="+", metavar="E2E_JSON", help="merge earlier e2e.json files into one report")
@@ -1975,8 +2027,11 @@ def merge(paths: list[str], out: Path) -> dict:
     merged["configs"] = [
         dict(part["config"], created=part.get("created"), file=str(p)) for part, p in zip(parts, paths)
     ]
-    comparable = ("embed", "layers", "seq", "iters", "warmup", "compile", "rounds", "round_order")
-    differing = [k for k in comparable if len({json.dumps(part["config"].get(k)) for part in parts}) > 1]
+    comparable = ("embed", "layers", "seq", "iters", "warmup", "compile", "rounds", "round_order", "frame_gap_bytes")
+    defaults = {"frame_gap_bytes": 0}  # (runs before it had none: back to back)
+    differing = [
+        k for k in comparable if len({json.dumps(part["config"].get(k, defaults.get(k))) for part in parts}) > 1
+    ]
     if "round_order" in differing:  # the report's settings line then claims no order
         merged["config"] = dict(merged["config"], round_order=None)
     if differing:
@@ -2092,6 +2147,7 @@ def child_argv(args, section: str, item: str, out: Path, work: Path) -> list[str
         argv.append("--no-driver-replay")
     if getattr(args, "prebuild", None):
         argv += ["--prebuild", args.prebuild]
+    argv += ["--frame-gap", str(getattr(args, "frame_gap", None) or "0")]
     return argv
 
 
@@ -2188,6 +2244,12 @@ def run(args) -> int:
     if prebuild is not None and (not prebuild or set(prebuild) - set(ENGINE_LABELS)):
         unknown = sorted(set(prebuild) - set(ENGINE_LABELS))
         raise SystemExit(f"--prebuild: unknown engine(s) {unknown}; use {', '.join(ENGINE_LABELS)}")
+    from framefuse.engines.framegap import parse_bytes
+
+    try:
+        frame_gap_bytes = parse_bytes(getattr(args, "frame_gap", None) or "0", what="--frame-gap")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     # fp32 everywhere: no TF32 in any engine (framefuse's own contract; the peers match it).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -2201,6 +2263,7 @@ def run(args) -> int:
         quick=args.quick,
         rounds=args.rounds,
         prebuild=prebuild,
+        frame_gap_bytes=frame_gap_bytes,
     )
     work_ctx = contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory(prefix="ffbench-")
     results = {
@@ -2225,6 +2288,7 @@ def run(args) -> int:
             "profile_calls": settings.profile_calls,
             "rounds": settings.rounds,
             "round_order": ROUND_ORDER,
+            "frame_gap_bytes": settings.frame_gap_bytes,
             "seed": args.seed,
             "quick": bool(args.quick),
         },

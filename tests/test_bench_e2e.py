@@ -429,3 +429,49 @@ def test_merge_takes_later_rows_and_says_where_the_runs_differ(e2e, smoke, tmp_p
     second.write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="different GPUs"):
         e2e.merge([str(first), str(second)], tmp_path / "refused")
+
+
+def test_a_frame_gap_runs_before_every_timed_call_and_the_report_says_so(e2e, smoke, tmp_path):
+    """--frame-gap BYTES: a framegap.CacheSweep before every timed call of every engine (not the
+    warm-up), off the clock; the config records the bytes, the settings line says them, children
+    get the flag, a bad value is refused in one line, and a merge with back-to-back runs warns."""
+    order: list[str] = []
+
+    def engine(name):
+        return lambda i: order.append(name)
+
+    timed = e2e.measure_rounds(
+        {"a": engine("a"), "b": engine("b")}, iters=4, warmup=1, rounds=2, between=lambda: order.append("gap")
+    )
+    assert order == ["a", "b"] + ["gap", "a"] * 2 + ["gap", "b"] * 2 + ["gap", "b"] * 2 + ["gap", "a"] * 2
+    assert timed["a"]["iters"] == timed["b"]["iters"] == 4
+    order.clear()
+    e2e.measure(engine("a"), iters=3, warmup=2, between=lambda: order.append("gap"))
+    assert order == ["a", "a"] + ["gap", "a"] * 3
+
+    argv = ["--device", "cpu", "--quick", "--archs", "min_gru", "--embed", "16", "--seq", "3", "--forms", "step"]
+    argv += ["--iters", "2", "--warmup", "1", "--profile-calls", "0", "--work", str(tmp_path / "work")]
+    assert e2e.main([*argv, "--frame-gap", "1M", "--out", str(tmp_path / "gap")]) == 0
+    results = json.loads((tmp_path / "gap" / "e2e.json").read_text())
+    assert results["config"]["frame_gap_bytes"] == 1 << 20
+    assert "1 MiB written before every timed call" in (tmp_path / "gap" / "e2e.md").read_text()
+    out, back_to_back = smoke
+    assert back_to_back["config"]["frame_gap_bytes"] == 0
+    assert "written before every timed call" not in (out / "e2e.md").read_text()
+    with pytest.raises(SystemExit, match="--frame-gap='lots'"):
+        e2e.main([*argv, "--frame-gap", "lots", "--out", str(tmp_path / "bad")])
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    e2e.add_arguments(parser)
+    child = e2e.child_argv(parser.parse_args(["--frame-gap", "32M"]), "zoo", "min_gru", tmp_path, tmp_path)
+    assert child[child.index("--frame-gap") + 1] == "32M"
+
+    older = json.loads(json.dumps(results))
+    del older["config"]["frame_gap_bytes"]  # a run from before the option: back to back
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps(results))
+    second.write_text(json.dumps(older))
+    merged = e2e.merge([str(first), str(second)], tmp_path / "merged")
+    assert any("frame_gap_bytes" in note for note in merged["notes"])

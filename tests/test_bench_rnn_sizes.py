@@ -282,3 +282,53 @@ def test_an_uneven_k_split_gives_way_to_one_that_keeps_weights_in_registers_emul
     x = np.random.default_rng(6).standard_normal(program.inputs["x"].shape).astype(np.float32)
     outputs, _ = emulate(kernel, {"x": x[None]}, {}, steps=1, workdir=tmp_path / "emu", races=True)
     assert float(np.abs(outputs["y"][0] - naive.run(program, {"x": x})["y"]).max()) < 1e-5
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to emulate the generated kernel")
+def test_the_512_thread_tactic_widens_only_kernels_with_a_hybrid_recurrence_emulated(rnn_sizes, monkeypatch, tmp_path):
+    """The build's stepkernel-512-threads tactic (prepare_step's hybrid_threads): where the plain
+    schedule holds a recurrence's R partly in registers (schedule.hybrid_recurrences: nn.LSTM's two
+    directions at hidden 1024 on the H100, here shrunk as in the test above), the kernel is
+    scheduled and generated for the wider blocks, and the emulated kernel (ThreadSanitizer)
+    computes the interpreter's values; where none is (RECUR_HYBRID off), the tactic's source is the
+    plain kernel's, so the build has no second candidate to compile and time."""
+    import numpy as np
+
+    from framefuse.compiler import lower_program, memo, naive
+    from framefuse.compiler import schedule as sched
+    from framefuse.compiler.emulate import emulate
+    from framefuse.compiler.engine import STATIC_SMEM_RESERVE, prepare_step
+
+    for name, value in [
+        ("RECUR_SMEM_FLOATS", 64),
+        ("RECUR_MAX_BLOCKS", 2),
+        ("RECUR_WIDE_SHARE_LEVEL", True),
+        ("RECUR_REGISTER_WEIGHTS", 8),
+        ("RECUR_ARENA_RESERVE", 0),
+    ]:
+        monkeypatch.setattr(sched, name, value)
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "cache"))
+    window = rnn_sizes.export_window("LSTM", 32, 5, 2, tmp_path)
+    program = lower_program(window["fused"])
+    # a GPU of 8 SMs whose schedule bound on a task's arrays is the test above's 500 floats
+    props = {"cc": (9, 0), "sm_count": 8, "max_shared_per_block_optin": STATIC_SMEM_RESERVE + 4000, "name": "test"}
+
+    def sources(hybrid):
+        monkeypatch.setattr(sched, "RECUR_HYBRID", hybrid)
+        memo.clear()  # the schedules depend on the patched constants
+        plain = prepare_step(program, props, threads=64)
+        wide = prepare_step(program, props, threads=64, hybrid_threads=128)
+        return plain, wide
+
+    plain, wide = sources(False)
+    assert not sched.hybrid_recurrences(plain.schedule)
+    assert wide.kernel.digest == plain.kernel.digest and wide.threads == plain.threads == 64
+
+    plain, wide = sources(True)
+    assert len(sched.hybrid_recurrences(plain.schedule)) == 2 and plain.threads == 64
+    assert wide.threads == 128 and wide.kernel.digest != plain.kernel.digest
+    assert wide.schedule.threads == 128 and plain.schedule.threads == 64
+    x = np.random.default_rng(7).standard_normal(program.inputs["x"].shape).astype(np.float32)
+    outputs, _ = emulate(wide.kernel, {"x": x[None]}, {}, steps=1, workdir=tmp_path / "emu", races=True)
+    assert float(np.abs(outputs["y"][0] - naive.run(program, {"x": x})["y"]).max()) < 1e-5
+    memo.clear()

@@ -2116,6 +2116,7 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-unrolled",
         "stepkernel-replica-cap",
         "stepkernel-384-threads-replica-cap",
+        "stepkernel-512-threads",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):

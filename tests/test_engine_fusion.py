@@ -642,12 +642,13 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
         log: list[str] = []
         loaded.clear()
         candidates = stepkernel_candidates(executor, plan, log.append, exact_math=exact_math)
-        same = {  # kernels here: nothing skewed, rolled or copied whole over the cap in min_gru's step
-            "stepkernel-skewed",
+        same = {  # kernels here: nothing skewed, rolled, copied whole over the cap or held in registers
+            "stepkernel-skewed",  # and shared memory (no recurrence) in min_gru's step
             "stepkernel-384-threads-skewed",
             "stepkernel-unrolled",
             "stepkernel-replica-cap",
             "stepkernel-384-threads-replica-cap",
+            "stepkernel-512-threads",
         }
         assert list(candidates) == [k for k in STEPKERNELS if k not in same]
         assert [c.compiled.kernel.identity for c in candidates.values()] == [s.kernel.identity for s in loaded]
@@ -963,3 +964,155 @@ def test_a_precision_artifacts_graph_generates_the_kernel_its_build_compiled(arc
         return hashlib.sha256(kernel.source.encode() + kernel.ranges().tobytes() + kernel.weights().tobytes()).digest()
 
     assert identity(folded) == identity(converted)
+
+
+def test_the_frame_gap_is_a_byte_count_the_environment_can_replace(monkeypatch):
+    """framegap: FRAMEFUSE_FRAME_GAP_BYTES takes a byte count with K/M/G (powers of two), 0 means
+    back to back (no sweep), anything else is refused in one line naming the variable; the sweep
+    writes every cache line of its buffer on every call and allocates nothing per call."""
+    import tracemalloc
+
+    from framefuse.engines import framegap
+
+    monkeypatch.delenv(framegap.FRAME_GAP_ENV, raising=False)
+    assert framegap.frame_gap_bytes() == framegap.FRAME_GAP_BYTES == 32 << 20
+    for text, value in (("0", 0), ("4096", 4096), ("8M", 8 << 20), ("512 KiB", 512 << 10), ("1g", 1 << 30)):
+        monkeypatch.setenv(framegap.FRAME_GAP_ENV, text)
+        assert framegap.frame_gap_bytes() == value
+    monkeypatch.setenv(framegap.FRAME_GAP_ENV, "0")
+    assert framegap.cache_sweep() is None
+    for bad in ("-1", "32 parsecs", "lots", "1.5M"):
+        monkeypatch.setenv(framegap.FRAME_GAP_ENV, bad)
+        with pytest.raises(ValueError, match=f"{framegap.FRAME_GAP_ENV}='{re.escape(bad)}'"):
+            framegap.frame_gap_bytes()
+    assert framegap.describe(32 << 20) == "32 MiB" and framegap.describe(1000) == "1000 bytes"
+
+    sweep = framegap.cache_sweep(1 << 20)
+    assert sweep.nbytes == 1 << 20 and sweep._buffer.nbytes == 1 << 20
+    sweep()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(3):
+            sweep()
+        assert tracemalloc.get_traced_memory()[0] == before
+    finally:
+        tracemalloc.stop()
+    assert (sweep._buffer == 4).all()  # every element written on every call
+    with pytest.raises(ValueError, match="positive"):
+        framegap.CacheSweep(0)
+
+
+class _OnTheCpu:  # a candidate that runs on the CPU (as engines.cpustep.CpuStepPlan says of itself)
+    host_only = True
+
+
+class _OnTheGpu:
+    host_only = False
+
+
+def _gap_timing(results, calls):
+    """A time_plans_host stand-in that answers ``results`` and records what it was asked."""
+
+    def time_host(plans, feeds, **kwargs):
+        calls.append((sorted(plans), kwargs))
+        return {name: results[name] for name in plans}
+
+    return time_host
+
+
+def test_a_cpu_step_is_kept_only_when_it_also_answers_first_between_frames():
+    """The CPU step answers first back to back from caches that hold its weights; it is kept only
+    when it also answers first with a cache sweep between frames, timed against the fastest GPU
+    candidate in the same rounds, the sweep before every call. The decision and its report."""
+    from framefuse.engines import framegap, fusion
+
+    timed = {"cpustep": _OnTheCpu(), "stepkernel": _OnTheGpu(), "plan": _OnTheGpu()}
+    timings = {"cpustep": 20.0, "stepkernel": 22.0, "plan": 60.0}
+    calls = []
+    cold = {
+        "cpustep": {"us_per_step": 45.0, "p99_us": 80.0, "calls": 120},
+        "stepkernel": {"us_per_step": 24.0, "p99_us": 30.0, "calls": 120},
+    }
+    kept, gap = fusion.keep_host_step_between_frames(
+        "cpustep", timed, timings, {}, nbytes=1 << 20, time_host=_gap_timing(cold, calls)
+    )
+    assert kept == "stepkernel" and gap["kept"] == "stepkernel" and gap["bytes"] == 1 << 20
+    ((names, kwargs),) = calls
+    assert names == ["cpustep", "stepkernel"]  # the fastest GPU candidate, not every one
+    assert isinstance(kwargs["between_frames"], framegap.CacheSweep) and kwargs["between_frames"].nbytes == 1 << 20
+    assert (kwargs["rounds"], kwargs["calls"]) == (fusion.FRAME_GAP_ROUNDS, fusion.FRAME_GAP_CALLS)
+    assert "not with 1 MiB written between frames" in gap["log"][-1] and "45.0 us against 24.0" in gap["log"][-1]
+
+    cold["cpustep"]["us_per_step"] = 23.0  # faster both ways: kept
+    kept, gap = fusion.keep_host_step_between_frames(
+        "cpustep", timed, timings, {}, nbytes=1 << 20, time_host=_gap_timing(cold, calls)
+    )
+    assert kept == "cpustep" and "kept" in gap["log"][-1]
+
+    failed = {**cold, "cpustep": {"error": "host timing: RuntimeError: boom"}}
+    kept, gap = fusion.keep_host_step_between_frames(
+        "cpustep", timed, timings, {}, nbytes=1 << 20, time_host=_gap_timing(failed, calls)
+    )
+    assert kept == "stepkernel" and "boom" in gap["log"][0]
+    failed = {**cold, "stepkernel": {"error": "host timing: RuntimeError: boom"}}
+    kept, _ = fusion.keep_host_step_between_frames(
+        "cpustep", timed, timings, {}, nbytes=1 << 20, time_host=_gap_timing(failed, calls)
+    )
+    assert kept == "cpustep"
+
+    # nothing to compare: nothing timed again
+    calls.clear()
+    assert fusion.keep_host_step_between_frames(
+        "stepkernel", timed, timings, {}, time_host=_gap_timing(cold, calls)
+    ) == (
+        "stepkernel",
+        None,
+    )
+    assert fusion.keep_host_step_between_frames(
+        "cpustep", timed, timings, {}, nbytes=0, time_host=_gap_timing(cold, calls)
+    ) == ("cpustep", None)
+    only_cpu = {"cpustep": timed["cpustep"]}
+    assert fusion.keep_host_step_between_frames(
+        "cpustep", only_cpu, {"cpustep": 20.0}, {}, nbytes=1 << 20, time_host=_gap_timing(cold, calls)
+    ) == ("cpustep", None)
+    assert calls == []
+
+
+def test_host_timing_runs_the_game_between_frames_outside_the_clock(fused_models, monkeypatch):
+    """time_plans_host's between_frames runs once before every call (warm-up included), outside
+    the call's clock; the frame-gap check runs through it on real candidates (the CPU step and a
+    plan, both on this machine's CPU): each is timed FRAME_GAP_ROUNDS x FRAME_GAP_CALLS times."""
+    from framefuse.engines import framegap, fusion
+    from framefuse.engines.cpustep import CpuStepPlan
+
+    model = fused_models("min_gru", "step")
+    plain, plan = _plans(model)
+    feeds = _feeds(plan, seed=3)
+    ran = []
+    now = [0]
+
+    def clock():  # a clock that the game between frames moves by an hour
+        now[0] += 1000
+        return now[0]
+
+    def between():
+        ran.append(1)
+        now[0] += 3600 * 10**9
+
+    monkeypatch.setattr(fusion.time, "perf_counter_ns", clock)
+    results = fusion.time_plans_host({"plan": plan}, feeds, rounds=2, calls=3, warmup=2, between_frames=between)
+    monkeypatch.undo()
+    assert len(ran) == 2 * 3 + 2 and results["plan"]["calls"] == 6
+    assert results["plan"]["p99_us"] == 1.0  # the two reads around each call, 1000 ns apart
+
+    cpu = CpuStepPlan.build(model, plan.input_specs, plan.output_specs, "cpu")
+    timed = {"cpustep": cpu, "plan": plan}
+    kept, gap = fusion.keep_host_step_between_frames(
+        "cpustep", timed, {"cpustep": 1.0, "plan": 2.0}, feeds, nbytes=1 << 20
+    )
+    assert kept in timed and gap["kept"] == kept and gap["bytes"] == 1 << 20
+    for name in timed:
+        assert gap["candidates"][name]["calls"] == fusion.FRAME_GAP_ROUNDS * fusion.FRAME_GAP_CALLS
+    assert len(gap["log"]) == 3 and all("1 MiB written between frames" in line for line in gap["log"])
+    assert isinstance(framegap.cache_sweep(1 << 20), framegap.CacheSweep)

@@ -112,6 +112,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-unrolled",
             "stepkernel-replica-cap",
             "stepkernel-384-threads-replica-cap",
+            "stepkernel-512-threads",
             "cpustep",
             "inductor",
             "inductor-autotune",
@@ -124,7 +125,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "stepkernel-skewed / stepkernel-384-threads-skewed: sums that read one shared-memory bank a warp start "
         "each element at its own position, stepkernel-unrolled: an unrolled Elman cell's copies kept as they are, "
         "not rolled into a loop, stepkernel-replica-cap / stepkernel-384-threads-replica-cap: a task whose blocks "
-        "each copy the same values whole, such as attention's KV caches, on fewer blocks), the step compiler's "
+        "each copy the same values whole, such as attention's KV caches, on fewer blocks, stepkernel-512-threads: "
+        "blocks of 512 threads where a recurrence holds its weights partly in registers, hidden 1024), the step compiler's "
         "program as one C++ function on the host CPU (cpustep, fp32 builds: small models answer faster there), "
         "the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "

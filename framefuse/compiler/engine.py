@@ -23,7 +23,7 @@ import torch
 from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.memo import cached_program, cached_schedule
-from framefuse.compiler.schedule import THREADS, Schedule, replica_capped
+from framefuse.compiler.schedule import THREADS, Schedule, hybrid_recurrences, replica_capped
 
 # The step kernel's math: denormals flushed to zero, division and square root to 2 ulp (full range:
 # inf and NaN as IEEE), exp as the __expf intrinsic (codegen.EXP_INTRINSIC). Measured on the H100:
@@ -100,13 +100,16 @@ def prepare_step(
     weight_format: str = "fp32",
     lossless_rows: bool = False,
     replica_floats: int | None = None,
+    hybrid_threads: int | None = None,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
     (``weight_format``, ``lossless_rows``: how the products' weight rows are stored,
     codegen.WEIGHT_FORMATS and codegen.stores_exactly; ``replica_floats``: the schedule's cap on a
     task whose blocks copy the same values whole, schedule.schedule; where no task of the plain
-    schedule exceeds it, the plain schedule is the capped one)."""
+    schedule exceeds it, the plain schedule is the capped one; ``hybrid_threads``: blocks of this
+    many threads where the schedule at ``threads`` holds a recurrence's R partly in registers,
+    schedule.hybrid_recurrences; where none does, the plain schedule)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -119,6 +122,9 @@ def prepare_step(
     start = time.perf_counter()
     # the same schedule for the tactics that differ only in the code (compiler.memo)
     schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
+    if hybrid_threads is not None and hybrid_threads != threads and hybrid_recurrences(schedule):
+        threads = int(hybrid_threads)
+        schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
     if replica_floats is not None and replica_capped(schedule, replica_floats):
         schedule = cached_schedule(
             program, grid=grid, threads=threads, smem_floats=smem_limit // 8, replica_floats=replica_floats
@@ -286,6 +292,7 @@ class CompiledStep:
         weight_format: str = "fp32",
         lossless_rows: bool = False,
         replica_floats: int | None = None,
+        hybrid_threads: int | None = None,
         source: StepSource | None = None,
         log=None,
     ):
@@ -313,6 +320,7 @@ class CompiledStep:
                 weight_format=weight_format,
                 lossless_rows=lossless_rows,
                 replica_floats=replica_floats,
+                hybrid_threads=hybrid_threads,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -532,6 +540,7 @@ def compile_step(
     lossless_rows=False,
     widen_storage=False,
     replica_floats=None,
+    hybrid_threads=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
@@ -539,7 +548,7 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``, ``hybrid_threads``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -556,6 +565,7 @@ def compile_step(
         weight_format=weight_format,
         lossless_rows=lossless_rows,
         replica_floats=replica_floats,
+        hybrid_threads=hybrid_threads,
         log=log,
     )
 

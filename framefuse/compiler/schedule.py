@@ -2092,6 +2092,18 @@ def _replica_capped_blocks(task: Task, replica_floats: int | None) -> int:
     return max(1, min(task.blocks, replica_floats // replicated))
 
 
+def hybrid_recurrences(sched: Schedule) -> list[Recur]:
+    """The recurrences of ``sched`` whose R its blocks hold split between registers and shared
+    memory (RecurPlan.hybrid: a hidden size past what registers hold, e.g. nn.LSTM hidden 1024):
+    where there is none, the build's stepkernel-512-threads tactic takes the plain schedule as its
+    own instead of scheduling again."""
+    found = []
+    for task in sched.tasks:
+        if isinstance(task.root, Recur) and recur_plan(task.root, task.chunk, task.stage_limit, task.threads).hybrid:
+            found.append(task.root)
+    return found
+
+
 def replica_capped(sched: Schedule, replica_floats: int) -> bool:
     """Whether some task of ``sched`` copies the same values whole over more than ``replica_floats``
     floats in all, its blocks together (see schedule): where none does, the build's replica-cap

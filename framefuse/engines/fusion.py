@@ -313,12 +313,15 @@ def time_plans_host(
     rounds: int = HOST_TIMING_ROUNDS,
     calls: int = HOST_TIMING_CALLS,
     warmup: int = HOST_TIMING_WARMUP,
+    between_frames: Callable[[], None] | None = None,
 ) -> dict[str, dict]:
     """Each plan timed as ``Session.step`` / ``Session.run`` runs it: the session's binding
     (:func:`session_io`), the frame written into its host input buffers, one launch, the wait the
     session uses (the step kernel's done words, else the stream), host clock around each call.
-    ``rounds`` rounds of ``calls`` calls per plan, the plans in turn within a round. Returns
-    {name: {"us_per_step": median, "p99_us", "calls"} | {"error"}}."""
+    ``rounds`` rounds of ``calls`` calls per plan, the plans in turn within a round.
+    ``between_frames`` (e.g. a framegap.CacheSweep) runs before every call, outside its clock: the
+    game's own work between two frames. Returns {name: {"us_per_step": median, "p99_us", "calls"}
+    | {"error"}}."""
     bindings, results = {}, {}
     for name, plan in plans.items():
         try:
@@ -337,6 +340,8 @@ def time_plans_host(
                     times = samples[name]
                     binding.wait_idle()
                     for call in range(calls + (warmup if round_index == 0 else 0)):
+                        if between_frames is not None:
+                            between_frames()
                         start = clock()
                         for buffer, frame in frames:
                             np.copyto(buffer, frame)
@@ -371,6 +376,7 @@ def select_plan(
     references: Mapping[str, Plan] | None = None,
     tolerance: float = PARITY_TOLERANCE,
     relative: bool = False,
+    frame_gap: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[Plan, dict]:
     """Build-time selection (TensorRT-style tactic timing) among ``plan`` (named "plan"), the given
@@ -385,7 +391,10 @@ def select_plan(
     :func:`time_plans_host`); the fastest host to host is returned with a report {"chosen",
     "metric", "candidates": {name: {us_per_step | error, ...}}}. ``references`` are timed in the
     same rounds for comparison (marked "reference": true), never checked against ``plan`` and
-    never chosen. On a CPU device nothing is timed: ``plan`` is returned with a note."""
+    never chosen. A candidate that runs on the CPU (the CPU step) is kept only when it also answers
+    first with ``frame_gap`` bytes written between frames (:func:`keep_host_step_between_frames`;
+    default framegap.frame_gap_bytes(), 0: back to back only). On a CPU device nothing is timed:
+    ``plan`` is returned with a note."""
     say = log or (lambda message: None)
     if plan.device.type != "cuda":
         note = "build-time selection skipped: no CUDA device (the plan is used as planned)"
@@ -442,6 +451,8 @@ def select_plan(
         if "us_per_step" in result and not report[name].get("reference"):
             timings[name] = result["us_per_step"]
     chosen = min(timings, key=timings.get) if timings else "plan"
+    fastest_back_to_back = chosen
+    chosen, gap = keep_host_step_between_frames(chosen, timed, timings, feeds, nbytes=frame_gap)
     for name, entry in report.items():
         if "us_per_step" in entry:
             device = entry["device_us_per_step"]
@@ -455,11 +466,84 @@ def select_plan(
             + ("  <- chosen" if name == chosen else "")
             + ("  (reference, not a candidate)" if entry.get("reference") else "")
         )
-    return candidates[chosen], {
-        "chosen": chosen,
-        "metric": "host to host, as the session runs it",
-        "candidates": report,
-    }
+    result = {"chosen": chosen, "metric": "host to host, as the session runs it", "candidates": report}
+    if any(getattr(timed[name], "host_only", False) for name in timings):
+        from framefuse.engines.framegap import frame_gap_bytes
+
+        result["frame_gap_bytes"] = frame_gap_bytes() if frame_gap is None else int(frame_gap)
+    if gap is not None:
+        result["frame_gap"] = {key: value for key, value in gap.items() if key != "log"}
+        for line in gap["log"]:
+            say(line)
+        if chosen != fastest_back_to_back:
+            say(
+                f"selection: {chosen} is chosen (the fastest back to back, {fastest_back_to_back}, is not in a game loop)"
+            )
+    return candidates[chosen], result
+
+
+# The CPU step's frame-gap timing (keep_host_step_between_frames): fewer calls than the back-to-back
+# timing, each after a sweep (~1.5 ms for 32 MiB on the CI machine): 2 candidates x 3 x 40 calls.
+FRAME_GAP_ROUNDS, FRAME_GAP_CALLS, FRAME_GAP_WARMUP = 3, 40, 5
+
+
+def keep_host_step_between_frames(
+    chosen: str,
+    timed: Mapping[str, Plan],
+    timings: Mapping[str, float],
+    feeds: Mapping[str, torch.Tensor],
+    *,
+    nbytes: int | None = None,
+    time_host: Callable[..., dict] | None = None,
+) -> tuple[str, dict | None]:
+    """Whether the fastest candidate back to back, when it runs on the CPU (``host_only``: the CPU
+    step), also answers first in a game loop. Back to back its weights and code stay in the CPU's
+    caches from one call to the next; a game's own work between two frames evicts them
+    (framegap.py: the GPT-2 test model's CPU step 14 us back to back, 44 us after 32 MiB written).
+    So it and the fastest candidate that runs on the GPU are timed again in the same rounds, a
+    framegap.CacheSweep of ``nbytes`` (default framegap.frame_gap_bytes()) before every call, and
+    the faster of the two by that median is kept. Returns (the name kept, the report's "frame_gap"
+    entry: {"bytes", "candidates": {name: timing}, "kept", "log": lines}; None when nothing was
+    compared: the chosen candidate runs on the GPU, no GPU candidate was timed, or nbytes is 0)."""
+    from framefuse.engines import framegap
+
+    if not getattr(timed.get(chosen), "host_only", False):
+        return chosen, None
+    rivals = [name for name in timings if name in timed and not getattr(timed[name], "host_only", False)]
+    sweep = framegap.cache_sweep(nbytes)
+    if sweep is None or not rivals:
+        return chosen, None
+    rival = min(rivals, key=timings.get)
+    time_host = time_host or time_plans_host
+    results = time_host(
+        {chosen: timed[chosen], rival: timed[rival]},
+        feeds,
+        rounds=FRAME_GAP_ROUNDS,
+        calls=FRAME_GAP_CALLS,
+        warmup=FRAME_GAP_WARMUP,
+        between_frames=sweep,
+    )
+    mine = results.get(chosen, {}).get("us_per_step")
+    theirs = results.get(rival, {}).get("us_per_step")
+    gap = framegap.describe(sweep.nbytes)
+    lines = [
+        f"selection: {name:<18} {res['us_per_step']:.1f} us/step host to host (p99 {res['p99_us']:.1f}) "
+        f"with {gap} written between frames"
+        if "us_per_step" in res
+        else f"selection: {name:<18} with {gap} written between frames: {res.get('error', 'not timed')}"
+        for name, res in ((chosen, results.get(chosen, {})), (rival, results.get(rival, {})))
+    ]
+    if mine is not None and (theirs is None or mine < theirs):
+        kept = chosen
+        lines.append(f"selection: {chosen} answers first back to back and with {gap} written between frames: kept")
+    else:
+        kept = rival
+        lines.append(
+            f"selection: {chosen} answers first back to back ({timings[chosen]:.1f} us against "
+            f"{timings[rival]:.1f}) but not with {gap} written between frames, as in a game loop "
+            f"({'failed' if mine is None else f'{mine:.1f} us'} against {theirs:.1f}): {rival} is kept"
+        )
+    return kept, {"bytes": sweep.nbytes, "candidates": results, "kept": kept, "log": lines}
 
 
 STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/compiler)
@@ -515,6 +599,14 @@ STEPKERNEL_UNROLLED = "stepkernel-unrolled"
 STEPKERNEL_REPLICA_CAP = "stepkernel-replica-cap"
 STEPKERNEL_WIDE_REPLICA_CAP = "stepkernel-384-threads-replica-cap"
 REPLICA_CAP_FLOATS = 256 * 1024
+# Blocks of 512 threads where a recurrence's R is held split between registers and shared memory
+# (schedule.hybrid_recurrences: hidden 1024). H200, session 49 (bench/h200/2026-12-05-s49/sweep/,
+# device time in a CUDA graph, nn.LSTM hidden 1024, T = 32, two directions): 256 threads 320.5 us,
+# 512 288.5, 1024 337.9, where cuDNN answered host to host in 346.1 against the plain kernel's
+# 348.6; nn.LSTM hidden 64 (R wholly in registers) 132.7 / 134.7 / 136.8: slower. Built only where
+# such a recurrence is (no zoo model at embed 256 has one): no candidate to time elsewhere.
+STEPKERNEL_HYBRID_WIDE = "stepkernel-512-threads"
+HYBRID_THREADS = 512
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -534,6 +626,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_UNROLLED: {"copy_pieces": 0, "roll_recurrences": False},
     STEPKERNEL_REPLICA_CAP: {"copy_pieces": 0, "replica_floats": REPLICA_CAP_FLOATS},
     STEPKERNEL_WIDE_REPLICA_CAP: {"copy_pieces": 0, "threads": WIDE_THREADS, "replica_floats": REPLICA_CAP_FLOATS},
+    STEPKERNEL_HYBRID_WIDE: {"copy_pieces": 0, "hybrid_threads": HYBRID_THREADS},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.
@@ -920,6 +1013,7 @@ __all__ = [
     "STEPKERNEL_FEWER_BLOCKS",
     "STEPKERNEL_REPLICA_CAP",
     "STEPKERNEL_WIDE_REPLICA_CAP",
+    "STEPKERNEL_HYBRID_WIDE",
     "STEPKERNEL_WIDE",
     "STEPKERNEL_PACED",
     "STEPKERNEL_UNFRAMED",
@@ -940,4 +1034,5 @@ __all__ = [
     "stepkernel_candidate",
     "time_plan_graph",
     "time_plans_host",
+    "keep_host_step_between_frames",
 ]
