@@ -242,3 +242,130 @@ def test_the_sanitizer_run_catches_a_buffer_too_small():
     step = cstep.generate(_program("gru"))
     report = cstep.sanitize(dataclasses.replace(step, scratch_floats=16))
     assert "heap-buffer-overflow" in report
+
+
+def _cpu_sessions(arch="lstm"):
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, SMALL)["step"]
+    engine = cuda_graph.build(prepared.fused, device="cpu", options={"select": "cpustep"})
+    return Session(engine, budget_ms=None), Session(engine, budget_ms=None, resident=True)
+
+
+def test_the_resident_cpu_step_answers_as_the_callers_thread_does():
+    """Session(resident=True) on the CPU step: a worker thread of its own (hostpath.c's
+    ff_cpu_worker) answers each frame rung through the bell, bit for bit the frames the caller's
+    thread runs, through the native frame call and the Python one (a float64 frame), across state
+    reads, set_state, reset and close; the next frame after close starts the worker again. A
+    resident_sms= is refused in one line (it limits a GPU kernel)."""
+    from framefuse.engines.base import EngineBuildError
+    from framefuse.engines.cpustep import CpuResidentBinding, CpuStepBinding
+    from framefuse.engines.hostpath import worker
+
+    if worker() is None:
+        pytest.skip("hostpath.c is not built here")
+    plain, resident = _cpu_sessions()
+    assert type(plain._host_step) is CpuStepBinding and isinstance(resident._host_step, CpuResidentBinding)
+    assert resident._hot is not None  # the native frame call rings the worker
+    binding = resident._host_step
+    rng = np.random.default_rng(11)
+    shape = binding.host_in[resident._single_in].shape
+    for i in range(60):
+        frame = rng.standard_normal(shape).astype(np.float32)
+        if i % 3 == 2:
+            frame = frame.astype(np.float64)  # not the hot path's dtype: the Python frame path
+        np.testing.assert_array_equal(resident.step(frame), plain.step(frame), err_msg=f"frame {i}")
+        if i == 20:
+            state = plain.get_state()
+            for name, value in resident.get_state().items():
+                np.testing.assert_array_equal(value, state[name])
+        if i == 30:
+            scrambled = {n: rng.standard_normal(v.shape).astype(np.float32) for n, v in state.items()}
+            plain.set_state(scrambled)
+            resident.set_state(scrambled)
+        if i == 40:
+            plain.reset()
+            resident.reset()
+        if i == 50:
+            resident.close()
+            assert not binding.running
+    assert binding.running and binding.starts == 2 and resident.frame_index == plain.frame_index == 19  # since reset
+    resident.close()
+    assert not binding.running
+    from framefuse.runtime.session import Session
+
+    with pytest.raises(EngineBuildError, match=r"resident_sms=4 limits a resident GPU kernel"):
+        Session(plain.engine, budget_ms=None, resident=True, resident_sms=4)
+
+
+def test_the_resident_cpu_worker_starts_and_stops_a_thousand_times_without_a_leak():
+    """1000 starts and stops of the worker, each joined (its OS thread gone from /proc), a frame
+    answered after each tenth; a binding collected with its worker running joins it (its
+    finalizer)."""
+    import gc
+    import os
+    import time
+
+    from framefuse.engines.hostpath import worker
+
+    if worker() is None:
+        pytest.skip("hostpath.c is not built here")
+    _, resident = _cpu_sessions("min_gru")
+    binding = resident._host_step
+    frame = np.ones(binding.host_in[resident._single_in].shape, np.float32)
+    state = binding._worker  # hostpath.CpuWorker
+
+    def worker_thread() -> str:
+        deadline = time.monotonic() + 5
+        while not state.tid and time.monotonic() < deadline:
+            time.sleep(0)  # the worker writes its id when it begins
+        return f"/proc/{os.getpid()}/task/{state.tid}"
+
+    seen = set()
+    for i in range(1000):
+        binding.start()
+        assert binding.running
+        if i % 10 == 0:
+            resident.step(frame)
+        if i % 100 == 0:
+            seen.add(worker_thread())
+            assert os.path.exists(worker_thread())
+        binding.stop()
+        assert not binding.running
+    assert binding.starts == 1000 and len(seen) >= 1
+    for path in seen:
+        assert not os.path.exists(path)  # (a thread id is reused only after its thread is gone)
+    resident.step(frame)  # running again; then the session and its binding go
+    running = worker_thread()
+    assert os.path.exists(running)
+    del resident, binding
+    gc.collect()
+    assert not os.path.exists(running)
+
+
+def test_a_resident_cpu_frame_left_unanswered_raises_after_the_deadline(monkeypatch):
+    """A worker that cannot answer (here: stopped behind the binding's back) fails the frame after
+    the binding's timeout, naming the frame, and the next frame starts the worker again."""
+    from framefuse.engines import cpustep
+    from framefuse.engines.base import EngineRunError
+    from framefuse.engines.hostpath import worker
+
+    if worker() is None:
+        pytest.skip("hostpath.c is not built here")
+    monkeypatch.setattr(cpustep, "WORKER_CHECK_POLLS", 1 << 10)
+    plain, resident = _cpu_sessions("min_gru")
+    binding = resident._host_step
+    binding.timeout_s = 0.05
+    frame = np.ones(binding.host_in[resident._single_in].shape, np.float32)
+    np.testing.assert_array_equal(resident.step(frame), plain.step(frame))
+    binding._stop_fn(binding._worker_ptr)  # the worker gone, the binding still thinks it runs
+    with pytest.raises(EngineRunError, match=r"did not answer frame 2 within 0.05 s"):
+        binding.launch()
+        binding.wait_host()
+    assert not binding.running
+    resident.reset()
+    plain.reset()
+    np.testing.assert_array_equal(resident.step(frame), plain.step(frame))
+    assert binding.running
+    resident.close()

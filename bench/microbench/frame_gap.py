@@ -2,11 +2,13 @@
 """The CPU step and ONNX Runtime CPU timed back to back and with a game's work between frames.
 
 A game calls the step once a frame; between two calls its own work fills the CPU's caches. This
-times each engine host to host (the frame in, the call, the output back, the state carried) with a
-framegap.CacheSweep of each --gaps size written before every timed call, off the clock, the gap
-sizes and engines interleaved in rounds. Gap 0 is the back-to-back loop every benchmark before
-2026-12-05 timed. No GPU is used: the GPU step's host side under the same gaps is `bench/e2e.py
---frame-gap`'s to measure.
+times each engine host to host (Session.step: the frame in, the output back, the state carried;
+ONNX Runtime as bench/e2e.py calls it) with a framegap.CacheSweep of each --gaps size written
+before every timed call, off the clock, the gap sizes and engines interleaved in rounds. The CPU
+step runs on the caller's thread (``cpu_step``) and resident on a worker thread of its own
+(``cpu_step_resident``: engines/cpustep.CpuResidentBinding, stopped while the others are timed).
+Gap 0 is the back-to-back loop every benchmark before 2026-12-05 timed. No GPU is used: the GPU
+step's host side under the same gaps is `bench/e2e.py --frame-gap`'s to measure.
 
     python bench/microbench/frame_gap.py --items real:gpt2_sdpa,lstm --out FILE.json
 
@@ -31,54 +33,61 @@ for path in (REPO, REPO / "bench", REPO / "bench" / "microbench"):
         sys.path.insert(0, str(path))
 
 
+def _session(fused, resident: bool):
+    """A Session over the fused graph on the CPU with the CPU step, on the caller's thread or
+    resident on a worker thread of its own."""
+    from framefuse.runtime.session import Session
+
+    options = {"select": "cpustep"}
+    return Session.load(fused, engine="cuda-graph", device="cpu", engine_options=options, resident=resident)
+
+
 def bench_item(item: str, args, root: Path, gaps: list[int]) -> dict:
     import onnxruntime as ort
     from cpu_step import _prepare
     from e2e import make_ort
 
-    from framefuse.compiler import cstep, lower_program
     from framefuse.engines.framegap import CacheSweep, describe
 
     fused, onnx_path, manifest = _prepare(item, root, args.embed)
-    program = lower_program(fused)
-    step = cstep.generate(program)
-    runner = cstep.Runner(step)
     in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
     state_names = [f"state.{n}" for n in manifest.get("state_names") or []]
-    pool = np.random.default_rng(0).standard_normal((64, *program.inputs[in_name].shape)).astype(np.float32)
-    frame_buffer, out_buffer = runner.inputs[in_name], runner.outputs[out_name]
-    call, ios = runner._call, [runner.io_address(0), runner.io_address(1)]
+    shape = tuple(manifest["inputs"][0]["shape"])
+    pool = np.random.default_rng(0).standard_normal((64, *shape)).astype(np.float32)
+    sessions = {"cpu_step": _session(fused, False), "cpu_step_resident": _session(fused, True)}
 
-    # parity over chained steps against ONNX Runtime on the original graph (each side its own state)
+    # parity over chained steps against ONNX Runtime on the original graph (each its own state)
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    ort_state = {n: np.zeros(program.states[n].shape, np.float32) for n in state_names}
-    outputs = [out_name] + [program.state_of[n] for n in state_names]
-    worst = 0.0
+    outputs = [out_name] + [s.replace("state.", "next_state.", 1) for s in state_names]
+    shapes = {i.name: [d if isinstance(d, int) else 1 for d in i.shape] for i in sess.get_inputs()}
+    ort_state = {n: np.zeros(shapes[n], np.float32) for n in state_names}
+    worst = {name: 0.0 for name in sessions}
     for i in range(args.steps):
-        frame_buffer[...] = pool[i % 64]
-        runner.call(i % 2)
         results = sess.run(outputs, {in_name: pool[i % 64], **ort_state})
         ort_state = dict(zip(state_names, results[1:]))
-        worst = max(worst, float(np.max(np.abs(out_buffer - results[0]) / (1 + np.abs(results[0])))))
+        for name, session in sessions.items():
+            got = np.asarray(session.step(pool[i % 64]))
+            worst[name] = max(worst[name], float(np.max(np.abs(got - results[0]) / (1 + np.abs(results[0])))))
+    for session in sessions.values():
+        session.reset()
+    sessions["cpu_step_resident"].close()  # started again by its own block's first call
 
-    def cpu_step(i):
-        frame_buffer[...] = pool[i % 64]
-        call(ios[i & 1], None)
-        return out_buffer
+    def stepper(session):
+        return lambda i: session.step(pool[i % 64])
 
-    engines = {"cpu_step": cpu_step, "ort_cpu": make_ort(onnx_path, pool=pool, manifest=manifest)}
+    engines = {name: stepper(session) for name, session in sessions.items()}
+    engines["ort_cpu"] = make_ort(onnx_path, pool=pool, manifest=manifest)
     sweeps = {gap: (CacheSweep(gap) if gap else None) for gap in gaps}
     samples: dict = {(name, gap): [] for name in engines for gap in gaps}
     sweep_ns: dict = {gap: [] for gap in gaps if gap}
     clock = time.perf_counter_ns
-    for fn in engines.values():
-        for i in range(args.warmup):
-            fn(i)
     cells = [(name, gap) for gap in gaps for name in engines]
     for r in range(args.rounds):
         shift = r % len(cells)
         for name, gap in cells[shift:] + cells[:shift]:
             fn, sweep = engines[name], sweeps[gap]
+            for i in range(args.warmup if r == 0 else 10):  # the resident worker starts here
+                fn(i)
             ns = samples[(name, gap)]
             for k in range(args.calls):
                 if sweep is not None:
@@ -88,7 +97,9 @@ def bench_item(item: str, args, root: Path, gaps: list[int]) -> dict:
                 start = clock()
                 fn(k)
                 ns.append(clock() - start)
-    row: dict = {"item": item, "parity_steps": args.steps, "max_rel_diff": worst, **step.describe(), "gaps": []}
+            sessions["cpu_step_resident"].close()  # its worker holds a core: not while others run
+    row: dict = {"item": item, "parity_steps": args.steps, "max_rel_diff": worst, "gaps": []}
+    row["cpu_step"] = sessions["cpu_step"].engine.summary().get("cpustep")
     for gap in gaps:
         entry: dict = {"gap_bytes": gap, "gap": describe(gap) if gap else "back to back"}
         if gap:
@@ -100,9 +111,6 @@ def bench_item(item: str, args, root: Path, gaps: list[int]) -> dict:
                 "p99_us": round(float(np.percentile(us, 99)), 2),
                 "calls": int(us.size),
             }
-        entry["cpu_step_vs_back_to_back"] = (
-            round(entry["cpu_step"]["p50_us"] / row["gaps"][0]["cpu_step"]["p50_us"], 2) if row["gaps"] else 1.0
-        )
         row["gaps"].append(entry)
     return row
 
@@ -141,9 +149,16 @@ def main() -> int:
             print(f"{item}: {row['error']}", flush=True)
         else:
             cells = "  ".join(
-                f"{g['gap']}: {g['cpu_step']['p50_us']:.1f} / {g['ort_cpu']['p50_us']:.1f}" for g in row["gaps"]
+                f"{g['gap']}: {g['cpu_step']['p50_us']:.1f} / {g['cpu_step_resident']['p50_us']:.1f} / "
+                f"{g['ort_cpu']['p50_us']:.1f}"
+                for g in row["gaps"]
             )
-            print(f"{item} (parity {row['max_rel_diff']:.1e}), p50 us cpu step / ONNX Runtime CPU: {cells}", flush=True)
+            parity = max(row["max_rel_diff"].values())
+            print(
+                f"{item} (parity {parity:.1e}), Session.step p50 us, CPU step / resident on a worker / "
+                f"ONNX Runtime CPU: {cells}",
+                flush=True,
+            )
         result["rows"].append(row)
         if args.out:  # after every item: a cut run keeps what it measured
             Path(args.out).write_text(json.dumps(result, indent=1))

@@ -13,8 +13,12 @@ step) runs it as it runs the step kernel, with no Python between the frame and t
 from __future__ import annotations
 
 import ctypes
+import os
+import time
+import weakref
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from framefuse.compiler import cstep
@@ -25,6 +29,11 @@ from framefuse.engines.fusion import CPUSTEP
 from framefuse.engines.stepkernel import NativeFrameBinding
 
 HOST_SPIN_LIMIT = 16  # the function has raised its done word when the call returns
+# Resident (CpuResidentBinding): polls of the done word before a look at the clock; polls of an
+# unrung bell between two sched_yield()s of the worker; a frame's deadline
+WORKER_CHECK_POLLS = 1 << 20
+WORKER_YIELD_POLLS = 4096
+WORKER_TIMEOUT_S = float(os.environ.get("FRAMEFUSE_RESIDENT_TIMEOUT_S", "2.0"))
 
 
 class CpuStepPlan:
@@ -82,11 +91,13 @@ class CpuStepPlan:
     def create_binding(
         self, engine, *, host_inputs, host_outputs, state_pairs, input_buffers=None, resident=False
     ) -> CpuStepBinding:
-        if resident:
+        if resident is not False and resident is not True:  # Session's resident_sms=N
             raise EngineBuildError(
-                f"resident=True keeps a GPU kernel running; this engine's step is the {CPUSTEP} candidate, "
-                "which runs on the CPU (build with `--select stepkernel` for a resident step)"
+                f"resident_sms={resident} limits a resident GPU kernel; this engine's step is the {CPUSTEP} "
+                "candidate, which runs on the CPU (resident=True alone keeps it on a core of its own)"
             )
+        if resident:
+            return CpuResidentBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
         return CpuStepBinding(self, engine, host_inputs, host_outputs, state_pairs, input_buffers)
 
 
@@ -153,6 +164,153 @@ class CpuStepBinding(NativeFrameBinding, BindingBase):
         raise EngineRunError(f"{CPUSTEP}: the native frame call answered {code}")
 
 
+def _stop_worker(stop, worker_ptr, *keep) -> None:
+    """Join a CpuResidentBinding's worker (its finalizer: the binding collected, or interpreter
+    exit); ``keep`` holds what the worker reads until it has stopped."""
+    stop(worker_ptr)
+
+
+class CpuResidentBinding(CpuStepBinding):
+    """The CPU step kept on a core of its own: a worker thread (hostpath.c's ff_cpu_worker,
+    started on the first frame) that waits on a bell word, runs the step and raises the done word
+    to the frame's epoch, the resident GPU kernel's protocol (hostpath.c's ff_frame rings it).
+
+    Why: between two frames a game's own work evicts the step's weights and code from the
+    caller's caches (engines/framegap.py); the worker's core does nothing else, so they stay in its
+    L1/L2. The cost: the worker spins on the bell between frames, a core held while the session
+    runs (with sched_yield() every WORKER_YIELD_POLLS polls). ``cpu``: the core to pin it to (None:
+    where the OS puts it). ``stop()`` / ``close()`` (and the binding's collection, and interpreter
+    exit) join it; the next frame starts it again. A frame not answered within WORKER_TIMEOUT_S
+    (FRAMEFUSE_RESIDENT_TIMEOUT_S) raises. The state halves are read and written between frames
+    (the worker waits on the bell then), so state reads, resets and checks do not stop it."""
+
+    def __init__(self, plan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None, cpu=None):
+        super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
+        functions = hostpath.worker()
+        if functions is None:
+            raise EngineBuildError(
+                f"resident=True on the {CPUSTEP} runs it on a worker thread that hostpath.c provides, and that is "
+                f"not built here: {hostpath.status()}"
+            )
+        self._start_fn, self._stop_fn = functions
+        hs = self._hs
+        self._bell = np.zeros(1, np.uint32)
+        self._answer = np.zeros(1, np.uint32)  # the worker's done word (the function's own is not waited on)
+        self._bell_word = ctypes.c_uint32.from_address(self._bell.ctypes.data)
+        self._answer_word = ctypes.c_uint32.from_address(self._answer.ctypes.data)
+        hs.bell, hs.done, hs.n_done = self._bell.ctypes.data, self._answer.ctypes.data, 1
+        hs.spin_limit = WORKER_CHECK_POLLS  # then wait_host looks at the clock
+        hs.running = 0
+        worker = self._worker = hostpath.CpuWorker()
+        worker.frame = ctypes.addressof(hs)
+        worker.cpu = -1 if cpu is None else int(cpu)
+        worker.yield_polls = WORKER_YIELD_POLLS
+        self._worker_ptr = ctypes.pointer(worker)
+        self.timeout_s = WORKER_TIMEOUT_S
+        self.starts = 0
+        self._finalizer = weakref.finalize(
+            self, _stop_worker, self._stop_fn, self._worker_ptr, worker, hs, self._bell, self._answer, self.runner
+        )
+
+    @property
+    def running(self) -> bool:
+        return bool(self._hs.running)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the running worker is pinned to the core asked for."""
+        return bool(self._worker.pinned)
+
+    def start(self) -> None:
+        """Start the worker (the frame path does this on its first frame)."""
+        if self.running:
+            return
+        hs, worker = self._hs, self._worker
+        self._bell_word.value = 0
+        self._answer_word.value = 0  # below every epoch: no stale answer passes for a frame's
+        hs.frames = hs.epoch_base = 0
+        hs.unwaited = 0
+        worker.parity = hs.parity
+        err = self._start_fn(self._worker_ptr)
+        if err:
+            raise EngineRunError(f"{CPUSTEP}: the resident worker thread could not start ({os.strerror(err)})")
+        hs.running = 1
+        self.starts += 1
+
+    def launch(self) -> None:
+        if not self.running:
+            self.start()
+        elif self._hs.unwaited:
+            self.wait_host()
+        hs = self._hs
+        hs.frames += 1
+        hs.expected = (hs.epoch_base + hs.frames - 1) % 0xFFFFFFFF + 1
+        self._bell_word.value = hs.frames  # after the frame's floats: x86 stores are seen in order
+        hs.unwaited = 1
+        if hs.n_execs == 2:
+            hs.parity ^= 1
+        self.replays += 1
+        if self.engine is not None:
+            self.engine.replays += 1
+
+    def wait_host(self) -> None:
+        """Spin until the worker has raised this frame's epoch; past ``timeout_s`` the worker is
+        stopped and this raises."""
+        hs = self._hs
+        if not hs.unwaited:
+            return
+        expected, word = hs.expected, self._answer_word
+        spins, deadline = 0, 0.0
+        while word.value != expected:
+            spins += 1
+            if spins % WORKER_CHECK_POLLS == 0:
+                now = time.perf_counter()
+                deadline = deadline or now + self.timeout_s
+                if now > deadline:
+                    frame = hs.frames
+                    self.stop(wait=False)
+                    raise EngineRunError(
+                        f"{CPUSTEP}: the resident worker did not answer frame {frame} within {self.timeout_s:g} s "
+                        "(stopped; the next frame starts it again)"
+                    )
+        hs.unwaited = 0
+
+    def sync(self) -> None:
+        self.wait_host()
+
+    def wait_idle(self) -> None:
+        self.wait_host()
+
+    def stop(self, wait: bool = True) -> None:
+        """Join the worker (a frame in flight answered first, unless ``wait`` is False)."""
+        if not self.running:
+            return
+        if wait:
+            self.wait_host()
+        err = self._stop_fn(self._worker_ptr)
+        hs = self._hs
+        hs.running = 0
+        hs.unwaited = 0
+        hs.parity = self._worker.parity  # the halves the worker's last frame wrote
+        if err:
+            raise EngineRunError(f"{CPUSTEP}: the resident worker thread could not be joined ({os.strerror(err)})")
+
+    def close(self) -> None:
+        self.stop()
+
+    def native_failed(self, code: int) -> bool:
+        if code == hostpath.NONFINITE:
+            return True
+        if code == hostpath.SPINNING:
+            self.wait_host()
+            return False
+        if code in (hostpath.UNWAITED, hostpath.NOT_RUNNING):
+            self.launch()
+            self.wait_host()
+            return False
+        raise EngineRunError(f"{CPUSTEP}: the native frame call answered {code}")
+
+
 def cpustep_candidate(model, plan, say, *, required: bool = False):
     """The CPU step of the engine's graph as a Plan-like candidate; None (the reason logged) when
     the graph cannot be compiled for the CPU, or EngineBuildError when ``required``."""
@@ -166,4 +324,4 @@ def cpustep_candidate(model, plan, say, *, required: bool = False):
         return None
 
 
-__all__ = ["CPUSTEP", "CpuStepBinding", "CpuStepPlan", "cpustep_candidate"]
+__all__ = ["CPUSTEP", "CpuResidentBinding", "CpuStepBinding", "CpuStepPlan", "cpustep_candidate"]

@@ -4,10 +4,11 @@ A game calls Session.step once a frame, 16.7 ms apart at 60 FPS, and between two
 work (the emulator, the renderer's CPU side, the bot's logic) fills the CPU's caches with its own
 data. Timing steps back to back, as a tight loop does, leaves a CPU-side step's weights, code and
 buffers in L1/L2/L3 from one call to the next: it times a step no game sees. Measured on this
-repository's 2-core CI machine (Intel Xeon, 2 MB L2 a core; ``bench/microbench/frame_gap.py``,
-``bench/cpu/2026-12-05-frame-gap/``), the step compiler's CPU step of the transformers GPT-2 test
-model took 14 us back to back, 32 us after 4 MiB had been written between frames, 44 after 32
-MiB and 75-93 after 64-512 MiB; nn.LSTM 2-layer bidirectional 2.7 / 9.7 / 20 / 40-52 us.
+repository's 2-core CI machine (an Emerald Rapids Xeon VM, 2 MB L2 a vCPU;
+``bench/microbench/frame_gap.py``, ``bench/cpu/2026-12-05-frame-gap/``, Session.step p50), the
+step compiler's CPU step of the transformers GPT-2 test model took 19.5 us back to back, 40.0
+after 4 MiB had been written between frames, 48.9 after 32 MiB and 97.4 after 128 MiB; nn.LSTM
+2-layer bidirectional 4.4 / 11.8 / 16.5 / 43.9 us; ONNX Runtime CPU on GPT-2 99 / 200 / 230 / 456.
 
 :class:`CacheSweep` is that work, reduced to what matters to the caches: a buffer of
 ``frame_gap_bytes()`` (``FRAME_GAP_BYTES``, 32 MiB: a desktop CPU's last-level cache, e.g. 30-36

@@ -499,7 +499,7 @@ def keep_host_step_between_frames(
     """Whether the fastest candidate back to back, when it runs on the CPU (``host_only``: the CPU
     step), also answers first in a game loop. Back to back its weights and code stay in the CPU's
     caches from one call to the next; a game's own work between two frames evicts them
-    (framegap.py: the GPT-2 test model's CPU step 14 us back to back, 44 us after 32 MiB written).
+    (framegap.py: the GPT-2 test model's CPU step 19.5 us back to back, 48.9 after 32 MiB written).
     So it and the fastest candidate that runs on the GPU are timed again in the same rounds, a
     framegap.CacheSweep of ``nbytes`` (default framegap.frame_gap_bytes()) before every call, and
     the faster of the two by that median is kept. Returns (the name kept, the report's "frame_gap"

@@ -74,6 +74,26 @@ class FrameState(ctypes.Structure):
     ]
 
 
+class CpuWorker(ctypes.Structure):
+    """hostpath.c's ff_cpu_worker, field for field: the CPU step on a core of its own
+    (engines/cpustep.CpuResidentBinding)."""
+
+    _fields_ = [
+        ("frame", ctypes.c_void_p),
+        ("answered", ctypes.c_int64),
+        ("yield_polls", ctypes.c_int64),
+        ("stop", ctypes.c_int32),
+        ("cpu", ctypes.c_int32),
+        ("parity", ctypes.c_int32),
+        ("pinned", ctypes.c_int32),
+        ("started", ctypes.c_int32),
+        ("error", ctypes.c_int32),
+        ("seen", ctypes.c_uint32),
+        ("tid", ctypes.c_int32),
+        ("thread", ctypes.c_uint64),
+    ]
+
+
 MAX_DIMS = 8  # hostpath.c's FF_MAX_DIMS
 
 
@@ -139,7 +159,7 @@ def _build(cc: list[str]) -> Path:
     try:
         # no -ffast-math: the frame check relies on NaN * 0 being NaN
         python_flags = ["-DFF_PYTHON", f"-I{include}"] if include else []
-        cmd = [*cc, "-O2", "-shared", "-fPIC", *python_flags, "-o", tmp, str(SOURCE)]
+        cmd = [*cc, "-O2", "-shared", "-fPIC", "-pthread", *python_flags, "-o", tmp, str(SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             first = ((done.stderr or done.stdout).strip().splitlines() or [f"exit status {done.returncode}"])[0]
@@ -153,16 +173,18 @@ def _build(cc: list[str]) -> Path:
 
 
 def _layout_mismatch(dll) -> str:
-    """'' when FrameState matches the compiled ff_frame_state field for field, else what differs."""
-    fn = dll.ff_layout
-    fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
-    fn.restype = ctypes.c_int
-    out = (ctypes.c_int64 * 64)()
-    count = fn(out, 64)
-    mine = [ctypes.sizeof(FrameState)] + [getattr(FrameState, name).offset for name, _ in FrameState._fields_]
-    theirs = list(out[:count])
-    if mine != theirs:
-        return f"the C struct's layout {theirs} is not FrameState's {mine}"
+    """'' when FrameState and CpuWorker match the compiled ff_frame_state and ff_cpu_worker field
+    for field, else what differs."""
+    for function, mirror in (("ff_layout", FrameState), ("ff_worker_layout", CpuWorker)):
+        fn = getattr(dll, function)
+        fn.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
+        fn.restype = ctypes.c_int
+        out = (ctypes.c_int64 * 64)()
+        count = fn(out, 64)
+        mine = [ctypes.sizeof(mirror)] + [getattr(mirror, name).offset for name, _ in mirror._fields_]
+        theirs = list(out[:count])
+        if mine != theirs:
+            return f"the C struct's layout {theirs} is not {mirror.__name__}'s {mine}"
     return ""
 
 
@@ -193,6 +215,11 @@ def load():
                         why = f"{path}: {mismatch}"
                     else:
                         lib = (frame, wait)
+                        start, stop = dll.ff_worker_start, dll.ff_worker_stop
+                        for fn in (start, stop):
+                            fn.argtypes = [ctypes.POINTER(CpuWorker)]
+                            fn.restype = ctypes.c_int
+                        _loaded["worker"] = (start, stop)
                         why = str(path)
                         _loaded["module"], _loaded["module_why"] = _load_module(path)
                 except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -234,6 +261,13 @@ def _module_mismatch(module) -> str:
         if (data, ndim, shape, bool(flags & 1), dtype) != want:
             return f"numpy {np.__version__}'s arrays are not laid out as hostpath.c reads them"
     return ""
+
+
+def worker():
+    """(ff_worker_start, ff_worker_stop) as ctypes functions taking a CpuWorker pointer, or None
+    where hostpath.c is not built (see status)."""
+    load()
+    return _loaded.get("worker")
 
 
 def extension():

@@ -166,7 +166,10 @@ class Session:
     ``with`` block stops it. While it runs nothing in the process may wait for the whole device
     (``torch.cuda.synchronize()``, a CUDA graph capture, hence creating another session): that
     waits for a kernel that does not end; close it first. Only for a cuda-graph engine whose plan
-    is the step kernel (``framefuse build --select stepkernel``). ``resident_sms``: schedule the resident kernel over
+    is the step kernel (``framefuse build --select stepkernel``) or the CPU step (``--select
+    cpustep``, or the build's choice): that one runs on a worker thread of its own, which spins on
+    a core while it waits (engines/cpustep.CpuResidentBinding; ``close()`` joins it).
+    ``resident_sms``: schedule the resident kernel over
     that many SMs (compiled again for them) and leave the others to the rest of the program;
     default: every SM, the kernel as built.
     """
