@@ -387,6 +387,9 @@ def selection_summary(engine) -> dict:
         out["skipped"] = selection["skipped"]
     if "vs_fp32" in selection:  # a precision build beside its fp32 graph's step kernels (same rounds)
         out["vs_fp32"] = selection["vs_fp32"]
+    for key in ("phase_s", "frame_gap", "frame_gap_bytes"):  # where the build's time went; the CPU step's check
+        if key in selection:
+            out[key] = selection[key]
     candidates = {}
     for name, entry in (selection.get("candidates") or {}).items():
         candidates[name] = {
@@ -934,6 +937,12 @@ def bench_row(
                     result = {"setup_s": time.perf_counter() - start}
                     # progress: a row's builds (torch.compile max-autotune above all) take minutes
                     say(f"  {arch:<16} T={T:<3} built {ENGINE_LABELS.get(name, name)} ({result['setup_s']:.1f} s)")
+                    phases = (getattr(call, "extra", {}).get("selection") or {}).get("phase_s")
+                    if phases:  # where a build's minutes go, for the next run's planning
+                        say(
+                            f"  {arch:<16} T={T:<3}   by phase: "
+                            + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
+                        )
                     if name not in FLOORS:
                         result["max_abs_err_vs_ort"] = max_abs_err(first, reference)
                     if name == "framefuse_resident":

@@ -897,6 +897,10 @@ def test_the_timed_selection_of_a_precision_build_on_a_gpu_end_to_end_of_its_log
     assert any("the fp16 rows are kept" in line for line in lines)
     assert lines[-1].startswith("selection: the fp16 build's stepkernel-pieces@fp16 takes 18.10 us")
     assert report["candidates"][fusion.FP32_REFERENCE + "stepkernel"]["kernel"]["name"] == "stepkernel"
+    # where the build's time went, logged and recorded (select_plan adds its own phases on a GPU)
+    assert list(report["phase_s"]) == ["unoptimized plan", "step kernels", "references and the unfused plan"]
+    assert all(seconds >= 0 for seconds in report["phase_s"].values())
+    assert any(line.startswith("selection: seconds by phase, unoptimized plan ") for line in lines)
 
     asked.clear()
     chosen, report = fusion.apply_selection(executor, plan, "time")  # an fp32 build: as before

@@ -367,6 +367,13 @@ def time_plans_host(
     return results
 
 
+def _phase(phases: dict, name: str, started: float) -> float:
+    """Record the seconds since ``started`` as phase ``name``; the clock now (the next phase's start)."""
+    now = time.perf_counter()
+    phases[name] = phases.get(name, 0.0) + (now - started)
+    return now
+
+
 def select_plan(
     plan: Plan,
     *,
@@ -409,6 +416,8 @@ def select_plan(
     for name, other in (alternatives or {}).items():
         candidates[name] = other
     bases = {"plan": plan, **{name: candidates[name] for name in compile_also if name in candidates}}
+    phases: dict[str, float] = {}
+    started = time.perf_counter()
     for base_name, base in bases.items():
         for mode_name, mode in modes.items():
             name = mode_name if base_name == "plan" else f"{base_name}+{mode_name}"
@@ -425,6 +434,8 @@ def select_plan(
     for name, other in (references or {}).items():
         candidates[name] = other
         report[name] = {"reference": True}
+    phases["torch.compile"] = time.perf_counter() - started
+    started = time.perf_counter()
     for name, candidate in candidates.items():
         entry = report.setdefault(name, {})
         entry["steps"] = len(candidate.steps)
@@ -446,13 +457,19 @@ def select_plan(
             timed[name] = candidate
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    phases["checks and device timing"] = time.perf_counter() - started
+    started = time.perf_counter()
     for name, result in time_plans_host(timed, feeds).items():
         report[name].update(result)
         if "us_per_step" in result and not report[name].get("reference"):
             timings[name] = result["us_per_step"]
     chosen = min(timings, key=timings.get) if timings else "plan"
     fastest_back_to_back = chosen
+    phases["host timing"] = time.perf_counter() - started
+    started = time.perf_counter()
     chosen, gap = keep_host_step_between_frames(chosen, timed, timings, feeds, nbytes=frame_gap)
+    if gap is not None:
+        phases["frame-gap timing"] = time.perf_counter() - started
     for name, entry in report.items():
         if "us_per_step" in entry:
             device = entry["device_us_per_step"]
@@ -466,7 +483,12 @@ def select_plan(
             + ("  <- chosen" if name == chosen else "")
             + ("  (reference, not a candidate)" if entry.get("reference") else "")
         )
-    result = {"chosen": chosen, "metric": "host to host, as the session runs it", "candidates": report}
+    result = {
+        "chosen": chosen,
+        "metric": "host to host, as the session runs it",
+        "candidates": report,
+        "phase_s": {key: round(value, 2) for key, value in phases.items()},
+    }
     if any(getattr(timed[name], "host_only", False) for name in timings):
         from framefuse.engines.framegap import frame_gap_bytes
 
@@ -904,14 +926,19 @@ def apply_selection(
     if select.startswith("time") and plan.device.type != "cuda":
         chosen, report = select_plan(plan, log=say)  # skipped with a note
     elif select.startswith("time"):
+        phases: dict[str, float] = {}
+        started = time.perf_counter()
         alternatives = {"unoptimized": unoptimized()} if executor.optimize else {}
+        started = _phase(phases, "unoptimized plan", started)
         alternatives.update(stepkernel_candidates(executor, plan, say, exact_math=exact_math, precision=precision))
+        started = _phase(phases, "step kernels", started)
         if precision == "fp32" and not exact_math:  # (its exp and tanh are glibc's vector ones, not IEEE-exact)
             from framefuse.engines.cpustep import cpustep_candidate
 
             cpu = cpustep_candidate(executor.model, plan, say)
             if cpu is not None:
                 alternatives[CPUSTEP] = cpu
+            started = _phase(phases, "CPU step", started)
         references = {}
         if fp32_graph is not None and precision != "fp32":
             from types import SimpleNamespace
@@ -924,6 +951,7 @@ def apply_selection(
                 alternatives[UNFUSED] = unfused_executor.plan(shapes)
             except Exception as exc:  # e.g. an op outside the table: reported, the fused plans still compete
                 say(f"selection: {UNFUSED} graph not a candidate ({type(exc).__name__}: {str(exc)[:200]})")
+        started = _phase(phases, "references and the unfused plan", started)
         modes = dict(COMPILE_MODES) if select == "time-autotune" else {"inductor": COMPILE_MODES["inductor"]}
         precise = precision == "fp32"
         chosen, report = select_plan(
@@ -936,6 +964,8 @@ def apply_selection(
             relative=not precise,
             log=say,
         )
+        report["phase_s"] = {**{k: round(v, 2) for k, v in phases.items()}, **report.get("phase_s", {})}
+        say("selection: seconds by phase, " + ", ".join(f"{k} {v:.1f}" for k, v in report["phase_s"].items()))
         name = report["chosen"]
         timings = {k: v.get("us_per_step") for k, v in report.get("candidates", {}).items() if not v.get("reference")}
         twin = narrow_rows_within_margin(name, timings, precision)
