@@ -453,21 +453,28 @@ def test_a_nonlinear_window_runs_as_a_loop_over_its_positions(
 def test_a_one_block_recurrence_splits_each_unit_over_lanes(
     arch, embed, seq, batch, threads, lanes, monkeypatch, tmp_path
 ):
-    """codegen.RECUR_LANE_CELLS: a recurrence on one block gives each unit ``lanes`` threads of a
-    warp, each its K split of the unit's gate rows in registers, the sums met through shuffles and
-    the cell applied in every lane: one barrier a position. The emulated kernel (ThreadSanitizer)
-    computes the interpreter's values."""
+    """generate(lane_cells=True) (the build's stepkernel-lanes tactic; codegen.RECUR_LANE_CELLS the
+    default, off): a recurrence on one block gives each unit ``lanes`` threads of a warp, each its K
+    split of the unit's gate rows in registers, the sums met through shuffles and the cell applied
+    in every lane: one barrier a position. The emulated kernel (ThreadSanitizer) computes the
+    interpreter's values; the default kernel is the other loop."""
     from framefuse.compiler import codegen
     from framefuse.compiler.ir import Recur
 
-    monkeypatch.setattr(codegen, "RECUR_LANE_CELLS", True)
     config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
     _, program = _sequence_program(arch, config)
     plan = schedule(program, grid=4, threads=threads)
     loops = [t for t in plan.tasks if isinstance(t.root, Recur)]
     assert [t.blocks for t in loops] == [1, 1]
-    assert [codegen.recur_lanes(t.root, threads) for t in loops] == [lanes, lanes]
-    kernel = generate(plan)
+    assert [codegen.recur_lanes(t.root, threads, True) for t in loops] == [lanes, lanes]
+    assert not codegen.RECUR_LANE_CELLS and codegen.recur_lanes(loops[0].root, threads) == 0
+    plain = generate(plan)
+    assert "lanes a unit" not in plain.source and not plain.lane_cells
+    monkeypatch.setattr(codegen, "RECUR_LANE_CELLS", True)  # the default switched on: the same kernel
+    assert generate(plan).source == generate(plan, lane_cells=True).source
+    monkeypatch.setattr(codegen, "RECUR_LANE_CELLS", False)
+    kernel = generate(plan, lane_cells=True)
+    assert kernel.lane_cells and kernel.describe()["lane_cells"]
     assert kernel.source.count(f"// {lanes} lanes a unit") == 2
     assert kernel.source.count("__shfl_xor_sync(0xffffffffu, a0, o)") == 2
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
@@ -2117,6 +2124,7 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-replica-cap",
         "stepkernel-384-threads-replica-cap",
         "stepkernel-512-threads",
+        "stepkernel-lanes",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):

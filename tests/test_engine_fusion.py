@@ -649,6 +649,7 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
             "stepkernel-replica-cap",
             "stepkernel-384-threads-replica-cap",
             "stepkernel-512-threads",
+            "stepkernel-lanes",
         }
         assert list(candidates) == [k for k in STEPKERNELS if k not in same]
         assert [c.compiled.kernel.identity for c in candidates.values()] == [s.kernel.identity for s in loaded]

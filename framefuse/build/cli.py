@@ -113,6 +113,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-replica-cap",
             "stepkernel-384-threads-replica-cap",
             "stepkernel-512-threads",
+            "stepkernel-lanes",
             "cpustep",
             "inductor",
             "inductor-autotune",
@@ -126,7 +127,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "each element at its own position, stepkernel-unrolled: an unrolled Elman cell's copies kept as they are, "
         "not rolled into a loop, stepkernel-replica-cap / stepkernel-384-threads-replica-cap: a task whose blocks "
         "each copy the same values whole, such as attention's KV caches, on fewer blocks, stepkernel-512-threads: "
-        "blocks of 512 threads where a recurrence holds its weights partly in registers, hidden 1024), the step compiler's "
+        "blocks of 512 threads where a recurrence holds its weights partly in registers, hidden 1024, stepkernel-lanes: "
+        "a one-block recurrence's units split over lanes of a warp), the step compiler's "
         "program as one C++ function on the host CPU (cpustep, fp32 builds: small models answer faster there), "
         "the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "

@@ -182,6 +182,7 @@ class Generator:
         skewed_sums: bool | None = None,
         weight_format: str = "fp32",
         lossless_rows: bool = False,
+        lane_cells: bool | None = None,
     ):
         if weight_format not in WEIGHT_FORMATS:
             raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
@@ -205,6 +206,7 @@ class Generator:
             raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {self.copy_pieces}")
         self.paced_copies = PREFETCH_PACED if paced_copies is None else bool(paced_copies)
         self.skewed_sums = SKEWED_SUM_WALK if skewed_sums is None else bool(skewed_sums)
+        self.lane_cells = RECUR_LANE_CELLS if lane_cells is None else bool(lane_cells)
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -1575,7 +1577,7 @@ class Generator:
         def x_word(position: str, g: int) -> str:  # the flagged word of gate g's input (alone)
             return f"ffk_ll + {xg} + ({position} * {B} + rcb) * {G * H} + {g * H} + rcu"
 
-        lanes = recur_lanes(node, self.threads) if alone else 0
+        lanes = recur_lanes(node, self.threads, self.lane_cells) if alone else 0
         if lanes:
             self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
             return
@@ -2348,11 +2350,12 @@ RECUR_ONE_BLOCK = True
 RECUR_LANE_CELLS = False
 
 
-def recur_lanes(node: Recur, threads: int) -> int:
-    """Lanes a unit of a one-block recurrence under RECUR_LANE_CELLS (0: not taken): the most, a
-    power of two up to a warp, whose threads fit the block in whole warps, whose K splits are
-    whole float4s and whose gate rows fit RECUR_REGISTER_WEIGHTS."""
-    if not RECUR_LANE_CELLS:
+def recur_lanes(node: Recur, threads: int, enabled: bool | None = None) -> int:
+    """Lanes a unit of a one-block recurrence when ``enabled`` (default RECUR_LANE_CELLS; the
+    build's stepkernel-lanes tactic passes True) (0: not taken): the most, a power of two up to a
+    warp, whose threads fit the block in whole warps, whose K splits are whole float4s and whose
+    gate rows fit RECUR_REGISTER_WEIGHTS."""
+    if not (RECUR_LANE_CELLS if enabled is None else enabled):
         return 0
     units, best, lanes = node.batch * node.hidden, 0, 2
     while lanes <= 32 and units * lanes <= threads:
@@ -2956,6 +2959,7 @@ class Kernel:
     weight_format: str = "fp32"  # the products' weight rows: fp32, fp16, bf16 or int8 (see WEIGHT_FORMATS)
     lossless_rows: bool = False  # narrow only the products the format stores exactly (stores_exactly)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
+    lane_cells: bool = False  # a one-block recurrence's units split over lanes where they fit (recur_lanes)
 
     @property
     def name(self) -> str:
@@ -3017,6 +3021,7 @@ class Kernel:
                 "lossless_rows": self.lossless_rows,
                 "narrow_products": len(self.layout.narrow),
                 "tagged_frames": self.tagged_frames,
+                "lane_cells": self.lane_cells,
             }
         )
         return info
@@ -3034,6 +3039,7 @@ def generate(
     skewed_sums: bool | None = None,
     weight_format: str = "fp32",
     lossless_rows: bool = False,
+    lane_cells: bool | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
@@ -3041,7 +3047,8 @@ def generate(
     how the products' weight rows are stored and read (WEIGHT_FORMATS; :meth:`Kernel.dot_rows`
     gives the rows the kernel computes with, for the reference); ``lossless_rows``: only the
     products whose rows the format stores exactly go narrow (a precision build's graph, whose
-    weights are already rounded: the kernel then computes with the very values the graph holds)."""
+    weights are already rounded: the kernel then computes with the very values the graph holds);
+    ``lane_cells``: see recur_lanes (default RECUR_LANE_CELLS)."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
@@ -3053,6 +3060,7 @@ def generate(
         skewed_sums=skewed_sums,
         weight_format=weight_format,
         lossless_rows=lossless_rows,
+        lane_cells=lane_cells,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -3070,6 +3078,7 @@ def generate(
         gen.weight_format,
         gen.lossless_rows,
         gen.tagged,
+        gen.lane_cells,
     )
 
 

@@ -101,6 +101,7 @@ def prepare_step(
     lossless_rows: bool = False,
     replica_floats: int | None = None,
     hybrid_threads: int | None = None,
+    lane_cells: bool | None = None,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
@@ -109,7 +110,8 @@ def prepare_step(
     task whose blocks copy the same values whole, schedule.schedule; where no task of the plain
     schedule exceeds it, the plain schedule is the capped one; ``hybrid_threads``: blocks of this
     many threads where the schedule at ``threads`` holds a recurrence's R partly in registers,
-    schedule.hybrid_recurrences; where none does, the plain schedule)."""
+    schedule.hybrid_recurrences; where none does, the plain schedule; ``lane_cells``: a one-block
+    recurrence's units split over lanes, codegen.recur_lanes; where none is, the plain source)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -139,6 +141,7 @@ def prepare_step(
         skewed_sums=skewed_sums,
         weight_format=weight_format,
         lossless_rows=lossless_rows,
+        lane_cells=lane_cells,
     )
     schedule_s = time.perf_counter() - start
     return StepSource(
@@ -293,6 +296,7 @@ class CompiledStep:
         lossless_rows: bool = False,
         replica_floats: int | None = None,
         hybrid_threads: int | None = None,
+        lane_cells: bool | None = None,
         source: StepSource | None = None,
         log=None,
     ):
@@ -321,6 +325,7 @@ class CompiledStep:
                 lossless_rows=lossless_rows,
                 replica_floats=replica_floats,
                 hybrid_threads=hybrid_threads,
+                lane_cells=lane_cells,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -330,6 +335,7 @@ class CompiledStep:
         self.copy_pieces = self.kernel.copy_pieces
         self.paced_copies = self.kernel.paced_copies
         self.skewed_sums = self.kernel.skewed_sums
+        self.lane_cells = self.kernel.lane_cells
         self.weight_format = self.kernel.weight_format
         self.lossless_rows = self.kernel.lossless_rows
         self.kernel_prefetch = source.prefetch
@@ -499,6 +505,7 @@ class CompiledStep:
                 skewed_sums=self.skewed_sums,
                 weight_format=self.weight_format,
                 lossless_rows=self.lossless_rows,
+                lane_cells=self.lane_cells,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -541,6 +548,7 @@ def compile_step(
     widen_storage=False,
     replica_floats=None,
     hybrid_threads=None,
+    lane_cells=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
@@ -548,7 +556,7 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``, ``hybrid_threads``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -566,6 +574,7 @@ def compile_step(
         lossless_rows=lossless_rows,
         replica_floats=replica_floats,
         hybrid_threads=hybrid_threads,
+        lane_cells=lane_cells,
         log=log,
     )
 

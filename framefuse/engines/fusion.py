@@ -629,6 +629,13 @@ REPLICA_CAP_FLOATS = 256 * 1024
 # such a recurrence is (no zoo model at embed 256 has one): no candidate to time elsewhere.
 STEPKERNEL_HYBRID_WIDE = "stepkernel-512-threads"
 HYBRID_THREADS = 512
+# A recurrence on one block (nn.LSTM / nn.GRU hidden 64, one direction) with each unit split over
+# a few lanes of one warp (codegen.recur_lanes: each lane its K split of the unit's gate rows in
+# registers, the sums met by shuffles, one barrier a position instead of two; emulated under
+# ThreadSanitizer, session 49). Not timed on a GPU yet: nn.LSTM hidden 64, T = 256, one direction,
+# is where the plain kernel ties cuDNN (146.4 against 145.9 us, H200, session 49). Built only where
+# such a recurrence is: no candidate to time elsewhere.
+STEPKERNEL_LANES = "stepkernel-lanes"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -649,6 +656,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_REPLICA_CAP: {"copy_pieces": 0, "replica_floats": REPLICA_CAP_FLOATS},
     STEPKERNEL_WIDE_REPLICA_CAP: {"copy_pieces": 0, "threads": WIDE_THREADS, "replica_floats": REPLICA_CAP_FLOATS},
     STEPKERNEL_HYBRID_WIDE: {"copy_pieces": 0, "hybrid_threads": HYBRID_THREADS},
+    STEPKERNEL_LANES: {"copy_pieces": 0, "lane_cells": True},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.
@@ -1044,6 +1052,7 @@ __all__ = [
     "STEPKERNEL_REPLICA_CAP",
     "STEPKERNEL_WIDE_REPLICA_CAP",
     "STEPKERNEL_HYBRID_WIDE",
+    "STEPKERNEL_LANES",
     "STEPKERNEL_WIDE",
     "STEPKERNEL_PACED",
     "STEPKERNEL_UNFRAMED",
