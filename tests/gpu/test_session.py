@@ -304,3 +304,32 @@ def test_native_host_path_equals_the_python_path(arch, resident):
             np.testing.assert_array_equal(a, b, err_msg=f"{arch} {path} frame {t}")
         for name in python_state:
             np.testing.assert_array_equal(state[name], python_state[name], err_msg=f"{path} {name}")
+
+
+@pytest.mark.parametrize("gap", ["0", "32M"])
+def test_the_cpu_step_is_timed_again_with_a_frame_gap_before_it_is_kept(gap, monkeypatch):
+    """The timed build on a GPU (engines.fusion.select_plan): where the CPU step answers first back
+    to back, it and the fastest GPU candidate are timed again with FRAMEFUSE_FRAME_GAP_BYTES
+    written before every call and the faster kept (the selection records both); with 0, back to
+    back decides. Every build records its seconds by phase."""
+    from framefuse.engines import cuda_graph, fusion
+
+    monkeypatch.setenv("FRAMEFUSE_FRAME_GAP_BYTES", gap)
+    prepared = prepare_cached("min_gru", {"model": {"embed": 16, "layers": 1}, "seq": 4, "seed": 0})["step"]
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "time"})
+    selection = engine.metadata["selection"]
+    assert {"step kernels", "CPU step", "torch.compile", "host timing"} <= set(selection["phase_s"])
+    timings = {n: c["us_per_step"] for n, c in selection["candidates"].items() if "us_per_step" in c}
+    fastest = min((n for n in timings if not selection["candidates"][n].get("reference")), key=timings.get)
+    if fastest != fusion.CPUSTEP:
+        pytest.skip(f"the CPU step did not answer first back to back here ({fastest}: {timings})")
+    if gap == "0":
+        assert selection["chosen"] == fusion.CPUSTEP and "frame_gap" not in selection
+        return
+    checked = selection["frame_gap"]
+    assert checked["bytes"] == 32 << 20 and selection["frame_gap_bytes"] == 32 << 20
+    assert fusion.CPUSTEP in checked["candidates"] and len(checked["candidates"]) == 2
+    assert all(c["calls"] == fusion.FRAME_GAP_ROUNDS * fusion.FRAME_GAP_CALLS for c in checked["candidates"].values())
+    assert selection["chosen"] == checked["kept"] or selection["chosen"].startswith("stepkernel")
+    faster = min(checked["candidates"], key=lambda n: checked["candidates"][n]["us_per_step"])
+    assert checked["kept"] == faster
