@@ -2043,6 +2043,8 @@ def merge(paths: list[str], out: Path) -> dict:
     ]
     if "round_order" in differing:  # the report's settings line then claims no order
         merged["config"] = dict(merged["config"], round_order=None)
+    if "frame_gap_bytes" in differing:  # ... nor a frame gap (each run's is in configs)
+        merged["config"] = dict(merged["config"], frame_gap_bytes=None)
     if differing:
         merged.setdefault("notes", []).append(f"merged runs differ in {', '.join(differing)} (see configs)")
         say(f"warning: merged runs differ in {', '.join(differing)}")

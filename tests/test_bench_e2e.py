@@ -475,3 +475,5 @@ def test_a_frame_gap_runs_before_every_timed_call_and_the_report_says_so(e2e, sm
     second.write_text(json.dumps(older))
     merged = e2e.merge([str(first), str(second)], tmp_path / "merged")
     assert any("frame_gap_bytes" in note for note in merged["notes"])
+    assert merged["config"]["frame_gap_bytes"] is None  # the settings line claims neither
+    assert "written before every timed call" not in (tmp_path / "merged" / "e2e.md").read_text()

@@ -17,7 +17,7 @@
 //
 // Every field is read and written by Python too (ctypes.Structure in hostpath.py, same order and
 // types): this file owns nothing.
-#define _GNU_SOURCE  // pthread_setaffinity_np (the CPU worker's core)
+#define _GNU_SOURCE 1  // pthread_setaffinity_np (the CPU worker's core); as pyconfig.h defines it
 #ifdef FF_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
