@@ -625,7 +625,8 @@ REPLICA_CAP_FLOATS = 256 * 1024
 # (schedule.hybrid_recurrences: hidden 1024). H200, session 49 (bench/h200/2026-12-05-s49/sweep/,
 # device time in a CUDA graph, nn.LSTM hidden 1024, T = 32, two directions): 256 threads 320.5 us,
 # 512 288.5, 1024 337.9, where cuDNN answered host to host in 346.1 against the plain kernel's
-# 348.6; nn.LSTM hidden 64 (R wholly in registers) 132.7 / 134.7 / 136.8: slower. Built only where
+# 348.6 (at 512 threads ptxas caps a thread at 128 registers and spills 296 bytes, nvcc 13 for
+# sm_90: faster all the same); nn.LSTM hidden 64 (R wholly in registers) 132.7 / 134.7 / 136.8: slower. Built only where
 # such a recurrence is (no zoo model at embed 256 has one): no candidate to time elsewhere.
 STEPKERNEL_HYBRID_WIDE = "stepkernel-512-threads"
 HYBRID_THREADS = 512
