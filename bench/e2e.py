@@ -165,7 +165,7 @@ def _error(exc: BaseException) -> str:
 
 def measure(call: Callable[[int], object], *, iters: int, warmup: int, between=None) -> dict:
     """Time ``call(i)`` (one host→host inference) ``iters`` times after ``warmup`` calls;
-    ``between()`` (a framegap.CacheSweep: --frame-gap) runs before each timed call, off the clock."""
+    ``between()`` (a framegap.FrameGap: --frame-gap, --frame-hz) runs before each timed call, off the clock."""
     for i in range(warmup):
         call(i)
     ns = np.empty(iters, dtype=np.int64)
@@ -387,7 +387,12 @@ def selection_summary(engine) -> dict:
         out["skipped"] = selection["skipped"]
     if "vs_fp32" in selection:  # a precision build beside its fp32 graph's step kernels (same rounds)
         out["vs_fp32"] = selection["vs_fp32"]
-    for key in ("phase_s", "frame_gap", "frame_gap_bytes"):  # where the build's time went; the CPU step's check
+    for key in (
+        "phase_s",
+        "frame_gap",
+        "frame_gap_bytes",
+        "frame_hz",
+    ):  # where the build's time went; the CPU step's check
         if key in selection:
             out[key] = selection[key]
     candidates = {}
@@ -756,13 +761,15 @@ class Settings:
         rounds=ROUNDS,
         prebuild=None,
         frame_gap_bytes=0,
+        frame_hz=0.0,
     ):
-        from framefuse.engines.framegap import cache_sweep
+        from framefuse.engines.framegap import frame_gap
 
         self.prebuild = prebuild  # engine names: build these, time nothing (see --prebuild)
         self.frame_gap_bytes = int(frame_gap_bytes)
-        # run before every timed call of every engine, off the clock (--frame-gap)
-        self.between = cache_sweep(self.frame_gap_bytes) if self.frame_gap_bytes > 0 else None
+        self.frame_hz = float(frame_hz)
+        # run before every timed call of every engine, off the clock (--frame-gap, --frame-hz)
+        self.between = frame_gap(self.frame_gap_bytes, self.frame_hz)
         self.rounds = max(1, min(rounds, iters))
         self.iters = iters
         self.warmup = warmup
@@ -1734,16 +1741,19 @@ def _measured_lengths(results: dict, cfg: dict) -> str:
 
 
 def _frame_gap_note(cfg: dict) -> str:
-    """What the settings line says of --frame-gap (nothing for calls back to back)."""
-    nbytes = int(cfg.get("frame_gap_bytes") or 0)
-    if not nbytes:
-        return ""
-    from framefuse.engines.framegap import describe
+    """What the settings line says of --frame-gap and --frame-hz (nothing for calls back to back)."""
+    nbytes, hz = int(cfg.get("frame_gap_bytes") or 0), float(cfg.get("frame_hz") or 0)
+    note = ""
+    if nbytes:
+        from framefuse.engines.framegap import describe
 
-    return (
-        f"; **{describe(nbytes)} written before every timed call**, off the clock (--frame-gap: a game's own "
-        "work between two frames, which evicts what the CPU's caches held)"
-    )
+        note += (
+            f"; **{describe(nbytes)} written before every timed call**, off the clock (--frame-gap: a game's own "
+            "work between two frames, which evicts what the CPU's caches held)"
+        )
+    if hz:
+        note += f"; **calls paced at {hz:g} Hz** (--frame-hz: each waits for the next tick, as a bot waits for a frame)"
+    return note
 
 
 def markdown(results: dict) -> str:
@@ -1987,6 +1997,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "own work between two frames, which evicts what the CPU's caches held (framefuse/engines/framegap.py); "
         "0 (default): calls back to back, as every run before 2026-12-05",
     )
+    parser.add_argument(
+        "--frame-hz",
+        type=float,
+        default=0.0,
+        metavar="HZ",
+        help="pace every engine's timed calls at this rate (after --frame-gap's sweep), as a bot's thread waits "
+        "for the game's next frame: 1000 calls at 60 Hz take 17 s an engine; 0 (default): back to back",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", default=None, help="folder for the exported artifacts (default: a temporary folder)")
     parser.add_argument("--merge", nargs="+", metavar="E2E_JSON", help="merge earlier e2e.json files into one report")
@@ -2036,15 +2054,19 @@ def merge(paths: list[str], out: Path) -> dict:
     merged["configs"] = [
         dict(part["config"], created=part.get("created"), file=str(p)) for part, p in zip(parts, paths)
     ]
-    comparable = ("embed", "layers", "seq", "iters", "warmup", "compile", "rounds", "round_order", "frame_gap_bytes")
-    defaults = {"frame_gap_bytes": 0}  # (runs before it had none: back to back)
+    comparable = (
+        *("embed", "layers", "seq", "iters", "warmup", "compile", "rounds", "round_order"),
+        *("frame_gap_bytes", "frame_hz"),
+    )
+    defaults = {"frame_gap_bytes": 0, "frame_hz": 0.0}  # (runs before them had neither: back to back)
     differing = [
         k for k in comparable if len({json.dumps(part["config"].get(k, defaults.get(k))) for part in parts}) > 1
     ]
     if "round_order" in differing:  # the report's settings line then claims no order
         merged["config"] = dict(merged["config"], round_order=None)
-    if "frame_gap_bytes" in differing:  # ... nor a frame gap (each run's is in configs)
-        merged["config"] = dict(merged["config"], frame_gap_bytes=None)
+    for key in ("frame_gap_bytes", "frame_hz"):  # ... nor a frame gap (each run's is in configs)
+        if key in differing:
+            merged["config"] = dict(merged["config"], **{key: None})
     if differing:
         merged.setdefault("notes", []).append(f"merged runs differ in {', '.join(differing)} (see configs)")
         say(f"warning: merged runs differ in {', '.join(differing)}")
@@ -2159,6 +2181,7 @@ def child_argv(args, section: str, item: str, out: Path, work: Path) -> list[str
     if getattr(args, "prebuild", None):
         argv += ["--prebuild", args.prebuild]
     argv += ["--frame-gap", str(getattr(args, "frame_gap", None) or "0")]
+    argv += ["--frame-hz", str(getattr(args, "frame_hz", None) or 0)]
     return argv
 
 
@@ -2261,6 +2284,9 @@ def run(args) -> int:
         frame_gap_bytes = parse_bytes(getattr(args, "frame_gap", None) or "0", what="--frame-gap")
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    frame_hz = float(getattr(args, "frame_hz", None) or 0)
+    if not 0 <= frame_hz < float("inf"):
+        raise SystemExit(f"--frame-hz {frame_hz:g}: give frames a second such as 60 (0: calls back to back)")
     # fp32 everywhere: no TF32 in any engine (framefuse's own contract; the peers match it).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -2275,6 +2301,7 @@ def run(args) -> int:
         rounds=args.rounds,
         prebuild=prebuild,
         frame_gap_bytes=frame_gap_bytes,
+        frame_hz=frame_hz,
     )
     work_ctx = contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory(prefix="ffbench-")
     results = {
@@ -2300,6 +2327,7 @@ def run(args) -> int:
             "rounds": settings.rounds,
             "round_order": ROUND_ORDER,
             "frame_gap_bytes": settings.frame_gap_bytes,
+            "frame_hz": settings.frame_hz,
             "seed": args.seed,
             "quick": bool(args.quick),
         },

@@ -451,29 +451,35 @@ def test_a_frame_gap_runs_before_every_timed_call_and_the_report_says_so(e2e, sm
 
     argv = ["--device", "cpu", "--quick", "--archs", "min_gru", "--embed", "16", "--seq", "3", "--forms", "step"]
     argv += ["--iters", "2", "--warmup", "1", "--profile-calls", "0", "--work", str(tmp_path / "work")]
-    assert e2e.main([*argv, "--frame-gap", "1M", "--out", str(tmp_path / "gap")]) == 0
+    assert e2e.main([*argv, "--frame-gap", "1M", "--frame-hz", "500", "--out", str(tmp_path / "gap")]) == 0
     results = json.loads((tmp_path / "gap" / "e2e.json").read_text())
-    assert results["config"]["frame_gap_bytes"] == 1 << 20
-    assert "1 MiB written before every timed call" in (tmp_path / "gap" / "e2e.md").read_text()
+    assert results["config"]["frame_gap_bytes"] == 1 << 20 and results["config"]["frame_hz"] == 500.0
+    report = (tmp_path / "gap" / "e2e.md").read_text()
+    assert "1 MiB written before every timed call" in report and "calls paced at 500 Hz" in report
     out, back_to_back = smoke
     assert back_to_back["config"]["frame_gap_bytes"] == 0
     assert "written before every timed call" not in (out / "e2e.md").read_text()
     with pytest.raises(SystemExit, match="--frame-gap='lots'"):
         e2e.main([*argv, "--frame-gap", "lots", "--out", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit, match="--frame-hz -1"):
+        e2e.main([*argv, "--frame-hz", "-1", "--out", str(tmp_path / "bad")])
 
     import argparse
 
     parser = argparse.ArgumentParser()
     e2e.add_arguments(parser)
-    child = e2e.child_argv(parser.parse_args(["--frame-gap", "32M"]), "zoo", "min_gru", tmp_path, tmp_path)
-    assert child[child.index("--frame-gap") + 1] == "32M"
+    child = e2e.child_argv(
+        parser.parse_args(["--frame-gap", "32M", "--frame-hz", "60"]), "zoo", "min_gru", tmp_path, tmp_path
+    )
+    assert child[child.index("--frame-gap") + 1] == "32M" and float(child[child.index("--frame-hz") + 1]) == 60
 
     older = json.loads(json.dumps(results))
-    del older["config"]["frame_gap_bytes"]  # a run from before the option: back to back
+    del older["config"]["frame_gap_bytes"], older["config"]["frame_hz"]  # a run from before: back to back
     first, second = tmp_path / "first.json", tmp_path / "second.json"
     first.write_text(json.dumps(results))
     second.write_text(json.dumps(older))
     merged = e2e.merge([str(first), str(second)], tmp_path / "merged")
-    assert any("frame_gap_bytes" in note for note in merged["notes"])
-    assert merged["config"]["frame_gap_bytes"] is None  # the settings line claims neither
-    assert "written before every timed call" not in (tmp_path / "merged" / "e2e.md").read_text()
+    assert any("frame_gap_bytes, frame_hz" in note for note in merged["notes"])
+    assert merged["config"]["frame_gap_bytes"] is None and merged["config"]["frame_hz"] is None  # claims neither
+    report = (tmp_path / "merged" / "e2e.md").read_text()
+    assert "written before every timed call" not in report and "paced" not in report

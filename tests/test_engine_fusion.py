@@ -992,6 +992,34 @@ def test_the_frame_gap_is_a_byte_count_the_environment_can_replace(monkeypatch):
             framegap.frame_gap_bytes()
     assert framegap.describe(32 << 20) == "32 MiB" and framegap.describe(1000) == "1000 bytes"
 
+    # the pace: FRAMEFUSE_FRAME_HZ (default 60, 0: none), the wait for the next tick of that clock
+    monkeypatch.delenv(framegap.FRAME_HZ_ENV, raising=False)
+    assert framegap.frame_hz() == framegap.FRAME_HZ == 60.0
+    for bad in ("-5", "fast", "nan", "inf"):
+        monkeypatch.setenv(framegap.FRAME_HZ_ENV, bad)
+        with pytest.raises(ValueError, match=f"{framegap.FRAME_HZ_ENV}='{bad}'"):
+            framegap.frame_hz()
+    monkeypatch.setenv(framegap.FRAME_HZ_ENV, "0")
+    assert framegap.frame_gap(0) is None and framegap.frame_gap(0, 0) is None
+    gap = framegap.frame_gap(1 << 20)
+    assert gap.pacer is None and gap.describe() == "1 MiB written between frames"
+    gap = framegap.frame_gap(0, 200.0)
+    assert gap.sweep is None and gap.describe() == "frames paced at 200 Hz"
+    import time
+
+    gap()  # the first tick
+    start = time.perf_counter()
+    for _ in range(4):
+        gap()
+    assert time.perf_counter() - start >= 4 * 0.005 * 0.9  # four more ticks of a 200 Hz clock
+    time.sleep(0.02)  # behind the clock: no wait, the ticks start again from now
+    start = time.perf_counter()
+    gap()
+    assert time.perf_counter() - start < 0.005
+    both = framegap.frame_gap(4096, 60.0)
+    assert both.describe() == "4 KiB written between frames and frames paced at 60 Hz"
+    assert (both.nbytes, both.hz) == (4096, 60.0)
+
     sweep = framegap.cache_sweep(1 << 20)
     assert sweep.nbytes == 1 << 20 and sweep._buffer.nbytes == 1 << 20
     sweep()
@@ -1026,12 +1054,13 @@ def _gap_timing(results, calls):
     return time_host
 
 
-def test_a_cpu_step_is_kept_only_when_it_also_answers_first_between_frames():
+def test_a_cpu_step_is_kept_only_when_it_also_answers_first_between_frames(monkeypatch):
     """The CPU step answers first back to back from caches that hold its weights; it is kept only
     when it also answers first with a cache sweep between frames, timed against the fastest GPU
     candidate in the same rounds, the sweep before every call. The decision and its report."""
     from framefuse.engines import framegap, fusion
 
+    monkeypatch.delenv(framegap.FRAME_HZ_ENV, raising=False)
     timed = {"cpustep": _OnTheCpu(), "stepkernel": _OnTheGpu(), "plan": _OnTheGpu()}
     timings = {"cpustep": 20.0, "stepkernel": 22.0, "plan": 60.0}
     calls = []
@@ -1045,9 +1074,12 @@ def test_a_cpu_step_is_kept_only_when_it_also_answers_first_between_frames():
     assert kept == "stepkernel" and gap["kept"] == "stepkernel" and gap["bytes"] == 1 << 20
     ((names, kwargs),) = calls
     assert names == ["cpustep", "stepkernel"]  # the fastest GPU candidate, not every one
-    assert isinstance(kwargs["between_frames"], framegap.CacheSweep) and kwargs["between_frames"].nbytes == 1 << 20
+    between = kwargs["between_frames"]
+    assert isinstance(between, framegap.FrameGap) and (between.nbytes, between.hz) == (1 << 20, 60.0)
+    assert gap["hz"] == 60.0
     assert (kwargs["rounds"], kwargs["calls"]) == (fusion.FRAME_GAP_ROUNDS, fusion.FRAME_GAP_CALLS)
-    assert "not with 1 MiB written between frames" in gap["log"][-1] and "45.0 us against 24.0" in gap["log"][-1]
+    assert "not with 1 MiB written between frames and frames paced at 60 Hz" in gap["log"][-1]
+    assert "45.0 us against 24.0" in gap["log"][-1]
 
     cold["cpustep"]["us_per_step"] = 23.0  # faster both ways: kept
     kept, gap = fusion.keep_host_step_between_frames(
@@ -1075,7 +1107,7 @@ def test_a_cpu_step_is_kept_only_when_it_also_answers_first_between_frames():
         None,
     )
     assert fusion.keep_host_step_between_frames(
-        "cpustep", timed, timings, {}, nbytes=0, time_host=_gap_timing(cold, calls)
+        "cpustep", timed, timings, {}, nbytes=0, hz=0, time_host=_gap_timing(cold, calls)
     ) == ("cpustep", None)
     only_cpu = {"cpustep": timed["cpustep"]}
     assert fusion.keep_host_step_between_frames(
@@ -1114,10 +1146,10 @@ def test_host_timing_runs_the_game_between_frames_outside_the_clock(fused_models
     cpu = CpuStepPlan.build(model, plan.input_specs, plan.output_specs, "cpu")
     timed = {"cpustep": cpu, "plan": plan}
     kept, gap = fusion.keep_host_step_between_frames(
-        "cpustep", timed, {"cpustep": 1.0, "plan": 2.0}, feeds, nbytes=1 << 20
+        "cpustep", timed, {"cpustep": 1.0, "plan": 2.0}, feeds, nbytes=1 << 20, hz=0
     )
     assert kept in timed and gap["kept"] == kept and gap["bytes"] == 1 << 20
     for name in timed:
         assert gap["candidates"][name]["calls"] == fusion.FRAME_GAP_ROUNDS * fusion.FRAME_GAP_CALLS
     assert len(gap["log"]) == 3 and all("1 MiB written between frames" in line for line in gap["log"])
-    assert isinstance(framegap.cache_sweep(1 << 20), framegap.CacheSweep)
+    assert isinstance(framegap.cache_sweep(1 << 20), framegap.CacheSweep) and gap["hz"] == 0

@@ -7,7 +7,9 @@ ONNX Runtime as bench/e2e.py calls it) with a framegap.CacheSweep of each --gaps
 before every timed call, off the clock, the gap sizes and engines interleaved in rounds. The CPU
 step runs on the caller's thread (``cpu_step``) and resident on a worker thread of its own
 (``cpu_step_resident``: engines/cpustep.CpuResidentBinding, stopped while the others are timed).
-Gap 0 is the back-to-back loop every benchmark before 2026-12-05 timed. No GPU is used: the GPU
+Gap 0 without --hz is the back-to-back loop every benchmark before 2026-12-05 timed; --hz 60 also
+waits for the next tick of a 60 Hz clock before each call (framegap.FramePacer), as a bot's thread
+waits for the game's next frame. No GPU is used: the GPU
 step's host side under the same gaps is `bench/e2e.py --frame-gap`'s to measure.
 
     python bench/microbench/frame_gap.py --items real:gpt2_sdpa,lstm --out FILE.json
@@ -47,7 +49,7 @@ def bench_item(item: str, args, root: Path, gaps: list[int]) -> dict:
     from cpu_step import _prepare
     from e2e import make_ort
 
-    from framefuse.engines.framegap import CacheSweep, describe
+    from framefuse.engines.framegap import describe, frame_gap
 
     fused, onnx_path, manifest = _prepare(item, root, args.embed)
     in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
@@ -77,9 +79,9 @@ def bench_item(item: str, args, root: Path, gaps: list[int]) -> dict:
 
     engines = {name: stepper(session) for name, session in sessions.items()}
     engines["ort_cpu"] = make_ort(onnx_path, pool=pool, manifest=manifest)
-    sweeps = {gap: (CacheSweep(gap) if gap else None) for gap in gaps}
+    sweeps = {gap: frame_gap(gap, args.hz) for gap in gaps}  # the sweep, then the wait for the tick
     samples: dict = {(name, gap): [] for name in engines for gap in gaps}
-    sweep_ns: dict = {gap: [] for gap in gaps if gap}
+    sweep_ns: dict = {gap: [] for gap in gaps}
     clock = time.perf_counter_ns
     cells = [(name, gap) for gap in gaps for name in engines]
     for r in range(args.rounds):
@@ -101,9 +103,9 @@ def bench_item(item: str, args, root: Path, gaps: list[int]) -> dict:
     row: dict = {"item": item, "parity_steps": args.steps, "max_rel_diff": worst, "gaps": []}
     row["cpu_step"] = sessions["cpu_step"].engine.summary().get("cpustep")
     for gap in gaps:
-        entry: dict = {"gap_bytes": gap, "gap": describe(gap) if gap else "back to back"}
-        if gap:
-            entry["sweep_ms"] = round(float(np.median(sweep_ns[gap])) / 1e6, 3)
+        entry: dict = {"gap_bytes": gap, "gap": describe(gap) if gap else "no bytes", "hz": args.hz}
+        if sweep_ns[gap]:
+            entry["gap_ms"] = round(float(np.median(sweep_ns[gap])) / 1e6, 3)  # the sweep and the wait
         for name in engines:
             us = np.asarray(samples[(name, gap)]) / 1e3
             entry[name] = {
@@ -126,6 +128,9 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200, help="timed calls per engine, gap and round")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--hz", type=float, default=0.0, help="pace the calls at this rate after each gap's sweep (0: back to back)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     gaps = [parse_bytes(g, what="--gaps") for g in args.gaps.split(",") if g.strip()]

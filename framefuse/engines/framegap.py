@@ -9,21 +9,29 @@ repository's 2-core CI machine (an Emerald Rapids Xeon VM, 2 MB L2 a vCPU;
 step compiler's CPU step of the transformers GPT-2 test model took 19.5 us back to back, 40.0
 after 4 MiB had been written between frames, 48.9 after 32 MiB and 97.4 after 128 MiB; nn.LSTM
 2-layer bidirectional 4.4 / 11.8 / 16.5 / 43.9 us; ONNX Runtime CPU on GPT-2 99 / 200 / 230 / 456.
+A bot's thread that waits for the game's next frame leaves its core idle between calls, and that
+costs more still: with the calls paced at 60 Hz and nothing else running, GPT-2's CPU step took
+102.6 us, nn.LSTM's 49.7 (``frame_gap_60hz.json`` there; a sweep added nothing to it).
 
 :class:`CacheSweep` is that work, reduced to what matters to the caches: a buffer of
 ``frame_gap_bytes()`` (``FRAME_GAP_BYTES``, 32 MiB: a desktop CPU's last-level cache, e.g. 30-36
-MB on current 8-core parts; ``FRAMEFUSE_FRAME_GAP_BYTES`` replaces it, 0 means back to back)
-written through once, every cache line of it, before a timed call and outside its clock.
+MB on current 8-core parts; ``FRAMEFUSE_FRAME_GAP_BYTES`` replaces it, 0: none) written through
+once, every cache line of it, before a timed call and outside its clock; :class:`FramePacer` the
+wait for the next tick of a ``frame_hz()`` clock (``FRAME_HZ``, 60: the game's frame rate;
+``FRAMEFUSE_FRAME_HZ``, 0: none); :class:`FrameGap` the two, in that order.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
 FRAME_GAP_BYTES = 32 << 20
 FRAME_GAP_ENV = "FRAMEFUSE_FRAME_GAP_BYTES"
+FRAME_HZ = 60.0
+FRAME_HZ_ENV = "FRAMEFUSE_FRAME_HZ"
 _UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 
 
@@ -69,6 +77,85 @@ class CacheSweep:
         return f"CacheSweep({self.nbytes} bytes)"
 
 
+class FramePacer:
+    """``wait()`` sleeps until the next tick of a ``hz`` clock (a frame every 1/hz s), as a bot's
+    thread waits for the game's next frame; behind the clock it waits for nothing and the ticks
+    start again from now. Waiting matters apart from the caches: on the CI machine nn.LSTM's CPU
+    step took 4.4 us back to back and 49.7 paced at 60 Hz, nothing else running (an idle core and
+    its caches go to other work, or power down)."""
+
+    def __init__(self, hz: float):
+        hz = float(hz)
+        if not hz > 0:
+            raise ValueError(f"FramePacer needs a positive rate, not {hz}")
+        self.hz = hz
+        self.period = 1.0 / hz
+        self._next = 0.0
+
+    def wait(self) -> None:
+        now = time.perf_counter()
+        if self._next <= now:
+            self._next = now + self.period
+            return
+        time.sleep(self._next - now)
+        self._next += self.period
+
+    __call__ = wait
+
+    def __repr__(self) -> str:
+        return f"FramePacer({self.hz:g} Hz)"
+
+
+class FrameGap:
+    """What a frame's gap does before a timed call: the sweep (if any), then the wait for the
+    next tick (if any). ``describe()`` says both."""
+
+    def __init__(self, sweep: CacheSweep | None, pacer: FramePacer | None):
+        if sweep is None and pacer is None:
+            raise ValueError("a FrameGap needs a sweep or a pace")
+        self.sweep, self.pacer = sweep, pacer
+        self.nbytes = sweep.nbytes if sweep is not None else 0
+        self.hz = pacer.hz if pacer is not None else 0.0
+
+    def __call__(self) -> None:
+        if self.sweep is not None:
+            self.sweep()
+        if self.pacer is not None:
+            self.pacer.wait()
+
+    def describe(self) -> str:
+        parts = []
+        if self.sweep is not None:
+            parts.append(f"{describe(self.nbytes)} written between frames")
+        if self.pacer is not None:
+            parts.append(f"frames paced at {self.hz:g} Hz")
+        return " and ".join(parts)
+
+
+def frame_hz() -> float:
+    """The frame rate a frame gap paces at: FRAMEFUSE_FRAME_HZ when set, else FRAME_HZ (0: no pace)."""
+    raw = os.environ.get(FRAME_HZ_ENV)
+    if raw is None or not raw.strip():
+        return FRAME_HZ
+    try:
+        hz = float(raw)
+    except ValueError:
+        hz = -1.0
+    if not hz >= 0 or hz != hz or hz == float("inf"):
+        raise ValueError(f"{FRAME_HZ_ENV}={raw!r}: give frames a second such as 60 (0: calls not paced)")
+    return hz
+
+
+def frame_gap(nbytes: int | None = None, hz: float | None = None) -> FrameGap | None:
+    """The FrameGap of ``nbytes`` (default frame_gap_bytes()) and ``hz`` (default frame_hz()), or
+    None when both are 0 (back to back)."""
+    nbytes = frame_gap_bytes() if nbytes is None else int(nbytes)
+    hz = frame_hz() if hz is None else float(hz)
+    if nbytes <= 0 and hz <= 0:
+        return None
+    return FrameGap(CacheSweep(nbytes) if nbytes > 0 else None, FramePacer(hz) if hz > 0 else None)
+
+
 def cache_sweep(nbytes: int | None = None) -> CacheSweep | None:
     """A CacheSweep of ``nbytes`` (default frame_gap_bytes()), or None when that is 0 (back to back)."""
     nbytes = frame_gap_bytes() if nbytes is None else int(nbytes)
@@ -86,9 +173,15 @@ def describe(nbytes: int) -> str:
 __all__ = [
     "FRAME_GAP_BYTES",
     "FRAME_GAP_ENV",
+    "FRAME_HZ",
+    "FRAME_HZ_ENV",
     "CacheSweep",
+    "FrameGap",
+    "FramePacer",
     "cache_sweep",
     "describe",
+    "frame_gap",
     "frame_gap_bytes",
+    "frame_hz",
     "parse_bytes",
 ]

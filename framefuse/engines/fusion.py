@@ -384,6 +384,7 @@ def select_plan(
     tolerance: float = PARITY_TOLERANCE,
     relative: bool = False,
     frame_gap: int | None = None,
+    frame_hz: float | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[Plan, dict]:
     """Build-time selection (TensorRT-style tactic timing) among ``plan`` (named "plan"), the given
@@ -399,9 +400,10 @@ def select_plan(
     "metric", "candidates": {name: {us_per_step | error, ...}}}. ``references`` are timed in the
     same rounds for comparison (marked "reference": true), never checked against ``plan`` and
     never chosen. A candidate that runs on the CPU (the CPU step) is kept only when it also answers
-    first with ``frame_gap`` bytes written between frames (:func:`keep_host_step_between_frames`;
-    default framegap.frame_gap_bytes(), 0: back to back only). On a CPU device nothing is timed:
-    ``plan`` is returned with a note."""
+    first with ``frame_gap`` bytes written between frames and the frames paced at ``frame_hz``
+    (:func:`keep_host_step_between_frames`; defaults framegap.frame_gap_bytes() and
+    framegap.frame_hz(), both 0: back to back only). On a CPU device nothing is timed: ``plan`` is
+    returned with a note."""
     say = log or (lambda message: None)
     if plan.device.type != "cuda":
         note = "build-time selection skipped: no CUDA device (the plan is used as planned)"
@@ -467,7 +469,7 @@ def select_plan(
     fastest_back_to_back = chosen
     phases["host timing"] = time.perf_counter() - started
     started = time.perf_counter()
-    chosen, gap = keep_host_step_between_frames(chosen, timed, timings, feeds, nbytes=frame_gap)
+    chosen, gap = keep_host_step_between_frames(chosen, timed, timings, feeds, nbytes=frame_gap, hz=frame_hz)
     if gap is not None:
         phases["frame-gap timing"] = time.perf_counter() - started
     for name, entry in report.items():
@@ -490,9 +492,10 @@ def select_plan(
         "phase_s": {key: round(value, 2) for key, value in phases.items()},
     }
     if any(getattr(timed[name], "host_only", False) for name in timings):
-        from framefuse.engines.framegap import frame_gap_bytes
+        from framefuse.engines import framegap
 
-        result["frame_gap_bytes"] = frame_gap_bytes() if frame_gap is None else int(frame_gap)
+        result["frame_gap_bytes"] = framegap.frame_gap_bytes() if frame_gap is None else int(frame_gap)
+        result["frame_hz"] = framegap.frame_hz() if frame_hz is None else float(frame_hz)
     if gap is not None:
         result["frame_gap"] = {key: value for key, value in gap.items() if key != "log"}
         for line in gap["log"]:
@@ -505,7 +508,8 @@ def select_plan(
 
 
 # The CPU step's frame-gap timing (keep_host_step_between_frames): fewer calls than the back-to-back
-# timing, each after a sweep (~1.5 ms for 32 MiB on the CI machine): 2 candidates x 3 x 40 calls.
+# timing, each after a sweep (~1.5 ms for 32 MiB on the CI machine) and the wait for the next tick
+# (16.7 ms at 60 Hz): 2 candidates x (3 x 40 + 5) calls, ~4.2 s at 60 Hz.
 FRAME_GAP_ROUNDS, FRAME_GAP_CALLS, FRAME_GAP_WARMUP = 3, 40, 5
 
 
@@ -516,23 +520,27 @@ def keep_host_step_between_frames(
     feeds: Mapping[str, torch.Tensor],
     *,
     nbytes: int | None = None,
+    hz: float | None = None,
     time_host: Callable[..., dict] | None = None,
 ) -> tuple[str, dict | None]:
     """Whether the fastest candidate back to back, when it runs on the CPU (``host_only``: the CPU
     step), also answers first in a game loop. Back to back its weights and code stay in the CPU's
-    caches from one call to the next; a game's own work between two frames evicts them
-    (framegap.py: the GPT-2 test model's CPU step 19.5 us back to back, 48.9 after 32 MiB written).
-    So it and the fastest candidate that runs on the GPU are timed again in the same rounds, a
-    framegap.CacheSweep of ``nbytes`` (default framegap.frame_gap_bytes()) before every call, and
-    the faster of the two by that median is kept. Returns (the name kept, the report's "frame_gap"
-    entry: {"bytes", "candidates": {name: timing}, "kept", "log": lines}; None when nothing was
-    compared: the chosen candidate runs on the GPU, no GPU candidate was timed, or nbytes is 0)."""
+    caches from one call to the next; a game's own work between two frames evicts them, and a
+    bot's thread that sleeps until the next frame leaves its core idle (framegap.py: the GPT-2 test
+    model's CPU step 19.5 us back to back, 48.9 after 32 MiB written, 102.6 paced at 60 Hz). So it
+    and the fastest candidate that runs on the GPU are
+    timed again in the same rounds, a framegap.FrameGap before every call (a sweep of ``nbytes``,
+    then the wait for the next tick of ``hz``; defaults framegap.frame_gap_bytes() and
+    framegap.frame_hz()), and the faster of the two by that median is kept. Returns (the name kept,
+    the report's "frame_gap" entry: {"bytes", "hz", "candidates": {name: timing}, "kept", "log":
+    lines}; None when nothing was compared: the chosen candidate runs on the GPU, no GPU candidate
+    was timed, or nbytes and hz are both 0)."""
     from framefuse.engines import framegap
 
     if not getattr(timed.get(chosen), "host_only", False):
         return chosen, None
     rivals = [name for name in timings if name in timed and not getattr(timed[name], "host_only", False)]
-    sweep = framegap.cache_sweep(nbytes)
+    sweep = framegap.frame_gap(nbytes, hz)
     if sweep is None or not rivals:
         return chosen, None
     rival = min(rivals, key=timings.get)
@@ -547,25 +555,24 @@ def keep_host_step_between_frames(
     )
     mine = results.get(chosen, {}).get("us_per_step")
     theirs = results.get(rival, {}).get("us_per_step")
-    gap = framegap.describe(sweep.nbytes)
+    gap = sweep.describe()
     lines = [
-        f"selection: {name:<18} {res['us_per_step']:.1f} us/step host to host (p99 {res['p99_us']:.1f}) "
-        f"with {gap} written between frames"
+        f"selection: {name:<18} {res['us_per_step']:.1f} us/step host to host (p99 {res['p99_us']:.1f}) with {gap}"
         if "us_per_step" in res
-        else f"selection: {name:<18} with {gap} written between frames: {res.get('error', 'not timed')}"
+        else f"selection: {name:<18} with {gap}: {res.get('error', 'not timed')}"
         for name, res in ((chosen, results.get(chosen, {})), (rival, results.get(rival, {})))
     ]
     if mine is not None and (theirs is None or mine < theirs):
         kept = chosen
-        lines.append(f"selection: {chosen} answers first back to back and with {gap} written between frames: kept")
+        lines.append(f"selection: {chosen} answers first back to back and with {gap}: kept")
     else:
         kept = rival
         lines.append(
             f"selection: {chosen} answers first back to back ({timings[chosen]:.1f} us against "
-            f"{timings[rival]:.1f}) but not with {gap} written between frames, as in a game loop "
+            f"{timings[rival]:.1f}) but not with {gap}, as in a game loop "
             f"({'failed' if mine is None else f'{mine:.1f} us'} against {theirs:.1f}): {rival} is kept"
         )
-    return kept, {"bytes": sweep.nbytes, "candidates": results, "kept": kept, "log": lines}
+    return kept, {"bytes": sweep.nbytes, "hz": sweep.hz, "candidates": results, "kept": kept, "log": lines}
 
 
 STEPKERNEL = "stepkernel"  # the whole step as one generated kernel (framefuse/compiler)

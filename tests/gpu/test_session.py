@@ -310,11 +310,13 @@ def test_native_host_path_equals_the_python_path(arch, resident):
 def test_the_cpu_step_is_timed_again_with_a_frame_gap_before_it_is_kept(gap, monkeypatch):
     """The timed build on a GPU (engines.fusion.select_plan): where the CPU step answers first back
     to back, it and the fastest GPU candidate are timed again with FRAMEFUSE_FRAME_GAP_BYTES
-    written before every call and the faster kept (the selection records both); with 0, back to
-    back decides. Every build records its seconds by phase."""
+    written before every call and the calls paced at FRAMEFUSE_FRAME_HZ, and the faster kept (the
+    selection records both); with both 0, back to back decides. Every build records its seconds by
+    phase."""
     from framefuse.engines import cuda_graph, fusion
 
     monkeypatch.setenv("FRAMEFUSE_FRAME_GAP_BYTES", gap)
+    monkeypatch.setenv("FRAMEFUSE_FRAME_HZ", "0" if gap == "0" else "60")
     prepared = prepare_cached("min_gru", {"model": {"embed": 16, "layers": 1}, "seq": 4, "seed": 0})["step"]
     engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "time"})
     selection = engine.metadata["selection"]
@@ -328,6 +330,7 @@ def test_the_cpu_step_is_timed_again_with_a_frame_gap_before_it_is_kept(gap, mon
         return
     checked = selection["frame_gap"]
     assert checked["bytes"] == 32 << 20 and selection["frame_gap_bytes"] == 32 << 20
+    assert checked["hz"] == selection["frame_hz"] == 60.0
     assert fusion.CPUSTEP in checked["candidates"] and len(checked["candidates"]) == 2
     assert all(c["calls"] == fusion.FRAME_GAP_ROUNDS * fusion.FRAME_GAP_CALLS for c in checked["candidates"].values())
     assert selection["chosen"] == checked["kept"] or selection["chosen"].startswith("stepkernel")
