@@ -1498,6 +1498,27 @@ class Generator:
             ]
         return out
 
+    def _cell(self, node: Recur, xs: list[str], rs: list[str], c_var: str, h_prev: str) -> list[str]:
+        """A recurrence cell's lines from each gate's input part ``xs`` and recurrent part ``rs``:
+        ``const float h`` (and for an LSTM ``const float c``, written back into ``c_var``); a GRU
+        reads the unit's previous h at ``h_prev``. Shared by _recur's loops."""
+        if node.cell == "lstm":
+            i_, o_, f_, g_ = (f"({x} + {r})" for x, r in zip(xs, rs))
+            return [
+                f"const float c = {EW['lstm_cell'].c([i_, f_, g_, c_var], ())};",
+                f"const float h = {EW['lstm_hidden'].c([o_, 'c'], ())};",
+                f"{c_var} = c;",
+            ]
+        if node.cell == "gru":
+            args = [xs[0], rs[0], xs[1], rs[1], xs[2], rs[2], h_prev]
+            return [f"const float h = {EW['gru_hidden'].c(args, ())};"]
+        if node.cell.startswith("rnn_"):
+            act = EW[node.cell.removeprefix("rnn_")]
+            self.need_header(act.header)
+            return [f"const float h = {act.c([f'({xs[0]} + {rs[0]})'], ())};"]
+        args = [f"({x} + {r})" for x, r in zip(xs, rs)]
+        return [f"const float h = {EW['liquid_hidden'].c(args, node.params)};"]
+
     def _recur(self, code: Code, t: int, task: Task) -> None:
         """A nonlinear recurrence (ir.Recur, schedule._recur_task): the block's hidden units of
         every batch row, the positions in order. Per position, one staging call brings h of the
@@ -1730,23 +1751,11 @@ class Generator:
         # the recurrence's own elements (h, then c) in its flat order: its flag-tagged copy, and the
         # graph output when the recurrence is one (a one-direction GRU's Y is a reshape of it)
         flat = f"(rcs * {B} + rcb) * {S * H} + rcu"
+        for line in self._cell(node, xs, rs, "rC[i]", f"hp[rcb * {H} + rcu]"):
+            em.top.insert(line)
         if node.cell == "lstm":
-            i_, o_, f_, g_ = (f"({x} + {r})" for x, r in zip(xs, rs))
-            em.top.insert(f"const float c = {EW['lstm_cell'].c([i_, f_, g_, 'rC[i]'], ())};")
-            em.top.insert(f"const float h = {EW['lstm_hidden'].c([o_, 'c'], ())};")
-            em.top.insert("rC[i] = c;")
             for line in self.stores(node, f"{flat} + {H}", "c"):
                 em.top.insert(line)
-        elif node.cell == "gru":
-            args = [xs[0], rs[0], xs[1], rs[1], xs[2], rs[2], f"hp[rcb * {H} + rcu]"]
-            em.top.insert(f"const float h = {EW['gru_hidden'].c(args, ())};")
-        elif node.cell.startswith("rnn_"):
-            act = EW[node.cell.removeprefix("rnn_")]
-            self.need_header(act.header)
-            em.top.insert(f"const float h = {act.c([f'({xs[0]} + {rs[0]})'], ())};")
-        else:
-            args = [f"({x} + {r})" for x, r in zip(xs, rs)]
-            em.top.insert(f"const float h = {EW['liquid_hidden'].c(args, node.params)};")
         for line in self.stores(node, flat, "h"):
             em.top.insert(line)
         if alone:  # the next position's h, read from shared memory after the barrier
@@ -1821,22 +1830,10 @@ class Generator:
         xs = [f"rxv{g}" for g in range(G)]
         publish = Code("if (rcl == 0)")
         flat = f"(rcs * {B} + rcb) * {S * H} + rcu"
+        for line in self._cell(node, xs, rs, "rcc", f"rH[(rcs & 1) * {h_floats} + rcb * {H} + rcu]"):
+            em.top.insert(line)
         if node.cell == "lstm":
-            i_, o_, f_, g_ = (f"({x} + {r})" for x, r in zip(xs, rs))
-            em.top.insert(f"const float c = {EW['lstm_cell'].c([i_, f_, g_, 'rcc'], ())};")
-            em.top.insert(f"const float h = {EW['lstm_hidden'].c([o_, 'c'], ())};")
-            em.top.insert("rcc = c;")
             publish.items += self.stores(node, f"{flat} + {H}", "c")
-        elif node.cell == "gru":
-            args = [xs[0], rs[0], xs[1], rs[1], xs[2], rs[2], f"rH[(rcs & 1) * {h_floats} + rcb * {H} + rcu]"]
-            em.top.insert(f"const float h = {EW['gru_hidden'].c(args, ())};")
-        elif node.cell.startswith("rnn_"):
-            act = EW[node.cell.removeprefix("rnn_")]
-            self.need_header(act.header)
-            em.top.insert(f"const float h = {act.c([f'({xs[0]} + {rs[0]})'], ())};")
-        else:
-            args = [f"({x} + {r})" for x, r in zip(xs, rs)]
-            em.top.insert(f"const float h = {EW['liquid_hidden'].c(args, node.params)};")
         publish.items += self.stores(node, flat, "h")
         publish.items.append(f"rH[((rcs + 1) & 1) * {h_floats} + rcb * {H} + rcu] = h;")
         body.items.append(publish)
