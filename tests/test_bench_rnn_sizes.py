@@ -199,6 +199,21 @@ def test_two_directions_of_a_wide_recurrence_share_the_grid_emulated(rnn_sizes, 
     assert float(np.abs(outputs["y"][0] - naive.run(program, {"x": x})["y"]).max()) < 1e-5
 
 
+def _shrink_hybrid_recurrences(monkeypatch) -> None:
+    """The schedule's recurrence bounds shrunk so that an LSTM's two directions at hidden 32 on 8
+    blocks hold R as hidden 1024's do on the H100: split between registers and shared memory."""
+    from framefuse.compiler import schedule as sched
+
+    for name, value in [
+        ("RECUR_SMEM_FLOATS", 64),
+        ("RECUR_MAX_BLOCKS", 2),
+        ("RECUR_WIDE_SHARE_LEVEL", True),
+        ("RECUR_REGISTER_WEIGHTS", 8),
+        ("RECUR_ARENA_RESERVE", 0),
+    ]:
+        monkeypatch.setattr(sched, name, value)
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to emulate the generated kernel")
 def test_r_split_between_registers_and_shared_memory_emulated(rnn_sizes, monkeypatch, tmp_path):
     """schedule.RECUR_HYBRID: where R does not fit the arena even over the blocks a direction gets
@@ -214,14 +229,7 @@ def test_r_split_between_registers_and_shared_memory_emulated(rnn_sizes, monkeyp
     from framefuse.compiler.emulate import emulate
     from framefuse.compiler.ir import Recur
 
-    for name, value in [
-        ("RECUR_SMEM_FLOATS", 64),
-        ("RECUR_MAX_BLOCKS", 2),
-        ("RECUR_WIDE_SHARE_LEVEL", True),
-        ("RECUR_REGISTER_WEIGHTS", 8),
-        ("RECUR_ARENA_RESERVE", 0),
-    ]:
-        monkeypatch.setattr(sched, name, value)
+    _shrink_hybrid_recurrences(monkeypatch)
     window = rnn_sizes.export_window("LSTM", 32, 5, 2, tmp_path)
     program = lower_program(window["fused"])
 
@@ -299,14 +307,7 @@ def test_the_512_thread_tactic_widens_only_kernels_with_a_hybrid_recurrence_emul
     from framefuse.compiler.emulate import emulate
     from framefuse.compiler.engine import STATIC_SMEM_RESERVE, prepare_step
 
-    for name, value in [
-        ("RECUR_SMEM_FLOATS", 64),
-        ("RECUR_MAX_BLOCKS", 2),
-        ("RECUR_WIDE_SHARE_LEVEL", True),
-        ("RECUR_REGISTER_WEIGHTS", 8),
-        ("RECUR_ARENA_RESERVE", 0),
-    ]:
-        monkeypatch.setattr(sched, name, value)
+    _shrink_hybrid_recurrences(monkeypatch)
     monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "cache"))
     window = rnn_sizes.export_window("LSTM", 32, 5, 2, tmp_path)
     program = lower_program(window["fused"])

@@ -363,7 +363,7 @@ int main(void) {
     s.bell = &bell; s.done = &done; s.n_done = 1; s.spin_limit = 1LL << 40; s.running = 1;
     ff_cpu_worker w;
     memset(&w, 0, sizeof w);
-    w.frame = &s; w.cpu = -1; w.yield_polls = 64;
+    w.frame = &s; w.yield_polls = 64;
     float expect = 0.0f;
     for (int f = 0; f < 400; ++f) {
         if (f % 100 == 0) {

@@ -178,13 +178,12 @@ class CpuResidentBinding(CpuStepBinding):
     Why: between two frames a game's own work evicts the step's weights and code from the
     caller's caches (engines/framegap.py); the worker's core does nothing else, so they stay in its
     L1/L2. The cost: the worker spins on the bell between frames, a core held while the session
-    runs (with sched_yield() every WORKER_YIELD_POLLS polls). ``cpu``: the core to pin it to (None:
-    where the OS puts it). ``stop()`` / ``close()`` (and the binding's collection, and interpreter
+    runs (with sched_yield() every WORKER_YIELD_POLLS polls). ``stop()`` / ``close()`` (and the binding's collection, and interpreter
     exit) join it; the next frame starts it again. A frame not answered within WORKER_TIMEOUT_S
     (FRAMEFUSE_RESIDENT_TIMEOUT_S) raises. The state halves are read and written between frames
     (the worker waits on the bell then), so state reads, resets and checks do not stop it."""
 
-    def __init__(self, plan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None, cpu=None):
+    def __init__(self, plan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None):
         super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
         functions = hostpath.worker()
         if functions is None:
@@ -203,7 +202,6 @@ class CpuResidentBinding(CpuStepBinding):
         hs.running = 0
         worker = self._worker = hostpath.CpuWorker()
         worker.frame = ctypes.addressof(hs)
-        worker.cpu = -1 if cpu is None else int(cpu)
         worker.yield_polls = WORKER_YIELD_POLLS
         self._worker_ptr = ctypes.pointer(worker)
         self.timeout_s = WORKER_TIMEOUT_S
@@ -215,11 +213,6 @@ class CpuResidentBinding(CpuStepBinding):
     @property
     def running(self) -> bool:
         return bool(self._hs.running)
-
-    @property
-    def pinned(self) -> bool:
-        """Whether the running worker is pinned to the core asked for."""
-        return bool(self._worker.pinned)
 
     def start(self) -> None:
         """Start the worker (the frame path does this on its first frame)."""
@@ -298,17 +291,9 @@ class CpuResidentBinding(CpuStepBinding):
     def close(self) -> None:
         self.stop()
 
-    def native_failed(self, code: int) -> bool:
-        if code == hostpath.NONFINITE:
-            return True
-        if code == hostpath.SPINNING:
-            self.wait_host()
-            return False
-        if code in (hostpath.UNWAITED, hostpath.NOT_RUNNING):
-            self.launch()
-            self.wait_host()
-            return False
-        raise EngineRunError(f"{CPUSTEP}: the native frame call answered {code}")
+    # frames rung and waited on, as the resident kernel's (not CpuStepBinding's synchronous call)
+    native_failed = NativeFrameBinding.native_failed
+    _native_label = CPUSTEP
 
 
 def cpustep_candidate(model, plan, say, *, required: bool = False):

@@ -436,8 +436,7 @@ def select_plan(
     for name, other in (references or {}).items():
         candidates[name] = other
         report[name] = {"reference": True}
-    phases["torch.compile"] = time.perf_counter() - started
-    started = time.perf_counter()
+    started = _phase(phases, "torch.compile", started)
     for name, candidate in candidates.items():
         entry = report.setdefault(name, {})
         entry["steps"] = len(candidate.steps)
@@ -459,19 +458,17 @@ def select_plan(
             timed[name] = candidate
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    phases["checks and device timing"] = time.perf_counter() - started
-    started = time.perf_counter()
+    started = _phase(phases, "checks and device timing", started)
     for name, result in time_plans_host(timed, feeds).items():
         report[name].update(result)
         if "us_per_step" in result and not report[name].get("reference"):
             timings[name] = result["us_per_step"]
     chosen = min(timings, key=timings.get) if timings else "plan"
     fastest_back_to_back = chosen
-    phases["host timing"] = time.perf_counter() - started
-    started = time.perf_counter()
+    started = _phase(phases, "host timing", started)
     chosen, gap = keep_host_step_between_frames(chosen, timed, timings, feeds, nbytes=frame_gap, hz=frame_hz)
     if gap is not None:
-        phases["frame-gap timing"] = time.perf_counter() - started
+        _phase(phases, "frame-gap timing", started)
     for name, entry in report.items():
         if "us_per_step" in entry:
             device = entry["device_us_per_step"]

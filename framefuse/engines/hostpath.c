@@ -17,7 +17,6 @@
 //
 // Every field is read and written by Python too (ctypes.Structure in hostpath.py, same order and
 // types): this file owns nothing.
-#define _GNU_SOURCE 1  // pthread_setaffinity_np (the CPU worker's core); as pyconfig.h defines it
 #ifdef FF_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -170,9 +169,7 @@ typedef struct {
     int64_t answered;       // frames answered since the start
     int64_t yield_polls;    // polls of an unrung bell between two sched_yield()s (0: never)
     int32_t stop;           // ff_worker_stop sets it; the worker exits at its next poll
-    int32_t cpu;            // the core to pin the worker to (-1: where the OS puts it)
     int32_t parity;         // the io block (state half) the next frame runs with
-    int32_t pinned;         // 1 when the worker runs pinned to `cpu`
     int32_t started;        // 1 between ff_worker_start and ff_worker_stop
     int32_t error;          // pthread_create's error, when it failed
     uint32_t seen;          // the bell's value when the worker was started: not a ring
@@ -216,7 +213,6 @@ int ff_worker_start(ff_cpu_worker* w) {
     if (w->started) return 0;
     w->stop = 0;
     w->answered = 0;
-    w->pinned = 0;
     w->seen = __atomic_load_n(w->frame->bell, __ATOMIC_ACQUIRE);
     w->tid = 0;
     pthread_t thread;
@@ -224,12 +220,6 @@ int ff_worker_start(ff_cpu_worker* w) {
     if (err) {
         w->error = err;
         return err;
-    }
-    if (w->cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(w->cpu, &set);
-        w->pinned = pthread_setaffinity_np(thread, sizeof(set), &set) == 0;
     }
     w->thread = (uint64_t)thread;
     w->started = 1;
@@ -248,8 +238,8 @@ int ff_worker_stop(ff_cpu_worker* w) {
 int ff_worker_layout(int64_t* out, int n) {
     const int64_t values[] = {
         (int64_t)sizeof(ff_cpu_worker),     offsetof(ff_cpu_worker, frame),   offsetof(ff_cpu_worker, answered),
-        offsetof(ff_cpu_worker, yield_polls), offsetof(ff_cpu_worker, stop),  offsetof(ff_cpu_worker, cpu),
-        offsetof(ff_cpu_worker, parity),    offsetof(ff_cpu_worker, pinned),  offsetof(ff_cpu_worker, started),
+        offsetof(ff_cpu_worker, yield_polls), offsetof(ff_cpu_worker, stop),
+        offsetof(ff_cpu_worker, parity),    offsetof(ff_cpu_worker, started),
         offsetof(ff_cpu_worker, error),     offsetof(ff_cpu_worker, seen),    offsetof(ff_cpu_worker, tid),
         offsetof(ff_cpu_worker, thread),
     };

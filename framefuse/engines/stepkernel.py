@@ -245,6 +245,24 @@ class NativeFrameBinding:
             hs.frame, hs.frame_floats = array.ctypes.data, array.size
         return self._native[0], self._hs_ptr
 
+    def native_failed(self, code: int) -> bool:
+        """After ``native_frame``'s call answered ``code``: finish the frame the Python way (wait
+        on, launch after a pending launch's wait, start a resident kernel or worker) or raise; True
+        when the frame was refused for a NaN/Inf (nothing launched; the caller raises its error).
+        For the bindings whose frames are waited on (``wait_host``)."""
+        if code == hostpath.NONFINITE:
+            return True
+        if code == hostpath.SPINNING:
+            self.wait_host()
+            return False
+        if code in (hostpath.UNWAITED, hostpath.NOT_RUNNING):
+            self.launch()
+            self.wait_host()
+            return False
+        raise EngineRunError(f"{self._native_label}: the native frame call answered {code}")
+
+    _native_label = "stepkernel"  # names the binding in native_failed's errors
+
     @property
     def native_state(self):
         """The hostpath.FrameState that native_frame's call runs (for hostpath's extension step,
@@ -378,21 +396,9 @@ class StepBinding(NativeFrameBinding, BindingBase):
         return self._native is not None and bool(self._done_words)
 
     def native_failed(self, code: int) -> bool:
-        """After ``native_frame``'s call answered ``code``: finish the frame the Python way (wait
-        on, launch after a pending launch's wait, start the resident kernel) or raise; True when
-        the frame was refused for a NaN/Inf (nothing launched; the caller raises its error)."""
-        if code == hostpath.NONFINITE:
-            return True
         if code == hostpath.LAUNCH_FAILED:
             raise EngineRunError(f"stepkernel: cuGraphLaunch failed: CUresult {self._hs.error}")
-        if code == hostpath.SPINNING:
-            self.wait_host()
-            return False
-        if code in (hostpath.UNWAITED, hostpath.NOT_RUNNING):
-            self.launch()
-            self.wait_host()
-            return False
-        raise EngineRunError(f"stepkernel: the native frame call answered {code}")
+        return super().native_failed(code)
 
     # -- the protocol ------------------------------------------------------------------------------------
     def order_after_current(self) -> None:
