@@ -173,6 +173,8 @@ def measure_row(entry: dict, row: dict, args) -> None:
         row["build_s"] = round(time.perf_counter() - start, 2)
         selection = (engine.metadata or {}).get("selection") or {}
         row["selection"] = selection.get("chosen")
+        if selection.get("candidates"):  # the build's own timings, host to host (--select time)
+            row["candidates_us"] = {k: v.get("us_per_step") for k, v in selection["candidates"].items()}
         summary = engine.summary().get("stepkernel")
         if summary:
             row["stepkernel"] = summary

@@ -262,9 +262,10 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
     return rows
 
 
-def trace_arch(arch: str, root: Path) -> list:
-    """The per-task timeline of one launch (device inputs), from a traced build of the kernel;
-    ``ARCH/sequenceT``: the sequence form's window of T frames."""
+def trace_arch(arch: str, root: Path, select: str = "stepkernel") -> list:
+    """The per-task timeline of one launch (device inputs), from a traced build of the kernel of
+    tactic ``select`` (engines/fusion.STEPKERNELS); ``ARCH/sequenceT``: the sequence form's window
+    of T frames."""
     import torch
 
     from framefuse.compiler import lower_program
@@ -284,16 +285,21 @@ def trace_arch(arch: str, root: Path) -> list:
         prepared = prepare(name, root / f"trace-{name}-{steps}", {"seq": int(steps or 32)})["sequence"]
     else:
         prepared = prepare(arch, root / f"trace-{arch}")["step"]
-    compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"), trace=True)
+    from framefuse.engines.fusion import STEPKERNELS
+
+    tactic = dict(STEPKERNELS[select])
+    lowering = {k: tactic.pop(k) for k in ("compose_input", "roll_recurrences") if k in tactic}
+    program = lower_program(prepared.fused, **lowering)
+    compiled = CompiledStep(program, device=torch.device("cuda"), trace=True, **tactic)
     plan = StepKernelPlan.of(compiled)
     feeds = example_feeds(plan)
     for _ in range(20):
         plan.execute(feeds)
     torch.cuda.synchronize()
     timeline = compiled.timeline()
-    untraced = StepKernelPlan.of(CompiledStep(lower_program(prepared.fused), device=torch.device("cuda")))
+    untraced = StepKernelPlan.of(CompiledStep(program, device=torch.device("cuda"), **tactic))
     say(
-        f"trace {arch}: device us a step, traced {time_plan_graph(plan, feeds)['us_per_step']}, "
+        f"trace {arch} ({select}): device us a step, traced {time_plan_graph(plan, feeds)['us_per_step']}, "
         f"untraced {time_plan_graph(untraced, example_feeds(untraced))['us_per_step']}; "
         f"{compiled.grid} blocks x {compiled.threads} threads, {compiled.kernel.smem_bytes} B shared memory"
     )
@@ -365,7 +371,7 @@ def main(argv=None) -> int:
     result["traces"] = {}
     for arch in [a for a in args.trace.split(",") if a]:
         try:
-            result["traces"][arch] = trace_arch(arch, root)
+            result["traces"][arch] = trace_arch(arch, root, args.select)
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             result["traces"][arch] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}

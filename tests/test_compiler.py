@@ -1721,19 +1721,26 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "attention:bf16",
         "lstm/sequence:bf16",
         "gru:int8",
+        "xlstm+views",
+        "lstm+views",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once); after
-    a colon, the products' weight format (codegen.WEIGHT_FORMATS)."""
+    a colon, the products' weight format (codegen.WEIGHT_FORMATS); +views: the stepkernel-views
+    tactic's kernel (codegen.ALIAS_VIEWS)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, views, _ = arch.partition("+views")
     arch, _, weight_format = arch.partition(":")
     arch, _, form = arch.partition("/")
     prepared = prepare_cached(arch, SMALL)[form] if form else _prepared(arch)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
     for resident in (False, True):
-        kernel = generate_source(prepared.fused, grid=132, resident=resident, weight_format=weight_format or "fp32")
+        kernel = generate_source(
+            prepared.fused, grid=132, resident=resident, weight_format=weight_format or "fp32", alias_views=bool(views)
+        )
+        assert kernel.alias_views is bool(views)
         source = tmp_path / f"{kernel.name}.cu"
         source.write_text(kernel.source)
         result = subprocess.run(
@@ -2125,6 +2132,7 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-384-threads-replica-cap",
         "stepkernel-512-threads",
         "stepkernel-lanes",
+        "stepkernel-views",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
@@ -2217,6 +2225,58 @@ def test_long_copies_can_be_issued_in_pieces_over_the_warps(tmp_path):
     for b in range(before.shape[0]):
         assert spans(after[b], origin(after)) <= spans(before[b], origin(before))
     _emulate_against_interpreter(cut, program, 2, tmp_path)
+
+
+def test_views_of_a_tasks_arrays_are_read_where_the_array_lies(monkeypatch):
+    """generate(alias_views=True) (the build's stepkernel-views tactic; codegen.ALIAS_VIEWS the
+    default, off): an array a task computes a thread an element as a view of another of its arrays
+    at a constant offset (a product's input rows cut out of the staged frame) is not copied; its
+    readers read the array (origin + offset), a phase earlier. With the setting off the source is
+    the one it was, and the views' phases are the schedule's."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("min_gru").fused)
+    sched = schedule(program, grid=3, threads=64)
+    plain = generate(sched)
+    assert not codegen.ALIAS_VIEWS and generate(sched, alias_views=False).source == plain.source
+    assert not plain.alias_views and not plain.describe()["alias_views"]
+    views = generate(sched, alias_views=True)
+    assert views.alias_views and views.describe()["alias_views"]
+    monkeypatch.setattr(codegen, "ALIAS_VIEWS", True)
+    assert generate(sched).source == views.source
+    gen = codegen.Generator(sched, alias_views=True)
+    found = {t: v for t, v in gen.views.items() if v}
+    assert found, "min_gru's first layer reads the frame's rows through views"
+    for t, task_views in found.items():
+        task = sched.tasks[t]
+        for uid, (src, offset) in task_views.items():
+            assert task.units[uid].how == "thread" and src in task.units and offset % 4 == 0
+    # a reader's pointer into the viewed array (ids renumbered in the source): its origin + offset
+    assert re.search(r"\(\(ffk_smem \+ \d+\) \+ \(lo\d+ \+ \d+ - lo\d+\)\)", views.source)
+    assert not re.search(r"\(lo\d+ \+ \d+ - lo\d+\)", plain.source)
+    # every view's copy and the phase it took are gone: fewer barriers, fewer phases
+    assert views.kernel_phases < plain.kernel_phases
+    assert views.source.count("__syncthreads();") == plain.source.count("__syncthreads();") - (
+        plain.kernel_phases - views.kernel_phases
+    )
+    assert views.smem_bytes <= plain.smem_bytes  # the copies' arena slots go too
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ARCHS)
+def test_views_read_in_place_emulated_match_the_interpreter(arch, tmp_path):
+    """The stepkernel-views kernel of every zoo architecture (each has views at this size: the
+    frame's rows, a reshape before a product) against the interpreter over chained steps, the
+    launched kernel and a resident session of it; ThreadSanitizer on three of them (a reader
+    moved a phase up must still find the array's elements written before its barrier)."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared(arch).fused)
+    sched = schedule(program, grid=3, threads=64)
+    assert any(codegen.Generator(sched, alias_views=True).views.values()), arch
+    kernel = generate(sched, alias_views=True)
+    _emulate_against_interpreter(kernel, program, 2, tmp_path / "launched", races=arch in ("min_gru", "xlstm", "lstm"))
+    _emulate_against_interpreter(generate(sched, resident=True, alias_views=True), program, 3, tmp_path / "resident")
 
 
 @needs_cxx

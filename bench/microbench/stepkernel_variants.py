@@ -99,6 +99,10 @@ SCHEDULE_VARIANTS = {
     "session-20": [("codegen", "VECTOR_WALK", False), ("schedule", "FRAME_BLOCK_QUIET", False)],
     # attention's softmax weights computed by the row max's warp, a phase and a barrier less (codegen.ROW_FOLLOWERS)
     "row-followers": ("codegen", "ROW_FOLLOWERS", True),
+    # a task's views of its own arrays (a product's rows cut out of the staged frame) read where
+    # those lie, not copied: a phase and a barrier less in each such task (codegen.ALIAS_VIEWS)
+    "alias-views": ("codegen", "ALIAS_VIEWS", True),
+    "alias-views+row-followers": [("codegen", "ALIAS_VIEWS", True), ("codegen", "ROW_FOLLOWERS", True)],
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads
@@ -179,6 +183,7 @@ TACTIC_VARIANTS = {
     "paced": "stepkernel-paced",
     "unframed": "stepkernel-unframed",
     "replica-cap": "stepkernel-replica-cap",
+    "views": "stepkernel-views",
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

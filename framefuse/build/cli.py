@@ -114,6 +114,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-384-threads-replica-cap",
             "stepkernel-512-threads",
             "stepkernel-lanes",
+            "stepkernel-views",
             "cpustep",
             "inductor",
             "inductor-autotune",
@@ -128,7 +129,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "not rolled into a loop, stepkernel-replica-cap / stepkernel-384-threads-replica-cap: a task whose blocks "
         "each copy the same values whole, such as attention's KV caches, on fewer blocks, stepkernel-512-threads: "
         "blocks of 512 threads where a recurrence holds its weights partly in registers, hidden 1024, stepkernel-lanes: "
-        "a one-block recurrence's units split over lanes of a warp), the step compiler's "
+        "a one-block recurrence's units split over lanes of a warp, stepkernel-views: a task's views of its own arrays, "
+        "such as a product's rows cut out of the frame, read where those lie instead of copied), the step compiler's "
         "program as one C++ function on the host CPU (cpustep, fp32 builds: small models answer faster there), "
         "the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "

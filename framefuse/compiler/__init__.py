@@ -53,11 +53,13 @@ def generate_source(
     weight_format: str = "fp32",
     lossless_rows: bool = False,
     widen_storage: bool = False,
+    alias_views: bool | None = None,
 ):
     """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
     ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel` (``resident``: the
     kernel launched once that runs a frame per bell; ``weight_format``, ``lossless_rows``: the
-    products' weight rows, codegen.WEIGHT_FORMATS; ``widen_storage``: see lower_program)."""
+    products' weight rows, codegen.WEIGHT_FORMATS; ``widen_storage``: see lower_program;
+    ``alias_views``: see codegen.ALIAS_VIEWS)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
 
@@ -69,6 +71,7 @@ def generate_source(
         resident=resident,
         weight_format=weight_format,
         lossless_rows=lossless_rows,
+        alias_views=alias_views,
     )
 
 

@@ -183,6 +183,7 @@ class Generator:
         weight_format: str = "fp32",
         lossless_rows: bool = False,
         lane_cells: bool | None = None,
+        alias_views: bool | None = None,
     ):
         if weight_format not in WEIGHT_FORMATS:
             raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
@@ -207,6 +208,10 @@ class Generator:
         self.paced_copies = PREFETCH_PACED if paced_copies is None else bool(paced_copies)
         self.skewed_sums = SKEWED_SUM_WALK if skewed_sums is None else bool(skewed_sums)
         self.lane_cells = RECUR_LANE_CELLS if lane_cells is None else bool(lane_cells)
+        self.alias_views = ALIAS_VIEWS if alias_views is None else bool(alias_views)
+        # per task: {array id: (the array it is a view of, offset)} and each unit's phase (by id(unit))
+        self.views = {t: self._task_views(task) for t, task in enumerate(sched.tasks)}
+        self.phases = {t: self._unit_phases(task, self.views[t]) for t, task in enumerate(sched.tasks)}
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -289,6 +294,8 @@ class Generator:
         for t, task in enumerate(self.sched.tasks):
             offset = 0
             for unit in sorted(task.arrays(), key=lambda u: u.node.id):
+                if unit.node.id in self.views[t]:
+                    continue  # read where the array it views lies
                 lay.arena[(t, unit.node.id)] = offset
                 offset += _align4(max(unit.storage, 1))
             if isinstance(task.root, Recur):
@@ -505,6 +512,20 @@ class Generator:
                 cols = np.arange(lo, hi) % n
                 nlo[b], nhi[b] = int(cols.min()), int(cols.max()) + 1
         return nlo, nhi
+
+    def task_phases(self) -> tuple[int, ...]:
+        """The phases (runs of code between two barriers) each generated task runs: the distinct
+        phases of its units, views left out (a loop task as the schedule counts it). The
+        schedule's own count, Task.phases, is one more than the last phase, and a staged copy's
+        phase is at least 1 (it reads its own flag-tagged words)."""
+        counts = []
+        for t, task in enumerate(self.sched.tasks):
+            if isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
+                counts.append(task.phases())
+                continue
+            phase_of = self.phases[t]
+            counts.append(len({phase_of[id(u)] for u in task.units.values() if u.node.id not in self.views[t]}))
+        return tuple(counts)
 
     # -- source ---------------------------------------------------------------------------------------
     def source(self) -> str:
@@ -871,6 +892,9 @@ class Generator:
         for unit in arrays:
             lo_col = self.layout.column_of[(t, unit.node.id, "lo")]
             hi_col = self.layout.column_of[(t, unit.node.id, "hi")]
+            if unit.node.id in self.views[t]:  # its readers' index origin (see arr)
+                code.items.append(f"const int lo{unit.node.id} = ffk_r[{lo_col}];")
+                continue
             code.items.append(f"const int lo{unit.node.id} = ffk_r[{lo_col}], hi{unit.node.id} = ffk_r[{hi_col}];")
             from_col = self.layout.column_of.get((t, unit.node.id, "from"))
             if from_col is not None:
@@ -884,7 +908,11 @@ class Generator:
         )
         self._followers = self._row_followers(task) if ROW_FOLLOWERS else {}
         followed = {w.node.id for w in self._followers.values()}
-        phases = sorted({u.phase for u in task.units.values() if u.node.id not in followed})
+        views = self.views[t]
+        phase_of = self.phases[t]
+        phases = sorted(
+            {phase_of[id(u)] for u in task.units.values() if u.node.id not in followed and u.node.id not in views}
+        )
         for k, phase in enumerate(phases):
             if phase != phases[0]:
                 code.items.append("__syncthreads();")
@@ -894,7 +922,7 @@ class Generator:
             staged = [
                 u
                 for u in sorted(task.units.values(), key=lambda u: u.node.id)
-                if u.phase == phase
+                if phase_of[id(u)] == phase
                 and u is not root
                 and u.how == "thread"
                 and task.view.source_kind(u.node) == "materialized"
@@ -906,8 +934,10 @@ class Generator:
                 self._stage(code, t, staged)
             self._warp_offset = 0
             for unit in sorted(task.units.values(), key=lambda u: u.node.id):
-                if unit.phase != phase or unit in staged or unit.node.id in followed:
+                if phase_of[id(unit)] != phase or unit in staged or unit.node.id in followed:
                     continue
+                if unit is not root and unit.node.id in views:
+                    continue  # read where the array it views lies
                 if unit is root:
                     self._root(code, t, task, unit)
                 elif unit.how == "dot":
@@ -930,22 +960,25 @@ class Generator:
         the same rows with one element a position (the softmax weights exp(s - max)) that reads
         nothing computed in the reduction's phase but the reduction. Lane l of the row's warp
         computes the row's element l after a __syncwarp: the follower's phase and its barrier go."""
-        phases = sorted({u.phase for u in task.units.values()})
+        views = self.views[self._t]
+        phase_of = self.phases[self._t]
+        phases = sorted({phase_of[id(u)] for u in task.units.values() if u.node.id not in views})
         span = slice(task.first, task.first + task.blocks)
         found: dict[int, Unit] = {}
         taken: set[int] = set()
         for red in sorted(task.units.values(), key=lambda u: u.node.id):
             if red.how != "reduce" or red.node.extent != WARP_LANES or self._reduce_lanes(red) != WARP_LANES:
                 continue
-            k = phases.index(red.phase)
+            k = phases.index(phase_of[id(red)])
             if k + 1 >= len(phases):
                 continue
-            same_phase = {u.node.id for u in task.units.values() if u.phase == red.phase}
+            same_phase = {u.node.id for u in task.units.values() if phase_of[id(u)] == phase_of[id(red)]}
             for w in sorted(task.units.values(), key=lambda u: u.node.id):
                 if (
                     w.how != "thread"
                     or w.node.id in taken
-                    or w.phase != phases[k + 1]
+                    or w.node.id in views
+                    or phase_of[id(w)] != phases[k + 1]
                     or task.view.source_kind(w.node) == "materialized"
                     or tuple(w.node.shape) != tuple(red.node.shape) + (WARP_LANES,)
                     or (w.deps & same_phase) - {red.node.id}
@@ -990,7 +1023,69 @@ class Generator:
         em.top.insert(f"{self.arr(t, uid)}[e - lo{uid}] = {value.text};")
 
     def arr(self, t: int, uid: int) -> str:
+        view = self.views[t].get(uid)
+        if view is not None:  # element e of the view is element e + offset of the array
+            src, offset = view
+            return f"({self.arr(t, src)} + (lo{uid} + {offset} - lo{src}))"
         return f"(ffk_smem + {self.arena_offset + self.layout.arena[(t, uid)]})"
+
+    def _arena_aligned(self, t: int, uid: int) -> bool:
+        """Whether the array's own origin in shared memory is 16-byte aligned (a view's: its
+        array's; its offset and both origins are multiples of 4 by _task_views)."""
+        view = self.views[t].get(uid)
+        if view is not None:
+            return self._arena_aligned(t, view[0])
+        return (self.arena_offset + self.layout.arena[(t, uid)]) % 4 == 0
+
+    def _task_views(self, task: Task) -> dict[int, tuple[int, int]]:
+        """ALIAS_VIEWS: {array id: (array id, offset)} for the task's arrays computed a thread an
+        element as a view (a Map) of another of its arrays whose element e is that array's element
+        e + offset, in the order the copy reads it (a staged value's stored order included). Its
+        readers read that array instead, at origin + offset: the offset and both arrays' origins on
+        every block of the task must be multiples of 4 (a product reads its rows as float4s)."""
+        if not self.alias_views or isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
+            return {}
+        span = slice(task.first, task.first + task.blocks)
+        found: dict[int, tuple[int, int]] = {}
+        for key, unit in sorted(task.units.items()):
+            node = unit.node
+            if key == ROOT or unit.how != "thread" or not isinstance(node, Map):
+                continue
+            if task.view.source_kind(node) == "materialized" or node.id in self.sched.ll_nodes:
+                continue  # a staged copy of a flag-tagged value is the array itself
+            e = ix.Var("e", max(node.size, 1))
+            index, under = node.source_index(ix.unflatten(e, node.shape)), node.src
+            while under.id not in task.units and isinstance(under, Map) and task.view.kind(under) == "inline":
+                index, under = under.source_index(index), under.src  # a chain of views, as Emitter.value reads it
+            src = task.units.get(under.id)
+            if src is None or src.how == "root" or src.lo is None or unit.lo is None:
+                continue
+            offset = ix.add(task.view.flat(under, index), ix.mul(e, -1))
+            if not ix.is_const(offset) or ix.const_value(offset) % 4:
+                continue
+            if (unit.lo[span] % 4).any() or (src.lo[span] % 4).any():
+                continue
+            found[node.id] = (src.node.id, ix.const_value(offset))
+        return found
+
+    @staticmethod
+    def _unit_phases(task: Task, views: dict) -> dict[int, int]:
+        """Each unit's phase (by id(unit)): schedule's (one more than the latest phase of what it
+        reads), with a view in its array's phase, so that its readers wait for the array only."""
+        if not views:
+            return {id(u): u.phase for u in task.units.values()}
+        found: dict[int, int] = {}
+
+        def of(key: int) -> int:
+            if key not in found:
+                unit = task.units[key]
+                if key in views:
+                    found[key] = of(views[key][0])
+                else:
+                    found[key] = 1 + max((of(d) for d in unit.deps if d != key), default=-1)
+            return found[key]
+
+        return {id(u): of(key) for key, u in task.units.items()}
 
     def _stage(self, code: Code, t: int, units: list) -> None:
         """Staged copies of flag-tagged values, one call for all of a phase's, so that every
@@ -1262,7 +1357,7 @@ class Generator:
             if unit is None or unit.lo is None:
                 return None
             los = unit.lo[task.first : task.first + task.blocks]
-            if (self.arena_offset + self.layout.arena[(t, node.id)]) % 4 or (los % 4).any():
+            if not self._arena_aligned(t, node.id) or (los % 4).any():
                 return None
             return [(guards, (self.arr(t, node.id), f"lo{node.id}"), flat)]
         if kind != "inline":
@@ -2272,6 +2367,15 @@ VECTOR_WALK = True
 # unit over its rows in the same warp (Generator._row_followers: attention's softmax weights beside
 # its row max, a phase and a barrier less). Not measured yet on the GPU: off, variant `row-followers`
 ROW_FOLLOWERS = False
+# A task's shared-memory array that is a view of another of the task's arrays at a constant offset
+# (a product's input rows cut out of the staged frame [x, scalars of x], or read through a reshape)
+# is read where that array lies instead of being copied (Generator._task_views): the copy's phase
+# and its barrier go, and its readers move a phase up (Generator._unit_phases). Statically, the
+# zoo's step kernels at embed 256 on the H100's grid (Kernel.kernel_phases): 436 -> 399 phases in
+# all (lstm and gru 18 -> 15, min_gru 21 -> 19, mamba 53 -> 49, xlstm 77 -> 69); the sequence forms
+# have no such view. Not timed on a GPU yet: off, the build's stepkernel-views tactic
+# (generate(alias_views=True)) and stepkernel_variants.py's `alias-views`
+ALIAS_VIEWS = False
 # ... and a thread's own sum over positions with a factor contiguous along them (attention's P·V
 # and softmax sum read the weights four at a time, P·V over the prefix where V comes from the cache;
 # Emitter._vector_sum). Not measured yet: off, variant `vector-reduce`
@@ -2957,6 +3061,13 @@ class Kernel:
     lossless_rows: bool = False  # narrow only the products the format stores exactly (stores_exactly)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
     lane_cells: bool = False  # a one-block recurrence's units split over lanes where they fit (recur_lanes)
+    alias_views: bool = False  # views of a task's arrays read where those lie (ALIAS_VIEWS)
+    task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
+
+    @property
+    def kernel_phases(self) -> int:
+        """The phases the source runs over all tasks."""
+        return sum(self.task_phases)
 
     @property
     def name(self) -> str:
@@ -3019,6 +3130,8 @@ class Kernel:
                 "narrow_products": len(self.layout.narrow),
                 "tagged_frames": self.tagged_frames,
                 "lane_cells": self.lane_cells,
+                "alias_views": self.alias_views,
+                "kernel_phases": self.kernel_phases,
             }
         )
         return info
@@ -3037,6 +3150,7 @@ def generate(
     weight_format: str = "fp32",
     lossless_rows: bool = False,
     lane_cells: bool | None = None,
+    alias_views: bool | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
@@ -3045,7 +3159,8 @@ def generate(
     gives the rows the kernel computes with, for the reference); ``lossless_rows``: only the
     products whose rows the format stores exactly go narrow (a precision build's graph, whose
     weights are already rounded: the kernel then computes with the very values the graph holds);
-    ``lane_cells``: see recur_lanes (default RECUR_LANE_CELLS)."""
+    ``lane_cells``: see recur_lanes (default RECUR_LANE_CELLS); ``alias_views``: see ALIAS_VIEWS
+    (its default)."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
@@ -3058,6 +3173,7 @@ def generate(
         weight_format=weight_format,
         lossless_rows=lossless_rows,
         lane_cells=lane_cells,
+        alias_views=alias_views,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -3076,6 +3192,8 @@ def generate(
         gen.lossless_rows,
         gen.tagged,
         gen.lane_cells,
+        gen.alias_views,
+        gen.task_phases(),
     )
 
 

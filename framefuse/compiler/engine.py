@@ -102,6 +102,7 @@ def prepare_step(
     replica_floats: int | None = None,
     hybrid_threads: int | None = None,
     lane_cells: bool | None = None,
+    alias_views: bool | None = None,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
@@ -111,7 +112,9 @@ def prepare_step(
     schedule exceeds it, the plain schedule is the capped one; ``hybrid_threads``: blocks of this
     many threads where the schedule at ``threads`` holds a recurrence's R partly in registers,
     schedule.hybrid_recurrences; where none does, the plain schedule; ``lane_cells``: a one-block
-    recurrence's units split over lanes, codegen.recur_lanes; where none is, the plain source)."""
+    recurrence's units split over lanes, codegen.recur_lanes; where none is, the plain source;
+    ``alias_views``: views of a task's arrays read where those lie, codegen.ALIAS_VIEWS; where
+    there is none, the plain source)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -142,6 +145,7 @@ def prepare_step(
         weight_format=weight_format,
         lossless_rows=lossless_rows,
         lane_cells=lane_cells,
+        alias_views=alias_views,
     )
     schedule_s = time.perf_counter() - start
     return StepSource(
@@ -297,6 +301,7 @@ class CompiledStep:
         replica_floats: int | None = None,
         hybrid_threads: int | None = None,
         lane_cells: bool | None = None,
+        alias_views: bool | None = None,
         source: StepSource | None = None,
         log=None,
     ):
@@ -326,6 +331,7 @@ class CompiledStep:
                 replica_floats=replica_floats,
                 hybrid_threads=hybrid_threads,
                 lane_cells=lane_cells,
+                alias_views=alias_views,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -336,6 +342,7 @@ class CompiledStep:
         self.paced_copies = self.kernel.paced_copies
         self.skewed_sums = self.kernel.skewed_sums
         self.lane_cells = self.kernel.lane_cells
+        self.alias_views = self.kernel.alias_views
         self.weight_format = self.kernel.weight_format
         self.lossless_rows = self.kernel.lossless_rows
         self.kernel_prefetch = source.prefetch
@@ -466,7 +473,7 @@ class CompiledStep:
                     "task": t,
                     "value": task.root.label or repr(task.root),
                     "blocks": task.blocks,
-                    "phases": task.phases(),
+                    "phases": self.kernel.task_phases[t],
                     "enter_us": [round(float(np.median(rel[:, 0])), 2), round(float(rel[:, 0].max()), 2)],
                     "ready_us": [round(float(np.median(rel[:, 1])), 2), round(float(rel[:, 1].max()), 2)],
                     "exit_us": [round(float(np.median(rel[:, 2])), 2), round(float(rel[:, 2].max()), 2)],
@@ -506,6 +513,7 @@ class CompiledStep:
                 weight_format=self.weight_format,
                 lossless_rows=self.lossless_rows,
                 lane_cells=self.lane_cells,
+                alias_views=self.alias_views,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -549,6 +557,7 @@ def compile_step(
     replica_floats=None,
     hybrid_threads=None,
     lane_cells=None,
+    alias_views=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
@@ -556,7 +565,7 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -575,6 +584,7 @@ def compile_step(
         replica_floats=replica_floats,
         hybrid_threads=hybrid_threads,
         lane_cells=lane_cells,
+        alias_views=alias_views,
         log=log,
     )
 

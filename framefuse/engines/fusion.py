@@ -641,6 +641,12 @@ HYBRID_THREADS = 512
 # is where the plain kernel ties cuDNN (146.4 against 145.9 us, H200, session 49). Built only where
 # such a recurrence is: no candidate to time elsewhere.
 STEPKERNEL_LANES = "stepkernel-lanes"
+# A task's array that is a view of another of its arrays at a constant offset (a product's input
+# rows cut out of the staged frame) read where that array lies, not copied: a phase and a barrier
+# less in each such task (compiler/codegen.ALIAS_VIEWS; the zoo's step kernels at embed 256 run
+# 436 phases in all, 399 with it). Not timed on a GPU yet. Built only where a task has such a
+# view (every zoo step form; no sequence form): no candidate to time elsewhere.
+STEPKERNEL_VIEWS = "stepkernel-views"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -662,6 +668,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_WIDE_REPLICA_CAP: {"copy_pieces": 0, "threads": WIDE_THREADS, "replica_floats": REPLICA_CAP_FLOATS},
     STEPKERNEL_HYBRID_WIDE: {"copy_pieces": 0, "hybrid_threads": HYBRID_THREADS},
     STEPKERNEL_LANES: {"copy_pieces": 0, "lane_cells": True},
+    STEPKERNEL_VIEWS: {"copy_pieces": 0, "alias_views": True},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.
@@ -1058,6 +1065,7 @@ __all__ = [
     "STEPKERNEL_WIDE_REPLICA_CAP",
     "STEPKERNEL_HYBRID_WIDE",
     "STEPKERNEL_LANES",
+    "STEPKERNEL_VIEWS",
     "STEPKERNEL_WIDE",
     "STEPKERNEL_PACED",
     "STEPKERNEL_UNFRAMED",

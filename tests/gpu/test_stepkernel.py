@@ -89,6 +89,7 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
     + [(a, "stepkernel-384-threads") for a in ARCHS]
     + [(a, "stepkernel-paced") for a in ARCHS]
     + [(a, "stepkernel-unframed") for a in ARCHS]
+    + [(a, "stepkernel-views") for a in ARCHS]
     + [
         (a, t) for a in ("attention", "jamba") for t in ("stepkernel-replica-cap", "stepkernel-384-threads-replica-cap")
     ],
@@ -108,6 +109,7 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     kernel = session.engine.metadata["selection"]["stepkernel"]
     assert kernel["copy_pieces"] == STEPKERNELS[tactic]["copy_pieces"]
     assert kernel["paced_copies"] == STEPKERNELS[tactic].get("paced_copies", False)
+    assert kernel["alias_views"] == STEPKERNELS[tactic].get("alias_views", False)
     if not STEPKERNELS[tactic].get("compose_input", True):
         assert not kernel["framed"]  # the frame's in-projection a task of its own
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -810,3 +812,94 @@ def test_stepkernel_of_a_wide_or_long_rnn_window_matches_onnxruntime(kind, hidde
         window = rng.standard_normal(manifest["inputs"][0]["shape"]).astype(np.float32)
         expected = session.run([out_name], {in_name: window})[0]
         _close(engine.run({in_name: window})[out_name], expected, f"{kind} {hidden} T={seq} window {i}")
+
+
+@pytest.mark.parametrize(
+    "arch,seq,batch", [("lstm", 32, 1), ("gru", 5, 2), ("liquid", 64, 1), ("lstm", 2, 1), ("liquid", 3, 2)]
+)
+def test_the_lanes_tactic_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
+    """stepkernel-lanes (codegen.recur_lanes: a one-block recurrence with each unit over lanes of a
+    warp, the sums met by shuffles) over the window test's windows (random, zeros, NaN), short
+    windows included (at T = 1 there is no loop: the tactic's source is the plain kernel's); the
+    source must have the lane loop, or the test would check the plain kernel again."""
+    engine = _check_window(arch, seq, batch, "stepkernel-lanes")
+    assert engine.metadata["selection"]["stepkernel"]["lane_cells"] is True
+    assert "lanes a unit" in engine.default_plan.compiled.kernel.source
+
+
+@pytest.mark.parametrize(
+    "kind,hidden,seq,dirs,tactic",
+    [
+        ("LSTM", 64, 256, 1, "stepkernel-lanes"),
+        ("GRU", 64, 256, 1, "stepkernel-lanes"),
+        ("LSTM", 64, 8, 2, "stepkernel-lanes"),  # two directions, each its own block
+        ("GRU", 64, 3, 1, "stepkernel-lanes"),
+        ("LSTM", 1024, 32, 2, "stepkernel-512-threads"),
+        ("GRU", 1024, 4, 2, "stepkernel-512-threads"),
+    ],
+)
+def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic, tmp_path):
+    """The two tactics built for bench/rnn_sizes.py's ties with cuDNN, on its own exports:
+    stepkernel-lanes where one block holds a direction's recurrence (hidden 64), and
+    stepkernel-512-threads where R is held partly in registers and partly in shared memory
+    (hidden 1024, schedule.hybrid_recurrences); windows of random frames, zeros and a NaN frame
+    (the fused graph's reference: ONNX Runtime's own RNN ops drop a NaN from their state)."""
+    import importlib.util
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    from framefuse.engines import cuda_graph
+    from framefuse.plugins.ort_bridge import ort_session
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "rnn_sizes.py"
+    spec = importlib.util.spec_from_file_location("framefuse_bench_rnn_sizes", script)
+    rnn_sizes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rnn_sizes)
+    entry = rnn_sizes.export_window(kind, hidden, seq, dirs, tmp_path)
+    engine = cuda_graph.build(entry["fused"], device="cuda", options={"select": tactic})
+    selection = engine.metadata["selection"]
+    assert selection["chosen"] == tactic
+    if tactic == "stepkernel-lanes":
+        assert selection["stepkernel"]["lane_cells"] is True
+        assert "lanes a unit" in engine.default_plan.compiled.kernel.source
+    else:
+        assert selection["stepkernel"]["threads"] == 512
+    manifest = entry["manifest"]
+    in_name, out_name = manifest["inputs"][0]["name"], manifest["outputs"][0]["name"]
+    shape = manifest["inputs"][0]["shape"]
+    session = ort.InferenceSession(str(entry["onnx"]), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(13)
+    for i, window in enumerate(
+        [rng.standard_normal(shape).astype(np.float32) for _ in range(3)] + [np.zeros(shape, np.float32)]
+    ):
+        expected = session.run([out_name], {in_name: window})[0]
+        _close(engine.run({in_name: window})[out_name], expected, f"{kind} {hidden} T={seq} {tactic} window {i}")
+    poisoned = rng.standard_normal(shape).astype(np.float32)
+    poisoned.reshape(-1)[poisoned.size // 2] = np.nan
+    expected = ort_session(entry["fused"], fused=True).run([out_name], {in_name: poisoned})[0]
+    assert np.isnan(expected).any(), "the NaN frame reaches the output"
+    _close(engine.run({in_name: poisoned})[out_name], expected, f"{kind} {hidden} T={seq} {tactic} NaN window")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_views_tactic_small_and_short_launched_and_resident(arch):
+    """stepkernel-views (codegen.ALIAS_VIEWS: a task's views of its own arrays read where those
+    lie, a phase less) at embed 64 over 40 chained steps against ONNX Runtime, then a resident
+    session of the same engine bit for bit equal to the launched one (the sanitizers' target:
+    small and short)."""
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, SMALL)["step"]
+    frames = np.random.default_rng(7).standard_normal((40, *prepared.input_shapes()["x"])).astype(np.float32)
+    launched = _check(prepared, frames, select="stepkernel-views")
+    from framefuse.compiler.codegen import generate
+
+    kernel = launched.engine.metadata["selection"]["stepkernel"]
+    plain = generate(launched.engine.default_plan.compiled.schedule)  # the same schedule, views copied
+    assert kernel["alias_views"] is True and kernel["kernel_phases"] < plain.kernel_phases
+    launched.reset()
+    expected = np.stack([launched.step(f).copy() for f in frames])
+    with Session(launched.engine, budget_ms=None, resident=True) as resident:
+        got = np.stack([resident.step(f).copy() for f in frames])
+    assert np.array_equal(got, expected, equal_nan=True), f"{arch}: max diff {np.nanmax(np.abs(got - expected))}"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# GPU call 3 (written in session 51): does stepkernel-views (codegen.ALIAS_VIEWS, a phase less in
+# each task that reads a view of its own arrays) make the zoo's step kernels faster? Device time
+# of each kernel against its own source with the setting on (stepkernel_variants.py, outputs
+# compared), then launched and resident Session.step p50 / p99 of the plain kernel and of the
+# tactic's (bench/stepkernel.py, parity over 1,000 chained steps against ONNX Runtime).
+set -u
+export TORCHINDUCTOR_CACHE_DIR=$PWD/build/cache/inductor TRITON_CACHE_DIR=$PWD/build/cache/triton FRAMEFUSE_CACHE=$PWD/build/cache/ff
+mkdir -p build/cache $OUT/views
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+ARCHS=min_gru,min_lstm,gru,lstm,gated_ssm,attention,liquid,jamba,delta_net,mamba,xlstm
+echo "== variants $(date +%T)"
+timeout 270 python3 bench/microbench/stepkernel_variants.py --archs $ARCHS --variants baseline,alias-views,row-followers,alias-views+row-followers,baseline,alias-views \
+  --out $OUT/views/variants.json > $OUT/views/variants.log 2>&1; echo "rc=$? $(date +%T)"; grep -v Warn $OUT/views/variants.log | tail -n 30
+for sel in stepkernel stepkernel-views; do
+  echo "== bench/stepkernel.py --select $sel $(date +%T)"
+  timeout 140 python3 bench/stepkernel.py --archs $ARCHS --select $sel --steps 1000 --no-plan --trace mamba,xlstm --out $OUT/views/$sel > $OUT/views/$sel.log 2>&1
+  echo "rc=$? $(date +%T)"; grep -E "^[a-z_]+ +[0-9]+ " $OUT/views/$sel.log | tail -n 12
+done
