@@ -2372,8 +2372,9 @@ ROW_FOLLOWERS = False
 # is read where that array lies instead of being copied (Generator._task_views): the copy's phase
 # and its barrier go, and its readers move a phase up (Generator._unit_phases). Statically, the
 # zoo's step kernels at embed 256 on the H100's grid (Kernel.kernel_phases): 436 -> 399 phases in
-# all (lstm and gru 18 -> 15, min_gru 21 -> 19, mamba 53 -> 49, xlstm 77 -> 69); the sequence forms
-# have no such view. Not timed on a GPU yet: off, the build's stepkernel-views tactic
+# all (lstm and gru 18 -> 15, min_gru 21 -> 19, mamba 53 -> 49, xlstm 77 -> 69; 4 of the 37 because
+# the recomputed phases put a staged copy beside the units that read nothing, not a phase after
+# them); the sequence forms have no such view. Not timed on a GPU yet: off, the build's stepkernel-views tactic
 # (generate(alias_views=True)) and stepkernel_variants.py's `alias-views`
 ALIAS_VIEWS = False
 # ... and a thread's own sum over positions with a factor contiguous along them (attention's P·V
