@@ -378,7 +378,7 @@ class CompiledStep:
         if log is not None:
             d = self.describe()
             log(
-                f"stepkernel: {d['tasks']} tasks, {d['levels']} dependency levels"
+                f"stepkernel: {d['tasks']} tasks, {d['levels']} dependency levels, {d['kernel_phases']} phases"
                 f"{' (the frame published with its scalars)' if d['framed'] else ''}, grid {grid} x {threads}, "
                 f"{d['smem_bytes']} B shared memory, source {d['source_sha256'][:12]} "
                 f"(scheduled in {self.schedule_s:.2f} s, loaded in {self.compile_s:.2f} s: NVRTC or the kernel cache)"

@@ -362,6 +362,7 @@ class CudaGraphEngine(EngineRunner):
                 "threads": d["threads"],
                 "tasks": d["tasks"],
                 "levels": d["levels"],
+                "phases": d.get("kernel_phases"),
                 "smem_bytes": d["smem_bytes"],
                 "weight_rows": d.get("weight_format", "fp32"),
                 "narrow_products": d.get("narrow_products", 0),
