@@ -228,3 +228,34 @@ def _check_rolled_window(run, rolled, loop, steps, tmp_path):
             want = naive.run(rolled, {n: frames[n][step] for n in frames})
             for out in kernel.output_names:
                 assert np.abs(outputs[out][step] - want[out]).max() <= 1e-5, (step, out)
+
+
+@pytest.mark.parametrize(
+    "name,steps",
+    [("torch_rnncell_loop", 8), ("torch_lnlstm_loop", 8), ("llama_gqa_sdpa", 1), ("mamba", 1), ("torch_lstm_bidir", 1)],
+)
+def test_views_read_in_place_in_real_models_under_emulation(name, steps, export_root, tmp_path):
+    """The build's stepkernel-views tactic (codegen.ALIAS_VIEWS) on real models that have such
+    views: the rolled nn.RNNCell and LayerNorm-LSTM loops' windows (views beside their loops),
+    Llama's and Mamba's steps, the bidirectional nn.LSTM's; fewer phases than the plain kernel of
+    the same schedule, and the emulated kernel against the interpreter."""
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.codegen import Generator, generate
+    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.schedule import schedule
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulation")
+    program = lower_program(fuse_real_model(name, steps, export_root).fused_path)
+    sched = schedule(program, grid=8, threads=128, smem_floats=12 * 1024)
+    assert any(Generator(sched, smem_limit_bytes=100 * 1024, alias_views=True).views.values()), name
+    kernel = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True)
+    assert kernel.kernel_phases < generate(sched, smem_limit_bytes=100 * 1024).kernel_phases
+    rng = np.random.default_rng(5)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
+    outputs, _ = emulate(kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path)
+    expected = naive.run(program, {**feeds, **state})
+    for out in kernel.output_names:
+        err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
+        assert err.max() <= 1e-5, f"{name} {out}: max rel diff {err.max():.3g}"
