@@ -2374,7 +2374,7 @@ ROW_FOLLOWERS = False
 # zoo's step kernels at embed 256 on the H100's grid (Kernel.kernel_phases): 436 -> 399 phases in
 # all (lstm and gru 18 -> 15, min_gru 21 -> 19, mamba 53 -> 49, xlstm 77 -> 69; 4 of the 37 because
 # the recomputed phases put a staged copy beside the units that read nothing, not a phase after
-# them); the sequence forms have no such view. Not timed on a GPU yet: off, the build's
+# them); the zoo's sequence forms have no such view. Not timed on a GPU yet: off, the build's
 # stepkernel-views tactic (generate(alias_views=True)) and stepkernel_variants.py's `alias-views`
 ALIAS_VIEWS = False
 # ... and a thread's own sum over positions with a factor contiguous along them (attention's P·V

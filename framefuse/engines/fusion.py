@@ -645,7 +645,8 @@ STEPKERNEL_LANES = "stepkernel-lanes"
 # rows cut out of the staged frame) read where that array lies, not copied: a phase and a barrier
 # less in each such task (compiler/codegen.ALIAS_VIEWS; the zoo's step kernels at embed 256 run
 # 436 phases in all, 399 with it). Not timed on a GPU yet. Built only where a task has such a
-# view (every zoo step form; no sequence form): no candidate to time elsewhere.
+# view (every zoo step form and no zoo sequence form; real models' steps, the rolled cell loops'
+# windows): no candidate to time elsewhere.
 STEPKERNEL_VIEWS = "stepkernel-views"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
