@@ -141,11 +141,7 @@ class CpuStepBinding(NativeFrameBinding, BindingBase):
     def launch(self) -> None:
         hs = self._hs
         self.runner.call(hs.parity)
-        if hs.n_execs == 2:
-            hs.parity ^= 1
-        self.replays += 1
-        if self.engine is not None:
-            self.engine.replays += 1
+        self._count_frame(hs.n_execs == 2)
 
     def sync(self) -> None:
         pass  # a call returns when the step is done
@@ -240,11 +236,7 @@ class CpuResidentBinding(CpuStepBinding):
         hs.expected = (hs.epoch_base + hs.frames - 1) % 0xFFFFFFFF + 1
         self._bell_word.value = hs.frames  # after the frame's floats: x86 stores are seen in order
         hs.unwaited = 1
-        if hs.n_execs == 2:
-            hs.parity ^= 1
-        self.replays += 1
-        if self.engine is not None:
-            self.engine.replays += 1
+        self._count_frame(hs.n_execs == 2)
 
     def wait_host(self) -> None:
         """Spin until the worker has raised this frame's epoch; past ``timeout_s`` the worker is

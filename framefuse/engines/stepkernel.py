@@ -219,6 +219,15 @@ class NativeFrameBinding:
     def _native_ready(self) -> bool:
         return self._native is not None
 
+    def _count_frame(self, two_halves: bool) -> None:
+        """A frame launched from Python: the next one reads the other state half (where there are
+        two), and this binding and its engine count it."""
+        if two_halves:
+            self.parity ^= 1
+        self.replays += 1
+        if self.engine is not None:
+            self.engine.replays += 1
+
     @property
     def dev_in(self) -> dict[str, torch.Tensor]:
         current = {n: halves[self.parity] for n, halves in self._halves.items()}
@@ -412,11 +421,7 @@ class StepBinding(NativeFrameBinding, BindingBase):
         if err:
             raise EngineRunError(f"stepkernel: cuGraphLaunch failed: CUresult {err}")
         self._unwaited = True
-        if len(self._execs) == 2:
-            self.parity ^= 1
-        self.replays += 1
-        if self.engine is not None:
-            self.engine.replays += 1
+        self._count_frame(len(self._execs) == 2)
 
     def sync(self) -> None:
         err = self._sync_fn(self._stream_handle)
@@ -636,11 +641,7 @@ class ResidentStepBinding(StepBinding):
             words[:, 1] = expected
         self._bell_word.value = self.frames  # after the frame: x86 stores are seen in order
         self._unwaited = True
-        if len(self._execs) == 2:
-            self.parity ^= 1
-        self.replays += 1
-        if self.engine is not None:
-            self.engine.replays += 1
+        self._count_frame(len(self._execs) == 2)
 
     def wait_host(self) -> None:
         """Spin until every host-facing block has raised this frame's epoch; every ~10^5 polls look
