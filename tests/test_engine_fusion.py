@@ -985,7 +985,7 @@ def test_the_frame_gap_is_a_byte_count_the_environment_can_replace(monkeypatch):
         monkeypatch.setenv(framegap.FRAME_GAP_ENV, text)
         assert framegap.frame_gap_bytes() == value
     monkeypatch.setenv(framegap.FRAME_GAP_ENV, "0")
-    assert framegap.cache_sweep() is None
+    assert framegap.frame_gap(hz=0) is None
     for bad in ("-1", "32 parsecs", "lots", "1.5M"):
         monkeypatch.setenv(framegap.FRAME_GAP_ENV, bad)
         with pytest.raises(ValueError, match=f"{framegap.FRAME_GAP_ENV}='{re.escape(bad)}'"):
@@ -1020,7 +1020,7 @@ def test_the_frame_gap_is_a_byte_count_the_environment_can_replace(monkeypatch):
     assert both.describe() == "4 KiB written between frames and frames paced at 60 Hz"
     assert (both.nbytes, both.hz) == (4096, 60.0)
 
-    sweep = framegap.cache_sweep(1 << 20)
+    sweep = framegap.frame_gap(1 << 20, hz=0).sweep
     assert sweep.nbytes == 1 << 20 and sweep._buffer.nbytes == 1 << 20
     sweep()
     tracemalloc.start()
@@ -1152,4 +1152,4 @@ def test_host_timing_runs_the_game_between_frames_outside_the_clock(fused_models
     for name in timed:
         assert gap["candidates"][name]["calls"] == fusion.FRAME_GAP_ROUNDS * fusion.FRAME_GAP_CALLS
     assert len(gap["log"]) == 3 and all("1 MiB written between frames" in line for line in gap["log"])
-    assert isinstance(framegap.cache_sweep(1 << 20), framegap.CacheSweep) and gap["hz"] == 0
+    assert isinstance(framegap.frame_gap(1 << 20, hz=0).sweep, framegap.CacheSweep) and gap["hz"] == 0

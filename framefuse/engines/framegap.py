@@ -156,12 +156,6 @@ def frame_gap(nbytes: int | None = None, hz: float | None = None) -> FrameGap | 
     return FrameGap(CacheSweep(nbytes) if nbytes > 0 else None, FramePacer(hz) if hz > 0 else None)
 
 
-def cache_sweep(nbytes: int | None = None) -> CacheSweep | None:
-    """A CacheSweep of ``nbytes`` (default frame_gap_bytes()), or None when that is 0 (back to back)."""
-    nbytes = frame_gap_bytes() if nbytes is None else int(nbytes)
-    return CacheSweep(nbytes) if nbytes > 0 else None
-
-
 def describe(nbytes: int) -> str:
     """``nbytes`` as a reader names it (32 MiB, 512 KiB, 100 bytes)."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -178,7 +172,6 @@ __all__ = [
     "CacheSweep",
     "FrameGap",
     "FramePacer",
-    "cache_sweep",
     "describe",
     "frame_gap",
     "frame_gap_bytes",
