@@ -22,7 +22,7 @@ from framefuse.compiler import iexpr as ix
 from framefuse.compiler.codegen import generate
 from framefuse.compiler.emulate import compiler as cxx_compiler
 from framefuse.compiler.emulate import emulate
-from framefuse.compiler.ir import Concat, Map
+from framefuse.compiler.ir import BodyLoop, Concat, DeltaScan, Map, Recur
 from framefuse.compiler.lower import lower_onnx
 from framefuse.compiler.schedule import schedule
 from framefuse.models import ARCHITECTURES
@@ -1723,24 +1723,35 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "gru:int8",
         "xlstm+views",
         "lstm+views",
+        "mamba+fewer",
+        "lstm+fewer",
+        "xlstm/sequence+fewer",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once); after
     a colon, the products' weight format (codegen.WEIGHT_FORMATS); +views: the stepkernel-views
-    tactic's kernel (codegen.ALIAS_VIEWS)."""
+    tactic's kernel (codegen.ALIAS_VIEWS); +fewer: the stepkernel-fewer-phases tactic's (views,
+    codegen.PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, fewer, _ = arch.partition("+fewer")
     arch, views, _ = arch.partition("+views")
+    views = views or fewer
     arch, _, weight_format = arch.partition(":")
     arch, _, form = arch.partition("/")
     prepared = prepare_cached(arch, SMALL)[form] if form else _prepared(arch)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
     for resident in (False, True):
         kernel = generate_source(
-            prepared.fused, grid=132, resident=resident, weight_format=weight_format or "fp32", alias_views=bool(views)
+            prepared.fused,
+            grid=132,
+            resident=resident,
+            weight_format=weight_format or "fp32",
+            alias_views=bool(views),
+            one_pass=bool(fewer),
         )
-        assert kernel.alias_views is bool(views)
+        assert kernel.alias_views is bool(views) and kernel.one_pass is bool(fewer)
         source = tmp_path / f"{kernel.name}.cu"
         source.write_text(kernel.source)
         result = subprocess.run(
@@ -2133,6 +2144,8 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-512-threads",
         "stepkernel-lanes",
         "stepkernel-views",
+        "stepkernel-fewer-phases",
+        "stepkernel-384-threads-fewer-phases",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
@@ -2277,6 +2290,116 @@ def test_views_read_in_place_emulated_match_the_interpreter(arch, tmp_path):
     kernel = generate(sched, alias_views=True)
     _emulate_against_interpreter(kernel, program, 2, tmp_path / "launched", races=arch in ("min_gru", "xlstm", "lstm"))
     _emulate_against_interpreter(generate(sched, resident=True, alias_views=True), program, 3, tmp_path / "resident")
+
+
+MEDIUM = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
+
+
+def _phase_passes(gen, sched, one_pass: bool) -> list[int]:
+    """Passes of the block's warps that each phase's products and reductions take, over every
+    regular task (codegen.Generator._one_pass_lanes with ``one_pass``, else each array's own lanes)."""
+    from framefuse.compiler.schedule import ROOT
+
+    found = []
+    for t, task in enumerate(sched.tasks):
+        if not isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
+            by_phase: dict = {}
+            for key, unit in task.units.items():
+                if key != ROOT and unit.node.id not in gen.views[t]:
+                    by_phase.setdefault(gen.phases[t][id(unit)], []).append(unit)
+            for units in by_phase.values():
+                warp_units = [u for u in units if u.how in ("dot", "reduce") and u.span > 0]
+                if warp_units:
+                    chosen = gen._one_pass_lanes(units) if one_pass else {}
+                    lanes = {
+                        u.node.id: chosen.get(u.node.id)
+                        or (gen._dot_lanes(u) if u.how == "dot" else gen._reduce_lanes(u))
+                        for u in warp_units
+                    }
+                    warps = sum(-(-u.span // (32 // lanes[u.node.id])) for u in warp_units)
+                    found.append(-(-warps // gen.nwarps))
+    return found
+
+
+def test_fewer_phases_settings_are_off_and_change_only_what_they_say(monkeypatch):
+    """generate(one_pass=True) (with views, the build's stepkernel-fewer-phases tactic; the
+    settings codegen.PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP, both off by default): with them off the
+    source is the plain one; on, a phase's products and reductions take no more passes of the
+    block's warps than before and fewer where any took two (LSTM's layers at embed 64 on four
+    warps), and a root that reads only its one product, element for element (mamba's x_proj tasks),
+    is computed by the lanes that computed it: a phase and a barrier less a task."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("lstm", MEDIUM).fused)
+    sched = schedule(program, grid=32, threads=128)
+    plain = generate(sched)
+    assert not codegen.PHASE_ONE_PASS and not codegen.ROOT_IN_ARRAY_WARP
+    assert generate(sched, one_pass=False).source == plain.source
+    assert not plain.one_pass and not plain.describe()["one_pass"]
+    fewer = generate(sched, one_pass=True)
+    assert fewer.one_pass and fewer.describe()["one_pass"] and fewer.source != plain.source
+    monkeypatch.setattr(codegen, "PHASE_ONE_PASS", True)
+    monkeypatch.setattr(codegen, "ROOT_IN_ARRAY_WARP", True)
+    assert generate(sched).source == fewer.source
+    monkeypatch.undo()
+    gen = codegen.Generator(sched)
+    before, after = (
+        _phase_passes(gen, sched, False),
+        _phase_passes(codegen.Generator(sched, one_pass=True), sched, True),
+    )
+    assert len(before) == len(after) and all(a <= b for a, b in zip(after, before))
+    assert max(before) > 1 and sum(after) < sum(before), (before, after)
+    # the arrays whose lanes it cut start each on warps of their own (rotated loops)
+    assert fewer.source.count("lanes per element") > plain.source.count("lanes per element")
+    assert re.search(r"for \(int e0 = \w+ \+ \(\(warp \+ \d+\) % NWARPS\) \* \d+;", fewer.source)
+
+    program = lower_program(_prepared("mamba", MEDIUM).fused)
+    sched = schedule(program, grid=32, threads=128)
+    plain = generate(sched)
+    gen = codegen.Generator(sched, one_pass=True)
+    fused = {t: uid for t, uid in gen.root_arrays.items() if uid is not None}
+    assert len(fused) >= 2, "mamba's x_proj tasks publish their one product"
+    for t, uid in fused.items():
+        task = sched.tasks[t]
+        assert task.units[uid].how in ("dot", "reduce") and uid in task.units[-1].deps
+    fewer = generate(sched, one_pass=True)
+    assert fewer.kernel_phases == plain.kernel_phases - len(fused)
+    assert fewer.source.count("__syncthreads();") == plain.source.count("__syncthreads();") - len(fused)
+    assert fewer.source.count("by the lane that computed its input") == len(fused)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fewer_phases_emulated_match_the_interpreter(arch, tmp_path):
+    """The stepkernel-fewer-phases kernel (views, one pass of the warps a phase, roots computed by
+    their one product's lanes) of every zoo architecture where it changes the source: embed 64 on
+    32 blocks of three warps (a warp count not a power of two), launched and a resident session,
+    against the interpreter; at the small size on 2 warps under ThreadSanitizer for three of them
+    (two arrays' segments must never share a warp's pass, a root reads back only its lane's store)."""
+    program = lower_program(_prepared(arch, MEDIUM).fused)
+    sched = schedule(program, grid=32, threads=96)
+    kernel = generate(sched, one_pass=True, alias_views=True)
+    assert kernel.source != generate(sched, alias_views=True).source, f"{arch}: nothing for the tactic to change"
+    _emulate_against_interpreter(kernel, program, 2, tmp_path / "launched")
+    _emulate_against_interpreter(
+        generate(sched, resident=True, one_pass=True, alias_views=True), program, 3, tmp_path / "resident"
+    )
+    if arch in ("lstm", "mamba", "xlstm"):
+        program = lower_program(_prepared(arch).fused)
+        small = schedule(program, grid=3, threads=64)
+        _emulate_against_interpreter(generate(small, one_pass=True), program, 2, tmp_path / "races", races=True)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", SEQUENCE_ARCHS)
+def test_fewer_phases_in_windows_emulated_match_the_interpreter(arch, tmp_path):
+    """The same tactic on the zoo's sequence forms (T = 5; one pass of the warps a phase and the
+    roots of their one product: every window has some), against the interpreter."""
+    _, program = _sequence_program(arch, {**SMALL, "seq": 5})
+    sched = schedule(program, grid=6, threads=64)
+    kernel = generate(sched, one_pass=True)
+    assert kernel.source != generate(sched).source, f"{arch}: nothing for the tactic to change"
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
 
 
 @needs_cxx

@@ -103,6 +103,19 @@ SCHEDULE_VARIANTS = {
     # those lie, not copied: a phase and a barrier less in each such task (codegen.ALIAS_VIEWS)
     "alias-views": ("codegen", "ALIAS_VIEWS", True),
     "alias-views+row-followers": [("codegen", "ALIAS_VIEWS", True), ("codegen", "ROW_FOLLOWERS", True)],
+    # a phase's products and reductions taken in one pass of the block's warps, fewer lanes an
+    # element where that saves a pass (codegen.PHASE_ONE_PASS)
+    "phase-one-pass": ("codegen", "PHASE_ONE_PASS", True),
+    # a root that reads only its one product, element for element, computed by the lanes that
+    # computed it: a phase and a barrier less (codegen.ROOT_IN_ARRAY_WARP)
+    "root-in-warp": ("codegen", "ROOT_IN_ARRAY_WARP", True),
+    "one-pass": [("codegen", "PHASE_ONE_PASS", True), ("codegen", "ROOT_IN_ARRAY_WARP", True)],
+    # the build's stepkernel-fewer-phases tactic: the three above together
+    "fewer-phases": [
+        ("codegen", "ALIAS_VIEWS", True),
+        ("codegen", "PHASE_ONE_PASS", True),
+        ("codegen", "ROOT_IN_ARRAY_WARP", True),
+    ],
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads
@@ -184,6 +197,8 @@ TACTIC_VARIANTS = {
     "unframed": "stepkernel-unframed",
     "replica-cap": "stepkernel-replica-cap",
     "views": "stepkernel-views",
+    "fewer-phases-tactic": "stepkernel-fewer-phases",
+    "384-threads-fewer-phases": "stepkernel-384-threads-fewer-phases",
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

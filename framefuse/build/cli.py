@@ -115,6 +115,8 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-512-threads",
             "stepkernel-lanes",
             "stepkernel-views",
+            "stepkernel-fewer-phases",
+            "stepkernel-384-threads-fewer-phases",
             "cpustep",
             "inductor",
             "inductor-autotune",
@@ -130,7 +132,10 @@ def register(subparsers) -> argparse.ArgumentParser:
         "each copy the same values whole, such as attention's KV caches, on fewer blocks, stepkernel-512-threads: "
         "blocks of 512 threads where a recurrence holds its weights partly in registers, hidden 1024, stepkernel-lanes: "
         "a one-block recurrence's units split over lanes of a warp, stepkernel-views: a task's views of its own arrays, "
-        "such as a product's rows cut out of the frame, read where those lie instead of copied), the step compiler's "
+        "such as a product's rows cut out of the frame, read where those lie instead of copied, "
+        "stepkernel-fewer-phases / stepkernel-384-threads-fewer-phases: those views, a phase's products and "
+        "reductions in one pass of the warps, and a root that publishes its one product computed by that "
+        "product's lanes), the step compiler's "
         "program as one C++ function on the host CPU (cpustep, fp32 builds: small models answer faster there), "
         "the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "

@@ -54,12 +54,14 @@ def generate_source(
     lossless_rows: bool = False,
     widen_storage: bool = False,
     alias_views: bool | None = None,
+    one_pass: bool | None = None,
 ):
     """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
     ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel` (``resident``: the
     kernel launched once that runs a frame per bell; ``weight_format``, ``lossless_rows``: the
     products' weight rows, codegen.WEIGHT_FORMATS; ``widen_storage``: see lower_program;
-    ``alias_views``: see codegen.ALIAS_VIEWS)."""
+    ``alias_views``: see codegen.ALIAS_VIEWS; ``one_pass``: see codegen.PHASE_ONE_PASS and
+    codegen.ROOT_IN_ARRAY_WARP)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
 
@@ -72,6 +74,7 @@ def generate_source(
         weight_format=weight_format,
         lossless_rows=lossless_rows,
         alias_views=alias_views,
+        one_pass=one_pass,
     )
 
 

@@ -57,6 +57,7 @@ from framefuse.compiler.schedule import (
     column_scan,
     concat_branches,
     delta_smem_parts,
+    enumerate_pairs,
     frame_source,
     recur_held,
     recur_plan,
@@ -184,6 +185,7 @@ class Generator:
         lossless_rows: bool = False,
         lane_cells: bool | None = None,
         alias_views: bool | None = None,
+        one_pass: bool | None = None,
     ):
         if weight_format not in WEIGHT_FORMATS:
             raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
@@ -209,9 +211,16 @@ class Generator:
         self.skewed_sums = SKEWED_SUM_WALK if skewed_sums is None else bool(skewed_sums)
         self.lane_cells = RECUR_LANE_CELLS if lane_cells is None else bool(lane_cells)
         self.alias_views = ALIAS_VIEWS if alias_views is None else bool(alias_views)
+        # one_pass: both PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP (with the views: the build's stepkernel-fewer-phases)
+        self.phase_one_pass = PHASE_ONE_PASS if one_pass is None else bool(one_pass)
+        self.root_in_warp = ROOT_IN_ARRAY_WARP if one_pass is None else bool(one_pass)
+        self._phase_lanes: dict[int, int] = {}  # the current phase's lanes per element (see _one_pass_lanes)
+        self._root_by: int | None = None  # the current task's root_arrays entry
         # per task: {array id: (the array it is a view of, offset)} and each unit's phase (by id(unit))
         self.views = {t: self._task_views(task) for t, task in enumerate(sched.tasks)}
         self.phases = {t: self._unit_phases(task, self.views[t]) for t, task in enumerate(sched.tasks)}
+        # per task: the array whose warps compute the root (see _root_array), where one does
+        self.root_arrays = {t: self._root_array(t, task) for t, task in enumerate(sched.tasks)}
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -524,7 +533,8 @@ class Generator:
                 counts.append(task.phases())
                 continue
             phase_of = self.phases[t]
-            counts.append(len({phase_of[id(u)] for u in task.units.values() if u.node.id not in self.views[t]}))
+            phases = len({phase_of[id(u)] for u in task.units.values() if u.node.id not in self.views[t]})
+            counts.append(phases - (self.root_arrays[t] is not None))
         return tuple(counts)
 
     # -- source ---------------------------------------------------------------------------------------
@@ -910,8 +920,13 @@ class Generator:
         followed = {w.node.id for w in self._followers.values()}
         views = self.views[t]
         phase_of = self.phases[t]
+        self._root_by = self.root_arrays[t]
         phases = sorted(
-            {phase_of[id(u)] for u in task.units.values() if u.node.id not in followed and u.node.id not in views}
+            {
+                phase_of[id(u)]
+                for u in task.units.values()
+                if u.node.id not in followed and u.node.id not in views and (u is not root or self._root_by is None)
+            }
         )
         for k, phase in enumerate(phases):
             if phase != phases[0]:
@@ -933,11 +948,17 @@ class Generator:
             if staged and not COMPUTE_BEFORE_STAGE:
                 self._stage(code, t, staged)
             self._warp_offset = 0
-            for unit in sorted(task.units.values(), key=lambda u: u.node.id):
-                if phase_of[id(unit)] != phase or unit in staged or unit.node.id in followed:
-                    continue
-                if unit is not root and unit.node.id in views:
-                    continue  # read where the array it views lies
+            computed = [
+                unit
+                for unit in sorted(task.units.values(), key=lambda u: u.node.id)
+                if phase_of[id(unit)] == phase
+                and unit not in staged
+                and unit.node.id not in followed
+                and (unit is root or unit.node.id not in views)  # a view is read where its array lies
+                and (unit is not root or self._root_by is None)  # else computed by its array's warps
+            ]
+            self._phase_lanes = self._one_pass_lanes(computed) if self.phase_one_pass else {}
+            for unit in computed:
                 if unit is root:
                     self._root(code, t, task, unit)
                 elif unit.how == "dot":
@@ -948,10 +969,108 @@ class Generator:
                     self._thread(code, t, task, unit)
             if staged and COMPUTE_BEFORE_STAGE:
                 self._stage(code, t, staged)
+        self._phase_lanes = {}
         if len(phases) == 1:
             self._stamp(code, t, 1)
         self._clock(code, t, len(phases))
         self._stamp(code, t, 2)
+
+    def _one_pass_lanes(self, units: list) -> dict[int, int]:
+        """PHASE_ONE_PASS: {array id: lanes per element} for a phase's warp-per-element arrays
+        (products and reductions) taken together, where fewer lanes an element let the block's
+        warps take all of them in fewer passes: each array's elements then go to warps of their
+        own (see _first_segment_warp). LSTM's second layer at embed 256 has ten such elements a
+        block (eight products of 256, a LayerNorm's two sums) on eight warps: two passes of a
+        warp each, one pass of half-warps. Empty (the plain phase) where that gains no pass."""
+        warp_units = [u for u in units if u.how in ("dot", "reduce") and u.span > 0]
+        if not warp_units:
+            return {}
+        own = {u.node.id: self._dot_lanes(u) if u.how == "dot" else self._reduce_lanes(u) for u in warp_units}
+        kept = set(self._followers)  # a reduction its row's follower reads stays a warp an element
+
+        def lanes_at(u: Unit, cap: int) -> int:
+            return own[u.node.id] if u.node.id in kept else min(own[u.node.id], cap)
+
+        def passes(cap: int) -> int:
+            warps = sum(-(-u.span // (WARP_LANES // lanes_at(u, cap))) for u in warp_units)
+            return -(-warps // self.nwarps)
+
+        caps = [lanes for lanes in (32, 16, 8, 4, 2, 1) if lanes >= SEGMENT_MIN_LANES]
+        best = min(caps, key=lambda lanes: (passes(lanes), -lanes))
+        if passes(best) >= passes(WARP_LANES):
+            return {}
+        found = {}
+        for u in warp_units:  # each array as many lanes an element as keep its warps those at the cap
+            lanes = lanes_at(u, best)
+            warps = -(-u.span // (WARP_LANES // lanes))
+            while lanes < own[u.node.id] and -(-u.span // (WARP_LANES // (2 * lanes))) == warps:
+                lanes *= 2
+            found[u.node.id] = lanes
+        return found
+
+    def _first_segment_warp(self, unit: Unit, per_warp: int) -> str:
+        """The warp that computes the first elements of a segmented array of a one-pass phase
+        (see _one_pass_lanes): each array starts on the warp after the previous one's last, as
+        _first_warp does for a warp an element."""
+        offset = self._warp_offset
+        self._warp_offset = (offset + -(-max(unit.span, 1) // per_warp)) % self.nwarps
+        return "warp" if offset == 0 else f"((warp + {self.nwarps - offset}) % NWARPS)"
+
+    def _root_array(self, t: int, task: Task) -> int | None:
+        """ROOT_IN_ARRAY_WARP: the id of the task's one array of the phase before its root, when
+        that array is a product or a reduction (a warp or a segment of lanes an element), the root
+        reads nothing else of that phase and reads it element for element (root element e reads its
+        element e alone), and every block's root elements are among the block's elements of it: the
+        lane that stores element e computes root element e right after (_root_after), and the
+        root's phase and its barrier go. Mamba's x_proj products, xLSTM's gate products: a task of
+        a product whose root only publishes it."""
+        if not self.root_in_warp or isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
+            return None
+        root = task.units[ROOT]
+        if self._early_input(task) or column_scan(task.root) or self._warp_root(task, root):
+            return None
+        if isinstance(task.root, FrameConcat):
+            return None
+        views, phase_of = self.views[t], self.phases[t]
+        arrays = [u for key, u in task.units.items() if key != ROOT and u.node.id not in views]
+        if not arrays:
+            return None
+        last = max(phase_of[id(u)] for u in arrays)
+        tail = [u for u in arrays if phase_of[id(u)] == last]
+        if len(tail) != 1 or tail[0].how not in ("dot", "reduce") or tail[0].lo is None:
+            return None
+        (array,) = tail
+        # nothing else of that phase: a view of the array (in its phase) reads other lanes' elements
+        if any(phase_of[id(task.units[d])] >= last for d in root.deps if d != array.node.id and d in task.units):
+            return None
+        reads = [occ for occ in root.occurrences if occ.node.id == array.node.id]
+        if not reads:
+            return None
+        for occ in reads:
+            pairs = enumerate_pairs(occ, root.var, max(task.root.size, 1))
+            if pairs is None or not np.array_equal(pairs[0], pairs[1]):
+                return None
+        lo_root = np.arange(task.blocks) * task.chunk
+        hi_root = np.minimum(lo_root + task.chunk, task.root.size)
+        span = slice(task.first, task.first + task.blocks)
+        live = hi_root > lo_root
+        if ((array._start()[span] > lo_root) | (array.hi[span] < hi_root))[live].any():
+            return None
+        return array.node.id
+
+    def _root_after(self, loop: Code, t: int, task: Task, lane: str) -> None:
+        """The root's element e computed and stored by the lane (``lane`` is its C condition)
+        that has just stored element e of the root's one array (see _root_array): it reads that
+        element back from its own store."""
+        node = task.root
+        guard = Code(f"if ({lane} && e >= lo_root && e < hi_root)")
+        loop.items.append(f"// root {_name(node)} {list(node.shape)}: element e, by the lane that computed its input")
+        loop.items.append(guard)
+        em = Emitter(self, t, task, guard, side={s.id for s in task.side}, per_thread=True)
+        var = ix.Var("e", max(node.size, 1))
+        value = em.value(node, ix.unflatten(var, node.shape))
+        for stmt in self.stores(node, "e", value.text, self.stored_c(node, var)):
+            em.top.insert(em.once(stmt))
 
     def _row_followers(self, task: Task) -> dict:
         """Reduction unit id -> the thread unit of the next phase computed by the reduction's warp
@@ -1140,7 +1259,7 @@ class Generator:
         return lanes
 
     def _reduce(self, code: Code, t: int, task: Task, unit: Unit) -> None:
-        lanes = self._reduce_lanes(unit)
+        lanes = self._phase_lanes.get(unit.node.id) or self._reduce_lanes(unit)
         if lanes < WARP_LANES:
             self._segmented_reduce(code, t, task, unit, lanes)
             return
@@ -1166,6 +1285,8 @@ class Generator:
         em.top.close_child(outer)
         em.top.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         em.top.insert(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
+        if uid == self._root_by:
+            self._root_after(loop, t, task, "lane == 0")
         follower = self._followers.get(uid)
         if follower is not None:
             self._follow_row(loop, t, task, follower)
@@ -1182,7 +1303,10 @@ class Generator:
             f"// array {_name(node)} {list(node.shape)}: {node.op} over {node.extent}, "
             f"{lanes} lane{'s' if lanes > 1 else ''} per element"
         )
-        loop = Code(f"for (int e0 = {self._from(t, uid)} + warp * {per_warp}; e0 < hi{uid}; e0 += NWARPS * {per_warp})")
+        first = self._first_segment_warp(unit, per_warp) if uid in self._phase_lanes else "warp"
+        loop = Code(
+            f"for (int e0 = {self._from(t, uid)} + {first} * {per_warp}; e0 < hi{uid}; e0 += NWARPS * {per_warp})"
+        )
         code.items.append(_ONCE)
         code.items.append(loop)
         shift = lanes.bit_length() - 1
@@ -1247,6 +1371,8 @@ class Generator:
         em.stack.pop()
         em.top.insert(f"{acc} = ffk_seg_{node.op}<{lanes}>({acc});")
         em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
+        if uid == self._root_by:
+            self._root_after(loop, t, task, f"sub == 0 && e < hi{uid}")
 
     def _vector_operands(self, t: int, task: Task, node: Reduce, var: ix.Var, r: ix.Var, lanes: int) -> tuple | None:
         """For a segmented sum of products of two shared-memory rows contiguous and 16-byte
@@ -1429,14 +1555,15 @@ class Generator:
         src = task.units[node.src.id]
         k = node.k
         lay = self.layout
-        lanes = self._dot_lanes(unit)
+        lanes = self._phase_lanes.get(uid) or self._dot_lanes(unit)
         if lanes < WARP_LANES:
             per_warp = WARP_LANES // lanes
             code.items.append(
                 f"// array {_name(node)} {list(node.shape)}: dot products of {k}, {lanes} lanes per element"
             )
+            first = self._first_segment_warp(unit, per_warp) if uid in self._phase_lanes else "warp"
             loop = Code(
-                f"for (int e0 = {self._from(t, uid)} + warp * {per_warp}; e0 < hi{uid}; e0 += NWARPS * {per_warp})"
+                f"for (int e0 = {self._from(t, uid)} + {first} * {per_warp}; e0 < hi{uid}; e0 += NWARPS * {per_warp})"
             )
             code.items.append(_ONCE)
             code.items.append(loop)
@@ -1478,6 +1605,8 @@ class Generator:
         loop.items.append(f"const float acc = {call};")
         live = " && live" if lanes < WARP_LANES else ""
         loop.items.append(f"if ({lane} == 0{live}) {self.arr(t, uid)}[e - lo{uid}] = acc;")
+        if uid == self._root_by:
+            self._root_after(loop, t, task, f"{lane} == 0{live}")
 
     def _early_input(self, task: Task) -> bool:
         """A task that republishes a graph input with at most one element a thread reads it at
@@ -2377,6 +2506,18 @@ ROW_FOLLOWERS = False
 # them); the zoo's sequence forms have no such view. Not timed on a GPU yet: off, the build's
 # stepkernel-views tactic (generate(alias_views=True)) and stepkernel_variants.py's `alias-views`
 ALIAS_VIEWS = False
+# A phase's warp-per-element arrays (products, reductions) taken together run in fewer passes of
+# the block's warps where fewer lanes an element allow it, each array on warps of its own
+# (Generator._one_pass_lanes): a phase of ten products of 256 on eight warps was two passes of a
+# warp a product, and is one of half-warps. Not timed on a GPU yet: off, the build's
+# stepkernel-fewer-phases tactics (generate(one_pass=True) with ROOT_IN_ARRAY_WARP and the views)
+# and stepkernel_variants.py's `phase-one-pass`, `one-pass`, `fewer-phases`
+PHASE_ONE_PASS = False
+# A task's root that reads, of the phase before it, only one product or reduction, element for
+# element, is computed by the lane that stores that element (Generator._root_array): the root's
+# phase and its barrier go (mamba's x_proj tasks, xLSTM's gate products: a root that publishes its
+# product). Not timed on a GPU yet: off, the stepkernel-fewer-phases tactics and variant `root-in-warp`
+ROOT_IN_ARRAY_WARP = False
 # ... and a thread's own sum over positions with a factor contiguous along them (attention's P·V
 # and softmax sum read the weights four at a time, P·V over the prefix where V comes from the cache;
 # Emitter._vector_sum). Not measured yet: off, variant `vector-reduce`
@@ -3064,6 +3205,7 @@ class Kernel:
     lane_cells: bool = False  # a one-block recurrence's units split over lanes where they fit (recur_lanes)
     alias_views: bool = False  # views of a task's arrays read where those lie (ALIAS_VIEWS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
+    one_pass: bool = False  # PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP (the stepkernel-fewer-phases tactics)
 
     @property
     def kernel_phases(self) -> int:
@@ -3132,6 +3274,7 @@ class Kernel:
                 "tagged_frames": self.tagged_frames,
                 "lane_cells": self.lane_cells,
                 "alias_views": self.alias_views,
+                "one_pass": self.one_pass,
                 "kernel_phases": self.kernel_phases,
             }
         )
@@ -3152,6 +3295,7 @@ def generate(
     lossless_rows: bool = False,
     lane_cells: bool | None = None,
     alias_views: bool | None = None,
+    one_pass: bool | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
@@ -3161,7 +3305,8 @@ def generate(
     products whose rows the format stores exactly go narrow (a precision build's graph, whose
     weights are already rounded: the kernel then computes with the very values the graph holds);
     ``lane_cells``: see recur_lanes (default RECUR_LANE_CELLS); ``alias_views``: see ALIAS_VIEWS
-    (its default)."""
+    (its default); ``one_pass``: PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP both on or off (default: each
+    setting's own)."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
@@ -3175,6 +3320,7 @@ def generate(
         lossless_rows=lossless_rows,
         lane_cells=lane_cells,
         alias_views=alias_views,
+        one_pass=one_pass,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -3195,6 +3341,7 @@ def generate(
         gen.lane_cells,
         gen.alias_views,
         gen.task_phases(),
+        gen.phase_one_pass or gen.root_in_warp,
     )
 
 

@@ -103,6 +103,7 @@ def prepare_step(
     hybrid_threads: int | None = None,
     lane_cells: bool | None = None,
     alias_views: bool | None = None,
+    one_pass: bool | None = None,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
@@ -114,7 +115,9 @@ def prepare_step(
     schedule.hybrid_recurrences; where none does, the plain schedule; ``lane_cells``: a one-block
     recurrence's units split over lanes, codegen.recur_lanes; where none is, the plain source;
     ``alias_views``: views of a task's arrays read where those lie, codegen.ALIAS_VIEWS; where
-    there is none, the plain source)."""
+    there is none, the plain source; ``one_pass``: a phase's products and reductions in one pass
+    of the warps and a root computed by its one product's lanes, codegen.PHASE_ONE_PASS and
+    codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -146,6 +149,7 @@ def prepare_step(
         lossless_rows=lossless_rows,
         lane_cells=lane_cells,
         alias_views=alias_views,
+        one_pass=one_pass,
     )
     schedule_s = time.perf_counter() - start
     return StepSource(
@@ -302,6 +306,7 @@ class CompiledStep:
         hybrid_threads: int | None = None,
         lane_cells: bool | None = None,
         alias_views: bool | None = None,
+        one_pass: bool | None = None,
         source: StepSource | None = None,
         log=None,
     ):
@@ -332,6 +337,7 @@ class CompiledStep:
                 hybrid_threads=hybrid_threads,
                 lane_cells=lane_cells,
                 alias_views=alias_views,
+                one_pass=one_pass,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -343,6 +349,7 @@ class CompiledStep:
         self.skewed_sums = self.kernel.skewed_sums
         self.lane_cells = self.kernel.lane_cells
         self.alias_views = self.kernel.alias_views
+        self.one_pass = self.kernel.one_pass
         self.weight_format = self.kernel.weight_format
         self.lossless_rows = self.kernel.lossless_rows
         self.kernel_prefetch = source.prefetch
@@ -514,6 +521,7 @@ class CompiledStep:
                 lossless_rows=self.lossless_rows,
                 lane_cells=self.lane_cells,
                 alias_views=self.alias_views,
+                one_pass=self.one_pass,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -558,6 +566,7 @@ def compile_step(
     hybrid_threads=None,
     lane_cells=None,
     alias_views=None,
+    one_pass=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
@@ -565,7 +574,7 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -585,6 +594,7 @@ def compile_step(
         hybrid_threads=hybrid_threads,
         lane_cells=lane_cells,
         alias_views=alias_views,
+        one_pass=one_pass,
         log=log,
     )
 

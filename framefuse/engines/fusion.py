@@ -648,6 +648,15 @@ STEPKERNEL_LANES = "stepkernel-lanes"
 # view (every zoo step form and no zoo sequence form; real models' steps, the rolled cell loops'
 # windows): no candidate to time elsewhere.
 STEPKERNEL_VIEWS = "stepkernel-views"
+# The views above, and a phase's products and reductions taken in one pass of the block's warps
+# (fewer lanes an element where the warps would otherwise go round twice: a LayerNorm-LSTM layer's
+# ten rows of 256 on eight warps) and a root that only publishes its one product computed by the
+# lanes that computed it (compiler/codegen.PHASE_ONE_PASS, ROOT_IN_ARRAY_WARP): the zoo's step
+# kernels at embed 256 run 436 phases in all at 256 threads, 364 with both (mamba 53 -> 42, xlstm
+# 77 -> 61), and 17 phases of two passes or more, 2; the windows at T = 32, 384 threads: 589 -> 548.
+# Not timed on a GPU yet; at 256 and at 384 threads (the tactic the build chose most often).
+STEPKERNEL_FEWER_PHASES = "stepkernel-fewer-phases"
+STEPKERNEL_WIDE_FEWER_PHASES = "stepkernel-384-threads-fewer-phases"
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -670,6 +679,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_HYBRID_WIDE: {"copy_pieces": 0, "hybrid_threads": HYBRID_THREADS},
     STEPKERNEL_LANES: {"copy_pieces": 0, "lane_cells": True},
     STEPKERNEL_VIEWS: {"copy_pieces": 0, "alias_views": True},
+    STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, "alias_views": True, "one_pass": True},
+    STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, "alias_views": True, "one_pass": True},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.
@@ -1067,6 +1078,8 @@ __all__ = [
     "STEPKERNEL_HYBRID_WIDE",
     "STEPKERNEL_LANES",
     "STEPKERNEL_VIEWS",
+    "STEPKERNEL_FEWER_PHASES",
+    "STEPKERNEL_WIDE_FEWER_PHASES",
     "STEPKERNEL_WIDE",
     "STEPKERNEL_PACED",
     "STEPKERNEL_UNFRAMED",

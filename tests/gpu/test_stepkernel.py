@@ -90,6 +90,7 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
     + [(a, "stepkernel-paced") for a in ARCHS]
     + [(a, "stepkernel-unframed") for a in ARCHS]
     + [(a, "stepkernel-views") for a in ARCHS]
+    + [(a, t) for a in ARCHS for t in ("stepkernel-fewer-phases", "stepkernel-384-threads-fewer-phases")]
     + [
         (a, t) for a in ("attention", "jamba") for t in ("stepkernel-replica-cap", "stepkernel-384-threads-replica-cap")
     ],
@@ -110,6 +111,7 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     assert kernel["copy_pieces"] == STEPKERNELS[tactic]["copy_pieces"]
     assert kernel["paced_copies"] == STEPKERNELS[tactic].get("paced_copies", False)
     assert kernel["alias_views"] == STEPKERNELS[tactic].get("alias_views", False)
+    assert kernel["one_pass"] == STEPKERNELS[tactic].get("one_pass", False)
     if not STEPKERNELS[tactic].get("compose_input", True):
         assert not kernel["framed"]  # the frame's in-projection a task of its own
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -882,22 +884,25 @@ def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic,
     _close(engine.run({in_name: poisoned})[out_name], expected, f"{kind} {hidden} T={seq} {tactic} NaN window")
 
 
+@pytest.mark.parametrize("tactic", ["stepkernel-views", "stepkernel-fewer-phases"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_the_views_tactic_small_and_short_launched_and_resident(arch):
+def test_the_views_tactic_small_and_short_launched_and_resident(arch, tactic):
     """stepkernel-views (codegen.ALIAS_VIEWS: a task's views of its own arrays read where those
-    lie, a phase less) at embed 64 over 40 chained steps against ONNX Runtime, then a resident
+    lie, a phase less) and stepkernel-fewer-phases (those views, codegen.PHASE_ONE_PASS and
+    ROOT_IN_ARRAY_WARP) at embed 64 over 40 chained steps against ONNX Runtime, then a resident
     session of the same engine bit for bit equal to the launched one (the sanitizers' target:
     small and short)."""
     from framefuse.runtime.session import Session
 
     prepared = prepare_cached(arch, SMALL)["step"]
     frames = np.random.default_rng(7).standard_normal((40, *prepared.input_shapes()["x"])).astype(np.float32)
-    launched = _check(prepared, frames, select="stepkernel-views")
+    launched = _check(prepared, frames, select=tactic)
     from framefuse.compiler.codegen import generate
 
     kernel = launched.engine.metadata["selection"]["stepkernel"]
     plain = generate(launched.engine.default_plan.compiled.schedule)  # the same schedule, views copied
     assert kernel["alias_views"] is True and kernel["kernel_phases"] < plain.kernel_phases
+    assert kernel["one_pass"] is (tactic == "stepkernel-fewer-phases")
     launched.reset()
     expected = np.stack([launched.step(f).copy() for f in frames])
     with Session(launched.engine, budget_ms=None, resident=True) as resident:

@@ -259,3 +259,46 @@ def test_views_read_in_place_in_real_models_under_emulation(name, steps, export_
     for out in kernel.output_names:
         err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
         assert err.max() <= 1e-5, f"{name} {out}: max rel diff {err.max():.3g}"
+
+
+@pytest.mark.parametrize(
+    "name,steps",
+    [
+        ("mamba", 1),
+        ("jamba", 1),
+        ("gpt2_sdpa", 1),
+        ("llama_gqa_sdpa", 8),
+        ("torch_lstm_bidir", 8),
+        ("torch_rnn_bidir", 1),
+        ("torch_mlpcell_loop", 8),
+    ],
+)
+def test_fewer_phases_in_real_models_under_emulation(name, steps, export_root, tmp_path):
+    """The build's stepkernel-fewer-phases tactic (views, codegen.PHASE_ONE_PASS and
+    ROOT_IN_ARRAY_WARP) on real models: a kernel other than the views one, no more phases than
+    it, and the emulated kernel against the interpreter (launched, and a resident session)."""
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.schedule import schedule
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulation")
+    program = lower_program(fuse_real_model(name, steps, export_root).fused_path)
+    sched = schedule(program, grid=8, threads=128, smem_floats=12 * 1024)
+    views = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True)
+    rng = np.random.default_rng(6)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
+    expected = naive.run(program, {**feeds, **state})
+    for resident in (False, True):
+        kernel = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True, one_pass=True, resident=resident)
+        assert kernel.one_pass and kernel.kernel_phases <= views.kernel_phases
+        if not resident:
+            assert kernel.digest != views.digest, f"{name}: nothing for the tactic to change"
+        outputs, _ = emulate(
+            kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path / str(resident)
+        )
+        for out in kernel.output_names:
+            err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
+            assert err.max() <= 1e-5, f"{name} {out} (resident {resident}): max rel diff {err.max():.3g}"

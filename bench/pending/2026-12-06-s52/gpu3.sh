@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 51, GPU call 2: the rnn_sizes configurations that tied cuDNN (and GRU's hidden 1024 two
+# sessions 51-52, GPU call 3: the rnn_sizes configurations that tied cuDNN (and GRU's hidden 1024 two
 # directions, where stepkernel-512-threads is built too), built as `framefuse build` does
 # (--select time: every candidate timed, the lanes and 512-thread tactics among them), cuDNN in the
 # same process.
