@@ -2377,7 +2377,7 @@ def test_fewer_phases_emulated_match_the_interpreter(arch, tmp_path):
     against the interpreter; at the small size on 2 warps under ThreadSanitizer for three of them
     (two arrays' segments must never share a warp's pass, a root reads back only its lane's store)."""
     program = lower_program(_prepared(arch, MEDIUM).fused)
-    sched = schedule(program, grid=32, threads=96)
+    sched = schedule(program, grid=32, threads=96, recomputed_scalars=64)  # as the tactic schedules
     kernel = generate(sched, one_pass=True, alias_views=True)
     assert kernel.source != generate(sched, alias_views=True).source, f"{arch}: nothing for the tactic to change"
     _emulate_against_interpreter(kernel, program, 2, tmp_path / "launched")
@@ -2388,6 +2388,41 @@ def test_fewer_phases_emulated_match_the_interpreter(arch, tmp_path):
         program = lower_program(_prepared(arch).fused)
         small = schedule(program, grid=3, threads=64)
         _emulate_against_interpreter(generate(small, one_pass=True), program, 2, tmp_path / "races", races=True)
+
+
+def test_a_heads_few_scalars_are_recomputed_by_their_readers_when_scheduled_so(monkeypatch):
+    """schedule(recomputed_scalars=64) (the stepkernel-fewer-phases tactics; RECOMPUTED_SCALARS,
+    default 1): xLSTM's per-head GroupNorm computes σ, then 1 / σ, four elements each, as two
+    arrays of their own (two phases of four threads); so scheduled, their readers recompute them.
+    The default schedule is the one it was; the schedule records the setting."""
+    from framefuse.compiler import schedule as scheduling
+
+    program = lower_program(_prepared("xlstm", MEDIUM).fused)
+    assert scheduling.RECOMPUTED_SCALARS == 1
+    plain = schedule(program, grid=32, threads=128)
+    assert plain.recomputed_scalars == 1 and plain.describe()["recomputed_scalars"] == 1
+    assert generate(schedule(program, grid=32, threads=128, recomputed_scalars=1)).source == generate(plain).source
+    fewer = schedule(program, grid=32, threads=128, recomputed_scalars=64)
+    assert fewer.recomputed_scalars == 64 and scheduling.RECOMPUTED_SCALARS == 1  # for that schedule only
+
+    def small_thread_arrays(sched):
+        return sum(
+            1
+            for task in sched.tasks
+            for key, unit in task.units.items()
+            if key != -1
+            and unit.how == "thread"
+            and 1 < unit.node.size <= 64
+            and not isinstance(unit.node, Map)
+            and task.view.source_kind(unit.node) != "materialized"
+        )
+
+    assert small_thread_arrays(fewer) < small_thread_arrays(plain)
+    assert generate(fewer).kernel_phases < generate(plain).kernel_phases
+    monkeypatch.setattr(scheduling, "RECOMPUTED_SCALARS", 64)
+    assert generate(schedule(program, grid=32, threads=128)).source == generate(fewer).source
+    with pytest.raises(CompileError, match="recomputed_scalars must be at least 1"):
+        schedule(program, grid=32, threads=128, recomputed_scalars=0)
 
 
 @needs_cxx

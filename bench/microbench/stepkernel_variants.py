@@ -110,11 +110,14 @@ SCHEDULE_VARIANTS = {
     # computed it: a phase and a barrier less (codegen.ROOT_IN_ARRAY_WARP)
     "root-in-warp": ("codegen", "ROOT_IN_ARRAY_WARP", True),
     "one-pass": [("codegen", "PHASE_ONE_PASS", True), ("codegen", "ROOT_IN_ARRAY_WARP", True)],
-    # the build's stepkernel-fewer-phases tactic: the three above together
+    # a head's or a row's few cheap scalars recomputed by their readers (schedule.RECOMPUTED_SCALARS)
+    "recomputed-scalars": ("schedule", "RECOMPUTED_SCALARS", 64),
+    # the build's stepkernel-fewer-phases tactic: the four above together
     "fewer-phases": [
         ("codegen", "ALIAS_VIEWS", True),
         ("codegen", "PHASE_ONE_PASS", True),
         ("codegen", "ROOT_IN_ARRAY_WARP", True),
+        ("schedule", "RECOMPUTED_SCALARS", 64),
     ],
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),

@@ -104,6 +104,7 @@ def prepare_step(
     lane_cells: bool | None = None,
     alias_views: bool | None = None,
     one_pass: bool | None = None,
+    recomputed_scalars: int | None = None,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
@@ -117,7 +118,9 @@ def prepare_step(
     ``alias_views``: views of a task's arrays read where those lie, codegen.ALIAS_VIEWS; where
     there is none, the plain source; ``one_pass``: a phase's products and reductions in one pass
     of the warps and a root computed by its one product's lanes, codegen.PHASE_ONE_PASS and
-    codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source)."""
+    codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source; ``recomputed_scalars``:
+    scheduled with arrays of at most this many cheap scalars recomputed by their readers,
+    schedule.RECOMPUTED_SCALARS)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -129,13 +132,14 @@ def prepare_step(
     smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
     start = time.perf_counter()
     # the same schedule for the tactics that differ only in the code (compiler.memo)
-    schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
+    scalars = {"recomputed_scalars": recomputed_scalars}
+    schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8, **scalars)
     if hybrid_threads is not None and hybrid_threads != threads and hybrid_recurrences(schedule):
         threads = int(hybrid_threads)
-        schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8)
+        schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8, **scalars)
     if replica_floats is not None and replica_capped(schedule, replica_floats):
         schedule = cached_schedule(
-            program, grid=grid, threads=threads, smem_floats=smem_limit // 8, replica_floats=replica_floats
+            program, grid=grid, threads=threads, smem_floats=smem_limit // 8, replica_floats=replica_floats, **scalars
         )
     kernel = generate(
         schedule,
@@ -307,6 +311,7 @@ class CompiledStep:
         lane_cells: bool | None = None,
         alias_views: bool | None = None,
         one_pass: bool | None = None,
+        recomputed_scalars: int | None = None,
         source: StepSource | None = None,
         log=None,
     ):
@@ -338,6 +343,7 @@ class CompiledStep:
                 lane_cells=lane_cells,
                 alias_views=alias_views,
                 one_pass=one_pass,
+                recomputed_scalars=recomputed_scalars,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -567,6 +573,7 @@ def compile_step(
     lane_cells=None,
     alias_views=None,
     one_pass=None,
+    recomputed_scalars=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
@@ -574,7 +581,7 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``, ``recomputed_scalars``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -595,6 +602,7 @@ def compile_step(
         lane_cells=lane_cells,
         alias_views=alias_views,
         one_pass=one_pass,
+        recomputed_scalars=recomputed_scalars,
         log=log,
     )
 

@@ -84,16 +84,27 @@ def cached_program(
 
 
 def cached_schedule(
-    program: Program, *, grid: int, threads: int, smem_floats: int, replica_floats: int | None = None
+    program: Program,
+    *,
+    grid: int,
+    threads: int,
+    smem_floats: int,
+    replica_floats: int | None = None,
+    recomputed_scalars: int | None = None,
 ) -> scheduling.Schedule:
     """schedule.schedule, the same Schedule for the same program object, sizes and settings."""
-    key = (id(program), grid, threads, smem_floats, replica_floats, settings_key())
+    key = (id(program), grid, threads, smem_floats, replica_floats, recomputed_scalars, settings_key())
     found = _schedules.get(key)
     if found is not None and found.program is program:
         _schedules.move_to_end(key)
         return found
     sched = scheduling.schedule(
-        program, grid=grid, threads=threads, smem_floats=smem_floats, replica_floats=replica_floats
+        program,
+        grid=grid,
+        threads=threads,
+        smem_floats=smem_floats,
+        replica_floats=replica_floats,
+        recomputed_scalars=recomputed_scalars,
     )
     return _remember(_schedules, key, sched)
 

@@ -70,6 +70,13 @@ CACHE_COST = 8
 # of its own, a barrier and a pass over shared memory (H100: 170-270 cycles each for the two
 # scalars of min_gru's LayerNorms), to save a reader a sqrt and a division.
 SCALAR_RECOMPUTE_COST = 32
+# ... and so is an array of at most this many such scalars (a row's or a head's: xLSTM's GroupNorm
+# over its four heads computes σ and then 1 / σ, four elements each, two phases of a few threads;
+# delta_net's per-head norms likewise). 1 by default (timed on the H100 for single scalars only);
+# the build's stepkernel-fewer-phases tactics schedule with 64 (schedule's recomputed_scalars):
+# the zoo's step kernels at embed 256, with the tactic's code settings, 364 -> 354 phases
+# (delta_net 49 -> 43, xlstm 61 -> 57)
+RECOMPUTED_SCALARS = 1
 # A reduction over at most this many elements, each of them this cheap to recompute (inline cost;
 # 1: a plain read), with several results (attention's one a head; a row's scalar, a small
 # LayerNorm's mean, was never timed), is recomputed by each reader instead of cached as an array
@@ -794,6 +801,7 @@ class Schedule:
     notes: list = field(default_factory=list)
     layouts: dict = field(default_factory=dict)  # node id -> its stored order of axes (column_layouts)
     replica_floats: int | None = None  # the cap it was scheduled under (see schedule)
+    recomputed_scalars: int = 1  # the RECOMPUTED_SCALARS it was scheduled under (see schedule)
 
     def task_levels(self) -> list[int]:
         """Each task's dependency level: 1 + the deepest level of the tasks it waits on."""
@@ -813,6 +821,7 @@ class Schedule:
             "flagged_values": len(self.ll_nodes),
             "side_stores": sum(len(t.side) for t in self.tasks),
             "replica_floats": self.replica_floats,
+            "recomputed_scalars": self.recomputed_scalars,
             "notes": list(self.notes),
         }
 
@@ -1427,7 +1436,12 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
                 and cost <= node.extent * (1 + INLINE_REDUCE_SOURCE_COST)
             ):
                 continue
-            if few and node.size == 1 and cost <= SCALAR_RECOMPUTE_COST and not isinstance(node, Reduce):
+            if (
+                few
+                and node.size <= RECOMPUTED_SCALARS
+                and cost <= SCALAR_RECOMPUTE_COST
+                and not isinstance(node, Reduce)
+            ):
                 continue
             if framed and isinstance(node, Reduce) and node.extent >= WARP:
                 found.add(node_id)  # a warp's reduction, not one thread's loop beside 64 copies
@@ -1762,23 +1776,37 @@ def schedule(
     threads: int = THREADS,
     smem_floats: int = 40 * 1024,
     replica_floats: int | None = None,
+    recomputed_scalars: int | None = None,
 ) -> Schedule:
     """Tasks, arrays and per-block ranges for a grid of ``grid`` blocks of ``threads`` threads;
     ``smem_floats`` bounds each task's arrays; ``replica_floats`` caps the floats that the blocks
-    of a task copying the same values whole copy in all (None: REPLICA_FLOATS)."""
+    of a task copying the same values whole copy in all (None: REPLICA_FLOATS);
+    ``recomputed_scalars``: arrays of at most this many cheap scalars are recomputed by their
+    readers (None: RECOMPUTED_SCALARS)."""
+    global RECOMPUTED_SCALARS
     if threads % WARP or threads <= 0:
         raise CompileError(f"threads per block must be a positive multiple of {WARP}, got {threads}")
     if replica_floats is not None and replica_floats <= 0:
         raise CompileError(f"replica_floats must be a positive number of floats, got {replica_floats}")
+    if recomputed_scalars is not None and recomputed_scalars < 1:
+        raise CompileError(f"recomputed_scalars must be at least 1, got {recomputed_scalars}")
+    setting = RECOMPUTED_SCALARS
+    # the setting for this schedule only (schedules are built one at a time: compiler.engine's
+    # prepare_tactics generates its sources in one thread, only NVRTC runs beside it)
+    if recomputed_scalars is not None:
+        RECOMPUTED_SCALARS = int(recomputed_scalars)
     try:
-        return _schedule(
+        sched = _schedule(
             program,
             grid=grid,
             threads=threads,
             smem_floats=smem_floats,
             replica_floats=REPLICA_FLOATS if replica_floats is None else replica_floats,
         )
+        sched.recomputed_scalars = RECOMPUTED_SCALARS
+        return sched
     finally:
+        RECOMPUTED_SCALARS = setting
         _forget_pairs()
 
 

@@ -657,6 +657,10 @@ STEPKERNEL_VIEWS = "stepkernel-views"
 # Not timed on a GPU yet; at 256 and at 384 threads (the tactic the build chose most often).
 STEPKERNEL_FEWER_PHASES = "stepkernel-fewer-phases"
 STEPKERNEL_WIDE_FEWER_PHASES = "stepkernel-384-threads-fewer-phases"
+# ... and scheduled with a head's or a row's few scalars (xLSTM's and delta_net's per-head norms'
+# σ and 1 / σ) recomputed by their readers, not two phases of a few threads (schedule's
+# recomputed_scalars, RECOMPUTED_SCALARS): 364 -> 354 phases (delta_net 49 -> 43, xlstm 61 -> 57)
+FEWER_PHASES = {"alias_views": True, "one_pass": True, "recomputed_scalars": 64}
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -679,8 +683,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_HYBRID_WIDE: {"copy_pieces": 0, "hybrid_threads": HYBRID_THREADS},
     STEPKERNEL_LANES: {"copy_pieces": 0, "lane_cells": True},
     STEPKERNEL_VIEWS: {"copy_pieces": 0, "alias_views": True},
-    STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, "alias_views": True, "one_pass": True},
-    STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, "alias_views": True, "one_pass": True},
+    STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, **FEWER_PHASES},
+    STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.

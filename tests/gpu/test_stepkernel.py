@@ -112,6 +112,7 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     assert kernel["paced_copies"] == STEPKERNELS[tactic].get("paced_copies", False)
     assert kernel["alias_views"] == STEPKERNELS[tactic].get("alias_views", False)
     assert kernel["one_pass"] == STEPKERNELS[tactic].get("one_pass", False)
+    assert kernel["recomputed_scalars"] == STEPKERNELS[tactic].get("recomputed_scalars", 1)
     if not STEPKERNELS[tactic].get("compose_input", True):
         assert not kernel["framed"]  # the frame's in-projection a task of its own
     sms = torch.cuda.get_device_properties(0).multi_processor_count

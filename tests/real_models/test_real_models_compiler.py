@@ -275,7 +275,7 @@ def test_views_read_in_place_in_real_models_under_emulation(name, steps, export_
 )
 def test_fewer_phases_in_real_models_under_emulation(name, steps, export_root, tmp_path):
     """The build's stepkernel-fewer-phases tactic (views, codegen.PHASE_ONE_PASS and
-    ROOT_IN_ARRAY_WARP) on real models: a kernel other than the views one, no more phases than
+    ROOT_IN_ARRAY_WARP, scheduled with schedule's recomputed_scalars) on real models: a kernel other than the views one, no more phases than
     it, and the emulated kernel against the interpreter (launched, and a resident session)."""
     from framefuse.compiler import lower_program, naive
     from framefuse.compiler.codegen import generate
@@ -285,7 +285,7 @@ def test_fewer_phases_in_real_models_under_emulation(name, steps, export_root, t
     if compiler() is None:
         pytest.skip("no C++ compiler for the emulation")
     program = lower_program(fuse_real_model(name, steps, export_root).fused_path)
-    sched = schedule(program, grid=8, threads=128, smem_floats=12 * 1024)
+    sched = schedule(program, grid=8, threads=128, smem_floats=12 * 1024, recomputed_scalars=64)  # as the tactic
     views = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True)
     rng = np.random.default_rng(6)
     feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}

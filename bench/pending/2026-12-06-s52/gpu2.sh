@@ -13,7 +13,7 @@ mkdir -p build/cache $OUT/views
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 ARCHS=min_gru,min_lstm,gru,lstm,gated_ssm,attention,liquid,jamba,delta_net,mamba,xlstm
 echo "== variants $(date +%T)"
-timeout 270 python3 bench/microbench/stepkernel_variants.py --archs $ARCHS --variants baseline,alias-views,one-pass,fewer-phases,baseline,fewer-phases \
+timeout 270 python3 bench/microbench/stepkernel_variants.py --archs $ARCHS --variants baseline,alias-views,one-pass,recomputed-scalars,fewer-phases,baseline \
   --out $OUT/views/variants.json > $OUT/views/variants.log 2>&1; echo "rc=$? $(date +%T)"; grep -v Warn $OUT/views/variants.log | tail -n 30
 for sel in stepkernel stepkernel-fewer-phases; do
   echo "== bench/stepkernel.py --select $sel $(date +%T)"
