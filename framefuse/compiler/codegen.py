@@ -215,7 +215,6 @@ class Generator:
         self.phase_one_pass = PHASE_ONE_PASS if one_pass is None else bool(one_pass)
         self.root_in_warp = ROOT_IN_ARRAY_WARP if one_pass is None else bool(one_pass)
         self._phase_lanes: dict[int, int] = {}  # the current phase's lanes per element (see _one_pass_lanes)
-        self._root_by: int | None = None  # the current task's root_arrays entry
         # per task: {array id: (the array it is a view of, offset)} and each unit's phase (by id(unit))
         self.views = {t: self._task_views(task) for t, task in enumerate(sched.tasks)}
         self.phases = {t: self._unit_phases(task, self.views[t]) for t, task in enumerate(sched.tasks)}
@@ -920,12 +919,12 @@ class Generator:
         followed = {w.node.id for w in self._followers.values()}
         views = self.views[t]
         phase_of = self.phases[t]
-        self._root_by = self.root_arrays[t]
+        root_by = self.root_arrays[t]  # the array whose lanes compute the root, if one does
         phases = sorted(
             {
                 phase_of[id(u)]
                 for u in task.units.values()
-                if u.node.id not in followed and u.node.id not in views and (u is not root or self._root_by is None)
+                if u.node.id not in followed and u.node.id not in views and (u is not root or root_by is None)
             }
         )
         for k, phase in enumerate(phases):
@@ -955,7 +954,7 @@ class Generator:
                 and unit not in staged
                 and unit.node.id not in followed
                 and (unit is root or unit.node.id not in views)  # a view is read where its array lies
-                and (unit is not root or self._root_by is None)  # else computed by its array's warps
+                and (unit is not root or root_by is None)  # else computed by its array's warps
             ]
             self._phase_lanes = self._one_pass_lanes(computed) if self.phase_one_pass else {}
             for unit in computed:
@@ -1285,7 +1284,7 @@ class Generator:
         em.top.close_child(outer)
         em.top.insert(f"{acc} = ffk_warp_{node.op}({acc});")
         em.top.insert(f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
-        if uid == self._root_by:
+        if uid == self.root_arrays[t]:
             self._root_after(loop, t, task, "lane == 0")
         follower = self._followers.get(uid)
         if follower is not None:
@@ -1371,7 +1370,7 @@ class Generator:
         em.stack.pop()
         em.top.insert(f"{acc} = ffk_seg_{node.op}<{lanes}>({acc});")
         em.top.insert(f"if (sub == 0 && e < hi{uid}) {self.arr(t, uid)}[e - lo{uid}] = {acc};")
-        if uid == self._root_by:
+        if uid == self.root_arrays[t]:
             self._root_after(loop, t, task, f"sub == 0 && e < hi{uid}")
 
     def _vector_operands(self, t: int, task: Task, node: Reduce, var: ix.Var, r: ix.Var, lanes: int) -> tuple | None:
@@ -1605,7 +1604,7 @@ class Generator:
         loop.items.append(f"const float acc = {call};")
         live = " && live" if lanes < WARP_LANES else ""
         loop.items.append(f"if ({lane} == 0{live}) {self.arr(t, uid)}[e - lo{uid}] = acc;")
-        if uid == self._root_by:
+        if uid == self.root_arrays[t]:
             self._root_after(loop, t, task, f"{lane} == 0{live}")
 
     def _early_input(self, task: Task) -> bool:

@@ -650,8 +650,9 @@ STEPKERNEL_LANES = "stepkernel-lanes"
 STEPKERNEL_VIEWS = "stepkernel-views"
 # The views above, and a phase's products and reductions taken in one pass of the block's warps
 # (fewer lanes an element where the warps would otherwise go round twice: the zoo LSTM's second
-# layer, eight products of 256 and a LayerNorm's two sums a block on eight warps) and a root that only publishes its one product computed by the
-# lanes that computed it (compiler/codegen.PHASE_ONE_PASS, ROOT_IN_ARRAY_WARP): the zoo's step
+# layer, eight products of 256 and a LayerNorm's two sums a block on eight warps) and a root that
+# only publishes its one product computed by the lanes that computed it
+# (compiler/codegen.PHASE_ONE_PASS, ROOT_IN_ARRAY_WARP): the zoo's step
 # kernels at embed 256 run 436 phases in all at 256 threads, 364 with both (mamba 53 -> 42, xlstm
 # 77 -> 61), and 17 phases of two passes or more, 2; the windows at T = 32, 384 threads: 589 -> 548.
 # Not timed on a GPU yet; at 256 and at 384 threads (the tactic the build chose most often).
