@@ -1726,16 +1726,21 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "mamba+fewer",
         "lstm+fewer",
         "xlstm/sequence+fewer",
+        "mamba+levels",
+        "delta_net+levels",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once); after
     a colon, the products' weight format (codegen.WEIGHT_FORMATS); +views: the stepkernel-views
     tactic's kernel (codegen.ALIAS_VIEWS); +fewer: the stepkernel-fewer-phases tactic's (views,
-    codegen.PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP)."""
+    codegen.PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP); +levels: the stepkernel-fewer-levels tactic's
+    (those, scheduled with products recomputed by the blocks that read them)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, levels, _ = arch.partition("+levels")
     arch, fewer, _ = arch.partition("+fewer")
+    fewer = fewer or levels
     arch, views, _ = arch.partition("+views")
     views = views or fewer
     arch, _, weight_format = arch.partition(":")
@@ -1750,8 +1755,11 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             weight_format=weight_format or "fp32",
             alias_views=bool(views),
             one_pass=bool(fewer),
+            recomputed_scalars=64 if fewer else None,
+            replicated_dot_macs=1 << 15 if levels else None,
         )
         assert kernel.alias_views is bool(views) and kernel.one_pass is bool(fewer)
+        assert kernel.describe()["replicated_dot_macs"] == (1 << 15 if levels else 0)
         source = tmp_path / f"{kernel.name}.cu"
         source.write_text(kernel.source)
         result = subprocess.run(
@@ -2146,6 +2154,8 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-views",
         "stepkernel-fewer-phases",
         "stepkernel-384-threads-fewer-phases",
+        "stepkernel-fewer-levels",
+        "stepkernel-384-threads-fewer-levels",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):
@@ -2423,6 +2433,60 @@ def test_a_heads_few_scalars_are_recomputed_by_their_readers_when_scheduled_so(m
     assert generate(schedule(program, grid=32, threads=128)).source == generate(fewer).source
     with pytest.raises(CompileError, match="recomputed_scalars must be at least 1"):
         schedule(program, grid=32, threads=128, recomputed_scalars=0)
+
+
+def test_a_product_every_reader_block_needs_is_recomputed_by_them_when_scheduled_so():
+    """schedule(replicated_dot_macs=...) (the stepkernel-fewer-levels tactics;
+    REPLICATED_DOT_MACS, default 0): Mamba's x_proj, which every block of the SSM update needs
+    whole, is otherwise published by tasks of its own a level before the update; so scheduled,
+    each update block computes it, and its state is still stored once (by the update's task).
+    The default schedule is the one it was; the schedule records the setting."""
+    from framefuse.compiler import schedule as scheduling
+
+    program = lower_program(_prepared("mamba", MEDIUM).fused)
+    assert scheduling.REPLICATED_DOT_MACS == 0
+    plain = schedule(program, grid=32, threads=128)
+    assert plain.replicated_dot_macs == 0 and plain.describe()["replicated_dot_macs"] == 0
+    assert generate(schedule(program, grid=32, threads=128, replicated_dot_macs=0)).source == generate(plain).source
+    replicated = schedule(program, grid=32, threads=128, replicated_dot_macs=1 << 15)
+    assert replicated.replicated_dot_macs == 1 << 15 and scheduling.REPLICATED_DOT_MACS == 0  # that schedule only
+    assert replicated.describe()["replicated_dot_macs"] == 1 << 15
+
+    def published_x_proj(sched):
+        return [n for n in sched.materialized.values() if "x_proj" in (n.label or "")]
+
+    assert published_x_proj(plain) and not published_x_proj(replicated)
+    assert replicated.levels() <= plain.levels() - 2  # a level a layer
+    states = [n for n in program.outputs.values() if n.label and "SelectiveScan" in n.label]
+    for sched in (plain, replicated):  # each state stored by exactly one task
+        stored = [n.id for t in sched.tasks for n in [t.root, *t.side]]
+        assert all(stored.count(n.id) == 1 for n in states)
+    with pytest.raises(CompileError, match="replicated_dot_macs must be 0 or more"):
+        schedule(program, grid=32, threads=128, replicated_dot_macs=-1)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["mamba", "delta_net", "jamba"])
+def test_fewer_levels_emulated_match_the_interpreter(arch, tmp_path):
+    """The stepkernel-fewer-levels kernel (the fewer-phases settings, scheduled with products
+    recomputed by the blocks that read them) of the zoo architectures whose levels it cuts: embed
+    64 on 32 blocks of three warps, launched and a resident session, against the interpreter;
+    mamba at the small size on 32 blocks of 2 warps under ThreadSanitizer (every block of the
+    update computes x_proj into its own shared memory)."""
+    program = lower_program(_prepared(arch, MEDIUM).fused)
+    plain = schedule(program, grid=32, threads=96, recomputed_scalars=64)
+    sched = schedule(program, grid=32, threads=96, recomputed_scalars=64, replicated_dot_macs=1 << 15)
+    assert sched.levels() < plain.levels(), f"{arch}: no level for the tactic to cut"
+    _emulate_against_interpreter(generate(sched, one_pass=True, alias_views=True), program, 2, tmp_path / "launched")
+    _emulate_against_interpreter(
+        generate(sched, resident=True, one_pass=True, alias_views=True), program, 3, tmp_path / "resident"
+    )
+    if arch == "mamba":
+        program = lower_program(_prepared(arch).fused)
+        # (on a few blocks x_proj's copies are too few to be published: 32 blocks, 8 -> 6 levels)
+        small = schedule(program, grid=32, threads=64, replicated_dot_macs=1 << 15)
+        assert small.levels() < schedule(program, grid=32, threads=64).levels()
+        _emulate_against_interpreter(generate(small, one_pass=True), program, 2, tmp_path / "races", races=True)
 
 
 @needs_cxx

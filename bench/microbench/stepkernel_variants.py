@@ -119,6 +119,17 @@ SCHEDULE_VARIANTS = {
         ("codegen", "ROOT_IN_ARRAY_WARP", True),
         ("schedule", "RECOMPUTED_SCALARS", 64),
     ],
+    # a product every block of its reader needs whole computed by each of them where a block's share
+    # is at most 2^15 multiply-adds, not published a level earlier (schedule.REPLICATED_DOT_MACS:
+    # mamba's x_proj, delta_net's and Jamba's; the build's stepkernel-fewer-levels with fewer-phases)
+    "replicated-products": ("schedule", "REPLICATED_DOT_MACS", 1 << 15),
+    "fewer-levels": [
+        ("codegen", "ALIAS_VIEWS", True),
+        ("codegen", "PHASE_ONE_PASS", True),
+        ("codegen", "ROOT_IN_ARRAY_WARP", True),
+        ("schedule", "RECOMPUTED_SCALARS", 64),
+        ("schedule", "REPLICATED_DOT_MACS", 1 << 15),
+    ],
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads
@@ -202,6 +213,8 @@ TACTIC_VARIANTS = {
     "views": "stepkernel-views",
     "fewer-phases-tactic": "stepkernel-fewer-phases",
     "384-threads-fewer-phases": "stepkernel-384-threads-fewer-phases",
+    "fewer-levels-tactic": "stepkernel-fewer-levels",
+    "384-threads-fewer-levels": "stepkernel-384-threads-fewer-levels",
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

@@ -55,18 +55,28 @@ def generate_source(
     widen_storage: bool = False,
     alias_views: bool | None = None,
     one_pass: bool | None = None,
+    recomputed_scalars: int | None = None,
+    replicated_dot_macs: int | None = None,
 ):
     """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
     ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel` (``resident``: the
     kernel launched once that runs a frame per bell; ``weight_format``, ``lossless_rows``: the
     products' weight rows, codegen.WEIGHT_FORMATS; ``widen_storage``: see lower_program;
     ``alias_views``: see codegen.ALIAS_VIEWS; ``one_pass``: see codegen.PHASE_ONE_PASS and
-    codegen.ROOT_IN_ARRAY_WARP)."""
+    codegen.ROOT_IN_ARRAY_WARP; ``recomputed_scalars``, ``replicated_dot_macs``: see
+    schedule.schedule)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
 
     program = lower_program(model_or_path, widen_storage=widen_storage)
-    sched = schedule(program, grid=grid, threads=threads, smem_floats=smem_limit_bytes // 8)
+    sched = schedule(
+        program,
+        grid=grid,
+        threads=threads,
+        smem_floats=smem_limit_bytes // 8,
+        recomputed_scalars=recomputed_scalars,
+        replicated_dot_macs=replicated_dot_macs,
+    )
     return generate(
         sched,
         smem_limit_bytes=smem_limit_bytes,

@@ -105,6 +105,7 @@ def prepare_step(
     alias_views: bool | None = None,
     one_pass: bool | None = None,
     recomputed_scalars: int | None = None,
+    replicated_dot_macs: int | None = None,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
     "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
@@ -120,7 +121,9 @@ def prepare_step(
     of the warps and a root computed by its one product's lanes, codegen.PHASE_ONE_PASS and
     codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source; ``recomputed_scalars``:
     scheduled with arrays of at most this many cheap scalars recomputed by their readers,
-    schedule.RECOMPUTED_SCALARS)."""
+    schedule.RECOMPUTED_SCALARS; ``replicated_dot_macs``: scheduled with products computed by
+    every block that reads them where a block's share is at most this many multiply-adds,
+    schedule.REPLICATED_DOT_MACS; where that changes nothing, the plain schedule)."""
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -132,7 +135,7 @@ def prepare_step(
     smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
     start = time.perf_counter()
     # the same schedule for the tactics that differ only in the code (compiler.memo)
-    scalars = {"recomputed_scalars": recomputed_scalars}
+    scalars = {"recomputed_scalars": recomputed_scalars, "replicated_dot_macs": replicated_dot_macs}
     schedule = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem_limit // 8, **scalars)
     if hybrid_threads is not None and hybrid_threads != threads and hybrid_recurrences(schedule):
         threads = int(hybrid_threads)
@@ -312,6 +315,7 @@ class CompiledStep:
         alias_views: bool | None = None,
         one_pass: bool | None = None,
         recomputed_scalars: int | None = None,
+        replicated_dot_macs: int | None = None,
         source: StepSource | None = None,
         log=None,
     ):
@@ -344,6 +348,7 @@ class CompiledStep:
                 alias_views=alias_views,
                 one_pass=one_pass,
                 recomputed_scalars=recomputed_scalars,
+                replicated_dot_macs=replicated_dot_macs,
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
@@ -574,6 +579,7 @@ def compile_step(
     alias_views=None,
     one_pass=None,
     recomputed_scalars=None,
+    replicated_dot_macs=None,
     log=None,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
@@ -581,7 +587,8 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``, ``recomputed_scalars``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``, ``recomputed_scalars``,
+    ``replicated_dot_macs``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -603,6 +610,7 @@ def compile_step(
         alias_views=alias_views,
         one_pass=one_pass,
         recomputed_scalars=recomputed_scalars,
+        replicated_dot_macs=replicated_dot_macs,
         log=log,
     )
 

@@ -91,9 +91,19 @@ def cached_schedule(
     smem_floats: int,
     replica_floats: int | None = None,
     recomputed_scalars: int | None = None,
+    replicated_dot_macs: int | None = None,
 ) -> scheduling.Schedule:
     """schedule.schedule, the same Schedule for the same program object, sizes and settings."""
-    key = (id(program), grid, threads, smem_floats, replica_floats, recomputed_scalars, settings_key())
+    key = (
+        id(program),
+        grid,
+        threads,
+        smem_floats,
+        replica_floats,
+        recomputed_scalars,
+        replicated_dot_macs,
+        settings_key(),
+    )
     found = _schedules.get(key)
     if found is not None and found.program is program:
         _schedules.move_to_end(key)
@@ -105,6 +115,7 @@ def cached_schedule(
         smem_floats=smem_floats,
         replica_floats=replica_floats,
         recomputed_scalars=recomputed_scalars,
+        replicated_dot_macs=replicated_dot_macs,
     )
     return _remember(_schedules, key, sched)
 

@@ -92,6 +92,13 @@ INLINE_REDUCE_SOURCE_COST = 1
 DOT_REDUNDANCY = 2.0
 # ... is materialized, unless its whole redundant work is this small (multiply-adds).
 DOT_SMALL_MACS = 1 << 14
+# ... and kept where it is read, however many times over, when one block's share of it is at most
+# this many multiply-adds (0: never). Published, a product that every block of its reader needs
+# whole is a level of its own (mamba's x_proj, 48 rows of 512 read by each block of the SSM
+# update: every layer's second level); recomputed, it costs each reader block its multiply-adds
+# and its weight rows in shared memory (24,576 and 96 KB a block for x_proj at embed 256). Set
+# for one schedule (schedule's replicated_dot_macs), the build's stepkernel-replicated tactic.
+REPLICATED_DOT_MACS = 0
 # ... (a product computed by at most this many blocks is published where it is computed)
 FEW_BLOCKS = 8
 # ... except a product of the frame itself needing at most this many a block: published, it is
@@ -802,6 +809,7 @@ class Schedule:
     layouts: dict = field(default_factory=dict)  # node id -> its stored order of axes (column_layouts)
     replica_floats: int | None = None  # the cap it was scheduled under (see schedule)
     recomputed_scalars: int = 1  # the RECOMPUTED_SCALARS it was scheduled under (see schedule)
+    replicated_dot_macs: int = 0  # the REPLICATED_DOT_MACS it was scheduled under (see schedule)
 
     def task_levels(self) -> list[int]:
         """Each task's dependency level: 1 + the deepest level of the tasks it waits on."""
@@ -822,6 +830,7 @@ class Schedule:
             "side_stores": sum(len(t.side) for t in self.tasks),
             "replica_floats": self.replica_floats,
             "recomputed_scalars": self.recomputed_scalars,
+            "replicated_dot_macs": self.replicated_dot_macs,
             "notes": list(self.notes),
         }
 
@@ -1544,6 +1553,7 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                 replication > DOT_REDUNDANCY
                 and redundant > DOT_SMALL_MACS
                 and not (per_block <= INPUT_DOT_BLOCK_MACS and reads_graph_input(node))
+                and per_block > REPLICATED_DOT_MACS
             ):
                 readers = {id(u): u for u, _ in reads_by.get(node.id, [])}
                 target = materialize_point(node, users, outputs)
@@ -1777,24 +1787,31 @@ def schedule(
     smem_floats: int = 40 * 1024,
     replica_floats: int | None = None,
     recomputed_scalars: int | None = None,
+    replicated_dot_macs: int | None = None,
 ) -> Schedule:
     """Tasks, arrays and per-block ranges for a grid of ``grid`` blocks of ``threads`` threads;
     ``smem_floats`` bounds each task's arrays; ``replica_floats`` caps the floats that the blocks
     of a task copying the same values whole copy in all (None: REPLICA_FLOATS);
     ``recomputed_scalars``: arrays of at most this many cheap scalars are recomputed by their
-    readers (None: RECOMPUTED_SCALARS)."""
-    global RECOMPUTED_SCALARS
+    readers (None: RECOMPUTED_SCALARS); ``replicated_dot_macs``: a product is computed by each
+    block that reads it, however many times over, where a block's share is at most this many
+    multiply-adds (None: REPLICATED_DOT_MACS; 0: never)."""
+    global RECOMPUTED_SCALARS, REPLICATED_DOT_MACS
     if threads % WARP or threads <= 0:
         raise CompileError(f"threads per block must be a positive multiple of {WARP}, got {threads}")
     if replica_floats is not None and replica_floats <= 0:
         raise CompileError(f"replica_floats must be a positive number of floats, got {replica_floats}")
     if recomputed_scalars is not None and recomputed_scalars < 1:
         raise CompileError(f"recomputed_scalars must be at least 1, got {recomputed_scalars}")
-    setting = RECOMPUTED_SCALARS
-    # the setting for this schedule only (schedules are built one at a time: compiler.engine's
+    if replicated_dot_macs is not None and replicated_dot_macs < 0:
+        raise CompileError(f"replicated_dot_macs must be 0 or more multiply-adds, got {replicated_dot_macs}")
+    settings = RECOMPUTED_SCALARS, REPLICATED_DOT_MACS
+    # the settings for this schedule only (schedules are built one at a time: compiler.engine's
     # prepare_tactics generates its sources in one thread, only NVRTC runs beside it)
     if recomputed_scalars is not None:
         RECOMPUTED_SCALARS = int(recomputed_scalars)
+    if replicated_dot_macs is not None:
+        REPLICATED_DOT_MACS = int(replicated_dot_macs)
     try:
         sched = _schedule(
             program,
@@ -1804,9 +1821,10 @@ def schedule(
             replica_floats=REPLICA_FLOATS if replica_floats is None else replica_floats,
         )
         sched.recomputed_scalars = RECOMPUTED_SCALARS
+        sched.replicated_dot_macs = REPLICATED_DOT_MACS
         return sched
     finally:
-        RECOMPUTED_SCALARS = setting
+        RECOMPUTED_SCALARS, REPLICATED_DOT_MACS = settings
         _forget_pairs()
 
 
@@ -2247,7 +2265,7 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                 added = sum(
                     u.span * u.node.k for u in trial.units.values() if u.how == "dot" and u.node.id not in host.units
                 )
-                if added > ABSORB_DOT_MACS:
+                if added > max(ABSORB_DOT_MACS, REPLICATED_DOT_MACS):
                     continue
                 before = _levels_by_task(current, side_of)
                 for moved in [out_id] + carried:

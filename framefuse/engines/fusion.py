@@ -662,6 +662,19 @@ STEPKERNEL_WIDE_FEWER_PHASES = "stepkernel-384-threads-fewer-phases"
 # σ and 1 / σ) recomputed by their readers, not two phases of a few threads (schedule's
 # recomputed_scalars, RECOMPUTED_SCALARS): 364 -> 354 phases (delta_net 49 -> 43, xlstm 61 -> 57)
 FEWER_PHASES = {"alias_views": True, "one_pass": True, "recomputed_scalars": 64}
+# The fewer phases above, and scheduled with a product that every block of its reader needs whole
+# computed by each of those blocks where a block's share is at most REPLICATED_DOT_MACS
+# multiply-adds, instead of published by a task of its own a level earlier
+# (compiler/schedule.REPLICATED_DOT_MACS): mamba's x_proj (48 rows of 512 read whole by each
+# block of the SSM update), delta_net's and Jamba's. Levels of the zoo's step kernels at embed
+# 256 on the H100's grid: mamba 10 -> 8, delta_net 8 -> 6, jamba 8 -> 7; the price is each
+# reader block's multiply-adds and weight rows (x_proj: 24,576 and 96 KB a block). Not timed on a
+# GPU yet. Built only where the schedule changes (attention, delta_net, gated_ssm, jamba, mamba,
+# xlstm of the zoo): no candidate to time elsewhere.
+STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
+STEPKERNEL_WIDE_FEWER_LEVELS = "stepkernel-384-threads-fewer-levels"
+REPLICATED_DOT_MACS = 1 << 15
+FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the
@@ -686,6 +699,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_VIEWS: {"copy_pieces": 0, "alias_views": True},
     STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, **FEWER_PHASES},
     STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES},
+    STEPKERNEL_FEWER_LEVELS: {"copy_pieces": 0, **FEWER_LEVELS},
+    STEPKERNEL_WIDE_FEWER_LEVELS: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_LEVELS},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.

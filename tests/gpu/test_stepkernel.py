@@ -92,6 +92,11 @@ def test_stepkernel_matches_onnxruntime_over_chained_steps(arch):
     + [(a, "stepkernel-views") for a in ARCHS]
     + [(a, t) for a in ARCHS for t in ("stepkernel-fewer-phases", "stepkernel-384-threads-fewer-phases")]
     + [
+        (a, t)
+        for a in ("attention", "delta_net", "gated_ssm", "jamba", "mamba", "xlstm")  # where the schedule changes
+        for t in ("stepkernel-fewer-levels", "stepkernel-384-threads-fewer-levels")
+    ]
+    + [
         (a, t) for a in ("attention", "jamba") for t in ("stepkernel-replica-cap", "stepkernel-384-threads-replica-cap")
     ],
 )
@@ -113,6 +118,7 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     assert kernel["alias_views"] == STEPKERNELS[tactic].get("alias_views", False)
     assert kernel["one_pass"] == STEPKERNELS[tactic].get("one_pass", False)
     assert kernel["recomputed_scalars"] == STEPKERNELS[tactic].get("recomputed_scalars", 1)
+    assert kernel["replicated_dot_macs"] == STEPKERNELS[tactic].get("replicated_dot_macs", 0)
     if not STEPKERNELS[tactic].get("compose_input", True):
         assert not kernel["framed"]  # the frame's in-projection a task of its own
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -885,14 +891,15 @@ def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic,
     _close(engine.run({in_name: poisoned})[out_name], expected, f"{kind} {hidden} T={seq} {tactic} NaN window")
 
 
-@pytest.mark.parametrize("tactic", ["stepkernel-views", "stepkernel-fewer-phases"])
+@pytest.mark.parametrize("tactic", ["stepkernel-views", "stepkernel-fewer-phases", "stepkernel-fewer-levels"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_views_tactic_small_and_short_launched_and_resident(arch, tactic):
     """stepkernel-views (codegen.ALIAS_VIEWS: a task's views of its own arrays read where those
-    lie, a phase less) and stepkernel-fewer-phases (those views, codegen.PHASE_ONE_PASS and
-    ROOT_IN_ARRAY_WARP) at embed 64 over 40 chained steps against ONNX Runtime, then a resident
-    session of the same engine bit for bit equal to the launched one (the sanitizers' target:
-    small and short)."""
+    lie, a phase less), stepkernel-fewer-phases (those views, codegen.PHASE_ONE_PASS and
+    ROOT_IN_ARRAY_WARP) and stepkernel-fewer-levels (those, scheduled with products recomputed by
+    the blocks that read them: schedule.REPLICATED_DOT_MACS; mamba 8 -> 6 levels at this size) at
+    embed 64 over 40 chained steps against ONNX Runtime, then a resident session of the same
+    engine bit for bit equal to the launched one (the sanitizers' target: small and short)."""
     from framefuse.runtime.session import Session
 
     prepared = prepare_cached(arch, SMALL)["step"]
@@ -903,7 +910,8 @@ def test_the_views_tactic_small_and_short_launched_and_resident(arch, tactic):
     kernel = launched.engine.metadata["selection"]["stepkernel"]
     plain = generate(launched.engine.default_plan.compiled.schedule)  # the same schedule, views copied
     assert kernel["alias_views"] is True and kernel["kernel_phases"] < plain.kernel_phases
-    assert kernel["one_pass"] is (tactic == "stepkernel-fewer-phases")
+    assert kernel["one_pass"] is (tactic != "stepkernel-views")
+    assert kernel["replicated_dot_macs"] == (1 << 15 if tactic == "stepkernel-fewer-levels" else 0)
     launched.reset()
     expected = np.stack([launched.step(f).copy() for f in frames])
     with Session(launched.engine, budget_ms=None, resident=True) as resident:
