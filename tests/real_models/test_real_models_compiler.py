@@ -302,3 +302,40 @@ def test_fewer_phases_in_real_models_under_emulation(name, steps, export_root, t
         for out in kernel.output_names:
             err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
             assert err.max() <= 1e-5, f"{name} {out} (resident {resident}): max rel diff {err.max():.3g}"
+
+
+@pytest.mark.parametrize(
+    "name, steps",
+    [("mamba", 1), ("jamba", 1), ("gpt2_sdpa", 1), ("llama_gqa_sdpa", 1), ("torch_mlpcell_loop", 8)],
+)
+def test_fewer_levels_in_real_models_under_emulation(name, steps, export_root, tmp_path):
+    """The build's stepkernel-fewer-levels tactic (the fewer-phases settings, scheduled with
+    products that every block of their reader needs whole computed by each of those blocks,
+    schedule's replicated_dot_macs) on real models: fewer levels than the fewer-phases schedule
+    (the transformers models at T = 1 on 132 blocks: Mamba 10 -> 4, Jamba 12 -> 3, GPT-2 10 -> 2,
+    Llama 9 -> 2), and the emulated kernel on 32 blocks against the interpreter (launched, and a
+    resident session)."""
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.codegen import generate
+    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.schedule import schedule
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulation")
+    program = lower_program(fuse_real_model(name, steps, export_root).fused_path)
+    sizes = {"grid": 32, "threads": 128, "smem_floats": 24 * 1024, "recomputed_scalars": 64}
+    fewer = schedule(program, **sizes)
+    sched = schedule(program, **sizes, replicated_dot_macs=1 << 15)  # as the tactic
+    assert sched.levels() < fewer.levels(), f"{name}: no level for the tactic to cut"
+    rng = np.random.default_rng(6)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
+    expected = naive.run(program, {**feeds, **state})
+    for resident in (False, True):
+        kernel = generate(sched, smem_limit_bytes=200 * 1024, alias_views=True, one_pass=True, resident=resident)
+        outputs, _ = emulate(
+            kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path / str(resident)
+        )
+        for out in kernel.output_names:
+            err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
+            assert err.max() <= 1e-5, f"{name} {out} (resident {resident}): max rel diff {err.max():.3g}"

@@ -4,8 +4,9 @@
 # The fewer-phases (256 threads) and fewer-levels tactics against ONNX Runtime (every zoo
 # architecture at embed 256 over 200 chained steps, and at embed 64 launched and resident) with
 # memcheck and racecheck on the small fewer-levels kernels where the schedule changes beside them;
-# then device time of every zoo step kernel under baseline / fewer-phases / fewer-levels /
-# replicated products alone; then Session.step p50 / p99, launched and resident, of the
+# then device time of every zoo step kernel under baseline / fewer-phases / fewer-levels, and of
+# the transformers models at T = 1 (Mamba, Jamba, GPT-2, Llama: 10 -> 4, 12 -> 3, 10 -> 2, 9 -> 2
+# levels); then Session.step p50 / p99, launched and resident, of the
 # fewer-levels tactic (the fewer-phases kernel where it changes nothing) with parity over 1,000
 # steps and the traces of mamba and xlstm.
 set -u
@@ -15,15 +16,20 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 ARCHS=min_gru,min_lstm,gru,lstm,gated_ssm,attention,liquid,jamba,delta_net,mamba,xlstm
 echo "== tests + sanitizers $(date +%T)"
 SAN="views_tactic and fewer-levels and (mamba or delta_net or jamba)"
-(timeout 170 bash tests/gpu/sanitize.sh memcheck $OUT/tests -k "$SAN" tests/gpu/test_stepkernel.py > $OUT/tests/memcheck.summary 2>&1) &
-(timeout 170 bash tests/gpu/sanitize.sh racecheck $OUT/tests -k "$SAN" tests/gpu/test_stepkernel.py > $OUT/tests/racecheck.summary 2>&1) &
-timeout 170 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py -k "fewer-levels or (fewer-phases and not 384)" > $OUT/tests/tests.log 2>&1
+(timeout 150 bash tests/gpu/sanitize.sh memcheck /tmp/san -k "$SAN" tests/gpu/test_stepkernel.py > /tmp/san-memcheck.summary 2>&1) &
+(timeout 150 bash tests/gpu/sanitize.sh racecheck /tmp/san -k "$SAN" tests/gpu/test_stepkernel.py > /tmp/san-racecheck.summary 2>&1) &
+timeout 150 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py \
+  -k "fewer-levels or (tactics_match and fewer-phases and not 384 and (gru or lstm or liquid))" > $OUT/tests/tests.log 2>&1
 echo "pytest rc=$? $(date +%T)"; tail -n 8 $OUT/tests/tests.log
-wait; echo "sanitizers done $(date +%T)"; cat $OUT/tests/memcheck.summary $OUT/tests/racecheck.summary
+wait; echo "sanitizers done $(date +%T)"
+(cat /tmp/san-memcheck.summary /tmp/san-racecheck.summary; for f in /tmp/san/*.log; do echo "== $f"; tail -n 40 $f; done) > $OUT/tests/sanitizers.log 2>&1
+cat /tmp/san-memcheck.summary /tmp/san-racecheck.summary
 echo "== variants $(date +%T)"
-timeout 200 python3 bench/microbench/stepkernel_variants.py --archs $ARCHS --variants baseline,fewer-phases,fewer-levels,replicated-products,baseline \
-  --out $OUT/views/variants.json > $OUT/views/variants.log 2>&1; echo "rc=$? $(date +%T)"; grep -v Warn $OUT/views/variants.log | tail -n 16
+timeout 170 python3 bench/microbench/stepkernel_variants.py --archs $ARCHS --variants baseline,fewer-phases,fewer-levels,baseline \
+  > $OUT/views/variants.log 2>&1; echo "rc=$? $(date +%T)"; grep '^{' $OUT/views/variants.log | tail -n 44
+timeout 70 python3 bench/microbench/stepkernel_variants.py --archs real:mamba,real:jamba,real:gpt2_sdpa,real:llama_gqa_sdpa --variants baseline,fewer-levels,baseline \
+  > $OUT/views/variants-real.log 2>&1; echo "rc=$? $(date +%T)"; grep '^{' $OUT/views/variants-real.log | tail -n 12
 sel=stepkernel-fewer-levels
 echo "== bench/stepkernel.py --select $sel $(date +%T)"
-timeout 160 python3 bench/stepkernel.py --archs $ARCHS --select $sel --steps 1000 --no-plan --trace mamba,xlstm --out $OUT/views/$sel > $OUT/views/$sel.log 2>&1
+timeout 150 python3 bench/stepkernel.py --archs $ARCHS --select $sel --steps 1000 --no-plan --trace mamba,xlstm --out $OUT/views/$sel > $OUT/views/$sel.log 2>&1
 echo "rc=$? $(date +%T)"; grep -E "^[a-z_]+ +[0-9]+ " $OUT/views/$sel.log | tail -n 12
