@@ -2457,6 +2457,12 @@ def test_a_product_every_reader_block_needs_is_recomputed_by_them_when_scheduled
 
     assert published_x_proj(plain) and not published_x_proj(replicated)
     assert replicated.levels() <= plain.levels() - 2  # a level a layer
+    # the price on a launched kernel: every update block copies x_proj's rows (Kernel.copied_floats)
+    kernels = generate(plain), generate(replicated)
+    assert 0 < kernels[0].copied_floats < kernels[1].copied_floats
+    x_proj_rows = sum(n.rows.size for n in published_x_proj(plain))
+    assert kernels[1].copied_floats - kernels[0].copied_floats >= x_proj_rows  # at least one more copy of them
+    assert kernels[1].describe()["copied_bytes"] == 4 * kernels[1].copied_floats
     states = [n for n in program.outputs.values() if n.label and "SelectiveScan" in n.label]
     for sched in (plain, replicated):  # each state stored by exactly one task
         stored = [n.id for t in sched.tasks for n in [t.root, *t.side]]

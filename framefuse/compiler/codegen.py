@@ -439,6 +439,11 @@ class Generator:
             row_floats = self._row_floats(node)
             base = self._weight_offset(node) + nlo * row_floats
             groups.setdefault(t, []).append((self.prefetch_offset + offset, 0, base, nrows * row_floats))
+        # what the blocks copy in all a launch (a product recomputed by many blocks is copied by
+        # each: the price of schedule.REPLICATED_DOT_MACS on a launched kernel)
+        self.copied_floats = int(
+            sum(np.sum(np.broadcast_to(entry[3], (grid,))) for entries in groups.values() for entry in entries)
+        )
         if self.copy_pieces > 0:
             groups = {
                 t: [piece for entry in entries for piece in _pieces(entry, self.copy_pieces)]
@@ -3205,6 +3210,7 @@ class Kernel:
     alias_views: bool = False  # views of a task's arrays read where those lie (ALIAS_VIEWS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
     one_pass: bool = False  # PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP (the stepkernel-fewer-phases tactics)
+    copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
 
     @property
     def kernel_phases(self) -> int:
@@ -3275,6 +3281,7 @@ class Kernel:
                 "alias_views": self.alias_views,
                 "one_pass": self.one_pass,
                 "kernel_phases": self.kernel_phases,
+                "copied_bytes": 4 * self.copied_floats,
             }
         )
         return info
@@ -3341,6 +3348,7 @@ def generate(
         gen.alias_views,
         gen.task_phases(),
         gen.phase_one_pass or gen.root_in_warp,
+        getattr(gen, "copied_floats", 0),
     )
 
 
