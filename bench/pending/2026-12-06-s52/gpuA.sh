@@ -27,7 +27,7 @@ for path in sys.argv[1:]:
     rows = [json.loads(l) for l in open(path) if l.startswith("{")]
     by = {}
     for r in rows:
-        by.setdefault(r["arch"], []).append(f"{r['variant']} {r['us_per_step']:.2f}us L{r['levels']} d={r['max_abs_diff_vs_baseline']}")
+        by.setdefault(r["arch"], []).append(f"{r['variant']} {r['us_per_step']:.2f}us L{r.get('levels', '-')} d={r['max_abs_diff_vs_baseline']}")
     for a, v in by.items():
         print(a, " | ".join(v))
 PY
