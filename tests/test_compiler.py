@@ -2155,7 +2155,6 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-fewer-phases",
         "stepkernel-384-threads-fewer-phases",
         "stepkernel-fewer-levels",
-        "stepkernel-384-threads-fewer-levels",
     ],
 )
 def test_cpu_build_with_select_stepkernel_falls_back_with_a_note(tactic):

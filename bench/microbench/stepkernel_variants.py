@@ -214,7 +214,6 @@ TACTIC_VARIANTS = {
     "fewer-phases-tactic": "stepkernel-fewer-phases",
     "384-threads-fewer-phases": "stepkernel-384-threads-fewer-phases",
     "fewer-levels-tactic": "stepkernel-fewer-levels",
-    "384-threads-fewer-levels": "stepkernel-384-threads-fewer-levels",
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",

@@ -118,7 +118,6 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-fewer-phases",
             "stepkernel-384-threads-fewer-phases",
             "stepkernel-fewer-levels",
-            "stepkernel-384-threads-fewer-levels",
             "cpustep",
             "inductor",
             "inductor-autotune",
@@ -137,8 +136,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "such as a product's rows cut out of the frame, read where those lie instead of copied, "
         "stepkernel-fewer-phases / stepkernel-384-threads-fewer-phases: those views, a phase's products and "
         "reductions in one pass of the warps, a root that publishes its one product computed by that "
-        "product's lanes, and a head's few scalars recomputed by their readers, stepkernel-fewer-levels / "
-        "stepkernel-384-threads-fewer-levels: those, and a product every block of its reader needs whole, "
+        "product's lanes, and a head's few scalars recomputed by their readers, stepkernel-fewer-levels: "
+        "those, and a product every block of its reader needs whole, "
         "such as Mamba's x_proj, computed by each of them instead of a level earlier), the step compiler's "
         "program as one C++ function on the host CPU (cpustep, fp32 builds: small models answer faster there), "
         "the inductor-compiled plan and, when model.onnx sits beside "

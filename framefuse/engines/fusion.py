@@ -655,7 +655,12 @@ STEPKERNEL_VIEWS = "stepkernel-views"
 # (compiler/codegen.PHASE_ONE_PASS, ROOT_IN_ARRAY_WARP): the zoo's step
 # kernels at embed 256 run 436 phases in all at 256 threads, 364 with both (mamba 53 -> 42, xlstm
 # 77 -> 61), and 17 phases of two passes or more, 2; the windows at T = 32, 384 threads: 589 -> 548.
-# Not timed on a GPU yet; at 256 and at 384 threads (the tactic the build chose most often).
+# At 256 and at 384 threads (the tactic the build chose most often). Device time in a CUDA graph,
+# H100, session 53 (bench/h100/2026-12-05-s53/), baseline / this tactic at 256 threads: faster in
+# each of the ten zoo step kernels timed, 3.4-6.6 %: min_gru 9.65 / 9.29 us, min_lstm 10.30 / 9.67,
+# gru 9.95 / 9.57, lstm 10.01 / 9.35, gated_ssm 11.15 / 10.69, attention 14.33 / 13.84, liquid 14.12 /
+# 13.52, jamba 16.37 / 15.58, delta_net 16.26 / 15.67, mamba 18.92 / 18.08 (xlstm not reached; the
+# windows and the real models not yet timed: so a tactic, not the default, for now).
 STEPKERNEL_FEWER_PHASES = "stepkernel-fewer-phases"
 STEPKERNEL_WIDE_FEWER_PHASES = "stepkernel-384-threads-fewer-phases"
 # ... and scheduled with a head's or a row's few scalars (xLSTM's and delta_net's per-head norms'
@@ -668,11 +673,17 @@ FEWER_PHASES = {"alias_views": True, "one_pass": True, "recomputed_scalars": 64}
 # (compiler/schedule.REPLICATED_DOT_MACS): mamba's x_proj (48 rows of 512 read whole by each
 # block of the SSM update), delta_net's and Jamba's. Levels of the zoo's step kernels at embed
 # 256 on the H100's grid: mamba 10 -> 8, delta_net 8 -> 6, jamba 8 -> 7; the price is each
-# reader block's multiply-adds and weight rows (x_proj: 24,576 and 96 KB a block). Not timed on a
-# GPU yet. Built only where the schedule changes (attention, delta_net, gated_ssm, jamba, mamba,
-# xlstm of the zoo): no candidate to time elsewhere.
+# reader block's multiply-adds and weight rows (x_proj: 24,576 and 96 KB a block; a launch's copies
+# 6.0 -> 20.1 MB). H100, session 53 (bench/h100/2026-12-05-s53/), device time, fewer-phases / this:
+# slower wherever the schedule changes, gated_ssm 10.69 / 13.59 us, attention 13.84 / 17.87, jamba
+# 15.58 / 20.20, delta_net 15.67 / 20.43, mamba 18.08 / 19.42 (its trace: the update task's x_proj
+# phase, 48 products of 512 on 8 warps, 2757-3337 cycles, more than the level it saves), the
+# transformers Mamba / Jamba / GPT-2 at T = 1 (against the plain kernel: 13.79 / 14.05, 17.14 /
+# 19.01, 13.56 / 15.60) but faster for Llama (14.17 / 13.61); resident Session.step p50, mamba 17.9 / 18.0, delta_net 15.2 /
+# 16.4. Kept as a candidate (the selection never keeps a slower one), at 256 threads only. Built
+# only where the schedule changes (attention, delta_net, gated_ssm, jamba, mamba, xlstm of the zoo;
+# the transformers models): no candidate to time elsewhere.
 STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
-STEPKERNEL_WIDE_FEWER_LEVELS = "stepkernel-384-threads-fewer-levels"
 REPLICATED_DOT_MACS = 1 << 15
 FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}
 WIDE_THREADS = 384
@@ -700,7 +711,6 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, **FEWER_PHASES},
     STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES},
     STEPKERNEL_FEWER_LEVELS: {"copy_pieces": 0, **FEWER_LEVELS},
-    STEPKERNEL_WIDE_FEWER_LEVELS: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_LEVELS},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.
