@@ -97,7 +97,10 @@ DOT_SMALL_MACS = 1 << 14
 # whole is a level of its own (mamba's x_proj, 48 rows of 512 read by each block of the SSM
 # update: every layer's second level); recomputed, it costs each reader block its multiply-adds
 # and its weight rows in shared memory (24,576 and 96 KB a block for x_proj at embed 256). Set
-# for one schedule (schedule's replicated_dot_macs), the build's stepkernel-replicated tactic.
+# for one schedule (schedule's replicated_dot_macs), the build's stepkernel-fewer-levels tactic
+# (2^15). H100, session 53: slower than the published product in every zoo model it changes
+# (mamba's recomputed x_proj phase 2,757-3,337 cycles against a level's ~1.3 us); see
+# engines/fusion.STEPKERNEL_FEWER_LEVELS.
 REPLICATED_DOT_MACS = 0
 # ... (a product computed by at most this many blocks is published where it is computed)
 FEW_BLOCKS = 8
