@@ -681,8 +681,8 @@ FEWER_PHASES = {"alias_views": True, "one_pass": True, "recomputed_scalars": 64}
 # transformers Mamba / Jamba / GPT-2 at T = 1 (against the plain kernel: 13.79 / 14.05, 17.14 /
 # 19.01, 13.56 / 15.60) but faster for Llama (14.17 / 13.61); resident Session.step p50, mamba
 # 17.9 / 18.0, delta_net 15.2 / 16.4. Kept as a candidate (the selection never keeps a slower
-# one), at 256 threads only. Built only where the schedule changes (attention, delta_net, gated_ssm, jamba, mamba, xlstm of the zoo;
-# the transformers models): no candidate to time elsewhere.
+# one), at 256 threads only. Built only where the schedule changes (attention, delta_net,
+# gated_ssm, jamba, mamba, xlstm of the zoo; the transformers models): no candidate elsewhere.
 STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
 REPLICATED_DOT_MACS = 1 << 15
 FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}
