@@ -12,6 +12,23 @@ import pytest
 from .flow import COMPILED, WINDOWS, fuse_real_model
 
 
+def _one_step_emulated_against_interpreter(name, program, kernels, tmp_path, seed):
+    """Each of ``kernels`` ({label: Kernel}) emulated for one step from a random frame and state
+    (``seed``) against the float64 interpreter, within 1e-5 relative."""
+    from framefuse.compiler import naive
+    from framefuse.compiler.emulate import emulate
+
+    rng = np.random.default_rng(seed)
+    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
+    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
+    expected = naive.run(program, {**feeds, **state})
+    for label, kernel in kernels.items():
+        outputs, _ = emulate(kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path / label)
+        for out in kernel.output_names:
+            err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
+            assert err.max() <= 1e-5, f"{name} {out} ({label}): max rel diff {err.max():.3g}"
+
+
 @pytest.mark.parametrize("name,steps", [(n, 1) for n in COMPILED] + WINDOWS, ids=lambda v: str(v))
 def test_real_model_compiles_and_its_ir_matches_onnxruntime(name, steps, export_root):
     from framefuse.compiler import lower_program, naive
@@ -239,9 +256,9 @@ def test_views_read_in_place_in_real_models_under_emulation(name, steps, export_
     views: the rolled nn.RNNCell and LayerNorm-LSTM loops' windows (views beside their loops),
     Llama's and Mamba's steps, the bidirectional nn.LSTM's; fewer phases than the plain kernel of
     the same schedule, and the emulated kernel against the interpreter."""
-    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler import lower_program
     from framefuse.compiler.codegen import Generator, generate
-    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.emulate import compiler
     from framefuse.compiler.schedule import schedule
 
     if compiler() is None:
@@ -251,14 +268,7 @@ def test_views_read_in_place_in_real_models_under_emulation(name, steps, export_
     assert any(Generator(sched, smem_limit_bytes=100 * 1024, alias_views=True).views.values()), name
     kernel = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True)
     assert kernel.kernel_phases < generate(sched, smem_limit_bytes=100 * 1024).kernel_phases
-    rng = np.random.default_rng(5)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
-    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
-    outputs, _ = emulate(kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path)
-    expected = naive.run(program, {**feeds, **state})
-    for out in kernel.output_names:
-        err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
-        assert err.max() <= 1e-5, f"{name} {out}: max rel diff {err.max():.3g}"
+    _one_step_emulated_against_interpreter(name, program, {"views": kernel}, tmp_path, seed=5)
 
 
 @pytest.mark.parametrize(
@@ -277,9 +287,9 @@ def test_fewer_phases_in_real_models_under_emulation(name, steps, export_root, t
     """The build's stepkernel-fewer-phases tactic (views, codegen.PHASE_ONE_PASS and
     ROOT_IN_ARRAY_WARP, scheduled with schedule's recomputed_scalars) on real models: a kernel other than the views one, no more phases than
     it, and the emulated kernel against the interpreter (launched, and a resident session)."""
-    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler import lower_program
     from framefuse.compiler.codegen import generate
-    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.emulate import compiler
     from framefuse.compiler.schedule import schedule
 
     if compiler() is None:
@@ -287,21 +297,14 @@ def test_fewer_phases_in_real_models_under_emulation(name, steps, export_root, t
     program = lower_program(fuse_real_model(name, steps, export_root).fused_path)
     sched = schedule(program, grid=8, threads=128, smem_floats=12 * 1024, recomputed_scalars=64)  # as the tactic
     views = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True)
-    rng = np.random.default_rng(6)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
-    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
-    expected = naive.run(program, {**feeds, **state})
-    for resident in (False, True):
-        kernel = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True, one_pass=True, resident=resident)
+    kernels = {
+        label: generate(sched, smem_limit_bytes=100 * 1024, alias_views=True, one_pass=True, resident=resident)
+        for label, resident in (("launched", False), ("resident", True))
+    }
+    for kernel in kernels.values():
         assert kernel.one_pass and kernel.kernel_phases <= views.kernel_phases
-        if not resident:
-            assert kernel.digest != views.digest, f"{name}: nothing for the tactic to change"
-        outputs, _ = emulate(
-            kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path / str(resident)
-        )
-        for out in kernel.output_names:
-            err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
-            assert err.max() <= 1e-5, f"{name} {out} (resident {resident}): max rel diff {err.max():.3g}"
+    assert kernels["launched"].digest != views.digest, f"{name}: nothing for the tactic to change"
+    _one_step_emulated_against_interpreter(name, program, kernels, tmp_path, seed=6)
 
 
 @pytest.mark.parametrize(
@@ -315,9 +318,9 @@ def test_fewer_levels_in_real_models_under_emulation(name, steps, export_root, t
     (the transformers models at T = 1 on 132 blocks: Mamba 10 -> 4, Jamba 12 -> 3, GPT-2 10 -> 2,
     Llama 9 -> 2), and the emulated kernel on 32 blocks against the interpreter (launched, and a
     resident session)."""
-    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler import lower_program
     from framefuse.compiler.codegen import generate
-    from framefuse.compiler.emulate import compiler, emulate
+    from framefuse.compiler.emulate import compiler
     from framefuse.compiler.schedule import schedule
 
     if compiler() is None:
@@ -327,15 +330,8 @@ def test_fewer_levels_in_real_models_under_emulation(name, steps, export_root, t
     fewer = schedule(program, **sizes)
     sched = schedule(program, **sizes, replicated_dot_macs=1 << 15)  # as the tactic
     assert sched.levels() < fewer.levels(), f"{name}: no level for the tactic to cut"
-    rng = np.random.default_rng(6)
-    feeds = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.inputs.items()}
-    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
-    expected = naive.run(program, {**feeds, **state})
-    for resident in (False, True):
-        kernel = generate(sched, smem_limit_bytes=200 * 1024, alias_views=True, one_pass=True, resident=resident)
-        outputs, _ = emulate(
-            kernel, {n: v[None] for n, v in feeds.items()}, state, steps=1, workdir=tmp_path / str(resident)
-        )
-        for out in kernel.output_names:
-            err = np.abs(outputs[out][0] - expected[out]) / (1 + np.abs(expected[out]))
-            assert err.max() <= 1e-5, f"{name} {out} (resident {resident}): max rel diff {err.max():.3g}"
+    kernels = {
+        label: generate(sched, smem_limit_bytes=200 * 1024, alias_views=True, one_pass=True, resident=resident)
+        for label, resident in (("launched", False), ("resident", True))
+    }
+    _one_step_emulated_against_interpreter(name, program, kernels, tmp_path, seed=6)
