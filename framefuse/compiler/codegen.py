@@ -3348,7 +3348,7 @@ def generate(
         gen.alias_views,
         gen.task_phases(),
         gen.phase_one_pass or gen.root_in_warp,
-        getattr(gen, "copied_floats", 0),
+        gen.copied_floats,
     )
 
 
