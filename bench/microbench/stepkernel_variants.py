@@ -64,6 +64,13 @@ COMPILE_VARIANTS = {
     "use-fast-math": ("--use_fast_math",),  # NaN in GPT-2's GELU: powf of a negative base
 }
 
+# the build's stepkernel-fewer-phases tactic as compiler settings
+FEWER_PHASES_SETTINGS = [
+    ("codegen", "ALIAS_VIEWS", True),
+    ("codegen", "PHASE_ONE_PASS", True),
+    ("codegen", "ROOT_IN_ARRAY_WARP", True),
+    ("schedule", "RECOMPUTED_SCALARS", 64),
+]
 SCHEDULE_VARIANTS = {
     "host-write-8": ("schedule", "HOST_WRITE_CHUNK", 8),
     "host-write-4": ("schedule", "HOST_WRITE_CHUNK", 4),
@@ -113,23 +120,12 @@ SCHEDULE_VARIANTS = {
     # a head's or a row's few cheap scalars recomputed by their readers (schedule.RECOMPUTED_SCALARS)
     "recomputed-scalars": ("schedule", "RECOMPUTED_SCALARS", 64),
     # the build's stepkernel-fewer-phases tactic: the four above together
-    "fewer-phases": [
-        ("codegen", "ALIAS_VIEWS", True),
-        ("codegen", "PHASE_ONE_PASS", True),
-        ("codegen", "ROOT_IN_ARRAY_WARP", True),
-        ("schedule", "RECOMPUTED_SCALARS", 64),
-    ],
+    "fewer-phases": FEWER_PHASES_SETTINGS,
     # a product every block of its reader needs whole computed by each of them where a block's share
     # is at most 2^15 multiply-adds, not published a level earlier (schedule.REPLICATED_DOT_MACS:
     # mamba's x_proj, delta_net's and Jamba's; the build's stepkernel-fewer-levels with fewer-phases)
     "replicated-products": ("schedule", "REPLICATED_DOT_MACS", 1 << 15),
-    "fewer-levels": [
-        ("codegen", "ALIAS_VIEWS", True),
-        ("codegen", "PHASE_ONE_PASS", True),
-        ("codegen", "ROOT_IN_ARRAY_WARP", True),
-        ("schedule", "RECOMPUTED_SCALARS", 64),
-        ("schedule", "REPLICATED_DOT_MACS", 1 << 15),
-    ],
+    "fewer-levels": [*FEWER_PHASES_SETTINGS, ("schedule", "REPLICATED_DOT_MACS", 1 << 15)],
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads
