@@ -637,9 +637,11 @@ HYBRID_THREADS = 512
 # A recurrence on one block (nn.LSTM / nn.GRU hidden 64, one direction) with each unit split over
 # a few lanes of one warp (codegen.recur_lanes: each lane its K split of the unit's gate rows in
 # registers, the sums met by shuffles, one barrier a position instead of two; emulated under
-# ThreadSanitizer, session 49). Not timed on a GPU yet: nn.LSTM hidden 64, T = 256, one direction,
-# is where the plain kernel ties cuDNN (146.4 against 145.9 us, H200, session 49). Built only where
-# such a recurrence is: no candidate to time elsewhere.
+# ThreadSanitizer, session 49), for nn.LSTM hidden 64, T = 256, one direction, where the plain
+# kernel ties cuDNN (146.4 against 145.9 us, H200, session 49). Slower on the H100 (session 54,
+# bench/h100/2026-12-05-s54/, device time plain / lanes at 256 threads: that LSTM 132.9 / 152.0 us,
+# the GRU 126.7 / 132.8): kept a candidate, never kept where slower. Built only where such a
+# recurrence is: no candidate to time elsewhere.
 STEPKERNEL_LANES = "stepkernel-lanes"
 # A task's array that is a view of another of its arrays at a constant offset (a product's input
 # rows cut out of the staged frame) read where that array lies, not copied: a phase and a barrier
@@ -659,8 +661,11 @@ STEPKERNEL_VIEWS = "stepkernel-views"
 # H100, session 53 (bench/h100/2026-12-05-s53/), baseline / this tactic at 256 threads: faster in
 # each of the ten zoo step kernels timed, 3.4-6.6 %: min_gru 9.65 / 9.29 us, min_lstm 10.30 / 9.67,
 # gru 9.95 / 9.57, lstm 10.01 / 9.35, gated_ssm 11.15 / 10.69, attention 14.33 / 13.84, liquid 14.12 /
-# 13.52, jamba 16.37 / 15.58, delta_net 16.26 / 15.67, mamba 18.92 / 18.08 (xlstm not reached; the
-# windows and the real models not yet timed: so a tactic, not the default, for now).
+# 13.52, jamba 16.37 / 15.58, delta_net 16.26 / 15.67, mamba 18.92 / 18.08; session 54
+# (bench/h100/2026-12-05-s54/): xlstm 20.6 / 19.8, transformers Mamba, Jamba, GPT-2 at T = 1 and
+# GPT-2 at T = 32 1-10 % faster, but Llama at T = 1 14.04 / 14.68 and the lstm window at T = 32
+# 61.3 / 62.3 slower (mamba, xlstm, nn.LSTM bidirectional windows within +0.5 %): so a tactic the
+# build times per model, not the default.
 STEPKERNEL_FEWER_PHASES = "stepkernel-fewer-phases"
 STEPKERNEL_WIDE_FEWER_PHASES = "stepkernel-384-threads-fewer-phases"
 # ... and scheduled with a head's or a row's few scalars (xLSTM's and delta_net's per-head norms'
