@@ -229,9 +229,19 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
     from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.runtime.pipeline import prepare
 
-    arch, plus, variant = arch.partition("+")
-    if plus and variant != "lanes":
-        raise SystemExit(f"--sweep {arch}+{variant}: the only variant is +lanes (codegen.RECUR_LANE_CELLS on)")
+    arch, *variants = arch.split("+")
+    lanes, ahead = False, codegen.RECUR_INPUTS_AHEAD
+    for variant in variants:
+        if variant == "lanes":
+            lanes = True
+        elif variant.startswith("ahead") and variant[5:].isdigit() and int(variant[5:]) >= 1:
+            ahead = int(variant[5:])
+        else:
+            raise SystemExit(
+                f"--sweep {arch}+{variant}: variants are +lanes (codegen.RECUR_LANE_CELLS on) and +aheadN "
+                "(codegen.RECUR_INPUTS_AHEAD = N)"
+            )
+    label = "+".join([arch, *variants])
     if arch.startswith("rnn:"):  # rnn:KIND/HIDDEN/T/DIRECTIONS, one of bench/rnn_sizes.py's windows
         from bench.rnn_sizes import export_window
 
@@ -244,10 +254,11 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
     rows = []
     for grid in grids:
         for threads in threads_list:
-            entry = {"arch": arch + plus + variant, "grid": grid, "threads": threads}
-            saved = codegen.RECUR_LANE_CELLS
+            entry = {"arch": label, "grid": grid, "threads": threads}
+            saved = codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD
             try:
-                codegen.RECUR_LANE_CELLS = bool(variant) or saved
+                codegen.RECUR_LANE_CELLS = lanes or saved[0]
+                codegen.RECUR_INPUTS_AHEAD = ahead
                 compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, threads=threads)
                 plan = StepKernelPlan.of(compiled)
                 entry.update(time_plan_graph(plan, example_feeds(plan), replays=500))
@@ -256,7 +267,7 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
             except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is reported
                 entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             finally:
-                codegen.RECUR_LANE_CELLS = saved
+                codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD = saved
             say(f"sweep {entry['arch']} grid {grid} threads {threads}: {entry.get('us_per_step', entry.get('error'))}")
             rows.append(entry)
     return rows
@@ -322,7 +333,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--sweep",
         default="",
-        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on)",
+        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on; +aheadN: codegen.RECUR_INPUTS_AHEAD = N)",
     )
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")

@@ -480,6 +480,49 @@ def test_a_one_block_recurrence_splits_each_unit_over_lanes(
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
 
 
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,embed,seq,batch,threads,ahead,ring,lane_cells",
+    [  # the emulator runs a std::thread per CUDA thread (under ThreadSanitizer): small grids
+        ("lstm", 64, 7, 1, 256, 4, 4, False),  # 7 positions: the unrolled loop's last round is cut
+        ("gru", 32, 5, 2, 256, 2, 2, False),  # two batch rows
+        ("liquid", 48, 6, 1, 256, 8, 6, False),  # more than the window: as many as it has
+        ("lstm", 64, 7, 1, 256, 4, 4, True),  # the lanes loop
+    ],
+)
+def test_a_one_block_recurrence_loads_its_inputs_several_positions_ahead(
+    arch, embed, seq, batch, threads, ahead, ring, lane_cells, monkeypatch, tmp_path
+):
+    """codegen.RECUR_INPUTS_AHEAD: a recurrence on one block keeps that many positions' input
+    words in flight, a ring of registers indexed by the position loop unrolled as many times (at
+    most the window's length); at 1 the source is the one-slot loop it always was. The emulated
+    kernel (ThreadSanitizer) computes the interpreter's values, and the resident kernel over two
+    frames."""
+    from framefuse.compiler import codegen
+    from framefuse.compiler.ir import Recur
+
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    plan = schedule(program, grid=4, threads=threads)
+    assert [t.blocks for t in plan.tasks if isinstance(t.root, Recur)] == [1, 1]
+    assert codegen.RECUR_INPUTS_AHEAD == 1
+    plain = generate(plan, lane_cells=lane_cells)
+    assert plain.source.count("loaded a position ahead") == 2 and "rcs0" not in plain.source
+    monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", ahead)
+    kernel = generate(plan, lane_cells=lane_cells)
+    assert kernel.source.count(f"loaded {ring} positions ahead") == 2
+    assert kernel.source.count(f"unsigned long long rxw[{ring}][") == 2
+    assert kernel.source.count(f"for (int rcd = 0; rcd < {ring}; ++rcd)") == 2
+    assert (f"if (rcs < {seq})" in kernel.source) == (seq % ring != 0)
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+    resident = generate(plan, lane_cells=lane_cells, resident=True)  # the ring is the body's: two frames
+    assert resident.source.count(f"loaded {ring} positions ahead") == 2
+    _emulate_against_interpreter(resident, program, 2, tmp_path / "resident")
+    monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", 0)
+    with pytest.raises(CompileError, match="at least one position ahead"):
+        generate(plan, lane_cells=lane_cells)
+
+
 def test_lanes_a_unit_are_whole_warps_of_float4_splits_within_the_registers(monkeypatch):
     """recur_lanes: the most lanes (a power of two) whose threads fill whole warps of the block,
     whose K splits are whole float4s and whose gate rows fit RECUR_REGISTER_WEIGHTS; none when off."""
@@ -1728,16 +1771,22 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "xlstm/sequence+fewer",
         "mamba+levels",
         "delta_net+levels",
+        "lstm/sequence+ahead4",
     ],
 )
-def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
+def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once); after
     a colon, the products' weight format (codegen.WEIGHT_FORMATS); +views: the stepkernel-views
     tactic's kernel (codegen.ALIAS_VIEWS); +fewer: the stepkernel-fewer-phases tactic's (views,
     codegen.PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP); +levels: the stepkernel-fewer-levels tactic's
-    (those, scheduled with products recomputed by the blocks that read them)."""
+    (those, scheduled with products recomputed by the blocks that read them); +ahead4: a one-block
+    recurrence's inputs loaded four positions ahead (codegen.RECUR_INPUTS_AHEAD)."""
+    from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, ahead, _ = arch.partition("+ahead4")
+    if ahead:
+        monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", 4)
     arch, levels, _ = arch.partition("+levels")
     arch, fewer, _ = arch.partition("+fewer")
     fewer = fewer or levels
@@ -1760,6 +1809,7 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
         )
         assert kernel.alias_views is bool(views) and kernel.one_pass is bool(fewer)
         assert kernel.describe()["replicated_dot_macs"] == (1 << 15 if levels else 0)
+        assert ("loaded 4 positions ahead" in kernel.source) is bool(ahead)
         source = tmp_path / f"{kernel.name}.cu"
         source.write_text(kernel.source)
         result = subprocess.run(

@@ -1830,13 +1830,14 @@ class Generator:
         if lanes:
             self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
             return
+        ring = _InputRing(G, T, x_word) if alone else None
         if alone:
             code.items += [
-                "// the inputs of the next position, loaded a position ahead (a thread per unit)",
-                f"unsigned long long rxw[{G}];",
+                f"// the inputs of the next position{ring.ahead_text} (a thread per unit)",
+                ring.declaration,
                 f"const int rcb = tid / {H}, rcj = tid - rcb * {H}, rcu = rcj;",
                 f"if (tid < {B * H}) {{",
-                *(f"    rxw[{g}] = ffk_ll_peek({x_word('0', g)});" for g in range(G)),
+                *(f"    {line}" for line in ring.first_loads()),
                 "}",
             ]
         code.items.append("__syncthreads();")
@@ -1865,8 +1866,8 @@ class Generator:
                 f"float rw[{kr}];",
                 fill,
             ]
-        loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
-        code.items += [_ONCE, loop]
+        outer, loop = _position_loop(T, ring.ahead if ring else 1)
+        code.items += [_ONCE, outer]
         loop.items.append(f"const float* const hp = rH + (rcs & 1) * {h_floats};")
         # the staging: h before (from the second position on) and the input part, one call (alone:
         # nothing, h is already in shared memory and the inputs are loaded a position ahead)
@@ -1953,10 +1954,7 @@ class Generator:
             body = Code()
             cells.items += [
                 "const int i = tid;",
-                *(f"const float rxv{g} = ffk_ll_take(rxw[{g}], {x_word('rcs', g)}, epoch);" for g in range(G)),
-                f"if (rcs + 1 < {T}) {{",
-                *(f"    rxw[{g}] = ffk_ll_peek({x_word('(rcs + 1)', g)});" for g in range(G)),
-                "}",
+                *ring.take_and_reload(),
                 body,
             ]
         else:
@@ -2001,14 +1999,15 @@ class Generator:
         node: Recur = task.root
         G, S, H, B, T = node.gates, node.carried, node.hidden, node.batch, node.steps
         KL, active = H // lanes, B * H * lanes
+        ring = _InputRing(G, T, x_word)
         code.items += [
             f"// {lanes} lanes a unit: each holds its {KL} of K of the unit's {G} rows of R in registers; the sums",
             "// meet through shuffles and every lane applies the cell: one barrier a position",
             f"const int rcl = tid % {lanes}, rcg = tid / {lanes};",
             f"const int rcb = rcg / {H}, rcj = rcg - rcb * {H}, rcu = rcj;",
-            f"unsigned long long rxw[{G}];  // the inputs of the next position, loaded a position ahead",
+            f"{ring.declaration}  // the inputs of the next position{ring.ahead_text}",
             f"if (tid < {active}) {{",
-            *(f"    rxw[{g}] = ffk_ll_peek({x_word('0', g)});" for g in range(G)),
+            *(f"    {line}" for line in ring.first_loads()),
             "}",
             "__syncthreads();  // R, h and c in shared memory",
             f"float rw[{G * KL}];",
@@ -2026,8 +2025,8 @@ class Generator:
                 f"const float rbg{g} = tid < {active} ? __ldg(ffk_w + {w_bias} + {g * H} + rcu) : 0.0f;"
                 for g in range(G)
             ]
-        loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
-        code.items += [_ONCE, loop]
+        outer, loop = _position_loop(T, ring.ahead)
+        code.items += [_ONCE, outer]
         step = Code(f"if (tid < {active})")
         step.items += [
             f"const float* const hv = rH + (rcs & 1) * {h_floats} + rcb * {H} + rcl * {KL};",
@@ -2045,10 +2044,7 @@ class Generator:
             f"for (int o = {lanes // 2}; o > 0; o >>= 1) {{  // whole warps: {active} threads, {lanes} lanes a unit",
             *(f"    a{g} += __shfl_xor_sync(0xffffffffu, a{g}, o);" for g in range(G)),
             "}",
-            *(f"const float rxv{g} = ffk_ll_take(rxw[{g}], {x_word('rcs', g)}, epoch);" for g in range(G)),
-            f"if (rcs + 1 < {T}) {{",
-            *(f"    rxw[{g}] = ffk_ll_peek({x_word('(rcs + 1)', g)});" for g in range(G)),
-            "}",
+            *ring.take_and_reload(),
         ]
         body = Code()
         step.items.append(body)
@@ -2595,6 +2591,80 @@ RECUR_ONE_BLOCK = True
 # position instead of two, no products' parts through shared memory (Generator._recur_lane_loop).
 # Not yet timed on a GPU: off until it is (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+lanes).
 RECUR_LANE_CELLS = False
+# How many positions ahead a one-block recurrence loads its inputs (the flag-tagged words of the
+# input projection): 1 loads position t + 1 while t is computed, the load's L2 round trip hidden
+# behind one position (~0.5 us at hidden 64, two barriers); more keep that many positions' loads
+# in flight, a ring of registers (the position loop unrolled by as many, so a slot is a constant
+# index), in case a round trip under the other blocks' polling outlasts a position. Not yet timed:
+# 1 until it is (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+ahead4).
+RECUR_INPUTS_AHEAD = 1
+
+
+class _InputRing:
+    """The registers of a one-block recurrence's inputs loaded ahead (RECUR_INPUTS_AHEAD): ``G``
+    gate words a position, for positions rcs .. rcs + ahead - 1; position p in slot p % ahead,
+    which is the unrolled loop's ``rcd`` (see _position_loop). ``x_word(position, g)`` is the
+    address of a word. With ahead 1 the source is the one-slot form it always was."""
+
+    def __init__(self, G: int, T: int, x_word, ahead: int | None = None):
+        ahead = RECUR_INPUTS_AHEAD if ahead is None else int(ahead)
+        if ahead < 1:
+            raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {ahead}")
+        self.G, self.T, self.x_word = G, T, x_word
+        self.ahead = min(ahead, T) if T > 1 else 1
+
+    @property
+    def ahead_text(self) -> str:
+        return ", loaded a position ahead" if self.ahead == 1 else f", loaded {self.ahead} positions ahead"
+
+    @property
+    def declaration(self) -> str:
+        return (
+            f"unsigned long long rxw[{self.G}];"
+            if self.ahead == 1
+            else f"unsigned long long rxw[{self.ahead}][{self.G}];"
+        )
+
+    def _slot(self, g: int, d: str = "rcd") -> str:
+        return f"rxw[{g}]" if self.ahead == 1 else f"rxw[{d}][{g}]"
+
+    def first_loads(self) -> list[str]:
+        """Positions 0 .. ahead - 1 into their slots, before the loop."""
+        return [
+            f"{self._slot(g, str(d))} = ffk_ll_peek({self.x_word(str(d), g)});"
+            for d in range(self.ahead)
+            for g in range(self.G)
+        ]
+
+    def take_and_reload(self) -> list[str]:
+        """Position rcs's values (rxv0 ...) out of its slot, which then loads position rcs + ahead."""
+        later = "(rcs + 1)" if self.ahead == 1 else f"(rcs + {self.ahead})"
+        return [
+            *(
+                f"const float rxv{g} = ffk_ll_take({self._slot(g)}, {self.x_word('rcs', g)}, epoch);"
+                for g in range(self.G)
+            ),
+            f"if (rcs + {self.ahead} < {self.T}) {{",
+            *(f"    {self._slot(g)} = ffk_ll_peek({self.x_word(later, g)});" for g in range(self.G)),
+            "}",
+        ]
+
+
+def _position_loop(T: int, ahead: int) -> tuple[Code, Code]:
+    """(the loop to insert, the block its body goes in) over positions ``rcs`` < T; unrolled by
+    ``ahead`` > 1 (``rcd``, the position's slot of an _InputRing, a constant in each copy)."""
+    if ahead <= 1:
+        loop = Code(f"for (int rcs = 0; rcs < {T}; ++rcs)")
+        return loop, loop
+    outer = Code(f"for (int rcs0 = 0; rcs0 < {T}; rcs0 += {ahead})")
+    inner = Code(f"#pragma unroll\nfor (int rcd = 0; rcd < {ahead}; ++rcd)")
+    outer.items.append(inner)
+    inner.items.append("const int rcs = rcs0 + rcd;")
+    if T % ahead == 0:
+        return outer, inner
+    last = Code(f"if (rcs < {T})")  # the same for every thread of the block: its barriers stay whole
+    inner.items.append(last)
+    return outer, last
 
 
 def recur_lanes(node: Recur, threads: int, enabled: bool | None = None) -> int:

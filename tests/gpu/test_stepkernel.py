@@ -836,6 +836,24 @@ def test_the_lanes_tactic_of_a_sequence_window_matches_onnxruntime(arch, seq, ba
     assert "lanes a unit" in engine.default_plan.compiled.kernel.source
 
 
+@pytest.mark.parametrize("lanes", [False, True])
+@pytest.mark.parametrize(
+    "arch,seq,batch", [("lstm", 32, 1), ("gru", 5, 2), ("liquid", 64, 1), ("lstm", 2, 1), ("liquid", 3, 2)]
+)
+def test_inputs_loaded_several_positions_ahead_match_onnxruntime(arch, seq, batch, lanes, monkeypatch):
+    """codegen.RECUR_INPUTS_AHEAD = 4 (a one-block recurrence keeps four positions' input words in
+    flight, the position loop unrolled by four; fewer where the window is shorter) over the window
+    test's windows, in the thread-per-row loop and in the lanes loop; the source must have the ring,
+    or the test would check the one-slot loop again."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", 4)
+    engine = _check_window(arch, seq, batch, "stepkernel-lanes" if lanes else "stepkernel")
+    source = engine.default_plan.compiled.kernel.source
+    assert f"loaded {min(4, seq)} positions ahead" in source
+    assert ("lanes a unit" in source) is lanes
+
+
 @pytest.mark.parametrize(
     "kind,hidden,seq,dirs,tactic",
     [
