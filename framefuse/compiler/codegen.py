@@ -2589,7 +2589,8 @@ RECUR_ONE_BLOCK = True
 # ... and splits each unit over a few lanes of one warp (each lane its K split of the unit's gate
 # rows in registers, the sums exchanged by shuffles, the cell in every lane): one barrier a
 # position instead of two, no products' parts through shared memory (Generator._recur_lane_loop).
-# Not yet timed on a GPU: off until it is (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+lanes).
+# Off: slower on the H100 (session 54, bench/h100/2026-12-05-s54/: nn.LSTM hidden 64, T = 256,
+# 132.9 -> 152.0 us device time); the build's stepkernel-lanes tactic still times it where it applies.
 RECUR_LANE_CELLS = False
 # How many positions ahead a one-block recurrence loads its inputs (the flag-tagged words of the
 # input projection): 1 loads position t + 1 while t is computed, the load's L2 round trip hidden
