@@ -1,0 +1,52 @@
+"""bench/stepkernel.py's --sweep variants on the CPU: +lanes and +aheadN set the code settings
+for their rows only (a row that cannot run here, without a GPU, is reported, not raised), and an
+unknown variant is refused in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def stepkernel_bench():
+    sys.path.insert(0, str(BENCH))  # the script imports its neighbours (rnn_sizes, e2e) by name
+    try:
+        spec = importlib.util.spec_from_file_location("framefuse_bench_stepkernel", BENCH / "stepkernel.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_a_sweep_variant_sets_its_settings_for_its_rows_only(stepkernel_bench, tmp_path, monkeypatch):
+    from framefuse.compiler import codegen
+    from framefuse.compiler import engine as compiler_engine
+
+    seen = []
+
+    class Refused(RuntimeError):
+        pass
+
+    def compiled_step(program, **kwargs):  # what the row would build: the settings in force then
+        seen.append((codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD, kwargs["threads"]))
+        raise Refused("no GPU here")
+
+    monkeypatch.setattr(compiler_engine, "CompiledStep", compiled_step)
+    rows = stepkernel_bench.sweep("rnn:LSTM/64/3/1+lanes+ahead4", tmp_path, [4], [128, 256])
+    assert [row["arch"] for row in rows] == ["rnn:LSTM/64/3/1+lanes+ahead4"] * 2
+    assert all("Refused: no GPU here" in row["error"] for row in rows)
+    assert seen == [(True, 4, 128), (True, 4, 256)]
+    assert (codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD) == (False, 1)  # restored
+
+
+@pytest.mark.parametrize("variant", ["ahead0", "ahead", "wide"])
+def test_an_unknown_sweep_variant_is_refused(stepkernel_bench, tmp_path, variant):
+    with pytest.raises(SystemExit, match=r"variants are \+lanes .* and \+aheadN"):
+        stepkernel_bench.sweep(f"rnn:LSTM/64/3/1+{variant}", tmp_path, [4], [256])
