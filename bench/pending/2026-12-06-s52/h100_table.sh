@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 54: issue 17's benchmark, complete, on the H100 (the issue's device; H200s have not been
-# lent since session 49, and bench/e2e.py --merge refuses rows of different GPUs, so the H200 table
+# Session 54: issue 17's benchmark, complete, on the H100 (the issue's device; H200s were not
+# lent in sessions 51-53, and bench/e2e.py --merge refuses rows of different GPUs, so the H200 table
 # of bench/h200/2026-12-05-s49/merged/ cannot take H100 rows). One call of the device tool per
 # argument, each ~500-570 s, every peer in the same run per row, full settings, the build's own
 # selection; about eleven calls over three sessions (row times from sessions 47-54: zoo T = 1
