@@ -3,7 +3,8 @@
 # recurrence's inputs several positions ahead (codegen.RECUR_INPUTS_AHEAD, 1 today) take the L2
 # round trip off its positions? nn.LSTM / nn.GRU hidden 64, T = 256, one direction (where the plain
 # kernel ties cuDNN: ~0.52 us a position on the H100, ~900 cycles for two barriers and 64
-# multiply-adds a thread), device time by depth 1 / 2 / 4 / 8, the lanes loop too; then the GPU tests
+# multiply-adds a thread), device time by depth 1 / 2 / 4 / 8 (nvcc 13, sm_90: no spills at 4; at 8 the
+# LSTM's kernel spills 32 bytes at 384 threads, 206 registers at 256), the lanes loop too; then the GPU tests
 # of the ring against ONNX Runtime, memcheck and racecheck on one of them; then the racecheck that
 # crashed in session 54 (xlstm's small fewer-levels kernel), alone.
 set -u
