@@ -2607,8 +2607,8 @@ class _InputRing:
     which is the unrolled loop's ``rcd`` (see _position_loop). ``x_word(position, g)`` is the
     address of a word. With ahead 1 the source is the one-slot form it always was."""
 
-    def __init__(self, G: int, T: int, x_word, ahead: int | None = None):
-        ahead = RECUR_INPUTS_AHEAD if ahead is None else int(ahead)
+    def __init__(self, G: int, T: int, x_word):
+        ahead = RECUR_INPUTS_AHEAD
         if ahead < 1:
             raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {ahead}")
         self.G, self.T, self.x_word = G, T, x_word
@@ -2639,7 +2639,7 @@ class _InputRing:
 
     def take_and_reload(self) -> list[str]:
         """Position rcs's values (rxv0 ...) out of its slot, which then loads position rcs + ahead."""
-        later = "(rcs + 1)" if self.ahead == 1 else f"(rcs + {self.ahead})"
+        later = f"(rcs + {self.ahead})"
         return [
             *(
                 f"const float rxv{g} = ffk_ll_take({self._slot(g)}, {self.x_word('rcs', g)}, epoch);"
