@@ -223,23 +223,25 @@ def resident_rows(engine, frames, ref_y, ref_state, pool, args) -> dict:
 def sweep(arch: str, root: Path, grids, threads_list) -> list:
     import torch
 
-    from framefuse.compiler import codegen, lower_program
+    from framefuse.compiler import lower_program
     from framefuse.compiler.engine import CompiledStep
     from framefuse.engines.fusion import example_feeds, time_plan_graph
     from framefuse.engines.stepkernel import StepKernelPlan
     from framefuse.runtime.pipeline import prepare
 
     arch, *variants = arch.split("+")
-    lanes, ahead = False, codegen.RECUR_INPUTS_AHEAD
+    settings = {}  # CompiledStep's arguments for the variants (their defaults: the codegen settings)
     for variant in variants:
         if variant == "lanes":
-            lanes = True
+            settings["lane_cells"] = True
         elif variant.startswith("ahead") and variant[5:].isdigit() and int(variant[5:]) >= 1:
-            ahead = int(variant[5:])
+            settings["inputs_ahead"] = int(variant[5:])
+        elif variant == "together":
+            settings["take_together"] = True
         else:
             raise SystemExit(
-                f"--sweep {arch}+{variant}: variants are +lanes (codegen.RECUR_LANE_CELLS on) and +aheadN "
-                "(codegen.RECUR_INPUTS_AHEAD = N)"
+                f"--sweep {arch}+{variant}: variants are +lanes (codegen.RECUR_LANE_CELLS on), +aheadN "
+                "(codegen.RECUR_INPUTS_AHEAD = N) and +together (codegen.RECUR_TAKE_TOGETHER on)"
             )
     label = "+".join([arch, *variants])
     if arch.startswith("rnn:"):  # rnn:KIND/HIDDEN/T/DIRECTIONS, one of bench/rnn_sizes.py's windows
@@ -255,19 +257,14 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
     for grid in grids:
         for threads in threads_list:
             entry = {"arch": label, "grid": grid, "threads": threads}
-            saved = codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD
             try:
-                codegen.RECUR_LANE_CELLS = lanes or saved[0]
-                codegen.RECUR_INPUTS_AHEAD = ahead
-                compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, threads=threads)
+                compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, threads=threads, **settings)
                 plan = StepKernelPlan.of(compiled)
                 entry.update(time_plan_graph(plan, example_feeds(plan), replays=500))
                 entry["levels"] = compiled.schedule.levels()
                 entry["registers"] = compiled.fn.attribute("NUM_REGS")
             except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is reported
                 entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            finally:
-                codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD = saved
             say(f"sweep {entry['arch']} grid {grid} threads {threads}: {entry.get('us_per_step', entry.get('error'))}")
             rows.append(entry)
     return rows
@@ -333,7 +330,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--sweep",
         default="",
-        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on; +aheadN: codegen.RECUR_INPUTS_AHEAD = N)",
+        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on; +aheadN: codegen.RECUR_INPUTS_AHEAD = N; +together: codegen.RECUR_TAKE_TOGETHER on)",
     )
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")

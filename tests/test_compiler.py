@@ -523,6 +523,51 @@ def test_a_one_block_recurrence_loads_its_inputs_several_positions_ahead(
         generate(plan, lane_cells=lane_cells)
 
 
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,embed,seq,batch,ahead,lane_cells",
+    [  # the emulator runs a std::thread per CUDA thread (under ThreadSanitizer): small grids
+        ("lstm", 64, 7, 1, 1, False),  # four words a position
+        ("gru", 32, 5, 2, 2, False),  # two batch rows, the ring two deep
+        ("lstm", 64, 7, 1, 4, True),  # the lanes loop, the ring four deep
+    ],
+)
+def test_a_one_block_recurrence_checks_its_input_words_with_one_branch(
+    arch, embed, seq, batch, ahead, lane_cells, tmp_path
+):
+    """generate(take_together=True) (codegen.RECUR_TAKE_TOGETHER, off by default): the cell threads
+    test that every input word of a position was current when loaded in one condition and wait
+    word by word only in the other branch; the emulated kernel (ThreadSanitizer), where the input
+    projection's blocks run beside the recurrence and words are often not current yet, computes
+    the interpreter's values, and the resident kernel over two frames."""
+    from framefuse.compiler import codegen
+    from framefuse.compiler.ir import Recur
+
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    plan = schedule(program, grid=4, threads=256)
+    recurrences = [t for t in plan.tasks if isinstance(t.root, Recur)]
+    assert [t.blocks for t in recurrences] == [1, 1]
+    gates = recurrences[0].root.gates
+    assert codegen.RECUR_TAKE_TOGETHER is False
+    plain = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead)
+    assert "& ffk_ll_current(" not in plain.source and not plain.take_together
+    kernel = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=True)
+    assert kernel.take_together and kernel.describe()["take_together"] is True
+    slot = "rxw[rcd]" if ahead > 1 else "rxw"
+    together = " & ".join(f"ffk_ll_current({slot}[{g}], epoch)" for g in range(gates))
+    assert kernel.source.count(f"if ({together})") == 2
+    assert kernel.source.count(f"rxv0 = ffk_ll_value({slot}[0]);") == 2
+    assert kernel.source.count(f"rxv{gates - 1} = ffk_ll_take({slot}[{gates - 1}], ") == 2  # the waits
+    assert kernel.source.count("const float rxv0 = ffk_ll_take(") == 0
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+    resident = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=True, resident=True)
+    assert resident.source.count(f"if ({together})") == 2
+    _emulate_against_interpreter(resident, program, 2, tmp_path / "resident")
+    with pytest.raises(CompileError, match="at least one position ahead"):
+        generate(plan, inputs_ahead=0)
+
+
 def test_lanes_a_unit_are_whole_warps_of_float4_splits_within_the_registers(monkeypatch):
     """recur_lanes: the most lanes (a power of two) whose threads fill whole warps of the block,
     whose K splits are whole float4s and whose gate rows fit RECUR_REGISTER_WEIGHTS; none when off."""
@@ -1772,21 +1817,21 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "mamba+levels",
         "delta_net+levels",
         "lstm/sequence+ahead4",
+        "lstm/sequence+together",
     ],
 )
-def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
+def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once); after
     a colon, the products' weight format (codegen.WEIGHT_FORMATS); +views: the stepkernel-views
     tactic's kernel (codegen.ALIAS_VIEWS); +fewer: the stepkernel-fewer-phases tactic's (views,
     codegen.PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP); +levels: the stepkernel-fewer-levels tactic's
     (those, scheduled with products recomputed by the blocks that read them); +ahead4: a one-block
-    recurrence's inputs loaded four positions ahead (codegen.RECUR_INPUTS_AHEAD)."""
-    from framefuse.compiler import codegen
+    recurrence's inputs loaded four positions ahead (codegen.RECUR_INPUTS_AHEAD); +together: its
+    input words checked with one branch a position (codegen.RECUR_TAKE_TOGETHER)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, together, _ = arch.partition("+together")
     arch, ahead, _ = arch.partition("+ahead4")
-    if ahead:
-        monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", 4)
     arch, levels, _ = arch.partition("+levels")
     arch, fewer, _ = arch.partition("+fewer")
     fewer = fewer or levels
@@ -1806,10 +1851,13 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
             one_pass=bool(fewer),
             recomputed_scalars=64 if fewer else None,
             replicated_dot_macs=1 << 15 if levels else None,
+            inputs_ahead=4 if ahead else None,
+            take_together=bool(together),
         )
         assert kernel.alias_views is bool(views) and kernel.one_pass is bool(fewer)
         assert kernel.describe()["replicated_dot_macs"] == (1 << 15 if levels else 0)
         assert ("loaded 4 positions ahead" in kernel.source) is bool(ahead)
+        assert ("// one branch for the position's words" in kernel.source) is bool(together)
         source = tmp_path / f"{kernel.name}.cu"
         source.write_text(kernel.source)
         result = subprocess.run(
@@ -2201,6 +2249,8 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-384-threads-replica-cap",
         "stepkernel-512-threads",
         "stepkernel-lanes",
+        "stepkernel-384-threads-ahead-4",
+        "stepkernel-384-threads-ahead-8",
         "stepkernel-views",
         "stepkernel-fewer-phases",
         "stepkernel-384-threads-fewer-phases",

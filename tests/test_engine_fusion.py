@@ -508,6 +508,9 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
     assert sources["stepkernel-replica-cap"].schedule is sources["stepkernel"].schedule
     assert digests["stepkernel-replica-cap"] == digests["stepkernel"]
     assert digests["stepkernel-384-threads-replica-cap"] == digests["stepkernel-384-threads"]
+    # no recurrence whose inputs a ring could load ahead: the 384-thread kernel
+    assert digests["stepkernel-384-threads-ahead-4"] == digests["stepkernel-384-threads"]
+    assert digests["stepkernel-384-threads-ahead-8"] == digests["stepkernel-384-threads"]
     assert len(set(digests.values())) == len(compiled) >= 5
     assert sources["stepkernel-fewer-blocks"].grid == round(132 * 0.75)
     assert sources["stepkernel-384-threads"].threads == WIDE_THREADS
@@ -519,6 +522,33 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
         assert s.fast_math and s.cc == 90 and s.nvrtc_options == ("-ftz=true", "-prec-div=false", "-prec-sqrt=false")
     assert len(log) == 1 and log[0].startswith(f"stepkernel: {len(compiled)} tactic source(s) generated and compiled")
     assert f"({0.25 * len(compiled):.1f} s of NVRTC compiles" in log[0]
+
+
+def test_the_ahead_tactics_load_a_one_block_recurrences_inputs_ahead(monkeypatch, tmp_path):
+    """stepkernel-384-threads-ahead-4 / -8 (codegen.RECUR_INPUTS_AHEAD at 384 threads): for an
+    nn.GRU window whose recurrence is on one block, sources of their own with the ring 4 deep and
+    as deep as the window (7 < 8); the same schedule as stepkernel-384-threads."""
+    import importlib.util
+    from pathlib import Path
+
+    from framefuse.compiler.engine import prepare_tactics
+    from framefuse.engines.fusion import STEPKERNELS
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "cache"))
+    script = Path(__file__).resolve().parent.parent / "bench" / "rnn_sizes.py"
+    spec = importlib.util.spec_from_file_location("framefuse_bench_rnn_sizes", script)
+    rnn_sizes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rnn_sizes)
+    fused = rnn_sizes.export_window("GRU", 64, 7, 1, tmp_path / "window")["fused"]
+    names = ("stepkernel-384-threads", "stepkernel-384-threads-ahead-4", "stepkernel-384-threads-ahead-8")
+    sources = prepare_tactics(str(fused), H100_PROPS, {k: STEPKERNELS[k] for k in names}, compile_image=lambda s: 0.0)
+    plain, four, eight = (sources[k] for k in names)
+    assert len({plain.kernel.digest, four.kernel.digest, eight.kernel.digest}) == 3
+    assert four.schedule is plain.schedule and eight.schedule is plain.schedule
+    assert four.threads == eight.threads == 384
+    assert "loaded a position ahead" in plain.kernel.source
+    assert "loaded 4 positions ahead" in four.kernel.source and four.kernel.inputs_ahead == 4
+    assert "loaded 7 positions ahead" in eight.kernel.source and eight.kernel.inputs_ahead == 8
 
 
 def test_replica_cap_tactics_put_attentions_output_projections_on_fewer_blocks(monkeypatch, tmp_path):
@@ -650,6 +680,8 @@ def test_stepkernel_candidates_load_each_distinct_tactic_from_its_prepared_sourc
             "stepkernel-384-threads-replica-cap",
             "stepkernel-512-threads",
             "stepkernel-lanes",
+            "stepkernel-384-threads-ahead-4",  # no one-block recurrence: stepkernel-384-threads
+            "stepkernel-384-threads-ahead-8",
         }
         assert list(candidates) == [k for k in STEPKERNELS if k not in same]
         assert [c.compiled.kernel.identity for c in candidates.values()] == [s.kernel.identity for s in loaded]

@@ -114,6 +114,8 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-384-threads-replica-cap",
             "stepkernel-512-threads",
             "stepkernel-lanes",
+            "stepkernel-384-threads-ahead-4",
+            "stepkernel-384-threads-ahead-8",
             "stepkernel-views",
             "stepkernel-fewer-phases",
             "stepkernel-384-threads-fewer-phases",
@@ -132,7 +134,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "not rolled into a loop, stepkernel-replica-cap / stepkernel-384-threads-replica-cap: a task whose blocks "
         "each copy the same values whole, such as attention's KV caches, on fewer blocks, stepkernel-512-threads: "
         "blocks of 512 threads where a recurrence holds its weights partly in registers, hidden 1024, stepkernel-lanes: "
-        "a one-block recurrence's units split over lanes of a warp, stepkernel-views: a task's views of its own arrays, "
+        "a one-block recurrence's units split over lanes of a warp, stepkernel-384-threads-ahead-4 / -8: blocks of "
+        "384 threads, a one-block recurrence's inputs loaded 4 / 8 positions ahead, stepkernel-views: a task's views of its own arrays, "
         "such as a product's rows cut out of the frame, read where those lie instead of copied, "
         "stepkernel-fewer-phases / stepkernel-384-threads-fewer-phases: those views, a phase's products and "
         "reductions in one pass of the warps, a root that publishes its one product computed by that "

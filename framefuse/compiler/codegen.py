@@ -186,6 +186,8 @@ class Generator:
         lane_cells: bool | None = None,
         alias_views: bool | None = None,
         one_pass: bool | None = None,
+        inputs_ahead: int | None = None,
+        take_together: bool | None = None,
     ):
         if weight_format not in WEIGHT_FORMATS:
             raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
@@ -210,6 +212,10 @@ class Generator:
         self.paced_copies = PREFETCH_PACED if paced_copies is None else bool(paced_copies)
         self.skewed_sums = SKEWED_SUM_WALK if skewed_sums is None else bool(skewed_sums)
         self.lane_cells = RECUR_LANE_CELLS if lane_cells is None else bool(lane_cells)
+        self.inputs_ahead = RECUR_INPUTS_AHEAD if inputs_ahead is None else int(inputs_ahead)
+        self.take_together = RECUR_TAKE_TOGETHER if take_together is None else bool(take_together)
+        if self.inputs_ahead < 1:
+            raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {self.inputs_ahead}")
         self.alias_views = ALIAS_VIEWS if alias_views is None else bool(alias_views)
         # one_pass: both PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP (with the views: the build's stepkernel-fewer-phases)
         self.phase_one_pass = PHASE_ONE_PASS if one_pass is None else bool(one_pass)
@@ -1830,7 +1836,7 @@ class Generator:
         if lanes:
             self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
             return
-        ring = _InputRing(G, T, x_word) if alone else None
+        ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together) if alone else None
         if alone:
             code.items += [
                 f"// the inputs of the next position{ring.ahead_text} (a thread per unit)",
@@ -1999,7 +2005,7 @@ class Generator:
         node: Recur = task.root
         G, S, H, B, T = node.gates, node.carried, node.hidden, node.batch, node.steps
         KL, active = H // lanes, B * H * lanes
-        ring = _InputRing(G, T, x_word)
+        ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together)
         code.items += [
             f"// {lanes} lanes a unit: each holds its {KL} of K of the unit's {G} rows of R in registers; the sums",
             "// meet through shuffles and every lane applies the cell: one barrier a position",
@@ -2596,23 +2602,35 @@ RECUR_LANE_CELLS = False
 # input projection): 1 loads position t + 1 while t is computed, the load's L2 round trip hidden
 # behind one position (~0.5 us at hidden 64, two barriers); more keep that many positions' loads
 # in flight, a ring of registers (the position loop unrolled by as many, so a slot is a constant
-# index), in case a round trip under the other blocks' polling outlasts a position. Not yet timed:
-# 1 until it is (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+ahead4).
+# index). H100, session 55 (bench/h100/2026-12-05-s55/, device time at 256 / 384 threads, depth 1 /
+# 2 / 4 / 8): nn.GRU hidden 64, T = 256 123.5 -> 120.6 / 118.2 / 111.1 us at 384 threads (-10 %), but
+# nn.LSTM the same size 131.7 -> 129.6 / 129.9 / 162.2 (its depth-8 kernel spills): no depth wins
+# at both, so 1 stays the default and the build times depths 4 and 8 at 384 threads
+# (engines/fusion.py's stepkernel-384-threads-ahead-4 / -8). Generator(inputs_ahead=) overrides it.
 RECUR_INPUTS_AHEAD = 1
+# A one-block recurrence's cell threads check that a position's G input words were current when
+# loaded with one branch for all of them (ffk_ll_current, ffk_ll_value; the waits, rare, in the
+# branch not taken) instead of ffk_ll_take's branch and reconvergence a word: ptxas for sm_90 gives
+# each take ~7 instructions and ~25-30 cycles of fixed stalls on the position's critical path
+# (~110 of a position's ~820 cycles for an LSTM's four words, bench/microbench/recur_position.cu
+# and bench/h100/2026-12-05-s55/README.md). Not timed on a GPU yet: off until it is
+# (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+together). Generator(take_together=) overrides it.
+RECUR_TAKE_TOGETHER = False
 
 
 class _InputRing:
-    """The registers of a one-block recurrence's inputs loaded ahead (RECUR_INPUTS_AHEAD): ``G``
-    gate words a position, for positions rcs .. rcs + ahead - 1; position p in slot p % ahead,
-    which is the unrolled loop's ``rcd`` (see _position_loop). ``x_word(position, g)`` is the
-    address of a word. With ahead 1 the source is the one-slot form it always was."""
+    """The registers of a one-block recurrence's inputs loaded ahead (``ahead`` positions, see
+    RECUR_INPUTS_AHEAD): ``G`` gate words a position, for positions rcs .. rcs + ahead - 1;
+    position p in slot p % ahead, which is the unrolled loop's ``rcd`` (see _position_loop).
+    ``x_word(position, g)`` is the address of a word; ``together``: a position's words checked with
+    one branch (RECUR_TAKE_TOGETHER). With ahead 1 the source is the one-slot form it always was."""
 
-    def __init__(self, G: int, T: int, x_word):
-        ahead = RECUR_INPUTS_AHEAD
+    def __init__(self, G: int, T: int, x_word, ahead: int, together: bool = False):
         if ahead < 1:
             raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {ahead}")
         self.G, self.T, self.x_word = G, T, x_word
         self.ahead = min(ahead, T) if T > 1 else 1
+        self.together = together
 
     @property
     def ahead_text(self) -> str:
@@ -2637,14 +2655,28 @@ class _InputRing:
             for g in range(self.G)
         ]
 
-    def take_and_reload(self) -> list[str]:
+    def take_and_reload(self) -> list:
         """Position rcs's values (rxv0 ...) out of its slot, which then loads position rcs + ahead."""
         later = f"(rcs + {self.ahead})"
-        return [
-            *(
+        if self.together:
+            values = Code("if (" + " & ".join(f"ffk_ll_current({self._slot(g)}, epoch)" for g in range(self.G)) + ")")
+            values.items += [f"rxv{g} = ffk_ll_value({self._slot(g)});" for g in range(self.G)]
+            waits = Code("else")  # a word was not current when it was loaded: wait for each
+            waits.items += [
+                f"rxv{g} = ffk_ll_take({self._slot(g)}, {self.x_word('rcs', g)}, epoch);" for g in range(self.G)
+            ]
+            takes = [
+                "float " + ", ".join(f"rxv{g}" for g in range(self.G)) + ";  // one branch for the position's words",
+                values,
+                waits,
+            ]
+        else:
+            takes = [
                 f"const float rxv{g} = ffk_ll_take({self._slot(g)}, {self.x_word('rcs', g)}, epoch);"
                 for g in range(self.G)
-            ),
+            ]
+        return [
+            *takes,
             f"if (rcs + {self.ahead} < {self.T}) {{",
             *(f"    {self._slot(g)} = ffk_ll_peek({self.x_word(later, g)});" for g in range(self.G)),
             "}",
@@ -3282,6 +3314,8 @@ class Kernel:
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
     one_pass: bool = False  # PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP (the stepkernel-fewer-phases tactics)
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
+    inputs_ahead: int = 1  # a one-block recurrence's inputs loaded this many positions ahead (RECUR_INPUTS_AHEAD)
+    take_together: bool = False  # ... and a position's words checked with one branch (RECUR_TAKE_TOGETHER)
 
     @property
     def kernel_phases(self) -> int:
@@ -3353,6 +3387,8 @@ class Kernel:
                 "one_pass": self.one_pass,
                 "kernel_phases": self.kernel_phases,
                 "copied_bytes": 4 * self.copied_floats,
+                "inputs_ahead": self.inputs_ahead,
+                "take_together": self.take_together,
             }
         )
         return info
@@ -3373,6 +3409,8 @@ def generate(
     lane_cells: bool | None = None,
     alias_views: bool | None = None,
     one_pass: bool | None = None,
+    inputs_ahead: int | None = None,
+    take_together: bool | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
@@ -3383,7 +3421,8 @@ def generate(
     weights are already rounded: the kernel then computes with the very values the graph holds);
     ``lane_cells``: see recur_lanes (default RECUR_LANE_CELLS); ``alias_views``: see ALIAS_VIEWS
     (its default); ``one_pass``: PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP both on or off (default: each
-    setting's own)."""
+    setting's own); ``inputs_ahead``, ``take_together``: a one-block recurrence's input loads, see
+    RECUR_INPUTS_AHEAD and RECUR_TAKE_TOGETHER (their defaults)."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
@@ -3398,6 +3437,8 @@ def generate(
         lane_cells=lane_cells,
         alias_views=alias_views,
         one_pass=one_pass,
+        inputs_ahead=inputs_ahead,
+        take_together=take_together,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -3420,6 +3461,8 @@ def generate(
         gen.task_phases(),
         gen.phase_one_pass or gen.root_in_warp,
         gen.copied_floats,
+        gen.inputs_ahead,
+        gen.take_together,
     )
 
 

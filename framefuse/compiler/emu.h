@@ -171,6 +171,8 @@ inline unsigned long long ffk_ll_peek(const unsigned long long* p) {
 inline float ffk_ll_take(unsigned long long word, const unsigned long long* p, unsigned epoch) {
     return (unsigned)(word >> 32) == epoch ? __uint_as_float((unsigned)word) : ffk_ll_wait(p, epoch);
 }
+inline bool ffk_ll_current(unsigned long long word, unsigned epoch) { return (unsigned)(word >> 32) == epoch; }
+inline float ffk_ll_value(unsigned long long word) { return __uint_as_float((unsigned)word); }
 inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void ffk_store_done(unsigned* p, unsigned epoch) {

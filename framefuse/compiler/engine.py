@@ -104,6 +104,8 @@ def prepare_step(
     lane_cells: bool | None = None,
     alias_views: bool | None = None,
     one_pass: bool | None = None,
+    inputs_ahead: int | None = None,
+    take_together: bool | None = None,
     recomputed_scalars: int | None = None,
     replicated_dot_macs: int | None = None,
 ) -> StepSource:
@@ -119,7 +121,9 @@ def prepare_step(
     ``alias_views``: views of a task's arrays read where those lie, codegen.ALIAS_VIEWS; where
     there is none, the plain source; ``one_pass``: a phase's products and reductions in one pass
     of the warps and a root computed by its one product's lanes, codegen.PHASE_ONE_PASS and
-    codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source; ``recomputed_scalars``:
+    codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source; ``inputs_ahead``,
+    ``take_together``: a one-block recurrence's input loads, codegen.RECUR_INPUTS_AHEAD and
+    codegen.RECUR_TAKE_TOGETHER; where none is, the plain source; ``recomputed_scalars``:
     scheduled with arrays of at most this many cheap scalars recomputed by their readers,
     schedule.RECOMPUTED_SCALARS; ``replicated_dot_macs``: scheduled with products computed by
     every block that reads them where a block's share is at most this many multiply-adds,
@@ -157,6 +161,8 @@ def prepare_step(
         lane_cells=lane_cells,
         alias_views=alias_views,
         one_pass=one_pass,
+        inputs_ahead=inputs_ahead,
+        take_together=take_together,
     )
     schedule_s = time.perf_counter() - start
     return StepSource(
@@ -314,6 +320,8 @@ class CompiledStep:
         lane_cells: bool | None = None,
         alias_views: bool | None = None,
         one_pass: bool | None = None,
+        inputs_ahead: int | None = None,
+        take_together: bool | None = None,
         recomputed_scalars: int | None = None,
         replicated_dot_macs: int | None = None,
         source: StepSource | None = None,
@@ -347,6 +355,8 @@ class CompiledStep:
                 lane_cells=lane_cells,
                 alias_views=alias_views,
                 one_pass=one_pass,
+                inputs_ahead=inputs_ahead,
+                take_together=take_together,
                 recomputed_scalars=recomputed_scalars,
                 replicated_dot_macs=replicated_dot_macs,
             )
@@ -361,6 +371,8 @@ class CompiledStep:
         self.lane_cells = self.kernel.lane_cells
         self.alias_views = self.kernel.alias_views
         self.one_pass = self.kernel.one_pass
+        self.inputs_ahead = self.kernel.inputs_ahead
+        self.take_together = self.kernel.take_together
         self.weight_format = self.kernel.weight_format
         self.lossless_rows = self.kernel.lossless_rows
         self.kernel_prefetch = source.prefetch
@@ -533,6 +545,8 @@ class CompiledStep:
                 lane_cells=self.lane_cells,
                 alias_views=self.alias_views,
                 one_pass=self.one_pass,
+                inputs_ahead=self.inputs_ahead,
+                take_together=self.take_together,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -578,6 +592,8 @@ def compile_step(
     lane_cells=None,
     alias_views=None,
     one_pass=None,
+    inputs_ahead=None,
+    take_together=None,
     recomputed_scalars=None,
     replicated_dot_macs=None,
     log=None,
@@ -587,8 +603,8 @@ def compile_step(
     ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``, ``recomputed_scalars``,
-    ``replicated_dot_macs``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``,
+    ``inputs_ahead``, ``take_together``, ``recomputed_scalars``, ``replicated_dot_macs``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -609,6 +625,8 @@ def compile_step(
         lane_cells=lane_cells,
         alias_views=alias_views,
         one_pass=one_pass,
+        inputs_ahead=inputs_ahead,
+        take_together=take_together,
         recomputed_scalars=recomputed_scalars,
         replicated_dot_macs=replicated_dot_macs,
         log=log,

@@ -82,6 +82,11 @@ FFK_DEVICE unsigned long long ffk_ll_peek(const unsigned long long* p) {
 FFK_DEVICE float ffk_ll_take(unsigned long long word, const unsigned long long* p, unsigned epoch) {
     return (unsigned)(word >> 32) == epoch ? __uint_as_float((unsigned)word) : ffk_ll_wait(p, epoch);
 }
+// A word loaded ahead: whether it was current when loaded, and its value. A recurrence checks all of
+// a position's words with one branch (codegen.RECUR_TAKE_TOGETHER) instead of ffk_ll_take's branch
+// and reconvergence for each word, which its cell threads run on every position's critical path.
+FFK_DEVICE bool ffk_ll_current(unsigned long long word, unsigned epoch) { return (unsigned)(word >> 32) == epoch; }
+FFK_DEVICE float ffk_ll_value(unsigned long long word) { return __uint_as_float((unsigned)word); }
 // Copy K ranges of flag-tagged words into shared memory as floats, waiting for each: the ranges
 // are one index space, every thread issues UNROLL loads before it checks any, and re-polls all of
 // its words that are not current yet together, so a block pays about one round trip per UNROLL *

@@ -643,6 +643,13 @@ HYBRID_THREADS = 512
 # the GRU 126.7 / 132.8): kept a candidate, never kept where slower. Built only where such a
 # recurrence is: no candidate to time elsewhere.
 STEPKERNEL_LANES = "stepkernel-lanes"
+# A one-block recurrence's input words loaded 4 or 8 positions ahead (codegen.RECUR_INPUTS_AHEAD), at
+# 384 threads. H100, session 55 (bench/h100/2026-12-05-s55/), device time against the 384-thread
+# kernel: nn.GRU hidden 64, T = 256, one direction 123.5 -> 118.2 / 111.1 us, nn.LSTM the same size
+# 131.7 -> 129.9 / 162.2 (its depth-8 kernel spills): no depth wins at both, so tactics the build
+# times. Built only where such a recurrence is: no candidate to time elsewhere.
+STEPKERNEL_WIDE_AHEAD_4 = "stepkernel-384-threads-ahead-4"
+STEPKERNEL_WIDE_AHEAD_8 = "stepkernel-384-threads-ahead-8"
 # A task's array that is a view of another of its arrays at a constant offset (a product's input
 # rows cut out of the staged frame) read where that array lies, not copied: a phase and a barrier
 # less in each such task (compiler/codegen.ALIAS_VIEWS; the zoo's step kernels at embed 256 run
@@ -712,6 +719,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_WIDE_REPLICA_CAP: {"copy_pieces": 0, "threads": WIDE_THREADS, "replica_floats": REPLICA_CAP_FLOATS},
     STEPKERNEL_HYBRID_WIDE: {"copy_pieces": 0, "hybrid_threads": HYBRID_THREADS},
     STEPKERNEL_LANES: {"copy_pieces": 0, "lane_cells": True},
+    STEPKERNEL_WIDE_AHEAD_4: {"copy_pieces": 0, "threads": WIDE_THREADS, "inputs_ahead": 4},
+    STEPKERNEL_WIDE_AHEAD_8: {"copy_pieces": 0, "threads": WIDE_THREADS, "inputs_ahead": 8},
     STEPKERNEL_VIEWS: {"copy_pieces": 0, "alias_views": True},
     STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, **FEWER_PHASES},
     STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES},

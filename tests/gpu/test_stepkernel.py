@@ -836,21 +836,26 @@ def test_the_lanes_tactic_of_a_sequence_window_matches_onnxruntime(arch, seq, ba
     assert "lanes a unit" in engine.default_plan.compiled.kernel.source
 
 
+@pytest.mark.parametrize("ahead,together", [(4, False), (1, True), (4, True)])
 @pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize(
     "arch,seq,batch", [("lstm", 32, 1), ("gru", 5, 2), ("liquid", 64, 1), ("lstm", 2, 1), ("liquid", 3, 2)]
 )
-def test_inputs_loaded_several_positions_ahead_match_onnxruntime(arch, seq, batch, lanes, monkeypatch):
+def test_inputs_loaded_several_positions_ahead_match_onnxruntime(arch, seq, batch, lanes, ahead, together, monkeypatch):
     """codegen.RECUR_INPUTS_AHEAD = 4 (a one-block recurrence keeps four positions' input words in
-    flight, the position loop unrolled by four; fewer where the window is shorter) over the window
-    test's windows, in the thread-per-row loop and in the lanes loop; the source must have the ring,
-    or the test would check the one-slot loop again."""
+    flight, the position loop unrolled by four; fewer where the window is shorter) and / or
+    codegen.RECUR_TAKE_TOGETHER (a position's words checked with one branch) over the window test's
+    windows, in the thread-per-row loop and in the lanes loop; the source must have them, or the
+    test would check the plain loop again."""
     from framefuse.compiler import codegen
 
-    monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", 4)
+    monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", ahead)
+    monkeypatch.setattr(codegen, "RECUR_TAKE_TOGETHER", together)
     engine = _check_window(arch, seq, batch, "stepkernel-lanes" if lanes else "stepkernel")
     source = engine.default_plan.compiled.kernel.source
-    assert f"loaded {min(4, seq)} positions ahead" in source
+    if ahead > 1:
+        assert f"loaded {min(ahead, seq)} positions ahead" in source
+    assert ("// one branch for the position's words" in source) is together
     assert ("lanes a unit" in source) is lanes
 
 
@@ -863,13 +868,18 @@ def test_inputs_loaded_several_positions_ahead_match_onnxruntime(arch, seq, batc
         ("GRU", 64, 3, 1, "stepkernel-lanes"),
         ("LSTM", 1024, 32, 2, "stepkernel-512-threads"),
         ("GRU", 1024, 4, 2, "stepkernel-512-threads"),
+        ("LSTM", 64, 256, 1, "stepkernel-384-threads-ahead-4"),
+        ("GRU", 64, 256, 1, "stepkernel-384-threads-ahead-8"),
+        ("LSTM", 64, 8, 2, "stepkernel-384-threads-ahead-8"),  # the ring as long as the window
+        ("GRU", 64, 5, 1, "stepkernel-384-threads-ahead-8"),  # shorter: as many as it has
     ],
 )
 def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic, tmp_path):
-    """The two tactics built for bench/rnn_sizes.py's ties with cuDNN, on its own exports:
-    stepkernel-lanes where one block holds a direction's recurrence (hidden 64), and
+    """The tactics built for bench/rnn_sizes.py's ties with cuDNN, on its own exports:
+    stepkernel-lanes where one block holds a direction's recurrence (hidden 64),
     stepkernel-512-threads where R is held partly in registers and partly in shared memory
-    (hidden 1024, schedule.hybrid_recurrences); windows of random frames, zeros and a NaN frame
+    (hidden 1024, schedule.hybrid_recurrences), stepkernel-384-threads-ahead-4 / -8 (a one-block
+    recurrence's inputs loaded 4 / 8 positions ahead, codegen.RECUR_INPUTS_AHEAD); windows of random frames, zeros and a NaN frame
     (the fused graph's reference: ONNX Runtime's own RNN ops drop a NaN from their state)."""
     import importlib.util
     from pathlib import Path
@@ -887,9 +897,14 @@ def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic,
     engine = cuda_graph.build(entry["fused"], device="cuda", options={"select": tactic})
     selection = engine.metadata["selection"]
     assert selection["chosen"] == tactic
+    source = engine.default_plan.compiled.kernel.source
     if tactic == "stepkernel-lanes":
         assert selection["stepkernel"]["lane_cells"] is True
-        assert "lanes a unit" in engine.default_plan.compiled.kernel.source
+        assert "lanes a unit" in source
+    elif "-ahead-" in tactic:
+        ahead = int(tactic.rsplit("-", 1)[1])
+        assert selection["stepkernel"]["threads"] == 384 and selection["stepkernel"]["inputs_ahead"] == ahead
+        assert f"loaded {min(ahead, seq)} positions ahead" in source
     else:
         assert selection["stepkernel"]["threads"] == 512
     manifest = entry["manifest"]

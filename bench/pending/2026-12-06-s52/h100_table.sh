@@ -6,16 +6,19 @@
 # selection; about eleven calls over three sessions (row times from sessions 47-54: zoo T = 1
 # 25-90 s a row, real T = 1 20-100 s, T = 32 ~150-170 s). Session 54's three real T = 32 rows
 # (bench/h100/2026-12-05-s54/call3/real32a/) are on today's head and count: r32c leaves them out.
-#   bash bench/pending/2026-12-06-s52/h100_table.sh z1a     (then z1b, r1, z32a .. z32d, r32a, r32b, r32c)
+# Session 55 ran z1a, z1b and z32a (bench/h100/2026-12-05-s55/: 299, 384 and 271 s); r1 is split in
+# two (ten real models at T = 1 would not fit one call at those rates).
+#   bash bench/pending/2026-12-06-s52/h100_table.sh r1a     (then r1b, z32b .. z32d, r32a, r32b, r32c)
 # Then, here: python3 bench/e2e.py --merge <each call's e2e.json> --out bench/h100/<date>-table/merged
 set -u
-call=${1:?which call: z1a z1b r1 z32a z32b z32c z32d r32a r32b r32c}
+call=${1:?which call: z1a z1b r1a r1b z32a z32b z32c z32d r32a r32b r32c}
 rows=bench/h200/2026-11-28-s35/gpu_s29_rows.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case $call in
   z1a) bash $rows $call zoo step min_gru,min_lstm,lstm,gru,attention,gated_ssm 560 ;;
   z1b) bash $rows $call zoo step mamba,xlstm,delta_net,liquid,jamba 560 ;;
-  r1) bash $rows $call real step gpt2_sdpa,llama_gqa_sdpa,mamba,jamba,torch_lstm_bidir,torch_gru_bidir,torch_rnn_bidir,torch_rnncell_loop,torch_mlpcell_loop,torch_lnlstm_loop 570 ;;
+  r1a) bash $rows $call real step gpt2_sdpa,llama_gqa_sdpa,mamba,jamba,torch_lstm_bidir 560 ;;
+  r1b) bash $rows $call real step torch_gru_bidir,torch_rnn_bidir,torch_rnncell_loop,torch_mlpcell_loop,torch_lnlstm_loop 560 ;;
   z32a) bash $rows $call zoo sequence min_gru,min_lstm,gated_ssm 560 ;;
   z32b) bash $rows $call zoo sequence lstm,gru,liquid 560 ;;
   z32c) bash $rows $call zoo sequence attention,mamba,jamba 560 ;;
