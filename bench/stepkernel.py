@@ -238,10 +238,13 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
             settings["inputs_ahead"] = int(variant[5:])
         elif variant == "together":
             settings["take_together"] = True
+        elif variant == "helpers":
+            settings["input_helpers"] = True
         else:
             raise SystemExit(
                 f"--sweep {arch}+{variant}: variants are +lanes (codegen.RECUR_LANE_CELLS on), +aheadN "
-                "(codegen.RECUR_INPUTS_AHEAD = N) and +together (codegen.RECUR_TAKE_TOGETHER on)"
+                "(codegen.RECUR_INPUTS_AHEAD = N), +together (codegen.RECUR_TAKE_TOGETHER on) and +helpers "
+                "(codegen.RECUR_INPUT_HELPERS on)"
             )
     label = "+".join([arch, *variants])
     if arch.startswith("rnn:"):  # rnn:KIND/HIDDEN/T/DIRECTIONS, one of bench/rnn_sizes.py's windows
@@ -330,7 +333,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--sweep",
         default="",
-        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on; +aheadN: codegen.RECUR_INPUTS_AHEAD = N; +together: codegen.RECUR_TAKE_TOGETHER on)",
+        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on; +aheadN: codegen.RECUR_INPUTS_AHEAD = N; +together: codegen.RECUR_TAKE_TOGETHER on; +helpers: codegen.RECUR_INPUT_HELPERS on)",
     )
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")

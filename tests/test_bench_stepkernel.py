@@ -1,4 +1,4 @@
-"""bench/stepkernel.py's --sweep variants on the CPU: +lanes, +aheadN and +together become their
+"""bench/stepkernel.py's --sweep variants on the CPU: +lanes, +aheadN, +together and +helpers become their
 rows' compile arguments, the code settings untouched (a row that cannot run here, without a GPU,
 is reported, not raised), and an unknown variant is refused in one line."""
 
@@ -39,19 +39,20 @@ def test_a_sweep_variant_sets_its_settings_for_its_rows_only(stepkernel_bench, t
         raise Refused("no GPU here")
 
     monkeypatch.setattr(compiler_engine, "CompiledStep", compiled_step)
-    rows = stepkernel_bench.sweep("rnn:LSTM/64/3/1+lanes+ahead4+together", tmp_path, [4], [128, 256])
-    assert [row["arch"] for row in rows] == ["rnn:LSTM/64/3/1+lanes+ahead4+together"] * 2
+    rows = stepkernel_bench.sweep("rnn:LSTM/64/3/1+lanes+ahead4+together+helpers", tmp_path, [4], [128, 256])
+    assert [row["arch"] for row in rows] == ["rnn:LSTM/64/3/1+lanes+ahead4+together+helpers"] * 2
     assert all("Refused: no GPU here" in row["error"] for row in rows)
-    assert [(k["threads"], k["lane_cells"], k["inputs_ahead"], k["take_together"]) for k in seen] == [
-        (128, True, 4, True),
-        (256, True, 4, True),
+    settings = [
+        (k["threads"], k["lane_cells"], k["inputs_ahead"], k["take_together"], k["input_helpers"]) for k in seen
     ]
+    assert settings == [(128, True, 4, True, True), (256, True, 4, True, True)]
     plain = stepkernel_bench.sweep("rnn:LSTM/64/3/1", tmp_path, [4], [256])
     assert "Refused" in plain[0]["error"] and set(seen[-1]) == {"device", "grid", "threads"}  # the defaults
     assert (codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD, codegen.RECUR_TAKE_TOGETHER) == (False, 1, False)
+    assert codegen.RECUR_INPUT_HELPERS is False
 
 
 @pytest.mark.parametrize("variant", ["ahead0", "ahead", "wide"])
 def test_an_unknown_sweep_variant_is_refused(stepkernel_bench, tmp_path, variant):
-    with pytest.raises(SystemExit, match=r"variants are \+lanes .*, \+aheadN .* and \+together"):
+    with pytest.raises(SystemExit, match=r"variants are \+lanes .*, \+aheadN .*, \+together .* and \+helpers"):
         stepkernel_bench.sweep(f"rnn:LSTM/64/3/1+{variant}", tmp_path, [4], [256])

@@ -568,6 +568,51 @@ def test_a_one_block_recurrence_checks_its_input_words_with_one_branch(
         generate(plan, inputs_ahead=0)
 
 
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,embed,seq,batch,per",
+    [  # the emulator runs a std::thread per CUDA thread (under ThreadSanitizer): small grids
+        ("lstm", 64, 7, 1, 2),  # 256 words a position, 192 helpers: two words for some
+        ("gru", 32, 5, 2, 1),  # two batch rows: 192 words, 192 helpers
+        ("liquid", 48, 6, 1, 1),
+        ("lstm", 64, 2, 1, 2),  # two positions: position 1 loaded before the loop, nothing in it
+    ],
+)
+def test_a_one_block_recurrences_inputs_are_taken_by_the_threads_past_its_cells(arch, embed, seq, batch, per, tmp_path):
+    """generate(input_helpers=True) (codegen.RECUR_INPUT_HELPERS, off by default): the block's
+    threads past the cells take each position's input words a position ahead into shared memory
+    (rX's two buffers) and the cells read them there, no load or take of their own; the emulated
+    kernel (ThreadSanitizer: the helpers' stores against the cells' reads across the barriers)
+    computes the interpreter's values, and the resident kernel over two frames. The lanes loop
+    keeps its own loads."""
+    from framefuse.compiler import codegen
+    from framefuse.compiler.ir import Recur
+
+    config = {"model": {"embed": embed, "layers": 2}, "seq": seq, "batch": batch, "seed": 0}
+    _, program = _sequence_program(arch, config)
+    plan = schedule(program, grid=4, threads=256)
+    assert [t.blocks for t in plan.tasks if isinstance(t.root, Recur)] == [1, 1]
+    node = next(t.root for t in plan.tasks if isinstance(t.root, Recur))
+    cells, words = node.batch * node.hidden, node.batch * node.gates * node.hidden
+    assert codegen.RECUR_INPUT_HELPERS is False and not generate(plan).input_helpers
+    kernel = generate(plan, input_helpers=True)
+    assert kernel.input_helpers and kernel.describe()["input_helpers"] is True
+    source = kernel.source
+    assert (
+        source.count(f"// the inputs: the {256 - cells} threads past the cells take each position's {words} words") == 2
+    )
+    assert source.count(f"unsigned long long rxh[{per}];") == 2
+    assert "rxv0" not in source and "unsigned long long rxw" not in source  # no cell loads its inputs
+    assert source.count("rX[((rcs + 1) & 1) * ") == 2 * per  # a line a helper's word, both recurrences
+    assert source.count(f"if (rcs + 2 < {seq}) {{") == 2
+    _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
+    resident = generate(plan, input_helpers=True, resident=True)
+    assert resident.source.count("threads past the cells take each position's") == 2
+    _emulate_against_interpreter(resident, program, 2, tmp_path / "resident")
+    lanes = generate(plan, input_helpers=True, lane_cells=True)
+    assert "lanes a unit" in lanes.source and "threads past the cells" not in lanes.source
+
+
 def test_lanes_a_unit_are_whole_warps_of_float4_splits_within_the_registers(monkeypatch):
     """recur_lanes: the most lanes (a power of two) whose threads fill whole warps of the block,
     whose K splits are whole float4s and whose gate rows fit RECUR_REGISTER_WEIGHTS; none when off."""
@@ -1818,6 +1863,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "delta_net+levels",
         "lstm/sequence+ahead4",
         "lstm/sequence+together",
+        "lstm/sequence+helpers",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
@@ -1827,9 +1873,11 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     codegen.PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP); +levels: the stepkernel-fewer-levels tactic's
     (those, scheduled with products recomputed by the blocks that read them); +ahead4: a one-block
     recurrence's inputs loaded four positions ahead (codegen.RECUR_INPUTS_AHEAD); +together: its
-    input words checked with one branch a position (codegen.RECUR_TAKE_TOGETHER)."""
+    input words checked with one branch a position (codegen.RECUR_TAKE_TOGETHER); +helpers: taken
+    by the block's threads past the cells (codegen.RECUR_INPUT_HELPERS)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, helpers, _ = arch.partition("+helpers")
     arch, together, _ = arch.partition("+together")
     arch, ahead, _ = arch.partition("+ahead4")
     arch, levels, _ = arch.partition("+levels")
@@ -1853,11 +1901,13 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             replicated_dot_macs=1 << 15 if levels else None,
             inputs_ahead=4 if ahead else None,
             take_together=bool(together),
+            input_helpers=bool(helpers),
         )
         assert kernel.alias_views is bool(views) and kernel.one_pass is bool(fewer)
         assert kernel.describe()["replicated_dot_macs"] == (1 << 15 if levels else 0)
         assert ("loaded 4 positions ahead" in kernel.source) is bool(ahead)
         assert ("// one branch for the position's words" in kernel.source) is bool(together)
+        assert ("threads past the cells take" in kernel.source) is bool(helpers)
         source = tmp_path / f"{kernel.name}.cu"
         source.write_text(kernel.source)
         result = subprocess.run(

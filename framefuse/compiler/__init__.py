@@ -57,6 +57,7 @@ def generate_source(
     one_pass: bool | None = None,
     inputs_ahead: int | None = None,
     take_together: bool | None = None,
+    input_helpers: bool | None = None,
     recomputed_scalars: int | None = None,
     replicated_dot_macs: int | None = None,
 ):
@@ -65,8 +66,8 @@ def generate_source(
     kernel launched once that runs a frame per bell; ``weight_format``, ``lossless_rows``: the
     products' weight rows, codegen.WEIGHT_FORMATS; ``widen_storage``: see lower_program;
     ``alias_views``: see codegen.ALIAS_VIEWS; ``one_pass``: see codegen.PHASE_ONE_PASS and
-    codegen.ROOT_IN_ARRAY_WARP; ``inputs_ahead``, ``take_together``: see codegen.RECUR_INPUTS_AHEAD
-    and codegen.RECUR_TAKE_TOGETHER; ``recomputed_scalars``, ``replicated_dot_macs``: see
+    codegen.ROOT_IN_ARRAY_WARP; ``inputs_ahead``, ``take_together``, ``input_helpers``: see
+    codegen.RECUR_INPUTS_AHEAD, RECUR_TAKE_TOGETHER and RECUR_INPUT_HELPERS; ``recomputed_scalars``, ``replicated_dot_macs``: see
     schedule.schedule)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
@@ -90,6 +91,7 @@ def generate_source(
         one_pass=one_pass,
         inputs_ahead=inputs_ahead,
         take_together=take_together,
+        input_helpers=input_helpers,
     )
 
 

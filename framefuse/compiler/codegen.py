@@ -188,6 +188,7 @@ class Generator:
         one_pass: bool | None = None,
         inputs_ahead: int | None = None,
         take_together: bool | None = None,
+        input_helpers: bool | None = None,
     ):
         if weight_format not in WEIGHT_FORMATS:
             raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
@@ -214,6 +215,7 @@ class Generator:
         self.lane_cells = RECUR_LANE_CELLS if lane_cells is None else bool(lane_cells)
         self.inputs_ahead = RECUR_INPUTS_AHEAD if inputs_ahead is None else int(inputs_ahead)
         self.take_together = RECUR_TAKE_TOGETHER if take_together is None else bool(take_together)
+        self.input_helpers = RECUR_INPUT_HELPERS if input_helpers is None else bool(input_helpers)
         if self.inputs_ahead < 1:
             raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {self.inputs_ahead}")
         self.alias_views = ALIAS_VIEWS if alias_views is None else bool(alias_views)
@@ -1836,8 +1838,16 @@ class Generator:
         if lanes:
             self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
             return
-        ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together) if alone else None
-        if alone:
+        # the block's threads past the cells' take the input words (RECUR_INPUT_HELPERS)
+        helpers = alone and self.input_helpers and self.threads > B * H and HB == H
+        ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together) if alone and not helpers else None
+        if helpers:
+            take_in = _InputHelpers(B * G * H, B * H, self.threads - B * H, T, f"ffk_ll + {xg}", x_floats)
+            code.items += [
+                f"const int rcb = tid / {H}, rcj = tid - rcb * {H}, rcu = rcj;",
+                *take_in.first_positions(),
+            ]
+        elif alone:
             code.items += [
                 f"// the inputs of the next position{ring.ahead_text} (a thread per unit)",
                 ring.declaration,
@@ -1960,7 +1970,7 @@ class Generator:
             body = Code()
             cells.items += [
                 "const int i = tid;",
-                *ring.take_and_reload(),
+                *(ring.take_and_reload() if ring else []),
                 body,
             ]
         else:
@@ -1973,7 +1983,7 @@ class Generator:
         em.top.pos = len(em.top.code.items)
         xs, rs = [], []
         for g in range(G):
-            xs.append(f"rxv{g}" if alone else f"rX[(rcs & 1) * {x_floats} + rcb * {G * HB} + {g * HB} + rcj]")
+            xs.append(f"rxv{g}" if ring else f"rX[(rcs & 1) * {x_floats} + rcb * {G * HB} + {g * HB} + rcj]")
             parts = " + ".join(f"rP[{s * rows} + rcb * {G * HB} + {g * HB} + rcj]" for s in range(splits))
             if w_bias is not None:
                 parts += f" + __ldg(ffk_w + {w_bias} + {g * H} + rcu)"
@@ -1992,7 +2002,7 @@ class Generator:
             em.top.insert(line)
         if alone:  # the next position's h, read from shared memory after the barrier
             em.top.insert(f"rH[((rcs + 1) & 1) * {h_floats} + rcb * {H} + rcu] = h;")
-            loop.items += [cells, "__syncthreads();"]
+            loop.items += [cells, *(take_in.next_positions() if helpers else []), "__syncthreads();"]
         else:
             loop.items += [_ONCE, cells]
 
@@ -2616,6 +2626,18 @@ RECUR_INPUTS_AHEAD = 1
 # and bench/h100/2026-12-05-s55/README.md). Not timed on a GPU yet: off until it is
 # (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+together). Generator(take_together=) overrides it.
 RECUR_TAKE_TOGETHER = False
+# Why a deeper ring did not pay for the LSTM: ptxas (sm_90) puts every ffk_ll_peek of the ring on one
+# scoreboard, and a scoreboard counts loads that may return out of order, so the first use of any
+# slot waits for all of them, the position loaded a position ago included (cuobjdump of the depth-4
+# kernel: each take's ISETP waits on SB5, which the four peeks of the position before set). Instead
+# the block's threads past the cells (192 of 256 at hidden 64; idle while the cells run) take each
+# position's input words a position ahead into shared memory (the X buffers the one-block loop
+# does not use otherwise): a helper peeks position t + 2 during position t's cells and takes it
+# during t + 1's (a whole position, ~800 cycles, for the round trip, and its only outstanding loads
+# then), and the cells read their inputs from shared memory with no branch of their own
+# (_InputHelpers). Not timed on a GPU yet: off until it is (bench/stepkernel.py --sweep
+# rnn:LSTM/64/256/1+helpers). Generator(input_helpers=) overrides it.
+RECUR_INPUT_HELPERS = False
 
 
 class _InputRing:
@@ -2681,6 +2703,62 @@ class _InputRing:
             *(f"    {self._slot(g)} = ffk_ll_peek({self.x_word(later, g)});" for g in range(self.G)),
             "}",
         ]
+
+
+class _InputHelpers:
+    """A one-block recurrence's input words taken by the block's threads past the cells
+    (RECUR_INPUT_HELPERS): ``words`` a position (the input projection's flag-tagged words at
+    ``base`` + position * words, in the cells' order), ``helpers`` threads, each its words
+    e = helper + q * helpers in registers (``rxh[q]``); the values go to rX's two buffers of
+    ``stride`` floats, position p in buffer p & 1, a position before the cells read them."""
+
+    def __init__(self, words: int, cells: int, helpers: int, T: int, base: str, stride: int):
+        self.words, self.cells, self.helpers, self.T, self.base, self.stride = words, cells, helpers, T, base, stride
+        self.per = -(-words // helpers)
+
+    def _each(self, line) -> list[str]:
+        """``line(q, e)`` for each of a helper's words, guarded where the last ones run out."""
+        out = []
+        for q in range(self.per):
+            e = f"rhe + {q * self.helpers}" if q else "rhe"
+            text = line(q, e)
+            out.append(text if (q + 1) * self.helpers <= self.words else f"if ({e} < {self.words}) {text}")
+        return out
+
+    def _word(self, position: str, e: str) -> str:
+        return f"{self.base} + {position} * {self.words} + {e}"
+
+    def first_positions(self) -> list:
+        """Before the loop: position 0's values into buffer 0 (waited for), position 1's words loaded."""
+        pre = Code(f"if (tid >= {self.cells})")
+        pre.items += [
+            f"const int rhe = tid - {self.cells};",
+            *self._each(lambda q, e: f"rX[{e}] = ffk_ll_wait({self._word('0', e)}, epoch);"),
+        ]
+        if self.T > 1:
+            pre.items += self._each(lambda q, e: f"rxh[{q}] = ffk_ll_peek({self._word('1', e)});")
+        return [
+            f"// the inputs: the {self.helpers} threads past the cells take each position's {self.words} words a",
+            "// position ahead into shared memory (rX's two buffers), so no cell waits on a load or a branch",
+            f"unsigned long long rxh[{self.per}];  // a helper's words of the next position",
+            pre,
+        ]
+
+    def next_positions(self) -> list:
+        """Beside the cells of position rcs: position rcs + 1's values into its buffer, rcs + 2's
+        words loaded (the helpers' only loads in flight until the next position takes them)."""
+        helper = Code("else")  # of the cells' if (tid < cells)
+        helper.items.append(f"const int rhe = tid - {self.cells};")
+        take = Code(f"if (rcs + 1 < {self.T})")
+        take.items += self._each(
+            lambda q, e: (
+                f"rX[((rcs + 1) & 1) * {self.stride} + {e}] = ffk_ll_take(rxh[{q}], {self._word('(rcs + 1)', e)}, epoch);"
+            )
+        )
+        load = Code(f"if (rcs + 2 < {self.T})")
+        load.items += self._each(lambda q, e: f"rxh[{q}] = ffk_ll_peek({self._word('(rcs + 2)', e)});")
+        helper.items += [take, load]
+        return [helper]
 
 
 def _position_loop(T: int, ahead: int) -> tuple[Code, Code]:
@@ -3316,6 +3394,7 @@ class Kernel:
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
     inputs_ahead: int = 1  # a one-block recurrence's inputs loaded this many positions ahead (RECUR_INPUTS_AHEAD)
     take_together: bool = False  # ... and a position's words checked with one branch (RECUR_TAKE_TOGETHER)
+    input_helpers: bool = False  # ... or taken by the block's threads past the cells (RECUR_INPUT_HELPERS)
 
     @property
     def kernel_phases(self) -> int:
@@ -3389,6 +3468,7 @@ class Kernel:
                 "copied_bytes": 4 * self.copied_floats,
                 "inputs_ahead": self.inputs_ahead,
                 "take_together": self.take_together,
+                "input_helpers": self.input_helpers,
             }
         )
         return info
@@ -3411,6 +3491,7 @@ def generate(
     one_pass: bool | None = None,
     inputs_ahead: int | None = None,
     take_together: bool | None = None,
+    input_helpers: bool | None = None,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
@@ -3421,8 +3502,8 @@ def generate(
     weights are already rounded: the kernel then computes with the very values the graph holds);
     ``lane_cells``: see recur_lanes (default RECUR_LANE_CELLS); ``alias_views``: see ALIAS_VIEWS
     (its default); ``one_pass``: PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP both on or off (default: each
-    setting's own); ``inputs_ahead``, ``take_together``: a one-block recurrence's input loads, see
-    RECUR_INPUTS_AHEAD and RECUR_TAKE_TOGETHER (their defaults)."""
+    setting's own); ``inputs_ahead``, ``take_together``, ``input_helpers``: a one-block recurrence's
+    input loads, see RECUR_INPUTS_AHEAD, RECUR_TAKE_TOGETHER and RECUR_INPUT_HELPERS (their defaults)."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
@@ -3439,6 +3520,7 @@ def generate(
         one_pass=one_pass,
         inputs_ahead=inputs_ahead,
         take_together=take_together,
+        input_helpers=input_helpers,
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -3463,6 +3545,7 @@ def generate(
         gen.copied_floats,
         gen.inputs_ahead,
         gen.take_together,
+        gen.input_helpers,
     )
 
 

@@ -106,6 +106,7 @@ def prepare_step(
     one_pass: bool | None = None,
     inputs_ahead: int | None = None,
     take_together: bool | None = None,
+    input_helpers: bool | None = None,
     recomputed_scalars: int | None = None,
     replicated_dot_macs: int | None = None,
 ) -> StepSource:
@@ -122,8 +123,9 @@ def prepare_step(
     there is none, the plain source; ``one_pass``: a phase's products and reductions in one pass
     of the warps and a root computed by its one product's lanes, codegen.PHASE_ONE_PASS and
     codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source; ``inputs_ahead``,
-    ``take_together``: a one-block recurrence's input loads, codegen.RECUR_INPUTS_AHEAD and
-    codegen.RECUR_TAKE_TOGETHER; where none is, the plain source; ``recomputed_scalars``:
+    ``take_together``, ``input_helpers``: a one-block recurrence's input loads,
+    codegen.RECUR_INPUTS_AHEAD, RECUR_TAKE_TOGETHER and RECUR_INPUT_HELPERS; where none is, the
+    plain source; ``recomputed_scalars``:
     scheduled with arrays of at most this many cheap scalars recomputed by their readers,
     schedule.RECOMPUTED_SCALARS; ``replicated_dot_macs``: scheduled with products computed by
     every block that reads them where a block's share is at most this many multiply-adds,
@@ -163,6 +165,7 @@ def prepare_step(
         one_pass=one_pass,
         inputs_ahead=inputs_ahead,
         take_together=take_together,
+        input_helpers=input_helpers,
     )
     schedule_s = time.perf_counter() - start
     return StepSource(
@@ -322,6 +325,7 @@ class CompiledStep:
         one_pass: bool | None = None,
         inputs_ahead: int | None = None,
         take_together: bool | None = None,
+        input_helpers: bool | None = None,
         recomputed_scalars: int | None = None,
         replicated_dot_macs: int | None = None,
         source: StepSource | None = None,
@@ -357,6 +361,7 @@ class CompiledStep:
                 one_pass=one_pass,
                 inputs_ahead=inputs_ahead,
                 take_together=take_together,
+                input_helpers=input_helpers,
                 recomputed_scalars=recomputed_scalars,
                 replicated_dot_macs=replicated_dot_macs,
             )
@@ -373,6 +378,7 @@ class CompiledStep:
         self.one_pass = self.kernel.one_pass
         self.inputs_ahead = self.kernel.inputs_ahead
         self.take_together = self.kernel.take_together
+        self.input_helpers = self.kernel.input_helpers
         self.weight_format = self.kernel.weight_format
         self.lossless_rows = self.kernel.lossless_rows
         self.kernel_prefetch = source.prefetch
@@ -547,6 +553,7 @@ class CompiledStep:
                 one_pass=self.one_pass,
                 inputs_ahead=self.inputs_ahead,
                 take_together=self.take_together,
+                input_helpers=self.input_helpers,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -594,6 +601,7 @@ def compile_step(
     one_pass=None,
     inputs_ahead=None,
     take_together=None,
+    input_helpers=None,
     recomputed_scalars=None,
     replicated_dot_macs=None,
     log=None,
@@ -604,7 +612,7 @@ def compile_step(
     weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
     format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
     lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``,
-    ``inputs_ahead``, ``take_together``, ``recomputed_scalars``, ``replicated_dot_macs``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    ``inputs_ahead``, ``take_together``, ``input_helpers``, ``recomputed_scalars``, ``replicated_dot_macs``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
@@ -627,6 +635,7 @@ def compile_step(
         one_pass=one_pass,
         inputs_ahead=inputs_ahead,
         take_together=take_together,
+        input_helpers=input_helpers,
         recomputed_scalars=recomputed_scalars,
         replicated_dot_macs=replicated_dot_macs,
         log=log,

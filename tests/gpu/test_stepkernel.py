@@ -836,26 +836,33 @@ def test_the_lanes_tactic_of_a_sequence_window_matches_onnxruntime(arch, seq, ba
     assert "lanes a unit" in engine.default_plan.compiled.kernel.source
 
 
-@pytest.mark.parametrize("ahead,together", [(4, False), (1, True), (4, True)])
+@pytest.mark.parametrize(
+    "ahead,together,helpers", [(4, False, False), (1, True, False), (4, True, False), (1, False, True)]
+)
 @pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize(
     "arch,seq,batch", [("lstm", 32, 1), ("gru", 5, 2), ("liquid", 64, 1), ("lstm", 2, 1), ("liquid", 3, 2)]
 )
-def test_inputs_loaded_several_positions_ahead_match_onnxruntime(arch, seq, batch, lanes, ahead, together, monkeypatch):
+def test_inputs_loaded_several_positions_ahead_match_onnxruntime(
+    arch, seq, batch, lanes, ahead, together, helpers, monkeypatch
+):
     """codegen.RECUR_INPUTS_AHEAD = 4 (a one-block recurrence keeps four positions' input words in
     flight, the position loop unrolled by four; fewer where the window is shorter) and / or
-    codegen.RECUR_TAKE_TOGETHER (a position's words checked with one branch) over the window test's
-    windows, in the thread-per-row loop and in the lanes loop; the source must have them, or the
-    test would check the plain loop again."""
+    codegen.RECUR_TAKE_TOGETHER (a position's words checked with one branch) or
+    codegen.RECUR_INPUT_HELPERS (taken by the threads past the cells; the lanes loop keeps its own
+    loads) over the window test's windows, in the thread-per-row loop and in the lanes loop; the
+    source must have them, or the test would check the plain loop again."""
     from framefuse.compiler import codegen
 
     monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", ahead)
     monkeypatch.setattr(codegen, "RECUR_TAKE_TOGETHER", together)
+    monkeypatch.setattr(codegen, "RECUR_INPUT_HELPERS", helpers)
     engine = _check_window(arch, seq, batch, "stepkernel-lanes" if lanes else "stepkernel")
     source = engine.default_plan.compiled.kernel.source
     if ahead > 1:
         assert f"loaded {min(ahead, seq)} positions ahead" in source
     assert ("// one branch for the position's words" in source) is together
+    assert ("threads past the cells take" in source) is (helpers and not lanes)
     assert ("lanes a unit" in source) is lanes
 
 
