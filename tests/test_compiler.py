@@ -583,8 +583,8 @@ def test_a_one_block_recurrences_inputs_are_taken_by_the_threads_past_its_cells(
     threads past the cells take each position's input words a position ahead into shared memory
     (rX's two buffers) and the cells read them there, no load or take of their own; the emulated
     kernel (ThreadSanitizer: the helpers' stores against the cells' reads across the barriers)
-    computes the interpreter's values, and the resident kernel over two frames. The lanes loop
-    keeps its own loads."""
+    computes the interpreter's values, and the resident kernel over two frames; with inputs_ahead,
+    the same loop unrolled. The lanes loop keeps its own loads."""
     from framefuse.compiler import codegen
     from framefuse.compiler.ir import Recur
 
@@ -611,6 +611,11 @@ def test_a_one_block_recurrences_inputs_are_taken_by_the_threads_past_its_cells(
     _emulate_against_interpreter(resident, program, 2, tmp_path / "resident")
     lanes = generate(plan, input_helpers=True, lane_cells=True)
     assert "lanes a unit" in lanes.source and "threads past the cells" not in lanes.source
+    if seq > 2:  # inputs_ahead unrolls the loop of the helpers' kernel: nothing more loaded ahead
+        unrolled = generate(plan, input_helpers=True, inputs_ahead=4)
+        assert unrolled.source.count("for (int rcd = 0; rcd < 4; ++rcd)") == 2
+        assert unrolled.source.count(f"unsigned long long rxh[{per}];") == 2 and "rxw" not in unrolled.source
+        _emulate_against_interpreter(unrolled, program, 1, tmp_path / "unrolled", races=True)
 
 
 def test_lanes_a_unit_are_whole_warps_of_float4_splits_within_the_registers(monkeypatch):

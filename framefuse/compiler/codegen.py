@@ -1838,7 +1838,7 @@ class Generator:
         if lanes:
             self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
             return
-        # the block's threads past the cells' take the input words (RECUR_INPUT_HELPERS)
+        # the block's threads past the cells take the input words (RECUR_INPUT_HELPERS)
         helpers = alone and self.input_helpers and self.threads > B * H and HB == H
         ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together) if alone and not helpers else None
         if helpers:
@@ -1882,7 +1882,10 @@ class Generator:
                 f"float rw[{kr}];",
                 fill,
             ]
-        outer, loop = _position_loop(T, ring.ahead if ring else 1)
+        # with helpers, inputs_ahead unrolls the position loop only (what gave the GRU its 10 % at
+        # depth 8: its ring's takes wait on one scoreboard too)
+        unroll = ring.ahead if ring else (min(self.inputs_ahead, T) if helpers else 1)
+        outer, loop = _position_loop(T, unroll)
         code.items += [_ONCE, outer]
         loop.items.append(f"const float* const hp = rH + (rcs & 1) * {h_floats};")
         # the staging: h before (from the second position on) and the input part, one call (alone:
@@ -2635,8 +2638,10 @@ RECUR_TAKE_TOGETHER = False
 # does not use otherwise): a helper peeks position t + 2 during position t's cells and takes it
 # during t + 1's (a whole position, ~800 cycles, for the round trip, and its only outstanding loads
 # then), and the cells read their inputs from shared memory with no branch of their own
-# (_InputHelpers). Not timed on a GPU yet: off until it is (bench/stepkernel.py --sweep
-# rnn:LSTM/64/256/1+helpers). Generator(input_helpers=) overrides it.
+# (_InputHelpers). The GRU's ring is on one scoreboard too (depth 8), so its 10 % there came from
+# the position loop unrolled by 8; with helpers, inputs_ahead unrolls the loop and loads nothing
+# ahead. Not timed on a GPU yet: off until it is (bench/stepkernel.py --sweep
+# rnn:LSTM/64/256/1+helpers, +helpers+ahead4). Generator(input_helpers=) overrides it.
 RECUR_INPUT_HELPERS = False
 
 

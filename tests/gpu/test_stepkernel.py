@@ -837,7 +837,8 @@ def test_the_lanes_tactic_of_a_sequence_window_matches_onnxruntime(arch, seq, ba
 
 
 @pytest.mark.parametrize(
-    "ahead,together,helpers", [(4, False, False), (1, True, False), (4, True, False), (1, False, True)]
+    "ahead,together,helpers",
+    [(4, False, False), (1, True, False), (4, True, False), (1, False, True), (4, False, True)],
 )
 @pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize(
@@ -859,7 +860,7 @@ def test_inputs_loaded_several_positions_ahead_match_onnxruntime(
     monkeypatch.setattr(codegen, "RECUR_INPUT_HELPERS", helpers)
     engine = _check_window(arch, seq, batch, "stepkernel-lanes" if lanes else "stepkernel")
     source = engine.default_plan.compiled.kernel.source
-    if ahead > 1:
+    if ahead > 1 and not (helpers and not lanes):  # (with helpers, ahead only unrolls the loop)
         assert f"loaded {min(ahead, seq)} positions ahead" in source
     assert ("// one branch for the position's words" in source) is together
     assert ("threads past the cells take" in source) is (helpers and not lanes)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 55, GPU call 8 (~300 s), to run first next session: a one-block recurrence's input words
+# Session 55, GPU call 8 (~450 s), to run first next session: a one-block recurrence's input words
 # taken off the cells' path. +together (codegen.RECUR_TAKE_TOGETHER): a position's words checked
 # with one branch (ptxas for sm_90: ~45 cycles of fixed stalls on the cell threads' path for an
 # LSTM's four words, against ~110 for four ffk_ll_take); +helpers (codegen.RECUR_INPUT_HELPERS):
@@ -8,7 +8,8 @@
 # register ring shares one scoreboard: every take waits for the newest peeks, cuobjdump).
 # (1) bench/microbench/recur_position.cu again, with its +no-inputs / +staged variants (what the
 # input words' loads cost a position); (2) device time of nn.LSTM / nn.GRU hidden 64, T = 256 with
-# +together / +helpers, the plain kernel first and last; (3) the GPU tests of the ring, together
+# +together / +helpers (+helpers+aheadN: the loop unrolled by N, what the GRU's depth-8 ring gained
+# from, its ring being one scoreboard deep too), the plain kernel first and last; (3) the GPU tests of the ring, together
 # and helpers (40 windows) and of the build's stepkernel-384-threads-ahead-4 / -8 tactics against
 # ONNX Runtime; memcheck and racecheck on a together and a helpers kernel; (4) nn.LSTM / nn.GRU
 # 64 / 256 / 1 built as `framefuse build` does, cuDNN beside. If one of them is faster at both
@@ -24,11 +25,11 @@ nvcc -O3 -arch=sm_90 -ftz=true -prec-div=false -prec-sqrt=false -o /tmp/recur_po
 W=rnn:LSTM/64/256/1; G=rnn:GRU/64/256/1
 echo "== sweep $(date +%T)"
 timeout 150 python3 bench/stepkernel.py --archs , --grids 132 --threads 256,384 --out /tmp/sweep \
-  --sweep $W,$W+together,$W+helpers,$W+ahead4+together,$G,$G+together,$G+helpers,$G+ahead8,$G+ahead8+together,$W \
+  --sweep $W,$W+together,$W+helpers,$W+helpers+ahead4,$W+ahead4+together,$G,$G+together,$G+helpers,$G+helpers+ahead8,$G+ahead8,$G+ahead8+together,$W \
   > $OUT/sweep.log 2>&1; echo "rc=$? $(date +%T)"; grep -h "sweep rnn" $OUT/sweep.log
 echo "== GPU tests + sanitizers $(date +%T)"
 (bash tests/gpu/sanitize.sh memcheck $OUT/tests -t 100 -k "inputs_loaded and gru-5-2 and False-1" tests/gpu/test_stepkernel.py > $OUT/tests/memcheck.summary 2>&1) &
-timeout 170 python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py -k "inputs_loaded or ahead" > $OUT/tests/tests.log 2>&1
+timeout 220 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py -k "inputs_loaded or ahead" > $OUT/tests/tests.log 2>&1
 echo "pytest rc=$? $(date +%T)"; tail -n 4 $OUT/tests/tests.log
 wait; cat $OUT/tests/memcheck.summary
 bash tests/gpu/sanitize.sh racecheck $OUT/tests/race -t 100 -k "inputs_loaded and gru-5-2 and False-1" tests/gpu/test_stepkernel.py
