@@ -7,7 +7,9 @@
 # read them with no load or branch, and each helper's loads are its only ones in flight (the
 # register ring shares one scoreboard: every take waits for the newest peeks, cuobjdump).
 # (1) bench/microbench/recur_position.cu again, with its +no-inputs / +staged variants (what the
-# input words' loads cost a position); (2) device time of nn.LSTM / nn.GRU hidden 64, T = 256 with
+# input words' loads cost a position), and bench/microbench/poll_latency.cu (a dependent load and
+# a two-block round trip by load and store kind: whether another kind than ld.relaxed.gpu /
+# st.relaxed.gpu would make a level's transport, issue 18's 0.8-1.0 us, cheaper); (2) device time of nn.LSTM / nn.GRU hidden 64, T = 256 with
 # +together / +helpers (+helpers+aheadN: the loop unrolled by N, what the GRU's depth-8 ring gained
 # from, its ring being one scoreboard deep too), the plain kernel first and last; (3) the GPU tests of the ring, together
 # and helpers (40 windows) and of the build's stepkernel-384-threads-ahead-4 / -8 tactics against
@@ -21,7 +23,9 @@ mkdir -p build/cache $OUT/tests $OUT/rnn /tmp/sweep /tmp/rnn
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== microbench $(date +%T)"
 nvcc -O3 -arch=sm_90 -ftz=true -prec-div=false -prec-sqrt=false -o /tmp/recur_position bench/microbench/recur_position.cu \
-  && timeout 60 /tmp/recur_position > $OUT/recur_position.log 2>&1; cat $OUT/recur_position.log
+  && timeout 60 /tmp/recur_position > $OUT/microbench.log 2>&1
+nvcc -O3 -arch=sm_90 -o /tmp/poll_latency bench/microbench/poll_latency.cu \
+  && timeout 60 /tmp/poll_latency >> $OUT/microbench.log 2>&1; cat $OUT/microbench.log
 W=rnn:LSTM/64/256/1; G=rnn:GRU/64/256/1
 echo "== sweep $(date +%T)"
 timeout 150 python3 bench/stepkernel.py --archs , --grids 132 --threads 256,384 --out /tmp/sweep \
