@@ -1839,10 +1839,12 @@ class Generator:
             self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
             return
         # the block's threads past the cells take the input words (RECUR_INPUT_HELPERS)
-        helpers = alone and self.input_helpers and self.threads > B * H and HB == H
+        # from the warp after the cells' last: a warp of cells and helpers would run both paths in turn
+        first_helper = -(-B * H // 32) * 32
+        helpers = alone and self.input_helpers and self.threads > first_helper and HB == H
         ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together) if alone and not helpers else None
         if helpers:
-            take_in = _InputHelpers(B * G * H, B * H, self.threads - B * H, T, f"ffk_ll + {xg}", x_floats)
+            take_in = _InputHelpers(B * G * H, B * H, first_helper, self.threads, T, f"ffk_ll + {xg}", x_floats)
             code.items += [
                 f"const int rcb = tid / {H}, rcj = tid - rcb * {H}, rcu = rcj;",
                 *take_in.first_positions(),
@@ -2713,13 +2715,15 @@ class _InputRing:
 class _InputHelpers:
     """A one-block recurrence's input words taken by the block's threads past the cells
     (RECUR_INPUT_HELPERS): ``words`` a position (the input projection's flag-tagged words at
-    ``base`` + position * words, in the cells' order), ``helpers`` threads, each its words
-    e = helper + q * helpers in registers (``rxh[q]``); the values go to rX's two buffers of
-    ``stride`` floats, position p in buffer p & 1, a position before the cells read them."""
+    ``base`` + position * words, in the cells' order), the threads from ``first`` (a warp
+    boundary at or past the ``cells``) to ``threads``, each its words e = helper + q * helpers
+    in registers (``rxh[q]``); the values go to rX's two buffers of ``stride`` floats, position
+    p in buffer p & 1, a position before the cells read them."""
 
-    def __init__(self, words: int, cells: int, helpers: int, T: int, base: str, stride: int):
-        self.words, self.cells, self.helpers, self.T, self.base, self.stride = words, cells, helpers, T, base, stride
-        self.per = -(-words // helpers)
+    def __init__(self, words: int, cells: int, first: int, threads: int, T: int, base: str, stride: int):
+        self.words, self.cells, self.first, self.helpers = words, cells, first, threads - first
+        self.T, self.base, self.stride = T, base, stride
+        self.per = -(-words // self.helpers)
 
     def _each(self, line) -> list[str]:
         """``line(q, e)`` for each of a helper's words, guarded where the last ones run out."""
@@ -2735,9 +2739,9 @@ class _InputHelpers:
 
     def first_positions(self) -> list:
         """Before the loop: position 0's values into buffer 0 (waited for), position 1's words loaded."""
-        pre = Code(f"if (tid >= {self.cells})")
+        pre = Code(f"if (tid >= {self.first})")
         pre.items += [
-            f"const int rhe = tid - {self.cells};",
+            f"const int rhe = tid - {self.first};",
             *self._each(lambda q, e: f"rX[{e}] = ffk_ll_wait({self._word('0', e)}, epoch);"),
         ]
         if self.T > 1:
@@ -2752,8 +2756,9 @@ class _InputHelpers:
     def next_positions(self) -> list:
         """Beside the cells of position rcs: position rcs + 1's values into its buffer, rcs + 2's
         words loaded (the helpers' only loads in flight until the next position takes them)."""
-        helper = Code("else")  # of the cells' if (tid < cells)
-        helper.items.append(f"const int rhe = tid - {self.cells};")
+        # the else of the cells' if (tid < cells)
+        helper = Code("else" if self.first == self.cells else f"else if (tid >= {self.first})")
+        helper.items.append(f"const int rhe = tid - {self.first};")
         take = Code(f"if (rcs + 1 < {self.T})")
         take.items += self._each(
             lambda q, e: (
