@@ -96,6 +96,20 @@ __device__ __forceinline__ void cell(float i, float f, float g, float o, float& 
     }
 }
 
+// A unit's c and h of position t: stored as flag-tagged words (or kept in a register, so the
+// compiler keeps the cell), and h into the other buffer for the next position's products.
+template <unsigned V>
+__device__ __forceinline__ void publish(unsigned long long* out, float* rH, int t, int unit, float c, float h,
+                                        unsigned epoch, float& keep) {
+    if (V & STORES) {
+        ll_store(out + (size_t)t * 2 * H + H + unit, c, epoch);
+        ll_store(out + (size_t)t * 2 * H + unit, h, epoch);
+    } else {
+        keep += h;
+    }
+    rH[((t + 1) & 1) * H + unit] = h;
+}
+
 template <unsigned V>
 __global__ void __launch_bounds__(NT) recur(const float* __restrict__ R, const unsigned long long* __restrict__ xw,
                                             unsigned long long* out, long long* cycles, unsigned epoch) {
@@ -172,15 +186,7 @@ __global__ void __launch_bounds__(NT) recur(const float* __restrict__ R, const u
             if ((V & ALL_LANES) || gate == 0) {
                 float h;
                 cell<V>(gi, gf, gg, go, rc, h);
-                if (gate == 0) {
-                    if (V & STORES) {
-                        ll_store(out + (size_t)t * 2 * H + H + unit, rc, epoch);
-                        ll_store(out + (size_t)t * 2 * H + unit, h, epoch);
-                    } else {
-                        keep += h;
-                    }
-                    rH[((t + 1) & 1) * H + unit] = h;
-                }
+                if (gate == 0) publish<V>(out, rH, t, unit, rc, h, epoch, keep);
             }
             __syncthreads();
         } else {
@@ -205,13 +211,7 @@ __global__ void __launch_bounds__(NT) recur(const float* __restrict__ R, const u
                 float c = rC[tid], h;
                 cell<V>(x[0] + rP[tid], x[1] + rP[H + tid], x[2] + rP[2 * H + tid], x[3] + rP[3 * H + tid], c, h);
                 rC[tid] = c;
-                if (V & STORES) {
-                    ll_store(out + (size_t)t * 2 * H + H + tid, c, epoch);
-                    ll_store(out + (size_t)t * 2 * H + tid, h, epoch);
-                } else {
-                    keep += h;
-                }
-                rH[((t + 1) & 1) * H + tid] = h;
+                publish<V>(out, rH, t, tid, c, h, epoch, keep);
             }
             __syncthreads();
         }
@@ -254,6 +254,8 @@ void run_tagged(const char* name, const float* R, unsigned long long* xw, unsign
         if (rep > 0 && ms < best_ms) best_ms = ms;
         if (rep > 0 && c < best_cycles) best_cycles = c;
     }
+    CHECK(cudaEventDestroy(a));
+    CHECK(cudaEventDestroy(b));
     printf("%-18s grid %3d: %7.1f cycles a position, launch %7.2f us (%.3f us a position)", name, grid,
            (double)best_cycles / T, best_ms * 1e3, best_ms * 1e3 / T);
     if ((V & (STORES | CELL | PRODUCTS)) == (STORES | CELL | PRODUCTS) && !(V & NO_INPUTS)) {

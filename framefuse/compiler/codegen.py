@@ -2648,15 +2648,13 @@ RECUR_INPUT_HELPERS = False
 
 
 class _InputRing:
-    """The registers of a one-block recurrence's inputs loaded ahead (``ahead`` positions, see
-    RECUR_INPUTS_AHEAD): ``G`` gate words a position, for positions rcs .. rcs + ahead - 1;
+    """The registers of a one-block recurrence's inputs loaded ahead (``ahead`` >= 1 positions,
+    checked by Generator, see RECUR_INPUTS_AHEAD): ``G`` gate words a position, for positions rcs .. rcs + ahead - 1;
     position p in slot p % ahead, which is the unrolled loop's ``rcd`` (see _position_loop).
     ``x_word(position, g)`` is the address of a word; ``together``: a position's words checked with
     one branch (RECUR_TAKE_TOGETHER). With ahead 1 the source is the one-slot form it always was."""
 
     def __init__(self, G: int, T: int, x_word, ahead: int, together: bool = False):
-        if ahead < 1:
-            raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {ahead}")
         self.G, self.T, self.x_word = G, T, x_word
         self.ahead = min(ahead, T) if T > 1 else 1
         self.together = together
