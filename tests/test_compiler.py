@@ -469,12 +469,12 @@ def test_a_one_block_recurrence_splits_each_unit_over_lanes(
     assert [codegen.recur_lanes(t.root, threads, True) for t in loops] == [lanes, lanes]
     assert not codegen.RECUR_LANE_CELLS and codegen.recur_lanes(loops[0].root, threads) == 0
     plain = generate(plan)
-    assert "lanes a unit" not in plain.source and not plain.lane_cells
+    assert "lanes a unit" not in plain.source and not plain.settings.lane_cells
     monkeypatch.setattr(codegen, "RECUR_LANE_CELLS", True)  # the default switched on: the same kernel
     assert generate(plan).source == generate(plan, lane_cells=True).source
     monkeypatch.setattr(codegen, "RECUR_LANE_CELLS", False)
     kernel = generate(plan, lane_cells=True)
-    assert kernel.lane_cells and kernel.describe()["lane_cells"]
+    assert kernel.settings.lane_cells and kernel.describe()["lane_cells"]
     assert kernel.source.count(f"// {lanes} lanes a unit") == 2
     assert kernel.source.count("__shfl_xor_sync(0xffffffffu, a0, o)") == 2
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
@@ -551,9 +551,9 @@ def test_a_one_block_recurrence_checks_its_input_words_with_one_branch(
     gates = recurrences[0].root.gates
     assert codegen.RECUR_TAKE_TOGETHER is False
     plain = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead)
-    assert "& ffk_ll_current(" not in plain.source and not plain.take_together
+    assert "& ffk_ll_current(" not in plain.source and not plain.settings.take_together
     kernel = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=True)
-    assert kernel.take_together and kernel.describe()["take_together"] is True
+    assert kernel.settings.take_together and kernel.describe()["take_together"] is True
     slot = "rxw[rcd]" if ahead > 1 else "rxw"
     together = " & ".join(f"ffk_ll_current({slot}[{g}], epoch)" for g in range(gates))
     assert kernel.source.count(f"if ({together})") == 2
@@ -594,9 +594,9 @@ def test_a_one_block_recurrences_inputs_are_taken_by_the_threads_past_its_cells(
     assert [t.blocks for t in plan.tasks if isinstance(t.root, Recur)] == [1, 1]
     node = next(t.root for t in plan.tasks if isinstance(t.root, Recur))
     cells, words = node.batch * node.hidden, node.batch * node.gates * node.hidden
-    assert codegen.RECUR_INPUT_HELPERS is False and not generate(plan).input_helpers
+    assert codegen.RECUR_INPUT_HELPERS is False and not generate(plan).settings.input_helpers
     kernel = generate(plan, input_helpers=True)
-    assert kernel.input_helpers and kernel.describe()["input_helpers"] is True
+    assert kernel.settings.input_helpers and kernel.describe()["input_helpers"] is True
     source = kernel.source
     helpers = 256 - -(-cells // 32) * 32  # from the warp after the cells' last
     assert source.count(f"// the inputs: the {helpers} threads past the cells take each position's {words} words") == 2
@@ -1314,6 +1314,36 @@ def test_needed_ranges_match_a_plain_loop(overlapping):
         assert (int(lo[b]), int(hi[b])) == expected, b
 
 
+def test_code_settings_carry_a_kernels_choices_whatever_the_module_settings(monkeypatch):
+    """codegen.CodeSettings: a kernel keeps the settings it was written with, resolved, so the
+    resident twin or a reschedule generated from them is the same kernel even after a module
+    setting changed; ``one_pass`` sets both one-pass fields; an unknown name is one clear error."""
+    from framefuse.compiler import codegen
+    from framefuse.compiler.codegen import CodeSettings
+
+    plan = schedule(lower_program(_prepared("lstm").fused), grid=8, threads=128, smem_floats=40 * 1024)
+    kernel = generate(plan, one_pass=True, copy_pieces=1024)
+    assert kernel.settings == CodeSettings.of(one_pass=True, copy_pieces=1024).resolved()
+    assert kernel.settings.phase_one_pass and kernel.settings.root_in_warp and kernel.settings.inputs_ahead == 1
+    assert generate(plan, settings=kernel.settings).identity == kernel.identity
+    monkeypatch.setattr(codegen, "ALIAS_VIEWS", True)
+    monkeypatch.setattr(codegen, "PREFETCH_PACED", True)
+    assert generate(plan, settings=kernel.settings).identity == kernel.identity  # resolved: no None left
+    changed = generate(plan, settings=CodeSettings.of(one_pass=True, copy_pieces=1024))
+    assert changed.settings.alias_views and changed.settings.paced_copies and changed.identity != kernel.identity
+    # the describe() keys are the settings' names, one_pass for the two one-pass fields
+    info = kernel.describe()
+    assert info["one_pass"] is True and info["copy_pieces"] == 1024 and "phase_one_pass" not in info
+    only_roots = CodeSettings.of(root_in_warp=True).resolved()
+    assert only_roots.one_pass and not only_roots.phase_one_pass
+    with pytest.raises(CompileError, match=r"unknown code setting\(s\) ahead, oen_pass: expected one_pass or"):
+        generate(plan, oen_pass=True, ahead=4)
+    with pytest.raises(CompileError, match="at least one position ahead, got 0"):
+        generate(plan, inputs_ahead=0)
+    with pytest.raises(CompileError, match="weight format 'fp8'"):
+        CodeSettings.of(weight_format="fp8").resolved()
+
+
 def test_the_build_tactics_share_one_program_and_schedule(monkeypatch):
     """compiler.memo: the tactics that differ only in generated code (pieces, paced) reuse the
     plain kernel's lowered program and schedule; other options, sizes or settings do not, and a
@@ -1908,7 +1938,7 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             take_together=bool(together),
             input_helpers=bool(helpers),
         )
-        assert kernel.alias_views is bool(views) and kernel.one_pass is bool(fewer)
+        assert kernel.settings.alias_views is bool(views) and kernel.settings.one_pass is bool(fewer)
         assert kernel.describe()["replicated_dot_macs"] == (1 << 15 if levels else 0)
         assert ("loaded 4 positions ahead" in kernel.source) is bool(ahead)
         assert ("// one branch for the position's words" in kernel.source) is bool(together)
@@ -2382,7 +2412,7 @@ def test_long_copies_can_be_issued_in_pieces_over_the_warps(tmp_path):
 
     whole = generate(schedule(program, grid=16, threads=64))
     cut = generate(schedule(program, grid=16, threads=64), copy_pieces=1024)
-    assert whole.copy_pieces == 0 and cut.copy_pieces == 1024
+    assert whole.settings.copy_pieces == 0 and cut.settings.copy_pieces == 1024
     before, after = copies(whole), copies(cut)
     assert before[:, :, 3].max() > 1024 and after[:, :, 3].max() <= 1024
 
@@ -2416,9 +2446,9 @@ def test_views_of_a_tasks_arrays_are_read_where_the_array_lies(monkeypatch):
     sched = schedule(program, grid=3, threads=64)
     plain = generate(sched)
     assert not codegen.ALIAS_VIEWS and generate(sched, alias_views=False).source == plain.source
-    assert not plain.alias_views and not plain.describe()["alias_views"]
+    assert not plain.settings.alias_views and not plain.describe()["alias_views"]
     views = generate(sched, alias_views=True)
-    assert views.alias_views and views.describe()["alias_views"]
+    assert views.settings.alias_views and views.describe()["alias_views"]
     monkeypatch.setattr(codegen, "ALIAS_VIEWS", True)
     assert generate(sched).source == views.source
     gen = codegen.Generator(sched, alias_views=True)
@@ -2499,9 +2529,9 @@ def test_fewer_phases_settings_are_off_and_change_only_what_they_say(monkeypatch
     plain = generate(sched)
     assert not codegen.PHASE_ONE_PASS and not codegen.ROOT_IN_ARRAY_WARP
     assert generate(sched, one_pass=False).source == plain.source
-    assert not plain.one_pass and not plain.describe()["one_pass"]
+    assert not plain.settings.one_pass and not plain.describe()["one_pass"]
     fewer = generate(sched, one_pass=True)
-    assert fewer.one_pass and fewer.describe()["one_pass"] and fewer.source != plain.source
+    assert fewer.settings.one_pass and fewer.describe()["one_pass"] and fewer.source != plain.source
     monkeypatch.setattr(codegen, "PHASE_ONE_PASS", True)
     monkeypatch.setattr(codegen, "ROOT_IN_ARRAY_WARP", True)
     assert generate(sched).source == fewer.source

@@ -425,11 +425,12 @@ def test_a_tactic_within_the_timing_noise_of_the_plain_kernel_is_not_kept():
 
 
 @pytest.mark.parametrize("exact_math", [False, True])
-def test_stepkernel_candidate_calls_the_compiler_with_each_tactic_and_the_math(monkeypatch, exact_math):
+def test_stepkernel_candidate_calls_the_compiler_with_each_tactic_and_the_math(monkeypatch, exact_math, tmp_path):
     """The build's step-kernel candidate reaches the compiler with every tactic's arguments and the
-    math asked for. The GPU path is the only other caller, so a signature drift between the two
-    (2726c76 passed ``fast_math`` that compile_step did not take: every build on a GPU lost the step
-    kernel) fails here, on the CPU."""
+    math asked for, and prepare_step (what CompiledStep does with them first) takes them. The GPU
+    path is the only other caller, so a signature drift between the two (2726c76 passed
+    ``fast_math`` that compile_step did not take: every build on a GPU lost the step kernel) fails
+    here, on the CPU."""
     from types import SimpleNamespace
 
     from framefuse.compiler import engine as compiler_engine
@@ -440,9 +441,12 @@ def test_stepkernel_candidate_calls_the_compiler_with_each_tactic_and_the_math(m
     seen = []
 
     class Recorder:
-        def __init__(self, program, **kwargs):
+        def __init__(self, program, *, device, log=None, **kwargs):
             seen.append(kwargs)
+            compiler_engine.prepare_step(program, H100_PROPS, **kwargs)  # an argument it does not take raises
             raise RuntimeError("compiled here")
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
 
     monkeypatch.setattr(compiler_engine, "CompiledStep", Recorder)
     for name, tactic in STEPKERNELS.items():
@@ -547,8 +551,32 @@ def test_the_ahead_tactics_load_a_one_block_recurrences_inputs_ahead(monkeypatch
     assert four.schedule is plain.schedule and eight.schedule is plain.schedule
     assert four.threads == eight.threads == 384
     assert "loaded a position ahead" in plain.kernel.source
-    assert "loaded 4 positions ahead" in four.kernel.source and four.kernel.inputs_ahead == 4
-    assert "loaded 7 positions ahead" in eight.kernel.source and eight.kernel.inputs_ahead == 8
+    assert "loaded 4 positions ahead" in four.kernel.source and four.kernel.settings.inputs_ahead == 4
+    assert "loaded 7 positions ahead" in eight.kernel.source and eight.kernel.settings.inputs_ahead == 8
+
+
+def test_a_prepared_source_rescheduled_over_fewer_blocks_keeps_its_tactic(monkeypatch, tmp_path):
+    """StepSource.rescheduled, the resident kernel limited to ``resident_sms`` SMs: the tactic's
+    schedule arguments, code settings and math over the new grid, the source prepare_step gives
+    for that tactic there (until session 56 the resident path rebuilt the kernel with the copy
+    pieces alone: a fewer-phases or paced or narrow-row candidate lost its settings)."""
+    from framefuse.compiler.engine import prepare_step
+    from framefuse.compiler.memo import cached_program
+    from framefuse.engines.fusion import STEPKERNEL_WIDE_FEWER_PHASES, STEPKERNELS
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    program = cached_program(_min_gru_step())
+    tactic = dict(STEPKERNELS[STEPKERNEL_WIDE_FEWER_PHASES], paced_copies=True)
+    source = prepare_step(program, H100_PROPS, fast_math=False, **tactic)
+    fewer = source.rescheduled(40)
+    assert (fewer.grid, fewer.threads, fewer.fast_math, fewer.prefetch) == (40, 384, False, True)
+    assert fewer.kernel.settings == source.kernel.settings
+    assert fewer.kernel.settings.one_pass and fewer.kernel.settings.paced_copies
+    assert fewer.schedule.describe()["recomputed_scalars"] == source.schedule.describe()["recomputed_scalars"]
+    direct = prepare_step(program, H100_PROPS, fast_math=False, **dict(tactic, grid=40))
+    assert fewer.kernel.identity == direct.kernel.identity
+    assert fewer.kernel.identity != prepare_step(program, H100_PROPS, grid=40, threads=384).kernel.identity
+    assert fewer.rescheduled(132).kernel.identity == source.kernel.identity
 
 
 def test_replica_cap_tactics_put_attentions_output_projections_on_fewer_blocks(monkeypatch, tmp_path):
@@ -784,7 +812,7 @@ def test_a_precision_build_times_every_tactic_twice_from_its_graph_as_stored(mon
     assert all(isinstance(s, StepSource) for s in sources.values()), sources
     plain, twin = sources["stepkernel"], sources["stepkernel@fp16"]
     assert twin.program is plain.program and twin.schedule is plain.schedule
-    assert not plain.kernel.layout.narrow and plain.kernel.weight_format == "fp32"
+    assert not plain.kernel.layout.narrow and plain.kernel.settings.weight_format == "fp32"
     dots = {u.node.id: u.node for t in twin.schedule.tasks for u in t.units.values() if u.how == "dot"}
     assert twin.kernel.layout.narrow and twin.kernel.describe()["lossless_rows"]
     assert set(twin.kernel.layout.narrow) == {i for i, d in dots.items() if stores_exactly(d.rows, "fp16")}

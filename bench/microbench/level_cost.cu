@@ -15,6 +15,11 @@
 //             shared memory (distributed shared memory), then a cluster barrier.
 //   dsmem     as cluster, but the written words carry a tag and readers spin on their own shared
 //             memory: no barrier.
+//   mbar      as cluster, but each value goes out with st.async, which counts its 4 bytes on the
+//             reader's mbarrier (complete_tx), and a block waits on its own mbarrier for the level's
+//             N values (mbarrier.try_wait, acquire at cluster scope): no cluster barrier, no tags,
+//             no polling of memory another SM writes (session 56; issue 18's per-level transport:
+//             the hardware's own producer / consumer path between the SMs of a cluster).
 //   unrolled  block mode with the level loop unrolled at compile time (code size x L): the
 //             instruction-cache cost of straight-line code run once per launch.
 //
@@ -266,6 +271,89 @@ __global__ void __launch_bounds__(256, 1) k_cluster(const float* W, const float*
     cluster.sync();  // nobody leaves while others may still write into its shared memory
 }
 
+// ---- mbar mode: st.async into every block's shared memory, counted by its mbarrier --------------------------
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_arm(unsigned bar, unsigned bytes) {  // this block's arrival, and the bytes to come
+    asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [%0], %1;\n\t}" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+__global__ void __launch_bounds__(256, 1) k_mbar(const float* W, const float* x0, float* out, int L) {
+    extern __shared__ __align__(16) float sm[];
+    __shared__ __align__(8) unsigned long long bars[2];  // bars[p] counts the values of buffer p
+    cg::cluster_group cluster = cg::this_cluster();
+    const int C = cluster.num_blocks();
+    const int me = cluster.block_rank();
+    const int rows = N / C;
+    float* w = sm;               // rows x N
+    float* xb = sm + rows * N;   // 2 x N: level l reads buffer l & 1
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i = tid; i < rows * N; i += blockDim.x) w[i] = W[me * rows * N + i];
+    for (int i = tid; i < N; i += blockDim.x) xb[i] = x0[i];
+    if (tid == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[0])) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[1])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (L >= 1) mbar_arm(smem_u32(&bars[1]), N * 4);  // level 1's input
+        if (L >= 2) mbar_arm(smem_u32(&bars[0]), N * 4);  // level 2's; later ones as each phase ends
+    }
+    cluster.sync();  // every block's barriers initialised and armed before anyone sends
+    // where lane c (< C) sends: block c's buffers and barriers, as shared::cluster addresses
+    unsigned remote_x = 0, remote_bar0 = 0;
+    if (lane < C) {
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_x) : "r"(smem_u32(xb)), "r"(lane));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar0) : "r"(smem_u32(&bars[0])), "r"(lane));
+    }
+    float xv[8];
+    for (int l = 0; l < L; ++l) {
+        const int p = l & 1;
+        if (l > 0) {
+            // the k-th use of barrier p: level 2k + 1 (p = 1) or 2k + 2 (p = 0)
+            const unsigned k = p ? (unsigned)(l - 1) >> 1 : ((unsigned)l >> 1) - 1u;
+            mbar_wait(smem_u32(&bars[p]), k & 1u);
+            // re-armed for level l + 2 once this phase is over: the senders of that level's values
+            // have all received this block's level-l values, so this phase completed first
+            if (tid == 0 && l + 2 <= L) mbar_arm(smem_u32(&bars[p]), N * 4);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) xv[j] = xb[p * N + lane + 32 * j];
+        for (int r = warp; r < rows; r += blockDim.x / 32) {
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc += w[r * N + lane + 32 * j] * xv[j];
+            acc = warp_sum(acc);
+            const float y = tanhf(acc);
+            if (lane < C) {
+                const unsigned q = (unsigned)(p ^ 1);
+                const unsigned dst = remote_x + 4u * (q * N + me * rows + r);
+                const unsigned bar = remote_bar0 + 8u * q;
+                asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst),
+                             "r"(__float_as_uint(y)), "r"(bar)
+                             : "memory");
+            }
+        }
+    }
+    if (L > 0) {
+        const int p = L & 1;
+        const unsigned k = p ? (unsigned)(L - 1) >> 1 : ((unsigned)L >> 1) - 1u;
+        mbar_wait(smem_u32(&bars[p]), k & 1u);
+    }
+    if (me == 0)
+        for (int i = tid; i < N; i += blockDim.x) out[i] = xb[(L & 1) * N + i];
+    cluster.sync();  // nobody leaves while others may still send into its shared memory
+}
+
 // ---- driver ------------------------------------------------------------------------------------------------
 struct Bufs {
     float *W, *x0, *out;
@@ -415,6 +503,29 @@ int main(int argc, char** argv) {
                 CHECK(cudaLaunchKernelEx(&cfg, fn, (const float*)d.W, (const float*)d.x0, d.out, L));
             });
         }
+    }
+    for (int C : {8, 16}) {
+        const int rows = N / C;
+        const size_t smem = (rows * N + 2 * N) * 4;
+        CHECK(cudaFuncSetAttribute(k_mbar, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (C > 8) CHECK(cudaFuncSetAttribute(k_mbar, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        char name[64];
+        snprintf(name, sizeof name, "mbar C%d", C);
+        row(name, [&](cudaStream_t s, int L) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(C);
+            cfg.blockDim = dim3(256);
+            cfg.dynamicSmemBytes = smem;
+            cfg.stream = s;
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = C;
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            CHECK(cudaLaunchKernelEx(&cfg, k_mbar, (const float*)d.W, (const float*)d.x0, d.out, L));
+        });
     }
     return 0;
 }

@@ -50,25 +50,16 @@ def generate_source(
     threads: int = 256,
     smem_limit_bytes: int = 200 * 1024,
     resident: bool = False,
-    weight_format: str = "fp32",
-    lossless_rows: bool = False,
     widen_storage: bool = False,
-    alias_views: bool | None = None,
-    one_pass: bool | None = None,
-    inputs_ahead: int | None = None,
-    take_together: bool | None = None,
-    input_helpers: bool | None = None,
     recomputed_scalars: int | None = None,
     replicated_dot_macs: int | None = None,
+    **fields,
 ):
     """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
     ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel` (``resident``: the
-    kernel launched once that runs a frame per bell; ``weight_format``, ``lossless_rows``: the
-    products' weight rows, codegen.WEIGHT_FORMATS; ``widen_storage``: see lower_program;
-    ``alias_views``: see codegen.ALIAS_VIEWS; ``one_pass``: see codegen.PHASE_ONE_PASS and
-    codegen.ROOT_IN_ARRAY_WARP; ``inputs_ahead``, ``take_together``, ``input_helpers``: see
-    codegen.RECUR_INPUTS_AHEAD, RECUR_TAKE_TOGETHER and RECUR_INPUT_HELPERS; ``recomputed_scalars``, ``replicated_dot_macs``: see
-    schedule.schedule)."""
+    kernel launched once that runs a frame per bell; ``widen_storage``: see lower_program;
+    ``recomputed_scalars``, ``replicated_dot_macs``: see schedule.schedule; ``fields``: the code's
+    settings, codegen.CodeSettings.of: ``weight_format``, ``one_pass``, ``inputs_ahead``, ...)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
 
@@ -81,18 +72,7 @@ def generate_source(
         recomputed_scalars=recomputed_scalars,
         replicated_dot_macs=replicated_dot_macs,
     )
-    return generate(
-        sched,
-        smem_limit_bytes=smem_limit_bytes,
-        resident=resident,
-        weight_format=weight_format,
-        lossless_rows=lossless_rows,
-        alias_views=alias_views,
-        one_pass=one_pass,
-        inputs_ahead=inputs_ahead,
-        take_together=take_together,
-        input_helpers=input_helpers,
-    )
+    return generate(sched, smem_limit_bytes=smem_limit_bytes, resident=resident, **fields)
 
 
 __all__ = ["CompileError", "Program", "generate_source", "lower_program"]

@@ -20,6 +20,7 @@ test), so ``Σ_k S[v,k]·k_k`` inside the loop over the state's columns is compu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import re
@@ -178,22 +179,12 @@ class Generator:
         prefetch: bool = True,
         trace: bool = False,
         resident: bool = False,
-        copy_pieces: int | None = None,
-        paced_copies: bool | None = None,
-        skewed_sums: bool | None = None,
-        weight_format: str = "fp32",
-        lossless_rows: bool = False,
-        lane_cells: bool | None = None,
-        alias_views: bool | None = None,
-        one_pass: bool | None = None,
-        inputs_ahead: int | None = None,
-        take_together: bool | None = None,
-        input_helpers: bool | None = None,
+        settings: CodeSettings | None = None,
     ):
-        if weight_format not in WEIGHT_FORMATS:
-            raise CompileError(f"weight format {weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
-        self.weight_format = weight_format
-        self.lossless_rows = bool(lossless_rows)
+        """``settings``: how the kernel is written (None: every module setting's value)."""
+        self.settings = code = (settings or CodeSettings()).resolved()
+        self.weight_format = code.weight_format
+        self.lossless_rows = code.lossless_rows
         if trace and resident:
             raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
         self.trace = trace
@@ -207,21 +198,16 @@ class Generator:
         self.layout = Layout()
         self.smem_limit = smem_limit_bytes // 4
         self.want_prefetch = prefetch
-        self.copy_pieces = PREFETCH_PIECE_FLOATS if copy_pieces is None else int(copy_pieces)
-        if self.copy_pieces < 0 or self.copy_pieces % 4:
-            raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {self.copy_pieces}")
-        self.paced_copies = PREFETCH_PACED if paced_copies is None else bool(paced_copies)
-        self.skewed_sums = SKEWED_SUM_WALK if skewed_sums is None else bool(skewed_sums)
-        self.lane_cells = RECUR_LANE_CELLS if lane_cells is None else bool(lane_cells)
-        self.inputs_ahead = RECUR_INPUTS_AHEAD if inputs_ahead is None else int(inputs_ahead)
-        self.take_together = RECUR_TAKE_TOGETHER if take_together is None else bool(take_together)
-        self.input_helpers = RECUR_INPUT_HELPERS if input_helpers is None else bool(input_helpers)
-        if self.inputs_ahead < 1:
-            raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {self.inputs_ahead}")
-        self.alias_views = ALIAS_VIEWS if alias_views is None else bool(alias_views)
-        # one_pass: both PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP (with the views: the build's stepkernel-fewer-phases)
-        self.phase_one_pass = PHASE_ONE_PASS if one_pass is None else bool(one_pass)
-        self.root_in_warp = ROOT_IN_ARRAY_WARP if one_pass is None else bool(one_pass)
+        self.copy_pieces = code.copy_pieces
+        self.paced_copies = code.paced_copies
+        self.skewed_sums = code.skewed_sums
+        self.lane_cells = code.lane_cells
+        self.inputs_ahead = code.inputs_ahead
+        self.take_together = code.take_together
+        self.input_helpers = code.input_helpers
+        self.alias_views = code.alias_views
+        self.phase_one_pass = code.phase_one_pass
+        self.root_in_warp = code.root_in_warp
         self._phase_lanes: dict[int, int] = {}  # the current phase's lanes per element (see _one_pass_lanes)
         # per task: {array id: (the array it is a view of, offset)} and each unit's phase (by id(unit))
         self.views = {t: self._task_views(task) for t, task in enumerate(sched.tasks)}
@@ -2621,7 +2607,7 @@ RECUR_LANE_CELLS = False
 # 2 / 4 / 8): nn.GRU hidden 64, T = 256 123.5 -> 120.6 / 118.2 / 111.1 us at 384 threads (-10 %), but
 # nn.LSTM the same size 131.7 -> 129.6 / 129.9 / 162.2 (its depth-8 kernel spills): no depth wins
 # at both, so 1 stays the default and the build times depths 4 and 8 at 384 threads
-# (engines/fusion.py's stepkernel-384-threads-ahead-4 / -8). Generator(inputs_ahead=) overrides it.
+# (engines/fusion.py's stepkernel-384-threads-ahead-4 / -8). CodeSettings.inputs_ahead overrides it.
 RECUR_INPUTS_AHEAD = 1
 # A one-block recurrence's cell threads check that a position's G input words were current when
 # loaded with one branch for all of them (ffk_ll_current, ffk_ll_value; the waits, rare, in the
@@ -2629,7 +2615,7 @@ RECUR_INPUTS_AHEAD = 1
 # each take ~7 instructions and ~25-30 cycles of fixed stalls on the position's critical path
 # (~110 of a position's ~820 cycles for an LSTM's four words, bench/microbench/recur_position.cu
 # and bench/h100/2026-12-05-s55/README.md). Not timed on a GPU yet: off until it is
-# (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+together). Generator(take_together=) overrides it.
+# (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+together). CodeSettings.take_together overrides it.
 RECUR_TAKE_TOGETHER = False
 # Why a deeper ring did not pay for the LSTM: ptxas (sm_90) puts every ffk_ll_peek of the ring on one
 # scoreboard, and a scoreboard counts loads that may return out of order, so the first use of any
@@ -2643,8 +2629,89 @@ RECUR_TAKE_TOGETHER = False
 # (_InputHelpers). The GRU's ring is on one scoreboard too (depth 8), so its 10 % there came from
 # the position loop unrolled by 8; with helpers, inputs_ahead unrolls the loop and loads nothing
 # ahead. Not timed on a GPU yet: off until it is (bench/stepkernel.py --sweep
-# rnn:LSTM/64/256/1+helpers, +helpers+ahead4). Generator(input_helpers=) overrides it.
+# rnn:LSTM/64/256/1+helpers, +helpers+ahead4). CodeSettings.input_helpers overrides it.
 RECUR_INPUT_HELPERS = False
+
+
+@dataclass(frozen=True)
+class CodeSettings:
+    """How a schedule's kernel is written: the generated-code choices a build tactic, a sweep or a
+    test makes, carried as one value from the tactic's arguments (engines/fusion.STEPKERNELS)
+    through engine.prepare_step and CompiledStep to generate, and kept by the Kernel (its
+    resident twin and a reschedule over fewer SMs are generated with the same). A field left None
+    takes its module setting's value when the kernel is generated (:meth:`resolved`).
+
+    ``one_pass`` is not a field: :meth:`of` sets both ``phase_one_pass`` and ``root_in_warp``
+    (the stepkernel-fewer-phases tactics), which stepkernel_variants.py also sets one at a time."""
+
+    copy_pieces: int | None = None  # PREFETCH_PIECE_FLOATS: long prefetch copies cut into pieces
+    paced_copies: bool | None = None  # PREFETCH_PACED: a group's copies a task ahead in the block's order
+    skewed_sums: bool | None = None  # SKEWED_SUM_WALK: sums that share a bank start at their own position
+    weight_format: str = "fp32"  # the products' weight rows (WEIGHT_FORMATS)
+    lossless_rows: bool = False  # only the products whose rows the format stores exactly go narrow
+    lane_cells: bool | None = None  # RECUR_LANE_CELLS: a one-block recurrence's units over lanes
+    alias_views: bool | None = None  # ALIAS_VIEWS: views of a task's arrays read where those lie
+    phase_one_pass: bool | None = None  # PHASE_ONE_PASS: a phase's arrays in fewer passes of the warps
+    root_in_warp: bool | None = None  # ROOT_IN_ARRAY_WARP: a root computed by its one product's lanes
+    inputs_ahead: int | None = None  # RECUR_INPUTS_AHEAD: a one-block recurrence's inputs loaded ahead
+    take_together: bool | None = None  # RECUR_TAKE_TOGETHER: ... a position's words checked with one branch
+    input_helpers: bool | None = None  # RECUR_INPUT_HELPERS: ... or taken by the threads past the cells
+
+    @classmethod
+    def of(cls, settings: CodeSettings | None = None, **fields) -> CodeSettings:
+        """``settings`` (or the defaults) with ``fields`` replaced, ``one_pass`` setting both one-pass
+        fields; an unknown name is a CompileError that lists the known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known - {"one_pass"})
+        if unknown:
+            raise CompileError(
+                f"unknown code setting(s) {', '.join(unknown)}: expected one_pass or {', '.join(sorted(known))}"
+            )
+        if "one_pass" in fields:
+            both = fields.pop("one_pass")
+            fields.setdefault("phase_one_pass", both)
+            fields.setdefault("root_in_warp", both)
+        return dataclasses.replace(settings or cls(), **fields)
+
+    def resolved(self) -> CodeSettings:
+        """Every None replaced by its module setting's current value, and the values checked."""
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise CompileError(f"weight format {self.weight_format!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
+
+        def pick(value, default, kind):
+            return kind(default if value is None else value)
+
+        code = CodeSettings(
+            copy_pieces=pick(self.copy_pieces, PREFETCH_PIECE_FLOATS, int),
+            paced_copies=pick(self.paced_copies, PREFETCH_PACED, bool),
+            skewed_sums=pick(self.skewed_sums, SKEWED_SUM_WALK, bool),
+            weight_format=self.weight_format,
+            lossless_rows=bool(self.lossless_rows),
+            lane_cells=pick(self.lane_cells, RECUR_LANE_CELLS, bool),
+            alias_views=pick(self.alias_views, ALIAS_VIEWS, bool),
+            phase_one_pass=pick(self.phase_one_pass, PHASE_ONE_PASS, bool),
+            root_in_warp=pick(self.root_in_warp, ROOT_IN_ARRAY_WARP, bool),
+            inputs_ahead=pick(self.inputs_ahead, RECUR_INPUTS_AHEAD, int),
+            take_together=pick(self.take_together, RECUR_TAKE_TOGETHER, bool),
+            input_helpers=pick(self.input_helpers, RECUR_INPUT_HELPERS, bool),
+        )
+        if code.copy_pieces < 0 or code.copy_pieces % 4:
+            raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {code.copy_pieces}")
+        if code.inputs_ahead < 1:
+            raise CompileError(f"a recurrence's inputs are loaded at least one position ahead, got {code.inputs_ahead}")
+        return code
+
+    @property
+    def one_pass(self) -> bool:
+        """Either one-pass setting on (what the kernel's describe() reports as ``one_pass``)."""
+        return bool(self.phase_one_pass or self.root_in_warp)
+
+    def describe(self) -> dict:
+        """The settings as the kernel's describe() reports them (one_pass for the two one-pass fields)."""
+        info = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del info["phase_one_pass"], info["root_in_warp"]
+        info["one_pass"] = self.one_pass
+        return info
 
 
 class _InputRing:
@@ -3387,22 +3454,13 @@ class Kernel:
     input_names: list
     output_names: list
     state_names: list
+    settings: CodeSettings  # how it was written, resolved (generate with them again: the same source)
     done_words: int = 0  # mapped host words the host waits on (see Generator._done)
     resident: bool = False  # ffk_resident: launched once, a frame per bell (see Generator._resident_loop)
-    copy_pieces: int = 0  # prefetch copies cut into pieces of this many floats (0: whole)
-    paced_copies: bool = False  # each block issues a group's copies a task ahead in its own order
-    skewed_sums: bool = False  # sums whose reads share a bank start each element at its own position
-    weight_format: str = "fp32"  # the products' weight rows: fp32, fp16, bf16 or int8 (see WEIGHT_FORMATS)
-    lossless_rows: bool = False  # narrow only the products the format stores exactly (stores_exactly)
+    trace: bool = False  # each block stamps its tasks' timeline (the launch's last argument, TRACE_SLOTS)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
-    lane_cells: bool = False  # a one-block recurrence's units split over lanes where they fit (recur_lanes)
-    alias_views: bool = False  # views of a task's arrays read where those lie (ALIAS_VIEWS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
-    one_pass: bool = False  # PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP (the stepkernel-fewer-phases tactics)
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
-    inputs_ahead: int = 1  # a one-block recurrence's inputs loaded this many positions ahead (RECUR_INPUTS_AHEAD)
-    take_together: bool = False  # ... and a position's words checked with one branch (RECUR_TAKE_TOGETHER)
-    input_helpers: bool = False  # ... or taken by the block's threads past the cells (RECUR_INPUT_HELPERS)
 
     @property
     def kernel_phases(self) -> int:
@@ -3447,7 +3505,7 @@ class Kernel:
         for task in self.schedule.tasks:
             for unit in task.units.values():
                 if unit.node.id in self.layout.narrow:
-                    found[unit.node.id] = rounded_rows(unit.node.rows, self.weight_format)
+                    found[unit.node.id] = rounded_rows(unit.node.rows, self.settings.weight_format)
         return found
 
     def describe(self) -> dict:
@@ -3462,21 +3520,11 @@ class Kernel:
                 "prefetched_products": len(self.layout.prefetch),
                 "prefetched_leaves": len(self.layout.leaf_prefetch),
                 "done_words": self.done_words,
-                "copy_pieces": self.copy_pieces,
-                "paced_copies": self.paced_copies,
-                "skewed_sums": self.skewed_sums,
-                "weight_format": self.weight_format,
-                "lossless_rows": self.lossless_rows,
                 "narrow_products": len(self.layout.narrow),
                 "tagged_frames": self.tagged_frames,
-                "lane_cells": self.lane_cells,
-                "alias_views": self.alias_views,
-                "one_pass": self.one_pass,
                 "kernel_phases": self.kernel_phases,
                 "copied_bytes": 4 * self.copied_floats,
-                "inputs_ahead": self.inputs_ahead,
-                "take_together": self.take_together,
-                "input_helpers": self.input_helpers,
+                **self.settings.describe(),
             }
         )
         return info
@@ -3489,46 +3537,22 @@ def generate(
     prefetch: bool = True,
     trace: bool = False,
     resident: bool = False,
-    copy_pieces: int | None = None,
-    paced_copies: bool | None = None,
-    skewed_sums: bool | None = None,
-    weight_format: str = "fp32",
-    lossless_rows: bool = False,
-    lane_cells: bool | None = None,
-    alias_views: bool | None = None,
-    one_pass: bool | None = None,
-    inputs_ahead: int | None = None,
-    take_together: bool | None = None,
-    input_helpers: bool | None = None,
+    settings: CodeSettings | None = None,
+    **fields,
 ) -> Kernel:
     """The kernel source for a schedule: ``ffk_step`` (one launch, one frame) or, with
     ``resident``, ``ffk_resident`` (one launch, a frame per bell; same layout, weights, range
-    table and flagged buffer as the launched kernel of the same schedule). ``weight_format``:
-    how the products' weight rows are stored and read (WEIGHT_FORMATS; :meth:`Kernel.dot_rows`
-    gives the rows the kernel computes with, for the reference); ``lossless_rows``: only the
-    products whose rows the format stores exactly go narrow (a precision build's graph, whose
-    weights are already rounded: the kernel then computes with the very values the graph holds);
-    ``lane_cells``: see recur_lanes (default RECUR_LANE_CELLS); ``alias_views``: see ALIAS_VIEWS
-    (its default); ``one_pass``: PHASE_ONE_PASS and ROOT_IN_ARRAY_WARP both on or off (default: each
-    setting's own); ``inputs_ahead``, ``take_together``, ``input_helpers``: a one-block recurrence's
-    input loads, see RECUR_INPUTS_AHEAD, RECUR_TAKE_TOGETHER and RECUR_INPUT_HELPERS (their defaults)."""
+    table and flagged buffer as the launched kernel of the same schedule and settings).
+    ``settings`` with ``fields`` replaced (CodeSettings.of: ``weight_format="fp16"``,
+    ``one_pass=True``, ...): how it is written; :meth:`Kernel.dot_rows` gives the rows a narrow
+    ``weight_format`` computes with, for the reference."""
     gen = Generator(
         sched,
         smem_limit_bytes=smem_limit_bytes,
         prefetch=prefetch,
         trace=trace,
         resident=resident,
-        copy_pieces=copy_pieces,
-        paced_copies=paced_copies,
-        skewed_sums=skewed_sums,
-        weight_format=weight_format,
-        lossless_rows=lossless_rows,
-        lane_cells=lane_cells,
-        alias_views=alias_views,
-        one_pass=one_pass,
-        inputs_ahead=inputs_ahead,
-        take_together=take_together,
-        input_helpers=input_helpers,
+        settings=CodeSettings.of(settings, **fields),
     )
     source = _renumber(gen.source())
     return Kernel(
@@ -3538,23 +3562,14 @@ def generate(
         gen.input_names,
         gen.output_names,
         gen.state_names,
-        gen.done_words,
-        resident,
-        gen.copy_pieces,
-        gen.paced_copies,
-        gen.skewed_sums,
-        gen.weight_format,
-        gen.lossless_rows,
-        gen.tagged,
-        gen.lane_cells,
-        gen.alias_views,
-        gen.task_phases(),
-        gen.phase_one_pass or gen.root_in_warp,
-        gen.copied_floats,
-        gen.inputs_ahead,
-        gen.take_together,
-        gen.input_helpers,
+        gen.settings,
+        done_words=gen.done_words,
+        resident=resident,
+        trace=trace,
+        tagged_frames=gen.tagged,
+        task_phases=gen.task_phases(),
+        copied_floats=gen.copied_floats,
     )
 
 
-__all__ = ["KERNEL_NAME", "RESIDENT_KERNEL_NAME", "Kernel", "generate"]
+__all__ = ["KERNEL_NAME", "RESIDENT_KERNEL_NAME", "CodeSettings", "Kernel", "generate"]

@@ -14,13 +14,13 @@ import ctypes
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, Kernel, generate
+from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, CodeSettings, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.memo import cached_program, cached_schedule
 from framefuse.compiler.schedule import THREADS, Schedule, hybrid_recurrences, replica_capped
@@ -73,6 +73,24 @@ class StepSource:
     prefetch: bool
     fast_math: bool
     schedule_s: float  # scheduling (or the memo's answer) and code generation
+    # prepare_step's schedule arguments that made it (with the kernel's settings: the same tactic
+    # prepared again, over another grid, see rescheduled)
+    schedule_arguments: Mapping = field(default_factory=dict)
+
+    def rescheduled(self, grid: int) -> StepSource:
+        """The same tactic (schedule arguments, code settings, math) over ``grid`` blocks: the
+        resident kernel limited to fewer SMs (``resident_sms``)."""
+        arguments = dict(self.schedule_arguments, grid=int(grid), threads=self.threads)
+        arguments.pop("grid_fraction", None)
+        arguments.pop("hybrid_threads", None)  # the threads it chose are the source's own
+        return prepare_step(
+            self.program,
+            self.props,
+            prefetch=self.prefetch,
+            fast_math=self.fast_math,
+            settings=self.kernel.settings,
+            **arguments,
+        )
 
     @property
     def nvrtc_options(self) -> tuple[str, ...]:
@@ -92,44 +110,33 @@ def prepare_step(
     threads: int = THREADS,
     prefetch: bool = True,
     trace: bool = False,
-    copy_pieces: int | None = None,
-    paced_copies: bool | None = None,
-    skewed_sums: bool | None = None,
     grid_fraction: float = 1.0,
     fast_math: bool | None = None,
-    weight_format: str = "fp32",
-    lossless_rows: bool = False,
     replica_floats: int | None = None,
     hybrid_threads: int | None = None,
-    lane_cells: bool | None = None,
-    alias_views: bool | None = None,
-    one_pass: bool | None = None,
-    inputs_ahead: int | None = None,
-    take_together: bool | None = None,
-    input_helpers: bool | None = None,
     recomputed_scalars: int | None = None,
     replicated_dot_macs: int | None = None,
+    settings: CodeSettings | None = None,
+    **fields,
 ) -> StepSource:
     """Schedule and generate ``program`` for a GPU of ``props`` (cuda.device_properties: "name",
-    "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source
-    (``weight_format``, ``lossless_rows``: how the products' weight rows are stored,
-    codegen.WEIGHT_FORMATS and codegen.stores_exactly; ``replica_floats``: the schedule's cap on a
-    task whose blocks copy the same values whole, schedule.schedule; where no task of the plain
-    schedule exceeds it, the plain schedule is the capped one; ``hybrid_threads``: blocks of this
-    many threads where the schedule at ``threads`` holds a recurrence's R partly in registers,
-    schedule.hybrid_recurrences; where none does, the plain schedule; ``lane_cells``: a one-block
-    recurrence's units split over lanes, codegen.recur_lanes; where none is, the plain source;
-    ``alias_views``: views of a task's arrays read where those lie, codegen.ALIAS_VIEWS; where
-    there is none, the plain source; ``one_pass``: a phase's products and reductions in one pass
-    of the warps and a root computed by its one product's lanes, codegen.PHASE_ONE_PASS and
-    codegen.ROOT_IN_ARRAY_WARP; where neither applies, the plain source; ``inputs_ahead``,
-    ``take_together``, ``input_helpers``: a one-block recurrence's input loads,
-    codegen.RECUR_INPUTS_AHEAD, RECUR_TAKE_TOGETHER and RECUR_INPUT_HELPERS; where none is, the
-    plain source; ``recomputed_scalars``:
-    scheduled with arrays of at most this many cheap scalars recomputed by their readers,
-    schedule.RECOMPUTED_SCALARS; ``replicated_dot_macs``: scheduled with products computed by
-    every block that reads them where a block's share is at most this many multiply-adds,
-    schedule.REPLICATED_DOT_MACS; where that changes nothing, the plain schedule)."""
+    "cc", "sm_count", "max_shared_per_block_optin"; no GPU is touched) and write its source.
+
+    The schedule: ``grid`` blocks (default one per SM, or ``grid_fraction`` of the SMs) of
+    ``threads``; ``replica_floats``: the schedule's cap on a task whose blocks copy the same values
+    whole, schedule.schedule (where no task of the plain schedule exceeds it, the plain schedule);
+    ``hybrid_threads``: blocks of this many threads where the schedule at ``threads`` holds a
+    recurrence's R partly in registers, schedule.hybrid_recurrences (where none does, the plain
+    schedule); ``recomputed_scalars``: arrays of at most this many cheap scalars recomputed by
+    their readers, schedule.RECOMPUTED_SCALARS; ``replicated_dot_macs``: products computed by every
+    block that reads them where a block's share is at most this many multiply-adds,
+    schedule.REPLICATED_DOT_MACS (where that changes nothing, the plain schedule).
+
+    The code: ``settings`` with ``fields`` replaced (codegen.CodeSettings.of: ``weight_format``,
+    ``lossless_rows``, ``copy_pieces``, ``paced_copies``, ``skewed_sums``, ``lane_cells``,
+    ``alias_views``, ``one_pass``, ``inputs_ahead``, ``take_together``, ``input_helpers``; each
+    documented there; a setting that applies nowhere in the program leaves the plain source)."""
+    settings = CodeSettings.of(settings, **fields)
     major, minor = props["cc"]
     if major < 8:
         raise CompileError(
@@ -137,6 +144,15 @@ def prepare_step(
         )
     if not 0.0 < grid_fraction <= 1.0:
         raise CompileError(f"grid_fraction must be in (0, 1], got {grid_fraction}")
+    schedule_arguments = {
+        "grid": grid,
+        "threads": threads,
+        "grid_fraction": grid_fraction,
+        "replica_floats": replica_floats,
+        "hybrid_threads": hybrid_threads,
+        "recomputed_scalars": recomputed_scalars,
+        "replicated_dot_macs": replicated_dot_macs,
+    }
     grid = int(grid or max(1, round(props["sm_count"] * grid_fraction)))
     smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
     start = time.perf_counter()
@@ -150,23 +166,7 @@ def prepare_step(
         schedule = cached_schedule(
             program, grid=grid, threads=threads, smem_floats=smem_limit // 8, replica_floats=replica_floats, **scalars
         )
-    kernel = generate(
-        schedule,
-        smem_limit_bytes=smem_limit,
-        prefetch=prefetch,
-        trace=trace,
-        copy_pieces=copy_pieces,
-        paced_copies=paced_copies,
-        skewed_sums=skewed_sums,
-        weight_format=weight_format,
-        lossless_rows=lossless_rows,
-        lane_cells=lane_cells,
-        alias_views=alias_views,
-        one_pass=one_pass,
-        inputs_ahead=inputs_ahead,
-        take_together=take_together,
-        input_helpers=input_helpers,
-    )
+    kernel = generate(schedule, smem_limit_bytes=smem_limit, prefetch=prefetch, trace=trace, settings=settings)
     schedule_s = time.perf_counter() - start
     return StepSource(
         program,
@@ -179,6 +179,7 @@ def prepare_step(
         prefetch,
         FAST_MATH if fast_math is None else bool(fast_math),
         schedule_s,
+        schedule_arguments,
     )
 
 
@@ -307,32 +308,13 @@ class CompiledStep:
         program: Program,
         *,
         device: torch.device,
-        grid: int | None = None,
-        threads: int = THREADS,
-        prefetch: bool = True,
-        trace: bool = False,
-        copy_pieces: int | None = None,
-        paced_copies: bool | None = None,
-        skewed_sums: bool | None = None,
-        grid_fraction: float = 1.0,
-        fast_math: bool | None = None,
-        weight_format: str = "fp32",
-        lossless_rows: bool = False,
-        replica_floats: int | None = None,
-        hybrid_threads: int | None = None,
-        lane_cells: bool | None = None,
-        alias_views: bool | None = None,
-        one_pass: bool | None = None,
-        inputs_ahead: int | None = None,
-        take_together: bool | None = None,
-        input_helpers: bool | None = None,
-        recomputed_scalars: int | None = None,
-        replicated_dot_macs: int | None = None,
         source: StepSource | None = None,
         log=None,
+        **arguments,
     ):
-        """``source``: the program's kernel from :func:`prepare_step` / :func:`prepare_tactics`
-        for this device (the tactic arguments are then its own, those given here unused)."""
+        """``arguments``: prepare_step's (the schedule's and the code's) for ``device``; or
+        ``source``, the program's kernel from :func:`prepare_step` / :func:`prepare_tactics` for
+        this device (then no other argument is given)."""
         cuda = _cuda()
         self.device = torch.device(device)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -340,47 +322,18 @@ class CompiledStep:
         props = device_properties(self.device)
         self.props = props
         if source is None:
-            source = prepare_step(
-                program,
-                props,
-                grid=grid,
-                threads=threads,
-                prefetch=prefetch,
-                trace=trace,
-                copy_pieces=copy_pieces,
-                paced_copies=paced_copies,
-                skewed_sums=skewed_sums,
-                grid_fraction=grid_fraction,
-                fast_math=fast_math,
-                weight_format=weight_format,
-                lossless_rows=lossless_rows,
-                replica_floats=replica_floats,
-                hybrid_threads=hybrid_threads,
-                lane_cells=lane_cells,
-                alias_views=alias_views,
-                one_pass=one_pass,
-                inputs_ahead=inputs_ahead,
-                take_together=take_together,
-                input_helpers=input_helpers,
-                recomputed_scalars=recomputed_scalars,
-                replicated_dot_macs=replicated_dot_macs,
+            source = prepare_step(program, props, **arguments)
+        elif arguments:
+            raise CompileError(
+                f"a prepared step source carries its own tactic: {', '.join(sorted(arguments))} not used"
             )
         elif source.program is not program or tuple(source.props["cc"]) != tuple(props["cc"]):
             raise CompileError("the prepared step source is for another program or GPU")
+        self.source = source
         self.program = program
         self.schedule = source.schedule
         self.kernel = source.kernel
-        self.copy_pieces = self.kernel.copy_pieces
-        self.paced_copies = self.kernel.paced_copies
-        self.skewed_sums = self.kernel.skewed_sums
-        self.lane_cells = self.kernel.lane_cells
-        self.alias_views = self.kernel.alias_views
-        self.one_pass = self.kernel.one_pass
-        self.inputs_ahead = self.kernel.inputs_ahead
-        self.take_together = self.kernel.take_together
-        self.input_helpers = self.kernel.input_helpers
-        self.weight_format = self.kernel.weight_format
-        self.lossless_rows = self.kernel.lossless_rows
+        self.settings = self.kernel.settings
         self.kernel_prefetch = source.prefetch
         self.schedule_s = source.schedule_s
         grid, threads = source.grid, source.threads
@@ -402,7 +355,7 @@ class CompiledStep:
         self.done_scratch = torch.zeros(max(k.done_words, 1), dtype=torch.int32, device=self.device)
         self.trace = (
             torch.zeros((grid, len(self.schedule.tasks) + 1, TRACE_SLOTS), dtype=torch.int64, device=self.device)
-            if trace
+            if self.kernel.trace
             else None
         )
         # every input and output is float32 (the IR's one dtype); the engines' specs are built from these
@@ -543,17 +496,7 @@ class CompiledStep:
                 smem_limit_bytes=smem_limit,
                 prefetch=self.kernel_prefetch,
                 resident=True,
-                copy_pieces=self.copy_pieces,
-                paced_copies=self.paced_copies,
-                skewed_sums=self.skewed_sums,
-                weight_format=self.weight_format,
-                lossless_rows=self.lossless_rows,
-                lane_cells=self.lane_cells,
-                alias_views=self.alias_views,
-                one_pass=self.one_pass,
-                inputs_ahead=self.inputs_ahead,
-                take_together=self.take_together,
-                input_helpers=self.input_helpers,
+                settings=self.settings,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")
@@ -582,64 +525,22 @@ def compile_step(
     model_or_path,
     *,
     device,
-    grid=None,
-    threads=THREADS,
-    copy_pieces=None,
-    paced_copies=None,
-    skewed_sums=None,
-    grid_fraction=1.0,
-    fast_math=FAST_MATH,
     compose_input=None,
     roll_recurrences=None,
-    weight_format="fp32",
-    lossless_rows=False,
     widen_storage=False,
-    replica_floats=None,
-    hybrid_threads=None,
-    lane_cells=None,
-    alias_views=None,
-    one_pass=None,
-    inputs_ahead=None,
-    take_together=None,
-    input_helpers=None,
-    recomputed_scalars=None,
-    replicated_dot_macs=None,
     log=None,
+    **arguments,
 ) -> CompiledStep:
-    """Lower, schedule, generate and compile a fused step graph for ``device`` (``grid`` blocks;
-    by default one per SM, or ``grid_fraction`` of the SMs; ``fast_math``: see FAST_MATH_OPTIONS;
-    ``compose_input``, ``roll_recurrences``: see lower_program; ``weight_format``: the products'
-    weight rows fp32, fp16, bf16 or int8, see codegen.WEIGHT_FORMATS; ``lossless_rows``: only those the
-    format stores exactly, codegen.stores_exactly; ``widen_storage``: an fp16 / bf16 build's graph,
-    lower.lower_model; ``replica_floats``, ``hybrid_threads``, ``lane_cells``, ``alias_views``, ``one_pass``,
-    ``inputs_ahead``, ``take_together``, ``input_helpers``, ``recomputed_scalars``, ``replicated_dot_macs``: see prepare_step). The program is lowered once for the build's tactics (compiler.memo)."""
+    """Lower, schedule, generate and compile a fused step graph for ``device``: ``compose_input``,
+    ``roll_recurrences``: see lower_program; ``widen_storage``: an fp16 / bf16 build's graph,
+    lower.lower_model; ``arguments``: prepare_step's, the schedule's (``grid``, ``threads``,
+    ``grid_fraction``, ``fast_math`` (see FAST_MATH_OPTIONS), ``replica_floats``, ...) and the
+    code's (codegen.CodeSettings: ``weight_format``, ``one_pass``, ...). The program is lowered
+    once for the build's tactics (compiler.memo)."""
     program = cached_program(
         model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
     )
-    return CompiledStep(
-        program,
-        device=device,
-        grid=grid,
-        threads=threads,
-        copy_pieces=copy_pieces,
-        paced_copies=paced_copies,
-        skewed_sums=skewed_sums,
-        grid_fraction=grid_fraction,
-        fast_math=fast_math,
-        weight_format=weight_format,
-        lossless_rows=lossless_rows,
-        replica_floats=replica_floats,
-        hybrid_threads=hybrid_threads,
-        lane_cells=lane_cells,
-        alias_views=alias_views,
-        one_pass=one_pass,
-        inputs_ahead=inputs_ahead,
-        take_together=take_together,
-        input_helpers=input_helpers,
-        recomputed_scalars=recomputed_scalars,
-        replicated_dot_macs=replicated_dot_macs,
-        log=log,
-    )
+    return CompiledStep(program, device=device, log=log, **arguments)
 
 
 def dump_source(compiled: CompiledStep, folder) -> Path:

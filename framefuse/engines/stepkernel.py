@@ -497,16 +497,10 @@ class ResidentStepBinding(StepBinding):
             if not 1 <= sms <= c.props["sm_count"]:
                 raise EngineBuildError(f"resident_sms={sms}: {c.props['name']} has {c.props['sm_count']} SMs")
             if sms != c.grid:
-                # the same program scheduled over fewer blocks: its own kernel and buffers (weights,
-                # flagged words, counters, range table), the session's state halves
-                c = CompiledStep(
-                    c.program,
-                    device=c.device,
-                    grid=sms,
-                    threads=c.threads,
-                    copy_pieces=c.copy_pieces,
-                    fast_math=c.fast_math,
-                )
+                # the same program and tactic (schedule arguments, code settings, math) scheduled
+                # over fewer blocks: its own kernel and buffers (weights, flagged words, counters,
+                # range table), the session's state halves
+                c = CompiledStep(c.program, device=c.device, source=c.source.rescheduled(sms))
         self.compiled = c
         k = c.kernel
         if k.done_words != plan.compiled.kernel.done_words:

@@ -27,11 +27,11 @@ SMALL = {"model": {"embed": 64, "layers": 2}, "seq": 4, "seed": 0}
 FULL = {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0}  # the benchmark's zoo size
 
 
-def _engine(prepared):
+def _engine(prepared, select="stepkernel"):
     from framefuse.engines import cuda_graph
 
-    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
-    assert engine.metadata["selection"]["chosen"] == "stepkernel"
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": select})
+    assert engine.metadata["selection"]["chosen"] == select
     return engine
 
 
@@ -282,10 +282,14 @@ def test_resident_needs_the_step_kernel():
         Session(engine, budget_ms=None, resident=True)
 
 
-@pytest.mark.parametrize("arch", ["min_gru", "attention", "xlstm"])
-def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch):
-    """resident_sms=16: the program scheduled again over 16 blocks (its own kernel and buffers, the
-    session's state); torch's kernels run on the other SMs while it is resident."""
+@pytest.mark.parametrize(
+    "arch, select",
+    [("min_gru", "stepkernel"), ("attention", "stepkernel-384-threads-fewer-phases"), ("xlstm", "stepkernel-paced")],
+)
+def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch, select):
+    """resident_sms=16: the program scheduled again over 16 blocks with the build's tactic (its
+    threads and code settings; its own kernel and buffers, the session's state); torch's kernels
+    run on the other SMs while it is resident."""
     import torch
     from test_stepkernel import _close, _rollout
 
@@ -294,9 +298,11 @@ def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch
     prepared = prepare_cached(arch, SMALL)["step"]
     frames = _frames(prepared, 64, seed=2)
     ref_y, ref_state = _rollout(prepared, frames)
-    with Session(_engine(prepared), budget_ms=None, resident=True, resident_sms=16) as session:
+    with Session(_engine(prepared, select), budget_ms=None, resident=True, resident_sms=16) as session:
         binding = session._host_step
         assert binding.compiled.grid == 16 and binding.compiled is not binding.plan.compiled
+        assert binding.compiled.threads == binding.plan.compiled.threads
+        assert binding.compiled.settings == binding.plan.compiled.settings
         for i, frame in enumerate(frames):
             _close(session.step(frame), ref_y[i], f"y at frame {i}")
             if i == 10:  # resident now: a torch kernel on the default stream finishes beside it

@@ -302,7 +302,7 @@ def test_fewer_phases_in_real_models_under_emulation(name, steps, export_root, t
         for label, resident in (("launched", False), ("resident", True))
     }
     for kernel in kernels.values():
-        assert kernel.one_pass and kernel.kernel_phases <= views.kernel_phases
+        assert kernel.settings.one_pass and kernel.kernel_phases <= views.kernel_phases
     assert kernels["launched"].digest != views.digest, f"{name}: nothing for the tactic to change"
     _one_step_emulated_against_interpreter(name, program, kernels, tmp_path, seed=6)
 

@@ -50,14 +50,7 @@ def sweep(name: str, seq: int, grids: list[int], work: Path) -> None:
     residents = {}
     for grid in grids:
         start = time.time()
-        compiled = CompiledStep(
-            c0.program,
-            device=c0.device,
-            grid=grid,
-            threads=c0.threads,
-            copy_pieces=c0.copy_pieces,
-            fast_math=c0.fast_math,
-        )
+        compiled = CompiledStep(c0.program, device=c0.device, source=c0.source.rescheduled(grid))
         plan = StepKernelPlan(compiled, base.input_specs, base.output_specs)
         bindings = {"host_inputs": [in_name], "host_outputs": [out_name], "state_pairs": {}}
         call = frame_call(plan.create_binding(engine, **bindings), pool, in_name, out_name)

@@ -15,7 +15,9 @@
 # and helpers (40 windows) and of the build's stepkernel-384-threads-ahead-4 / -8 tactics against
 # ONNX Runtime; memcheck and racecheck on a together and a helpers kernel; (4) nn.LSTM / nn.GRU
 # 64 / 256 / 1 built as `framefuse build` does, cuDNN beside. If one of them is faster at both
-# sizes (and never slower where it applies), make it the default.
+# sizes (and never slower where it applies), make it the default. Session 56 added
+# bench/microbench/level_cost.cu to (1): its new mbar mode, a level's transport inside a cluster by
+# st.async and mbarriers (issue 18), against the flag-tagged words through L2 that the kernels use.
 set -u
 export TORCHINDUCTOR_CACHE_DIR=$PWD/build/cache/inductor TRITON_CACHE_DIR=$PWD/build/cache/triton FRAMEFUSE_CACHE=$PWD/build/cache/ff
 # eight files come back at most: the sweep's and rnn_sizes' other outputs stay in /tmp
@@ -25,7 +27,10 @@ echo "== microbench $(date +%T)"
 nvcc -O3 -arch=sm_90 -ftz=true -prec-div=false -prec-sqrt=false -o /tmp/recur_position bench/microbench/recur_position.cu \
   && timeout 60 /tmp/recur_position > $OUT/microbench.log 2>&1
 nvcc -O3 -arch=sm_90 -o /tmp/poll_latency bench/microbench/poll_latency.cu \
-  && timeout 60 /tmp/poll_latency >> $OUT/microbench.log 2>&1; cat $OUT/microbench.log
+  && timeout 60 /tmp/poll_latency >> $OUT/microbench.log 2>&1
+# session 56: level_cost.cu's mbar mode (st.async + mbarrier in a cluster) beside its block / cluster modes
+nvcc -O3 -arch=sm_90 -o /tmp/level_cost bench/microbench/level_cost.cu \
+  && timeout 90 /tmp/level_cost >> $OUT/microbench.log 2>&1; cat $OUT/microbench.log
 W=rnn:LSTM/64/256/1; G=rnn:GRU/64/256/1
 echo "== sweep $(date +%T)"
 timeout 150 python3 bench/stepkernel.py --archs , --grids 132 --threads 256,384 --out /tmp/sweep \
@@ -36,6 +41,8 @@ echo "== GPU tests + sanitizers $(date +%T)"
 timeout 220 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py -k "inputs_loaded or ahead" > $OUT/tests/tests.log 2>&1
 echo "pytest rc=$? $(date +%T)"; tail -n 4 $OUT/tests/tests.log
 wait; cat $OUT/tests/memcheck.summary
+# session 56: resident_sms keeps the build's tactic (StepSource.rescheduled; it kept only the copy pieces before)
+timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_resident.py -k fewer_sms 2>&1 | tail -n 3
 bash tests/gpu/sanitize.sh racecheck $OUT/tests/race -t 100 -k "inputs_loaded and gru-5-2 and False-1" tests/gpu/test_stepkernel.py
 echo "== rnn_sizes $(date +%T)"
 for name in LSTM-64-256-1 GRU-64-256-1; do
