@@ -2451,7 +2451,7 @@ def test_views_of_a_tasks_arrays_are_read_where_the_array_lies(monkeypatch):
     assert views.settings.alias_views and views.describe()["alias_views"]
     monkeypatch.setattr(codegen, "ALIAS_VIEWS", True)
     assert generate(sched).source == views.source
-    gen = codegen.Generator(sched, alias_views=True)
+    gen = codegen.Generator(sched, settings=codegen.CodeSettings.of(alias_views=True))
     found = {t: v for t, v in gen.views.items() if v}
     assert found, "min_gru's first layer reads the frame's rows through views"
     for t, task_views in found.items():
@@ -2480,7 +2480,7 @@ def test_views_read_in_place_emulated_match_the_interpreter(arch, tmp_path):
 
     program = lower_program(_prepared(arch).fused)
     sched = schedule(program, grid=3, threads=64)
-    assert any(codegen.Generator(sched, alias_views=True).views.values()), arch
+    assert any(codegen.Generator(sched, settings=codegen.CodeSettings.of(alias_views=True)).views.values()), arch
     kernel = generate(sched, alias_views=True)
     _emulate_against_interpreter(kernel, program, 2, tmp_path / "launched", races=arch in ("min_gru", "xlstm", "lstm"))
     _emulate_against_interpreter(generate(sched, resident=True, alias_views=True), program, 3, tmp_path / "resident")
@@ -2539,7 +2539,7 @@ def test_fewer_phases_settings_are_off_and_change_only_what_they_say(monkeypatch
     gen = codegen.Generator(sched)
     before, after = (
         _phase_passes(gen, sched, False),
-        _phase_passes(codegen.Generator(sched, one_pass=True), sched, True),
+        _phase_passes(codegen.Generator(sched, settings=codegen.CodeSettings.of(one_pass=True)), sched, True),
     )
     assert len(before) == len(after) and all(a <= b for a, b in zip(after, before))
     assert max(before) > 1 and sum(after) < sum(before), (before, after)
@@ -2550,7 +2550,7 @@ def test_fewer_phases_settings_are_off_and_change_only_what_they_say(monkeypatch
     program = lower_program(_prepared("mamba", MEDIUM).fused)
     sched = schedule(program, grid=32, threads=128)
     plain = generate(sched)
-    gen = codegen.Generator(sched, one_pass=True)
+    gen = codegen.Generator(sched, settings=codegen.CodeSettings.of(one_pass=True))
     fused = {t: uid for t, uid in gen.root_arrays.items() if uid is not None}
     assert len(fused) >= 2, "mamba's x_proj tasks publish their one product"
     for t, uid in fused.items():

@@ -257,7 +257,7 @@ def test_views_read_in_place_in_real_models_under_emulation(name, steps, export_
     Llama's and Mamba's steps, the bidirectional nn.LSTM's; fewer phases than the plain kernel of
     the same schedule, and the emulated kernel against the interpreter."""
     from framefuse.compiler import lower_program
-    from framefuse.compiler.codegen import Generator, generate
+    from framefuse.compiler.codegen import CodeSettings, Generator, generate
     from framefuse.compiler.emulate import compiler
     from framefuse.compiler.schedule import schedule
 
@@ -265,7 +265,9 @@ def test_views_read_in_place_in_real_models_under_emulation(name, steps, export_
         pytest.skip("no C++ compiler for the emulation")
     program = lower_program(fuse_real_model(name, steps, export_root).fused_path)
     sched = schedule(program, grid=8, threads=128, smem_floats=12 * 1024)
-    assert any(Generator(sched, smem_limit_bytes=100 * 1024, alias_views=True).views.values()), name
+    assert any(
+        Generator(sched, smem_limit_bytes=100 * 1024, settings=CodeSettings.of(alias_views=True)).views.values()
+    ), name
     kernel = generate(sched, smem_limit_bytes=100 * 1024, alias_views=True)
     assert kernel.kernel_phases < generate(sched, smem_limit_bytes=100 * 1024).kernel_phases
     _one_step_emulated_against_interpreter(name, program, {"views": kernel}, tmp_path, seed=5)
