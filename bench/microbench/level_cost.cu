@@ -278,9 +278,11 @@ __device__ __forceinline__ void mbar_arm(unsigned bar, unsigned bytes) {  // thi
                  "r"(bytes)
                  : "memory");
 }
+// a protocol error traps (the launch fails, CHECK says where) instead of hanging the GPU call
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
+    unsigned done, polls = 0;
     do {
+        if (++polls > (1u << 22)) __trap();
         asm volatile(
             "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
             : "=r"(done)

@@ -2716,7 +2716,7 @@ class CodeSettings:
 
 class _InputRing:
     """The registers of a one-block recurrence's inputs loaded ahead (``ahead`` >= 1 positions,
-    checked by Generator, see RECUR_INPUTS_AHEAD): ``G`` gate words a position, for positions rcs .. rcs + ahead - 1;
+    checked by CodeSettings.resolved, see RECUR_INPUTS_AHEAD): ``G`` gate words a position, for positions rcs .. rcs + ahead - 1;
     position p in slot p % ahead, which is the unrolled loop's ``rcd`` (see _position_loop).
     ``x_word(position, g)`` is the address of a word; ``together``: a position's words checked with
     one branch (RECUR_TAKE_TOGETHER). With ahead 1 the source is the one-slot form it always was."""

@@ -170,8 +170,9 @@ class Session:
     cpustep``, or the build's choice): that one runs on a worker thread of its own, which spins on
     a core while it waits (engines/cpustep.CpuResidentBinding; ``close()`` joins it).
     ``resident_sms``: schedule the resident kernel over
-    that many SMs (compiled again for them) and leave the others to the rest of the program;
-    default: every SM, the kernel as built.
+    that many SMs (compiled again for them with the build's tactic: its threads, schedule
+    arguments, code settings and math) and leave the others to the rest of the program; default:
+    every SM, the kernel as built.
     """
 
     def __init__(
