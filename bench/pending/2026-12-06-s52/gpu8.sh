@@ -41,8 +41,6 @@ echo "== GPU tests + sanitizers $(date +%T)"
 timeout 220 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py -k "inputs_loaded or ahead" > $OUT/tests/tests.log 2>&1
 echo "pytest rc=$? $(date +%T)"; tail -n 4 $OUT/tests/tests.log
 wait; cat $OUT/tests/memcheck.summary
-# session 56: resident_sms keeps the build's tactic (StepSource.rescheduled; it kept only the copy pieces before)
-timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_resident.py -k fewer_sms 2>&1 | tail -n 3
 bash tests/gpu/sanitize.sh racecheck $OUT/tests/race -t 100 -k "inputs_loaded and gru-5-2 and False-1" tests/gpu/test_stepkernel.py
 echo "== rnn_sizes $(date +%T)"
 for name in LSTM-64-256-1 GRU-64-256-1; do
@@ -53,3 +51,7 @@ for name in LSTM-64-256-1 GRU-64-256-1; do
   cp /tmp/rnn/$name/rnn_sizes.jsonl $OUT/rnn/$name.jsonl 2>/dev/null
   python3 -c "import json,sys; [print(r.get('selection'), r.get('build_s'), r.get('candidates_us')) for r in map(json.loads, open(sys.argv[1]))]" $OUT/rnn/$name.jsonl 2>/dev/null
 done
+# session 56, last (the call's ~600 s may cut it; the decisions above come first): resident_sms
+# keeps the build's tactic (StepSource.rescheduled; it kept only the copy pieces before)
+echo "== resident_sms $(date +%T)"
+timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_resident.py -k fewer_sms 2>&1 | tail -n 3
