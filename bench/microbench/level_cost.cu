@@ -480,39 +480,10 @@ int main(int argc, char** argv) {
                check(d, W, x0, 64));
     }
     row("warp 32x8", [&](cudaStream_t s, int L) { k_warp<<<32, 256, 0, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L); });
-    for (int C : {8, 16}) {
-        for (int tagged = 0; tagged < 2; ++tagged) {
-            const int rows = N / C;
-            const size_t smem = (rows * N + 4 * N) * 4;
-            auto fn = tagged ? k_cluster<true> : k_cluster<false>;
-            CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            if (C > 8) CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            char name[64];
-            snprintf(name, sizeof name, "%s C%d", tagged ? "dsmem" : "cluster", C);
-            row(name, [&](cudaStream_t s, int L) {
-                cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = dim3(C);
-                cfg.blockDim = dim3(256);
-                cfg.dynamicSmemBytes = smem;
-                cfg.stream = s;
-                cudaLaunchAttribute attr[1];
-                attr[0].id = cudaLaunchAttributeClusterDimension;
-                attr[0].val.clusterDim.x = C;
-                attr[0].val.clusterDim.y = 1;
-                attr[0].val.clusterDim.z = 1;
-                cfg.attrs = attr;
-                cfg.numAttrs = 1;
-                CHECK(cudaLaunchKernelEx(&cfg, fn, (const float*)d.W, (const float*)d.x0, d.out, L));
-            });
-        }
-    }
-    for (int C : {8, 16}) {
-        const int rows = N / C;
-        const size_t smem = (rows * N + 2 * N) * 4;
-        CHECK(cudaFuncSetAttribute(k_mbar, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        if (C > 8) CHECK(cudaFuncSetAttribute(k_mbar, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        char name[64];
-        snprintf(name, sizeof name, "mbar C%d", C);
+    // one cluster of C blocks a launch (k_cluster's and k_mbar's rows)
+    auto cluster_row = [&](const char* name, void (*fn)(const float*, const float*, float*, int), int C, size_t smem) {
+        CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (C > 8) CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         row(name, [&](cudaStream_t s, int L) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(C);
@@ -526,8 +497,17 @@ int main(int argc, char** argv) {
             attr[0].val.clusterDim.z = 1;
             cfg.attrs = attr;
             cfg.numAttrs = 1;
-            CHECK(cudaLaunchKernelEx(&cfg, k_mbar, (const float*)d.W, (const float*)d.x0, d.out, L));
+            CHECK(cudaLaunchKernelEx(&cfg, fn, (const float*)d.W, (const float*)d.x0, d.out, L));
         });
+    };
+    for (int C : {8, 16}) {
+        char name[64];
+        for (int tagged = 0; tagged < 2; ++tagged) {
+            snprintf(name, sizeof name, "%s C%d", tagged ? "dsmem" : "cluster", C);
+            cluster_row(name, tagged ? k_cluster<true> : k_cluster<false>, C, (N / C * N + 4 * N) * 4);
+        }
+        snprintf(name, sizeof name, "mbar C%d", C);
+        cluster_row(name, k_mbar, C, (N / C * N + 2 * N) * 4);
     }
     return 0;
 }

@@ -81,7 +81,6 @@ class StepSource:
         """The same tactic (schedule arguments, code settings, math) over ``grid`` blocks: the
         resident kernel limited to fewer SMs (``resident_sms``)."""
         arguments = dict(self.schedule_arguments, grid=int(grid), threads=self.threads)
-        arguments.pop("grid_fraction", None)
         arguments.pop("hybrid_threads", None)  # the threads it chose are the source's own
         return prepare_step(
             self.program,
