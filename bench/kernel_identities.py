@@ -28,8 +28,8 @@ from pathlib import Path
 H100 = {"cc": (9, 0), "sm_count": 132, "max_shared_per_block_optin": 227 * 1024, "name": "NVIDIA H100 80GB HBM3"}
 RESIDENT_TWINS = ("stepkernel", "stepkernel-384-threads-fewer-phases")
 RECURRENCE_VARIANTS = {
-    "plain": {},
-    "together": {"take_together": True},
+    "plain": {"take_together": False, "input_helpers": False},  # the ring, each word taken alone
+    "together": {"take_together": True, "input_helpers": False},
     "helpers": {"input_helpers": True},
     "helpers-ahead4": {"input_helpers": True, "inputs_ahead": 4},
     "ahead4": {"inputs_ahead": 4},

@@ -236,15 +236,15 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
             settings["lane_cells"] = True
         elif variant.startswith("ahead") and variant[5:].isdigit() and int(variant[5:]) >= 1:
             settings["inputs_ahead"] = int(variant[5:])
-        elif variant == "together":
-            settings["take_together"] = True
-        elif variant == "helpers":
-            settings["input_helpers"] = True
+        elif variant in ("together", "no-together"):
+            settings["take_together"] = variant == "together"
+        elif variant in ("helpers", "no-helpers"):
+            settings["input_helpers"] = variant == "helpers"
         else:
             raise SystemExit(
                 f"--sweep {arch}+{variant}: variants are +lanes (codegen.RECUR_LANE_CELLS on), +aheadN "
-                "(codegen.RECUR_INPUTS_AHEAD = N), +together (codegen.RECUR_TAKE_TOGETHER on) and +helpers "
-                "(codegen.RECUR_INPUT_HELPERS on)"
+                "(codegen.RECUR_INPUTS_AHEAD = N), +together / +no-together (codegen.RECUR_TAKE_TOGETHER on / "
+                "off) and +helpers / +no-helpers (codegen.RECUR_INPUT_HELPERS on / off)"
             )
     label = "+".join([arch, *variants])
     if arch.startswith("rnn:"):  # rnn:KIND/HIDDEN/T/DIRECTIONS, one of bench/rnn_sizes.py's windows
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--sweep",
         default="",
-        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on; +aheadN: codegen.RECUR_INPUTS_AHEAD = N; +together: codegen.RECUR_TAKE_TOGETHER on; +helpers: codegen.RECUR_INPUT_HELPERS on)",
+        help="architectures whose grid/block sizes are swept (rnn:KIND/HIDDEN/T/DIRECTIONS: a bench/rnn_sizes.py window; +lanes after a name: codegen.RECUR_LANE_CELLS on; +aheadN: codegen.RECUR_INPUTS_AHEAD = N; +together / +no-together: codegen.RECUR_TAKE_TOGETHER on / off; +helpers / +no-helpers: codegen.RECUR_INPUT_HELPERS on / off)",
     )
     parser.add_argument("--grids", default="16,33,66,132")
     parser.add_argument("--threads", default="128,256,512")

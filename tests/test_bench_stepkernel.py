@@ -48,11 +48,15 @@ def test_a_sweep_variant_sets_its_settings_for_its_rows_only(stepkernel_bench, t
     assert settings == [(128, True, 4, True, True), (256, True, 4, True, True)]
     plain = stepkernel_bench.sweep("rnn:LSTM/64/3/1", tmp_path, [4], [256])
     assert "Refused" in plain[0]["error"] and set(seen[-1]) == {"device", "grid", "threads"}  # the defaults
-    assert (codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD, codegen.RECUR_TAKE_TOGETHER) == (False, 1, False)
-    assert codegen.RECUR_INPUT_HELPERS is False
+    assert (codegen.RECUR_LANE_CELLS, codegen.RECUR_INPUTS_AHEAD, codegen.RECUR_TAKE_TOGETHER) == (False, 1, True)
+    assert codegen.RECUR_INPUT_HELPERS is True
+    # the defaults that are on are turned off by name (the ring as it was, to time against them)
+    stepkernel_bench.sweep("rnn:LSTM/64/3/1+no-together+no-helpers", tmp_path, [4], [256])
+    assert (seen[-1]["take_together"], seen[-1]["input_helpers"]) == (False, False)
 
 
 @pytest.mark.parametrize("variant", ["ahead0", "ahead", "wide"])
 def test_an_unknown_sweep_variant_is_refused(stepkernel_bench, tmp_path, variant):
-    with pytest.raises(SystemExit, match=r"variants are \+lanes .*, \+aheadN .*, \+together .* and \+helpers"):
+    known = r"variants are \+lanes .*, \+aheadN .*, \+together / \+no-together .* and \+helpers / \+no-helpers"
+    with pytest.raises(SystemExit, match=known):
         stepkernel_bench.sweep(f"rnn:LSTM/64/3/1+{variant}", tmp_path, [4], [256])

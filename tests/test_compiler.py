@@ -506,6 +506,9 @@ def test_a_one_block_recurrence_loads_its_inputs_several_positions_ahead(
     plan = schedule(program, grid=4, threads=threads)
     assert [t.blocks for t in plan.tasks if isinstance(t.root, Recur)] == [1, 1]
     assert codegen.RECUR_INPUTS_AHEAD == 1
+    # the ring itself: the cells load their own inputs (no helpers take them), word by word
+    monkeypatch.setattr(codegen, "RECUR_INPUT_HELPERS", False)
+    monkeypatch.setattr(codegen, "RECUR_TAKE_TOGETHER", False)
     plain = generate(plan, lane_cells=lane_cells)
     assert plain.source.count("loaded a position ahead") == 2 and "rcs0" not in plain.source
     monkeypatch.setattr(codegen, "RECUR_INPUTS_AHEAD", ahead)
@@ -535,7 +538,7 @@ def test_a_one_block_recurrence_loads_its_inputs_several_positions_ahead(
 def test_a_one_block_recurrence_checks_its_input_words_with_one_branch(
     arch, embed, seq, batch, ahead, lane_cells, tmp_path
 ):
-    """generate(take_together=True) (codegen.RECUR_TAKE_TOGETHER, off by default): the cell threads
+    """generate(take_together=True) (codegen.RECUR_TAKE_TOGETHER, on by default): the cell threads
     test that every input word of a position was current when loaded in one condition and wait
     word by word only in the other branch; the emulated kernel (ThreadSanitizer), where the input
     projection's blocks run beside the recurrence and words are often not current yet, computes
@@ -549,10 +552,14 @@ def test_a_one_block_recurrence_checks_its_input_words_with_one_branch(
     recurrences = [t for t in plan.tasks if isinstance(t.root, Recur)]
     assert [t.blocks for t in recurrences] == [1, 1]
     gates = recurrences[0].root.gates
-    assert codegen.RECUR_TAKE_TOGETHER is False
-    plain = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead)
+    # the cells' own loads (the ring): without helpers, which would take the words instead
+    assert codegen.RECUR_TAKE_TOGETHER is True
+    plain = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=False, input_helpers=False)
     assert "& ffk_ll_current(" not in plain.source and not plain.settings.take_together
-    kernel = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=True)
+    default = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, input_helpers=False)
+    assert default.settings.take_together
+    kernel = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=True, input_helpers=False)
+    assert kernel.identity == default.identity
     assert kernel.settings.take_together and kernel.describe()["take_together"] is True
     slot = "rxw[rcd]" if ahead > 1 else "rxw"
     together = " & ".join(f"ffk_ll_current({slot}[{g}], epoch)" for g in range(gates))
@@ -561,7 +568,9 @@ def test_a_one_block_recurrence_checks_its_input_words_with_one_branch(
     assert kernel.source.count(f"rxv{gates - 1} = ffk_ll_take({slot}[{gates - 1}], ") == 2  # the waits
     assert kernel.source.count("const float rxv0 = ffk_ll_take(") == 0
     _emulate_against_interpreter(kernel, program, 1, tmp_path, races=True)
-    resident = generate(plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=True, resident=True)
+    resident = generate(
+        plan, lane_cells=lane_cells, inputs_ahead=ahead, take_together=True, input_helpers=False, resident=True
+    )
     assert resident.source.count(f"if ({together})") == 2
     _emulate_against_interpreter(resident, program, 2, tmp_path / "resident")
     with pytest.raises(CompileError, match="at least one position ahead"):
@@ -579,7 +588,7 @@ def test_a_one_block_recurrence_checks_its_input_words_with_one_branch(
     ],
 )
 def test_a_one_block_recurrences_inputs_are_taken_by_the_threads_past_its_cells(arch, embed, seq, batch, per, tmp_path):
-    """generate(input_helpers=True) (codegen.RECUR_INPUT_HELPERS, off by default): the block's
+    """generate(input_helpers=True) (codegen.RECUR_INPUT_HELPERS, on by default): the block's
     threads past the cells take each position's input words a position ahead into shared memory
     (rX's two buffers) and the cells read them there, no load or take of their own; the emulated
     kernel (ThreadSanitizer: the helpers' stores against the cells' reads across the barriers)
@@ -594,8 +603,10 @@ def test_a_one_block_recurrences_inputs_are_taken_by_the_threads_past_its_cells(
     assert [t.blocks for t in plan.tasks if isinstance(t.root, Recur)] == [1, 1]
     node = next(t.root for t in plan.tasks if isinstance(t.root, Recur))
     cells, words = node.batch * node.hidden, node.batch * node.gates * node.hidden
-    assert codegen.RECUR_INPUT_HELPERS is False and not generate(plan).settings.input_helpers
+    assert codegen.RECUR_INPUT_HELPERS is True and generate(plan).settings.input_helpers
+    assert "threads past the cells" not in generate(plan, input_helpers=False).source
     kernel = generate(plan, input_helpers=True)
+    assert kernel.identity == generate(plan).identity
     assert kernel.settings.input_helpers and kernel.describe()["input_helpers"] is True
     source = kernel.source
     helpers = 256 - -(-cells // 32) * 32  # from the warp after the cells' last

@@ -528,10 +528,11 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
     assert f"({0.25 * len(compiled):.1f} s of NVRTC compiles" in log[0]
 
 
-def test_the_ahead_tactics_load_a_one_block_recurrences_inputs_ahead(monkeypatch, tmp_path):
+def test_the_ahead_tactics_unroll_a_one_block_recurrences_loop(monkeypatch, tmp_path):
     """stepkernel-384-threads-ahead-4 / -8 (codegen.RECUR_INPUTS_AHEAD at 384 threads): for an
-    nn.GRU window whose recurrence is on one block, sources of their own with the ring 4 deep and
-    as deep as the window (7 < 8); the same schedule as stepkernel-384-threads."""
+    nn.GRU window whose recurrence is on one block, its inputs taken by the threads past the cells
+    (codegen.RECUR_INPUT_HELPERS), sources of their own with the loop unrolled by 4 and by the
+    window (7 < 8); the same schedule as stepkernel-384-threads."""
     import importlib.util
     from pathlib import Path
 
@@ -550,9 +551,12 @@ def test_the_ahead_tactics_load_a_one_block_recurrences_inputs_ahead(monkeypatch
     assert len({plain.kernel.digest, four.kernel.digest, eight.kernel.digest}) == 3
     assert four.schedule is plain.schedule and eight.schedule is plain.schedule
     assert four.threads == eight.threads == 384
-    assert "loaded a position ahead" in plain.kernel.source
-    assert "loaded 4 positions ahead" in four.kernel.source and four.kernel.settings.inputs_ahead == 4
-    assert "loaded 7 positions ahead" in eight.kernel.source and eight.kernel.settings.inputs_ahead == 8
+    # the block's threads past the cells take the inputs (codegen.RECUR_INPUT_HELPERS, on): the
+    # tactics unroll their loop by 4 and by the window's 7 (of 8)
+    assert all("threads past the cells take" in s.kernel.source for s in (plain, four, eight))
+    assert "for (int rcd = 0; rcd <" not in plain.kernel.source
+    assert "for (int rcd = 0; rcd < 4; ++rcd)" in four.kernel.source and four.kernel.settings.inputs_ahead == 4
+    assert "for (int rcd = 0; rcd < 7; ++rcd)" in eight.kernel.source and eight.kernel.settings.inputs_ahead == 8
 
 
 def test_a_prepared_source_rescheduled_over_fewer_blocks_keeps_its_tactic(monkeypatch, tmp_path):

@@ -356,6 +356,33 @@ def test_resident_refuses_a_gpu_that_cannot_host_a_kernel_that_never_ends(monkey
     _check_resident_host(ok)
 
 
+def test_a_resident_kernel_on_fewer_sms_warns_where_cuda_loads_kernels_lazily(monkeypatch):
+    """warn_if_lazy_loading: cuModuleGetLoadingMode's answer decides; lazy warns once a call with the
+    remedy (kernels loaded first, or CUDA_MODULE_LOADING=EAGER), eager and an unknown answer do not."""
+    import warnings
+    from types import SimpleNamespace
+
+    from framefuse.engines import stepkernel
+
+    modes = SimpleNamespace(CU_MODULE_EAGER_LOADING=1, CU_MODULE_LAZY_LOADING=2)
+    answer = [(0, 2)]
+    driver = SimpleNamespace(CUmoduleLoadingMode=modes, cuModuleGetLoadingMode=lambda: answer[0])
+    monkeypatch.setattr(stepkernel, "_cuda", lambda: SimpleNamespace(_driver=lambda: driver))
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    assert stepkernel.lazy_module_loading() is True
+    with pytest.warns(RuntimeWarning, match=r"resident_sms=16: .*CUDA_MODULE_LOADING=unset, LAZY.*=EAGER"):
+        assert stepkernel.warn_if_lazy_loading(16)
+    answer[0] = (0, 1)
+    assert stepkernel.lazy_module_loading() is False
+    answer[0] = (999, 2)  # the call failed: unknown
+    assert stepkernel.lazy_module_loading() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not stepkernel.warn_if_lazy_loading(16)
+    monkeypatch.setattr(stepkernel, "_cuda", lambda: SimpleNamespace(_driver=lambda: 1 / 0))
+    assert stepkernel.lazy_module_loading() is None
+
+
 def test_resident_options_from_the_command_line_are_refused_with_one_line(capsys):
     step = prepare_cached("min_gru", SMALL)["step"].fused
     assert cli_main(["run", str(step), "--device", "cpu", "--frames", "2", "--resident"]) != 0

@@ -2614,9 +2614,13 @@ RECUR_INPUTS_AHEAD = 1
 # branch not taken) instead of ffk_ll_take's branch and reconvergence a word: ptxas for sm_90 gives
 # each take ~7 instructions and ~25-30 cycles of fixed stalls on the position's critical path
 # (~110 of a position's ~820 cycles for an LSTM's four words, bench/microbench/recur_position.cu
-# and bench/h100/2026-12-05-s55/README.md). Not timed on a GPU yet: off until it is
-# (bench/stepkernel.py --sweep rnn:LSTM/64/256/1+together). CodeSettings.take_together overrides it.
-RECUR_TAKE_TOGETHER = False
+# and bench/h100/2026-12-05-s55/README.md). H100, session 57 (bench/h100/2026-12-06-s57/gpu8/,
+# device time, 256 / 384 threads): nn.LSTM hidden 64, T = 256 133.2 / 131.8 -> 122.9 / 122.5 us,
+# nn.GRU the same size 127.6 / 123.6 -> 117.1 / 115.9; with the ring 4 / 8 deep LSTM 118.5 / 116.2,
+# GRU 105.4 / 95.3 (GRU ahead 8 alone 117.6 / 111.0): faster everywhere it was timed, so on. Where
+# input helpers apply (below) the cells load nothing and this changes nothing; it is the ring's
+# (the lanes loop, blocks without spare threads). CodeSettings.take_together overrides it.
+RECUR_TAKE_TOGETHER = True
 # Why a deeper ring did not pay for the LSTM: ptxas (sm_90) puts every ffk_ll_peek of the ring on one
 # scoreboard, and a scoreboard counts loads that may return out of order, so the first use of any
 # slot waits for all of them, the position loaded a position ago included (cuobjdump of the depth-4
@@ -2628,9 +2632,14 @@ RECUR_TAKE_TOGETHER = False
 # then), and the cells read their inputs from shared memory with no branch of their own
 # (_InputHelpers). The GRU's ring is on one scoreboard too (depth 8), so its 10 % there came from
 # the position loop unrolled by 8; with helpers, inputs_ahead unrolls the loop and loads nothing
-# ahead. Not timed on a GPU yet: off until it is (bench/stepkernel.py --sweep
-# rnn:LSTM/64/256/1+helpers, +helpers+ahead4). CodeSettings.input_helpers overrides it.
-RECUR_INPUT_HELPERS = False
+# ahead. H100, session 57 (bench/h100/2026-12-06-s57/gpu8/, device time, 256 / 384 threads): nn.LSTM
+# hidden 64, T = 256 133.2 / 131.8 -> 118.3 / 112.1 us, unrolled by 4 107.4 / 106.0 (-20 %); nn.GRU
+# 127.6 / 123.6 -> 111.2 / 107.3, unrolled by 8 102.7 / 97.3 (ahead 8 with the ring: 117.6 / 111.0):
+# faster at both sizes and thread counts, so on (the build's stepkernel-384-threads-ahead-4 / -8
+# tactics are these unrolled loops now). It applies where one block holds the whole recurrence
+# with threads past its cells (hidden 64 at 256 / 384 threads, not hidden 256 at 256); elsewhere
+# the ring. CodeSettings.input_helpers overrides it.
+RECUR_INPUT_HELPERS = True
 
 
 @dataclass(frozen=True)

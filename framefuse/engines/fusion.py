@@ -647,7 +647,11 @@ STEPKERNEL_LANES = "stepkernel-lanes"
 # 384 threads. H100, session 55 (bench/h100/2026-12-05-s55/), device time against the 384-thread
 # kernel: nn.GRU hidden 64, T = 256, one direction 123.5 -> 118.2 / 111.1 us, nn.LSTM the same size
 # 131.7 -> 129.9 / 162.2 (its depth-8 kernel spills): no depth wins at both, so tactics the build
-# times. Built only where such a recurrence is: no candidate to time elsewhere.
+# times. Since session 57 a one-block recurrence with threads past its cells has them take its
+# inputs (codegen.RECUR_INPUT_HELPERS, on), and these tactics are that loop unrolled by 4 / 8:
+# H100 (bench/h100/2026-12-06-s57/gpu8/), device time at 384 threads, nn.LSTM 64 / 256 / 1
+# 112.1 us unrolled by 1, 106.0 by 4; nn.GRU 107.3 by 1, 97.3 by 8. Built only where such a
+# recurrence is: no candidate to time elsewhere.
 STEPKERNEL_WIDE_AHEAD_4 = "stepkernel-384-threads-ahead-4"
 STEPKERNEL_WIDE_AHEAD_8 = "stepkernel-384-threads-ahead-8"
 # A task's array that is a view of another of its arrays at a constant offset (a product's input

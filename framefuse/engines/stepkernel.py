@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 
@@ -32,6 +33,43 @@ def _cuda():
     from framefuse.plugins import cuda
 
     return cuda
+
+
+def lazy_module_loading() -> bool | None:
+    """Whether this process's CUDA loads a kernel's module on the kernel's first use
+    (cuModuleGetLoadingMode; CUDA_MODULE_LOADING, LAZY by default on Linux since CUDA 12.2); None
+    where the driver cannot tell."""
+    try:
+        driver = _cuda()._driver()
+        err, mode = driver.cuModuleGetLoadingMode()
+    except Exception:  # noqa: BLE001 - no driver, or one without the call: unknown
+        return None
+    if int(err) != 0:
+        return None
+    return int(mode) == int(driver.CUmoduleLoadingMode.CU_MODULE_LAZY_LOADING)
+
+
+# CUDA's programming guide (Lazy Loading, its hazards): loading a kernel may synchronize the context,
+# so a kernel first used while a kernel that ends only on a signal runs waits for that kernel, and
+# never runs. A resident step kernel on resident_sms SMs is meant to run beside the program's own
+# kernels: those used for the first time while it runs hang their caller (tests/gpu/test_resident.py's
+# fewer-SMs test, alone in a fresh process: torch's fill and sum kernels, session 57).
+LAZY_LOADING_WARNING = (
+    "resident_sms={sms}: CUDA loads each kernel on its first use in this process (lazy loading, "
+    "CUDA_MODULE_LOADING={env}), and a load can wait for the whole device, so a kernel first run while "
+    "the resident step kernel runs waits for a kernel that does not end: run the kernels used beside it "
+    "once before its first frame, or start the process with CUDA_MODULE_LOADING=EAGER"
+)
+
+
+def warn_if_lazy_loading(sms: int) -> bool:
+    """Warn (RuntimeWarning, once a call site) where kernels are loaded on first use: a resident
+    kernel limited to ``sms`` SMs is meant to run beside other kernels. Returns whether it warned."""
+    if not lazy_module_loading():
+        return False
+    env = os.environ.get("CUDA_MODULE_LOADING") or "unset, LAZY"
+    warnings.warn(LAZY_LOADING_WARNING.format(sms=sms, env=env), RuntimeWarning, stacklevel=3)
+    return True
 
 
 class _PinnedAllocation:
@@ -496,6 +534,7 @@ class ResidentStepBinding(StepBinding):
             sms = int(sms)
             if not 1 <= sms <= c.props["sm_count"]:
                 raise EngineBuildError(f"resident_sms={sms}: {c.props['name']} has {c.props['sm_count']} SMs")
+            warn_if_lazy_loading(sms)
             if sms != c.grid:
                 # the same program and tactic (schedule arguments, code settings, math) scheduled
                 # over fewer blocks: its own kernel and buffers (weights, flagged words, counters,

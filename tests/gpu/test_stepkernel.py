@@ -887,7 +887,8 @@ def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic,
     stepkernel-lanes where one block holds a direction's recurrence (hidden 64),
     stepkernel-512-threads where R is held partly in registers and partly in shared memory
     (hidden 1024, schedule.hybrid_recurrences), stepkernel-384-threads-ahead-4 / -8 (a one-block
-    recurrence's inputs loaded 4 / 8 positions ahead, codegen.RECUR_INPUTS_AHEAD); windows of random frames, zeros and a NaN frame
+    recurrence's loop unrolled by 4 / 8, its inputs taken by the threads past the cells,
+    codegen.RECUR_INPUTS_AHEAD and RECUR_INPUT_HELPERS); windows of random frames, zeros and a NaN frame
     (the fused graph's reference: ONNX Runtime's own RNN ops drop a NaN from their state)."""
     import importlib.util
     from pathlib import Path
@@ -910,9 +911,12 @@ def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic,
         assert selection["stepkernel"]["lane_cells"] is True
         assert "lanes a unit" in source
     elif "-ahead-" in tactic:
+        # the block's threads past the cells take the inputs (codegen.RECUR_INPUT_HELPERS, on): the
+        # tactic unrolls their loop by ahead (at most the window)
         ahead = int(tactic.rsplit("-", 1)[1])
         assert selection["stepkernel"]["threads"] == 384 and selection["stepkernel"]["inputs_ahead"] == ahead
-        assert f"loaded {min(ahead, seq)} positions ahead" in source
+        assert "threads past the cells take" in source
+        assert f"for (int rcd = 0; rcd < {min(ahead, seq)}; ++rcd)" in source
     else:
         assert selection["stepkernel"]["threads"] == 512
     manifest = entry["manifest"]

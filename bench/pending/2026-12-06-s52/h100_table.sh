@@ -8,6 +8,8 @@
 # (bench/h100/2026-12-05-s54/call3/real32a/) are on today's head and count: r32c leaves them out.
 # Session 55 ran z1a, z1b and z32a (bench/h100/2026-12-05-s55/: 299, 384 and 271 s); r1 is split in
 # two (ten real models at T = 1 would not fit one call at those rates).
+# Session 57 ran r1a, r1b and r32a (bench/h100/2026-12-06-s57/: 255, 144 and 489 s; merged so far in
+# bench/h100/2026-12-06-table/, whose README has the merge command to extend).
 #   bash bench/pending/2026-12-06-s52/h100_table.sh r1a     (then r1b, z32b .. z32d, r32a, r32b, r32c)
 # Then, here: python3 bench/e2e.py --merge <each call's e2e.json> --out bench/h100/<date>-table/merged
 set -u
