@@ -22,6 +22,12 @@ call keeps what it measured) and a table in --out/rnn_sizes.md.
     python bench/rnn_sizes.py --out /tmp/rnn                                  # the whole grid
     python bench/rnn_sizes.py --kinds LSTM --hidden 1024 --seq 256 --dirs 2 --out /tmp/rnn
     python bench/rnn_sizes.py --dry-run --out /tmp/rnn   # no GPU: export, rewrite, generate the kernel
+    python bench/rnn_sizes.py --merge a/rnn_sizes.jsonl b/rnn_sizes.jsonl --out /tmp/all   # runs as one table
+
+``--merge`` puts the rows of several runs (the grid split over GPU calls) in one table, each row as
+its own run measured it (every engine of a row from one process): it refuses rows of different
+GPUs, selections or timing settings and a configuration measured twice, and lists the grid's
+configurations no run has.
 
 ``--dry-run`` (any machine) lowers, schedules and generates each configuration's kernel for the
 H100's grid and reports its tasks, levels and shared memory, and the IR interpreter's error against
@@ -66,6 +72,8 @@ ENGINES = ("framefuse", "cudnn", "torch_eager", "mapped_floor")
 # never timed: cuDNN's TF32 products sit near 5e-4 at T = 256, a wrong kernel at 0.1-1 (h in [-1, 1]).
 PARITY_TOL = 2e-3
 DRY_RUN_CHECK_OUTPUTS = 1 << 16  # the interpreter (numpy, float64) runs windows up to this size
+# What a row records of the run that measured it, and --merge requires rows to share
+RUN_KEYS = ("gpu", "torch_version", "select", "iters", "rounds", "dry_run")
 
 
 def say(message: str) -> None:
@@ -222,7 +230,7 @@ def measure_row(entry: dict, row: dict, args) -> None:
     torch.cuda.empty_cache()
 
 
-def markdown(rows: list[dict], env: dict, args, settings: dict) -> str:
+def markdown(rows: list[dict], env: dict, args, settings: dict, runs: list[str] | None = None) -> str:
     lines = [
         "# nn.LSTM / nn.GRU against cuDNN, by size",
         "",
@@ -231,6 +239,7 @@ def markdown(rows: list[dict], env: dict, args, settings: dict) -> str:
         "hidden · p50 host → host (µs); speedup = cuDNN p50 / framefuse p50 (< 1.00×: framefuse slower)"
         + (f" · compiler settings changed for this run: {settings}" if settings else ""),
         "",
+        *([f"Merged from {len(runs)} runs, each row from one: {', '.join(runs)}.", ""] if runs else []),
         "| kind | hidden | T | dirs | framefuse | cuDNN + graph | torch eager | mapped floor | speedup vs cuDNN | framefuse err vs ORT | selection |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -284,6 +293,12 @@ def parse_args(argv=None):
         "framefuse.compiler; VALUE a Python literal); recorded in the results. Repeatable",
     )
     p.add_argument("--work", default=None, help="folder for the exported graphs (default: --out/work)")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSONL",
+        help="put several runs' rnn_sizes.jsonl in one table under --out (nothing is measured)",
+    )
     args = p.parse_args(argv)
     bad = [k for k in args.kinds if k not in ALL_KINDS]
     if bad:
@@ -316,8 +331,74 @@ def apply_settings(assignments: list[str]) -> dict:
     return applied
 
 
+def merge(paths: list[str], out: Path) -> int:
+    """--merge: the rows of several runs' rnn_sizes.jsonl in one rnn_sizes.jsonl / .md under ``out``."""
+    rows, runs, seen = [], [], {}
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise SystemExit(f"rnn_sizes --merge: {path}: {exc.strerror or exc}") from exc
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"rnn_sizes --merge: {path}:{number}: not a JSON row ({exc.msg})") from exc
+            if "run" not in row:
+                raise SystemExit(
+                    f"rnn_sizes --merge: {path}:{number}: {row.get('name', 'a row')} does not say which GPU and "
+                    "settings measured it (a run before --merge existed): run it again"
+                )
+            key = (row["kind"], row["hidden"], row["T"], row["dirs"])
+            if key in seen:
+                raise SystemExit(f"rnn_sizes --merge: {row.get('name', key)} is in both {seen[key]} and {path}")
+            seen[key] = path
+            first = rows[0] if rows else row
+            mine = {**row["run"], "settings": row.get("settings") or {}}
+            theirs = {**first["run"], "settings": first.get("settings") or {}}
+            for field in (*RUN_KEYS, "settings"):
+                if mine.get(field) != theirs.get(field):
+                    first_key = (first["kind"], first["hidden"], first["T"], first["dirs"])
+                    raise SystemExit(
+                        f"rnn_sizes --merge: {path}:{number}: {row.get('name', key)} has {field} {mine.get(field)!r}, "
+                        f"{seen[first_key]} has {theirs.get(field)!r}: the rows of one table are measured alike"
+                    )
+            rows.append(row)
+        runs.append(str(path))
+    if not rows:
+        raise SystemExit("rnn_sizes --merge: no rows in " + ", ".join(paths))
+    if rows[0]["run"].get("dry_run"):
+        raise SystemExit("rnn_sizes --merge: the rows are --dry-run rows (nothing was timed)")
+    order = {c: i for i, c in enumerate(itertools.product(ALL_KINDS, HIDDEN, SEQ, DIRS))}
+    rows.sort(key=lambda r: (order.get((r["kind"], r["hidden"], r["T"], r["dirs"]), len(order)), r["hidden"], r["T"]))
+    run = rows[0]["run"]
+    args = argparse.Namespace(select=run["select"], iters=run["iters"], rounds=run["rounds"])
+    env = {"gpu": run["gpu"], "torch_version": run["torch_version"]}
+    text = markdown(rows, env, args, rows[0].get("settings") or {}, runs=runs)
+    kinds = sorted({r["kind"] for r in rows}, key=list(ALL_KINDS).index)
+    missing = [
+        f"{k} {h} / {t} / {d}" for k, h, t, d in itertools.product(kinds, HIDDEN, SEQ, DIRS) if (k, h, t, d) not in seen
+    ]
+    text += (
+        f"\nThe grid's configurations not run ({len(missing)}): {', '.join(missing)}.\n"
+        if missing
+        else "\nEvery configuration of the grid (for these kinds) is here.\n"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    for name, body in (("rnn_sizes.jsonl", "".join(json.dumps(r) + "\n" for r in rows)), ("rnn_sizes.md", text)):
+        tmp = out / f"{name}.tmp"
+        tmp.write_text(body)
+        tmp.replace(out / name)
+    say(f"merged {len(rows)} rows of {len(runs)} runs into {out}/rnn_sizes.jsonl, rnn_sizes.md")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out))
     settings = apply_settings(args.set)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -329,12 +410,21 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             raise SystemExit("rnn_sizes: no CUDA device (use --dry-run to only generate the kernels)")
     env = environment(device)
+    run = {
+        "gpu": env.get("gpu"),
+        "torch_version": env.get("torch_version"),
+        "select": args.select,
+        "iters": args.iters,
+        "rounds": args.rounds,
+        "dry_run": bool(args.dry_run),
+    }
     jsonl = out / "rnn_sizes.jsonl"
     jsonl.write_text("")
     rows = []
     configs = configurations(args)
     for n, (kind, hidden, seq, dirs) in enumerate(configs, 1):
         row = {"kind": kind, "hidden": hidden, "T": seq, "dirs": dirs, "settings": settings, "engines": {}}
+        row["run"] = {key: run[key] for key in RUN_KEYS}  # what --merge checks rows agree on
         start = time.perf_counter()
         try:
             entry = export_window(kind, hidden, seq, dirs, work)

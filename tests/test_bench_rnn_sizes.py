@@ -51,6 +51,7 @@ def test_dry_run_generates_every_configurations_kernel(rnn_sizes, tmp_path, monk
         assert "error" not in row, row.get("traceback")
         assert row["fused_ops"] == ([] if row["kind"] == "RNN" else [f"{row['kind']}Seq"])
         assert row["settings"] == {"schedule.RECUR_MAX_BLOCKS": 4}
+        assert row["run"]["dry_run"] is True and row["run"]["select"] == "stepkernel"
         assert row["kernel"]["tasks"] >= 1 and row["kernel"]["smem_bytes"] > 0
         assert row["interpreter_max_abs_err_vs_ort"] < 1e-5
         # T > 1: the recurrence is a loop over the positions (one ir.Recur a direction)
@@ -84,6 +85,64 @@ def test_report_counts_the_rows_slower_than_cudnn_and_names_failures(rnn_sizes):
     assert "| LSTM | 64 | 32 | 1 | 20.0 | 40.0 |" in text and "2.00×" in text and "0.67×" in text
     assert "slower than cuDNN: **1 of 3**" in text
     assert "- gru-h64: CompileError: x" in text
+
+
+def _timed_row(kind, hidden, seq, dirs, ours, cudnn, gpu="NVIDIA H100 80GB HBM3"):
+    run = {"gpu": gpu, "torch_version": "2.11", "select": "time", "iters": 1000, "rounds": 5, "dry_run": False}
+    return {
+        "kind": kind,
+        "hidden": hidden,
+        "T": seq,
+        "dirs": dirs,
+        "name": f"{kind.lower()}-h{hidden}-t{seq}-d{dirs}",
+        "settings": {},
+        "run": run,
+        "speedup_vs_cudnn": cudnn / ours,
+        "selection": "stepkernel-384-threads",
+        "engines": {"framefuse": {"p50_us": ours, "max_abs_err_vs_ort": 1e-7}, "cudnn": {"p50_us": cudnn}},
+    }
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_merge_puts_several_runs_in_one_table_in_grid_order(rnn_sizes, tmp_path):
+    """--merge: the rows of two calls in the grid's order, the runs named, the grid's missing
+    configurations listed, jsonl and md written whole; the rows' own timings kept."""
+    first = _jsonl(tmp_path / "a.jsonl", [_timed_row("GRU", 64, 256, 1, 100.0, 150.0)])
+    second = _jsonl(
+        tmp_path / "b.jsonl", [_timed_row("LSTM", 1024, 32, 2, 290.0, 380.0), _timed_row("LSTM", 64, 1, 1, 13.0, 29.0)]
+    )
+    out = tmp_path / "merged"
+    assert rnn_sizes.main(["--merge", first, second, "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "rnn_sizes.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["lstm-h64-t1-d1", "lstm-h1024-t32-d2", "gru-h64-t256-d1"]
+    text = (out / "rnn_sizes.md").read_text()
+    assert "**NVIDIA H100 80GB HBM3**" in text and "`--select time`" in text
+    assert f"Merged from 2 runs, each row from one: {first}, {second}." in text
+    assert "| LSTM | 1024 | 32 | 2 | 290.0 | 380.0 |" in text and "slower than cuDNN: **0 of 3**" in text
+    assert "not run (33): LSTM 64 / 1 / 2, " in text and "GRU 64 / 256 / 1," not in text
+    assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "second,message",
+    [
+        ([_timed_row("GRU", 64, 256, 1, 1.0, 1.0)], "gru-h64-t256-d1 is in both"),
+        ([_timed_row("GRU", 64, 32, 1, 1.0, 1.0, gpu="NVIDIA H200")], "has gpu 'NVIDIA H200', .* has 'NVIDIA H100"),
+        ([{k: v for k, v in _timed_row("GRU", 64, 32, 1, 1.0, 1.0).items() if k != "run"}], "does not say which GPU"),
+    ],
+)
+def test_merge_refuses_rows_measured_differently_or_twice_with_one_line(rnn_sizes, tmp_path, second, message):
+    first = _jsonl(tmp_path / "a.jsonl", [_timed_row("GRU", 64, 256, 1, 100.0, 150.0)])
+    with pytest.raises(SystemExit, match=message):
+        rnn_sizes.main(["--merge", first, _jsonl(tmp_path / "b.jsonl", second), "--out", str(tmp_path / "m")])
+    assert not (tmp_path / "m").exists()
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(SystemExit, match=r"bad.jsonl:1: not a JSON row"):
+        rnn_sizes.main(["--merge", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "m")])
 
 
 @pytest.mark.parametrize(

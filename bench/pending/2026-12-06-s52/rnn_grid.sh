@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 57: issue 17's "LSTM/GRU at least as fast as cuDNN at every size the benchmark covers",
+# on the H100, built as `framefuse build` does (--select time: every tactic timed, the fastest kept),
+# with the input helpers and together on (session 57's defaults). The last whole grid was session 49's
+# on an H200 with the plain kernel (bench/h200/2026-12-05-s49/rnn_sizes/: two ties, LSTM 64/256/1
+# 1.00x and 1024/32/2 0.99x). --select time builds every candidate, torch.compile's included (hidden
+# 1024 rows took 100-140 s each in session 55), so the grid is split in calls, then merged here:
+#   bash bench/pending/2026-12-06-s52/rnn_grid.sh h64     (then h256, lstm1024, gru1024)
+#   python bench/rnn_sizes.py --merge bench/h100/<date>-rnn/{h64,h256,lstm1024,gru1024}/rnn_sizes.jsonl \
+#     --out bench/h100/<date>-rnn/merged
+# The inductor / triton caches stay in build/cache (carry it with .whl to reuse them in a later call).
+set -u
+call=${1:?which call: h64 h256 lstm1024 gru1024}
+export TORCHINDUCTOR_CACHE_DIR=$PWD/build/cache/inductor TRITON_CACHE_DIR=$PWD/build/cache/triton FRAMEFUSE_CACHE=$PWD/build/cache/ff
+mkdir -p build/cache $OUT/$call
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+case $call in
+  h64) sizes="--kinds LSTM,GRU --hidden 64" ;;
+  h256) sizes="--kinds LSTM,GRU --hidden 256" ;;
+  lstm1024) sizes="--kinds LSTM --hidden 1024" ;;
+  gru1024) sizes="--kinds GRU --hidden 1024" ;;
+  *) echo "unknown call $call" >&2; exit 2 ;;
+esac
+# rnn_sizes.jsonl is appended row by row: a call cut by its limit keeps the rows it finished
+timeout 570 python3 bench/rnn_sizes.py $sizes --select time --out $OUT/$call --work /tmp/rnn-work \
+  2>&1 | grep -E "^\[rnn_sizes" | tee $OUT/$call/rnn_sizes.log
+grep -h "^| [LG]" $OUT/$call/rnn_sizes.md 2>/dev/null
