@@ -1,6 +1,9 @@
 import importlib.util
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _has_cuda_gpu() -> bool:
@@ -29,14 +32,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_trt)
 
 
-@pytest.fixture(scope="session")
-def control_flow_graphs():
-    """tests/control_flow_graphs.py (loaded by path: tests/ is not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("control_flow_graphs.py")
-    spec = importlib.util.spec_from_file_location("framefuse_tests_control_flow_graphs", path)
+def load_by_path(module_name: str, path: Path):
+    """A module from its file: tests/ is not a package, and bench/'s scripts are run as scripts."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def control_flow_graphs():
+    """tests/control_flow_graphs.py."""
+    return load_by_path("framefuse_tests_control_flow_graphs", Path(__file__).with_name("control_flow_graphs.py"))
+
+
+@pytest.fixture(scope="session")
+def bench_script():
+    """bench_script("rnn_sizes"): bench/rnn_sizes.py as a module, loaded once a session."""
+    loaded = {}
+
+    def load(name: str):
+        if name not in loaded:
+            loaded[name] = load_by_path(f"framefuse_bench_{name}", REPO / "bench" / f"{name}.py")
+        return loaded[name]
+
+    return load

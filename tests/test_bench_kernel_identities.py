@@ -1,25 +1,16 @@
 """bench/kernel_identities.py: every tactic's kernel hashed, two runs compared (the byte-for-byte
 check of a compiler refactor), on a small grid without a GPU."""
 
-import importlib.util
 import json
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "kernel_identities.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("framefuse_bench_kernel_identities", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_kernel_identities_cover_every_tactic_and_the_comparison_names_what_differs(tmp_path, monkeypatch, capsys):
+def test_kernel_identities_cover_every_tactic_and_the_comparison_names_what_differs(
+    bench_script, tmp_path, monkeypatch, capsys
+):
     from framefuse.engines.fusion import stepkernel_tactics
 
     monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "cache"))
-    ki = _module()
+    ki = bench_script("kernel_identities")
     out = tmp_path / "ids.json"
     assert ki.main(["--archs", "gru", "--embed", "32", "--grid", "8", "--out", str(out)]) == 0
     found = json.loads(out.read_text())

@@ -4,7 +4,6 @@ table and count of rows slower than cuDNN, and the --set override's refusals."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -16,11 +15,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "rnn_sizes.py"
 
 
 @pytest.fixture(scope="module")
-def rnn_sizes():
-    spec = importlib.util.spec_from_file_location("framefuse_bench_rnn_sizes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def rnn_sizes(bench_script):
+    return bench_script("rnn_sizes")
 
 
 def test_dry_run_generates_every_configurations_kernel(rnn_sizes, tmp_path, monkeypatch):

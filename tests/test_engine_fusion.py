@@ -528,23 +528,16 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
     assert f"({0.25 * len(compiled):.1f} s of NVRTC compiles" in log[0]
 
 
-def test_the_ahead_tactics_unroll_a_one_block_recurrences_loop(monkeypatch, tmp_path):
+def test_the_ahead_tactics_unroll_a_one_block_recurrences_loop(bench_script, monkeypatch, tmp_path):
     """stepkernel-384-threads-ahead-4 / -8 (codegen.RECUR_INPUTS_AHEAD at 384 threads): for an
     nn.GRU window whose recurrence is on one block, its inputs taken by the threads past the cells
     (codegen.RECUR_INPUT_HELPERS), sources of their own with the loop unrolled by 4 and by the
     window (7 < 8); the same schedule as stepkernel-384-threads."""
-    import importlib.util
-    from pathlib import Path
-
     from framefuse.compiler.engine import prepare_tactics
     from framefuse.engines.fusion import STEPKERNELS
 
     monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path / "cache"))
-    script = Path(__file__).resolve().parent.parent / "bench" / "rnn_sizes.py"
-    spec = importlib.util.spec_from_file_location("framefuse_bench_rnn_sizes", script)
-    rnn_sizes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rnn_sizes)
-    fused = rnn_sizes.export_window("GRU", 64, 7, 1, tmp_path / "window")["fused"]
+    fused = bench_script("rnn_sizes").export_window("GRU", 64, 7, 1, tmp_path / "window")["fused"]
     names = ("stepkernel-384-threads", "stepkernel-384-threads-ahead-4", "stepkernel-384-threads-ahead-8")
     sources = prepare_tactics(str(fused), H100_PROPS, {k: STEPKERNELS[k] for k in names}, compile_image=lambda s: 0.0)
     plain, four, eight = (sources[k] for k in names)

@@ -792,23 +792,16 @@ def test_body_loops_carrying_h_and_c_match_the_interpreter(steps, batch, hidden,
 @pytest.mark.parametrize(
     "kind,hidden,seq,dirs", [("LSTM", 1024, 64, 2), ("GRU", 256, 256, 1), ("LSTM", 64, 256, 2), ("RNN", 256, 64, 2)]
 )
-def test_stepkernel_of_a_wide_or_long_rnn_window_matches_onnxruntime(kind, hidden, seq, dirs, tmp_path):
+def test_stepkernel_of_a_wide_or_long_rnn_window_matches_onnxruntime(kind, hidden, seq, dirs, bench_script, tmp_path):
     """nn.LSTM / nn.GRU / nn.RNN windows at the sizes bench/rnn_sizes.py covers, past the zoo's: R
     read from global memory each position (hidden 1024), the input product's blocks staging only
     their rows (schedule.bounding_pairs), 256 positions in the loop, the Elman cell."""
-    import importlib.util
-    from pathlib import Path
-
     import onnxruntime as ort
 
     from framefuse.engines import cuda_graph
 
     # the benchmark's own export (one torch.nn layer, exported, rewritten, saved)
-    script = Path(__file__).resolve().parents[2] / "bench" / "rnn_sizes.py"
-    spec = importlib.util.spec_from_file_location("framefuse_bench_rnn_sizes", script)
-    rnn_sizes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rnn_sizes)
-    entry = rnn_sizes.export_window(kind, hidden, seq, dirs, tmp_path)
+    entry = bench_script("rnn_sizes").export_window(kind, hidden, seq, dirs, tmp_path)
     # nn.RNN has no fused op: its ONNX RNN nodes stay, and the compiler lowers them as they are
     assert entry["ops"] == ([] if kind == "RNN" else [f"{kind}Seq"])
     engine = cuda_graph.build(entry["fused"], device="cuda", options={"select": "stepkernel"})
@@ -882,7 +875,7 @@ def test_inputs_loaded_several_positions_ahead_match_onnxruntime(
         ("GRU", 64, 5, 1, "stepkernel-384-threads-ahead-8"),  # shorter: as many as it has
     ],
 )
-def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic, tmp_path):
+def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic, bench_script, tmp_path):
     """The tactics built for bench/rnn_sizes.py's ties with cuDNN, on its own exports:
     stepkernel-lanes where one block holds a direction's recurrence (hidden 64),
     stepkernel-512-threads where R is held partly in registers and partly in shared memory
@@ -890,19 +883,12 @@ def test_the_rnn_size_tactics_match_onnxruntime(kind, hidden, seq, dirs, tactic,
     recurrence's loop unrolled by 4 / 8, its inputs taken by the threads past the cells,
     codegen.RECUR_INPUTS_AHEAD and RECUR_INPUT_HELPERS); windows of random frames, zeros and a NaN frame
     (the fused graph's reference: ONNX Runtime's own RNN ops drop a NaN from their state)."""
-    import importlib.util
-    from pathlib import Path
-
     import onnxruntime as ort
 
     from framefuse.engines import cuda_graph
     from framefuse.plugins.ort_bridge import ort_session
 
-    script = Path(__file__).resolve().parents[2] / "bench" / "rnn_sizes.py"
-    spec = importlib.util.spec_from_file_location("framefuse_bench_rnn_sizes", script)
-    rnn_sizes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rnn_sizes)
-    entry = rnn_sizes.export_window(kind, hidden, seq, dirs, tmp_path)
+    entry = bench_script("rnn_sizes").export_window(kind, hidden, seq, dirs, tmp_path)
     engine = cuda_graph.build(entry["fused"], device="cuda", options={"select": tactic})
     selection = engine.metadata["selection"]
     assert selection["chosen"] == tactic
