@@ -7,11 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "rnn_sizes.py"
 
 
 @pytest.fixture(scope="module")
