@@ -383,6 +383,38 @@ def test_a_resident_kernel_on_fewer_sms_warns_where_cuda_loads_kernels_lazily(mo
     assert stepkernel.lazy_module_loading() is None
 
 
+def test_the_python_wait_on_a_resident_answer_spins_checks_and_gives_up(monkeypatch):
+    """spin_until_answered (ResidentStepBinding's and CpuResidentBinding's Python path): every
+    word waited for; check() called every `polls` spins; False once the deadline, started at the
+    first look at the clock, has passed."""
+    from framefuse.engines import stepkernel
+
+    class Word:  # holds `final` from its `after`-th read on
+        def __init__(self, final, after):
+            self.final, self.after, self.reads = final, after, 0
+
+        @property
+        def value(self):
+            self.reads += 1
+            return self.final if self.reads > self.after else 0
+
+    checks = []
+    words = [Word(7, 0), Word(7, 25)]
+    assert stepkernel.spin_until_answered(words, 7, polls=10, timeout_s=60.0, check=lambda: checks.append(1))
+    assert words[1].reads == 26 and len(checks) == 2  # at spins 10 and 20 of the second word
+    clock = iter(range(100))
+    monkeypatch.setattr(stepkernel.time, "perf_counter", lambda: float(next(clock)))
+    never = Word(7, 10**9)
+    assert not stepkernel.spin_until_answered([never], 7, polls=4, timeout_s=2.5)
+    assert never.reads == 4 * 4  # the deadline set at the first look (t = 0), passed at the fourth (t = 3)
+
+    def dead():
+        raise RuntimeError("the answerer died")
+
+    with pytest.raises(RuntimeError, match="answerer died"):
+        stepkernel.spin_until_answered([Word(7, 10**9)], 7, polls=3, timeout_s=60.0, check=dead)
+
+
 def test_resident_options_from_the_command_line_are_refused_with_one_line(capsys):
     step = prepare_cached("min_gru", SMALL)["step"].fused
     assert cli_main(["run", str(step), "--device", "cpu", "--frames", "2", "--resident"]) != 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 import weakref
 from collections.abc import Mapping
 
@@ -26,7 +25,7 @@ from framefuse.engines import hostpath
 from framefuse.engines.base import BindingBase, EngineBuildError, EngineRunError, IOSpec
 from framefuse.engines.executor import Step
 from framefuse.engines.fusion import CPUSTEP
-from framefuse.engines.stepkernel import NativeFrameBinding
+from framefuse.engines.stepkernel import NativeFrameBinding, spin_until_answered
 
 HOST_SPIN_LIMIT = 16  # the function has raised its done word when the call returns
 # Resident (CpuResidentBinding): polls of the done word before a look at the clock; polls of an
@@ -244,20 +243,15 @@ class CpuResidentBinding(CpuStepBinding):
         hs = self._hs
         if not hs.unwaited:
             return
-        expected, word = hs.expected, self._answer_word
-        spins, deadline = 0, 0.0
-        while word.value != expected:
-            spins += 1
-            if spins % WORKER_CHECK_POLLS == 0:
-                now = time.perf_counter()
-                deadline = deadline or now + self.timeout_s
-                if now > deadline:
-                    frame = hs.frames
-                    self.stop(wait=False)
-                    raise EngineRunError(
-                        f"{CPUSTEP}: the resident worker did not answer frame {frame} within {self.timeout_s:g} s "
-                        "(stopped; the next frame starts it again)"
-                    )
+        if not spin_until_answered(
+            [self._answer_word], hs.expected, polls=WORKER_CHECK_POLLS, timeout_s=self.timeout_s
+        ):
+            frame = hs.frames
+            self.stop(wait=False)
+            raise EngineRunError(
+                f"{CPUSTEP}: the resident worker did not answer frame {frame} within {self.timeout_s:g} s "
+                "(stopped; the next frame starts it again)"
+            )
         hs.unwaited = 0
 
     def sync(self) -> None:

@@ -229,6 +229,27 @@ class _HostField:
         setattr(obj._hs, self.field, int(value))
 
 
+def spin_until_answered(words, expected: int, *, polls: int, timeout_s: float, check=None) -> bool:
+    """The Python frame path's wait on a resident step (the GPU kernel's done words, the CPU
+    worker's answer word): spin until every word holds ``expected``; every ``polls`` spins look at
+    the clock (the first look starts the deadline, so a frame that answers within ``polls`` spins
+    never reads it) and call ``check()`` (which raises if the answerer died). False once
+    ``timeout_s`` has passed without an answer."""
+    deadline = 0.0
+    for word in words:
+        spins = 0
+        while word.value != expected:
+            spins += 1
+            if spins % polls == 0:
+                now = time.perf_counter()
+                deadline = deadline or now + timeout_s
+                if check is not None:
+                    check()
+                if now > deadline:
+                    return False
+    return True
+
+
 class NativeFrameBinding:
     """What the bindings whose frame is hostpath.c's call share (StepBinding here,
     cpustep.CpuStepBinding): the state in two halves chosen by ``parity`` (``_halves``: name ->
@@ -680,24 +701,20 @@ class ResidentStepBinding(StepBinding):
         """Spin until every host-facing block has raised this frame's epoch; every ~10^5 polls look
         at the clock and at the kernel (a failed kernel raises its error; a silent one past the
         deadline is stopped and raises)."""
-        expected = self._expected
-        deadline = 0.0
-        for word in self._done_words:
-            spins = 0
-            while word.value != expected:
-                spins += 1
-                if spins % _RESIDENT_CHECK_POLLS == 0:
-                    now = time.perf_counter()
-                    if not deadline:
-                        deadline = now + self.timeout_s
-                    self._check_alive()
-                    if now > deadline:
-                        frame = self.frames
-                        self.stop(force=True)
-                        raise EngineRunError(
-                            f"stepkernel: the resident kernel did not answer frame {frame} within {self.timeout_s:g} s "
-                            "(stopped; the next frame launches it again)"
-                        )
+        answered = spin_until_answered(
+            self._done_words,
+            self._expected,
+            polls=_RESIDENT_CHECK_POLLS,
+            timeout_s=self.timeout_s,
+            check=self._check_alive,
+        )
+        if not answered:
+            frame = self.frames
+            self.stop(force=True)
+            raise EngineRunError(
+                f"stepkernel: the resident kernel did not answer frame {frame} within {self.timeout_s:g} s "
+                "(stopped; the next frame launches it again)"
+            )
         self._unwaited = False
 
     def _check_alive(self) -> None:
