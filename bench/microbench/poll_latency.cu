@@ -16,7 +16,9 @@
 // word loaded ahead and checked by its tag (a stale one has an old epoch) could come that way.
 // Store kinds: st.relaxed.gpu (ffk_ll_store), st.volatile, st.global.cg. Weak accesses carry no
 // ordering or single-copy-atomicity promise in the PTX memory model: this measures what they
-// would save.
+// would save. (Session 57, H100: the pingpong rows polling with ld.global.cg read 46 cycles a round
+// trip. They are not one: ptxas 13 drops a spin on a weak load, the PTX's loop having no load left
+// in the SASS, so those blocks never wait. A weak load cannot poll; its chase rows stand.)
 //
 // Build: nvcc -O3 -arch=sm_90 -o poll_latency poll_latency.cu ; run: ./poll_latency
 #include <cuda_runtime.h>
