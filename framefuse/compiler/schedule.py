@@ -39,6 +39,7 @@ state beside its output) is stored there as a side store and has no task of its 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -104,6 +105,22 @@ DOT_SMALL_MACS = 1 << 14
 REPLICATED_DOT_MACS = 0
 # ... (a product computed by at most this many blocks is published where it is computed)
 FEW_BLOCKS = 8
+# One schedule's values of the two settings above (schedule's recomputed_scalars and
+# replicated_dot_macs), read where they apply instead of the module's: no module setting is
+# changed while a schedule is built, so another thread's schedule keeps its own.
+_SCHEDULE_SETTINGS: ContextVar[tuple[int, int] | None] = ContextVar("framefuse_schedule_settings", default=None)
+
+
+def _recomputed_scalars() -> int:
+    chosen = _SCHEDULE_SETTINGS.get()
+    return RECOMPUTED_SCALARS if chosen is None else chosen[0]
+
+
+def _replicated_dot_macs() -> int:
+    chosen = _SCHEDULE_SETTINGS.get()
+    return REPLICATED_DOT_MACS if chosen is None else chosen[1]
+
+
 # ... except a product of the frame itself needing at most this many a block: published, it is
 # a level of its own right after the frame arrives, recomputed it is a phase of 16 multiply-adds a
 # thread (the LayerNorm statistics of a composed in-projection, simplify.ComposeInputProducts)
@@ -1450,7 +1467,7 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
                 continue
             if (
                 few
-                and node.size <= RECOMPUTED_SCALARS
+                and node.size <= _recomputed_scalars()
                 and cost <= SCALAR_RECOMPUTE_COST
                 and not isinstance(node, Reduce)
             ):
@@ -1556,7 +1573,7 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                 replication > DOT_REDUNDANCY
                 and redundant > DOT_SMALL_MACS
                 and not (per_block <= INPUT_DOT_BLOCK_MACS and reads_graph_input(node))
-                and per_block > REPLICATED_DOT_MACS
+                and per_block > _replicated_dot_macs()
             ):
                 readers = {id(u): u for u, _ in reads_by.get(node.id, [])}
                 target = materialize_point(node, users, outputs)
@@ -1799,7 +1816,6 @@ def schedule(
     readers (None: RECOMPUTED_SCALARS); ``replicated_dot_macs``: a product is computed by each
     block that reads it, however many times over, where a block's share is at most this many
     multiply-adds (None: REPLICATED_DOT_MACS; 0: never)."""
-    global RECOMPUTED_SCALARS, REPLICATED_DOT_MACS
     if threads % WARP or threads <= 0:
         raise CompileError(f"threads per block must be a positive multiple of {WARP}, got {threads}")
     if replica_floats is not None and replica_floats <= 0:
@@ -1808,13 +1824,11 @@ def schedule(
         raise CompileError(f"recomputed_scalars must be at least 1, got {recomputed_scalars}")
     if replicated_dot_macs is not None and replicated_dot_macs < 0:
         raise CompileError(f"replicated_dot_macs must be 0 or more multiply-adds, got {replicated_dot_macs}")
-    settings = RECOMPUTED_SCALARS, REPLICATED_DOT_MACS
-    # the settings for this schedule only (schedules are built one at a time: compiler.engine's
-    # prepare_tactics generates its sources in one thread, only NVRTC runs beside it)
-    if recomputed_scalars is not None:
-        RECOMPUTED_SCALARS = int(recomputed_scalars)
-    if replicated_dot_macs is not None:
-        REPLICATED_DOT_MACS = int(replicated_dot_macs)
+    chosen = (
+        RECOMPUTED_SCALARS if recomputed_scalars is None else int(recomputed_scalars),
+        REPLICATED_DOT_MACS if replicated_dot_macs is None else int(replicated_dot_macs),
+    )
+    token = _SCHEDULE_SETTINGS.set(chosen)
     try:
         sched = _schedule(
             program,
@@ -1823,11 +1837,10 @@ def schedule(
             smem_floats=smem_floats,
             replica_floats=REPLICA_FLOATS if replica_floats is None else replica_floats,
         )
-        sched.recomputed_scalars = RECOMPUTED_SCALARS
-        sched.replicated_dot_macs = REPLICATED_DOT_MACS
+        sched.recomputed_scalars, sched.replicated_dot_macs = chosen
         return sched
     finally:
-        RECOMPUTED_SCALARS, REPLICATED_DOT_MACS = settings
+        _SCHEDULE_SETTINGS.reset(token)
         _forget_pairs()
 
 
@@ -2268,7 +2281,7 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                 added = sum(
                     u.span * u.node.k for u in trial.units.values() if u.how == "dot" and u.node.id not in host.units
                 )
-                if added > max(ABSORB_DOT_MACS, REPLICATED_DOT_MACS):
+                if added > max(ABSORB_DOT_MACS, _replicated_dot_macs()):
                     continue
                 before = _levels_by_task(current, side_of)
                 for moved in [out_id] + carried:
