@@ -182,9 +182,7 @@ class Generator:
         settings: CodeSettings | None = None,
     ):
         """``settings``: how the kernel is written (None: every module setting's value)."""
-        self.settings = code = (settings or CodeSettings()).resolved()
-        self.weight_format = code.weight_format
-        self.lossless_rows = code.lossless_rows
+        self.settings = (settings or CodeSettings()).resolved()
         if trace and resident:
             raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
         self.trace = trace
@@ -198,16 +196,6 @@ class Generator:
         self.layout = Layout()
         self.smem_limit = smem_limit_bytes // 4
         self.want_prefetch = prefetch
-        self.copy_pieces = code.copy_pieces
-        self.paced_copies = code.paced_copies
-        self.skewed_sums = code.skewed_sums
-        self.lane_cells = code.lane_cells
-        self.inputs_ahead = code.inputs_ahead
-        self.take_together = code.take_together
-        self.input_helpers = code.input_helpers
-        self.alias_views = code.alias_views
-        self.phase_one_pass = code.phase_one_pass
-        self.root_in_warp = code.root_in_warp
         self._phase_lanes: dict[int, int] = {}  # the current phase's lanes per element (see _one_pass_lanes)
         # per task: {array id: (the array it is a view of, offset)} and each unit's phase (by id(unit))
         self.views = {t: self._task_views(task) for t, task in enumerate(sched.tasks)}
@@ -233,7 +221,7 @@ class Generator:
         for leaf in self.program.weights():
             dot = narrow.get(leaf.id)
             if dot is not None:
-                words, row_words = narrow_rows(dot.rows, self.weight_format)
+                words, row_words = narrow_rows(dot.rows, self.settings.weight_format)
                 lay.narrow[dot.id] = (lay.weight_floats, row_words)
                 lay.weight_arrays.append((lay.weight_floats, words))
                 lay.weight_floats += _align4(words.size)
@@ -282,10 +270,10 @@ class Generator:
         # it (room for every candidate group: those that do not fit are not prefetched)
         lay.segment_column = n_ranges + 3 * n_groups
         n_copies = len(leaves) + len(dots)
-        if self.copy_pieces > 0:
-            n_copies = sum(_piece_count(span, self.copy_pieces) for _, _, span in leaves)
+        if self.settings.copy_pieces > 0:
+            n_copies = sum(_piece_count(span, self.settings.copy_pieces) for _, _, span in leaves)
             n_copies += sum(
-                _piece_count(rows * self._row_floats(unit.node), self.copy_pieces) for _, unit, rows in dots
+                _piece_count(rows * self._row_floats(unit.node), self.settings.copy_pieces) for _, unit, rows in dots
             )
         n_columns = lay.segment_column + 4 * n_copies
         # shared memory: the range row, weight prefetch, the task arena
@@ -335,13 +323,13 @@ class Generator:
         """{weight leaf id: Dot} of the products whose rows are stored narrow: every product a task
         computes as a unit of dot products (_dot) whose rows the format holds, when the weight
         format is not fp32; with ``lossless_rows`` only those it stores exactly (stores_exactly)."""
-        if self.weight_format == "fp32":
+        if self.settings.weight_format == "fp32":
             return {}
-        keeps = stores_exactly if self.lossless_rows else format_holds
+        keeps = stores_exactly if self.settings.lossless_rows else format_holds
         found = {}
         for task in self.sched.tasks:
             for unit in task.units.values():
-                if unit.how == "dot" and keeps(unit.node.rows, self.weight_format):
+                if unit.how == "dot" and keeps(unit.node.rows, self.settings.weight_format):
                     found[unit.node.weight.id] = unit.node
         return found
 
@@ -438,9 +426,9 @@ class Generator:
         self.copied_floats = int(
             sum(np.sum(np.broadcast_to(entry[3], (grid,))) for entries in groups.values() for entry in entries)
         )
-        if self.copy_pieces > 0:
+        if self.settings.copy_pieces > 0:
             groups = {
-                t: [piece for entry in entries for piece in _pieces(entry, self.copy_pieces)]
+                t: [piece for entry in entries for piece in _pieces(entry, self.settings.copy_pieces)]
                 for t, entries in groups.items()
             }
         self.groups = sorted(groups)
@@ -468,7 +456,7 @@ class Generator:
                 ran = len(own)
                 own += [j for j in range(n_groups) if j not in own]
             points = list(range(n_groups))
-            if PREFETCH_BY_BLOCK_ORDER and self.paced_copies:
+            if PREFETCH_BY_BLOCK_ORDER and self.settings.paced_copies:
                 points = self._paced_points(own[:ran], n_groups)
             if PREFETCH_BY_BLOCK_ORDER and COPIES_AFTER_LEVEL > 0:
                 points = self._deferred_points(own[:ran], points, b, levels)
@@ -955,7 +943,7 @@ class Generator:
                 and (unit is root or unit.node.id not in views)  # a view is read where its array lies
                 and (unit is not root or root_by is None)  # else computed by its array's warps
             ]
-            self._phase_lanes = self._one_pass_lanes(computed) if self.phase_one_pass else {}
+            self._phase_lanes = self._one_pass_lanes(computed) if self.settings.phase_one_pass else {}
             for unit in computed:
                 if unit is root:
                     self._root(code, t, task, unit)
@@ -1022,7 +1010,7 @@ class Generator:
         lane that stores element e computes root element e right after (_root_after), and the
         root's phase and its barrier go. Mamba's x_proj products, xLSTM's gate products: a task of
         a product whose root only publishes it."""
-        if not self.root_in_warp or isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
+        if not self.settings.root_in_warp or isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
             return None
         root = task.units[ROOT]
         if self._early_input(task) or column_scan(task.root) or self._warp_root(task, root):
@@ -1160,7 +1148,7 @@ class Generator:
         e + offset, in the order the copy reads it (a staged value's stored order included). Its
         readers read that array instead, at origin + offset: the offset and both arrays' origins on
         every block of the task must be multiples of 4 (a product reads its rows as float4s)."""
-        if not self.alias_views or isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
+        if not self.settings.alias_views or isinstance(task.root, (Recur, DeltaScan, BodyLoop)):
             return {}
         span = slice(task.first, task.first + task.blocks)
         found: dict[int, tuple[int, int]] = {}
@@ -1594,12 +1582,14 @@ class Generator:
                 if lanes < WARP_LANES
                 else f"ffk_warp_dot<{k}, {aligned}>(x, w, lane)"
             )
-        elif self.weight_format == "int8":  # the row's narrow weights (see WEIGHT_FORMATS)
+        elif self.settings.weight_format == "int8":  # the row's narrow weights (see WEIGHT_FORMATS)
             loop.items.append(f"const unsigned char* w = reinterpret_cast<const unsigned char*>({w});")
             call = f"ffk_seg_dot_q<{k}, {lanes}, {aligned}>(x, w, {lane})"
         else:
             loop.items.append(f"const unsigned short* w = reinterpret_cast<const unsigned short*>({w});")
-            call = f"ffk_seg_dot_n<{k}, {lanes}, {aligned}, {WEIGHT_FORMATS[self.weight_format]}>(x, w, {lane})"
+            call = (
+                f"ffk_seg_dot_n<{k}, {lanes}, {aligned}, {WEIGHT_FORMATS[self.settings.weight_format]}>(x, w, {lane})"
+            )
         loop.items.append(f"const float acc = {call};")
         live = " && live" if lanes < WARP_LANES else ""
         loop.items.append(f"if ({lane} == 0{live}) {self.arr(t, uid)}[e - lo{uid}] = acc;")
@@ -1820,15 +1810,19 @@ class Generator:
         def x_word(position: str, g: int) -> str:  # the flagged word of gate g's input (alone)
             return f"ffk_ll + {xg} + ({position} * {B} + rcb) * {G * H} + {g * H} + rcu"
 
-        lanes = recur_lanes(node, self.threads, self.lane_cells) if alone else 0
+        lanes = recur_lanes(node, self.threads, self.settings.lane_cells) if alone else 0
         if lanes:
             self._recur_lane_loop(code, t, task, lanes, x_word, h_floats, w_bias, stride)
             return
         # the block's threads past the cells take the input words (RECUR_INPUT_HELPERS)
         # from the warp after the cells' last: a warp of cells and helpers would run both paths in turn
         first_helper = -(-B * H // 32) * 32
-        helpers = alone and self.input_helpers and self.threads > first_helper and HB == H
-        ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together) if alone and not helpers else None
+        helpers = alone and self.settings.input_helpers and self.threads > first_helper and HB == H
+        ring = (
+            _InputRing(G, T, x_word, self.settings.inputs_ahead, self.settings.take_together)
+            if alone and not helpers
+            else None
+        )
         if helpers:
             take_in = _InputHelpers(B * G * H, B * H, first_helper, self.threads, T, f"ffk_ll + {xg}", x_floats)
             code.items += [
@@ -1872,7 +1866,7 @@ class Generator:
             ]
         # with helpers, inputs_ahead unrolls the position loop only (what gave the GRU its 10 % at
         # depth 8: its ring's takes wait on one scoreboard too)
-        unroll = ring.ahead if ring else (min(self.inputs_ahead, T) if helpers else 1)
+        unroll = ring.ahead if ring else (min(self.settings.inputs_ahead, T) if helpers else 1)
         outer, loop = _position_loop(T, unroll)
         code.items += [_ONCE, outer]
         loop.items.append(f"const float* const hp = rH + (rcs & 1) * {h_floats};")
@@ -2006,7 +2000,7 @@ class Generator:
         node: Recur = task.root
         G, S, H, B, T = node.gates, node.carried, node.hidden, node.batch, node.steps
         KL, active = H // lanes, B * H * lanes
-        ring = _InputRing(G, T, x_word, self.inputs_ahead, self.take_together)
+        ring = _InputRing(G, T, x_word, self.settings.inputs_ahead, self.settings.take_together)
         code.items += [
             f"// {lanes} lanes a unit: each holds its {KL} of K of the unit's {G} rows of R in registers; the sums",
             "// meet through shuffles and every lane applies the cell: one barrier a position",
@@ -3271,7 +3265,7 @@ class Emitter:
         of the summand that varies with the position, its flat index evaluated for warps of 32
         consecutive elements (a thread-per-element loop gives lane l element e0 + l), the most
         distinct words on one bank summed over the reads; at least halved, or no skew."""
-        if not self.gen.skewed_sums:
+        if not self.gen.settings.skewed_sums:
             return False
         count = node.extent - start
         if count < 2:
