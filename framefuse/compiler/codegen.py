@@ -2504,20 +2504,24 @@ ROW_FOLLOWERS = False
 # zoo's step kernels at embed 256 on the H100's grid (Kernel.kernel_phases): 436 -> 399 phases in
 # all (lstm and gru 18 -> 15, min_gru 21 -> 19, mamba 53 -> 49, xlstm 77 -> 69; 4 of the 37 because
 # the recomputed phases put a staged copy beside the units that read nothing, not a phase after
-# them); the zoo's sequence forms have no such view. Not timed on a GPU yet: off, the build's
-# stepkernel-views tactic (generate(alias_views=True)) and stepkernel_variants.py's `alias-views`
+# them); the zoo's sequence forms have no such view. Not timed alone on a GPU yet (only inside the
+# stepkernel-fewer-phases tactics, see PHASE_ONE_PASS): off, the build's stepkernel-views tactic
+# (generate(alias_views=True)) and stepkernel_variants.py's `alias-views`
 ALIAS_VIEWS = False
 # A phase's warp-per-element arrays (products, reductions) taken together run in fewer passes of
 # the block's warps where fewer lanes an element allow it, each array on warps of its own
 # (Generator._one_pass_lanes): a phase of ten products of 256 on eight warps was two passes of a
-# warp a product, and is one of half-warps. Not timed on a GPU yet: off, the build's
-# stepkernel-fewer-phases tactics (generate(one_pass=True) with ROOT_IN_ARRAY_WARP and the views)
-# and stepkernel_variants.py's `phase-one-pass`, `one-pass`, `fewer-phases`
+# warp a product, and is one of half-warps. Timed on a GPU only inside the build's
+# stepkernel-fewer-phases tactics (generate(one_pass=True) with ROOT_IN_ARRAY_WARP and the views;
+# H100, sessions 53-54: faster in every zoo step kernel, slower for Llama at T = 1 and the lstm
+# window, engines/fusion.STEPKERNEL_FEWER_PHASES): off, a tactic the build times per model;
+# stepkernel_variants.py's `phase-one-pass`, `one-pass`, `fewer-phases` time the parts
 PHASE_ONE_PASS = False
 # A task's root that reads, of the phase before it, only one product or reduction, element for
 # element, is computed by the lane that stores that element (Generator._root_array): the root's
 # phase and its barrier go (mamba's x_proj tasks, xLSTM's gate products: a root that publishes its
-# product). Not timed on a GPU yet: off, the stepkernel-fewer-phases tactics and variant `root-in-warp`
+# product). Timed on a GPU only inside the stepkernel-fewer-phases tactics (see PHASE_ONE_PASS):
+# off; variant `root-in-warp` times it alone
 ROOT_IN_ARRAY_WARP = False
 # ... and a thread's own sum over positions with a factor contiguous along them (attention's P·V
 # and softmax sum read the weights four at a time, P·V over the prefix where V comes from the cache;

@@ -657,7 +657,8 @@ STEPKERNEL_WIDE_AHEAD_8 = "stepkernel-384-threads-ahead-8"
 # A task's array that is a view of another of its arrays at a constant offset (a product's input
 # rows cut out of the staged frame) read where that array lies, not copied: a phase and a barrier
 # less in each such task (compiler/codegen.ALIAS_VIEWS; the zoo's step kernels at embed 256 run
-# 436 phases in all, 399 with it). Not timed on a GPU yet. Built only where a task has such a
+# 436 phases in all, 399 with it). Not timed alone on a GPU yet (inside stepkernel-fewer-phases,
+# below, it was). Built only where a task has such a
 # view (every zoo step form and no zoo sequence form; real models' steps, the rolled cell loops'
 # windows): no candidate to time elsewhere.
 STEPKERNEL_VIEWS = "stepkernel-views"
