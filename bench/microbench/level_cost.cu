@@ -34,14 +34,7 @@
 
 namespace cg = cooperative_groups;
 
-#define CHECK(x)                                                                             \
-    do {                                                                                     \
-        cudaError_t e = (x);                                                                 \
-        if (e != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "check.cuh"
 
 constexpr int N = 256;
 constexpr int MAXL = 64;

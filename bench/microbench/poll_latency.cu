@@ -28,14 +28,7 @@
 #include <utility>
 #include <vector>
 
-#define CHECK(x)                                                                             \
-    do {                                                                                     \
-        cudaError_t e = (x);                                                                 \
-        if (e != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "check.cuh"
 
 enum Load { RELAXED_GPU, VOLATILE, ACQUIRE_GPU, CG, WEAK, NC, LOADS };
 enum Store { ST_RELAXED_GPU, ST_VOLATILE, ST_CG, STORES };

@@ -39,14 +39,7 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                             \
-    do {                                                                                     \
-        cudaError_t e = (x);                                                                 \
-        if (e != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "check.cuh"
 
 constexpr int H = 64, G = 4, T = 256, NT = 256, ROWS = G * H;
 
