@@ -52,8 +52,9 @@ def lazy_module_loading() -> bool | None:
 # CUDA's programming guide (Lazy Loading, its hazards): loading a kernel may synchronize the context,
 # so a kernel first used while a kernel that ends only on a signal runs waits for that kernel, and
 # never runs. A resident step kernel on resident_sms SMs is meant to run beside the program's own
-# kernels: those used for the first time while it runs hang their caller (tests/gpu/test_resident.py's
-# fewer-SMs test, alone in a fresh process: torch's fill and sum kernels, session 57).
+# kernels: one used for the first time while it runs can hang its caller. The suspected cause of
+# tests/gpu/test_resident.py's fewer-SMs test hanging when run alone in a fresh process (torch's fill
+# and sum kernels, session 57; not confirmed on a GPU yet: bench/microbench/resident_first_kernel.py).
 LAZY_LOADING_WARNING = (
     "resident_sms={sms}: CUDA loads each kernel on its first use in this process (lazy loading, "
     "CUDA_MODULE_LOADING={env}), and a load can wait for the whole device, so a kernel first run while "

@@ -317,8 +317,8 @@ def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch
     frames = _frames(prepared, 64, seed=2)
     ref_y, ref_state = _rollout(prepared, frames)
     # the torch kernels run beside it, loaded first: under CUDA's lazy loading a kernel first used
-    # while the resident kernel runs waits for it (the session warns; alone in a fresh process this
-    # test hung there, session 57)
+    # while the resident kernel runs may wait for it (the session warns; the suspected cause of this
+    # test hanging when run alone in a fresh process, session 57)
     assert float(torch.ones(1 << 20, device="cuda").sum().item()) == float(1 << 20)
     engine = _engine(prepared, select)
     lazy = lazy_module_loading()
