@@ -105,7 +105,12 @@ DOT_SMALL_MACS = 1 << 14
 REPLICATED_DOT_MACS = 0
 # ... (a product computed by at most this many blocks is published where it is computed)
 FEW_BLOCKS = 8
-# One schedule's values of the two settings above (schedule's recomputed_scalars and
+# ... except a product of the frame itself needing at most this many a block: published, it is
+# a level of its own right after the frame arrives, recomputed it is a phase of 16 multiply-adds a
+# thread (the LayerNorm statistics of a composed in-projection, simplify.ComposeInputProducts)
+INPUT_DOT_BLOCK_MACS = 1 << 12
+
+# One schedule's values of RECOMPUTED_SCALARS and REPLICATED_DOT_MACS (schedule's recomputed_scalars and
 # replicated_dot_macs), read where they apply instead of the module's: no module setting is
 # changed while a schedule is built, so another thread's schedule keeps its own.
 _SCHEDULE_SETTINGS: ContextVar[tuple[int, int] | None] = ContextVar("framefuse_schedule_settings", default=None)
@@ -121,10 +126,6 @@ def _replicated_dot_macs() -> int:
     return REPLICATED_DOT_MACS if chosen is None else chosen[1]
 
 
-# ... except a product of the frame itself needing at most this many a block: published, it is
-# a level of its own right after the frame arrives, recomputed it is a phase of 16 multiply-adds a
-# thread (the LayerNorm statistics of a composed in-projection, simplify.ComposeInputProducts)
-INPUT_DOT_BLOCK_MACS = 1 << 12
 # A product needing more multiply-adds than this from one block is spread over the grid.
 DOT_BLOCK_MACS = 1 << 14
 # A product is stored by another task (a side store) only if that task computes at most this many
