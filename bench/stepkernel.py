@@ -240,11 +240,14 @@ def sweep(arch: str, root: Path, grids, threads_list) -> list:
             settings["take_together"] = variant == "together"
         elif variant in ("helpers", "no-helpers"):
             settings["input_helpers"] = variant == "helpers"
+        elif variant in ("xregs", "no-xregs"):
+            settings["x_in_registers"] = variant == "xregs"
         else:
             raise SystemExit(
                 f"--sweep {arch}+{variant}: variants are +lanes (codegen.RECUR_LANE_CELLS on), +aheadN "
                 "(codegen.RECUR_INPUTS_AHEAD = N), +together / +no-together (codegen.RECUR_TAKE_TOGETHER on / "
-                "off) and +helpers / +no-helpers (codegen.RECUR_INPUT_HELPERS on / off)"
+                "off), +helpers / +no-helpers (codegen.RECUR_INPUT_HELPERS on / off) and +xregs / +no-xregs "
+                "(codegen.DOT_X_IN_REGISTERS on / off)"
             )
     label = "+".join([arch, *variants])
     if arch.startswith("rnn:"):  # rnn:KIND/HIDDEN/T/DIRECTIONS, one of bench/rnn_sizes.py's windows

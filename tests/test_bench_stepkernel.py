@@ -1,4 +1,4 @@
-"""bench/stepkernel.py's --sweep variants on the CPU: +lanes, +aheadN, +together and +helpers become their
+"""bench/stepkernel.py's --sweep variants on the CPU: +lanes, +aheadN, +together, +helpers and +xregs become their
 rows' compile arguments, the code settings untouched (a row that cannot run here, without a GPU,
 is reported, not raised), and an unknown variant is refused in one line."""
 
@@ -53,10 +53,16 @@ def test_a_sweep_variant_sets_its_settings_for_its_rows_only(stepkernel_bench, t
     # the defaults that are on are turned off by name (the ring as it was, to time against them)
     stepkernel_bench.sweep("rnn:LSTM/64/3/1+no-together+no-helpers", tmp_path, [4], [256])
     assert (seen[-1]["take_together"], seen[-1]["input_helpers"]) == (False, False)
+    # a warp's rows of one long product with x in registers (codegen.DOT_X_IN_REGISTERS, off)
+    assert codegen.DOT_X_IN_REGISTERS is False
+    stepkernel_bench.sweep("rnn:LSTM/64/3/1+xregs", tmp_path, [4], [256])
+    assert seen[-1]["x_in_registers"] is True
+    stepkernel_bench.sweep("rnn:LSTM/64/3/1+no-xregs", tmp_path, [4], [256])
+    assert seen[-1]["x_in_registers"] is False
 
 
 @pytest.mark.parametrize("variant", ["ahead0", "ahead", "wide"])
 def test_an_unknown_sweep_variant_is_refused(stepkernel_bench, tmp_path, variant):
-    known = r"variants are \+lanes .*, \+aheadN .*, \+together / \+no-together .* and \+helpers / \+no-helpers"
+    known = r"variants are \+lanes .*, \+aheadN .*, \+together / \+no-together .*, \+helpers / \+no-helpers .* and \+xregs / \+no-xregs"
     with pytest.raises(SystemExit, match=known):
         stepkernel_bench.sweep(f"rnn:LSTM/64/3/1+{variant}", tmp_path, [4], [256])

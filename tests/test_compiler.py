@@ -1914,6 +1914,8 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "xlstm/sequence+fewer",
         "mamba+levels",
         "delta_net+levels",
+        "mamba+levels+xregs",
+        "jamba+levels+xregs",
         "lstm/sequence+ahead4",
         "lstm/sequence+together",
         "lstm/sequence+helpers",
@@ -1927,9 +1929,11 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     (those, scheduled with products recomputed by the blocks that read them); +ahead4: a one-block
     recurrence's inputs loaded four positions ahead (codegen.RECUR_INPUTS_AHEAD); +together: its
     input words checked with one branch a position (codegen.RECUR_TAKE_TOGETHER); +helpers: taken
-    by the block's threads past the cells (codegen.RECUR_INPUT_HELPERS)."""
+    by the block's threads past the cells (codegen.RECUR_INPUT_HELPERS); +xregs: a warp's rows of
+    one long product with x in registers (codegen.DOT_X_IN_REGISTERS)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, xregs, _ = arch.partition("+xregs")
     arch, helpers, _ = arch.partition("+helpers")
     arch, together, _ = arch.partition("+together")
     arch, ahead, _ = arch.partition("+ahead4")
@@ -1940,7 +1944,10 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     views = views or fewer
     arch, _, weight_format = arch.partition(":")
     arch, _, form = arch.partition("/")
-    prepared = prepare_cached(arch, SMALL)[form] if form else _prepared(arch)
+    # (x in registers needs rows of 256 or more: the benchmark's size, where fewer-levels' replicated
+    # x_proj is 48 rows of 512 a block at 132 blocks)
+    size = FULL if xregs else SMALL
+    prepared = prepare_cached(arch, size)[form] if form else _prepared(arch, size)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
     for resident in (False, True):
         kernel = generate_source(
@@ -1955,8 +1962,10 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             inputs_ahead=4 if ahead else None,
             take_together=bool(together),
             input_helpers=bool(helpers),
+            x_in_registers=bool(xregs),
         )
         assert kernel.settings.alias_views is bool(views) and kernel.settings.one_pass is bool(fewer)
+        assert ("ffk_warp_dot_x<" in kernel.source.split('extern "C"')[-1]) is bool(xregs)
         assert kernel.describe()["replicated_dot_macs"] == (1 << 15 if levels else 0)
         assert ("loaded 4 positions ahead" in kernel.source) is bool(ahead)
         assert ("// one branch for the position's words" in kernel.source) is bool(together)
@@ -2414,6 +2423,55 @@ def test_short_product_rows_run_in_lane_segments(k, by_row, in_one_pass, one_pas
     assert f"dot products of {k}, {lanes} lanes per element" in kernel.source
     assert f"ffk_seg_dot<{k}, {lanes}, {'true' if k % 4 == 0 else 'false'}>" in kernel.source
     _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
+def _product_graph(k: int, m: int, batch: int = 1, seed: int = 0):
+    """y = tanh(x · w), x [batch, k], w [k, m]: one product array of m rows of k."""
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(seed)
+    return _graph(
+        [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Tanh", ["p"], ["y"])],
+        [helper.make_tensor_value_info("x", f32, [batch, k])],
+        [helper.make_tensor_value_info("y", f32, [batch, m])],
+        [numpy_helper.from_array(rng.standard_normal((k, m)).astype(np.float32), "w")],
+    )
+
+
+@needs_cxx
+@pytest.mark.parametrize("k", [256, 260, 1024])
+def test_a_warps_rows_of_one_long_product_share_x_in_registers(k, tmp_path):
+    """codegen.DOT_X_IN_REGISTERS (the x_in_registers code setting, off by default): a product
+    whose elements all read one x row (batch 1), with rows of 256 to 1024 floats, a multiple of 4,
+    and more rows a block than warps, is computed a warp per element with x loaded into registers
+    once (runtime ffk_load_x / ffk_warp_dot_x), the rows' weights read alone; 260 floats leave
+    lanes past the row's end in its last float4s. Emulated (float4 loads checked for alignment)
+    equal to the interpreter; off, the source is the default one."""
+    program = lower_program(_product_graph(k, 37, seed=k))  # 19 and 18 rows on two blocks of 2 warps
+    sched = schedule(program, grid=2, threads=64)
+    plain = generate(sched)
+    assert plain.settings.x_in_registers is False and "ffk_warp_dot_x" not in plain.source.split('extern "C"')[-1]
+    assert generate(sched, x_in_registers=False).source == plain.source
+    kernel = generate(sched, x_in_registers=True)
+    assert kernel.settings.x_in_registers is True and kernel.describe()["x_in_registers"] is True
+    assert f"ffk_load_x<{k}>(xr, " in kernel.source and f"ffk_warp_dot_x<{k}>(xr, " in kernel.source
+    assert "the one x row they share in registers" in kernel.source
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "k,m,batch,why",
+    [
+        (252, 37, 1, "a row shorter than DOT_X_MIN_K"),
+        (1028, 37, 1, "a row longer than DOT_X_MAX_K (more registers than 8 float4s a lane)"),
+        (258, 37, 1, "a row not a multiple of 4 floats"),
+        (256, 37, 2, "two x rows (batch 2)"),
+        (256, 2, 1, "no warp with two rows"),
+    ],
+)
+def test_x_stays_in_shared_memory_where_registers_would_not_help(k, m, batch, why):
+    program = lower_program(_product_graph(k, m, batch))
+    kernel = generate(schedule(program, grid=2, threads=64), x_in_registers=True)
+    assert "ffk_warp_dot_x<" not in kernel.source.split('extern "C"')[-1], why  # the kernel's body
 
 
 @needs_cxx

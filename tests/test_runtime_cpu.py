@@ -370,8 +370,9 @@ def test_a_resident_kernel_on_fewer_sms_warns_where_cuda_loads_kernels_lazily(mo
     monkeypatch.setattr(stepkernel, "_cuda", lambda: SimpleNamespace(_driver=lambda: driver))
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     assert stepkernel.lazy_module_loading() is True
-    with pytest.warns(RuntimeWarning, match=r"resident_sms=16: .*CUDA_MODULE_LOADING=unset, LAZY.*=EAGER"):
+    with pytest.warns(RuntimeWarning, match=r"resident_sms=16: .*CUDA_MODULE_LOADING=unset, LAZY.*=EAGER") as seen:
         assert stepkernel.warn_if_lazy_loading(16)
+    assert seen[0].filename == __file__  # the caller's line outside framefuse, not the engine's
     answer[0] = (0, 1)
     assert stepkernel.lazy_module_loading() is False
     answer[0] = (999, 2)  # the call failed: unknown

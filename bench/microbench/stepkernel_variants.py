@@ -126,6 +126,10 @@ SCHEDULE_VARIANTS = {
     # mamba's x_proj, delta_net's and Jamba's; the build's stepkernel-fewer-levels with fewer-phases)
     "replicated-products": ("schedule", "REPLICATED_DOT_MACS", 1 << 15),
     "fewer-levels": [*FEWER_PHASES_SETTINGS, ("schedule", "REPLICATED_DOT_MACS", 1 << 15)],
+    # a warp's rows of a long product that all read one x row with x held in registers
+    # (codegen.DOT_X_IN_REGISTERS: the replicated x_proj of fewer-levels, 48 rows of 512 a block)
+    # (time it with the fewer-levels schedule as fewer-levels+x-in-registers)
+    "x-in-registers": ("codegen", "DOT_X_IN_REGISTERS", True),
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads

@@ -973,6 +973,8 @@ class Generator:
             return {}
         own = {u.node.id: self._dot_lanes(u) if u.how == "dot" else self._reduce_lanes(u) for u in warp_units}
         kept = set(self._followers)  # a reduction its row's follower reads stays a warp an element
+        # and a product with its x in registers (its warps take several rows each, see _x_in_registers)
+        kept |= {u.node.id for u in warp_units if u.how == "dot" and self._x_in_registers(u)}
 
         def lanes_at(u: Unit, cap: int) -> int:
             return own[u.node.id] if u.node.id in kept else min(own[u.node.id], cap)
@@ -1521,7 +1523,7 @@ class Generator:
         """Lanes per element of a product array: a warp each, unless a row has fewer float4
         loads than half a warp has lanes (a row of 64 floats: 16) and the block has more rows
         than warps, so that segments of a warp take a row each (see ffk_seg_dot)."""
-        if not SEGMENTED_DOT or unit.span <= self.nwarps:
+        if not SEGMENTED_DOT or unit.span <= self.nwarps or self._x_in_registers(unit):
             return WARP_LANES
         k = unit.node.k
         loads = k // 4 if k % 4 == 0 else k
@@ -1535,12 +1537,29 @@ class Generator:
             lanes //= 2
         return lanes
 
+    def _x_in_registers(self, unit: Unit) -> bool:
+        """A product array computed a warp per element with its one x row held in registers
+        (DOT_X_IN_REGISTERS): every element reads the same x (batch 1), the rows are long fp32
+        rows and some warp of the block takes two or more of them."""
+        node = unit.node
+        return bool(
+            self.settings.x_in_registers
+            and node.size == node.n
+            and node.k % 4 == 0
+            and DOT_X_MIN_K <= node.k <= DOT_X_MAX_K
+            and node.id not in self.layout.narrow
+            and unit.span > self.nwarps
+        )
+
     def _dot(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         node: Dot = unit.node
         uid = node.id
         src = task.units[node.src.id]
         k = node.k
         lay = self.layout
+        if self._x_in_registers(unit):
+            self._dot_x_in_registers(code, t, task, unit)
+            return
         lanes = self._phase_lanes.get(uid) or self._dot_lanes(unit)
         if lanes < WARP_LANES:
             per_warp = WARP_LANES // lanes
@@ -1595,6 +1614,39 @@ class Generator:
         loop.items.append(f"if ({lane} == 0{live}) {self.arr(t, uid)}[e - lo{uid}] = acc;")
         if uid == self.root_arrays[t]:
             self._root_after(loop, t, task, f"{lane} == 0{live}")
+
+    def _dot_x_in_registers(self, code: Code, t: int, task: Task, unit: Unit) -> None:
+        node: Dot = unit.node
+        uid = node.id
+        src = task.units[node.src.id]
+        k = node.k
+        code.items.append(
+            f"// array {_name(node)} {list(node.shape)}: dot products of {k}, a warp per element, "
+            "the one x row they share in registers"
+        )
+        first = f"{self._from(t, uid)} + {self._first_warp(unit)}"
+        block = Code("")  # a scope of its own: a phase may hold several such arrays
+        code.items.append(block)
+        block.items += [
+            f"const int e_first = {first};",
+            f"ffk_xregs<{k}> xr;",
+            f"if (e_first < hi{uid}) ffk_load_x<{k}>(xr, {self.arr(t, src.node.id)} + (0 - lo{src.node.id}), lane);",
+        ]
+        loop = Code(f"for (int e = e_first; e < hi{uid}; e += NWARPS)")
+        block.items.append(_ONCE)
+        block.items.append(loop)
+        pf = self.layout.prefetch.get((t, uid))
+        if pf is not None:
+            col = self.layout.column_of[(t, uid, "nlo")]
+            w = f"ffk_smem + {self.prefetch_offset + pf[0]} + (e - ffk_r[{col}]) * {k}"
+        else:
+            w = f"ffk_w + {self._weight_offset(node)} + e * {k}"
+        loop.items += [
+            f"const float acc = ffk_warp_dot_x<{k}>(xr, {w}, lane);",
+            f"if (lane == 0) {self.arr(t, uid)}[e - lo{uid}] = acc;",
+        ]
+        if uid == self.root_arrays[t]:
+            self._root_after(loop, t, task, "lane == 0")
 
     def _early_input(self, task: Task) -> bool:
         """A task that republishes a graph input with at most one element a thread reads it at
@@ -2538,6 +2590,16 @@ SKEWED_SUM_WALK = False
 SKEW_SAMPLE_WARPS = 16  # warps of consecutive elements whose banks _bank_skew checks
 VECTOR_CHECK_LIMIT = 1 << 22  # elements x extent checked numerically for the float4 walk, at most
 SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segments of lanes a row
+# A product array whose elements all read one x row (batch 1: a [1, N] product) and whose rows are
+# long (DOT_X_MIN_K..DOT_X_MAX_K floats, a multiple of 4, fp32 weight rows) is computed a warp per
+# element with x loaded into registers once per warp (ffk_load_x / ffk_warp_dot_x), instead of
+# segments of a few lanes a row that each read x again: a row's product then reads only its 16-byte
+# weight loads. Why: mamba's replicated x_proj phase (stepkernel-fewer-levels: 48 products of 512
+# a block, 4 lanes a row in one pass) read x once per row and its rows 2048 bytes apart in one bank
+# group, 2,757-3,337 cycles on the H100 (session 53) against ~800 for its 96 KB of weights alone.
+DOT_X_IN_REGISTERS = False
+DOT_X_MIN_K = 256  # a shorter row's x is a float4 or less a lane: nothing to save
+DOT_X_MAX_K = 1024  # 8 float4s (32 registers) a lane
 SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take its rows in one pass
 SEGMENT_MIN_LANES = 4  # ... but no fewer than this
 COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run before its staging
@@ -2663,6 +2725,7 @@ class CodeSettings:
     inputs_ahead: int | None = None  # RECUR_INPUTS_AHEAD: a one-block recurrence's inputs loaded ahead
     take_together: bool | None = None  # RECUR_TAKE_TOGETHER: ... a position's words checked with one branch
     input_helpers: bool | None = None  # RECUR_INPUT_HELPERS: ... or taken by the threads past the cells
+    x_in_registers: bool | None = None  # DOT_X_IN_REGISTERS: a warp's rows of one long product share x
 
     @classmethod
     def of(cls, settings: CodeSettings | None = None, **fields) -> CodeSettings:
@@ -2701,6 +2764,7 @@ class CodeSettings:
             inputs_ahead=pick(self.inputs_ahead, RECUR_INPUTS_AHEAD, int),
             take_together=pick(self.take_together, RECUR_TAKE_TOGETHER, bool),
             input_helpers=pick(self.input_helpers, RECUR_INPUT_HELPERS, bool),
+            x_in_registers=pick(self.x_in_registers, DOT_X_IN_REGISTERS, bool),
         )
         if code.copy_pieces < 0 or code.copy_pieces % 4:
             raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {code.copy_pieces}")

@@ -133,8 +133,9 @@ def prepare_step(
 
     The code: ``settings`` with ``fields`` replaced (codegen.CodeSettings.of: ``weight_format``,
     ``lossless_rows``, ``copy_pieces``, ``paced_copies``, ``skewed_sums``, ``lane_cells``,
-    ``alias_views``, ``one_pass``, ``inputs_ahead``, ``take_together``, ``input_helpers``; each
-    documented there; a setting that applies nowhere in the program leaves the plain source)."""
+    ``alias_views``, ``one_pass``, ``inputs_ahead``, ``take_together``, ``input_helpers``,
+    ``x_in_registers``; each documented there; a setting that applies nowhere in the program leaves
+    the plain source)."""
     settings = CodeSettings.of(settings, **fields)
     major, minor = props["cc"]
     if major < 8:

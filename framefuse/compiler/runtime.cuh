@@ -386,6 +386,40 @@ FFK_DEVICE float ffk_warp_dot(const float* x, const float* w, int lane) {
     return ffk_seg_dot<K, 32, ALIGNED4>(x, w, lane);
 }
 
+// A warp's products of several rows with one x (codegen.DOT_X_IN_REGISTERS): the float4s of x
+// that lane `lane` reads in ffk_warp_dot (aligned, K floats), loaded once into registers, then each row's
+// product reads only its weights (K % 4 == 0, x and the rows 16-byte aligned). The sums are
+// ffk_warp_dot's, term for term and in the same order.
+template <int K>
+struct ffk_xregs {
+    static constexpr int J = (K / 4 + 31) / 32;
+    float4 v[J];
+};
+template <int K>
+FFK_DEVICE void ffk_load_x(ffk_xregs<K>& xr, const float* x, int lane) {
+    constexpr int N4 = K / 4;
+#pragma unroll
+    for (int j = 0; j < ffk_xregs<K>::J; ++j) {
+        const int k = lane + 32 * j;
+        if (N4 % 32 == 0 || k < N4) xr.v[j] = ffk_ld4(x + 4 * k);
+    }
+}
+template <int K>
+FFK_DEVICE float ffk_warp_dot_x(const ffk_xregs<K>& xr, const float* w, int lane) {
+    constexpr int N4 = K / 4;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ffk_xregs<K>::J; ++j) {
+        const int k = lane + 32 * j;
+        if (N4 % 32 == 0 || k < N4) {
+            const float4 a = xr.v[j];
+            const float4 b = ffk_ld4(w + 4 * k);
+            acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+    }
+    return ffk_seg_sum<32>(acc);
+}
+
 // -- narrow weight rows (codegen.WEIGHT_FORMATS: FMT 1 fp16, 2 bf16), widened to float as they are
 // read: the products accumulate in float32. A bf16 weight is the high half of a float32.
 template <int FMT>

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -69,8 +70,21 @@ def warn_if_lazy_loading(sms: int) -> bool:
     if not lazy_module_loading():
         return False
     env = os.environ.get("CUDA_MODULE_LOADING") or "unset, LAZY"
-    warnings.warn(LAZY_LOADING_WARNING.format(sms=sms, env=env), RuntimeWarning, stacklevel=3)
+    warnings.warn(LAZY_LOADING_WARNING.format(sms=sms, env=env), RuntimeWarning, stacklevel=_caller_stacklevel())
     return True
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel, called from the function that warns, naming the first frame
+    outside the framefuse package: the user's Session(...) line, not the engine's (Python 3.11 has
+    no skip_file_prefixes)."""
+    level, frame = 2, sys._getframe(2)
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class _PinnedAllocation:

@@ -119,6 +119,7 @@ def test_stepkernel_tactics_match_onnxruntime(arch, tactic):
     assert kernel["one_pass"] == STEPKERNELS[tactic].get("one_pass", False)
     assert kernel["recomputed_scalars"] == STEPKERNELS[tactic].get("recomputed_scalars", 1)
     assert kernel["replicated_dot_macs"] == STEPKERNELS[tactic].get("replicated_dot_macs", 0)
+    assert kernel["x_in_registers"] == STEPKERNELS[tactic].get("x_in_registers", False)
     if not STEPKERNELS[tactic].get("compose_input", True):
         assert not kernel["framed"]  # the frame's in-projection a task of its own
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -169,6 +170,48 @@ def test_narrow_weight_kernel_matches_the_interpreter_on_the_rows_it_reads(arch,
             for name, value in wide.items():
                 err = np.abs(expected[name].astype(np.float64) - value) / (1 + np.abs(value))
                 assert err.max() <= PRECISION_TOLERANCE[weight_format], (step, name, err.max())
+        state = {n: expected[program.state_of[n]] for n in program.states}
+
+
+@pytest.mark.parametrize("grid,levels", [(16, False), (132, True)], ids=["16-blocks", "132-blocks-fewer-levels"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_products_with_x_in_registers_match_the_interpreter(arch, grid, levels):
+    """A warp's rows of a long product that all read one x row, x held in registers
+    (codegen.DOT_X_IN_REGISTERS: ffk_load_x / ffk_warp_dot_x), at the benchmark's size (embed
+    256): on 16 blocks (a small GPU's share of rows: every product of 256 or more has several rows
+    a warp) and on the H100's 132 blocks scheduled as stepkernel-fewer-levels (the replicated
+    x_proj, 48 rows of 512 a block); from zero state a random, a random, an all-zero and a NaN
+    frame against the float64 interpreter."""
+    import torch
+
+    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.engines.fusion import FEWER_LEVELS
+    from framefuse.engines.stepkernel import StepKernelPlan
+
+    program = lower_program(prepare_cached(arch, FULL)["step"].fused)
+    tactic = FEWER_LEVELS if levels else {"x_in_registers": True}
+    assert FEWER_LEVELS["x_in_registers"] is True
+    compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, **tactic)
+    used = compiled.kernel.source.count("ffk_warp_dot_x<")
+    if levels and used == 0:
+        pytest.skip(f"{arch}: no replicated product of 256 or more at 132 blocks")
+    assert used, f"{arch}: no product with its x in registers on {grid} blocks"
+    plan = StepKernelPlan.of(compiled)
+    rng = np.random.default_rng(5)
+    (x_name,) = program.inputs
+    shape = program.inputs[x_name].shape
+    nan = rng.standard_normal(shape).astype(np.float32)
+    nan.reshape(-1)[nan.size // 3] = np.nan
+    frames = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)] + [np.zeros(shape, np.float32), nan]
+    state = {n: np.zeros(leaf.shape, np.float32) for n, leaf in program.states.items()}
+    for step, frame in enumerate(frames):
+        feeds = {x_name: frame, **state}
+        expected = naive.run(program, feeds)
+        outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        torch.cuda.synchronize()
+        for name, value in expected.items():
+            _close(outputs[name].cpu().numpy(), value, f"{arch} {grid} blocks step {step} {name}")
         state = {n: expected[program.state_of[n]] for n in program.states}
 
 
