@@ -356,32 +356,17 @@ def test_resident_refuses_a_gpu_that_cannot_host_a_kernel_that_never_ends(monkey
     _check_resident_host(ok)
 
 
-def test_a_resident_kernel_on_fewer_sms_warns_where_cuda_loads_kernels_lazily(monkeypatch):
-    """warn_if_lazy_loading: cuModuleGetLoadingMode's answer decides; lazy warns once a call with the
-    remedy (kernels loaded first, or CUDA_MODULE_LOADING=EAGER), eager and an unknown answer do not."""
-    import warnings
-    from types import SimpleNamespace
-
+def test_a_resident_kernel_on_fewer_sms_warns_that_first_work_beside_it_can_wait():
+    """warn_beside_resident (ResidentStepBinding with resident_sms): one RuntimeWarning naming the
+    SMs, what was measured to wait (the process's first torch.sum, a device-wide synchronize) and
+    the remedy, attributed to the caller's line outside framefuse, not the engine's."""
     from framefuse.engines import stepkernel
 
-    modes = SimpleNamespace(CU_MODULE_EAGER_LOADING=1, CU_MODULE_LAZY_LOADING=2)
-    answer = [(0, 2)]
-    driver = SimpleNamespace(CUmoduleLoadingMode=modes, cuModuleGetLoadingMode=lambda: answer[0])
-    monkeypatch.setattr(stepkernel, "_cuda", lambda: SimpleNamespace(_driver=lambda: driver))
-    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
-    assert stepkernel.lazy_module_loading() is True
-    with pytest.warns(RuntimeWarning, match=r"resident_sms=16: .*CUDA_MODULE_LOADING=unset, LAZY.*=EAGER") as seen:
-        assert stepkernel.warn_if_lazy_loading(16)
-    assert seen[0].filename == __file__  # the caller's line outside framefuse, not the engine's
-    answer[0] = (0, 1)
-    assert stepkernel.lazy_module_loading() is False
-    answer[0] = (999, 2)  # the call failed: unknown
-    assert stepkernel.lazy_module_loading() is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert not stepkernel.warn_if_lazy_loading(16)
-    monkeypatch.setattr(stepkernel, "_cuda", lambda: SimpleNamespace(_driver=lambda: 1 / 0))
-    assert stepkernel.lazy_module_loading() is None
+    with pytest.warns(
+        RuntimeWarning, match=r"resident_sms=16: .*first torch.sum.*once before the session starts"
+    ) as seen:
+        stepkernel.warn_beside_resident(16)
+    assert len(seen) == 1 and seen[0].filename == __file__
 
 
 def test_the_python_wait_on_a_resident_answer_spins_checks_and_gives_up(monkeypatch):

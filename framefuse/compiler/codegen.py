@@ -2597,6 +2597,10 @@ SEGMENTED_DOT = True  # product arrays of short rows, more rows than warps: segm
 # weight loads. Why: mamba's replicated x_proj phase (stepkernel-fewer-levels: 48 products of 512
 # a block, 4 lanes a row in one pass) read x once per row and its rows 2048 bytes apart in one bank
 # group, 2,757-3,337 cycles on the H100 (session 53) against ~800 for its 96 KB of weights alone.
+# Measured slower but there (session 58, bench/h200/2026-12-06-s58/, H200 device time without /
+# with): fewer-levels mamba 18.85 / 18.53 us, jamba 19.42 / 21.14, delta_net 19.10 / 20.25; the
+# plain kernel on 16 blocks mamba 22.30 / 24.23, lstm 16.27 / 17.75, min_gru 11.12 / 11.42. A warp
+# a row pays its five shuffles row after row; the segments' fewer loads were not what cost. Off.
 DOT_X_IN_REGISTERS = False
 DOT_X_MIN_K = 256  # a shorter row's x is a float4 or less a lane: nothing to save
 DOT_X_MAX_K = 1024  # 8 float4s (32 registers) a lane

@@ -700,14 +700,13 @@ FEWER_PHASES = {"alias_views": True, "one_pass": True, "recomputed_scalars": 64}
 # 17.9 / 18.0, delta_net 15.2 / 16.4. Kept as a candidate (the selection never keeps a slower
 # one), at 256 threads only. Built only where the schedule changes (attention, delta_net,
 # gated_ssm, jamba, mamba, xlstm of the zoo; the transformers models): no candidate elsewhere.
-# Since session 58 with x in registers (compiler/codegen.DOT_X_IN_REGISTERS: a warp's rows of a
-# long product that all read one x row load x once): the replicated x_proj phase read x once a row
-# with its rows in one bank group (~2,300 shared-memory wavefronts for ~770 of weights); at the
-# H100's grid the setting changes only these replicated products. Not timed on a GPU yet
-# (bench/pending/2026-12-06-s58/gpu10.sh times it with and without).
+# Session 58 tried it with x in registers (compiler/codegen.DOT_X_IN_REGISTERS) and measured it
+# slower but for mamba (H200, device time, fewer-levels without / with: mamba 18.85 / 18.53 us,
+# jamba 19.42 / 21.14, delta_net 19.10 / 20.25), so the tactic is as it was; fewer-levels itself
+# stayed slower than fewer-phases launched and resident (bench/h200/2026-12-06-s58/).
 STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
 REPLICATED_DOT_MACS = 1 << 15
-FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS, "x_in_registers": True}
+FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}
 WIDE_THREADS = 384
 COPY_PIECES_TACTIC = 1024  # floats a piece
 # A tactic replaces the plain kernel only when its host-to-host median is this much lower (the

@@ -36,42 +36,26 @@ def _cuda():
     return cuda
 
 
-def lazy_module_loading() -> bool | None:
-    """Whether this process's CUDA loads a kernel's module on the kernel's first use
-    (cuModuleGetLoadingMode; CUDA_MODULE_LOADING, LAZY by default on Linux since CUDA 12.2); None
-    where the driver cannot tell."""
-    try:
-        driver = _cuda()._driver()
-        err, mode = driver.cuModuleGetLoadingMode()
-    except Exception:  # noqa: BLE001 - no driver, or one without the call: unknown
-        return None
-    if int(err) != 0:
-        return None
-    return int(mode) == int(driver.CUmoduleLoadingMode.CU_MODULE_LAZY_LOADING)
-
-
-# CUDA's programming guide (Lazy Loading, its hazards): loading a kernel may synchronize the context,
-# so a kernel first used while a kernel that ends only on a signal runs waits for that kernel, and
-# never runs. A resident step kernel on resident_sms SMs is meant to run beside the program's own
-# kernels: one used for the first time while it runs can hang its caller. The suspected cause of
-# tests/gpu/test_resident.py's fewer-SMs test hanging when run alone in a fresh process (torch's fill
-# and sum kernels, session 57; not confirmed on a GPU yet: bench/microbench/resident_first_kernel.py).
-LAZY_LOADING_WARNING = (
-    "resident_sms={sms}: CUDA loads each kernel on its first use in this process (lazy loading, "
-    "CUDA_MODULE_LOADING={env}), and a load can wait for the whole device, so a kernel first run while "
-    "the resident step kernel runs waits for a kernel that does not end: run the kernels used beside it "
-    "once before its first frame, or start the process with CUDA_MODULE_LOADING=EAGER"
+# Measured (session 58, H100 and H200, bench/microbench/resident_first_kernel.py --case ...): beside
+# a resident step kernel on 16 SMs the process's first torch.sum waits until the session stops, under
+# CUDA_MODULE_LOADING=EAGER as under LAZY (so not the kernel's module load, session 57's suspect),
+# while a first elementwise kernel (bitwise_xor), torch.arange, torch.cummax, a 256 MB allocation and
+# a sum run once before the session started all finish; torch.cuda.synchronize() waits (device-wide,
+# as it must). What in the sum's first launch waits is not known yet (next suspect: a first
+# cudaMemsetAsync, --case memset). A resident kernel on resident_sms SMs is meant to run beside the
+# program's own GPU work, so such a session says so once.
+BESIDE_RESIDENT_WARNING = (
+    "resident_sms={sms}: some CUDA work run for the first time beside a resident step kernel waits "
+    "until the session stops (measured: the process's first torch.sum; a device-wide synchronize "
+    "always): run the GPU work the program does beside it once before the session starts, and do not "
+    "synchronize the whole device (torch.cuda.synchronize) while it runs"
 )
 
 
-def warn_if_lazy_loading(sms: int) -> bool:
-    """Warn (RuntimeWarning, once a call site) where kernels are loaded on first use: a resident
-    kernel limited to ``sms`` SMs is meant to run beside other kernels. Returns whether it warned."""
-    if not lazy_module_loading():
-        return False
-    env = os.environ.get("CUDA_MODULE_LOADING") or "unset, LAZY"
-    warnings.warn(LAZY_LOADING_WARNING.format(sms=sms, env=env), RuntimeWarning, stacklevel=_caller_stacklevel())
-    return True
+def warn_beside_resident(sms: int) -> None:
+    """The RuntimeWarning of a resident kernel limited to ``sms`` SMs (BESIDE_RESIDENT_WARNING),
+    naming the caller's line outside framefuse."""
+    warnings.warn(BESIDE_RESIDENT_WARNING.format(sms=sms), RuntimeWarning, stacklevel=_caller_stacklevel())
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -570,7 +554,7 @@ class ResidentStepBinding(StepBinding):
             sms = int(sms)
             if not 1 <= sms <= c.props["sm_count"]:
                 raise EngineBuildError(f"resident_sms={sms}: {c.props['name']} has {c.props['sm_count']} SMs")
-            warn_if_lazy_loading(sms)
+            warn_beside_resident(sms)
             if sms != c.grid:
                 # the same program and tactic (schedule arguments, code settings, math) scheduled
                 # over fewer blocks: its own kernel and buffers (weights, flagged words, counters,

@@ -172,10 +172,10 @@ class Session:
     ``resident_sms``: schedule the resident kernel over
     that many SMs (compiled again for them with the build's tactic: its threads, schedule
     arguments, code settings and math) and leave the others to the rest of the program; default:
-    every SM, the kernel as built. Under CUDA's lazy loading (the default: CUDA_MODULE_LOADING
-    unset or LAZY) a kernel is loaded on its first use, and a load may wait for the whole device:
-    run the kernels used beside it once before the first frame, or start the process with
-    CUDA_MODULE_LOADING=EAGER (the session warns where loading is lazy).
+    every SM, the kernel as built. Some GPU work run for the first time beside it waits until
+    the session stops (measured: the process's first torch.sum, under eager module loading too; a
+    device-wide synchronize always): run the work the program does beside it once before the
+    session starts (the session warns).
     """
 
     def __init__(

@@ -14,9 +14,9 @@ mkdir -p build/cache $OUT/s58
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== tests + sanitizers $(date +%T)"
 SAN="x_in_registers and mamba and 132"
-(timeout 200 bash tests/gpu/sanitize.sh memcheck /tmp/san -k "$SAN" tests/gpu/test_stepkernel.py > /tmp/san-memcheck.summary 2>&1) &
-(timeout 200 bash tests/gpu/sanitize.sh racecheck /tmp/san -k "$SAN" tests/gpu/test_stepkernel.py > /tmp/san-racecheck.summary 2>&1) &
-timeout 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py \
+(timeout 190 bash tests/gpu/sanitize.sh memcheck /tmp/san -t 170 -k "$SAN" tests/gpu/test_stepkernel.py > /tmp/san-memcheck.summary 2>&1) &
+(timeout 190 bash tests/gpu/sanitize.sh racecheck /tmp/san -t 170 -k "$SAN" tests/gpu/test_stepkernel.py > /tmp/san-racecheck.summary 2>&1) &
+timeout 180 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rfE tests/gpu/test_stepkernel.py \
   -k "(sequence_window and (lstm or gru or liquid or xlstm)) or rnn_size_tactics or wide_or_long_rnn or x_in_registers or fewer-levels" \
   > $OUT/s58/tests.log 2>&1
 echo "pytest rc=$? $(date +%T)"; tail -n 8 $OUT/s58/tests.log
@@ -24,7 +24,7 @@ wait
 tail -n 3 /tmp/san-memcheck.summary /tmp/san-racecheck.summary
 cat /tmp/san-memcheck.summary /tmp/san-racecheck.summary > $OUT/s58/sanitizers.summary 2>/dev/null
 echo "== variants $(date +%T)"
-timeout 120 python3 bench/microbench/stepkernel_variants.py --archs mamba,jamba,delta_net \
+timeout 100 python3 bench/microbench/stepkernel_variants.py --archs mamba,jamba,delta_net \
   --variants fewer-phases,fewer-levels,fewer-levels+x-in-registers,fewer-levels,fewer-levels+x-in-registers,fewer-phases \
   > $OUT/s58/variants.log 2>&1; echo "rc=$? $(date +%T)"
 python3 - $OUT/s58/variants.log <<'PY'
@@ -38,12 +38,12 @@ for a, v in by.items():
 PY
 for sel in stepkernel-fewer-phases stepkernel-fewer-levels; do
   echo "== bench/stepkernel.py --select $sel $(date +%T)"
-  timeout 80 python3 bench/stepkernel.py --archs mamba,jamba,delta_net --select $sel --steps 1000 --no-plan \
+  timeout 70 python3 bench/stepkernel.py --archs mamba,jamba,delta_net --select $sel --steps 1000 --no-plan \
     --out $OUT/s58/$sel > $OUT/s58/$sel.log 2>&1
   echo "rc=$? $(date +%T)"; grep -E "^[a-z_]+ +[0-9]+ " $OUT/s58/$sel.log | tail -n 3
 done
 echo "== resident_sms $(date +%T)"
-timeout 90 python3 -m pytest -m gpu -q -s -p no:cacheprovider -o faulthandler_timeout=40 tests/gpu/test_resident.py \
+timeout 70 python3 -m pytest -m gpu -q -s -p no:cacheprovider -o faulthandler_timeout=40 tests/gpu/test_resident.py \
   -k "fewer_sms or first_used_beside" > $OUT/s58/resident_sms.log 2>&1; echo "rc=$? $(date +%T)"
 grep -v "^\s*$" $OUT/s58/resident_sms.log | grep -E "File \"/|Thread|Timeout|passed|failed|Error|Warning" | head -n 30
 echo "== done $(date +%T)"
