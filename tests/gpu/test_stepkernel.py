@@ -151,7 +151,24 @@ def test_narrow_weight_kernel_matches_the_interpreter_on_the_rows_it_reads(arch,
     assert compiled.kernel.layout.narrow, "no product reads narrow rows"
     rows = compiled.kernel.dot_rows()
     plan = StepKernelPlan.of(compiled)
-    rng = np.random.default_rng(3)
+    for step, feeds, expected in _edge_frames_from_zero_state(plan, program, 3, weight_format, dot_rows=rows):
+        if step < 3:  # before the NaN frame
+            wide = naive.run(program, feeds)
+            for name, value in wide.items():
+                err = np.abs(expected[name].astype(np.float64) - value) / (1 + np.abs(value))
+                assert err.max() <= PRECISION_TOLERANCE[weight_format], (step, name, err.max())
+
+
+def _edge_frames_from_zero_state(plan, program, seed, label, dot_rows=None):
+    """A step-kernel plan of ``program`` (one graph input) from zero state over a random, a random,
+    an all-zero and a NaN frame, each step's outputs against the float64 interpreter (computing
+    with ``dot_rows`` where given), the state carried from the interpreter's; yields (step, feeds,
+    expected) after each step's check."""
+    import torch
+
+    from framefuse.compiler import naive
+
+    rng = np.random.default_rng(seed)
     (x_name,) = program.inputs
     shape = program.inputs[x_name].shape
     nan = rng.standard_normal(shape).astype(np.float32)
@@ -160,16 +177,12 @@ def test_narrow_weight_kernel_matches_the_interpreter_on_the_rows_it_reads(arch,
     state = {n: np.zeros(leaf.shape, np.float32) for n, leaf in program.states.items()}
     for step, frame in enumerate(frames):
         feeds = {x_name: frame, **state}
-        expected = naive.run(program, feeds, dot_rows=rows)
+        expected = naive.run(program, feeds, dot_rows=dot_rows)
         outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
         torch.cuda.synchronize()
         for name, value in expected.items():
-            _close(outputs[name].cpu().numpy(), value, f"{weight_format} step {step} {name}")
-        if step < 3:
-            wide = naive.run(program, feeds)
-            for name, value in wide.items():
-                err = np.abs(expected[name].astype(np.float64) - value) / (1 + np.abs(value))
-                assert err.max() <= PRECISION_TOLERANCE[weight_format], (step, name, err.max())
+            _close(outputs[name].cpu().numpy(), value, f"{label} step {step} {name}")
+        yield step, feeds, expected
         state = {n: expected[program.state_of[n]] for n in program.states}
 
 
@@ -184,7 +197,7 @@ def test_products_with_x_in_registers_match_the_interpreter(arch, grid, levels):
     frame against the float64 interpreter."""
     import torch
 
-    from framefuse.compiler import lower_program, naive
+    from framefuse.compiler import lower_program
     from framefuse.compiler.engine import CompiledStep
     from framefuse.engines.fusion import FEWER_LEVELS
     from framefuse.engines.stepkernel import StepKernelPlan
@@ -197,21 +210,7 @@ def test_products_with_x_in_registers_match_the_interpreter(arch, grid, levels):
         pytest.skip(f"{arch}: no replicated product of 256 or more at 132 blocks")
     assert used, f"{arch}: no product with its x in registers on {grid} blocks"
     plan = StepKernelPlan.of(compiled)
-    rng = np.random.default_rng(5)
-    (x_name,) = program.inputs
-    shape = program.inputs[x_name].shape
-    nan = rng.standard_normal(shape).astype(np.float32)
-    nan.reshape(-1)[nan.size // 3] = np.nan
-    frames = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)] + [np.zeros(shape, np.float32), nan]
-    state = {n: np.zeros(leaf.shape, np.float32) for n, leaf in program.states.items()}
-    for step, frame in enumerate(frames):
-        feeds = {x_name: frame, **state}
-        expected = naive.run(program, feeds)
-        outputs = plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
-        torch.cuda.synchronize()
-        for name, value in expected.items():
-            _close(outputs[name].cpu().numpy(), value, f"{arch} {grid} blocks step {step} {name}")
-        state = {n: expected[program.state_of[n]] for n in program.states}
+    assert len(list(_edge_frames_from_zero_state(plan, program, 5, f"{arch} {grid} blocks"))) == 4
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
