@@ -41,9 +41,12 @@ def _cuda():
 # CUDA_MODULE_LOADING=EAGER as under LAZY (so not the kernel's module load, session 57's suspect),
 # while a first elementwise kernel (bitwise_xor), torch.arange, torch.cummax, a 256 MB allocation and
 # a sum run once before the session started all finish; torch.cuda.synchronize() waits (device-wide,
-# as it must). What in the sum's first launch waits is not known yet (next suspect: a first
-# cudaMemsetAsync, --case memset). A resident kernel on resident_sms SMs is meant to run beside the
-# program's own GPU work, so such a session says so once.
+# as it must). It fits what meta-pytorch/torchcomms#2334 reproduced beside a persistent kernel: a
+# module loaded at a kernel's first launch (cuLibraryLoadData) waits for the device's work to drain,
+# holding the context lock; so something torch.sum's first launch loads is loaded then even under
+# EAGER (not known what; a first cudaMemsetAsync is the next suspect, --case memset). A resident
+# kernel on resident_sms SMs is meant to run beside the program's own GPU work, so such a session
+# says so once.
 BESIDE_RESIDENT_WARNING = (
     "resident_sms={sms}: some CUDA work run for the first time beside a resident step kernel waits "
     "until the session stops (measured: the process's first torch.sum; a device-wide synchronize "
