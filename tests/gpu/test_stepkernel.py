@@ -186,15 +186,19 @@ def _edge_frames_from_zero_state(plan, program, seed, label, dot_rows=None):
         state = {n: expected[program.state_of[n]] for n in program.states}
 
 
-@pytest.mark.parametrize("grid,levels", [(16, False), (132, True)], ids=["16-blocks", "132-blocks-fewer-levels"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "arch,grid,levels",
+    [(a, 16, False) for a in ("min_gru", "lstm", "attention", "mamba", "jamba", "delta_net")]
+    + [(a, 132, True) for a in ("mamba", "jamba", "delta_net")],
+)
 def test_products_with_x_in_registers_match_the_interpreter(arch, grid, levels):
     """A warp's rows of a long product that all read one x row, x held in registers
-    (codegen.DOT_X_IN_REGISTERS: ffk_load_x / ffk_warp_dot_x), at the benchmark's size (embed
-    256): on 16 blocks (a small GPU's share of rows: every product of 256 or more has several rows
-    a warp) and on the H100's 132 blocks scheduled as stepkernel-fewer-levels (the replicated
-    x_proj, 48 rows of 512 a block); from zero state a random, a random, an all-zero and a NaN
-    frame against the float64 interpreter."""
+    (codegen.DOT_X_IN_REGISTERS, off: measured slower, session 58; ffk_load_x / ffk_warp_dot_x), at
+    the benchmark's size (embed 256): on 16 blocks (a small GPU's share of rows: every product of
+    256 or more has several rows a warp) and on the H100's 132 blocks scheduled as
+    stepkernel-fewer-levels (the replicated x_proj, 48 rows of 512 a block); from zero state a
+    random, a random, an all-zero and a NaN frame against the float64 interpreter. (Session 58 ran
+    it for every zoo architecture on 16 blocks: all passed.)"""
     import torch
 
     from framefuse.compiler import lower_program
@@ -205,10 +209,7 @@ def test_products_with_x_in_registers_match_the_interpreter(arch, grid, levels):
     program = lower_program(prepare_cached(arch, FULL)["step"].fused)
     tactic = {**FEWER_LEVELS, "x_in_registers": True} if levels else {"x_in_registers": True}
     compiled = CompiledStep(program, device=torch.device("cuda"), grid=grid, **tactic)
-    used = compiled.kernel.source.count("ffk_warp_dot_x<")
-    if levels and used == 0:
-        pytest.skip(f"{arch}: no replicated product of 256 or more at 132 blocks")
-    assert used, f"{arch}: no product with its x in registers on {grid} blocks"
+    assert "ffk_warp_dot_x<" in compiled.kernel.source, f"{arch}: no product with its x in registers on {grid} blocks"
     plan = StepKernelPlan.of(compiled)
     assert len(list(_edge_frames_from_zero_state(plan, program, 5, f"{arch} {grid} blocks"))) == 4
 
