@@ -48,10 +48,11 @@ def _cuda():
 # kernel on resident_sms SMs is meant to run beside the program's own GPU work, so such a session
 # says so once.
 BESIDE_RESIDENT_WARNING = (
-    "resident_sms={sms}: some CUDA work run for the first time beside a resident step kernel waits "
-    "until the session stops (measured: the process's first torch.sum; a device-wide synchronize "
-    "always): run the GPU work the program does beside it once before the session starts, and do not "
-    "synchronize the whole device (torch.cuda.synchronize) while it runs"
+    "resident_sms={sms}: GPU work run for the first time beside a resident step kernel can wait until "
+    "the session stops (measured: the process's first torch.sum, under CUDA_MODULE_LOADING=EAGER too; "
+    "under the default lazy loading any kernel's first launch may): run the GPU work the program does "
+    "beside it once before the session starts, and do not synchronize the whole device "
+    "(torch.cuda.synchronize) while it runs"
 )
 
 

@@ -172,10 +172,10 @@ class Session:
     ``resident_sms``: schedule the resident kernel over
     that many SMs (compiled again for them with the build's tactic: its threads, schedule
     arguments, code settings and math) and leave the others to the rest of the program; default:
-    every SM, the kernel as built. Some GPU work run for the first time beside it waits until
-    the session stops (measured: the process's first torch.sum, under eager module loading too; a
-    device-wide synchronize always): run the work the program does beside it once before the
-    session starts (the session warns).
+    every SM, the kernel as built. GPU work run for the first time beside it can wait until the
+    session stops (measured: the process's first torch.sum, under eager module loading too; under
+    CUDA's default lazy loading any kernel's first launch may; a device-wide synchronize always):
+    run the work the program does beside it once before the session starts (the session warns).
     """
 
     def __init__(

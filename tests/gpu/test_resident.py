@@ -11,6 +11,7 @@ CPU under emulation and ThreadSanitizer: tests/test_compiler.py.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -273,16 +274,23 @@ def test_a_process_killed_while_the_kernel_is_resident_leaves_the_gpu_usable(tmp
 
 @pytest.mark.parametrize("case", ["item-warm", "new-kernel-no-alloc", "cummax", "alloc"])
 def test_gpu_work_beside_a_resident_kernel_on_fewer_sms_finishes(case):
-    """What session 58 measured to finish beside a resident kernel on 16 SMs, each in a process of
-    its own (bench/microbench/resident_first_kernel.py --case): a sum read back with .item() that
-    ran once before the session started (the warning's remedy), a torch kernel never run before
-    into memory allocated before, torch.cummax, a new 256 MB allocation. (The process's first
-    torch.sum waits until the session stops, under eager module loading too: the session warns.)"""
+    """What session 58 measured to finish beside a resident kernel on 16 SMs under
+    CUDA_MODULE_LOADING=EAGER, each in a process of its own (bench/microbench/resident_first_kernel.py
+    --case): a sum read back with .item() that ran once before the session started (the warning's
+    remedy), a torch kernel never run before into memory allocated before, torch.cummax, a new
+    256 MB allocation. (The process's first torch.sum waits until the session stops, under eager
+    loading too, and under the default lazy loading any kernel's first launch may: the session
+    warns.)"""
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "bench" / "microbench" / "resident_first_kernel.py"
+    env = {**os.environ, "CUDA_MODULE_LOADING": "EAGER"}  # as measured
     result = subprocess.run(
-        [sys.executable, str(script), "--wait", "30", "--case", case], capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), "--wait", "30", "--case", case],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert f"case {case}:" in result.stdout and "finished in" in result.stdout, result.stdout + result.stderr[-2000:]
     assert result.returncode == 0
