@@ -386,10 +386,10 @@ FFK_DEVICE float ffk_warp_dot(const float* x, const float* w, int lane) {
     return ffk_seg_dot<K, 32, ALIGNED4>(x, w, lane);
 }
 
-// A warp's products of several rows with one x (codegen.DOT_X_IN_REGISTERS): the float4s of x
-// that lane `lane` reads in ffk_warp_dot (aligned, K floats), loaded once into registers, then each row's
-// product reads only its weights (K % 4 == 0, x and the rows 16-byte aligned). The sums are
-// ffk_warp_dot's, term for term and in the same order.
+// A warp's products of several rows with one x (codegen.DOT_X_IN_REGISTERS, off: measured slower):
+// the float4s of x that lane `lane` reads in ffk_warp_dot (aligned, K floats), loaded once into
+// registers, then each row's product reads only its weights (K % 4 == 0, x and the rows 16-byte
+// aligned). The sums are ffk_warp_dot's, term for term and in the same order.
 template <int K>
 struct ffk_xregs {
     static constexpr int J = (K / 4 + 31) / 32;

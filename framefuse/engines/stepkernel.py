@@ -38,7 +38,7 @@ def _cuda():
 
 # Measured (session 58, H100 and H200, bench/microbench/resident_first_kernel.py --case ...): beside
 # a resident step kernel on 16 SMs the process's first torch.sum waits until the session stops, under
-# CUDA_MODULE_LOADING=EAGER as under LAZY (so not the kernel's module load, session 57's suspect),
+# CUDA_MODULE_LOADING=EAGER as under LAZY (so not only CUDA's lazy loading, session 57's suspect),
 # while a first elementwise kernel (bitwise_xor), torch.arange, torch.cummax, a 256 MB allocation and
 # a sum run once before the session started all finish; torch.cuda.synchronize() waits (device-wide,
 # as it must). It fits what meta-pytorch/torchcomms#2334 reproduced beside a persistent kernel: a
