@@ -8,7 +8,9 @@ Session 58 (H100 under CUDA_MODULE_LOADING=EAGER; first-kernel also on an H200 u
 first-kernel, sum, item and device-sync wait; used-kernel-no-alloc, new-kernel-no-alloc, alloc,
 arange, cummax and item-warm finish. So not the lazy loading of a kernel's module (session 57's
 suspect): the process's first torch.sum waits. memset (a first cudaMemsetAsync) is the next
-suspect, not run yet. tests/gpu/test_resident.py runs the cases that finish.
+suspect, not run yet (session 59's try failed in the probe itself, CUDA_ERROR_INVALID_CONTEXT: the
+thread had no current driver context; it now makes torch's current, and a case that raises prints
+"failed: ..." and exits 4). tests/gpu/test_resident.py runs the cases that finish.
 
     python bench/microbench/resident_first_kernel.py --case sum --wait 10
 """
@@ -92,8 +94,16 @@ def main(argv=None) -> int:
     assert session._host_step.running
     print(f"case {args.case}: {CASES[args.case]}", flush=True)
     done = threading.Event()
+    failure = []
 
     def first_use():
+        try:
+            run_case()
+        except Exception as exc:  # noqa: BLE001 - reported as the case's result, not as a wait
+            failure.append(exc)
+        done.set()
+
+    def run_case():
         stream = torch.cuda.current_stream()
         if args.case == "first-kernel":  # kernels this process has not run yet, new allocations
             values = torch.arange(1 << 16, device="cuda", dtype=torch.int16)
@@ -121,6 +131,9 @@ def main(argv=None) -> int:
         elif args.case == "item":  # a sum of memory allocated before, read back with .item()
             a.sum().item()
         elif args.case == "memset":
+            # a new thread has no current driver context (torch's runtime calls make it current
+            # lazily, the driver's do not): without this the memset fails, it does not wait
+            cuda.ensure_context(torch.cuda.current_device())
             driver = cuda._driver()
             cuda._check(
                 driver.cuMemsetD8Async(c.data_ptr(), 0, c.numel() * c.element_size(), stream.cuda_stream),
@@ -129,11 +142,14 @@ def main(argv=None) -> int:
             stream.synchronize()
         elif args.case == "device-sync":  # waits for every stream, the resident one too
             torch.cuda.synchronize()
-        done.set()
 
     start = time.perf_counter()
     threading.Thread(target=first_use, daemon=True).start()
     if done.wait(args.wait):
+        if failure:
+            print(f"failed: {type(failure[0]).__name__}: {failure[0]}", flush=True)
+            session.close()
+            return 4
         print(f"finished in {time.perf_counter() - start:.3f} s", flush=True)
         session.step(np.ones(shape, dtype=np.float32))  # and the resident kernel still answers
         session.close()

@@ -10,10 +10,13 @@
 # two (ten real models at T = 1 would not fit one call at those rates).
 # Session 57 ran r1a, r1b and r32a (bench/h100/2026-12-06-s57/: 255, 144 and 489 s; merged so far in
 # bench/h100/2026-12-06-table/, whose README has the merge command to extend).
+# Session 59 ran z32b, z32c and z32d (bench/h100/2026-12-06-s59/: 309, 445 and 560 s); z32d was cut by
+# its limit during xlstm's row (delta_net's torch.compile max-autotune alone took 123 s, xlstm's
+# framefuse build 125 s), so xlstm has its own call, z32e.
 #   bash bench/pending/2026-12-06-s52/h100_table.sh r1a     (then r1b, z32b .. z32d, r32a, r32b, r32c)
 # Then, here: python3 bench/e2e.py --merge <each call's e2e.json> --out bench/h100/<date>-table/merged
 set -u
-call=${1:?which call: z1a z1b r1a r1b z32a z32b z32c z32d r32a r32b r32c}
+call=${1:?which call: z1a z1b r1a r1b z32a z32b z32c z32d z32e r32a r32b r32c}
 rows=bench/h200/2026-11-28-s35/gpu_s29_rows.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case $call in
@@ -25,6 +28,7 @@ case $call in
   z32b) bash $rows $call zoo sequence lstm,gru,liquid 560 ;;
   z32c) bash $rows $call zoo sequence attention,mamba,jamba 560 ;;
   z32d) bash $rows $call zoo sequence delta_net,xlstm 560 ;;
+  z32e) bash $rows $call zoo sequence xlstm 560 ;;
   r32a) bash $rows $call real sequence gpt2_sdpa,llama_gqa_sdpa,mamba 560 ;;
   r32b) bash $rows $call real sequence jamba,torch_lstm_bidir,torch_gru_bidir 560 ;;
   r32c) bash $rows $call real sequence torch_rnn_bidir 300 ;;
