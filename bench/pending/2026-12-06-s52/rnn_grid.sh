@@ -5,20 +5,25 @@
 # on an H200 with the plain kernel (bench/h200/2026-12-05-s49/rnn_sizes/: two ties, LSTM 64/256/1
 # 1.00x and 1024/32/2 0.99x). --select time builds every candidate, torch.compile's included (hidden
 # 1024 rows took 100-140 s each in session 55), so the grid is split in calls, then merged here:
-#   bash bench/pending/2026-12-06-s52/rnn_grid.sh h64     (then h256, lstm1024, gru1024)
-#   python bench/rnn_sizes.py --merge bench/h100/<date>-rnn/{h64,h256,lstm1024,gru1024}/rnn_sizes.jsonl \
+# Session 59: hidden 1024 split by T (lstm1024a: T 1 and 32, lstm1024b: T 256; gru the same): six rows
+# at 100-140 s each (session 55's T = 32 rows with two directions; T = 256 not timed yet) would not fit
+# one call. A cut call keeps its finished rows; run what it left with --seq / --dirs in a new call.
+#   bash bench/pending/2026-12-06-s52/rnn_grid.sh h64     (then h256, lstm1024a, lstm1024b, gru1024a, gru1024b)
+#   python bench/rnn_sizes.py --merge bench/h100/<date>-rnn/*/rnn_sizes.jsonl \
 #     --out bench/h100/<date>-rnn/merged
 # The inductor / triton caches stay in build/cache (carry it with .whl to reuse them in a later call).
 set -u
-call=${1:?which call: h64 h256 lstm1024 gru1024}
+call=${1:?which call: h64 h256 lstm1024a lstm1024b gru1024a gru1024b}
 export TORCHINDUCTOR_CACHE_DIR=$PWD/build/cache/inductor TRITON_CACHE_DIR=$PWD/build/cache/triton FRAMEFUSE_CACHE=$PWD/build/cache/ff
 mkdir -p build/cache $OUT/$call
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case $call in
   h64) sizes="--kinds LSTM,GRU --hidden 64" ;;
   h256) sizes="--kinds LSTM,GRU --hidden 256" ;;
-  lstm1024) sizes="--kinds LSTM --hidden 1024" ;;
-  gru1024) sizes="--kinds GRU --hidden 1024" ;;
+  lstm1024a) sizes="--kinds LSTM --hidden 1024 --seq 1,32" ;;
+  lstm1024b) sizes="--kinds LSTM --hidden 1024 --seq 256" ;;
+  gru1024a) sizes="--kinds GRU --hidden 1024 --seq 1,32" ;;
+  gru1024b) sizes="--kinds GRU --hidden 1024 --seq 256" ;;
   *) echo "unknown call $call" >&2; exit 2 ;;
 esac
 # rnn_sizes.jsonl is appended row by row: a call cut by its limit keeps the rows it finished
