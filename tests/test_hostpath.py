@@ -155,15 +155,17 @@ def test_resident_epochs_wrap_as_the_kernels_do(lib):
         assert frame_call(ctypes.pointer(s)) == hostpath.DONE and s.expected == expected
 
 
-def test_resident_tags_each_input_float_with_the_frames_epoch_before_the_bell(lib):
+@pytest.mark.parametrize("flush_frame", [0, 1])
+def test_resident_tags_each_input_float_with_the_frames_epoch_before_the_bell(lib, flush_frame):
     """Tagged frames: every input's floats land in its words as (epoch << 32) | bits, the frame's
     epoch in the high half, whatever the floats are (NaN bits are not checked here: no frame
-    pointer), and a second frame re-tags them with its own epoch."""
+    pointer), and a second frame re-tags them with its own epoch. With flush_frame (write-combined
+    words and bell, fenced) the same words and bell."""
     frame_call, _ = lib
     fake = Fake(raise_done=False)
     bell = np.zeros(1, dtype=np.uint32)
     s = fake.state
-    s.bell, s.running, s.epoch_base = bell.ctypes.data, 1, 6
+    s.bell, s.running, s.epoch_base, s.flush_frame = bell.ctypes.data, 1, 6, flush_frame
     inputs = [np.array([1.5, -0.0, 3e38], dtype=np.float32), np.arange(5, dtype=np.float32)]
     words = [np.zeros(x.size, dtype=np.uint64) for x in inputs]
     src = (ctypes.c_void_p * 2)(*[x.ctypes.data for x in inputs])
@@ -179,9 +181,30 @@ def test_resident_tags_each_input_float_with_the_frames_epoch_before_the_bell(li
         fake.done[:] = epoch
         inputs[1] += 1
         assert frame_call(ctypes.pointer(s)) == hostpath.DONE and s.expected == epoch
+        assert bell[0] == epoch - 6
         for x, w in zip(inputs, words):
             assert np.array_equal(w >> np.uint64(32), np.full(x.size, epoch, dtype=np.uint64))
             assert np.array_equal((w & np.uint64(0xFFFFFFFF)).astype(np.uint32), x.view(np.uint32))
+
+
+def test_the_store_fence_is_loaded_with_the_frame_call(lib):
+    fence = hostpath.store_fence()
+    assert fence is not None
+    fence()  # an sfence (x86) or a full fence: returns
+
+
+def test_write_combined_words_are_whole_64_bit_words_of_the_epoch_and_the_bits():
+    """stepkernel.tag_words, the Python frame path's words for write-combined memory: the epoch in
+    the high half, the float's bits (NaN, -0.0, the largest float) in the low, into the given words."""
+    from framefuse.engines.stepkernel import tag_words
+
+    floats = np.array([1.5, -0.0, np.nan, 3.4028235e38, -np.inf], dtype=np.float32)
+    scratch = np.full(floats.size, 0xDEAD, dtype=np.uint64)
+    words = np.zeros(floats.size, dtype=np.uint64)
+    for epoch in (1, 0xFFFFFFFF):
+        tag_words(floats.view(np.uint32), scratch, words, epoch)
+        assert np.array_equal(words >> np.uint64(32), np.full(floats.size, epoch, dtype=np.uint64))
+        assert np.array_equal((words & np.uint64(0xFFFFFFFF)).astype(np.uint32), floats.view(np.uint32))
 
 
 def test_switched_off_by_the_environment(monkeypatch):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Session.step with the step kernel resident (Session(resident=True)) against variants of the
-resident kernel's code generation, in one process on one engine per architecture: each variant's
-outputs must equal the launched kernel's bit for bit over 200 frames, then its step is timed the
-way bench/e2e.py times every engine. The launched kernel's Session.step is timed beside them.
+resident kernel's code generation and of its binding's frame memory (write-combined), in one
+process on one engine per architecture: each variant's outputs must equal the launched kernel's
+bit for bit over 200 frames, then its step is timed the way bench/e2e.py times every engine. The launched kernel's Session.step is timed beside them.
 
     python bench/microbench/resident_variants.py --archs min_gru,gru --out /tmp/rv.json
 """
@@ -22,17 +22,22 @@ for path in (REPO, REPO / "bench"):
         sys.path.insert(0, str(path))
 
 # codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES)
+# and the binding's (engines/stepkernel.RESIDENT_WRITE_COMBINED_FRAMES)
 VARIANTS = {
-    "default": (True, True, True),
-    "untagged-frames": (True, True, False),  # the default before session 46
-    "weights-every-frame": (False, True, True),
-    "prefetch-after-go": (True, False, True),
-    "neither": (False, False, True),
+    "default": (True, True, True, False),
+    "untagged-frames": (True, True, False, False),  # the default before session 46
+    "weights-every-frame": (False, True, True, False),
+    "prefetch-after-go": (True, False, True, False),
+    "neither": (False, False, True, False),
+    "write-combined": (True, True, True, True),  # session 59: the frame words and bell write-combined
 }
 
 
 def _settings(codegen, values) -> None:
-    codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY, codegen.RESIDENT_TAGGED_FRAMES = values
+    from framefuse.engines import stepkernel
+
+    codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY, codegen.RESIDENT_TAGGED_FRAMES = values[:3]
+    stepkernel.RESIDENT_WRITE_COMBINED_FRAMES = values[3]
 
 
 def main() -> int:
@@ -41,7 +46,7 @@ def main() -> int:
     from e2e import measure
 
     from framefuse.compiler import codegen
-    from framefuse.engines import cuda_graph
+    from framefuse.engines import cuda_graph, hostpath
     from framefuse.runtime.pipeline import prepare
     from framefuse.runtime.session import Session
 
@@ -74,6 +79,10 @@ def main() -> int:
             _settings(codegen, VARIANTS[name])
             compiled._resident_fn = None  # generated and compiled again with these settings
             session = Session(engine, budget_ms=None, resident=True)
+            if VARIANTS[name][3] and not session._host_step.write_combined:
+                raise SystemExit(
+                    f"{name}: the binding is not write-combined (hostpath.c not built: {hostpath.status()})"
+                )
             got = [session.step(pool[i % 64]).copy() for i in range(200)]
             row[f"{name}_equal"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
             session.close()

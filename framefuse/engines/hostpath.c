@@ -62,7 +62,10 @@ typedef struct {
     volatile uint64_t* const* tag_dst;
     const int64_t* tag_len;
     int32_t tag_inputs;
-    int32_t pad2;
+    // resident mode, the frame's words and the bell in write-combined memory (engines/stepkernel.py's
+    // RESIDENT_WRITE_COMBINED_FRAMES): a store fence after the words and after the bell, which
+    // sends them out of the CPU's write-combining buffers now (and the words before the bell)
+    int32_t flush_frame;
 } ff_frame_state;
 
 enum {
@@ -73,6 +76,16 @@ enum {
     FF_UNWAITED = 4,    // an earlier launch was never waited on: nothing launched
     FF_NOT_RUNNING = 5  // resident kernel not running: nothing rung
 };
+
+// The store fence write-combined memory needs: x86's sfence drains the write-combining buffers and
+// orders the stores before it ahead of those after it (write-combined stores are weakly ordered).
+void ff_store_fence(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_sfence();
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
 
 static int64_t ff_now_ns(void) {
     struct timespec t;
@@ -133,8 +146,11 @@ int ff_frame(ff_frame_state* s) {
             for (int64_t i = 0; i < s->tag_len[k]; ++i) dst[i] = tag | src[i];
         }
         // the bell after the frame (its floats written before this call, its words above): x86
-        // stores are seen in order; the release keeps the compiler (and a weaker host) from moving it
+        // stores to write-back memory are seen in order; the release keeps the compiler (and a
+        // weaker host) from moving it. Write-combined words and bell: fenced (ff_store_fence).
+        if (s->flush_frame) ff_store_fence();
         __atomic_store_n(s->bell, (uint32_t)s->frames, __ATOMIC_RELEASE);
+        if (s->flush_frame) ff_store_fence();
     } else {
         memset((void*)s->done, 0, 4u * (uint32_t)s->n_done);
         const int err = s->launch(s->exec[s->parity], s->stream);
@@ -262,7 +278,7 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, parity), offsetof(ff_frame_state, unwaited), offsetof(ff_frame_state, running),
         offsetof(ff_frame_state, error), offsetof(ff_frame_state, pad),
         offsetof(ff_frame_state, tag_src), offsetof(ff_frame_state, tag_dst), offsetof(ff_frame_state, tag_len),
-        offsetof(ff_frame_state, tag_inputs), offsetof(ff_frame_state, pad2),
+        offsetof(ff_frame_state, tag_inputs), offsetof(ff_frame_state, flush_frame),
     };
     const int count = (int)(sizeof(values) / sizeof(values[0]));
     for (int i = 0; i < n && i < count; ++i) out[i] = values[i];

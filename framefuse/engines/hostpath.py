@@ -70,7 +70,7 @@ class FrameState(ctypes.Structure):
         ("tag_dst", ctypes.c_void_p),
         ("tag_len", ctypes.c_void_p),
         ("tag_inputs", ctypes.c_int32),
-        ("pad2", ctypes.c_int32),
+        ("flush_frame", ctypes.c_int32),
     ]
 
 
@@ -218,6 +218,9 @@ def load():
                             fn.argtypes = [ctypes.POINTER(CpuWorker)]
                             fn.restype = ctypes.c_int
                         _loaded["worker"] = (start, stop)
+                        fence = dll.ff_store_fence
+                        fence.argtypes, fence.restype = [], None
+                        _loaded["fence"] = fence
                         why = str(path)
                         _loaded["module"], _loaded["module_why"] = _load_module(path)
                 except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -266,6 +269,14 @@ def worker():
     where hostpath.c is not built (see status)."""
     load()
     return _loaded.get("worker")
+
+
+def store_fence():
+    """hostpath.c's ff_store_fence as a ctypes function of no arguments (x86's sfence: what
+    write-combined memory needs between stores that must be seen in order, and to send them), or
+    None where hostpath.c is not built (see status)."""
+    load()
+    return _loaded.get("fence")
 
 
 def extension():

@@ -80,11 +80,13 @@ class _PinnedAllocation:
     hold it as their base (``__array_interface__``), so an output a caller keeps stays valid after
     its session is gone (``Session(...).step(frame).copy()`` read freed memory before)."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, write_combined: bool = False):
         cuda = _cuda()
         driver = cuda._driver()
         cuda.ensure_context()
         flags = driver.CU_MEMHOSTALLOC_DEVICEMAP | driver.CU_MEMHOSTALLOC_PORTABLE
+        if write_combined:
+            flags |= driver.CU_MEMHOSTALLOC_WRITECOMBINED
         self.host = int(cuda._check(driver.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
         self._driver = driver
         self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.host, False), "version": 3}
@@ -102,15 +104,21 @@ class _PinnedAllocation:
 class MappedHostBuffer:
     """Pinned host memory the GPU reads and writes directly (cuMemHostAlloc, DEVICEMAP): a numpy
     view, a torch CPU view and the device address of the same bytes. The memory lives as long as
-    any of the views does."""
+    any of the views does.
 
-    def __init__(self, shape: Sequence[int], dtype=np.float32):
+    ``write_combined`` (CU_MEMHOSTALLOC_WRITECOMBINED): the CPU does not cache it, so its stores
+    leave through the write-combining buffers, weakly ordered, until a store fence
+    (hostpath.store_fence) sends them, and its reads are uncached (slow): memory the host only
+    writes and the GPU only reads."""
+
+    def __init__(self, shape: Sequence[int], dtype=np.float32, write_combined: bool = False):
         cuda = _cuda()
         driver = cuda._driver()
         self.shape = tuple(int(d) for d in shape)
+        self.write_combined = bool(write_combined)
         count = int(np.prod(self.shape, dtype=np.int64))
         self.nbytes = max(count * np.dtype(dtype).itemsize, 4)
-        allocation = _PinnedAllocation(self.nbytes)
+        allocation = _PinnedAllocation(self.nbytes, self.write_combined)
         self.device_ptr = int(
             cuda._check(driver.cuMemHostGetDevicePointer(allocation.host, 0), "cuMemHostGetDevicePointer")
         )
@@ -528,6 +536,16 @@ class StepBinding(NativeFrameBinding, BindingBase):
 RESIDENT_TIMEOUT_S = float(os.environ.get("FRAMEFUSE_RESIDENT_TIMEOUT_S", "2.0"))
 _BELL_STOP = 0xFFFFFFFF
 _RESIDENT_CHECK_POLLS = 0x20000  # polls of a done word between looks at the clock and the kernel
+# A resident kernel's tagged frame words and bell in write-combined memory (MappedHostBuffer's
+# write_combined), fenced after the words and after the bell (hostpath.c's flush_frame), instead of
+# write-back memory. Why it may be faster: the GPU polls those words across PCIe while the host
+# writes them; in write-back memory each poll is snooped in the CPU's caches and each line the GPU
+# read must be taken back before the host's next store to it (the frame is 256 words, 32 lines, at
+# embed 256), where write-combined stores go straight out and the reads need no snoop. Not timed
+# yet (bench/microbench/host_roundtrip.cu, resident_variants.py's write-combined variant): off.
+# Only with hostpath.c built (its store fence); the Python frame path then writes each word as one
+# 64-bit store, so a word is never seen with a new epoch on an old value.
+RESIDENT_WRITE_COMBINED_FRAMES = False
 
 
 class ResidentStepBinding(StepBinding):
@@ -591,15 +609,30 @@ class ResidentStepBinding(StepBinding):
         # word (epoch << 32) | bits in a buffer of its own, written from host_in just before the
         # bell; the blocks that read the frame poll those words instead of waiting for the bell
         self.tagged = bool(self.resident_kernel.tagged_frames)
+        # write-combined words and bell (RESIDENT_WRITE_COMBINED_FRAMES) need hostpath.c's fence
+        fence = hostpath.store_fence() if RESIDENT_WRITE_COMBINED_FRAMES and self.tagged else None
+        self.write_combined = fence is not None
+        self._fence = fence if fence is not None else _no_fence
+        self._hs.flush_frame = int(self.write_combined)
         self._tagged: dict[str, MappedHostBuffer] = {}
         self._tag_views = []
+        self._tag_words = []  # write-combined: (the floats' bits, a 64-bit scratch, the words)
         if self.tagged:
             for n in k.input_names:
-                self._tagged[n] = MappedHostBuffer(self._mapped[n].shape, dtype=np.uint64)
+                self._tagged[n] = MappedHostBuffer(
+                    self._mapped[n].shape, dtype=np.uint64, write_combined=self.write_combined
+                )
                 self._tag_views.append(
                     (
                         self._mapped[n].array.reshape(-1).view(np.uint32),
                         self._tagged[n].array.reshape(-1).view(np.uint32).reshape(-1, 2),
+                    )
+                )
+                self._tag_words.append(
+                    (
+                        self._mapped[n].array.reshape(-1).view(np.uint32),
+                        np.zeros(self._mapped[n].array.size, dtype=np.uint64),
+                        self._tagged[n].array.reshape(-1),
                     )
                 )
             count = len(k.input_names)
@@ -611,7 +644,7 @@ class ResidentStepBinding(StepBinding):
             self._hs.tag_len = ctypes.addressof(self._tag_len)
             self._hs.tag_inputs = count
         self.timeout_s = RESIDENT_TIMEOUT_S
-        self._bell = MappedHostBuffer((1,), dtype=np.uint32)
+        self._bell = MappedHostBuffer((1,), dtype=np.uint32, write_combined=self.write_combined)
         self._idle = MappedHostBuffer((1,), dtype=np.uint32)
         self._bell_word = ctypes.c_uint32.from_address(self._bell.array.ctypes.data)
         self._idle_word = ctypes.c_uint32.from_address(self._idle.array.ctypes.data)
@@ -633,7 +666,14 @@ class ResidentStepBinding(StepBinding):
         self._epoch_base = 0
         self._expected = 0
         self._finalizer = weakref.finalize(
-            self, _stop_resident, self._bell_word, self._query, self._rstream_handle, self._bell, self._idle
+            self,
+            _stop_resident,
+            self._bell_word,
+            self._fence,
+            self._query,
+            self._rstream_handle,
+            self._bell,
+            self._idle,
         )
 
     def start(self) -> None:
@@ -650,7 +690,7 @@ class ResidentStepBinding(StepBinding):
             raise EngineRunError("stepkernel: the blocks' launch counters differ (a launch failed part way)")
         self._epoch_base = int(counters[0])
         self._ctl.zero_()
-        self._bell_word.value = 0
+        self._ring(0)
         self._idle_word.value = 0
         torch.cuda.current_stream(self.device).synchronize()
         k = c.kernel
@@ -693,10 +733,16 @@ class ResidentStepBinding(StepBinding):
         self.frames += 1
         count = self._epoch_base + self.frames - 1
         self._expected = expected = count % 0xFFFFFFFF + 1
-        for floats, words in self._tag_views:  # each word's value, then its epoch: never a new epoch on an old value
-            words[:, 0] = floats
-            words[:, 1] = expected
-        self._bell_word.value = self.frames  # after the frame: x86 stores are seen in order
+        if self.write_combined:  # one 64-bit store a word (write-combined stores are not seen in order)
+            for bits, scratch, words in self._tag_words:
+                tag_words(bits, scratch, words, expected)
+            self._fence()
+        else:
+            # each word's value, then its epoch: never a new epoch on an old value
+            for floats, words in self._tag_views:
+                words[:, 0] = floats
+                words[:, 1] = expected
+        self._ring(self.frames)  # after the frame: x86 stores to write-back memory are seen in order
         self._unwaited = True
         self._count_frame(len(self._execs) == 2)
 
@@ -720,6 +766,11 @@ class ResidentStepBinding(StepBinding):
             )
         self._unwaited = False
 
+    def _ring(self, value: int) -> None:
+        """The bell word written (and, write-combined, sent: the kernel polls it)."""
+        self._bell_word.value = value
+        self._fence()
+
     def _check_alive(self) -> None:
         err = self._query(ctypes.c_void_p(self._rstream_handle))
         if err == 600:  # CUDA_ERROR_NOT_READY: still running
@@ -736,7 +787,7 @@ class ResidentStepBinding(StepBinding):
             return
         if self._unwaited and not force:
             self.wait_host()
-        self._bell_word.value = _BELL_STOP
+        self._ring(_BELL_STOP)
         deadline = time.perf_counter() + self.timeout_s
         while True:
             err = self._query(ctypes.c_void_p(self._rstream_handle))
@@ -790,11 +841,24 @@ def _check_resident_host(props: Mapping) -> None:
             )
 
 
-def _stop_resident(bell_word, query, stream_handle, *keep_alive) -> None:
+def tag_words(bits: np.ndarray, scratch: np.ndarray, words: np.ndarray, epoch: int) -> None:
+    """``words[i] = (epoch << 32) | bits[i]``, each word one 64-bit store (the frame path's words in
+    write-combined memory, whose stores are not seen in order: two 32-bit halves could arrive new
+    epoch first), through ``scratch`` (uint64, as long), allocating nothing."""
+    np.copyto(scratch, bits, casting="unsafe")
+    np.bitwise_or(scratch, np.uint64(epoch) << np.uint64(32), out=words)
+
+
+def _no_fence() -> None:
+    """Write-back memory's stores need no fence to be sent (x86 keeps them in order)."""
+
+
+def _stop_resident(bell_word, fence, query, stream_handle, *keep_alive) -> None:
     """At collection or interpreter exit: ring the stop, give the kernel a moment to leave, and
     release the binding's stream once it has."""
     try:
         bell_word.value = _BELL_STOP
+        fence()
         deadline = time.perf_counter() + RESIDENT_TIMEOUT_S
         while query(ctypes.c_void_p(stream_handle)) == 600 and time.perf_counter() < deadline:
             time.sleep(0)

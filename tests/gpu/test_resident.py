@@ -79,6 +79,38 @@ def test_resident_equals_launched_bit_for_bit_over_10000_frames(arch):
         assert np.array_equal(state[name], value, equal_nan=True), name
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+@pytest.mark.parametrize("arch", ["gru", "mamba"])
+def test_write_combined_frames_equal_the_launched_step_bit_for_bit(monkeypatch, arch, path):
+    """stepkernel.RESIDENT_WRITE_COMBINED_FRAMES: the frame's words and the bell in write-combined
+    memory, fenced, on the native frame call and on the Python one (64-bit words, tag_words):
+    2,000 chained frames bit for bit the launched kernel's, with a stop and a start half way (the
+    bell's 0 and its stop go through the fence too)."""
+    from framefuse.engines import stepkernel
+    from framefuse.runtime.session import Session
+
+    monkeypatch.setattr(stepkernel, "RESIDENT_WRITE_COMBINED_FRAMES", True)
+    prepared = prepare_cached(arch, FULL)["step"]
+    engine = _engine(prepared)
+    frames = _frames(prepared, 2000)
+    launched = Session(engine, budget_ms=None)
+    expected = np.stack([launched.step(f).copy() for f in frames])
+    with Session(engine, budget_ms=None, resident=True) as resident:
+        binding = resident._host_step
+        assert binding.write_combined and binding._tagged
+        assert all(buffer.write_combined for buffer in [*binding._tagged.values(), binding._bell])
+        if path == "python":
+            resident._hot = None
+        got = []
+        for i, frame in enumerate(frames):
+            if i == len(frames) // 2:
+                resident.get_state()  # stops the kernel; the next frame starts it again
+            got.append(resident.step(frame).copy())
+        assert binding.starts == 2
+    got = np.stack(got)
+    assert np.array_equal(got, expected, equal_nan=True), f"{arch}: max diff {np.nanmax(np.abs(got - expected))}"
+
+
 @pytest.mark.parametrize("arch,seq", [("gru", 1), ("lstm", 1), ("attention", 8), ("mamba", 32), ("lstm", 32)])
 def test_resident_graph_without_state_matches_launched_and_onnxruntime(arch, seq):
     """A sequence-form window (no state: a length-1 window is what the real models are at T = 1)

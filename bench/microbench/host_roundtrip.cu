@@ -1,0 +1,219 @@
+// The host <-> resident-kernel round trip over pinned, mapped host memory, by the kind of memory
+// the GPU polls (issue 18: a resident step's floor is ~5.5 us p50 on the H100, the round trip with
+// nothing computed; the step compiler's levels are what is left of the 10 us target).
+//
+// Session.step(resident=True) writes the frame as flag-tagged words (epoch << 32 | the float's
+// bits) into memory from cuMemHostAlloc(DEVICEMAP | PORTABLE): write-back memory, so the host's
+// stores sit in its own caches and every read the GPU makes over PCIe is snooped there. Memory
+// allocated write-combined (CU_MEMHOSTALLOC_WRITECOMBINED) is not cached by the CPU: its stores
+// leave through the write-combining buffers (an sfence sends them), and the GPU's reads of it need
+// no snoop. NVIDIA's guide quotes such memory as faster to read across PCIe; what it does to the
+// latency of one poll is what this measures. The host must never read such memory (uncached
+// reads): the frame words and the bell are the host's to write and the GPU's to read, so they
+// could be; the done words the host spins on stay write-back.
+//
+//   word   the host stores i into one word; one GPU thread polls it (ld.volatile, as the resident
+//          kernel's ffk_poll_frame) and stores i into the reply word (write-back memory, as the
+//          done words); the host spins on the reply. Host clock (CLOCK_MONOTONIC) around the trip.
+//   frame  as word, but the host stores F tagged words (a frame of F floats: 256 at embed 256),
+//          a block of F threads polls one word each until it carries the epoch, __syncthreads,
+//          thread 0 replies.
+//   read   one GPU thread, 256 dependent loads (ld.volatile) through a pointer chain in the memory:
+//          cycles a load (clock64), write-back / write-combined mapped memory and device memory.
+//
+// Variants of the polled memory, in interleaved rounds in one process: wb (write-back, the host
+// stores plain, as hostpath.c does), wb+sfence (the same, an sfence after the stores), wc
+// (write-combined, an sfence after the stores).
+//
+// Build: nvcc -O3 -arch=sm_90 -o host_roundtrip host_roundtrip.cu ; run: ./host_roundtrip [trips]
+#include <cuda_runtime.h>
+#include <immintrin.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "check.cuh"
+
+static const unsigned long long POLL_LIMIT = 1ull << 30;  // a lost word ends the kernel, not the machine
+
+__device__ __forceinline__ unsigned long long ld_volatile(const unsigned long long* p) {
+    unsigned long long w;
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+    return w;
+}
+__device__ __forceinline__ void st_volatile(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// word and frame: `trips` trips; trip i's words carry i in their high half; *failed set on a lost word
+__global__ void k_echo(const unsigned long long* in, unsigned long long* reply, int words, int trips,
+                       int* failed) {
+    __shared__ int lost;
+    if (threadIdx.x == 0) lost = 0;
+    __syncthreads();
+    for (int i = 1; i <= trips; ++i) {
+        if ((int)threadIdx.x < words) {
+            unsigned long long polls = 0;
+            while ((unsigned)(ld_volatile(in + threadIdx.x) >> 32) != (unsigned)i) {
+                if (++polls > POLL_LIMIT) {
+                    lost = 1;
+                    break;
+                }
+            }
+        }
+        __syncthreads();
+        if (lost) break;
+        if (threadIdx.x == 0) st_volatile(reply, (unsigned long long)i);
+    }
+    if (threadIdx.x == 0 && lost) *failed = 1;
+}
+
+// read: cycles a dependent load through next[] (a cycle over `n` words, word = index of the next)
+__global__ void k_chase(const unsigned long long* next, int n, int loads, unsigned long long* cycles) {
+    unsigned long long p = 0;
+    for (int i = 0; i < n; ++i) p = ld_volatile(next + p);  // once round: a warm TLB
+    const long long start = clock64();
+    for (int i = 0; i < loads; ++i) p = ld_volatile(next + p);
+    const long long end = clock64();
+    cycles[0] = (unsigned long long)(end - start);
+    cycles[1] = p;  // keeps the chain
+}
+
+static inline int64_t now_ns() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+enum Kind { WB, WB_SFENCE, WC, KINDS };
+static const char* kind_names[KINDS] = {"wb", "wb+sfence", "wc"};
+
+struct Buffers {
+    unsigned long long* in[KINDS];  // host pointers; WB and WB_SFENCE share one allocation
+    unsigned long long* in_dev[KINDS];
+    unsigned long long* reply;
+    unsigned long long* reply_dev;
+};
+
+// one round of `trips` trips of `words` words; the host's round-trip times appended to `out` (ns)
+static bool round_trip(Buffers& b, Kind kind, int words, int trips, int* failed_dev, cudaStream_t stream,
+                       std::vector<double>& out) {
+    volatile unsigned long long* in = b.in[kind];
+    volatile unsigned long long* reply = b.reply;
+    for (int w = 0; w < words; ++w) in[w] = 0;
+    *reply = 0;
+    _mm_sfence();
+    k_echo<<<1, std::max(words, 32), 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, failed_dev);
+    CHECK(cudaGetLastError());
+    for (int i = 1; i <= trips; ++i) {
+        const unsigned long long tag = (unsigned long long)i << 32;
+        const int64_t start = now_ns();
+        for (int w = 0; w < words; ++w) in[w] = tag | (unsigned)w;
+        if (kind != WB) _mm_sfence();
+        unsigned long long spins = 0;
+        while (*reply != (unsigned long long)i) {
+            if (++spins > (1ull << 32)) {
+                fprintf(stderr, "%s: trip %d lost\n", kind_names[kind], i);
+                return false;
+            }
+        }
+        const int64_t end = now_ns();
+        if (i > trips / 10) out.push_back((double)(end - start));  // the first tenth warms up
+    }
+    CHECK(cudaStreamSynchronize(stream));
+    return true;
+}
+
+static void report(const char* mode, const char* name, std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    printf("%-6s %-10s trips %7zu  p50 %7.0f ns  p90 %7.0f  p99 %7.0f  min %6.0f\n", mode, name, n, v[n / 2],
+           v[n * 9 / 10], v[n * 99 / 100], v[0]);
+}
+
+int main(int argc, char** argv) {
+    const int trips = argc > 1 ? atoi(argv[1]) : 20000;
+    const int rounds = 5;
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("%s, %d trips a round, %d rounds, variants interleaved\n", prop.name, trips, rounds);
+    CHECK(cudaSetDeviceFlags(cudaDeviceMapHost));
+
+    const int F = 256;
+    Buffers b{};
+    void* p = nullptr;
+    CHECK(cudaHostAlloc(&p, F * 8, cudaHostAllocMapped | cudaHostAllocPortable));
+    b.in[WB] = b.in[WB_SFENCE] = (unsigned long long*)p;
+    CHECK(cudaHostAlloc(&p, F * 8, cudaHostAllocMapped | cudaHostAllocPortable | cudaHostAllocWriteCombined));
+    b.in[WC] = (unsigned long long*)p;
+    CHECK(cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+    b.reply = (unsigned long long*)p;
+    for (int k = 0; k < KINDS; ++k) CHECK(cudaHostGetDevicePointer((void**)&b.in_dev[k], b.in[k], 0));
+    CHECK(cudaHostGetDevicePointer((void**)&b.reply_dev, b.reply, 0));
+    int* failed_dev = nullptr;
+    CHECK(cudaMalloc(&failed_dev, 4));
+    CHECK(cudaMemset(failed_dev, 0, 4));
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+    struct Mode {
+        const char* name;
+        int words;
+    } modes[] = {{"word", 1}, {"frame", F}};
+    for (const Mode& m : modes) {
+        std::vector<double> times[KINDS];
+        for (int r = 0; r < rounds; ++r)
+            for (int j = 0; j < KINDS; ++j) {
+                const Kind k = (Kind)((j + r) % KINDS);  // the order rotated each round
+                if (!round_trip(b, k, m.words, trips, failed_dev, stream, times[k])) return 2;
+            }
+        int failed = 0;
+        CHECK(cudaMemcpy(&failed, failed_dev, 4, cudaMemcpyDeviceToHost));
+        if (failed) {
+            fprintf(stderr, "%s: the kernel lost a word\n", m.name);
+            return 2;
+        }
+        for (int k = 0; k < KINDS; ++k) report(m.name, kind_names[k], times[k]);
+    }
+
+    // read: cycles a dependent load (the chain's words written by the host before the launch)
+    const int n = 512, loads = 256;
+    std::vector<unsigned long long> chain(n);
+    for (int i = 0; i < n; ++i) chain[i] = (unsigned long long)((i * 97 + 1) % n);  // 97 coprime with 512
+    unsigned long long *wb_chain, *wc_chain, *dev_chain, *wb_dev, *wc_dev, *cycles;
+    CHECK(cudaHostAlloc((void**)&wb_chain, n * 8, cudaHostAllocMapped | cudaHostAllocPortable));
+    CHECK(cudaHostAlloc((void**)&wc_chain, n * 8,
+                        cudaHostAllocMapped | cudaHostAllocPortable | cudaHostAllocWriteCombined));
+    for (int i = 0; i < n; ++i) {
+        wb_chain[i] = chain[i];
+        wc_chain[i] = chain[i];
+    }
+    _mm_sfence();
+    CHECK(cudaHostGetDevicePointer((void**)&wb_dev, wb_chain, 0));
+    CHECK(cudaHostGetDevicePointer((void**)&wc_dev, wc_chain, 0));
+    CHECK(cudaMalloc(&dev_chain, n * 8));
+    CHECK(cudaMemcpy(dev_chain, chain.data(), n * 8, cudaMemcpyHostToDevice));
+    CHECK(cudaMalloc(&cycles, 16));
+    const unsigned long long* where[3] = {wb_dev, wc_dev, dev_chain};
+    const char* where_names[3] = {"wb", "wc", "device"};
+    std::vector<double> per_load[3];
+    for (int r = 0; r < rounds; ++r)
+        for (int j = 0; j < 3; ++j) {
+            k_chase<<<1, 1, 0, stream>>>(where[j], n, loads, cycles);
+            CHECK(cudaGetLastError());
+            unsigned long long c[2];
+            CHECK(cudaMemcpyAsync(c, cycles, 16, cudaMemcpyDeviceToHost, stream));
+            CHECK(cudaStreamSynchronize(stream));
+            per_load[j].push_back((double)c[0] / loads);
+        }
+    for (int j = 0; j < 3; ++j) {
+        std::sort(per_load[j].begin(), per_load[j].end());
+        printf("read   %-10s cycles a dependent load: median %.0f, min %.0f, max %.0f (%d rounds)\n", where_names[j],
+               per_load[j][rounds / 2], per_load[j][0], per_load[j][rounds - 1], rounds);
+    }
+    return 0;
+}

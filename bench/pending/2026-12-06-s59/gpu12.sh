@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 59 (not run yet): issue 18's write-combined frame memory, and the GPU tests session 59 left
+# unfinished. One call on an H100 (~350-450 s), from the repository root, after the wheel install:
+#   bash bench/pending/2026-12-06-s59/gpu12.sh
+# 1. bench/microbench/host_roundtrip.cu: the host <-> GPU round trip over mapped memory when the
+#    words the GPU polls are write-back (as now) or write-combined; a word, and a 256-word frame
+#    (embed 256); and the GPU's cycles a dependent load of each memory.
+# 2. resident_variants.py default vs write-combined (stepkernel.RESIDENT_WRITE_COMBINED_FRAMES):
+#    bit for bit over 200 frames, then Session.step p50 / p99, three rounds each.
+# 3. GPU tests: the write-combined resident test (new), session 58's stepkernel tests that session
+#    59's call cut (narrow weight rows, x in registers), and the probe's memset case (fixed).
+# Decide: if write-combined is faster in 2 on every arch (both p50 and p99, every round's order),
+# turn RESIDENT_WRITE_COMBINED_FRAMES on with the numbers in its comment; else record them and leave it off.
+set -u
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+mkdir -p $OUT/wc
+echo "== host_roundtrip $(date +%T)"
+(cd bench/microbench && nvcc -O3 -arch=sm_90 -o /tmp/host_roundtrip host_roundtrip.cu) && \
+  timeout 120 /tmp/host_roundtrip 20000 2>&1 | tee $OUT/wc/host_roundtrip.log
+echo "== resident_variants $(date +%T)"
+timeout 200 python3 bench/microbench/resident_variants.py --archs min_gru,gru,mamba,attention \
+  --variants default,write-combined --rounds 3 --out $OUT/wc/resident_variants.json 2>&1 | tail -6 | tee $OUT/wc/resident_variants.log
+echo "== GPU tests $(date +%T)"
+timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_resident.py -k write_combined -p no:cacheprovider 2>&1 | tail -4
+timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_stepkernel.py -k "narrow_weight_kernel_matches or x_in_registers" \
+  -p no:cacheprovider 2>&1 | tail -4
+for m in EAGER LAZY; do
+  CUDA_MODULE_LOADING=$m timeout 40 python3 bench/microbench/resident_first_kernel.py --wait 10 --case memset; echo "rc=$?"
+done
+echo "== done $(date +%T)"
