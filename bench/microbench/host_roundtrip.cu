@@ -18,6 +18,8 @@
 //   frame  as word, but the host stores F tagged words (a frame of F floats: 256 at embed 256),
 //          a block of F threads polls one word each until it carries the epoch, __syncthreads,
 //          thread 0 replies.
+//   frame+out  as frame, and each thread writes one float of output into mapped (write-back)
+//          memory before the barrier; the reply after __threadfence_system (a step's outputs).
 //   read   one GPU thread, 256 dependent loads (ld.volatile) through a pointer chain in the memory:
 //          cycles a load (clock64), write-back / write-combined mapped memory and device memory.
 //
@@ -49,8 +51,10 @@ __device__ __forceinline__ void st_volatile(unsigned long long* p, unsigned long
     asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// word and frame: `trips` trips; trip i's words carry i in their high half; *failed set on a lost word
-__global__ void k_echo(const unsigned long long* in, unsigned long long* reply, int words, int trips,
+// word and frame: `trips` trips; trip i's words carry i in their high half; *failed set on a lost word.
+// out (frame+out): each polling thread also writes a float of output into mapped memory, and the
+// reply follows a system-scope fence, as a step kernel's outputs and done word
+__global__ void k_echo(const unsigned long long* in, unsigned long long* reply, float* out, int words, int trips,
                        int* failed) {
     __shared__ int lost;
     if (threadIdx.x == 0) lost = 0;
@@ -65,9 +69,13 @@ __global__ void k_echo(const unsigned long long* in, unsigned long long* reply, 
                 }
             }
         }
+        if (out != nullptr && (int)threadIdx.x < words) out[threadIdx.x] = (float)i;
         __syncthreads();
         if (lost) break;
-        if (threadIdx.x == 0) st_volatile(reply, (unsigned long long)i);
+        if (threadIdx.x == 0) {
+            if (out != nullptr) __threadfence_system();
+            st_volatile(reply, (unsigned long long)i);
+        }
     }
     if (threadIdx.x == 0 && lost) *failed = 1;
 }
@@ -97,17 +105,19 @@ struct Buffers {
     unsigned long long* in_dev[KINDS];
     unsigned long long* reply;
     unsigned long long* reply_dev;
+    float* out_dev;  // frame+out: the outputs, write-back mapped memory
 };
 
 // one round of `trips` trips of `words` words; the host's round-trip times appended to `out` (ns)
-static bool round_trip(Buffers& b, Kind kind, int words, int trips, int* failed_dev, cudaStream_t stream,
-                       std::vector<double>& out) {
+static bool round_trip(Buffers& b, Kind kind, int words, bool outputs, int trips, int* failed_dev,
+                       cudaStream_t stream, std::vector<double>& out) {
     volatile unsigned long long* in = b.in[kind];
     volatile unsigned long long* reply = b.reply;
     for (int w = 0; w < words; ++w) in[w] = 0;
     *reply = 0;
     _mm_sfence();
-    k_echo<<<1, std::max(words, 32), 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, failed_dev);
+    k_echo<<<1, std::max(words, 32), 0, stream>>>(b.in_dev[kind], b.reply_dev, outputs ? b.out_dev : nullptr,
+                                                   words, trips, failed_dev);
     CHECK(cudaGetLastError());
     for (int i = 1; i <= trips; ++i) {
         const unsigned long long tag = (unsigned long long)i << 32;
@@ -131,7 +141,7 @@ static bool round_trip(Buffers& b, Kind kind, int words, int trips, int* failed_
 static void report(const char* mode, const char* name, std::vector<double>& v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
-    printf("%-6s %-10s trips %7zu  p50 %7.0f ns  p90 %7.0f  p99 %7.0f  min %6.0f\n", mode, name, n, v[n / 2],
+    printf("%-9s %-10s trips %7zu  p50 %7.0f ns  p90 %7.0f  p99 %7.0f  min %6.0f\n", mode, name, n, v[n / 2],
            v[n * 9 / 10], v[n * 99 / 100], v[0]);
 }
 
@@ -155,6 +165,8 @@ int main(int argc, char** argv) {
     b.reply = (unsigned long long*)p;
     for (int k = 0; k < KINDS; ++k) CHECK(cudaHostGetDevicePointer((void**)&b.in_dev[k], b.in[k], 0));
     CHECK(cudaHostGetDevicePointer((void**)&b.reply_dev, b.reply, 0));
+    CHECK(cudaHostAlloc(&p, F * 4, cudaHostAllocMapped | cudaHostAllocPortable));
+    CHECK(cudaHostGetDevicePointer((void**)&b.out_dev, p, 0));
     int* failed_dev = nullptr;
     CHECK(cudaMalloc(&failed_dev, 4));
     CHECK(cudaMemset(failed_dev, 0, 4));
@@ -164,13 +176,14 @@ int main(int argc, char** argv) {
     struct Mode {
         const char* name;
         int words;
-    } modes[] = {{"word", 1}, {"frame", F}};
+        bool outputs;
+    } modes[] = {{"word", 1, false}, {"frame", F, false}, {"frame+out", F, true}};
     for (const Mode& m : modes) {
         std::vector<double> times[KINDS];
         for (int r = 0; r < rounds; ++r)
             for (int j = 0; j < KINDS; ++j) {
                 const Kind k = (Kind)((j + r) % KINDS);  // the order rotated each round
-                if (!round_trip(b, k, m.words, trips, failed_dev, stream, times[k])) return 2;
+                if (!round_trip(b, k, m.words, m.outputs, trips, failed_dev, stream, times[k])) return 2;
             }
         int failed = 0;
         CHECK(cudaMemcpy(&failed, failed_dev, 4, cudaMemcpyDeviceToHost));
@@ -213,7 +226,7 @@ int main(int argc, char** argv) {
         }
     for (int j = 0; j < 3; ++j) {
         std::sort(per_load[j].begin(), per_load[j].end());
-        printf("read   %-10s cycles a dependent load: median %.0f, min %.0f, max %.0f (%d rounds)\n", where_names[j],
+        printf("read      %-10s cycles a dependent load: median %.0f, min %.0f, max %.0f (%d rounds)\n", where_names[j],
                per_load[j][rounds / 2], per_load[j][0], per_load[j][rounds - 1], rounds);
     }
     return 0;
