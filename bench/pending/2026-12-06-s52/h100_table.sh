@@ -12,7 +12,9 @@
 # bench/h100/2026-12-06-table/, whose README has the merge command to extend).
 # Session 59 ran z32b, z32c and z32d (bench/h100/2026-12-06-s59/: 309, 445 and 560 s); z32d was cut by
 # its limit during xlstm's row (delta_net's torch.compile max-autotune alone took 123 s, xlstm's
-# framefuse build 125 s), so xlstm has its own call, z32e.
+# framefuse build 125 s), so xlstm has its own call, z32e; and real T = 32 is rebalanced: jamba alone
+# (r32b; session 57's r32a rows took 92-193 s each, jamba is the largest real model), the three
+# torch.nn bidirectional RNNs together (r32c; 53-76 s each on the H200 in session 49).
 #   bash bench/pending/2026-12-06-s52/h100_table.sh r1a     (then r1b, z32b .. z32d, r32a, r32b, r32c)
 # Then, here: python3 bench/e2e.py --merge <each call's e2e.json> --out bench/h100/<date>-table/merged
 set -u
@@ -30,7 +32,7 @@ case $call in
   z32d) bash $rows $call zoo sequence delta_net,xlstm 560 ;;
   z32e) bash $rows $call zoo sequence xlstm 560 ;;
   r32a) bash $rows $call real sequence gpt2_sdpa,llama_gqa_sdpa,mamba 560 ;;
-  r32b) bash $rows $call real sequence jamba,torch_lstm_bidir,torch_gru_bidir 560 ;;
-  r32c) bash $rows $call real sequence torch_rnn_bidir 300 ;;
+  r32b) bash $rows $call real sequence jamba 560 ;;
+  r32c) bash $rows $call real sequence torch_lstm_bidir,torch_gru_bidir,torch_rnn_bidir 560 ;;
   *) echo "unknown call $call" >&2; exit 2 ;;
 esac
