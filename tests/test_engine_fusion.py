@@ -1173,6 +1173,44 @@ def test_a_cpu_step_is_kept_only_when_it_also_answers_first_between_frames(monke
     assert calls == []
 
 
+def test_a_candidate_within_the_timing_budget_gets_every_call_and_a_slow_one_fewer():
+    from framefuse.engines import fusion
+
+    budget = fusion.calls_within_budget
+    assert budget(200, 5, 0.002, 2.0, 10) == 200  # 2 ms a call: 1,000 calls fit 2 s exactly
+    assert budget(200, 5, 0.017, 2.0, 10) == 23  # nn.LSTM 1024 / 32 / 2's plan: 23 a round, 2 s
+    assert budget(200, 5, 10.0, 2.0, 10) == 10  # never below the floor
+    assert budget(4, 5, 10.0, 2.0, 10) == 4  # nor above what was asked
+    assert budget(200, 5, 10.0, None, 10) == 200  # no budget
+    assert budget(200, 5, 0.0, 2.0, 10) == 200  # nothing measured (no warm-up)
+
+
+def test_host_timing_gives_a_slow_candidate_fewer_calls_and_a_shorter_warm_up(fused_models, monkeypatch):
+    """time_plans_host sizes a candidate's calls by the fastest of its first warm-up calls: one that
+    takes 50 ms a call (a clock moved 50 ms by each call) gets 2 s / (2 rounds x 50 ms) = 20 calls a
+    round of the 100 asked and a warm-up of 0.2 s (4 calls: the 3 probes and one); the game between
+    frames runs before each of them."""
+    from framefuse.engines import fusion
+
+    model = fused_models("min_gru", "step")
+    _, plan = _plans(model)
+    feeds = _feeds(plan, seed=3)
+    ran = []
+    now = [0]
+
+    def clock():
+        now[0] += 50_000_000  # a call is the time between its two reads: 50 ms
+        return now[0]
+
+    monkeypatch.setattr(fusion.time, "perf_counter_ns", clock)
+    results = fusion.time_plans_host(
+        {"plan": plan}, feeds, rounds=2, calls=100, warmup=5, between_frames=lambda: ran.append(1), budget_s=2.0
+    )
+    monkeypatch.undo()
+    assert results["plan"]["calls"] == 40 and results["plan"]["us_per_step"] == 50_000.0
+    assert len(ran) == 4 + 40
+
+
 def test_host_timing_runs_the_game_between_frames_outside_the_clock(fused_models, monkeypatch):
     """time_plans_host's between_frames runs once before every call (warm-up included), outside
     the call's clock; the frame-gap check runs through it on real candidates (the CPU step and a

@@ -234,9 +234,39 @@ def max_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor])
     return worst
 
 
-def time_plan_graph(plan: Plan, feeds: Mapping[str, torch.Tensor], *, replays: int = 200, repeats: int = 5) -> dict:
+# A candidate's timing within a budget: one whose step is slow gets fewer replays / calls (never
+# fewer than the floors), so that a candidate far off the fastest costs the build seconds, not
+# minutes. Why: nn.LSTM hidden 1024, T = 32, two directions (H100, session 55's --select time
+# build, 127 s): its plan, unoptimized and inductor candidates run the fused op's own path at ~17
+# ms a step, so 1,000 replays and 1,030 host calls each took ~35 s of the build for numbers 45x the
+# step kernel's; at T = 256 they would take minutes. A candidate within the budget (host: 2 ms a
+# call or less at the default 5 x 200 calls; device: 1 ms a replay or less at 5 x 200) is timed
+# exactly as before, so the fast candidates the choice is made among keep every sample.
+DEVICE_TIMING_BUDGET_S, DEVICE_TIMING_MIN_REPLAYS = 1.0, 5
+HOST_TIMING_BUDGET_S, HOST_TIMING_MIN_CALLS, HOST_TIMING_PROBE_CALLS = 2.0, 10, 3
+
+
+def calls_within_budget(wanted: int, repeats: int, per_call_s: float, budget_s: float | None, floor: int) -> int:
+    """Calls a repeat (or round): ``wanted`` where ``repeats`` x ``wanted`` calls of ``per_call_s``
+    fit ``budget_s`` (None: no budget), else as many as fit, at least ``floor`` (and at most
+    ``wanted``)."""
+    if budget_s is None or per_call_s <= 0 or repeats * wanted * per_call_s <= budget_s:
+        return wanted
+    return min(wanted, max(floor, int(budget_s / (repeats * per_call_s))))
+
+
+def time_plan_graph(
+    plan: Plan,
+    feeds: Mapping[str, torch.Tensor],
+    *,
+    replays: int = 200,
+    repeats: int = 5,
+    budget_s: float | None = DEVICE_TIMING_BUDGET_S,
+) -> dict:
     """Median microseconds per replay of ``plan.execute`` captured in a CUDA graph (device time,
-    cuda events around ``replays`` back-to-back replays, ``repeats`` times)."""
+    cuda events around ``replays`` back-to-back replays, ``repeats`` times; fewer replays where
+    they would take longer than ``budget_s``: :func:`calls_within_budget`, two untimed replays
+    first say how long one takes). The replays a repeat are in the answer."""
     device = plan.device
     static = {name: value.clone() for name, value in feeds.items()}
     stream = torch.cuda.Stream(device)
@@ -250,6 +280,15 @@ def time_plan_graph(plan: Plan, feeds: Mapping[str, torch.Tensor], *, replays: i
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             plan.execute(static)
+    probe_ms = []
+    for _ in range(2):  # the first replay of a graph may upload it: the faster of two
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        probe_ms.append(begin.elapsed_time(end))
+    replays = calls_within_budget(replays, repeats, min(probe_ms) / 1000.0, budget_s, DEVICE_TIMING_MIN_REPLAYS)
     samples = []
     for _ in range(repeats):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -260,7 +299,11 @@ def time_plan_graph(plan: Plan, feeds: Mapping[str, torch.Tensor], *, replays: i
         end.synchronize()
         samples.append(begin.elapsed_time(end) * 1000.0 / replays)
     del graph
-    return {"us_per_step": round(statistics.median(samples), 2), "samples_us": [round(s, 2) for s in samples]}
+    return {
+        "us_per_step": round(statistics.median(samples), 2),
+        "samples_us": [round(s, 2) for s in samples],
+        "replays": replays,
+    }
 
 
 # The session's naming of a step graph's state (runtime/session.py): state.<name> in, next_state.<name> out
@@ -314,14 +357,18 @@ def time_plans_host(
     calls: int = HOST_TIMING_CALLS,
     warmup: int = HOST_TIMING_WARMUP,
     between_frames: Callable[[], None] | None = None,
+    budget_s: float | None = HOST_TIMING_BUDGET_S,
 ) -> dict[str, dict]:
     """Each plan timed as ``Session.step`` / ``Session.run`` runs it: the session's binding
     (:func:`session_io`), the frame written into its host input buffers, one launch, the wait the
     session uses (the step kernel's done words, else the stream), host clock around each call.
-    ``rounds`` rounds of ``calls`` calls per plan, the plans in turn within a round.
-    ``between_frames`` (e.g. a framegap.CacheSweep) runs before every call, outside its clock: the
-    game's own work between two frames. Returns {name: {"us_per_step": median, "p99_us", "calls"}
-    | {"error"}}."""
+    ``rounds`` rounds of ``calls`` calls per plan, the plans in turn within a round, after
+    ``warmup`` untimed calls in the first; a plan whose rounds would take longer than ``budget_s``
+    (None: no budget) gets fewer calls a round (:func:`calls_within_budget`, at least
+    HOST_TIMING_MIN_CALLS) and a warm-up of at most a tenth of the budget, sized by the fastest of
+    its first HOST_TIMING_PROBE_CALLS warm-up calls. ``between_frames`` (e.g. a
+    framegap.CacheSweep) runs before every call, outside its clock: the game's own work between
+    two frames. Returns {name: {"us_per_step": median, "p99_us", "calls"} | {"error"}}."""
     bindings, results = {}, {}
     for name, plan in plans.items():
         try:
@@ -329,6 +376,7 @@ def time_plans_host(
         except Exception as exc:  # reported; the other candidates are still timed
             results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     samples: dict[str, list[int]] = {name: [] for name in bindings}
+    per_round: dict[str, int] = {}  # calls a round, sized in the first round's warm-up
     clock = time.perf_counter_ns
     try:
         for round_index in range(rounds):
@@ -339,7 +387,8 @@ def time_plans_host(
                     launch, wait = binding.launch, getattr(binding, "wait_host", binding.sync)
                     times = samples[name]
                     binding.wait_idle()
-                    for call in range(calls + (warmup if round_index == 0 else 0)):
+
+                    def one_call(frames=frames, launch=launch, wait=wait) -> int:
                         if between_frames is not None:
                             between_frames()
                         start = clock()
@@ -347,8 +396,21 @@ def time_plans_host(
                             np.copyto(buffer, frame)
                         launch()
                         wait()
-                        if round_index or call >= warmup:
-                            times.append(clock() - start)
+                        return clock() - start
+
+                    warm = 0
+                    if round_index == 0:
+                        probes = [one_call() for _ in range(min(HOST_TIMING_PROBE_CALLS, warmup))]
+                        per_call_s = min(probes) / 1e9 if probes else 0.0
+                        per_round[name] = calls_within_budget(
+                            calls, rounds, per_call_s, budget_s, min(calls, HOST_TIMING_MIN_CALLS)
+                        )
+                        budget_warm = None if budget_s is None else budget_s / 10
+                        warm = calls_within_budget(warmup, 1, per_call_s, budget_warm, len(probes)) - len(probes)
+                    for _ in range(warm):
+                        one_call()
+                    for _ in range(per_round[name]):
+                        times.append(one_call())
                     binding.wait_idle()
                 except Exception as exc:  # this candidate is out; the others are still timed
                     results[name] = {"error": f"host timing: {type(exc).__name__}: {str(exc)[:300]}"}
@@ -455,6 +517,7 @@ def select_plan(
                 device = time_plan_graph(candidate, feeds)
                 entry["device_us_per_step"] = device["us_per_step"]
                 entry["device_samples_us"] = device["samples_us"]
+                entry["device_replays"] = device["replays"]  # a repeat's (fewer for a slow candidate)
             timed[name] = candidate
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -549,6 +612,7 @@ def keep_host_step_between_frames(
         calls=FRAME_GAP_CALLS,
         warmup=FRAME_GAP_WARMUP,
         between_frames=sweep,
+        budget_s=None,  # two candidates sized already, each call within a frame
     )
     mine = results.get(chosen, {}).get("us_per_step")
     theirs = results.get(rival, {}).get("us_per_step")

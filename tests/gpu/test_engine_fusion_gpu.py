@@ -130,3 +130,25 @@ def test_build_times_the_unfused_graph_and_keeps_the_faster(arch, tmp_path):
         got = runner.run({k: v.copy() for k, v in feeds.items()})
         for name, want in zip(names, expected):
             np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4, err_msg=f"{arch} {name}")
+
+
+def test_device_timing_gives_a_slow_candidate_fewer_replays():
+    """time_plan_graph within its budget: a plan that spins ~20 ms on the GPU a step gets about
+    1 s / (5 x 20 ms) = 10 replays a repeat of the 200 asked, and its time still reads ~20 ms; a
+    fast one keeps all 200."""
+
+    class Sleeper:
+        device = torch.device("cuda")
+
+        def __init__(self, cycles: int):
+            self.cycles = cycles
+
+        def execute(self, feeds):
+            torch.cuda._sleep(self.cycles)
+            return {}
+
+    slow = fusion.time_plan_graph(Sleeper(40_000_000), {}, replays=200, repeats=5, budget_s=1.0)
+    assert fusion.DEVICE_TIMING_MIN_REPLAYS <= slow["replays"] < 200, slow
+    assert slow["us_per_step"] > 10_000, slow  # 40M cycles: 20-25 ms at an H100's / H200's clocks
+    fast = fusion.time_plan_graph(Sleeper(1000), {}, replays=200, repeats=5, budget_s=1.0)
+    assert fast["replays"] == 200, fast
