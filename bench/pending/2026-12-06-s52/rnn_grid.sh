@@ -8,6 +8,9 @@
 # Session 59: hidden 1024 split by T (lstm1024a: T 1 and 32, lstm1024b: T 256; gru the same): six rows
 # at 100-140 s each (session 55's T = 32 rows with two directions; T = 256 not timed yet) would not fit
 # one call. A cut call keeps its finished rows; run what it left with --seq / --dirs in a new call.
+# Also session 59: the build's selection now times a candidate slower than 2 ms a call within a
+# budget (engines/fusion.calls_within_budget): hidden 1024's plan / unoptimized / inductor candidates
+# (~17 ms a step at T = 32, more at T = 256) took ~35 s each of a build before, minutes at T = 256.
 #   bash bench/pending/2026-12-06-s52/rnn_grid.sh h64     (then h256, lstm1024a, lstm1024b, gru1024a, gru1024b)
 #   python bench/rnn_sizes.py --merge bench/h100/<date>-rnn/*/rnn_sizes.jsonl \
 #     --out bench/h100/<date>-rnn/merged

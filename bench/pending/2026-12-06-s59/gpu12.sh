@@ -7,8 +7,10 @@
 #    (embed 256); and the GPU's cycles a dependent load of each memory.
 # 2. resident_variants.py default vs write-combined (stepkernel.RESIDENT_WRITE_COMBINED_FRAMES):
 #    bit for bit over 200 frames, then Session.step p50 / p99, three rounds each.
-# 3. GPU tests: the write-combined resident test (new), session 58's stepkernel tests that session
-#    59's call cut (narrow weight rows, x in registers), and the probe's memset case (fixed).
+# 3. GPU tests: the write-combined resident test (new), the selection's timing budget (new: a slow
+#    candidate's fewer replays; the fast candidates of min_gru still get every call), session 58's
+#    stepkernel tests that session 59's call cut (narrow weight rows, x in registers), and the
+#    probe's memset case (fixed).
 # Decide: if write-combined is faster in 2 on every arch (both p50 and p99, every round's order),
 # turn RESIDENT_WRITE_COMBINED_FRAMES on with the numbers in its comment; else record them and leave it off.
 set -u
@@ -22,6 +24,8 @@ timeout 200 python3 bench/microbench/resident_variants.py --archs min_gru,gru,ma
   --variants default,write-combined --rounds 3 --out $OUT/wc/resident_variants.json 2>&1 | tail -6 | tee $OUT/wc/resident_variants.log
 echo "== GPU tests $(date +%T)"
 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_resident.py -k write_combined -p no:cacheprovider 2>&1 | tail -4
+timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_engine_fusion_gpu.py \
+  -k "fewer_replays or selection_keeps or selection_times_the_step_kernel" -p no:cacheprovider 2>&1 | tail -4
 timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_stepkernel.py -k "narrow_weight_kernel_matches or x_in_registers" \
   -p no:cacheprovider 2>&1 | tail -4
 for m in EAGER LAZY; do
