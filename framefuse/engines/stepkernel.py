@@ -543,8 +543,7 @@ _RESIDENT_CHECK_POLLS = 0x20000  # polls of a done word between looks at the clo
 # read must be taken back before the host's next store to it (the frame is 256 words, 32 lines, at
 # embed 256), where write-combined stores go straight out and the reads need no snoop. Not timed
 # yet (bench/microbench/host_roundtrip.cu, resident_variants.py's write-combined variant): off.
-# Only with hostpath.c built (its store fence); the Python frame path then writes each word as one
-# 64-bit store, so a word is never seen with a new epoch on an old value.
+# Only with hostpath.c built (its store fence); the Python frame path fences through it too.
 RESIDENT_WRITE_COMBINED_FRAMES = False
 
 
@@ -615,18 +614,11 @@ class ResidentStepBinding(StepBinding):
         self._fence = fence if fence is not None else _no_fence
         self._hs.flush_frame = int(self.write_combined)
         self._tagged: dict[str, MappedHostBuffer] = {}
-        self._tag_views = []
-        self._tag_words = []  # write-combined: (the floats' bits, a 64-bit scratch, the words)
+        self._tag_words = []  # the Python frame path's: (the floats' bits, a 64-bit scratch, the words)
         if self.tagged:
             for n in k.input_names:
                 self._tagged[n] = MappedHostBuffer(
                     self._mapped[n].shape, dtype=np.uint64, write_combined=self.write_combined
-                )
-                self._tag_views.append(
-                    (
-                        self._mapped[n].array.reshape(-1).view(np.uint32),
-                        self._tagged[n].array.reshape(-1).view(np.uint32).reshape(-1, 2),
-                    )
                 )
                 self._tag_words.append(
                     (
@@ -733,16 +725,10 @@ class ResidentStepBinding(StepBinding):
         self.frames += 1
         count = self._epoch_base + self.frames - 1
         self._expected = expected = count % 0xFFFFFFFF + 1
-        if self.write_combined:  # one 64-bit store a word (write-combined stores are not seen in order)
-            for bits, scratch, words in self._tag_words:
-                tag_words(bits, scratch, words, expected)
-            self._fence()
-        else:
-            # each word's value, then its epoch: never a new epoch on an old value
-            for floats, words in self._tag_views:
-                words[:, 0] = floats
-                words[:, 1] = expected
-        self._ring(self.frames)  # after the frame: x86 stores to write-back memory are seen in order
+        for bits, scratch, words in self._tag_words:  # one 64-bit store a word: never a new epoch on an old value
+            tag_words(bits, scratch, words, expected)
+        self._fence()  # write-combined: the words sent before the bell (write-back: x86 keeps them in order)
+        self._ring(self.frames)
         self._unwaited = True
         self._count_frame(len(self._execs) == 2)
 
@@ -842,9 +828,10 @@ def _check_resident_host(props: Mapping) -> None:
 
 
 def tag_words(bits: np.ndarray, scratch: np.ndarray, words: np.ndarray, epoch: int) -> None:
-    """``words[i] = (epoch << 32) | bits[i]``, each word one 64-bit store (the frame path's words in
-    write-combined memory, whose stores are not seen in order: two 32-bit halves could arrive new
-    epoch first), through ``scratch`` (uint64, as long), allocating nothing."""
+    """``words[i] = (epoch << 32) | bits[i]``, each word one 64-bit store (the Python frame path's
+    tagged words: a word is never seen with a new epoch on an old value, whether the memory is
+    write-back or write-combined, whose stores are not seen in order), through ``scratch`` (uint64,
+    as long), allocating nothing."""
     np.copyto(scratch, bits, casting="unsafe")
     np.bitwise_or(scratch, np.uint64(epoch) << np.uint64(32), out=words)
 
