@@ -541,8 +541,13 @@ _RESIDENT_CHECK_POLLS = 0x20000  # polls of a done word between looks at the clo
 # write-back memory. Why it may be faster: the GPU polls those words across PCIe while the host
 # writes them; in write-back memory each poll is snooped in the CPU's caches and each line the GPU
 # read must be taken back before the host's next store to it (the frame is 256 words, 32 lines, at
-# embed 256), where write-combined stores go straight out and the reads need no snoop. Not timed
-# yet (bench/microbench/host_roundtrip.cu, resident_variants.py's write-combined variant): off.
+# embed 256), where write-combined stores go straight out and the reads need no snoop. Timed on an
+# H100 (session 60, bench/h100/2026-12-06-s60/wc): off, the hardware does not reward it.
+# host_roundtrip.cu: a 256-word frame's round trip p50 3.03 us write-combined vs 3.01 write-back,
+# frame + output 4.29 vs 4.25 (p99 3.43 / 4.73 vs 3.48 / 5.08), a dependent GPU load 2,514 vs 2,464
+# cycles; Session.step (resident_variants.py, best of 3 rounds, p50 / p99 us): min_gru 11.0 / 16.0
+# vs 11.1 / 17.3, gru 9.8 / 17.1 vs 9.9 / 18.1, mamba 18.9 / 20.3 vs 18.9 / 21.1: ~0.1 us at p50
+# and not on mamba, within the rounds' spread. Bit for bit equal to the launched step (GPU test).
 # Only with hostpath.c built (its store fence); the Python frame path fences through it too.
 RESIDENT_WRITE_COMBINED_FRAMES = False
 

@@ -15,10 +15,16 @@
 # framefuse build 125 s), so xlstm has its own call, z32e; and real T = 32 is rebalanced: jamba alone
 # (r32b; session 57's r32a rows took 92-193 s each, jamba is the largest real model), the three
 # torch.nn bidirectional RNNs together (r32c; 53-76 s each on the H200 in session 49).
+# Session 60 ran r32b and r32c (bench/h100/2026-12-06-s60/: 264 and 202 s); z32e was cut again
+# (framefuse's build 186 s, then torch.compile max-autotune ran past the rest of the 560 s). xlstm's
+# T = 32 row needs its peers' compile caches filled first (bench/e2e.py's --prebuild, as its docstring
+# says: max-autotune 331 s and reduce-overhead 81 s from cold in session 33's measurement): run
+# `z32e-pre`, then `z32e` in the next call on the same held machine (build/cache stays between
+# calls while it is held; a fresh machine starts with empty caches, so both again).
 #   bash bench/pending/2026-12-06-s52/h100_table.sh r1a     (then r1b, z32b .. z32d, r32a, r32b, r32c)
 # Then, here: python3 bench/e2e.py --merge <each call's e2e.json> --out bench/h100/<date>-table/merged
 set -u
-call=${1:?which call: z1a z1b r1a r1b z32a z32b z32c z32d z32e r32a r32b r32c}
+call=${1:?which call: z1a z1b r1a r1b z32a z32b z32c z32d z32e-pre z32e r32a r32b r32c}
 rows=bench/h200/2026-11-28-s35/gpu_s29_rows.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case $call in
@@ -30,6 +36,12 @@ case $call in
   z32b) bash $rows $call zoo sequence lstm,gru,liquid 560 ;;
   z32c) bash $rows $call zoo sequence attention,mamba,jamba 560 ;;
   z32d) bash $rows $call zoo sequence delta_net,xlstm 560 ;;
+  z32e-pre)  # fills the inductor / triton caches under build/cache for z32e, times nothing (not mergeable)
+    export TORCHINDUCTOR_CACHE_DIR=$PWD/build/cache/inductor TRITON_CACHE_DIR=$PWD/build/cache/triton FRAMEFUSE_CACHE=$PWD/build/cache/ff
+    mkdir -p build/cache $OUT/$call
+    timeout 570 python3 bench/e2e.py --section zoo --forms sequence --archs xlstm \
+      --prebuild torch_compile_autotune_graph,torch_compile --out $OUT/$call > $OUT/$call/$call.log 2>&1
+    echo "rc=$? $(date +%T)"; grep -E "prebuild|built" $OUT/$call/$call.log | tail -8; du -sh build/cache/* ;;
   z32e) bash $rows $call zoo sequence xlstm 560 ;;
   r32a) bash $rows $call real sequence gpt2_sdpa,llama_gqa_sdpa,mamba 560 ;;
   r32b) bash $rows $call real sequence jamba 560 ;;

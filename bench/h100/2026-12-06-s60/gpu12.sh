@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 59 (not run yet): issue 18's write-combined frame memory, and the GPU tests session 59 left
+# Session 59 wrote it; session 60 ran it on an H100 (results beside it: wc/, README.md). One call (~290 s),
 # unfinished. One call on an H100 (~350-450 s), from the repository root, after the wheel install:
 #   bash bench/pending/2026-12-06-s59/gpu12.sh
 # 1. bench/microbench/host_roundtrip.cu: the host <-> GPU round trip over mapped memory when the
