@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 59 wrote it; session 60 ran it on an H100 (results beside it: wc/, README.md). One call (~290 s),
-# unfinished. One call on an H100 (~350-450 s), from the repository root, after the wheel install:
-#   bash bench/pending/2026-12-06-s59/gpu12.sh
+# Session 59 wrote it (issue 18's write-combined frame memory, and the GPU tests session 59 left
+# unfinished); session 60 ran it on an H100 in one call of 289 s (results beside it: wc/, README.md),
+# from the repository root, after the wheel install: bash bench/h100/2026-12-06-s60/gpu12.sh
 # 1. bench/microbench/host_roundtrip.cu: the host <-> GPU round trip over mapped memory when the
 #    words the GPU polls are write-back (as now) or write-combined; a word, and a 256-word frame
 #    (embed 256); and the GPU's cycles a dependent load of each memory.
