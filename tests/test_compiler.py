@@ -1307,11 +1307,12 @@ def test_enumerated_index_pairs_match_a_plain_loop_and_are_kept_only_while_sched
     assert not sched._pairs_memo
 
 
-@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("overlapping", [False, True, "to the end"])
 def test_needed_ranges_match_a_plain_loop(overlapping):
-    """schedule.needed_ranges (per-element runs and the blocks' ranges reduced at once where they
-    lie in order): each block's [min, max + 1) of what its elements read, as a plain loop finds it,
-    also for pairs out of element order and blocks whose ranges overlap (replicated arrays)."""
+    """schedule.needed_ranges (per-element runs, every block's range reduced at once): each
+    block's [min, max + 1) of what its elements read, as a plain loop finds it, also for pairs out
+    of element order, blocks whose ranges overlap (replicated arrays), out of order, and ranges
+    that end at the last element."""
     from framefuse.compiler.schedule import needed_ranges
 
     rng = np.random.default_rng(3)
@@ -1319,7 +1320,10 @@ def test_needed_ranges_match_a_plain_loop(overlapping):
     elems = rng.integers(0, elements, 700)
     flat = rng.integers(0, size, 700)
     elems[elems % 7 == 0] = 1  # elements nothing reads
-    if overlapping:
+    if overlapping == "to the end":
+        unit_lo = rng.integers(0, elements, grid)
+        unit_hi = np.where(np.arange(grid) % 2 == 0, elements, np.minimum(unit_lo + 30, elements))
+    elif overlapping:
         unit_lo = rng.integers(0, elements - 40, grid)
         unit_hi = unit_lo + rng.integers(0, 40, grid)
     else:
@@ -1330,6 +1334,33 @@ def test_needed_ranges_match_a_plain_loop(overlapping):
         read = flat[(elems >= unit_lo[b]) & (elems < unit_hi[b])]
         expected = (int(read.min()), int(read.max()) + 1) if read.size else (0, 0)
         assert (int(lo[b]), int(hi[b])) == expected, b
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_reads_match_counting_the_readers(seed):
+    """schedule.shared_reads: whether a value element is read by two distinct elements, as
+    counting each value element's distinct readers finds it, over several pair arrays (the same
+    pair twice, the same element reading one value element from two occurrences, none at all)."""
+    from framefuse.compiler.schedule import shared_reads
+
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 60))
+    pairs = []
+    for _ in range(int(rng.integers(1, 4))):
+        n = int(rng.integers(0, 12))
+        elems = np.sort(rng.integers(0, 20, n))
+        flat = rng.permutation(size)[: min(n, size)] if seed % 2 else rng.integers(0, size, n)
+        pairs.append((elems[: len(flat)], flat[: len(elems)]))
+    readers: dict = {}
+    for elems, flat in pairs:
+        for e, f in zip(elems.tolist(), flat.tolist()):
+            readers.setdefault(f, set()).add(e)
+    expected = any(len(r) > 1 for r in readers.values())
+    assert shared_reads(pairs, size) == expected
+    one = (np.array([3, 3, 4]), np.array([0, 0, 1]))
+    assert not shared_reads([one, one], 2)  # one reader each, read twice
+    assert shared_reads([one, (np.array([5]), np.array([1]))], 2)  # element 1 read by 4 and 5
+    assert not shared_reads([], 4)
 
 
 def test_code_settings_carry_a_kernels_choices_whatever_the_module_settings(monkeypatch):
@@ -1366,14 +1397,25 @@ def test_the_build_tactics_share_one_program_and_schedule(monkeypatch):
     """compiler.memo: the tactics that differ only in generated code (pieces, paced) reuse the
     plain kernel's lowered program and schedule; other options, sizes or settings do not, and a
     reused schedule generates the kernel a fresh one does."""
-    from framefuse.compiler import memo
+    from framefuse.compiler import memo, simplify
     from framefuse.compiler import schedule as sched
 
     memo.clear()
     path = _prepared("min_gru").fused
     program = memo.cached_program(path)
     assert memo.cached_program(path) is program
-    assert memo.cached_program(path, compose_input=False) is not program
+    assert memo.cached_program(path, compose_input=False) is not program  # its input products composed
+    assert simplify.composed_inputs(program)
+    # a window's input is too wide to compose: without composing it is the same program, scheduled once
+    window = prepare_cached("min_gru", {**SMALL, "seq": 8})["sequence"].fused
+    composing = memo.cached_program(window)
+    assert not simplify.composed_inputs(composing)
+    assert memo.cached_program(window, compose_input=False) is composing
+    uncomposed = lower_program(window, compose_input=False)
+    assert (
+        generate(schedule(uncomposed, grid=8, threads=128, smem_floats=40 * 1024)).identity
+        == generate(memo.cached_schedule(composing, grid=8, threads=128, smem_floats=40 * 1024)).identity
+    )
     loaded = memo.cached_program(onnx.load(str(path)))  # the build passes its executor's ModelProto
     assert memo.cached_program(onnx.load(str(path))) is loaded
     first = memo.cached_schedule(program, grid=8, threads=128, smem_floats=40 * 1024)

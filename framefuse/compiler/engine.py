@@ -23,7 +23,7 @@ import torch
 from framefuse.compiler.codegen import KERNEL_NAME, RESIDENT_KERNEL_NAME, TRACE_SLOTS, CodeSettings, Kernel, generate
 from framefuse.compiler.ir import CompileError, Program
 from framefuse.compiler.memo import cached_program, cached_schedule
-from framefuse.compiler.schedule import THREADS, Schedule, hybrid_recurrences, replica_capped
+from framefuse.compiler.schedule import THREADS, Schedule, hybrid_recurrences, replica_capped, shared_enumerations
 
 # The step kernel's math: denormals flushed to zero, division and square root to 2 ulp (full range:
 # inf and NaN as IEEE), exp as the __expf intrinsic (codegen.EXP_INTRINSIC). Measured on the H100:
@@ -257,7 +257,10 @@ def prepare_tactics(
     results: dict[str, StepSource | Exception] = {}
     compiles: dict[tuple, object] = {}  # (source digest, options) -> its compile's future
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(tactics)))) as pool:
+    with (
+        ThreadPoolExecutor(max_workers=min(workers, max(1, len(tactics)))) as pool,
+        shared_enumerations(),
+    ):
         first_failure: Exception | None = None
         for i, (name, arguments) in enumerate(tactics.items()):
             if first_failure is not None:

@@ -69,6 +69,12 @@ def cached_program(
     if key in _programs:
         _programs.move_to_end(key)
         return _programs[key]
+    if compose_input is False:
+        # a program whose input products nothing composed is the same one: schedule it once
+        # (every window of T = 32 is one: stepkernel-unframed scheduled xlstm's again, 8.6 of 59 s)
+        composing = _programs.get((digest, None, roll_recurrences, widen_storage, settings))
+        if composing is not None and not simplify.composed_inputs(composing):
+            return _remember(_programs, key, composing)
     if roll_recurrences is False:
         rolling = _programs.get((digest, compose_input, None, widen_storage, settings))
         if rolling is not None and not simplify.rolled_recurrences(rolling) and not simplify.rolled_bodies(rolling):

@@ -38,6 +38,7 @@ state beside its output) is stored there as a side store and has no task of its 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -1111,6 +1112,25 @@ def bounding_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.ndar
     return enumerate_pairs(replace(occ, flat=flat), var, elements)
 
 
+_pairs_kept = 0  # shared_enumerations() entered and not left: schedule() keeps the memo
+
+
+@contextlib.contextmanager
+def shared_enumerations():
+    """Keep the enumerations (enumerate_pairs, shared_reads, the extremes) from one schedule to
+    the next inside, emptied when the outermost is left: a build's tactics schedule the same
+    program at other grids and widths, which enumerate many of the same occurrences (xlstm's
+    T = 32 window: 8,568 enumerations over its six schedules)."""
+    global _pairs_kept
+    _pairs_kept += 1
+    try:
+        yield
+    finally:
+        _pairs_kept -= 1
+        if not _pairs_kept:
+            _forget_pairs()
+
+
 def _forget_pairs() -> None:
     global _pairs_memo_size
     _pairs_memo.clear()
@@ -1154,7 +1174,7 @@ def _enumerate_pairs(occ: Occurrence, var: ix.Var, elements: int) -> tuple[np.nd
     return elems[mask], flat[mask]
 
 
-# max_readers by the identity of its (read-only, memoized) pair arrays: the cache rounds of a
+# shared_reads by the identity of its (read-only, memoized) pair arrays: the cache rounds of a
 # task ask the same question of the same occurrences again (xlstm's T = 32 window: 5,467 calls,
 # 9.3 of its 21 s of scheduling on a 2-core CPU). The arrays are kept with the answer so that their
 # ids stay theirs; emptied with the pairs memo. needed_ranges' per-element extremes of the same
@@ -1163,40 +1183,32 @@ _readers_memo: dict = {}
 _extremes_size = 0
 
 
-def max_readers(pairs: list, size: int) -> int:
-    """The most distinct elements reading one value element, over (element, flat) pair arrays."""
+def shared_reads(pairs: list, size: int) -> bool:
+    """Whether some value element is read by more than one distinct element, over (element, flat)
+    pair arrays (a value of ``size`` elements)."""
     if not pairs:
-        return 0
+        return False
     arrays = [a for p in pairs for a in p]
     key = None
     if not any(a.flags.writeable for a in arrays):
         key = (size, *(id(a) for a in arrays))
         if key in _readers_memo:
             return _readers_memo[key][0]
-    result = _max_readers(pairs, size)
+    result = _shared_reads(pairs, size)
     if key is not None:
         _readers_memo[key] = (result, arrays)
     return result
 
 
-def _max_readers(pairs: list, size: int) -> int:
-    elems = np.concatenate([p[0] for p in pairs]).astype(np.int64)
-    flat = np.concatenate([p[1] for p in pairs]).astype(np.int64)
-    if flat.size == 0:
-        return 0
-    key = unique_sorted(elems * max(size, 1) + flat)
-    return int(np.bincount(key % max(size, 1), minlength=size).max())
-
-
-def unique_sorted(values: np.ndarray) -> np.ndarray:
-    """np.unique by sorting (numpy 2's hash-based unique is pathologically slow on these keys)."""
-    values = np.sort(values, kind="stable")
-    if values.size < 2:
-        return values
-    keep = np.empty(values.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(values[1:], values[:-1], out=keep[1:])
-    return values[keep]
+def _shared_reads(pairs: list, size: int) -> bool:
+    # one reader a value element: after writing each pair's element at its flat index (whichever
+    # write lands last), every pair finds its own element there; a flat index read by two elements
+    # holds one of them, and a pair of the other finds it. O(n), where counting the distinct
+    # readers sorted every (element, flat) key (numpy's unique: 8.6 of xlstm's 20 s in it)
+    owner = np.full(max(size, 1), -1, dtype=np.int64)
+    for elems, flat in pairs:
+        owner[flat] = elems
+    return any(bool((owner[flat] != elems).any()) for elems, flat in pairs)
 
 
 def root_ranges(
@@ -1231,15 +1243,12 @@ def needed_ranges(pairs, unit_lo: np.ndarray, unit_hi: np.ndarray, elements: int
     per_min, per_max = _element_extremes(elems, flat, elements)
     blocks = np.nonzero(active)[0]
     a, z = unit_lo[blocks].astype(np.int64), unit_hi[blocks].astype(np.int64)
-    if len(blocks) and (a[1:] >= z[:-1]).all():  # the blocks' ranges in order, apart: one pass
-        bounds = np.stack([a, z], axis=1).reshape(-1)
-        keep = bounds < elements
-        mins = np.minimum.reduceat(per_min, bounds[keep])
-        maxs = np.maximum.reduceat(per_max, bounds[keep])
-        mins, maxs = mins[0::2], maxs[0::2]  # [a_i, z_i); the odd ones are the gaps between
-    else:
-        mins = np.array([per_min[i:j].min() for i, j in zip(a, z)], dtype=np.int64)
-        maxs = np.array([per_max[i:j].max() for i, j in zip(a, z)], dtype=np.int64)
+    # one pass over every block's [a, z) (a < z, z <= elements: the extremes end in a sentinel, so z
+    # is an index): reduceat reduces [bounds[i], bounds[i + 1]) where that is not empty, so its even
+    # results are the blocks' ranges in any order, overlapping or not; the odd ones are discarded
+    bounds = np.stack([a, z], axis=1).reshape(-1)
+    mins = np.minimum.reduceat(per_min, bounds)[0::2]
+    maxs = np.maximum.reduceat(per_max, bounds)[0::2]
     read = maxs >= 0
     lo[blocks[read]] = mins[read]
     hi[blocks[read]] = maxs[read] + 1
@@ -1247,15 +1256,16 @@ def needed_ranges(pairs, unit_lo: np.ndarray, unit_hi: np.ndarray, elements: int
 
 
 def _element_extremes(elems: np.ndarray, flat: np.ndarray, elements: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per element, the least and greatest flat index it reads (int64 max / -1 where none); kept
-    for memoized (read-only) pair arrays, as max_readers' answers are: a task's rounds ask again."""
+    """Per element, the least and greatest flat index it reads (int64 max / -1 where none), and
+    one element past the last holding those (needed_ranges' sentinel); kept for memoized
+    (read-only) pair arrays, as shared_reads' answers are: a task's rounds ask again."""
     key = None
     if not elems.flags.writeable and not flat.flags.writeable:
         key = ("extremes", elements, id(elems), id(flat))
         if key in _readers_memo:
             return _readers_memo[key][0]
-    per_min = np.full(elements, np.iinfo(np.int64).max, dtype=np.int64)
-    per_max = np.full(elements, -1, dtype=np.int64)
+    per_min = np.full(elements + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    per_max = np.full(elements + 1, -1, dtype=np.int64)
     pe, pf = elems, flat
     if elems.size > 1 and (elems[1:] < elems[:-1]).any():
         order = np.argsort(elems, kind="stable")
@@ -1477,7 +1487,7 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
                 found.add(node_id)  # a warp's reduction, not one thread's loop beside 64 copies
                 continue
             pairs = [enumerate_pairs(o, unit.var, elements) for o in occs]
-            if any(p is None for p in pairs) or max_readers(pairs, node.size) > 1:
+            if any(p is None for p in pairs) or shared_reads(pairs, node.size):
                 found.add(node_id)
     nodes = {}
     for unit in units.values():
@@ -1589,7 +1599,7 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                         reader.how != "root"
                         and reader.total > 2 * max(reader.node.size, 1)
                         and all(p is not None for p in pairs)
-                        and max_readers(pairs, node.size) <= 1
+                        and not shared_reads(pairs, node.size)
                     ):
                         target = reader.node
                 problems.append(
@@ -1606,7 +1616,7 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                 pairs = [enumerate_pairs(o, unit.var, elements) for o in unit.occurrences if o.node.id == d]
                 # only a partitioned reduction (each staged value read by one element) counts:
                 # it is cheaper spread over the grid; a value every element reads is not
-                if pairs and all(p is not None for p in pairs) and max_readers(pairs, dep.node.size) <= 1:
+                if pairs and all(p is not None for p in pairs) and not shared_reads(pairs, dep.node.size):
                     staged += dep.span
             if per_thread > REPLICATE_OPS:
                 problems.append(
@@ -1842,7 +1852,8 @@ def schedule(
         return sched
     finally:
         _SCHEDULE_SETTINGS.reset(token)
-        _forget_pairs()
+        if not _pairs_kept:
+            _forget_pairs()
 
 
 def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, replica_floats: int | None) -> Schedule:

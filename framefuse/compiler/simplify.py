@@ -853,6 +853,15 @@ ROLL_MIN_POSITIONS = 2
 ROLLED_NOTE = "rolled"  # how a program's notes begin for each rolled chain (rolled_recurrences)
 
 
+COMPOSED_NOTE = "composed input products"  # a program's note where ComposeInputProducts changed it
+
+
+def composed_inputs(program: Program) -> bool:
+    """Whether ComposeInputProducts (or PublishFrameScalars) changed ``program`` when it was
+    lowered: where they did not, it is the program lowered without them (compose_input False)."""
+    return COMPOSED_NOTE in program.notes
+
+
 def rolled_recurrences(program: Program) -> int:
     """How many unrolled chains RollRecurrences rolled into ``program``."""
     return sum(note.startswith(ROLLED_NOTE + " ") for note in program.notes)
@@ -1526,9 +1535,12 @@ def simplify(
     if FOLD_CONSTANTS:
         program = FoldConstants(program).run()
     if COMPOSE_INPUT_PRODUCTS if compose_input is None else compose_input:
+        before = program
         program = ComposeInputProducts(program).run()
         if PUBLISH_FRAME_SCALARS:
             program = PublishFrameScalars(program).run()
+        if any(program.outputs[name] is not node for name, node in before.outputs.items()):
+            program.notes.append(COMPOSED_NOTE)  # a Program of the pass's own (Rebuilder.run)
     if SCAN_COLUMNS:
         program = ScanColumns(program).run()
     program = ComposeMaps(program).run()
@@ -1543,6 +1555,7 @@ __all__ = [
     "PublishFrameScalars",
     "RollRecurrences",
     "ScanColumns",
+    "composed_inputs",
     "rolled_recurrences",
     "runs_in_columns",
     "simplify",
