@@ -20,6 +20,13 @@
 //          thread 0 replies.
 //   frame+out  as frame, and each thread writes one float of output into mapped (write-back)
 //          memory before the barrier; the reply after __threadfence_system (a step's outputs).
+//   fan    N blocks (1, 8, 32, 132) that each need the whole frame, and the last of them to finish
+//          replies (a device counter, as a level's last block): "direct", every block polls the
+//          host's words itself; "relay", block 0 polls them and stores each word, as it comes,
+//          into device memory (L2), which the other blocks poll. Relay is what a resident step
+//          kernel does today (the frame's task publishes the frame, a level later the others read
+//          it); direct is the level it would save, if N blocks polling host memory at once do
+//          not wait on one another across PCIe. Write-back memory, the host stores plain.
 //   read   one GPU thread, 256 dependent loads (ld.volatile) through a pointer chain in the memory:
 //          cycles a load (clock64), write-back / write-combined mapped memory and device memory.
 //
@@ -75,6 +82,38 @@ __global__ void k_echo(const unsigned long long* in, unsigned long long* reply, 
         if (threadIdx.x == 0) {
             if (out != nullptr) __threadfence_system();
             st_volatile(reply, (unsigned long long)i);
+        }
+    }
+    if (threadIdx.x == 0 && lost) *failed = 1;
+}
+
+// fan: every block needs the frame (see the header); `arrived` counts the blocks through each trip
+// (trip i is done at i * gridDim.x), the block that completes it replies
+__global__ void k_fan(const unsigned long long* in, unsigned long long* relay, unsigned int* arrived,
+                      unsigned long long* reply, int words, int trips, int direct, int* failed) {
+    __shared__ int lost;
+    if (threadIdx.x == 0) lost = 0;
+    __syncthreads();
+    const bool from_host = direct || blockIdx.x == 0;
+    for (int i = 1; i <= trips; ++i) {
+        if ((int)threadIdx.x < words) {
+            const unsigned long long* src = from_host ? in : relay;
+            unsigned long long polls = 0, w;
+            while ((unsigned)((w = ld_volatile(src + threadIdx.x)) >> 32) != (unsigned)i) {
+                if (++polls > POLL_LIMIT) {
+                    lost = 1;
+                    break;
+                }
+            }
+            // one 64-bit word holds the tag and the value: relayed as it came, no fence between
+            if (!direct && blockIdx.x == 0) st_volatile(relay + threadIdx.x, w);
+        }
+        __syncthreads();
+        if (lost) break;
+        if (threadIdx.x == 0) {
+            __threadfence();
+            const unsigned int before = atomicAdd(arrived, 1u);
+            if (before + 1 == (unsigned)i * gridDim.x) st_volatile(reply, (unsigned long long)i);
         }
     }
     if (threadIdx.x == 0 && lost) *failed = 1;
@@ -138,6 +177,36 @@ static bool round_trip(Buffers& b, Kind kind, int words, bool outputs, int trips
     return true;
 }
 
+// one round of the fan mode: `blocks` blocks, direct or relayed; times appended to `out` (ns)
+static bool fan_trip(Buffers& b, int blocks, bool direct, int words, int trips, unsigned long long* relay_dev,
+                     unsigned int* arrived_dev, int* failed_dev, cudaStream_t stream, std::vector<double>& out) {
+    volatile unsigned long long* in = b.in[WB];
+    volatile unsigned long long* reply = b.reply;
+    for (int w = 0; w < words; ++w) in[w] = 0;
+    *reply = 0;
+    CHECK(cudaMemsetAsync(relay_dev, 0, words * 8, stream));
+    CHECK(cudaMemsetAsync(arrived_dev, 0, 4, stream));
+    k_fan<<<blocks, std::max(words, 32), 0, stream>>>(b.in_dev[WB], relay_dev, arrived_dev, b.reply_dev, words,
+                                                      trips, direct ? 1 : 0, failed_dev);
+    CHECK(cudaGetLastError());
+    for (int i = 1; i <= trips; ++i) {
+        const unsigned long long tag = (unsigned long long)i << 32;
+        const int64_t start = now_ns();
+        for (int w = 0; w < words; ++w) in[w] = tag | (unsigned)w;
+        unsigned long long spins = 0;
+        while (*reply != (unsigned long long)i) {
+            if (++spins > (1ull << 32)) {
+                fprintf(stderr, "fan %d %s: trip %d lost\n", blocks, direct ? "direct" : "relay", i);
+                return false;
+            }
+        }
+        const int64_t end = now_ns();
+        if (i > trips / 10) out.push_back((double)(end - start));
+    }
+    CHECK(cudaStreamSynchronize(stream));
+    return true;
+}
+
 static void report(const char* mode, const char* name, std::vector<double>& v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
@@ -192,6 +261,34 @@ int main(int argc, char** argv) {
             return 2;
         }
         for (int k = 0; k < KINDS; ++k) report(m.name, kind_names[k], times[k]);
+    }
+
+    // fan: N blocks that each need the frame, direct or relayed (one block a SM: N <= the SMs)
+    {
+        unsigned long long* relay_dev = nullptr;
+        unsigned int* arrived_dev = nullptr;
+        CHECK(cudaMalloc(&relay_dev, F * 8));
+        CHECK(cudaMalloc(&arrived_dev, 4));
+        const int counts[] = {1, 8, 32, prop.multiProcessorCount};
+        for (int blocks : counts) {
+            std::vector<double> times[2];  // direct, relay
+            for (int r = 0; r < rounds; ++r)
+                for (int j = 0; j < 2; ++j) {
+                    const int v = (j + r) % 2;
+                    if (!fan_trip(b, blocks, v == 0, F, trips, relay_dev, arrived_dev, failed_dev, stream, times[v]))
+                        return 2;
+                }
+            int failed = 0;
+            CHECK(cudaMemcpy(&failed, failed_dev, 4, cudaMemcpyDeviceToHost));
+            if (failed) {
+                fprintf(stderr, "fan %d: a block lost a word\n", blocks);
+                return 2;
+            }
+            char mode[32];
+            snprintf(mode, sizeof mode, "fan %d", blocks);
+            report(mode, "direct", times[0]);
+            report(mode, "relay", times[1]);
+        }
     }
 
     // read: cycles a dependent load (the chain's words written by the host before the launch)
