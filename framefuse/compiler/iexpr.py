@@ -26,11 +26,7 @@ import numpy as np
 
 
 class IExpr:
-    """Base class: every expression knows its bounds (inclusive) and free variables.
-
-    The compound expressions keep their bounds, text and hash once computed (cached_property; the
-    fields are frozen): the scheduler sorts terms by their text and keys its memos by expressions,
-    the same ones thousands of times (xlstm's T = 32 window: 1.4 M term sorts in one build)."""
+    """Base class: every expression knows its bounds (inclusive) and free variables."""
 
     lo: int
     hi: int
@@ -89,22 +85,11 @@ class Lin(IExpr):
     def hi(self) -> int:
         return self.const + sum(c * (a.hi if c > 0 else a.lo) for a, c in self.terms)
 
-    @cached_property
-    def text(self) -> str:
+    def __repr__(self) -> str:
         parts = [f"{c}*{a!r}" if c != 1 else repr(a) for a, c in self.terms]
         if self.const or not parts:
             parts.append(str(self.const))
         return "(" + " + ".join(parts) + ")"
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((type(self).__name__, self.terms, self.const))
 
 
 @dataclass(frozen=True, eq=True)
@@ -112,27 +97,16 @@ class Div(IExpr):
     x: IExpr
     c: int
 
-    @cached_property
+    @property
     def lo(self) -> int:
         return self.x.lo // self.c
 
-    @cached_property
+    @property
     def hi(self) -> int:
         return self.x.hi // self.c
 
-    @cached_property
-    def text(self) -> str:
-        return f"({self.x!r} / {self.c})"
-
     def __repr__(self) -> str:
-        return self.text
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((type(self).__name__, self.x, self.c))
+        return f"({self.x!r} / {self.c})"
 
 
 @dataclass(frozen=True, eq=True)
@@ -140,27 +114,16 @@ class Mod(IExpr):
     x: IExpr
     c: int
 
-    @cached_property
+    @property
     def lo(self) -> int:
         return 0 if self.x.hi >= self.c or self.x.lo < 0 else self.x.lo
 
-    @cached_property
+    @property
     def hi(self) -> int:
         return min(self.c - 1, self.x.hi)
 
-    @cached_property
-    def text(self) -> str:
-        return f"({self.x!r} % {self.c})"
-
     def __repr__(self) -> str:
-        return self.text
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((type(self).__name__, self.x, self.c))
+        return f"({self.x!r} % {self.c})"
 
 
 @dataclass(frozen=True, eq=True)
@@ -172,27 +135,16 @@ class Known(IExpr):
     lo_: int
     hi_: int
 
-    @cached_property
+    @property
     def lo(self) -> int:
         return max(self.x.lo, self.lo_)
 
-    @cached_property
+    @property
     def hi(self) -> int:
         return min(self.x.hi, self.hi_)
 
-    @cached_property
-    def text(self) -> str:
-        return f"known({self.x!r} in {self.lo_}..{self.hi_})"
-
     def __repr__(self) -> str:
-        return self.text
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((type(self).__name__, self.x, self.lo_, self.hi_))
+        return f"known({self.x!r} in {self.lo_}..{self.hi_})"
 
 
 def _key(atom) -> str:
