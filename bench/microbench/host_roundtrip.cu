@@ -147,56 +147,20 @@ struct Buffers {
     float* out_dev;  // frame+out: the outputs, write-back mapped memory
 };
 
-// one round of `trips` trips of `words` words; the host's round-trip times appended to `out` (ns)
-static bool round_trip(Buffers& b, Kind kind, int words, bool outputs, int trips, int* failed_dev,
-                       cudaStream_t stream, std::vector<double>& out) {
-    volatile unsigned long long* in = b.in[kind];
-    volatile unsigned long long* reply = b.reply;
-    for (int w = 0; w < words; ++w) in[w] = 0;
-    *reply = 0;
-    _mm_sfence();
-    k_echo<<<1, std::max(words, 32), 0, stream>>>(b.in_dev[kind], b.reply_dev, outputs ? b.out_dev : nullptr,
-                                                   words, trips, failed_dev);
-    CHECK(cudaGetLastError());
+// the host's side of a round, the kernel launched: trip i stores the words tagged i (an sfence
+// after them where `fence`), spins on the reply; the trips' times appended to `out` (ns), the
+// first tenth left out (they warm up)
+static bool host_trips(volatile unsigned long long* in, volatile unsigned long long* reply, int words, bool fence,
+                       int trips, const char* what, cudaStream_t stream, std::vector<double>& out) {
     for (int i = 1; i <= trips; ++i) {
         const unsigned long long tag = (unsigned long long)i << 32;
         const int64_t start = now_ns();
         for (int w = 0; w < words; ++w) in[w] = tag | (unsigned)w;
-        if (kind != WB) _mm_sfence();
+        if (fence) _mm_sfence();
         unsigned long long spins = 0;
         while (*reply != (unsigned long long)i) {
             if (++spins > (1ull << 32)) {
-                fprintf(stderr, "%s: trip %d lost\n", kind_names[kind], i);
-                return false;
-            }
-        }
-        const int64_t end = now_ns();
-        if (i > trips / 10) out.push_back((double)(end - start));  // the first tenth warms up
-    }
-    CHECK(cudaStreamSynchronize(stream));
-    return true;
-}
-
-// one round of the fan mode: `blocks` blocks, direct or relayed; times appended to `out` (ns)
-static bool fan_trip(Buffers& b, int blocks, bool direct, int words, int trips, unsigned long long* relay_dev,
-                     unsigned int* arrived_dev, int* failed_dev, cudaStream_t stream, std::vector<double>& out) {
-    volatile unsigned long long* in = b.in[WB];
-    volatile unsigned long long* reply = b.reply;
-    for (int w = 0; w < words; ++w) in[w] = 0;
-    *reply = 0;
-    CHECK(cudaMemsetAsync(relay_dev, 0, words * 8, stream));
-    CHECK(cudaMemsetAsync(arrived_dev, 0, 4, stream));
-    k_fan<<<blocks, std::max(words, 32), 0, stream>>>(b.in_dev[WB], relay_dev, arrived_dev, b.reply_dev, words,
-                                                      trips, direct ? 1 : 0, failed_dev);
-    CHECK(cudaGetLastError());
-    for (int i = 1; i <= trips; ++i) {
-        const unsigned long long tag = (unsigned long long)i << 32;
-        const int64_t start = now_ns();
-        for (int w = 0; w < words; ++w) in[w] = tag | (unsigned)w;
-        unsigned long long spins = 0;
-        while (*reply != (unsigned long long)i) {
-            if (++spins > (1ull << 32)) {
-                fprintf(stderr, "fan %d %s: trip %d lost\n", blocks, direct ? "direct" : "relay", i);
+                fprintf(stderr, "%s: trip %d lost\n", what, i);
                 return false;
             }
         }
@@ -205,6 +169,33 @@ static bool fan_trip(Buffers& b, int blocks, bool direct, int words, int trips, 
     }
     CHECK(cudaStreamSynchronize(stream));
     return true;
+}
+
+// one round of `trips` trips of `words` words; the host's round-trip times appended to `out` (ns)
+static bool round_trip(Buffers& b, Kind kind, int words, bool outputs, int trips, int* failed_dev,
+                       cudaStream_t stream, std::vector<double>& out) {
+    volatile unsigned long long* in = b.in[kind];
+    for (int w = 0; w < words; ++w) in[w] = 0;
+    *b.reply = 0;
+    _mm_sfence();
+    k_echo<<<1, std::max(words, 32), 0, stream>>>(b.in_dev[kind], b.reply_dev, outputs ? b.out_dev : nullptr,
+                                                   words, trips, failed_dev);
+    CHECK(cudaGetLastError());
+    return host_trips(in, b.reply, words, kind != WB, trips, kind_names[kind], stream, out);
+}
+
+// one round of the fan mode: `blocks` blocks, direct or relayed; times appended to `out` (ns)
+static bool fan_trip(Buffers& b, int blocks, bool direct, int words, int trips, unsigned long long* relay_dev,
+                     unsigned int* arrived_dev, int* failed_dev, cudaStream_t stream, std::vector<double>& out) {
+    volatile unsigned long long* in = b.in[WB];
+    for (int w = 0; w < words; ++w) in[w] = 0;
+    *b.reply = 0;
+    CHECK(cudaMemsetAsync(relay_dev, 0, words * 8, stream));
+    CHECK(cudaMemsetAsync(arrived_dev, 0, 4, stream));
+    k_fan<<<blocks, std::max(words, 32), 0, stream>>>(b.in_dev[WB], relay_dev, arrived_dev, b.reply_dev, words,
+                                                      trips, direct ? 1 : 0, failed_dev);
+    CHECK(cudaGetLastError());
+    return host_trips(in, b.reply, words, false, trips, direct ? "fan direct" : "fan relay", stream, out);
 }
 
 static void report(const char* mode, const char* name, std::vector<double>& v) {
