@@ -21,7 +21,9 @@
 # says: max-autotune 331 s and reduce-overhead 81 s from cold in session 33's measurement): run
 # `z32e-pre`, then `z32e` in the next call on the same held machine (build/cache stays between
 # calls while it is held; a fresh machine starts with empty caches, so both again).
-#   bash bench/pending/2026-12-06-s52/h100_table.sh r1a     (then r1b, z32b .. z32d, r32a, r32b, r32c)
+# Session 61 ran z32e-pre (534 s: max-autotune 417.5 s, reduce-overhead 76.6 s into build/cache), then
+# z32e on the same held machine (328 s): the table is complete (bench/h100/2026-12-06-table/merged/).
+#   bash bench/h100/2026-12-06-s61/h100_table.sh r1a     (then r1b, z32b .. z32d, r32a, r32b, r32c)
 # Then, here: python3 bench/e2e.py --merge <each call's e2e.json> --out bench/h100/<date>-table/merged
 set -u
 call=${1:?which call: z1a z1b r1a r1b z32a z32b z32c z32d z32e-pre z32e r32a r32b r32c}

@@ -11,18 +11,23 @@
 # Also session 59: the build's selection now times a candidate slower than 2 ms a call within a
 # budget (engines/fusion.calls_within_budget): hidden 1024's plan / unoptimized / inductor candidates
 # (~17 ms a step at T = 32, more at T = 256) took ~35 s each of a build before, minutes at T = 256.
-#   bash bench/pending/2026-12-06-s52/rnn_grid.sh h64     (then h256, lstm1024a, lstm1024b, gru1024a, gru1024b)
+# Session 61 ran the whole hidden-1024 grid (LSTM and GRU, 12 rows) in one call in 439 s (rows 11-91 s
+# each after session 59's budget for slow candidates), as `python3 bench/rnn_sizes.py --kinds LSTM,GRU
+# --hidden 1024` (this script's `h1024` call; bench/h100/2026-12-06-s61/rnn/h1024/); the split
+# calls below were not needed.
+#   bash bench/h100/2026-12-06-s61/rnn_grid.sh h64     (then h256, lstm1024a, lstm1024b, gru1024a, gru1024b)
 #   python bench/rnn_sizes.py --merge bench/h100/<date>-rnn/*/rnn_sizes.jsonl \
 #     --out bench/h100/<date>-rnn/merged
 # The inductor / triton caches stay in build/cache (carry it with .whl to reuse them in a later call).
 set -u
-call=${1:?which call: h64 h256 lstm1024a lstm1024b gru1024a gru1024b}
+call=${1:?which call: h64 h256 h1024 lstm1024a lstm1024b gru1024a gru1024b}
 export TORCHINDUCTOR_CACHE_DIR=$PWD/build/cache/inductor TRITON_CACHE_DIR=$PWD/build/cache/triton FRAMEFUSE_CACHE=$PWD/build/cache/ff
 mkdir -p build/cache $OUT/$call
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case $call in
   h64) sizes="--kinds LSTM,GRU --hidden 64" ;;
   h256) sizes="--kinds LSTM,GRU --hidden 256" ;;
+  h1024) sizes="--kinds LSTM,GRU --hidden 1024" ;;  # session 61: the whole hidden-1024 grid fit one call
   lstm1024a) sizes="--kinds LSTM --hidden 1024 --seq 1,32" ;;
   lstm1024b) sizes="--kinds LSTM --hidden 1024 --seq 256" ;;
   gru1024a) sizes="--kinds GRU --hidden 1024 --seq 1,32" ;;
