@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 MICROBENCH = Path(__file__).resolve().parent.parent / "bench" / "microbench"
@@ -35,3 +36,36 @@ def test_a_microbenchmark_compiles_with_its_own_flags(source, tmp_path):
     )
     assert result.returncode == 0, f"{source.name}:\n{result.stderr[-3000:]}"
     assert (tmp_path / source.stem).stat().st_size > 0
+
+
+def _host_jitter():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_jitter", MICROBENCH / "host_jitter.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_jitter_splits_a_tail_of_the_gpus_side_from_one_of_the_hosts():
+    jitter = _host_jitter()
+    frames = 1000
+    wait = np.full(frames, 6000)
+    host = np.full(frames, 3000)
+    wait[:10] += 20000  # ten frames the GPU answered late: the calls' top 1 %
+    row = jitter.split(wait + host, wait)
+    assert row["wait_p50_us"] == pytest.approx(6.0) and row["host_p99_us"] == pytest.approx(3.0)
+    assert row["tail_wait_share"] == pytest.approx(1.0)
+    host[:10] += 20000  # now the host's work is what is late, the GPU answered in time
+    wait[:10] -= 20000
+    row = jitter.split(wait + host, wait)
+    assert row["tail_wait_share"] == pytest.approx(0.0) and row["wait_p99_us"] == pytest.approx(6.0)
+    assert jitter.summary((wait + host) / 1e3, 25.0)["slow_share"] == pytest.approx(0.01)
+
+
+def test_host_jitter_refuses_frames_that_do_not_line_up():
+    jitter = _host_jitter()
+    with pytest.raises(ValueError, match="equal non-empty"):
+        jitter.split(np.ones(3), np.ones(2))
+    with pytest.raises(ValueError, match="longer than its call"):
+        jitter.split(np.array([5, 5]), np.array([6, 1]))

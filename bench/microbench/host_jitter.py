@@ -14,7 +14,12 @@ the two rounds rather than between conditions)
 
 For each: p50 / p90 / p99 / p99.9 / max, the share of calls over --slow-us, and the median gap
 (in calls) between slow calls, which says whether the slow calls are periodic (a timer tick)
-or scattered.
+or scattered. For Session.step (launched and resident) each call is also split by what
+engines/hostpath.c records of the same frame: its spin on the done words (``wait``: the frame's
+trip over PCIe, the kernel, the answer's trip back) and the rest of the call (``host``: Python's
+call, the frame's copy and tagging, the bell or launch, the latency record); ``tail_wait_share``
+is how much of the calls above the p99 exceed the median call by a longer wait, not by the
+host's work (issue 18: is the resident step's p99 the GPU's side or the host's?).
 
     python bench/microbench/host_jitter.py --archs min_gru --out /tmp/jitter.json
 """
@@ -40,16 +45,45 @@ for path in (REPO, REPO / "bench"):  # framefuse, and bench/e2e.py's floors
 CONDITIONS = ("base", "gc-off", "pinned", "both")
 
 
-def times_us(call, iters: int, warmup: int) -> np.ndarray:
+def times_ns(call, iters: int, warmup: int) -> tuple:
+    """Each call's ns host to host, and where ``call.native`` is a session's hostpath state, the
+    ns of the same frame's spin on its done words (else None)."""
     for i in range(warmup):
         call(i)
+    native = getattr(call, "native", lambda: None)()
     ns = np.empty(iters, dtype=np.int64)
+    wait = np.empty(iters, dtype=np.int64) if native is not None else None
     clock = time.perf_counter_ns
     for i in range(iters):
         start = clock()
         call(i)
         ns[i] = clock() - start
-    return ns / 1e3
+        if wait is not None:
+            wait[i] = native.wait_ns
+    return ns, wait
+
+
+def split(total_ns: np.ndarray, wait_ns: np.ndarray) -> dict:
+    """The calls' wait and host work (total - wait) at p50 / p99 (us), and over the calls above
+    the p99 the share of their excess over the median call that is the wait's excess over the
+    median wait (the rest is the host's)."""
+    total, wait = np.asarray(total_ns, dtype=np.int64), np.asarray(wait_ns, dtype=np.int64)
+    if total.shape != wait.shape or total.ndim != 1 or total.size == 0:
+        raise ValueError(f"split: two equal non-empty 1-d arrays, got {total.shape} and {wait.shape}")
+    if np.any(wait > total):
+        raise ValueError("split: a frame's wait is longer than its call (the arrays are not of the same frames)")
+    host = total - wait
+    tail = total > np.percentile(total, 99)
+    row = {
+        "wait_p50_us": round(float(np.percentile(wait, 50)) / 1e3, 2),
+        "wait_p99_us": round(float(np.percentile(wait, 99)) / 1e3, 2),
+        "host_p50_us": round(float(np.percentile(host, 50)) / 1e3, 2),
+        "host_p99_us": round(float(np.percentile(host, 99)) / 1e3, 2),
+    }
+    excess = float((total[tail] - np.median(total)).sum())
+    if tail.any() and excess > 0:
+        row["tail_wait_share"] = round(float((wait[tail] - np.median(wait)).sum()) / excess, 3)
+    return row
 
 
 def summary(us: np.ndarray, slow_us: float) -> dict:
@@ -82,7 +116,8 @@ def under(condition: str, call, iters: int, warmup: int, slow_us: float) -> dict
         if condition in ("gc-off", "both"):
             gc.collect()
             gc.disable()
-        return summary(times_us(call, iters, warmup), slow_us)
+        ns, wait = times_ns(call, iters, warmup)
+        return {**summary(ns / 1e3, slow_us), **(split(ns, wait) if wait is not None else {})}
     finally:
         if was_enabled:
             gc.enable()
@@ -122,10 +157,13 @@ def main() -> int:
         in_shape = prepared.manifest["inputs"][0]["shape"]
         out_shape = prepared.manifest["outputs"][0]["shape"]
         pool = rng.standard_normal((64, *in_shape)).astype(np.float32)
-        calls[f"{arch} step"] = (lambda s, p: lambda i: s.step(p[i % 64]))(session, pool)
+        call = (lambda s, p: lambda i: s.step(p[i % 64]))(session, pool)
+        call.native = (lambda s: lambda: s._host_step.native_state)(session)  # after the warm-up's frames
+        calls[f"{arch} step"] = call
         resident = Session(engine, budget_ms=None, resident=True)
         call = (lambda s, p: lambda i: s.step(p[i % 64]))(resident, pool)
         call.close = resident.close  # stopped after each condition: the other calls need the GPU
+        call.native = (lambda s: lambda: s._host_step.native_state)(resident)
         calls[f"{arch} resident step"] = call
         calls[f"{arch} mapped floor"] = make_mapped_floor(pool=pool, out_shape=out_shape, device=torch.device("cuda"))
     for name, call in calls.items():
