@@ -26,7 +26,17 @@
 //          into device memory (L2), which the other blocks poll. Relay is what a resident step
 //          kernel does today (the frame's task publishes the frame, a level later the others read
 //          it); direct is the level it would save, if N blocks polling host memory at once do
-//          not wait on one another across PCIe. Write-back memory, the host stores plain.
+//          not wait on one another across PCIe. Write-back memory, the host stores plain; and
+//          (session 61) write-combined memory, an sfence after the stores: session 61's run on
+//          write-back memory had direct polling from 8 blocks at 18 us a trip, 132 blocks at
+//          579 us; if that is the host's stores waiting on lines the GPU's reads keep snooping,
+//          write-combined memory (not cached by the CPU, no snoop) would not queue.
+//   poll K  as frame, each thread keeping K polls of its word in flight, issued ~RTT / K apart
+//          (__nanosleep; K = 1 is frame). A poll's read across PCIe is a round trip of its own
+//          (~1.25 us: `read` below), so one poll at a time sees a word up to a round trip after it
+//          landed, ~0.6 us on average; K in flight would see it within ~RTT / K, if the reads of
+//          one line do not queue behind one another (the fan rows' direct polling says they can).
+//          Session 61 (issue 18).
 //   read   one GPU thread, 256 dependent loads (ld.volatile) through a pointer chain in the memory:
 //          cycles a load (clock64), write-back / write-combined mapped memory and device memory.
 //
@@ -83,6 +93,48 @@ __global__ void k_echo(const unsigned long long* in, unsigned long long* reply, 
             if (out != nullptr) __threadfence_system();
             st_volatile(reply, (unsigned long long)i);
         }
+    }
+    if (threadIdx.x == 0 && lost) *failed = 1;
+}
+
+// poll K: as k_echo without outputs, each thread keeping K polls of its word in flight, issued
+// `gap_ns` apart; a poll's result is looked at (which waits for it) only when it is the oldest
+template <int K>
+__global__ void k_echo_polls(const unsigned long long* in, unsigned long long* reply, int words, int trips,
+                             unsigned gap_ns, int* failed) {
+    __shared__ int lost;
+    if (threadIdx.x == 0) lost = 0;
+    __syncthreads();
+    for (int i = 1; i <= trips; ++i) {
+        if ((int)threadIdx.x < words) {
+            const unsigned long long* src = in + threadIdx.x;
+            unsigned long long w[K];
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                w[k] = ld_volatile(src);
+                if (k + 1 < K) __nanosleep(gap_ns);
+            }
+            unsigned long long polls = 0;
+            bool seen = false;
+            while (!seen) {
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    if (!seen) {
+                        if ((unsigned)(w[k] >> 32) == (unsigned)i)
+                            seen = true;
+                        else
+                            w[k] = ld_volatile(src);  // re-issued as soon as the oldest came back
+                    }
+                }
+                if (!seen && ++polls > POLL_LIMIT) {
+                    lost = 1;
+                    break;
+                }
+            }
+        }
+        __syncthreads();
+        if (lost) break;
+        if (threadIdx.x == 0) st_volatile(reply, (unsigned long long)i);
     }
     if (threadIdx.x == 0 && lost) *failed = 1;
 }
@@ -185,17 +237,35 @@ static bool round_trip(Buffers& b, Kind kind, int words, bool outputs, int trips
 }
 
 // one round of the fan mode: `blocks` blocks, direct or relayed; times appended to `out` (ns)
-static bool fan_trip(Buffers& b, int blocks, bool direct, int words, int trips, unsigned long long* relay_dev,
-                     unsigned int* arrived_dev, int* failed_dev, cudaStream_t stream, std::vector<double>& out) {
-    volatile unsigned long long* in = b.in[WB];
+static bool fan_trip(Buffers& b, Kind kind, int blocks, bool direct, int words, int trips,
+                     unsigned long long* relay_dev, unsigned int* arrived_dev, int* failed_dev, cudaStream_t stream,
+                     std::vector<double>& out) {
+    volatile unsigned long long* in = b.in[kind];
     for (int w = 0; w < words; ++w) in[w] = 0;
     *b.reply = 0;
+    _mm_sfence();
     CHECK(cudaMemsetAsync(relay_dev, 0, words * 8, stream));
     CHECK(cudaMemsetAsync(arrived_dev, 0, 4, stream));
-    k_fan<<<blocks, std::max(words, 32), 0, stream>>>(b.in_dev[WB], relay_dev, arrived_dev, b.reply_dev, words,
+    k_fan<<<blocks, std::max(words, 32), 0, stream>>>(b.in_dev[kind], relay_dev, arrived_dev, b.reply_dev, words,
                                                       trips, direct ? 1 : 0, failed_dev);
     CHECK(cudaGetLastError());
-    return host_trips(in, b.reply, words, false, trips, direct ? "fan direct" : "fan relay", stream, out);
+    return host_trips(in, b.reply, words, kind != WB, trips, direct ? "fan direct" : "fan relay", stream, out);
+}
+
+// one round of the poll-K mode; times appended to `out` (ns)
+static bool polls_trip(Buffers& b, Kind kind, int k, int words, int trips, int* failed_dev, cudaStream_t stream,
+                       std::vector<double>& out) {
+    volatile unsigned long long* in = b.in[kind];
+    for (int w = 0; w < words; ++w) in[w] = 0;
+    *b.reply = 0;
+    _mm_sfence();
+    const unsigned gap = 1250u / (unsigned)k;  // a read of host memory: ~2,465 cycles at ~1.98 GHz
+    const int threads = std::max(words, 32);
+    if (k == 1) k_echo_polls<1><<<1, threads, 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, gap, failed_dev);
+    if (k == 2) k_echo_polls<2><<<1, threads, 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, gap, failed_dev);
+    if (k == 4) k_echo_polls<4><<<1, threads, 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, gap, failed_dev);
+    CHECK(cudaGetLastError());
+    return host_trips(in, b.reply, words, kind != WB, trips, "poll K", stream, out);
 }
 
 static void report(const char* mode, const char* name, std::vector<double>& v) {
@@ -254,19 +324,49 @@ int main(int argc, char** argv) {
         for (int k = 0; k < KINDS; ++k) report(m.name, kind_names[k], times[k]);
     }
 
-    // fan: N blocks that each need the frame, direct or relayed (one block a SM: N <= the SMs)
+    // poll K: one block, K polls of each word in flight (write-back and write-combined memory)
+    {
+        const int ks[] = {1, 2, 4};
+        const Kind kinds[] = {WB, WC};
+        for (int k : ks) {
+            std::vector<double> times[2];
+            for (int r = 0; r < rounds; ++r)
+                for (int j = 0; j < 2; ++j) {
+                    const int v = (j + r) % 2;
+                    if (!polls_trip(b, kinds[v], k, F, trips, failed_dev, stream, times[v])) return 2;
+                }
+            int failed = 0;
+            CHECK(cudaMemcpy(&failed, failed_dev, 4, cudaMemcpyDeviceToHost));
+            if (failed) {
+                fprintf(stderr, "poll %d: the kernel lost a word\n", k);
+                return 2;
+            }
+            char mode[32];
+            snprintf(mode, sizeof mode, "poll %d", k);
+            report(mode, "wb", times[0]);
+            report(mode, "wc", times[1]);
+        }
+    }
+
+    // fan: N blocks that each need the frame, direct or relayed (one block a SM: N <= the SMs), over
+    // write-back and write-combined memory. Direct polling on write-back memory took up to 579 us a
+    // trip (session 61): those rounds get a tenth of the trips.
     {
         unsigned long long* relay_dev = nullptr;
         unsigned int* arrived_dev = nullptr;
         CHECK(cudaMalloc(&relay_dev, F * 8));
         CHECK(cudaMalloc(&arrived_dev, 4));
         const int counts[] = {1, 8, 32, prop.multiProcessorCount};
+        const char* names[4] = {"direct wb", "relay wb", "direct wc", "relay wc"};
         for (int blocks : counts) {
-            std::vector<double> times[2];  // direct, relay
+            std::vector<double> times[4];
             for (int r = 0; r < rounds; ++r)
-                for (int j = 0; j < 2; ++j) {
-                    const int v = (j + r) % 2;
-                    if (!fan_trip(b, blocks, v == 0, F, trips, relay_dev, arrived_dev, failed_dev, stream, times[v]))
+                for (int j = 0; j < 4; ++j) {
+                    const int v = (j + r) % 4;
+                    const bool direct = v % 2 == 0;
+                    const Kind kind = v < 2 ? WB : WC;
+                    const int n = direct && blocks > 1 ? std::max(trips / 10, 100) : trips;
+                    if (!fan_trip(b, kind, blocks, direct, F, n, relay_dev, arrived_dev, failed_dev, stream, times[v]))
                         return 2;
                 }
             int failed = 0;
@@ -277,8 +377,7 @@ int main(int argc, char** argv) {
             }
             char mode[32];
             snprintf(mode, sizeof mode, "fan %d", blocks);
-            report(mode, "direct", times[0]);
-            report(mode, "relay", times[1]);
+            for (int v = 0; v < 4; ++v) report(mode, names[v], times[v]);
         }
     }
 

@@ -5,7 +5,7 @@
 # repository root, after the wheel install:
 #   bash bench/pending/2026-12-06-s60/gpu13.sh a     (~450 s)
 #   bash bench/pending/2026-12-06-s60/gpu13.sh b     (~200 s)
-#   bash bench/pending/2026-12-06-s60/gpu13.sh c     (~150 s)
+#   bash bench/pending/2026-12-06-s60/gpu13.sh c     (~200 s)
 # a: the selection and Session tests (41 cases), which build through session 60's build-time change
 #    (the schedule's enumerations kept across a build's tactics, shared_reads, needed_ranges, the
 #    uncomposed program reused; every zoo kernel's source byte for byte the same on the CPU).
@@ -15,6 +15,10 @@
 #    session 61's split of each Session.step call into its wait on the done words (the GPU's side:
 #    PCIe both ways and the kernel) and the host's work, under the four host conditions (as timed,
 #    gc off, pinned, both): is the tail the kernel's or the host's, and does pinning or gc remove it?
+#    First host_roundtrip.cu's rows added in session 61: a frame's words polled with 2 or 4 reads in
+#    flight a thread (a resident frame block sees its words ~0.6 us after they land with one: up to
+#    ~0.5 us a step to gain), and the fan rows over write-combined memory (if direct polling from
+#    many blocks does not queue there, the frame level could go after all: ~0.9 us a step).
 # Each case's line goes to $OUT/g13/tests-CALL.log as it finishes, so a cut call still shows which passed.
 set -u
 call=${1:?which call: a b c}
@@ -23,7 +27,10 @@ mkdir -p $OUT/g13
 case $call in
   a) tests=(tests/gpu/test_engine_fusion_gpu.py tests/gpu/test_session.py); limit=560 ;;
   b) tests=(tests/gpu/test_stepkernel.py -k "narrow_weight_kernel_matches or x_in_registers"); limit=400 ;;
-  c) echo "== host_jitter $(date +%T)"
+  c) echo "== host_roundtrip $(date +%T)"
+     (cd bench/microbench && nvcc -O3 -arch=sm_90 -o /tmp/host_roundtrip host_roundtrip.cu) && \
+       timeout 120 /tmp/host_roundtrip 20000 2>&1 | tee $OUT/g13/host_roundtrip.log
+     echo "== host_jitter $(date +%T)"
      timeout 400 python3 bench/microbench/host_jitter.py --archs gru,min_gru,mamba,xlstm --iters 20000 \
        --out $OUT/g13/host_jitter.json > $OUT/g13/host_jitter.log 2>&1; echo "rc=$? $(date +%T)"
      python3 -c "import json,sys; [print(r['what'], r['condition'], r['p50_us'], r['p99_us'], r.get('wait_p50_us'), r.get('wait_p99_us'), r.get('host_p50_us'), r.get('host_p99_us'), r.get('tail_wait_share')) for r in json.load(open(sys.argv[1]))['rows']]" $OUT/g13/host_jitter.json
