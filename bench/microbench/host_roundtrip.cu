@@ -31,12 +31,15 @@
 //          write-back memory had direct polling from 8 blocks at 18 us a trip, 132 blocks at
 //          579 us; if that is the host's stores waiting on lines the GPU's reads keep snooping,
 //          write-combined memory (not cached by the CPU, no snoop) would not queue.
-//   poll K  as frame, each thread keeping K polls of its word in flight, issued ~RTT / K apart
-//          (__nanosleep; K = 1 is frame). A poll's read across PCIe is a round trip of its own
-//          (~1.25 us: `read` below), so one poll at a time sees a word up to a round trip after it
-//          landed, ~0.6 us on average; K in flight would see it within ~RTT / K, if the reads of
-//          one line do not queue behind one another (the fan rows' direct polling says they can).
-//          Session 61 (issue 18).
+//   spread K  a zoo model's frame (64 words: in_features 64) polled by a block of 256 threads,
+//          K warps a word (K = 1, 2, 4), warp j's first poll ~RTT * j / K after the others' (a
+//          poll's read across PCIe is a round trip of its own, ~1.25 us: `read` below, so one
+//          poller a word sees it up to a round trip after it landed, ~0.6 us on average; K
+//          staggered pollers within ~RTT / K, if the reads of one line do not queue behind one
+//          another, which the fan rows' direct polling says they can). The first poller to see a
+//          word counts it in shared memory; thread 0 replies once every word is counted, without
+//          waiting for the other pollers' reads in flight (a resident kernel's frame block could
+//          leave those warps behind the same way). Session 61 (issue 18).
 //   read   one GPU thread, 256 dependent loads (ld.volatile) through a pointer chain in the memory:
 //          cycles a load (clock64), write-back / write-combined mapped memory and device memory.
 //
@@ -97,44 +100,42 @@ __global__ void k_echo(const unsigned long long* in, unsigned long long* reply, 
     if (threadIdx.x == 0 && lost) *failed = 1;
 }
 
-// poll K: as k_echo without outputs, each thread keeping K polls of its word in flight, issued
-// `gap_ns` apart; a poll's result is looked at (which waits for it) only when it is the oldest
-template <int K>
-__global__ void k_echo_polls(const unsigned long long* in, unsigned long long* reply, int words, int trips,
-                             unsigned gap_ns, int* failed) {
+// spread K: `words` words, `per_word` warps a word (blockDim.x >= words * per_word); a poller
+// leaves its loop when its word is counted (by it or another), thread 0 replies when all are
+__global__ void k_echo_spread(const unsigned long long* in, unsigned long long* reply, int words, int per_word,
+                              int trips, unsigned gap_ns, int* failed) {
+    __shared__ unsigned seen[1024];  // per word: the last trip it was counted in
+    __shared__ unsigned counted;     // words counted over every trip so far
     __shared__ int lost;
-    if (threadIdx.x == 0) lost = 0;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) seen[w] = 0;
+    if (threadIdx.x == 0) counted = 0, lost = 0;
     __syncthreads();
+    const int w = threadIdx.x % words, j = threadIdx.x / words;
+    const bool poller = j < per_word;
+    volatile unsigned* seen_v = seen;
     for (int i = 1; i <= trips; ++i) {
-        if ((int)threadIdx.x < words) {
-            const unsigned long long* src = in + threadIdx.x;
-            unsigned long long w[K];
-#pragma unroll
-            for (int k = 0; k < K; ++k) {
-                w[k] = ld_volatile(src);
-                if (k + 1 < K) __nanosleep(gap_ns);
-            }
+        if (poller) {
+            if (j > 0) __nanosleep(gap_ns * j);
             unsigned long long polls = 0;
-            bool seen = false;
-            while (!seen) {
-#pragma unroll
-                for (int k = 0; k < K; ++k) {
-                    if (!seen) {
-                        if ((unsigned)(w[k] >> 32) == (unsigned)i)
-                            seen = true;
-                        else
-                            w[k] = ld_volatile(src);  // re-issued as soon as the oldest came back
-                    }
+            while (seen_v[w] < (unsigned)i) {
+                const unsigned long long v = ld_volatile(in + w);
+                if ((unsigned)(v >> 32) == (unsigned)i) {
+                    if (atomicMax(&seen[w], (unsigned)i) < (unsigned)i) atomicAdd(&counted, 1u);
+                    break;
                 }
-                if (!seen && ++polls > POLL_LIMIT) {
+                if (++polls > POLL_LIMIT) {
                     lost = 1;
                     break;
                 }
             }
         }
-        __syncthreads();
-        if (lost) break;
-        if (threadIdx.x == 0) st_volatile(reply, (unsigned long long)i);
+        if (threadIdx.x == 0) {
+            while (*(volatile unsigned*)&counted < (unsigned)(i * words) && !*(volatile int*)&lost) {
+            }
+            if (lost) break;
+            st_volatile(reply, (unsigned long long)i);
+        }
+        if (*(volatile int*)&lost) break;
     }
     if (threadIdx.x == 0 && lost) *failed = 1;
 }
@@ -252,20 +253,17 @@ static bool fan_trip(Buffers& b, Kind kind, int blocks, bool direct, int words, 
     return host_trips(in, b.reply, words, kind != WB, trips, direct ? "fan direct" : "fan relay", stream, out);
 }
 
-// one round of the poll-K mode; times appended to `out` (ns)
-static bool polls_trip(Buffers& b, Kind kind, int k, int words, int trips, int* failed_dev, cudaStream_t stream,
-                       std::vector<double>& out) {
+// one round of the spread-K mode; times appended to `out` (ns)
+static bool spread_trip(Buffers& b, Kind kind, int per_word, int words, int trips, int* failed_dev,
+                        cudaStream_t stream, std::vector<double>& out) {
     volatile unsigned long long* in = b.in[kind];
     for (int w = 0; w < words; ++w) in[w] = 0;
     *b.reply = 0;
     _mm_sfence();
-    const unsigned gap = 1250u / (unsigned)k;  // a read of host memory: ~2,465 cycles at ~1.98 GHz
-    const int threads = std::max(words, 32);
-    if (k == 1) k_echo_polls<1><<<1, threads, 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, gap, failed_dev);
-    if (k == 2) k_echo_polls<2><<<1, threads, 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, gap, failed_dev);
-    if (k == 4) k_echo_polls<4><<<1, threads, 0, stream>>>(b.in_dev[kind], b.reply_dev, words, trips, gap, failed_dev);
+    const unsigned gap = 1250u / (unsigned)per_word;  // a read of host memory: ~2,465 cycles at ~1.98 GHz
+    k_echo_spread<<<1, 256, 0, stream>>>(b.in_dev[kind], b.reply_dev, words, per_word, trips, gap, failed_dev);
     CHECK(cudaGetLastError());
-    return host_trips(in, b.reply, words, kind != WB, trips, "poll K", stream, out);
+    return host_trips(in, b.reply, words, kind != WB, trips, "spread", stream, out);
 }
 
 static void report(const char* mode, const char* name, std::vector<double>& v) {
@@ -324,7 +322,7 @@ int main(int argc, char** argv) {
         for (int k = 0; k < KINDS; ++k) report(m.name, kind_names[k], times[k]);
     }
 
-    // poll K: one block, K polls of each word in flight (write-back and write-combined memory)
+    // spread K: a 64-word frame, K warps a word (write-back and write-combined memory)
     {
         const int ks[] = {1, 2, 4};
         const Kind kinds[] = {WB, WC};
@@ -333,16 +331,16 @@ int main(int argc, char** argv) {
             for (int r = 0; r < rounds; ++r)
                 for (int j = 0; j < 2; ++j) {
                     const int v = (j + r) % 2;
-                    if (!polls_trip(b, kinds[v], k, F, trips, failed_dev, stream, times[v])) return 2;
+                    if (!spread_trip(b, kinds[v], k, 64, trips, failed_dev, stream, times[v])) return 2;
                 }
             int failed = 0;
             CHECK(cudaMemcpy(&failed, failed_dev, 4, cudaMemcpyDeviceToHost));
             if (failed) {
-                fprintf(stderr, "poll %d: the kernel lost a word\n", k);
+                fprintf(stderr, "spread %d: the kernel lost a word\n", k);
                 return 2;
             }
             char mode[32];
-            snprintf(mode, sizeof mode, "poll %d", k);
+            snprintf(mode, sizeof mode, "spread %d", k);
             report(mode, "wb", times[0]);
             report(mode, "wc", times[1]);
         }

@@ -15,8 +15,8 @@
 #    session 61's split of each Session.step call into its wait on the done words (the GPU's side:
 #    PCIe both ways and the kernel) and the host's work, under the four host conditions (as timed,
 #    gc off, pinned, both): is the tail the kernel's or the host's, and does pinning or gc remove it?
-#    First host_roundtrip.cu's rows added in session 61: a frame's words polled with 2 or 4 reads in
-#    flight a thread (a resident frame block sees its words ~0.6 us after they land with one: up to
+#    First host_roundtrip.cu's rows added in session 61: a zoo frame's 64 words polled by 2 or 4 warps
+#    a word, staggered (a resident frame block sees its words ~0.6 us after they land with one: up to
 #    ~0.5 us a step to gain), and the fan rows over write-combined memory (if direct polling from
 #    many blocks does not queue there, the frame level could go after all: ~0.9 us a step).
 # Each case's line goes to $OUT/g13/tests-CALL.log as it finishes, so a cut call still shows which passed.
