@@ -31,6 +31,13 @@
 //          write-back memory had direct polling from 8 blocks at 18 us a trip, 132 blocks at
 //          579 us; if that is the host's stores waiting on lines the GPU's reads keep snooping,
 //          write-combined memory (not cached by the CPU, no snoop) would not queue.
+//   out fenced N / out tagged N  a zoo model's frame (64 words) in, N outputs back (32: the zoo's
+//          out_features; 256). Fenced, as the step kernel answers today: N floats into mapped
+//          memory, a barrier, thread 0's __threadfence_system, the reply word (codegen._done).
+//          Tagged: N words (i << 32) | the float's bits, as the frames come in, no fence and no
+//          reply: the host spins until every output word carries the trip. frame+out's 1.3 us over
+//          frame (session 61) is the fence's or the outputs'; if the fence's, tagged outputs take
+//          it off every step (issue 18). Session 61.
 //   spread K  a zoo model's frame (64 words: in_features 64) polled by a block of 256 threads,
 //          K warps a word (K = 1, 2, 4), warp j's first poll ~RTT * j / K after the others' (a
 //          poll's read across PCIe is a round trip of its own, ~1.25 us: `read` below, so one
@@ -56,6 +63,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "check.cuh"
@@ -95,6 +103,41 @@ __global__ void k_echo(const unsigned long long* in, unsigned long long* reply, 
         if (threadIdx.x == 0) {
             if (out != nullptr) __threadfence_system();
             st_volatile(reply, (unsigned long long)i);
+        }
+    }
+    if (threadIdx.x == 0 && lost) *failed = 1;
+}
+
+// out fenced / tagged: `words` frame words polled by as many threads, `outs` outputs written by
+// threads < outs, fenced (floats, barrier, system fence, reply) or tagged (64-bit words, nothing else)
+__global__ void k_echo_out(const unsigned long long* in, unsigned long long* reply, float* out,
+                           unsigned long long* tagged_out, int words, int outs, int trips, int* failed) {
+    __shared__ int lost;
+    if (threadIdx.x == 0) lost = 0;
+    __syncthreads();
+    for (int i = 1; i <= trips; ++i) {
+        if ((int)threadIdx.x < words) {
+            unsigned long long polls = 0;
+            while ((unsigned)(ld_volatile(in + threadIdx.x) >> 32) != (unsigned)i) {
+                if (++polls > POLL_LIMIT) {
+                    lost = 1;
+                    break;
+                }
+            }
+        }
+        __syncthreads();  // the frame is in: every output depends on all of it
+        if (lost) break;
+        const float value = (float)i + 0.5f * (float)threadIdx.x;
+        if (tagged_out != nullptr) {
+            if ((int)threadIdx.x < outs)
+                st_volatile(tagged_out + threadIdx.x, ((unsigned long long)i << 32) | __float_as_uint(value));
+        } else {
+            if ((int)threadIdx.x < outs) out[threadIdx.x] = value;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence_system();
+                st_volatile(reply, (unsigned long long)i);
+            }
         }
     }
     if (threadIdx.x == 0 && lost) *failed = 1;
@@ -253,6 +296,50 @@ static bool fan_trip(Buffers& b, Kind kind, int blocks, bool direct, int words, 
     return host_trips(in, b.reply, words, kind != WB, trips, direct ? "fan direct" : "fan relay", stream, out);
 }
 
+// one round of the out mode: `outs` outputs, fenced or tagged; times appended to `out` (ns). The
+// host's side as host_trips, but a tagged round waits on every output word instead of the reply,
+// and checks the values it sees
+static bool out_trip(Buffers& b, bool tagged, int outs, int trips, unsigned long long* tagged_host,
+                     unsigned long long* tagged_dev, int* failed_dev, cudaStream_t stream, std::vector<double>& out) {
+    const int words = 64;
+    volatile unsigned long long* in = b.in[WB];
+    volatile unsigned long long* tout = tagged_host;
+    for (int w = 0; w < words; ++w) in[w] = 0;
+    for (int w = 0; w < outs; ++w) tout[w] = 0;
+    *b.reply = 0;
+    _mm_sfence();
+    k_echo_out<<<1, 256, 0, stream>>>(b.in_dev[WB], b.reply_dev, b.out_dev, tagged ? tagged_dev : nullptr, words,
+                                      outs, trips, failed_dev);
+    CHECK(cudaGetLastError());
+    if (!tagged) return host_trips(in, b.reply, words, false, trips, "out fenced", stream, out);
+    for (int i = 1; i <= trips; ++i) {
+        const unsigned long long tag = (unsigned long long)i << 32;
+        const int64_t start = now_ns();
+        for (int w = 0; w < words; ++w) in[w] = tag | (unsigned)w;
+        unsigned long long spins = 0;
+        for (int w = 0; w < outs; ++w) {
+            unsigned long long v;
+            while (((v = tout[w]) >> 32) != (unsigned long long)i) {
+                if (++spins > (1ull << 32)) {
+                    fprintf(stderr, "out tagged: trip %d lost\n", i);
+                    return false;
+                }
+            }
+            float f;
+            const unsigned bits = (unsigned)v;
+            memcpy(&f, &bits, 4);
+            if (f != (float)i + 0.5f * (float)w) {
+                fprintf(stderr, "out tagged: trip %d word %d holds %g\n", i, w, f);
+                return false;
+            }
+        }
+        const int64_t end = now_ns();
+        if (i > trips / 10) out.push_back((double)(end - start));
+    }
+    CHECK(cudaStreamSynchronize(stream));
+    return true;
+}
+
 // one round of the spread-K mode; times appended to `out` (ns)
 static bool spread_trip(Buffers& b, Kind kind, int per_word, int words, int trips, int* failed_dev,
                         cudaStream_t stream, std::vector<double>& out) {
@@ -320,6 +407,33 @@ int main(int argc, char** argv) {
             return 2;
         }
         for (int k = 0; k < KINDS; ++k) report(m.name, kind_names[k], times[k]);
+    }
+
+    // out: a 64-word frame in, 32 or 256 outputs back, fenced or tagged
+    {
+        unsigned long long *tagged_host = nullptr, *tagged_dev = nullptr;
+        CHECK(cudaHostAlloc((void**)&tagged_host, F * 8, cudaHostAllocMapped | cudaHostAllocPortable));
+        CHECK(cudaHostGetDevicePointer((void**)&tagged_dev, tagged_host, 0));
+        const int counts[] = {32, F};
+        for (int outs : counts) {
+            std::vector<double> times[2];  // fenced, tagged
+            for (int r = 0; r < rounds; ++r)
+                for (int j = 0; j < 2; ++j) {
+                    const int v = (j + r) % 2;
+                    if (!out_trip(b, v == 1, outs, trips, tagged_host, tagged_dev, failed_dev, stream, times[v]))
+                        return 2;
+                }
+            int failed = 0;
+            CHECK(cudaMemcpy(&failed, failed_dev, 4, cudaMemcpyDeviceToHost));
+            if (failed) {
+                fprintf(stderr, "out %d: the kernel lost a word\n", outs);
+                return 2;
+            }
+            char mode[32];
+            snprintf(mode, sizeof mode, "out %d", outs);
+            report(mode, "fenced", times[0]);
+            report(mode, "tagged", times[1]);
+        }
     }
 
     // spread K: a 64-word frame, K warps a word (write-back and write-combined memory)

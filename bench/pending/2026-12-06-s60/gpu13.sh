@@ -17,8 +17,10 @@
 #    gc off, pinned, both): is the tail the kernel's or the host's, and does pinning or gc remove it?
 #    First host_roundtrip.cu's rows added in session 61: a zoo frame's 64 words polled by 2 or 4 warps
 #    a word, staggered (a resident frame block sees its words ~0.6 us after they land with one: up to
-#    ~0.5 us a step to gain), and the fan rows over write-combined memory (if direct polling from
-#    many blocks does not queue there, the frame level could go after all: ~0.9 us a step).
+#    ~0.5 us a step to gain), tagged outputs against the fenced ones (frame+out is 1.3 us over frame:
+#    if that is the system fence, tagged outputs take it off every step), and the fan rows over
+#    write-combined memory (if direct polling from many blocks does not queue there, the frame
+#    level could go after all: ~0.9 us a step).
 # Each case's line goes to $OUT/g13/tests-CALL.log as it finishes, so a cut call still shows which passed.
 set -u
 call=${1:?which call: a b c}
