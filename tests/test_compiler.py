@@ -918,6 +918,39 @@ def test_resident_kernel_with_untagged_frames_emulated(monkeypatch, races, tmp_p
 
 
 @needs_cxx
+@pytest.mark.parametrize(
+    "arch,resident,races",
+    [
+        ("gru", False, False),
+        ("attention", False, False),
+        ("gru", True, False),
+        ("mamba", True, False),
+        ("min_gru", True, True),
+    ],
+    ids=lambda v: str(v),
+)
+def test_tagged_outputs_emulated_match_the_interpreter(monkeypatch, arch, resident, races, tmp_path):
+    """Outputs as words (epoch << 32) | bits in host memory (codegen.TAGGED_OUTPUTS), launched and
+    resident: the harness takes each output once its word carries the step's epoch (a word left
+    unwritten aborts the run), so the values are the interpreter's only if every element was
+    stored with the right epoch; the blocks that only write outputs raise no done word and lose
+    their system fence, the frame's blocks keep theirs. The resident frame protocol also under
+    ThreadSanitizer (the host takes the words with acquire loads, the kernel stores them released)."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared(arch).fused)
+    sched = schedule(program, grid=3, threads=64)
+    plain = generate(sched, resident=resident)
+    kernel = generate(sched, resident=resident, tagged_outputs=True)
+    monkeypatch.setattr(codegen, "TAGGED_OUTPUTS", True)  # the module setting, as a field left None
+    assert generate(sched, resident=resident).source == kernel.source
+    assert kernel.tagged_outputs and not plain.tagged_outputs and kernel.settings.tagged_outputs
+    assert "ffk_store_host_word(out0 + " in kernel.source and "ffk_store_host_word" not in plain.source
+    assert 0 < kernel.done_words < plain.done_words  # the frame's blocks only (a block with no word: no fence)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
+
+
+@needs_cxx
 @pytest.mark.parametrize("arch", ["gru", "attention"])
 def test_resident_kernel_of_a_graph_without_state_emulated(arch, tmp_path):
     """A window without state kept resident (Session.step of a sequence-form graph): every frame's
@@ -1961,6 +1994,8 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "lstm/sequence+ahead4",
         "lstm/sequence+together",
         "lstm/sequence+helpers",
+        "gru+tagged",
+        "mamba/sequence+tagged",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
@@ -1972,9 +2007,11 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     recurrence's inputs loaded four positions ahead (codegen.RECUR_INPUTS_AHEAD); +together: its
     input words checked with one branch a position (codegen.RECUR_TAKE_TOGETHER); +helpers: taken
     by the block's threads past the cells (codegen.RECUR_INPUT_HELPERS); +xregs: a warp's rows of
-    one long product with x in registers (codegen.DOT_X_IN_REGISTERS)."""
+    one long product with x in registers (codegen.DOT_X_IN_REGISTERS); +tagged: outputs as tagged
+    words in host memory (codegen.TAGGED_OUTPUTS)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, tagged, _ = arch.partition("+tagged")
     arch, xregs, _ = arch.partition("+xregs")
     arch, helpers, _ = arch.partition("+helpers")
     arch, together, _ = arch.partition("+together")
@@ -2005,7 +2042,10 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             take_together=bool(together),
             input_helpers=bool(helpers),
             x_in_registers=bool(xregs),
+            tagged_outputs=bool(tagged),
         )
+        assert kernel.tagged_outputs is bool(tagged)
+        assert ("ffk_store_host_word(out0 + " in kernel.source) is bool(tagged)
         assert kernel.settings.alias_views is bool(views) and kernel.settings.one_pass is bool(fewer)
         assert ("ffk_warp_dot_x<" in kernel.source.split('extern "C"')[-1]) is bool(xregs)
         assert kernel.describe()["replicated_dot_macs"] == (1 << 15 if levels else 0)

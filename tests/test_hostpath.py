@@ -187,6 +187,74 @@ def test_resident_tags_each_input_float_with_the_frames_epoch_before_the_bell(li
             assert np.array_equal((w & np.uint64(0xFFFFFFFF)).astype(np.uint32), x.view(np.uint32))
 
 
+def _tagged_outputs(state, sizes):
+    """Output words and the float arrays they go to, pointed at by ``state`` (kept alive by the caller)."""
+    words = [np.zeros(n, dtype=np.uint64) for n in sizes]
+    floats = [np.full(n, np.nan, dtype=np.float32) for n in sizes]
+    keep = (
+        (ctypes.c_void_p * len(sizes))(*[w.ctypes.data for w in words]),
+        (ctypes.c_void_p * len(sizes))(*[f.ctypes.data for f in floats]),
+        (ctypes.c_int64 * len(sizes))(*sizes),
+    )
+    state.out_words, state.out_floats, state.out_len = (ctypes.addressof(a) for a in keep)
+    state.out_tensors = len(sizes)
+    return words, floats, keep
+
+
+def _word(epoch, value):
+    return np.uint64((epoch << 32) | int(np.float32(value).view(np.uint32)))
+
+
+def test_launched_tagged_outputs_are_cleared_before_the_launch_and_taken_once_every_word_has_an_epoch(lib):
+    """codegen.TAGGED_OUTPUTS, launched: ff_frame clears the output words with the done words before
+    the launch, ff_spin waits (after the done words) until every word carries an epoch, and writes
+    each word's low half into its float; a word still 0 leaves the wait to Python."""
+    frame_call, wait = lib
+    fake = Fake(n_done=1)
+    s = fake.state
+    words, floats, keep = _tagged_outputs(s, [3, 2])
+    words[0][:] = _word(9, 1.0)  # the last frame's: cleared before this launch
+    seen = []
+
+    def launch(exec_handle, stream):
+        seen.append([w.copy() for w in words])
+        fake.done[:] = 7
+        words[0][:] = [_word(5, v) for v in (1.5, -0.0, 3e38)]
+        words[1][0] = _word(5, -2.0)  # words[1][1] not yet
+        return 0
+
+    fake.launch = LAUNCH(launch)
+    s.launch = ctypes.cast(fake.launch, ctypes.c_void_p).value
+    assert frame_call(ctypes.pointer(s)) == hostpath.SPINNING
+    assert all(not w.any() for w in seen[0])  # cleared before the launch
+    words[1][1] = _word(5, 0.25)
+    assert wait(ctypes.pointer(s)) == hostpath.DONE and s.unwaited == 0
+    assert np.array_equal(floats[0].view(np.uint32), np.array([1.5, -0.0, 3e38], dtype=np.float32).view(np.uint32))
+    assert np.array_equal(floats[1], np.array([-2.0, 0.25], dtype=np.float32))
+
+
+def test_resident_tagged_outputs_wait_for_the_frames_epoch(lib):
+    """Resident: an output word is taken only once it carries this frame's epoch (the last frame's
+    words are still there when the bell rings: nothing clears them), NaN bits included."""
+    frame_call, wait = lib
+    fake = Fake(n_done=1, raise_done=False)
+    bell = np.zeros(1, dtype=np.uint32)
+    s = fake.state
+    s.bell, s.running, s.epoch_base = bell.ctypes.data, 1, 0
+    words, floats, keep = _tagged_outputs(s, [2])
+    fake.done[:] = 1
+    words[0][:] = [_word(1, 3.0), _word(1, np.nan)]
+    assert frame_call(ctypes.pointer(s)) == hostpath.DONE and s.expected == 1
+    assert floats[0][0] == 3.0 and np.isnan(floats[0][1])
+    fake.done[:] = 2  # frame 2's done word is up, its outputs not yet
+    assert frame_call(ctypes.pointer(s)) == hostpath.SPINNING and s.expected == 2
+    words[0][0] = _word(2, 4.0)
+    assert wait(ctypes.pointer(s)) == hostpath.SPINNING  # one word still frame 1's
+    words[0][1] = _word(2, -1.0)
+    assert wait(ctypes.pointer(s)) == hostpath.DONE
+    assert np.array_equal(floats[0], np.array([4.0, -1.0], dtype=np.float32))
+
+
 def test_the_store_fence_is_loaded_with_the_frame_call(lib):
     fence = hostpath.store_fence()
     assert fence is not None
@@ -435,3 +503,27 @@ def test_the_cpu_worker_answers_every_frame_without_a_race_under_thread_sanitize
     env = {"TSAN_OPTIONS": "halt_on_error=1 exitcode=66", "PATH": "/usr/bin:/bin"}
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_the_python_path_takes_tagged_outputs_as_hostpath_does():
+    """StepBinding's Python frame path (no GPU needed for this part): _take_outputs waits until every
+    word of each output carries an epoch (launched) or the frame's epoch (resident), then copies the
+    low halves into host_out; without spinning a missing word is a False, not a wait. The resident
+    wait spins through _OutputTags, one word per output whose value is the epoch all its words share."""
+    from framefuse.engines.stepkernel import StepBinding, _OutputTags, spin_until_answered
+
+    words = np.zeros(3, dtype=np.uint64)
+    out = np.full(3, np.nan, dtype=np.float32)
+    binding = StepBinding.__new__(StepBinding)  # only the tagged-output views are used
+    binding._out_takes = [(words, words.view(np.uint32)[1::2], words.view(np.float32)[0::2], out)]
+    assert not binding._take_outputs(None, spin=False) and np.isnan(out).all()
+    words[:] = [_word(4, 1.0), _word(4, 2.0), _word(3, 3.0)]
+    assert binding._take_outputs(None, spin=False)  # launched: any epoch (the words were cleared)
+    assert np.array_equal(out, [1.0, 2.0, 3.0])
+    assert not binding._take_outputs(4, spin=False)  # resident: one word is another frame's
+    tags = _OutputTags(binding._out_takes)
+    assert [w.value for w in tags] == [0]
+    assert not spin_until_answered(tags, 4, polls=10, timeout_s=0.0)
+    words[2] = _word(4, -3.0)
+    assert [w.value for w in tags] == [4] and spin_until_answered(tags, 4, polls=10, timeout_s=0.0)
+    assert binding._take_outputs(4, spin=False) and np.array_equal(out, [1.0, 2.0, -3.0])

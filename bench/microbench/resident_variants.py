@@ -21,15 +21,19 @@ for path in (REPO, REPO / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-# codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES)
-# and the binding's (engines/stepkernel.RESIDENT_WRITE_COMBINED_FRAMES)
+# codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES),
+# the binding's (engines/stepkernel.RESIDENT_WRITE_COMBINED_FRAMES) and codegen.TAGGED_OUTPUTS
 VARIANTS = {
-    "default": (True, True, True, False),
-    "untagged-frames": (True, True, False, False),  # the default before session 46
-    "weights-every-frame": (False, True, True, False),
-    "prefetch-after-go": (True, False, True, False),
-    "neither": (False, False, True, False),
-    "write-combined": (True, True, True, True),  # session 59: the frame words and bell write-combined
+    "default": (True, True, True, False, False),
+    "untagged-frames": (True, True, False, False, False),  # the default before session 46
+    "weights-every-frame": (False, True, True, False, False),
+    "prefetch-after-go": (True, False, True, False, False),
+    "neither": (False, False, True, False, False),
+    "write-combined": (True, True, True, True, False),  # session 59: the frame words and bell write-combined
+    # session 61: outputs as tagged words, no system fence and no done word for the blocks that only
+    # write outputs. A setting of the launched kernel too (the engine is built again with it), so
+    # its launched step is timed beside as "launched-tagged-outputs".
+    "tagged-outputs": (True, True, True, False, True),
 }
 
 
@@ -38,6 +42,7 @@ def _settings(codegen, values) -> None:
 
     codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY, codegen.RESIDENT_TAGGED_FRAMES = values[:3]
     stepkernel.RESIDENT_WRITE_COMBINED_FRAMES = values[3]
+    codegen.TAGGED_OUTPUTS = values[4]
 
 
 def main() -> int:
@@ -77,8 +82,18 @@ def main() -> int:
         sessions = {}
         for name in variants:
             _settings(codegen, VARIANTS[name])
-            compiled._resident_fn = None  # generated and compiled again with these settings
-            session = Session(engine, budget_ms=None, resident=True)
+            if VARIANTS[name][4]:  # the launched kernel's setting too: an engine of its own
+                tagged_engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+                assert tagged_engine.default_plan.compiled.kernel.tagged_outputs
+                sessions[f"launched-{name}"] = Session(tagged_engine, budget_ms=None)
+                got = [sessions[f"launched-{name}"].step(pool[i % 64]).copy() for i in range(200)]
+                row[f"launched-{name}_equal"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
+                sessions[f"launched-{name}"].reset()
+                row[f"launched-{name}"] = []
+                session = Session(tagged_engine, budget_ms=None, resident=True)
+            else:
+                compiled._resident_fn = None  # generated and compiled again with these settings
+                session = Session(engine, budget_ms=None, resident=True)
             if VARIANTS[name][3] and not session._host_step.write_combined:
                 raise SystemExit(
                     f"{name}: the binding is not write-combined (hostpath.c not built: {hostpath.status()})"
@@ -117,7 +132,8 @@ def main() -> int:
         )
         diffs = {k: v for k, v in row.items() if k.endswith("_max_diff")}
         print(
-            f"{arch}: p50/p99 us (best round) {line}; equal {[row[f'{n}_equal'] for n in variants]}; {diffs}",
+            f"{arch}: p50/p99 us (best round) {line}; equal { ({k[:-6]: v for k, v in row.items() if k.endswith('_equal')}) }; "
+            f"{diffs}",
             flush=True,
         )
         rows.append(row)

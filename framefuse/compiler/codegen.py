@@ -207,6 +207,8 @@ class Generator:
         self.state_names = list(self.program.states)
         self.output_names = [n for n in self.program.outputs if n not in self.program.state_of.values()]
         self.host_tasks: set[int] = set()  # tasks that read a graph input or write a graph output
+        self.input_tasks: set[int] = set()  # tasks that read a graph input (from host memory)
+        self.tagged_outputs = self.settings.tagged_outputs
         self.done_words = 0
         self.tagged = self.resident and RESIDENT_TAGGED_FRAMES
         self._framers: list[int] = []  # tagged: the blocks that poll their frame words (see _resident_loop)
@@ -561,7 +563,10 @@ class Generator:
             else:
                 params.append(f"const float* __restrict__ in{i} /* {name} */")
         for i, name in enumerate(self.output_names):
-            params.append(f"float* __restrict__ out{i} /* {name} */")
+            if self.tagged_outputs:
+                params.append(f"unsigned long long* __restrict__ out{i} /* {name}: (epoch << 32) | float bits */")
+            else:
+                params.append(f"float* __restrict__ out{i} /* {name} */")
         if self.resident:  # the two halves of each state: frame n reads half n % 2 and writes the other
             for i, name in enumerate(self.state_names):
                 params.append(f"float* ffk_sa{i} /* {name}, the half read by the first frame */")
@@ -591,6 +596,8 @@ class Generator:
         includes = [EXP_INTRINSIC]
         for path in [RUNTIME] + self.headers:
             includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
+        if self.tagged_outputs:
+            includes.append(TAGGED_OUTPUT_STORE)
         name = RESIDENT_KERNEL_NAME if self.resident else KERNEL_NAME
         signature = f'extern "C" __global__ void __launch_bounds__({self.threads}, 1) {name}(\n    '
         signature += ",\n    ".join(params) + ") {"
@@ -602,10 +609,13 @@ class Generator:
         the step when all of them are up, without waiting for the kernel to retire (measured on the
         H100: 8.7 us p50 against 10.7 for cuStreamSynchronize, one-kernel mapped graph). The rest
         of the kernel (next-state stores) is ordered before the next launch by the stream."""
+        # with tagged outputs a block that only writes outputs raises no word: the host waits on
+        # the output words themselves (TAGGED_OUTPUTS)
+        tasks = self.input_tasks if self.tagged_outputs else self.host_tasks
         blocks = sorted(
             {
                 b
-                for t in self.host_tasks
+                for t in tasks
                 for b in range(self.sched.tasks[t].first, self.sched.tasks[t].first + self.sched.tasks[t].blocks)
             }
         )
@@ -1675,6 +1685,7 @@ class Generator:
         node = task.root
         if self._early_input(task):
             self.host_tasks.add(t)
+            self.input_tasks.add(t)
             code.items.append(f"// root {_name(node)} {list(node.shape)}: the element read at entry, published")
             early = Code("if (tid < hi_root - lo_root)")
             early.items.append("const int e = lo_root + tid;")
@@ -2516,7 +2527,10 @@ class Generator:
         for name in self.sched.destinations.get(node.id, []):
             if name in self.output_names:
                 self.host_tasks.add(self._t)
-                out.append(f"out{self.output_names.index(name)}[{flat}] = {value};")
+                if self.tagged_outputs:
+                    out.append(f"ffk_store_host_word(out{self.output_names.index(name)} + ({flat}), {value}, epoch);")
+                else:
+                    out.append(f"out{self.output_names.index(name)}[{flat}] = {value};")
             else:
                 state = next(s for s, o in self.program.state_of.items() if o == name)
                 out.append(f"sout{self.state_names.index(state)}[{flat}] = {value};")
@@ -2622,6 +2636,26 @@ RESIDENT_PREFETCH_EARLY = True
 # H200 (session 46, bench/h200/2026-12-04-s46): resident Session.step p50 lstm 11.0 -> 10.0 us, gru
 # 10.6 -> 9.4, min_gru 12.5 -> 10.5, min_lstm 12.2 -> 11.0, attention 17.0 -> 16.6; outputs equal bit for bit
 RESIDENT_TAGGED_FRAMES = True
+# The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
+# resident kernel's frames come in: the host spins until every output word carries the step's
+# epoch, so a block that writes outputs needs neither a system fence nor a done word (the blocks
+# that read a frame keep theirs: the host may not overwrite a frame they still read). Why: on the
+# H100 a frame in and 256 outputs back with a system fence and a done word took 4.29 us against
+# 2.98 for the frame alone (bench/microbench/host_roundtrip.cu, session 61); a fence to host memory
+# waits on its stores across PCIe. Off until timed (host_roundtrip.cu's out rows, then
+# resident_variants.py's tagged-outputs): engines/stepkernel.py reads the outputs either way.
+TAGGED_OUTPUTS = False
+# ... its store, in the source only where it is used (the other kernels' sources stay as they were;
+# emu.h has the emulator's)
+TAGGED_OUTPUT_STORE = """#ifndef FFK_EMULATE
+// a graph output's element in mapped host memory as one word, (epoch << 32) | the float's bits
+// (codegen.TAGGED_OUTPUTS): the host takes it once it carries the step's epoch, so no fence orders
+// it before anything. One aligned 64-bit store: the host never sees a new epoch on an old value.
+__device__ __forceinline__ void ffk_store_host_word(unsigned long long* p, float v, unsigned epoch) {
+    const unsigned long long w = ((unsigned long long)epoch << 32) | __float_as_uint(v);
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+#endif"""
 # Every expf of the kernel, the step functions' included, is the hardware's __expf (2 + 1.17·|x| ulp;
 # exp(±inf), NaN as expf), unless compiled with -DFFK_EXACT_MATH. With the compile options of
 # engine.FAST_MATH_OPTIONS: H100, 0.1-1.2 us a step (bench/h100/2026-11-26-session/). Not
@@ -2730,6 +2764,7 @@ class CodeSettings:
     take_together: bool | None = None  # RECUR_TAKE_TOGETHER: ... a position's words checked with one branch
     input_helpers: bool | None = None  # RECUR_INPUT_HELPERS: ... or taken by the threads past the cells
     x_in_registers: bool | None = None  # DOT_X_IN_REGISTERS: a warp's rows of one long product share x
+    tagged_outputs: bool | None = None  # TAGGED_OUTPUTS: outputs as words the host checks, no fence
 
     @classmethod
     def of(cls, settings: CodeSettings | None = None, **fields) -> CodeSettings:
@@ -2769,6 +2804,7 @@ class CodeSettings:
             take_together=pick(self.take_together, RECUR_TAKE_TOGETHER, bool),
             input_helpers=pick(self.input_helpers, RECUR_INPUT_HELPERS, bool),
             x_in_registers=pick(self.x_in_registers, DOT_X_IN_REGISTERS, bool),
+            tagged_outputs=pick(self.tagged_outputs, TAGGED_OUTPUTS, bool),
         )
         if code.copy_pieces < 0 or code.copy_pieces % 4:
             raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {code.copy_pieces}")
@@ -3270,6 +3306,7 @@ class Emitter:
             load = "ffk_ld_cg" if gen.resident else "__ldg"
             return self.bind(key, f"{load}(sin{gen.state_names.index(node.name)} + {c})", free)
         gen.host_tasks.add(self.t)
+        gen.input_tasks.add(self.t)
         framed = gen._framed_input(self.task)
         if framed is not None and framed.id == node.id and c == "e" and self.per_thread:
             # element e of a loop that starts at tid on the task's one block: read at entry
@@ -3534,6 +3571,7 @@ class Kernel:
     resident: bool = False  # ffk_resident: launched once, a frame per bell (see Generator._resident_loop)
     trace: bool = False  # each block stamps its tasks' timeline (the launch's last argument, TRACE_SLOTS)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
+    tagged_outputs: bool = False  # each output float a word (epoch << 32) | bits (TAGGED_OUTPUTS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
 
@@ -3642,6 +3680,7 @@ def generate(
         resident=resident,
         trace=trace,
         tagged_frames=gen.tagged,
+        tagged_outputs=gen.tagged_outputs,
         task_phases=gen.task_phases(),
         copied_floats=gen.copied_floats,
     )

@@ -175,6 +175,10 @@ inline bool ffk_ll_current(unsigned long long word, unsigned epoch) { return (un
 inline float ffk_ll_value(unsigned long long word) { return __uint_as_float((unsigned)word); }
 inline float ffk_load_host(const float* p) { return *(const volatile float*)p; }
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void ffk_store_host_word(unsigned long long* p, float v, unsigned epoch) {
+    std::atomic_ref<unsigned long long>(*p).store(((unsigned long long)epoch << 32) | __float_as_uint(v),
+                                                  std::memory_order_release);
+}
 inline void ffk_store_done(unsigned* p, unsigned epoch) {
     std::atomic_ref<unsigned>(*p).store(epoch, std::memory_order_release);
 }

@@ -72,23 +72,53 @@ def _launches(kernel: Kernel) -> str:
     """The harness's loop over the steps: a launch per frame (ffk_step)."""
     n_in, n_out, n_state = len(kernel.input_names), len(kernel.output_names), len(kernel.state_names)
     args = [f"ins[{i}] + step * in_sizes[{i}]" for i in range(n_in)]
-    args += [f"outs[{i}] + step * out_sizes[{i}]" for i in range(n_out)]
+    if kernel.tagged_outputs:  # each output float a word (epoch << 32) | bits: see _take_words
+        args += [f"out_words[{i}].data()" for i in range(n_out)]
+    else:
+        args += [f"outs[{i}] + step * out_sizes[{i}]" for i in range(n_out)]
     args += [f"state[{i}][step % 2]" for i in range(n_state)]
     args += [f"state[{i}][(step + 1) % 2]" for i in range(n_state)]
     args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()", "done.data()"]
     call = f"{KERNEL_NAME}({', '.join(args)})"
+    words = _take_words(kernel, "(unsigned)(step + 1)") if kernel.tagged_outputs else ""
     return f"""
+    std::vector<std::vector<unsigned long long>> out_words;
+    for (int i = 0; i < {n_out}; ++i) out_words.emplace_back({"out_sizes[i]" if kernel.tagged_outputs else "0"}, 0ull);
     for (int step = 0; step < steps; ++step) {{
         if (step > 0)  // the next half is poisoned, so an element the kernel forgets to write shows up
             for (int i = 0; i < {n_state}; ++i) std::fill(state[i][(step + 1) % 2], state[i][(step + 1) % 2] + state_data[2 * i].size(), std::nanf(""));
         std::fill(done.begin(), done.end(), 0u);
+        for (auto& w : out_words) std::fill(w.begin(), w.end(), 0ull);
         ffk_emu_launch(grid, threads, smem_floats, [&] {{ {call}; }});
         for (int k = 0; k < {kernel.done_words}; ++k)  // every host-facing block raised its word
             if (done[k] != (unsigned)(step + 1)) {{
                 std::fprintf(stderr, "launch %d: done word %d holds %u, not the epoch %d\\n", step, k, done[k], step + 1);
                 return 5;
             }}
+{words}
     }}"""
+
+
+def _take_words(kernel: Kernel, epoch: str) -> str:
+    """The host's side of tagged outputs (codegen.TAGGED_OUTPUTS): wait until each output word of
+    the step carries ``epoch`` (a word the kernel never writes holds the host's 0 and the wait
+    aborts), then its low half is the output float."""
+    n_out = len(kernel.output_names)
+    return f"""
+        for (int i = 0; i < {n_out}; ++i)
+            for (size_t j = 0; j < out_sizes[i]; ++j) {{
+                const auto start = std::chrono::steady_clock::now();
+                unsigned long long w;
+                while ((unsigned)((w = std::atomic_ref<unsigned long long>(out_words[i][j]).load(std::memory_order_acquire)) >> 32) != {epoch}) {{
+                    std::this_thread::yield();
+                    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {{
+                        std::fprintf(stderr, "step %d: output %d word %zu holds epoch %u, not %u\\n", step, i, j, (unsigned)(w >> 32), {epoch});
+                        std::abort();
+                    }}
+                }}
+                const unsigned bits = (unsigned)w;
+                std::memcpy(outs[i] + step * out_sizes[i] + j, &bits, 4);
+            }}"""
 
 
 def _resident_frames(kernel: Kernel) -> str:
@@ -98,12 +128,19 @@ def _resident_frames(kernel: Kernel) -> str:
     and finally rings the stop."""
     n_in, n_out, n_state = len(kernel.input_names), len(kernel.output_names), len(kernel.state_names)
     args = [f"in_buf[{i}].data()" for i in range(n_in)]
-    args += [f"out_buf[{i}].data()" for i in range(n_out)]
+    args += [f"{'out_words' if kernel.tagged_outputs else 'out_buf'}[{i}].data()" for i in range(n_out)]
     args += [f"state[{i}][0]" for i in range(n_state)]
     args += [f"state[{i}][1]" for i in range(n_state)]
     args += ["weights.data()", "ll.data()", "counters.data()", "ranges.data()", "done.data()"]
     args += ["&bell", "&idle", "ctl"]
     call = f"{kernel.name}({', '.join(args)})"
+    if kernel.tagged_outputs:  # the words carry the frame's epoch: nothing to poison
+        take = _take_words(kernel, "(unsigned)(step + 1)")
+    else:
+        take = (
+            f"            for (int i = 0; i < {n_out}; ++i) "
+            "std::memcpy(outs[i] + step * out_sizes[i], out_buf[i].data(), 4 * out_sizes[i]);"
+        )
     if kernel.tagged_frames:  # each float a word (epoch << 32) | bits, stored whole, in order
         word = "unsigned long long"
         write = (
@@ -117,8 +154,10 @@ def _resident_frames(kernel: Kernel) -> str:
     return f"""
     std::vector<std::vector<{word}>> in_buf;
     std::vector<std::vector<float>> out_buf;
+    std::vector<std::vector<unsigned long long>> out_words;  // tagged outputs: the kernel's, 0 at the start
     for (int i = 0; i < {n_in}; ++i) in_buf.emplace_back(in_sizes[i], 0);
     for (int i = 0; i < {n_out}; ++i) out_buf.emplace_back(out_sizes[i], std::nanf(""));
+    for (int i = 0; i < {n_out}; ++i) out_words.emplace_back({"out_sizes[i]" if kernel.tagged_outputs else "0"}, 0ull);
     unsigned bell = 0, idle = 0;
     unsigned long long ctl[3] = {{0ull, 0ull, 0ull}};
     int failed = 0;
@@ -144,7 +183,7 @@ def _resident_frames(kernel: Kernel) -> str:
             for (int i = 0; i < {n_in}; ++i) {write}
             std::atomic_ref<unsigned>(bell).store((unsigned)(step + 1), std::memory_order_release);
             for (int k = 0; k < {kernel.done_words}; ++k) wait_for(&done[k], (unsigned)(step + 1), "a done word", step);
-            for (int i = 0; i < {n_out}; ++i) std::memcpy(outs[i] + step * out_sizes[i], out_buf[i].data(), 4 * out_sizes[i]);
+{take}
         }}
         wait_for(&idle, (unsigned)steps, "the idle word", steps);
         std::atomic_ref<unsigned>(bell).store(FFK_BELL_STOP, std::memory_order_release);

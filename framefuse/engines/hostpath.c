@@ -66,6 +66,15 @@ typedef struct {
     // RESIDENT_WRITE_COMBINED_FRAMES): a store fence after the words and after the bell, which
     // sends them out of the CPU's write-combining buffers now (and the words before the bell)
     int32_t flush_frame;
+    // the kernel's outputs as words (epoch << 32) | float bits (codegen.TAGGED_OUTPUTS): after the
+    // done words, output k's words (out_words[k], out_len[k] of them) until each carries the
+    // frame's epoch (resident) or any epoch (launched: the words were cleared before the launch),
+    // each word's float into out_floats[k] as it is taken
+    volatile uint64_t* const* out_words;
+    float* const* out_floats;
+    const int64_t* out_len;
+    int32_t out_tensors;
+    int32_t pad2;
 } ff_frame_state;
 
 enum {
@@ -106,6 +115,24 @@ static int ff_spin(ff_frame_state* s) {
         } else {
             while (!__atomic_load_n(&s->done[i], __ATOMIC_ACQUIRE))
                 if (++spins > s->spin_limit) return FF_SPINNING;
+        }
+    }
+    // tagged outputs: every word once it carries the frame's epoch; a word taken twice (after
+    // FF_SPINNING, a call again) is taken the same
+    for (int32_t k = 0; k < s->out_tensors; ++k) {
+        volatile uint64_t* words = s->out_words[k];
+        uint32_t* floats = (uint32_t*)s->out_floats[k];
+        for (int64_t i = 0; i < s->out_len[k]; ++i) {
+            int64_t spins = 0;
+            uint64_t w;
+            if (s->bell) {
+                while ((uint32_t)((w = __atomic_load_n(&words[i], __ATOMIC_ACQUIRE)) >> 32) != expected)
+                    if (++spins > s->spin_limit) return FF_SPINNING;
+            } else {
+                while (!((w = __atomic_load_n(&words[i], __ATOMIC_ACQUIRE)) >> 32))
+                    if (++spins > s->spin_limit) return FF_SPINNING;
+            }
+            floats[i] = (uint32_t)w;
         }
     }
     s->unwaited = 0;
@@ -153,6 +180,7 @@ int ff_frame(ff_frame_state* s) {
         if (s->flush_frame) ff_store_fence();
     } else {
         memset((void*)s->done, 0, 4u * (uint32_t)s->n_done);
+        for (int32_t k = 0; k < s->out_tensors; ++k) memset((void*)s->out_words[k], 0, 8u * (uint64_t)s->out_len[k]);
         const int err = s->launch(s->exec[s->parity], s->stream);
         if (err) {
             s->error = err;
@@ -279,6 +307,8 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, error), offsetof(ff_frame_state, pad),
         offsetof(ff_frame_state, tag_src), offsetof(ff_frame_state, tag_dst), offsetof(ff_frame_state, tag_len),
         offsetof(ff_frame_state, tag_inputs), offsetof(ff_frame_state, flush_frame),
+        offsetof(ff_frame_state, out_words), offsetof(ff_frame_state, out_floats), offsetof(ff_frame_state, out_len),
+        offsetof(ff_frame_state, out_tensors), offsetof(ff_frame_state, pad2),
     };
     const int count = (int)(sizeof(values) / sizeof(values[0]));
     for (int i = 0; i < n && i < count; ++i) out[i] = values[i];

@@ -71,6 +71,11 @@ class FrameState(ctypes.Structure):
         ("tag_len", ctypes.c_void_p),
         ("tag_inputs", ctypes.c_int32),
         ("flush_frame", ctypes.c_int32),
+        ("out_words", ctypes.c_void_p),
+        ("out_floats", ctypes.c_void_p),
+        ("out_len", ctypes.c_void_p),
+        ("out_tensors", ctypes.c_int32),
+        ("pad2", ctypes.c_int32),
     ]
 
 

@@ -142,6 +142,7 @@ class StepKernelPlan:
         self.constants: dict = {}
         self.output_sources = {n: ("env", n) for n in self.output_specs}
         self._outputs: dict[str, torch.Tensor] | None = None
+        self._words: dict[str, torch.Tensor] | None = None  # tagged outputs (codegen.TAGGED_OUTPUTS)
 
     @classmethod
     def of(cls, compiled: CompiledStep) -> StepKernelPlan:
@@ -171,13 +172,21 @@ class StepKernelPlan:
                 n: torch.empty(s.shape, dtype=torch.float32, device=self.device) for n, s in self.output_specs.items()
             }
         program = c.program
+        if k.tagged_outputs and self._words is None:  # each output float a word (epoch << 32) | bits
+            self._words = {
+                n: torch.zeros(self._outputs[n].shape, dtype=torch.int64, device=self.device) for n in k.output_names
+            }
+        outs = self._words if k.tagged_outputs else self._outputs
         args = c.args(
             [feeds[n].data_ptr() for n in k.input_names],
-            [self._outputs[n].data_ptr() for n in k.output_names],
+            [outs[n].data_ptr() for n in k.output_names],
             [feeds[n].data_ptr() for n in k.state_names],
             [self._outputs[program.state_of[n]].data_ptr() for n in k.state_names],
         )
         c.launch(args)
+        if k.tagged_outputs:  # the words' low halves (little-endian) are the floats
+            for n in k.output_names:
+                self._outputs[n].copy_(self._words[n].view(torch.float32)[..., 0::2])
         return self._outputs
 
     def create_binding(
@@ -259,6 +268,26 @@ def spin_until_answered(words, expected: int, *, polls: int, timeout_s: float, c
                 if now > deadline:
                     return False
     return True
+
+
+class _OutputTags:
+    """Tagged output words as spin_until_answered's words: one per output, whose ``value`` is the
+    epoch every word of that output carries, or 0 while they differ."""
+
+    class _Tags:
+        def __init__(self, tags: np.ndarray):
+            self.tags = tags
+
+        @property
+        def value(self) -> int:
+            first = int(self.tags[0]) if self.tags.size else 0
+            return first if bool((self.tags == first).all()) else 0
+
+    def __init__(self, takes):
+        self.words = [self._Tags(tags) for _, tags, _, _ in takes]
+
+    def __iter__(self):
+        return iter(self.words)
 
 
 class NativeFrameBinding:
@@ -400,11 +429,26 @@ class StepBinding(NativeFrameBinding, BindingBase):
             if name in paired_outputs:
                 continue
             if name in self.host_output_names:
-                self._out_mapped[name] = MappedHostBuffer(spec.shape)
+                # tagged outputs (codegen.TAGGED_OUTPUTS): the kernel writes words, the host takes
+                # their floats into host_out once each word carries the step's epoch
+                self._out_mapped[name] = MappedHostBuffer(
+                    spec.shape, dtype=np.uint64 if k.tagged_outputs else np.float32
+                )
             else:
                 self._dev_outputs[name] = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
-        self.host_out = {n: self._out_mapped[n].array for n in self.host_output_names}
-        self.host_out_t = {n: self._out_mapped[n].tensor for n in self.host_output_names}
+        self.tagged_outputs = bool(k.tagged_outputs)
+        if self.tagged_outputs:
+            loose = [n for n in k.output_names if n not in self._out_mapped]
+            if loose:
+                raise EngineBuildError(f"stepkernel: tagged outputs go to host memory, and {', '.join(loose)} does not")
+            self.host_out_t = {
+                n: torch.zeros(self._out_mapped[n].shape, dtype=torch.float32) for n in self.host_output_names
+            }
+            self.host_out = {n: t.numpy() for n, t in self.host_out_t.items()}
+        else:
+            self.host_out = {n: self._out_mapped[n].array for n in self.host_output_names}
+            self.host_out_t = {n: self._out_mapped[n].tensor for n in self.host_output_names}
+        self._point_output_words(k)
         self.parity = 0
         # the host-facing blocks' done words (see codegen.Generator._done): wait_host spins on them
         self._done = MappedHostBuffer((max(k.done_words, 1),), dtype=np.uint32)
@@ -471,6 +515,45 @@ class StepBinding(NativeFrameBinding, BindingBase):
         self._hs.done = self._done_addr
         self._hs.n_done = len(self._done_words)
 
+    def _point_output_words(self, k) -> None:
+        """hostpath.c's view of the tagged output words and the floats they go to (none when the
+        kernel writes plain floats)."""
+        names = [n for n in k.output_names if n in self._out_mapped] if k.tagged_outputs else []
+        # (words, tags, floats) per output: the Python path's views of the same memory
+        self._out_takes = [
+            (
+                self._out_mapped[n].array.reshape(-1),
+                self._out_mapped[n].array.reshape(-1).view(np.uint32)[1::2],
+                self._out_mapped[n].array.reshape(-1).view(np.float32)[0::2],
+                self.host_out[n].reshape(-1),
+            )
+            for n in names
+        ]
+        count = len(names)
+        self._out_words_ptrs = (ctypes.c_void_p * max(count, 1))(
+            *[self._out_mapped[n].array.ctypes.data for n in names]
+        )
+        self._out_float_ptrs = (ctypes.c_void_p * max(count, 1))(*[self.host_out[n].ctypes.data for n in names])
+        self._out_lens = (ctypes.c_int64 * max(count, 1))(*[self._out_mapped[n].array.size for n in names])
+        self._hs.out_words = ctypes.addressof(self._out_words_ptrs)
+        self._hs.out_floats = ctypes.addressof(self._out_float_ptrs)
+        self._hs.out_len = ctypes.addressof(self._out_lens)
+        self._hs.out_tensors = count
+
+    def _take_outputs(self, expected: int | None, spin: bool = True) -> bool:
+        """Tagged outputs: wait until every output word carries ``expected`` (None: any epoch, the
+        words were cleared before the launch), then its float into host_out. Without ``spin`` the
+        words must be there already (the stream was synchronized). False after HOST_SPIN_LIMIT
+        polls of one output without its words."""
+        for _, tags, floats, out in self._out_takes:
+            spins = 0
+            while not (tags.all() if expected is None else bool((tags == expected).all())):
+                spins += 1
+                if not spin or spins > HOST_SPIN_LIMIT:
+                    return False
+            np.copyto(out, floats)
+        return True
+
     def _native_ready(self) -> bool:
         return self._native is not None and bool(self._done_words)
 
@@ -487,6 +570,8 @@ class StepBinding(NativeFrameBinding, BindingBase):
         if self._unwaited:  # the previous launch's done words could still land after the reset below
             self.sync()
         ctypes.memset(self._done_addr, 0, self._done_nbytes)
+        for words, _, _, _ in self._out_takes:
+            words[...] = 0
         err = self._launch_fn(self._execs[self.parity], self._stream_handle)
         if err:
             raise EngineRunError(f"stepkernel: cuGraphLaunch failed: CUresult {err}")
@@ -494,10 +579,16 @@ class StepBinding(NativeFrameBinding, BindingBase):
         self._count_frame(len(self._execs) == 2)
 
     def sync(self) -> None:
+        # a launch nobody waited on (either frame path's): its tagged outputs are taken here
+        pending = self._unwaited and bool(self._out_takes)
         err = self._sync_fn(self._stream_handle)
         self._unwaited = False
         if err:
             raise EngineRunError(f"stepkernel: the step kernel failed: CUresult {err} ({_error_name(err)})")
+        if pending and not self._take_outputs(None, spin=False):
+            raise EngineRunError(
+                "stepkernel: the kernel finished but not every tagged output word carries an epoch: a code generation error"
+            )
 
     def wait_host(self) -> None:
         """Wait until the last launch has read its frames and written its host outputs: spin on
@@ -512,6 +603,9 @@ class StepBinding(NativeFrameBinding, BindingBase):
                 if spins > HOST_SPIN_LIMIT:
                     self._wait_host_slow()
                     return
+        if self._out_takes and not self._take_outputs(None):
+            self._wait_host_slow()
+            return
         self._unwaited = False
 
     def _wait_host_slow(self) -> None:
@@ -609,6 +703,12 @@ class ResidentStepBinding(StepBinding):
         # this binding's kernel: c.resident_kernel names the one compiled last, which a later
         # resident_fn() with other codegen settings (bench/microbench/resident_variants.py) replaces
         self.resident_kernel = c.resident_kernel
+        if bool(self.resident_kernel.tagged_outputs) != self.tagged_outputs:
+            raise EngineBuildError(
+                "stepkernel: the resident kernel's outputs are "
+                f"{'tagged words' if self.resident_kernel.tagged_outputs else 'floats'} and the launched kernel's are "
+                f"{'tagged words' if self.tagged_outputs else 'floats'} (codegen.TAGGED_OUTPUTS changed between them)"
+            )
         # Tagged frames (codegen.RESIDENT_TAGGED_FRAMES): the kernel reads each input float as a
         # word (epoch << 32) | bits in a buffer of its own, written from host_in just before the
         # bell; the blocks that read the frame poll those words instead of waiting for the bell
@@ -748,6 +848,16 @@ class ResidentStepBinding(StepBinding):
             timeout_s=self.timeout_s,
             check=self._check_alive,
         )
+        if answered and self._out_takes:  # tagged outputs: each word once it carries this frame's epoch
+            answered = spin_until_answered(
+                _OutputTags(self._out_takes),
+                self._expected,
+                polls=_RESIDENT_CHECK_POLLS,
+                timeout_s=self.timeout_s,
+                check=self._check_alive,
+            )
+            if answered:
+                self._take_outputs(self._expected, spin=False)
         if not answered:
             frame = self.frames
             self.stop(force=True)

@@ -111,6 +111,88 @@ def test_write_combined_frames_equal_the_launched_step_bit_for_bit(monkeypatch, 
     assert np.array_equal(got, expected, equal_nan=True), f"{arch}: max diff {np.nanmax(np.abs(got - expected))}"
 
 
+@pytest.mark.parametrize("arch", ["gru", "mamba", "attention"])
+def test_tagged_outputs_equal_the_plain_kernel_bit_for_bit(monkeypatch, arch):
+    """codegen.TAGGED_OUTPUTS (session 61, off by default): the kernel writes each output as a word
+    (epoch << 32) | bits and the host takes it once it carries the step's epoch, with no system
+    fence and no done word for the blocks that only write outputs. 2,000 chained frames, launched
+    and resident (a stop and a start half way), on the native frame call and on the Python one, bit
+    for bit the plain kernel's launched outputs; the check_finite path (launch, then the stream
+    sync) and the plan (device tensors: the words' low halves) too."""
+    import torch
+
+    from framefuse.compiler import codegen
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, FULL)["step"]
+    frames = _frames(prepared, 2000)
+    plain = Session(_engine(prepared), budget_ms=None)
+    expected = np.stack([plain.step(f).copy() for f in frames])
+    monkeypatch.setattr(codegen, "TAGGED_OUTPUTS", True)
+    engine = _engine(prepared)
+    kernel = engine.default_plan.compiled.kernel
+    assert kernel.tagged_outputs and kernel.done_words >= 1
+    for path in ("native", "python"):
+        launched = Session(engine, budget_ms=None)
+        assert launched._host_step.tagged_outputs
+        if path == "python":
+            launched._hot = None
+        got = np.stack([launched.step(f).copy() for f in frames])
+        diff = np.nanmax(np.abs(got - expected))
+        assert np.array_equal(got, expected, equal_nan=True), f"{arch} launched, {path} path: max diff {diff}"
+        with Session(engine, budget_ms=None, resident=True) as resident:
+            if path == "python":
+                resident._hot = None
+            got = []
+            for i, frame in enumerate(frames):
+                if i == len(frames) // 2:
+                    resident.get_state()  # stops the kernel; the next frame starts it again
+                got.append(resident.step(frame).copy())
+            assert resident._host_step.starts == 2
+        got = np.stack(got)
+        diff = np.nanmax(np.abs(got - expected))
+        assert np.array_equal(got, expected, equal_nan=True), f"{arch} resident, {path} path: max diff {diff}"
+    checked = Session(engine, budget_ms=None, check_finite=True)
+    got = np.stack([checked.step(f).copy() for f in frames[:20]])
+    assert np.array_equal(got, expected[:20], equal_nan=True), f"{arch} check_finite"
+    # the plan over device tensors, from the zero state as a fresh session starts: its first step
+    plan = engine.default_plan
+    frame_name = prepared.manifest["inputs"][0]["name"]
+    feeds = {n: torch.zeros(spec.shape, device="cuda") for n, spec in plan.input_specs.items()}
+    feeds[frame_name] = torch.from_numpy(frames[0]).cuda()
+    out = plan.execute(feeds)
+    torch.cuda.synchronize()
+    assert np.array_equal(out[kernel.output_names[0]].cpu().numpy().reshape(expected[0].shape), expected[0]), arch
+
+
+@pytest.mark.parametrize("arch", ["gru", "attention"])
+def test_tagged_outputs_small(monkeypatch, arch):
+    """The sanitizers' target for tagged outputs (small, short): 20 frames launched and resident,
+    with a stop half way, bit for bit the plain kernel's launched outputs."""
+    from framefuse.compiler import codegen
+    from framefuse.engines import stepkernel
+    from framefuse.runtime.session import Session
+
+    monkeypatch.setattr(stepkernel, "RESIDENT_TIMEOUT_S", 120.0)  # under compute-sanitizer
+    prepared = prepare_cached(arch, SMALL)["step"]
+    frames = _frames(prepared, 20)
+    plain = Session(_engine(prepared), budget_ms=None)
+    expected = np.stack([plain.step(f).copy() for f in frames])
+    monkeypatch.setattr(codegen, "TAGGED_OUTPUTS", True)
+    engine = _engine(prepared)
+    assert engine.default_plan.compiled.kernel.tagged_outputs
+    launched = Session(engine, budget_ms=None)
+    got = np.stack([launched.step(f).copy() for f in frames])
+    assert np.array_equal(got, expected, equal_nan=True), arch
+    with Session(engine, budget_ms=None, resident=True) as resident:
+        got = []
+        for i, frame in enumerate(frames):
+            if i == 10:
+                resident.get_state()
+            got.append(resident.step(frame).copy())
+    assert np.array_equal(np.stack(got), expected, equal_nan=True), arch
+
+
 @pytest.mark.parametrize("arch,seq", [("gru", 1), ("lstm", 1), ("attention", 8), ("mamba", 32), ("lstm", 32)])
 def test_resident_graph_without_state_matches_launched_and_onnxruntime(arch, seq):
     """A sequence-form window (no state: a length-1 window is what the real models are at T = 1)
