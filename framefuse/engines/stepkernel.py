@@ -437,10 +437,14 @@ class StepBinding(NativeFrameBinding, BindingBase):
             else:
                 self._dev_outputs[name] = torch.zeros(spec.shape, dtype=torch.float32, device=self.device)
         self.tagged_outputs = bool(k.tagged_outputs)
+        # tagged outputs kept on the device (device frames, Session.run): the kernel's words, their
+        # floats copied out by a node of the same graph
+        self._dev_words = {
+            n: torch.zeros(self._dev_outputs[n].shape, dtype=torch.int64, device=self.device)
+            for n in (k.output_names if self.tagged_outputs else [])
+            if n in self._dev_outputs
+        }
         if self.tagged_outputs:
-            loose = [n for n in k.output_names if n not in self._out_mapped]
-            if loose:
-                raise EngineBuildError(f"stepkernel: tagged outputs go to host memory, and {', '.join(loose)} does not")
             self.host_out_t = {
                 n: torch.zeros(self._out_mapped[n].shape, dtype=torch.float32) for n in self.host_output_names
             }
@@ -476,6 +480,8 @@ class StepBinding(NativeFrameBinding, BindingBase):
                 return self._halves[state][1 - parity].data_ptr()
             if name in self._out_mapped:
                 return self._out_mapped[name].device_ptr
+            if name in self._dev_words:
+                return self._dev_words[name].data_ptr()
             return self._dev_outputs[name].data_ptr()
 
         self._graphs = []
@@ -492,6 +498,8 @@ class StepBinding(NativeFrameBinding, BindingBase):
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
                 c.launch(args)
+                for name, words in self._dev_words.items():  # the words' low halves (little-endian)
+                    self._dev_outputs[name].copy_(words.view(torch.float32)[..., 0::2])
             raw = getattr(graph, "raw_cuda_graph_exec", None)
             if raw is None:
                 raise EngineBuildError(

@@ -118,7 +118,8 @@ def test_tagged_outputs_equal_the_plain_kernel_bit_for_bit(monkeypatch, arch):
     fence and no done word for the blocks that only write outputs. 2,000 chained frames, launched
     and resident (a stop and a start half way), on the native frame call and on the Python one, bit
     for bit the plain kernel's launched outputs; the check_finite path (launch, then the stream
-    sync) and the plan (device tensors: the words' low halves) too."""
+    sync), device frames (the words' floats copied out inside the graph) and the plan (device
+    tensors: the words' low halves) too."""
     import torch
 
     from framefuse.compiler import codegen
@@ -155,6 +156,9 @@ def test_tagged_outputs_equal_the_plain_kernel_bit_for_bit(monkeypatch, arch):
     checked = Session(engine, budget_ms=None, check_finite=True)
     got = np.stack([checked.step(f).copy() for f in frames[:20]])
     assert np.array_equal(got, expected[:20], equal_nan=True), f"{arch} check_finite"
+    on_device = Session(engine, budget_ms=None)  # device frames: the words unpacked by a graph node
+    got = np.stack([on_device.step(torch.from_numpy(f).cuda()).cpu().numpy() for f in frames[:20]])
+    assert np.array_equal(got.reshape(expected[:20].shape), expected[:20], equal_nan=True), f"{arch} device frames"
     # the plan over device tensors, from the zero state as a fresh session starts: its first step
     plan = engine.default_plan
     frame_name = prepared.manifest["inputs"][0]["name"]
