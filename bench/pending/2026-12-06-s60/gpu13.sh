@@ -4,7 +4,7 @@
 # the tests, which its 200 s limit cut after 18 of 41 cases passed, and added c and d. Four calls on
 # an H100, from the repository root, after the wheel install (c first: it decides a default):
 #   bash bench/pending/2026-12-06-s60/gpu13.sh a     (~450 s)
-#   bash bench/pending/2026-12-06-s60/gpu13.sh b     (~200 s)
+#   bash bench/pending/2026-12-06-s60/gpu13.sh b     (~100 s: 8 workers, as session 53's gpuA.sh ran them)
 #   bash bench/pending/2026-12-06-s60/gpu13.sh c     (~540 s)
 #   bash bench/pending/2026-12-06-s60/gpu13.sh d     (~450 s)
 # a: the selection and Session tests (41 cases), which build through session 60's build-time change
@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g13
 case $call in
   a) tests=(tests/gpu/test_engine_fusion_gpu.py tests/gpu/test_session.py); limit=560 ;;
-  b) tests=(tests/gpu/test_stepkernel.py -k "narrow_weight_kernel_matches or x_in_registers"); limit=400 ;;
+  b) tests=(-n 8 tests/gpu/test_stepkernel.py -k "narrow_weight_kernel_matches or x_in_registers"); limit=300 ;;  # correctness only: 8 at once
   c) echo "== host_roundtrip $(date +%T)"
      (cd bench/microbench && nvcc -O3 -arch=sm_90 -o /tmp/host_roundtrip host_roundtrip.cu) && \
        timeout 120 /tmp/host_roundtrip 20000 2>&1 | tee $OUT/g13/host_roundtrip.log
