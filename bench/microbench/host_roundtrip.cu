@@ -78,6 +78,12 @@ __device__ __forceinline__ unsigned long long ld_volatile(const unsigned long lo
 __device__ __forceinline__ void st_volatile(unsigned long long* p, unsigned long long v) {
     asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// polls *p until its high half is trip i (the word into *w); false after POLL_LIMIT polls (lost)
+__device__ __forceinline__ bool poll_word(const unsigned long long* p, unsigned i, unsigned long long* w) {
+    for (unsigned long long polls = 0; polls <= POLL_LIMIT; ++polls)
+        if ((unsigned)((*w = ld_volatile(p)) >> 32) == i) return true;
+    return false;
+}
 
 // word and frame: `trips` trips; trip i's words carry i in their high half; *failed set on a lost word.
 // out (frame+out): each polling thread also writes a float of output into mapped memory, and the
@@ -88,15 +94,8 @@ __global__ void k_echo(const unsigned long long* in, unsigned long long* reply, 
     if (threadIdx.x == 0) lost = 0;
     __syncthreads();
     for (int i = 1; i <= trips; ++i) {
-        if ((int)threadIdx.x < words) {
-            unsigned long long polls = 0;
-            while ((unsigned)(ld_volatile(in + threadIdx.x) >> 32) != (unsigned)i) {
-                if (++polls > POLL_LIMIT) {
-                    lost = 1;
-                    break;
-                }
-            }
-        }
+        unsigned long long w;
+        if ((int)threadIdx.x < words && !poll_word(in + threadIdx.x, (unsigned)i, &w)) lost = 1;
         if (out != nullptr && (int)threadIdx.x < words) out[threadIdx.x] = (float)i;
         __syncthreads();
         if (lost) break;
@@ -116,15 +115,8 @@ __global__ void k_echo_out(const unsigned long long* in, unsigned long long* rep
     if (threadIdx.x == 0) lost = 0;
     __syncthreads();
     for (int i = 1; i <= trips; ++i) {
-        if ((int)threadIdx.x < words) {
-            unsigned long long polls = 0;
-            while ((unsigned)(ld_volatile(in + threadIdx.x) >> 32) != (unsigned)i) {
-                if (++polls > POLL_LIMIT) {
-                    lost = 1;
-                    break;
-                }
-            }
-        }
+        unsigned long long w;
+        if ((int)threadIdx.x < words && !poll_word(in + threadIdx.x, (unsigned)i, &w)) lost = 1;
         __syncthreads();  // the frame is in: every output depends on all of it
         if (lost) break;
         const float value = (float)i + 0.5f * (float)threadIdx.x;
@@ -193,14 +185,8 @@ __global__ void k_fan(const unsigned long long* in, unsigned long long* relay, u
     const bool from_host = direct || blockIdx.x == 0;
     for (int i = 1; i <= trips; ++i) {
         if ((int)threadIdx.x < words) {
-            const unsigned long long* src = from_host ? in : relay;
-            unsigned long long polls = 0, w;
-            while ((unsigned)((w = ld_volatile(src + threadIdx.x)) >> 32) != (unsigned)i) {
-                if (++polls > POLL_LIMIT) {
-                    lost = 1;
-                    break;
-                }
-            }
+            unsigned long long w;
+            if (!poll_word((from_host ? in : relay) + threadIdx.x, (unsigned)i, &w)) lost = 1;
             // one 64-bit word holds the tag and the value: relayed as it came, no fence between
             if (!direct && blockIdx.x == 0) st_volatile(relay + threadIdx.x, w);
         }
@@ -244,20 +230,34 @@ struct Buffers {
 };
 
 // the host's side of a round, the kernel launched: trip i stores the words tagged i (an sfence
-// after them where `fence`), spins on the reply; the trips' times appended to `out` (ns), the
-// first tenth left out (they warm up)
+// after them where `fence`), spins on the reply, or with `tagged` on each of its `outs` words until
+// it carries trip i (and checks its value, k_echo_out's); the trips' times appended to `out` (ns),
+// the first tenth left out (they warm up)
 static bool host_trips(volatile unsigned long long* in, volatile unsigned long long* reply, int words, bool fence,
-                       int trips, const char* what, cudaStream_t stream, std::vector<double>& out) {
+                       int trips, const char* what, cudaStream_t stream, std::vector<double>& out,
+                       volatile unsigned long long* tagged = nullptr, int outs = 0) {
     for (int i = 1; i <= trips; ++i) {
         const unsigned long long tag = (unsigned long long)i << 32;
         const int64_t start = now_ns();
         for (int w = 0; w < words; ++w) in[w] = tag | (unsigned)w;
         if (fence) _mm_sfence();
         unsigned long long spins = 0;
-        while (*reply != (unsigned long long)i) {
-            if (++spins > (1ull << 32)) {
-                fprintf(stderr, "%s: trip %d lost\n", what, i);
-                return false;
+        for (int w = 0; w < (tagged ? outs : 1); ++w) {
+            unsigned long long v;
+            while (tagged ? ((v = tagged[w]) >> 32) != (unsigned long long)i : *reply != (unsigned long long)i) {
+                if (++spins > (1ull << 32)) {
+                    fprintf(stderr, "%s: trip %d lost\n", what, i);
+                    return false;
+                }
+            }
+            if (tagged) {
+                float f;
+                const unsigned bits = (unsigned)v;
+                memcpy(&f, &bits, 4);
+                if (f != (float)i + 0.5f * (float)w) {
+                    fprintf(stderr, "%s: trip %d word %d holds %g\n", what, i, w, f);
+                    return false;
+                }
             }
         }
         const int64_t end = now_ns();
@@ -296,9 +296,7 @@ static bool fan_trip(Buffers& b, Kind kind, int blocks, bool direct, int words, 
     return host_trips(in, b.reply, words, kind != WB, trips, direct ? "fan direct" : "fan relay", stream, out);
 }
 
-// one round of the out mode: `outs` outputs, fenced or tagged; times appended to `out` (ns). The
-// host's side as host_trips, but a tagged round waits on every output word instead of the reply,
-// and checks the values it sees
+// one round of the out mode: `outs` outputs, fenced or tagged; times appended to `out` (ns)
 static bool out_trip(Buffers& b, bool tagged, int outs, int trips, unsigned long long* tagged_host,
                      unsigned long long* tagged_dev, int* failed_dev, cudaStream_t stream, std::vector<double>& out) {
     const int words = 64;
@@ -311,33 +309,8 @@ static bool out_trip(Buffers& b, bool tagged, int outs, int trips, unsigned long
     k_echo_out<<<1, 256, 0, stream>>>(b.in_dev[WB], b.reply_dev, b.out_dev, tagged ? tagged_dev : nullptr, words,
                                       outs, trips, failed_dev);
     CHECK(cudaGetLastError());
-    if (!tagged) return host_trips(in, b.reply, words, false, trips, "out fenced", stream, out);
-    for (int i = 1; i <= trips; ++i) {
-        const unsigned long long tag = (unsigned long long)i << 32;
-        const int64_t start = now_ns();
-        for (int w = 0; w < words; ++w) in[w] = tag | (unsigned)w;
-        unsigned long long spins = 0;
-        for (int w = 0; w < outs; ++w) {
-            unsigned long long v;
-            while (((v = tout[w]) >> 32) != (unsigned long long)i) {
-                if (++spins > (1ull << 32)) {
-                    fprintf(stderr, "out tagged: trip %d lost\n", i);
-                    return false;
-                }
-            }
-            float f;
-            const unsigned bits = (unsigned)v;
-            memcpy(&f, &bits, 4);
-            if (f != (float)i + 0.5f * (float)w) {
-                fprintf(stderr, "out tagged: trip %d word %d holds %g\n", i, w, f);
-                return false;
-            }
-        }
-        const int64_t end = now_ns();
-        if (i > trips / 10) out.push_back((double)(end - start));
-    }
-    CHECK(cudaStreamSynchronize(stream));
-    return true;
+    return host_trips(in, b.reply, words, false, trips, tagged ? "out tagged" : "out fenced", stream, out,
+                      tagged ? tout : nullptr, outs);
 }
 
 // one round of the spread-K mode; times appended to `out` (ns)

@@ -527,15 +527,11 @@ class StepBinding(NativeFrameBinding, BindingBase):
         """hostpath.c's view of the tagged output words and the floats they go to (none when the
         kernel writes plain floats)."""
         names = [n for n in k.output_names if n in self._out_mapped] if k.tagged_outputs else []
-        # (words, tags, floats) per output: the Python path's views of the same memory
+        # (words, their tags, their floats, host_out) per output: the Python path's views
+        words = [self._out_mapped[n].array.reshape(-1) for n in names]
         self._out_takes = [
-            (
-                self._out_mapped[n].array.reshape(-1),
-                self._out_mapped[n].array.reshape(-1).view(np.uint32)[1::2],
-                self._out_mapped[n].array.reshape(-1).view(np.float32)[0::2],
-                self.host_out[n].reshape(-1),
-            )
-            for n in names
+            (w, w.view(np.uint32)[1::2], w.view(np.float32)[0::2], self.host_out[n].reshape(-1))
+            for w, n in zip(words, names)
         ]
         count = len(names)
         self._out_words_ptrs = (ctypes.c_void_p * max(count, 1))(

@@ -41,6 +41,17 @@ def _frames(prepared, n, seed=0):
     return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
 
 
+def _stepped_with_a_restart(resident, frames):
+    """A resident session's outputs over ``frames``, its kernel stopped half way (get_state) and
+    started again by the next frame."""
+    got = []
+    for i, frame in enumerate(frames):
+        if i == len(frames) // 2:
+            resident.get_state()  # stops the kernel; the next frame starts it again
+        got.append(resident.step(frame).copy())
+    return np.stack(got)
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_resident_matches_onnxruntime_over_chained_frames(arch):
     """Small and short (the sanitizers' target): 64 chained frames, then the state."""
@@ -101,13 +112,8 @@ def test_write_combined_frames_equal_the_launched_step_bit_for_bit(monkeypatch, 
         assert all(buffer.write_combined for buffer in [*binding._tagged.values(), binding._bell])
         if path == "python":
             resident._hot = None
-        got = []
-        for i, frame in enumerate(frames):
-            if i == len(frames) // 2:
-                resident.get_state()  # stops the kernel; the next frame starts it again
-            got.append(resident.step(frame).copy())
+        got = _stepped_with_a_restart(resident, frames)
         assert binding.starts == 2
-    got = np.stack(got)
     assert np.array_equal(got, expected, equal_nan=True), f"{arch}: max diff {np.nanmax(np.abs(got - expected))}"
 
 
@@ -144,13 +150,8 @@ def test_tagged_outputs_equal_the_plain_kernel_bit_for_bit(monkeypatch, arch):
         with Session(engine, budget_ms=None, resident=True) as resident:
             if path == "python":
                 resident._hot = None
-            got = []
-            for i, frame in enumerate(frames):
-                if i == len(frames) // 2:
-                    resident.get_state()  # stops the kernel; the next frame starts it again
-                got.append(resident.step(frame).copy())
+            got = _stepped_with_a_restart(resident, frames)
             assert resident._host_step.starts == 2
-        got = np.stack(got)
         diff = np.nanmax(np.abs(got - expected))
         assert np.array_equal(got, expected, equal_nan=True), f"{arch} resident, {path} path: max diff {diff}"
     checked = Session(engine, budget_ms=None, check_finite=True)
@@ -189,12 +190,8 @@ def test_tagged_outputs_small(monkeypatch, arch):
     got = np.stack([launched.step(f).copy() for f in frames])
     assert np.array_equal(got, expected, equal_nan=True), arch
     with Session(engine, budget_ms=None, resident=True) as resident:
-        got = []
-        for i, frame in enumerate(frames):
-            if i == 10:
-                resident.get_state()
-            got.append(resident.step(frame).copy())
-    assert np.array_equal(np.stack(got), expected, equal_nan=True), arch
+        got = _stepped_with_a_restart(resident, frames)
+    assert np.array_equal(got, expected, equal_nan=True), arch
 
 
 @pytest.mark.parametrize("arch,seq", [("gru", 1), ("lstm", 1), ("attention", 8), ("mamba", 32), ("lstm", 32)])
