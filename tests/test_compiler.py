@@ -22,7 +22,7 @@ from framefuse.compiler import iexpr as ix
 from framefuse.compiler.codegen import generate
 from framefuse.compiler.emulate import compiler as cxx_compiler
 from framefuse.compiler.emulate import emulate
-from framefuse.compiler.ir import BodyLoop, Concat, DeltaScan, Map, Recur
+from framefuse.compiler.ir import BodyLoop, Concat, DeltaScan, Map, PartialSums, Recur
 from framefuse.compiler.lower import lower_onnx
 from framefuse.compiler.schedule import schedule
 from framefuse.models import ARCHITECTURES
@@ -124,6 +124,30 @@ def test_simplification_keeps_the_meaning(arch):
     a, b = naive.run(raw, feeds), naive.run(simplified, feeds)
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "mamba", "jamba", "gated_ssm"])
+def test_split_products_keep_the_meaning(arch):
+    """simplify.SplitProducts: each product of a recurrence's output (the out-projections, mamba's
+    x_proj) becomes partial sums over 16 slices of its contraction axis summed by its reader; the
+    program computes the same values up to fp32 rounding (the sum over K in another order). The
+    recurrent products of the state as it came in (an LSTM's R·h) and the products of a sum of
+    partial sums (the next layer's in-projection) are left as they are."""
+    from framefuse.compiler.ir import Dot, PartialSums
+    from framefuse.compiler.simplify import split_products
+
+    prepared = prepare_cached(arch, FULL)["step"]
+    plain = lower_program(prepared.fused, split=False)
+    split = lower_program(prepared.fused, split=True)
+    assert split_products(plain) == 0 and split_products(split) > 0
+    for node in split.nodes():
+        if isinstance(node, PartialSums):
+            assert node.shape[-2] <= 16 and node.src.shape[-1] >= 16  # slices x N, c columns a slice
+    assert sum(isinstance(n, Dot) for n in split.nodes()) < sum(isinstance(n, Dot) for n in plain.nodes())
+    feeds = _feeds(plain, np.random.default_rng(8))
+    a, b = naive.run(plain, feeds), naive.run(split, feeds)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=2e-5, atol=2e-5, err_msg=name)
 
 
 def test_lstm_gate_slices_sink_into_four_products():
@@ -312,6 +336,36 @@ def test_generated_kernel_emulated_matches_the_interpreter(arch, config, tmp_pat
         expected_state = {s: expected[program.state_of[s]] for s in program.states}
     for name, value in expected_state.items():
         _close(final[name], value, f"{arch} final {name}", tol=1e-5)  # every state element written
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,grid,threads,resident,races",
+    [
+        ("min_gru", 24, 96, False, False),
+        ("mamba", 24, 96, False, False),
+        ("jamba", 24, 96, False, False),
+        ("gated_ssm", 24, 96, False, False),  # its slices' task moved to 12 blocks: two slices a block
+        ("gated_ssm", 20, 64, True, True),
+    ],
+)
+def test_split_products_emulated_match_the_interpreter(arch, grid, threads, resident, races, tmp_path):
+    """Kernels of split products (simplify.SplitProducts) at the benchmark's size with the
+    stepkernel-split tactics' code settings: the slices' blocks compute their slice of the
+    recurrence once into an array, which stores the state (the side store of a partitioned array)
+    and feeds the slice's N partial sums; the readers sum the slices. Three chained steps against
+    the interpreter of the split program, every state element written; the resident kernel under
+    ThreadSanitizer."""
+    from framefuse.compiler.codegen import CodeSettings
+    from framefuse.compiler.simplify import split_products
+
+    program = lower_program(prepare_cached(arch, FULL)["step"].fused, split=True)
+    assert split_products(program) > 0
+    sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
+    assert sched.describe()["split_products"] == split_products(program)
+    assert any(t.side and isinstance(t.root, PartialSums) for t in sched.tasks)
+    kernel = generate(sched, settings=CodeSettings.of(None, alias_views=True, one_pass=True), resident=resident)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
 
 
 def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, feeds=None):
@@ -2001,6 +2055,8 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "lstm/sequence+helpers",
         "gru+tagged",
         "mamba/sequence+tagged",
+        "mamba+fewer+split",
+        "gated_ssm+split",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
@@ -2013,9 +2069,11 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     input words checked with one branch a position (codegen.RECUR_TAKE_TOGETHER); +helpers: taken
     by the block's threads past the cells (codegen.RECUR_INPUT_HELPERS); +xregs: a warp's rows of
     one long product with x in registers (codegen.DOT_X_IN_REGISTERS); +tagged: outputs as tagged
-    words in host memory (codegen.TAGGED_OUTPUTS)."""
+    words in host memory (codegen.TAGGED_OUTPUTS); +split: products of a recurrence's output as
+    partial sums (simplify.SplitProducts, at the benchmark's size)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, split, _ = arch.partition("+split")
     arch, tagged, _ = arch.partition("+tagged")
     arch, xregs, _ = arch.partition("+xregs")
     arch, helpers, _ = arch.partition("+helpers")
@@ -2030,7 +2088,7 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     arch, _, form = arch.partition("/")
     # (x in registers needs rows of 256 or more: the benchmark's size, where fewer-levels' replicated
     # x_proj is 48 rows of 512 a block at 132 blocks)
-    size = FULL if xregs else SMALL
+    size = FULL if xregs or split else SMALL
     prepared = prepare_cached(arch, size)[form] if form else _prepared(arch, size)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ("80", "89", "90")]
     for resident in (False, True):
@@ -2048,7 +2106,9 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             input_helpers=bool(helpers),
             x_in_registers=bool(xregs),
             tagged_outputs=bool(tagged),
+            split=bool(split),
         )
+        assert (kernel.describe()["split_products"] > 0) is bool(split)
         assert kernel.tagged_outputs is bool(tagged)
         assert ("ffk_store_host_word(out0 + " in kernel.source) is bool(tagged)
         assert kernel.settings.alias_views is bool(views) and kernel.settings.one_pass is bool(fewer)

@@ -461,8 +461,8 @@ def test_stepkernel_candidate_calls_the_compiler_with_each_tactic_and_the_math(m
         assert candidate is None
         assert log == [f"selection: {name} not a candidate (RuntimeError: compiled here)"]
         assert seen[-1]["fast_math"] is (not exact_math)
-        # (compose_input and roll_recurrences are the lowering's: compile_step passes them to lower_program)
-        lowering = ("compose_input", "roll_recurrences")
+        # (compose_input, roll_recurrences and split are the lowering's: compile_step passes them to lower_program)
+        lowering = ("compose_input", "roll_recurrences", "split")
         assert {k: seen[-1][k] for k in tactic if k not in lowering} == {
             k: v for k, v in tactic.items() if k not in lowering
         }
@@ -526,6 +526,37 @@ def test_prepare_tactics_generates_every_tactic_and_compiles_each_source_once(mo
         assert s.fast_math and s.cc == 90 and s.nvrtc_options == ("-ftz=true", "-prec-div=false", "-prec-sqrt=false")
     assert len(log) == 1 and log[0].startswith(f"stepkernel: {len(compiled)} tactic source(s) generated and compiled")
     assert f"({0.25 * len(compiled):.1f} s of NVRTC compiles" in log[0]
+
+
+def test_the_split_tactics_are_built_only_where_they_save_levels(monkeypatch, tmp_path):
+    """stepkernel-split / -384-threads-split (simplify.SplitProducts): min_gru's out-projections as
+    partial sums, 6 -> 4 levels on an H100's grid, the recurrence's state stored by its slices'
+    array loop; nn.GRU-style and LSTM cells split nothing that saves a level (their products read
+    the state as it came in, or are read row by row), and attention's new K / V rows keep their
+    level: declined, each with its reason."""
+    from framefuse.compiler.engine import StepSource, prepare_tactics
+    from framefuse.compiler.simplify import split_products
+    from framefuse.engines.fusion import STEPKERNEL_FEWER_PHASES, STEPKERNEL_SPLIT, STEPKERNEL_WIDE_SPLIT, STEPKERNELS
+    from framefuse.runtime.pipeline import prepare_cached
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    names = (STEPKERNEL_FEWER_PHASES, STEPKERNEL_SPLIT, STEPKERNEL_WIDE_SPLIT)
+    tactics = {k: STEPKERNELS[k] for k in names}
+    full = {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0}
+    sources = prepare_tactics(_min_gru_step(), H100_PROPS, tactics, compile_image=lambda s: 0.0)
+    assert all(isinstance(s, StepSource) for s in sources.values()), sources
+    plain, split = sources[STEPKERNEL_FEWER_PHASES], sources[STEPKERNEL_SPLIT]
+    assert (plain.schedule.levels(), split.schedule.levels()) == (6, 4)
+    assert split_products(split.program) == 2 and split_products(plain.program) == 0
+    assert "stored by the task of node '/linear_out/Gemm'" in split.kernel.source
+    assert sources[STEPKERNEL_WIDE_SPLIT].threads == 384
+    for arch in ("gru", "lstm", "attention"):
+        fused = str(prepare_cached(arch, full)["step"].fused)
+        found = prepare_tactics(fused, H100_PROPS, tactics, compile_image=lambda s: 0.0)
+        assert isinstance(found[STEPKERNEL_FEWER_PHASES], StepSource), arch
+        for name in (STEPKERNEL_SPLIT, STEPKERNEL_WIDE_SPLIT):
+            assert isinstance(found[name], Exception), (arch, name)
+            assert "not fewer than" in str(found[name]) or "no product" in str(found[name]), found[name]
 
 
 def test_the_ahead_tactics_unroll_a_one_block_recurrences_loop(bench_script, monkeypatch, tmp_path):

@@ -26,6 +26,7 @@ def lower_program(
     roll_recurrences: bool | None = None,
     roll_bodies: bool | None = None,
     widen_storage: bool = False,
+    split: bool | None = None,
 ) -> Program:
     """The step IR of a fused ONNX graph (path or ModelProto), simplified unless asked not to
     (``compose_input``: the first layer's products as products of the frame, see
@@ -33,14 +34,18 @@ def lower_program(
     unrolled Elman cells rolled into loops, see simplify.RollRecurrences; None: simplify.ROLL_RECURRENCES;
     ``roll_bodies``: any other unrolled cell rolled into a loop over its body, see simplify.RollBodies;
     None: simplify.ROLL_BODIES; ``widen_storage``: an fp16 / bf16 build's graph with its weights as it
-    stores them and its activations in float32, see lower.lower_model)."""
+    stores them and its activations in float32, see lower.lower_model; ``split``: products of a
+    recurrence's output as partial sums summed by their readers, see simplify.SplitProducts; None:
+    simplify.SPLIT_PRODUCTS)."""
     from framefuse.compiler.lower import lower_onnx
     from framefuse.compiler.simplify import simplify
 
     program = lower_onnx(model_or_path, widen_storage=widen_storage)
     if not simplified:
         return program
-    return simplify(program, compose_input=compose_input, roll_recurrences=roll_recurrences, roll_bodies=roll_bodies)
+    return simplify(
+        program, compose_input=compose_input, roll_recurrences=roll_recurrences, roll_bodies=roll_bodies, split=split
+    )
 
 
 def generate_source(
@@ -53,17 +58,19 @@ def generate_source(
     widen_storage: bool = False,
     recomputed_scalars: int | None = None,
     replicated_dot_macs: int | None = None,
+    split: bool | None = None,
     **fields,
 ):
     """The generated kernel for a grid of ``grid`` blocks, without a GPU (tests, nvcc checks,
     ``--dump-source``): returns a :class:`framefuse.compiler.codegen.Kernel` (``resident``: the
     kernel launched once that runs a frame per bell; ``widen_storage``: see lower_program;
-    ``recomputed_scalars``, ``replicated_dot_macs``: see schedule.schedule; ``fields``: the code's
+    ``recomputed_scalars``, ``replicated_dot_macs``: see schedule.schedule; ``split``: see
+    lower_program; ``fields``: the code's
     settings, codegen.CodeSettings.of: ``weight_format``, ``one_pass``, ``inputs_ahead``, ...)."""
     from framefuse.compiler.codegen import generate
     from framefuse.compiler.schedule import schedule
 
-    program = lower_program(model_or_path, widen_storage=widen_storage)
+    program = lower_program(model_or_path, widen_storage=widen_storage, split=split)
     sched = schedule(
         program,
         grid=grid,

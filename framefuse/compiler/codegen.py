@@ -53,6 +53,7 @@ from framefuse.compiler.schedule import (
     Schedule,
     Task,
     Unit,
+    array_partitioned,
     body_row_stride,
     body_task_plan,
     column_scan,
@@ -202,6 +203,15 @@ class Generator:
         self.phases = {t: self._unit_phases(task, self.views[t]) for t, task in enumerate(sched.tasks)}
         # per task: the array whose warps compute the root (see _root_array), where one does
         self.root_arrays = {t: self._root_array(t, task) for t, task in enumerate(sched.tasks)}
+        # a task's thread arrays whose blocks compute disjoint ranges store the task's side stores
+        # computed in them (a split product's input and the state under it: each element once,
+        # schedule._computes_once), in the array's own loop instead of where a reader reads them
+        self.array_side: dict[int, set[int]] = {}
+        for t, task in enumerate(sched.tasks):
+            side = {s.id for s in task.side}
+            for unit in task.arrays() if side else ():
+                if array_partitioned(task, unit):
+                    self.array_side.setdefault(t, set()).add(unit.node.id)
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -1228,7 +1238,8 @@ class Generator:
         code.items.append(f"// array {_name(unit.node)} {list(unit.node.shape)}, a thread per element")
         code.items.append(_ONCE)
         code.items.append(loop)
-        em = Emitter(self, t, task, loop, per_thread=True)
+        stores = uid in self.array_side.get(t, ())
+        em = Emitter(self, t, task, loop, per_thread=True, side={s.id for s in task.side} if stores else None)
         var = ix.Var("e", max(unit.node.size, 1))
         value = em.value(unit.node, ix.unflatten(var, unit.node.shape), expand_self=True)
         em.top.insert(f"{self.arr(t, uid)}[e - lo{uid}] = {value.text};")
@@ -3269,7 +3280,8 @@ class Emitter:
             return self.bind(key, f"ffk_ll_wait(ffk_ll + {gen.layout.ll[node.id]} + {at}, epoch)", free)
         if kind in ("array", "dot"):
             text = f"{gen.arr(self.t, node.id)}[{ix.to_c(self.view.flat(node, index))} - lo{node.id}]"
-            return self.bind(key, text, free, node=node, flat=flat)
+            stored = node.id in gen.array_side.get(self.t, ())  # by its array's loop
+            return self.bind(key, text, free, node=None if stored else node, flat=flat)
         if isinstance(node, Map):
             val = self.value(node.src, node.source_index(index))
             if node.id in self.side:

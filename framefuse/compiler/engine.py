@@ -198,7 +198,7 @@ def prepare_step(
 # 456 nodes unrolled: rolled 35 us, unrolled 79 on the H100).
 UNROLLED_TACTIC_MAX_NODES = 512
 # A tactic's arguments that choose the lowering (memo.cached_program), not the schedule or the code
-LOWERING_ARGUMENTS = ("compose_input", "roll_recurrences", "widen_storage")
+LOWERING_ARGUMENTS = ("compose_input", "roll_recurrences", "widen_storage", "split")
 NVRTC_WORKERS = 8  # the environment's FRAMEFUSE_NVRTC_WORKERS replaces it (1: one compile at a time)
 
 
@@ -230,6 +230,25 @@ def _compile_image(source: StepSource) -> float:
     start = time.perf_counter()
     _cuda().compile_cached(source.path, source.cc, source.nvrtc_options)
     return time.perf_counter() - start
+
+
+def _split_saves_levels(model_or_path, program: Program, props: Mapping, lowering: dict, arguments: dict) -> None:
+    """Decline a tactic that splits products (simplify.SplitProducts) unless its schedule has
+    fewer dependency levels than the same tactic's without splitting: a split that saves no level
+    only moves a recurrence onto fewer blocks (an LSTM layer's input product)."""
+    plain = cached_program(model_or_path, **{**lowering, "split": False})
+    if plain is program:
+        raise CompileError("no product of a recurrence's output to split into partial sums")
+    threads = int(arguments.get("threads") or THREADS)
+    grid = int(arguments.get("grid") or max(1, round(props["sm_count"] * arguments.get("grid_fraction", 1.0))))
+    smem = (int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE) // 8
+    scalars = {k: arguments.get(k) for k in ("recomputed_scalars", "replicated_dot_macs")}
+    before = cached_schedule(plain, grid=grid, threads=threads, smem_floats=smem, **scalars).levels()
+    after = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem, **scalars).levels()
+    if after >= before:
+        raise CompileError(
+            f"its products split into partial sums schedule into {after} levels, not fewer than {before}"
+        )
 
 
 def prepare_tactics(
@@ -277,6 +296,8 @@ def prepare_tactics(
                         f"the unrolled program has {nodes} nodes, more than {UNROLLED_TACTIC_MAX_NODES} "
                         "(compiler.engine.UNROLLED_TACTIC_MAX_NODES): its schedule would take minutes"
                     )
+                if lowering["split"]:
+                    _split_saves_levels(model_or_path, program, props, lowering, arguments)
                 source = prepare_step(program, props, fast_math=fast_math, **arguments)
             except Exception as exc:  # the compiler declines the graph: reported by the caller
                 results[name] = exc
@@ -531,17 +552,22 @@ def compile_step(
     compose_input=None,
     roll_recurrences=None,
     widen_storage=False,
+    split=None,
     log=None,
     **arguments,
 ) -> CompiledStep:
     """Lower, schedule, generate and compile a fused step graph for ``device``: ``compose_input``,
-    ``roll_recurrences``: see lower_program; ``widen_storage``: an fp16 / bf16 build's graph,
+    ``roll_recurrences``, ``split``: see lower_program; ``widen_storage``: an fp16 / bf16 build's graph,
     lower.lower_model; ``arguments``: prepare_step's, the schedule's (``grid``, ``threads``,
     ``grid_fraction``, ``fast_math`` (see FAST_MATH_OPTIONS), ``replica_floats``, ...) and the
     code's (codegen.CodeSettings: ``weight_format``, ``one_pass``, ...). The program is lowered
     once for the build's tactics (compiler.memo)."""
     program = cached_program(
-        model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
+        model_or_path,
+        compose_input=compose_input,
+        roll_recurrences=roll_recurrences,
+        widen_storage=widen_storage,
+        split=split,
     )
     return CompiledStep(program, device=device, log=log, **arguments)
 

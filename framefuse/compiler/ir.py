@@ -486,6 +486,15 @@ class Reduce(Node):
         return [next(red_iter) if i in self.axes else next(out_iter) for i in range(self.src.rank)]
 
 
+class PartialSums(Reduce):
+    """``[..., P, N, c] -> [..., P, N]``: a product's sums over ``P`` slices of its contraction
+    axis, ``c`` columns each (simplify.SplitProducts). The schedule publishes it from the blocks
+    that compute its input (a block a slice), and each reader sums its ``P`` rows itself: the
+    product costs its readers no level of its own."""
+
+    __slots__ = ()
+
+
 class Dot(Node):
     """out[..., n] = Σ_k src[..., k] · rows[n, k]."""
 
@@ -737,6 +746,7 @@ __all__ = [
     "Leaf",
     "Map",
     "Node",
+    "PartialSums",
     "Program",
     "DELTA_OPS",
     "DeltaScan",

@@ -57,26 +57,30 @@ def cached_program(
     compose_input: bool | None = None,
     roll_recurrences: bool | None = None,
     widen_storage: bool = False,
+    split: bool | None = None,
 ) -> Program:
     """lower_program, the same Program object for the same graph, options and settings.
     ``roll_recurrences`` False: nothing rolled, neither Elman cells nor any other body (the tactic
     stepkernel-unrolled); where the rolling program already rolled nothing, it is that program (the
     tactic then schedules nothing again and builds the same kernel). ``widen_storage``: see
-    lower_program (a precision build's graph)."""
+    lower_program (a precision build's graph). ``split``: see lower_program; where the split program has
+    no partial sums (nothing to split), it is the program that does not split."""
     digest, settings = source_digest(model_or_path), settings_key()
     widen_storage = bool(widen_storage)
-    key = (digest, compose_input, roll_recurrences, widen_storage, settings)
+    if split is not None and bool(split) == bool(simplify.SPLIT_PRODUCTS):
+        split = None  # the default's program
+    key = (digest, compose_input, roll_recurrences, widen_storage, settings, split)
     if key in _programs:
         _programs.move_to_end(key)
         return _programs[key]
     if compose_input is False:
         # a program whose input products nothing composed is the same one: schedule it once
         # (every window of T = 32 is one: stepkernel-unframed scheduled xlstm's again, 8.6 of 59 s)
-        composing = _programs.get((digest, None, roll_recurrences, widen_storage, settings))
+        composing = _programs.get((digest, None, roll_recurrences, widen_storage, settings, split))
         if composing is not None and not simplify.composed_inputs(composing):
             return _remember(_programs, key, composing)
     if roll_recurrences is False:
-        rolling = _programs.get((digest, compose_input, None, widen_storage, settings))
+        rolling = _programs.get((digest, compose_input, None, widen_storage, settings, split))
         if rolling is not None and not simplify.rolled_recurrences(rolling) and not simplify.rolled_bodies(rolling):
             return _remember(_programs, key, rolling)
     program = lower_program(
@@ -85,7 +89,13 @@ def cached_program(
         roll_recurrences=roll_recurrences,
         roll_bodies=False if roll_recurrences is False else None,
         widen_storage=widen_storage,
+        split=split,
     )
+    if split is not None and simplify.split_products(program) == 0:
+        plain = cached_program(
+            model_or_path, compose_input=compose_input, roll_recurrences=roll_recurrences, widen_storage=widen_storage
+        )
+        return _remember(_programs, key, plain)
     return _remember(_programs, key, program)
 
 

@@ -57,6 +57,7 @@ from framefuse.compiler.ir import (
     Leaf,
     Map,
     Node,
+    PartialSums,
     Program,
     Recur,
     Reduce,
@@ -850,6 +851,7 @@ class Schedule:
             "phases": sum(t.phases() for t in self.tasks),
             "flagged_values": len(self.ll_nodes),
             "side_stores": sum(len(t.side) for t in self.tasks),
+            "split_products": sum(isinstance(t.root, PartialSums) for t in self.tasks),
             "replica_floats": self.replica_floats,
             "recomputed_scalars": self.recomputed_scalars,
             "replicated_dot_macs": self.replicated_dot_macs,
@@ -1346,7 +1348,9 @@ def build_task(
             arrays |= extra
         else:
             raise CompileError(f"{root.label or root}: the shared-memory arrays did not settle")
-        align = root.steps if column_scan(root) else 1
+        # (a split product's partial sums: whole rows of N a block, so its blocks compute disjoint
+        # slices of its input, which hold the side stores computed there)
+        align = root.steps if column_scan(root) else root.shape[-1] if isinstance(root, PartialSums) else 1
         chunk, blocks, first_block, lo, hi = root_ranges(root.size, grid, min_chunk, first, span, align)
         task = Task(root, units, chunk, blocks, view, min_chunk, first_block, stage_limit=stage_limit)
         task.units[ROOT].lo, task.units[ROOT].hi = lo, hi
@@ -1464,8 +1468,12 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
             if view.kind(occ.node) == "inline" and not isinstance(occ.node, (Map, Concat)):
                 by_node.setdefault(occ.node.id, []).append(occ)
         few = _elements_a_block(unit, view.root.size, grid) <= threads
+        split = split_input(view.root) if unit.how == "root" else None
         for node_id, occs in by_node.items():
             node = occs[0].node
+            if split is not None and node_id == split.id:
+                found.add(node_id)  # a slice of it a block, read by each of the N sums: computed once
+                continue
             cost = inline_cost(node, view, memo)
             if cost < CACHE_COST and not isinstance(node, Reduce):
                 continue
@@ -1498,6 +1506,17 @@ def _cache_candidates(view: TaskView, units: dict, grid: int = 1, threads: int =
         for nid in found
         if view.source_kind(nodes[nid]) == "materialized" or not _reads_inline(nodes[nid], found - {nid}, view, {})
     }
+
+
+def split_input(node: Node) -> Node | None:
+    """The value a split product's partial sums multiply (simplify.SplitProducts: the first
+    operand of its product, through its data movement), or None for anything else."""
+    if not isinstance(node, PartialSums) or not isinstance(node.src, Ew) or node.src.op != "mul":
+        return None
+    value = node.src.args[0]
+    while isinstance(value, Map):
+        value = value.src
+    return value
 
 
 def _reads_inline(node: Node, targets: set, view: TaskView, memo: dict) -> bool:
@@ -1613,6 +1632,8 @@ def _ranges(task: Task, grid: int, threads: int, users: dict, outputs: set) -> l
                 dep = units.get(d)
                 if dep is None or dep.how != "thread" or view.source_kind(dep.node) != "materialized":
                     continue
+                if isinstance(dep.node, PartialSums):
+                    continue  # its readers sum it: publishing the sum would be the level it saves
                 pairs = [enumerate_pairs(o, unit.var, elements) for o in unit.occurrences if o.node.id == d]
                 # only a partitioned reduction (each staged value read by one element) counts:
                 # it is cheaper spread over the grid; a value every element reads is not
@@ -1886,6 +1907,12 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
     for nid, names in destinations.items():
         if any(n not in program.state_of.values() for n in names):
             host_chunk[nid] = max(host_chunk.get(nid, 1), HOST_WRITE_CHUNK)
+    # a split product's partial sums are published where their input is computed, a block for
+    # each slice's N sums (simplify.SplitProducts): the block computes its slice of the input once
+    for node in program.nodes():
+        if isinstance(node, PartialSums):
+            materialized[node.id] = node
+            host_chunk[node.id] = max(host_chunk.get(node.id, 1), node.shape[-1])
     notes: list[str] = []
     for _ in range(512):
         tasks: dict[int, Task] = {}
@@ -1933,6 +1960,7 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
         if (
             nid in outputs
             or nid in pinned
+            or isinstance(node, PartialSums)
             or isinstance(node, (Leaf, *LOOPS))
             or frame_source(node) is not None
             or column_scan(node)
@@ -2146,6 +2174,8 @@ def _moved(
         layouts=task.view.layouts,
     )
     moved.side = list(task.side)
+    if not all(_computes_once(moved, s) for s in moved.side):
+        return task  # on other blocks its side stores would be computed more than once, or not at all
     return moved
 
 
@@ -2296,7 +2326,8 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
                 added = sum(
                     u.span * u.node.k for u in trial.units.values() if u.how == "dot" and u.node.id not in host.units
                 )
-                if added > max(ABSORB_DOT_MACS, _replicated_dot_macs()):
+                # (a split product's partial sums need their input whole on their blocks anyway)
+                if added > max(ABSORB_DOT_MACS, _replicated_dot_macs()) and not isinstance(host.root, PartialSums):
                     continue
                 before = _levels_by_task(current, side_of)
                 for moved in [out_id] + carried:
@@ -2313,19 +2344,49 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
     return side_of
 
 
+def array_partitioned(task: Task, unit: Unit) -> bool:
+    """Whether the blocks of ``task`` compute disjoint ranges of the thread-per-element array
+    ``unit`` (each element once in all): a split product's input, a slice a block
+    (simplify.SplitProducts), whose graph outputs the array's own loop can store."""
+    if unit.how != "thread" or unit.hi is None:
+        return False
+    start = unit._start()
+    live = [(int(start[b]), int(unit.hi[b])) for b in range(len(unit.hi)) if unit.hi[b] > start[b]]
+    live.sort()
+    return bool(live) and all(a[1] <= b[0] for a, b in zip(live, live[1:]))
+
+
+def _computed_elements(task: Task, unit: Unit) -> np.ndarray:
+    """The elements of ``unit`` its task computes: all of a root's; a partitioned array's ranges."""
+    if unit.how == "root":
+        return np.arange(max(task.root.size, 1), dtype=np.int64)
+    start = unit._start()
+    return np.concatenate(
+        [np.arange(start[b], unit.hi[b], dtype=np.int64) for b in range(len(unit.hi)) if unit.hi[b] > start[b]]
+    )
+
+
 def _computes_once(task: Task, node: Node) -> bool:
-    """Whether ``task``'s root computes every element of ``node`` exactly once, across blocks."""
-    root_unit = task.root_unit
+    """Whether ``task`` computes every element of ``node`` exactly once, across blocks: inline in
+    its root, or in a thread-per-element array whose blocks compute disjoint ranges of it."""
+    own = task.units.get(node.id)
+    if own is not None and own.how == "thread" and own.node is node and array_partitioned(task, own):
+        # its own array (a split product's input): stored by the array's loop (codegen)
+        return _computed_elements(task, own).size == node.size
     pairs = []
     for unit in task.units.values():
         for occ in unit.occurrences:
             if occ.node.id != node.id:
                 continue
-            if unit.how != "root":
+            if unit.how != "root" and not (unit.node.id != node.id and array_partitioned(task, unit)):
                 return False
-            p = enumerate_pairs(occ, root_unit.var, max(task.root.size, 1))
+            elements = max(unit.node.size, 1)
+            p = enumerate_pairs(occ, unit.var, elements)
             if p is None:
                 return False
+            if unit.how != "root":
+                keep = np.isin(p[0], _computed_elements(task, unit))
+                p = (p[0][keep], p[1][keep])
             pairs.append(p)
     if not pairs:
         return False

@@ -45,6 +45,7 @@ from framefuse.compiler.ir import (
     Leaf,
     Map,
     Node,
+    PartialSums,
     Program,
     Reduce,
     Scan,
@@ -109,7 +110,7 @@ def with_inputs(node: Node, inputs: list[Node]) -> Node:
     if isinstance(node, Ew):
         return Ew(node.op, inputs, node.params, node.label)
     if isinstance(node, Reduce):
-        return Reduce(node.op, inputs[0], node.axes, node.label)
+        return type(node)(node.op, inputs[0], node.axes, node.label)  # PartialSums stays one
     if isinstance(node, Dot):
         return Dot(inputs[0], node.rows, node.label)
     if isinstance(node, Scan):
@@ -453,6 +454,90 @@ class FoldNorms(Rebuilder):
         # the product reads x as it is and the result takes the product's shape: a reshape of the
         # source would be a copy of x into shared memory (a phase of its own before the products)
         return reshape(out, dot.shape, label)
+
+
+# Split each product of a recurrence's output (an out-projection: every block of the next layer
+# needs its whole result) into partial sums over slices of its contraction axis, computed where
+# the recurrence is and summed by the readers (SplitProducts). Off until timed on a GPU.
+SPLIT_PRODUCTS = False
+# ... into at most this many slices (each reader stages slices x N words) of at least this many
+# columns (a block's share of the recurrence and of the product)
+SPLIT_MAX_SLICES = 16
+SPLIT_MIN_COLUMNS = 16
+# ... for a contraction over at least this many columns
+SPLIT_MIN_K = 64
+
+
+def split_columns(k: int, max_slices: int | None = None, min_columns: int | None = None) -> int | None:
+    """The columns a slice of a split product over ``k`` takes: the least divisor of ``k`` that is
+    at least ``min_columns`` and leaves at most ``max_slices`` slices (None: none does, or k is
+    one slice)."""
+    max_slices = SPLIT_MAX_SLICES if max_slices is None else max_slices
+    min_columns = SPLIT_MIN_COLUMNS if min_columns is None else min_columns
+    for c in range(max(1, min_columns), k):
+        if k % c == 0 and k // c <= max_slices:
+            return c
+    return None
+
+
+def _from_state(node: Node, memo: dict) -> bool:
+    """Whether ``node`` is computed element by element from this step's state through elementwise
+    ops, data movement and reductions (a recurrence's output, an SSM's gated output), not through a
+    product, partial sums or a loop: such a value is spread over the blocks that compute the
+    recurrence, and a product of it is a level of its own unless it is split."""
+    found = memo.get(node.id)
+    if found is not None:
+        return found
+    if isinstance(node, Leaf):
+        found = node.role == "state"
+    elif isinstance(node, (Dot, PartialSums, ir.Recur, ir.DeltaScan, ir.BodyLoop, Scan)):
+        found = False
+    else:
+        found = any(_from_state(i, memo) for i in node.inputs())
+    memo[node.id] = found
+    return found
+
+
+class SplitProducts(Rebuilder):
+    """Dot(h, W) over K → Σ_p PartialSums(h[p-th c columns] · W[:, p-th c columns]) for h computed
+    from this step's state (see _from_state). A product that every block of the next layer needs
+    whole waits for all of h: published by its own task it is a dependency level (~1 us on the
+    H100, level_cost.cu). Split, each block of the recurrence also computes its slice's
+    partial sums of all N outputs, and the readers sum the P slices as they stage them: the
+    product costs no level. Exact up to fp32 rounding (the sum over K in another order)."""
+
+    def __init__(self, program: Program, max_slices: int | None = None, min_columns: int | None = None):
+        super().__init__(program)
+        self.max_slices = max_slices
+        self.min_columns = min_columns
+        self.memo: dict = {}
+
+    def transform(self, node, inputs):
+        node = with_inputs(node, inputs)
+        if not isinstance(node, Dot) or node.k < SPLIT_MIN_K or not _from_state(node.src, self.memo):
+            return node
+        source = node.src
+        while isinstance(source, Map):
+            source = source.src
+        if isinstance(source, Leaf):
+            return node  # the state as it came in (an LSTM's R·h): every block reads it anyway
+        c = split_columns(node.k, self.max_slices, self.min_columns)
+        if c is None:
+            return node
+        k, n, label = node.k, node.n, node.label
+        slices = k // c
+        lead = node.src.shape[:-1]
+        sliced = broadcast_to(reshape(node.src, lead + (slices, 1, c), label), lead + (slices, n, c), label)
+        rows = np.ascontiguousarray(node.rows.reshape(n, slices, c).transpose(1, 0, 2))
+        weight = Leaf("weight", f"{label}.slices", rows.shape, rows, label=f"{label}.slices")
+        terms = Ew("mul", [sliced, broadcast_to(weight, lead + (slices, n, c), label)], label=label)
+        partial = PartialSums("sum", terms, [len(lead) + 2], label=label)
+        return Reduce("sum", partial, [len(lead)], label=label)
+
+
+def split_products(program: Program) -> int:
+    """How many products ``program`` holds as partial sums (SplitProducts)."""
+    return sum(1 for node in program.nodes() if isinstance(node, PartialSums))
 
 
 def _one_value(array: np.ndarray) -> bool:
@@ -1519,6 +1604,7 @@ def simplify(
     compose_input: bool | None = None,
     roll_recurrences: bool | None = None,
     roll_bodies: bool | None = None,
+    split: bool | None = None,
 ) -> Program:
     """The passes in order: slices sink first (composing would hide them inside longer index
     functions), then normalizations fold into their products (before maps compose, while a
@@ -1543,6 +1629,8 @@ def simplify(
             program.notes.append(COMPOSED_NOTE)  # a Program of the pass's own (Rebuilder.run)
     if SCAN_COLUMNS:
         program = ScanColumns(program).run()
+    if SPLIT_PRODUCTS if split is None else split:
+        program = SplitProducts(program).run()
     program = ComposeMaps(program).run()
     program = MergeCommon(program).run()
     return program
@@ -1555,8 +1643,10 @@ __all__ = [
     "PublishFrameScalars",
     "RollRecurrences",
     "ScanColumns",
+    "SplitProducts",
     "composed_inputs",
     "rolled_recurrences",
     "runs_in_columns",
     "simplify",
+    "split_products",
 ]

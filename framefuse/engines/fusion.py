@@ -769,6 +769,17 @@ FEWER_PHASES = {"alias_views": True, "one_pass": True, "recomputed_scalars": 64}
 # jamba 19.42 / 21.14, delta_net 19.10 / 20.25), so the tactic is as it was; fewer-levels itself
 # stayed slower than fewer-phases launched and resident (bench/h200/2026-12-06-s58/).
 STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
+# The fewer phases above, and each product of a recurrence's output that every block of its reader
+# needs whole (an out-projection before the next LayerNorm, mamba's x_proj) split into partial sums
+# over slices of its contraction axis, computed by the blocks that compute the recurrence, a slice
+# a block, and summed by its readers (compiler/simplify.SplitProducts): no level of its own. Levels
+# of the zoo's step kernels at embed 256 on the H100's grid: min_gru, min_lstm, gated_ssm 6 -> 4,
+# jamba 8 -> 6, mamba 10 -> 8 (attention, delta_net, liquid, xlstm, gru, lstm unchanged: declined).
+# The price: the recurrence and its slice of the product on 16 blocks instead of 128, and each
+# reader block staging P x N partial sums (16 x 256) instead of N. Built only where the split
+# schedule has fewer levels: no candidate elsewhere. Not timed on a GPU yet (session 62).
+STEPKERNEL_SPLIT = "stepkernel-split"
+STEPKERNEL_WIDE_SPLIT = "stepkernel-384-threads-split"
 REPLICATED_DOT_MACS = 1 << 15
 FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}
 WIDE_THREADS = 384
@@ -798,6 +809,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, **FEWER_PHASES},
     STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES},
     STEPKERNEL_FEWER_LEVELS: {"copy_pieces": 0, **FEWER_LEVELS},
+    STEPKERNEL_SPLIT: {"copy_pieces": 0, **FEWER_PHASES, "split": True},
+    STEPKERNEL_WIDE_SPLIT: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES, "split": True},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.

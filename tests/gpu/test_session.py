@@ -129,8 +129,11 @@ def test_cupy_frames():
 
 
 def test_driver_replay_matches_torch_replay():
-    torch_mode = _session("lstm")
-    driver_mode = _session("lstm", replay="driver")
+    # one kernel for both: two timed builds may each keep another tactic (session 62 on the H100: a
+    # 1-ulp difference at the first frame), and this compares the replays, not the selections
+    fixed = {"engine_options": {"select": "stepkernel"}}
+    torch_mode = _session("lstm", **fixed)
+    driver_mode = _session("lstm", replay="driver", **fixed)
     frames = _frames(torch_mode, 12)
     for t, frame in enumerate(frames):
         a = torch_mode.step(frame).copy()

@@ -990,3 +990,69 @@ def test_the_views_tactic_small_and_short_launched_and_resident(arch, tactic):
     with Session(launched.engine, budget_ms=None, resident=True) as resident:
         got = np.stack([resident.step(f).copy() for f in frames])
     assert np.array_equal(got, expected, equal_nan=True), f"{arch}: max diff {np.nanmax(np.abs(got - expected))}"
+
+
+SPLIT_ARCHS = ("min_gru", "min_lstm", "gated_ssm", "mamba", "jamba")  # where splitting saves levels
+
+
+@pytest.mark.parametrize(
+    "arch,threads,batch",
+    [(a, 384, 1) for a in SPLIT_ARCHS] + [("min_gru", 256, 3), ("mamba", 256, 3)],
+)
+def test_split_products_match_the_interpreter(arch, threads, batch):
+    """Products of a recurrence's output split into partial sums (simplify.SplitProducts, the
+    stepkernel-split tactics: the recurrence's blocks compute a slice of the product each, its
+    readers sum the slices; the state stored by the slice's array loop), at the benchmark's size
+    (embed 256) on the GPU's whole grid with the tactic's settings: from zero state a random, a
+    random, an all-zero and a NaN frame against the float64 interpreter of the split program, then
+    the tactic's build against ONNX Runtime over 100 chained steps (batch 1)."""
+    import torch
+
+    from framefuse.compiler import lower_program
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.compiler.simplify import split_products
+    from framefuse.engines.fusion import FEWER_PHASES
+    from framefuse.engines.stepkernel import StepKernelPlan
+
+    config = {**FULL, "batch": batch} if batch > 1 else FULL
+    prepared = prepare_cached(arch, config)["step"]
+    program = lower_program(prepared.fused, split=True)
+    assert split_products(program) > 0, arch
+    compiled = CompiledStep(program, device=torch.device("cuda"), threads=threads, **FEWER_PHASES)
+    plan = StepKernelPlan.of(compiled)
+    assert len(list(_edge_frames_from_zero_state(plan, program, 6, f"{arch} split x{batch}"))) == 4
+    if batch == 1:
+        tactic = "stepkernel-384-threads-split" if threads == 384 else "stepkernel-split"
+        frames = np.random.default_rng(8).standard_normal((100, *prepared.input_shapes()["x"])).astype(np.float32)
+        session = _check(prepared, frames, select=tactic)
+        assert session.engine.metadata["selection"]["stepkernel"]["levels"] < lower_levels(prepared, threads)
+
+
+def lower_levels(prepared, threads: int) -> int:
+    """The levels of the fewer-phases tactic's schedule (no split) on this GPU's grid."""
+    import torch
+
+    from framefuse.compiler import lower_program
+    from framefuse.compiler.schedule import schedule
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return schedule(
+        lower_program(prepared.fused, split=False), grid=sms, threads=threads, recomputed_scalars=64
+    ).levels()
+
+
+@pytest.mark.parametrize("arch", ["min_gru", "mamba"])
+def test_split_products_small(arch):
+    """The sanitizers' target for split products (small, short): embed 64 (a contraction of 64,
+    4 slices), 16 blocks, edge frames from zero state against the interpreter."""
+    import torch
+
+    from framefuse.compiler import lower_program
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.compiler.simplify import split_products
+    from framefuse.engines.stepkernel import StepKernelPlan
+
+    program = lower_program(prepare_cached(arch, SMALL)["step"].fused, split=True)
+    assert split_products(program) > 0, arch
+    plan = StepKernelPlan.of(CompiledStep(program, device=torch.device("cuda"), grid=16))
+    assert len(list(_edge_frames_from_zero_state(plan, program, 7, f"{arch} split small"))) == 4
