@@ -120,6 +120,8 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-fewer-phases",
             "stepkernel-384-threads-fewer-phases",
             "stepkernel-fewer-levels",
+            "stepkernel-split",
+            "stepkernel-384-threads-split",
             "cpustep",
             "inductor",
             "inductor-autotune",
@@ -141,7 +143,10 @@ def register(subparsers) -> argparse.ArgumentParser:
         "reductions in one pass of the warps, a root that publishes its one product computed by that "
         "product's lanes, and a head's few scalars recomputed by their readers, stepkernel-fewer-levels: "
         "those, and a product every block of its reader needs whole, "
-        "such as Mamba's x_proj, computed by each of them instead of a level earlier), the step compiler's "
+        "such as Mamba's x_proj, computed by each of them instead of a level earlier; named only, not yet timed "
+        "by default: stepkernel-split / stepkernel-384-threads-split: the fewer phases, and a product of a "
+        "recurrence's output that its readers need whole computed as partial sums by the recurrence's blocks "
+        "and summed by the readers, a level less a layer), the step compiler's "
         "program as one C++ function on the host CPU (cpustep, fp32 builds: small models answer faster there), "
         "the inductor-compiled plan and, when model.onnx sits beside "
         "model.fused.onnx, the unfused graph (plain and compiled) on the GPU, host to host as the session runs "

@@ -777,9 +777,13 @@ STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
 # jamba 8 -> 6, mamba 10 -> 8 (attention, delta_net, liquid, xlstm, gru, lstm unchanged: declined).
 # The price: the recurrence and its slice of the product on 16 blocks instead of 128, and each
 # reader block staging P x N partial sums (16 x 256) instead of N. Built only where the split
-# schedule has fewer levels: no candidate elsewhere. Not timed on a GPU yet (session 62).
+# schedule has fewer levels: no candidate elsewhere. Not timed on a GPU yet (session 62): see
+# UNTIMED_TACTICS.
 STEPKERNEL_SPLIT = "stepkernel-split"
 STEPKERNEL_WIDE_SPLIT = "stepkernel-384-threads-split"
+# Named by select= (bench/microbench/split_products.py), but not among the tactics a timed build
+# tries until a GPU has run them (their kernels are checked under CPU emulation only)
+UNTIMED_TACTICS = (STEPKERNEL_SPLIT, STEPKERNEL_WIDE_SPLIT)
 REPLICATED_DOT_MACS = 1 << 15
 FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}
 WIDE_THREADS = 384
@@ -909,10 +913,11 @@ def stepkernel_tactics(precision: str = "fp32") -> dict[str, dict]:
     build), then, in a precision build, each again with its rows in PRECISION_ROWS[precision]
     where they are stored exactly."""
     widen = {"widen_storage": True} if widens_storage(precision) else {}
-    tactics = {name: {**arguments, **widen} for name, arguments in STEPKERNELS.items()}
+    timed = {name: arguments for name, arguments in STEPKERNELS.items() if name not in UNTIMED_TACTICS}
+    tactics = {name: {**arguments, **widen} for name, arguments in timed.items()}
     narrow = PRECISION_ROWS.get(precision)
     if narrow is not None:
-        for name, arguments in STEPKERNELS.items():
+        for name, arguments in timed.items():
             tactics[candidate_name(name, narrow)] = {
                 **arguments,
                 **widen,
