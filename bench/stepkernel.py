@@ -302,7 +302,7 @@ def trace_arch(arch: str, root: Path, select: str = "stepkernel") -> list:
     from framefuse.engines.fusion import STEPKERNELS
 
     tactic = dict(STEPKERNELS[select])
-    lowering = {k: tactic.pop(k) for k in ("compose_input", "roll_recurrences") if k in tactic}
+    lowering = {k: tactic.pop(k) for k in ("compose_input", "roll_recurrences", "split") if k in tactic}
     program = lower_program(prepared.fused, **lowering)
     compiled = CompiledStep(program, device=torch.device("cuda"), trace=True, **tactic)
     plan = StepKernelPlan.of(compiled)

@@ -2109,6 +2109,8 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             split=bool(split),
         )
         assert (kernel.describe()["split_products"] > 0) is bool(split)
+        # (the readers of 16 x 256 partial sums stage them 16 words a thread in flight)
+        assert ("ffk_ll_stage_wide<NT, " in kernel.source) is bool(split)
         assert kernel.tagged_outputs is bool(tagged)
         assert ("ffk_store_host_word(out0 + " in kernel.source) is bool(tagged)
         assert kernel.settings.alias_views is bool(views) and kernel.settings.one_pass is bool(fewer)

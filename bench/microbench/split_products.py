@@ -58,9 +58,14 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-resident", action="store_true")
+    parser.add_argument("--max-slices", type=int, default=None, help="simplify.SPLIT_MAX_SLICES for this run")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     tactics = args.tactics.split(",")
+    if args.max_slices is not None:
+        from framefuse.compiler import simplify
+
+        simplify.SPLIT_MAX_SLICES = args.max_slices
     root = Path(tempfile.mkdtemp(prefix="framefuse-split-"))
     rows = []
     for arch in args.archs.split(","):

@@ -41,6 +41,7 @@ from framefuse.compiler.ir import (
     Leaf,
     Map,
     Node,
+    PartialSums,
     Recur,
     Reduce,
     Scan,
@@ -1223,12 +1224,15 @@ class Generator:
         dst = ", ".join(self.arr(t, u.node.id) for u in units)
         src = ", ".join(f"ffk_ll + {self.layout.ll[u.node.id]} + lo{u.node.id}" for u in units)
         num = ", ".join(f"hi{u.node.id} - lo{u.node.id}" for u in units)
+        unroll = stage_unroll(units, self.threads)
         code.items += [
             "{",
             f"    float* const sd[{k}] = {{{dst}}};",
             f"    const unsigned long long* const ss[{k}] = {{{src}}};",
             f"    const int sn[{k}] = {{{num}}};",
-            f"    ffk_ll_stage_n<NT, {k}>(sd, ss, sn, epoch);",
+            f"    ffk_ll_stage_n<NT, {k}>(sd, ss, sn, epoch);"
+            if unroll == STAGE_UNROLL
+            else f"    ffk_ll_stage_wide<NT, {k}, {unroll}>(sd, ss, sn, epoch);",
             "}",
         ]
 
@@ -2834,6 +2838,34 @@ class CodeSettings:
         del info["phase_one_pass"], info["root_in_warp"]
         info["one_pass"] = self.one_pass
         return info
+
+
+# Loads each thread issues before it checks any when a block stages flagged words (runtime.cuh's
+# ffk_ll_stage_n: about one L2 round trip per STAGE_UNROLL * threads words; ffk_ll_stage_wide for
+# more) ...
+STAGE_UNROLL = 4
+# ... and at most this many where a phase stages a split product's partial sums (P x N words, 16 x
+# 256 at the zoo's size: 4 round trips at 4 loads a thread of 256, 1 at 16). H100, session 62:
+# split products with 4 were 1.6-2.1x slower in device time (min_gru 9.52 -> 15.66 us, mamba
+# 18.14 -> 38.18), ~3 us a reading level, as four round trips would cost. Not timed yet.
+STAGE_UNROLL_PARTIALS = 16
+# ... where the phase stages at most this many values (ffk_ll_stage_wide finds a word's value by a
+# chain of selects over them at each use: mamba's seven at 384 threads spilled 72-176 bytes)
+STAGE_WIDE_RANGES = 3
+
+
+def stage_unroll(units: list, threads: int) -> int:
+    """The loads in flight a thread for one phase's staged ``units``: STAGE_UNROLL, or, where one is
+    a split product's partial sums and there are at most STAGE_WIDE_RANGES, enough for the phase's
+    words in one pass (a power of two up to STAGE_UNROLL_PARTIALS)."""
+    if not any(isinstance(u.node, PartialSums) for u in units) or len(units) > STAGE_WIDE_RANGES:
+        return STAGE_UNROLL
+    per_block = sum(np.maximum(u.hi - u.lo, 0) for u in units if u.hi is not None)
+    words = int(np.max(per_block)) if np.size(per_block) else 0
+    unroll = STAGE_UNROLL
+    while unroll < STAGE_UNROLL_PARTIALS and unroll * threads < words:
+        unroll *= 2
+    return unroll
 
 
 class _InputRing:

@@ -246,6 +246,11 @@ inline void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long* con
     for (int k = 0; k < K; ++k)
         for (int i = threadIdx.x; i < n[k]; i += NT) dst[k][i] = ffk_ll_wait(src[k] + i, epoch);
 }
+template <int NT, int K, int UNROLL>
+inline void ffk_ll_stage_wide(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
+                              unsigned epoch) {
+    ffk_ll_stage_n<NT, K>(dst, src, n, epoch);
+}
 // cp.async as the worst case the hardware allows: a thread's copies land only when it waits for
 // their commit group (cp.async.wait_group N completes all but the N most recent groups), so a
 // read of shared memory before the wait that covers it sees the NaN the arena starts with.

@@ -777,12 +777,14 @@ STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
 # jamba 8 -> 6, mamba 10 -> 8 (attention, delta_net, liquid, xlstm, gru, lstm unchanged: declined).
 # The price: the recurrence and its slice of the product on 16 blocks instead of 128, and each
 # reader block staging P x N partial sums (16 x 256) instead of N. Built only where the split
-# schedule has fewer levels: no candidate elsewhere. Not timed on a GPU yet (session 62): see
-# UNTIMED_TACTICS.
+# schedule has fewer levels: no candidate elsewhere. H100, session 62 (bench/h100/2026-12-06-s62/g14/),
+# 384 threads, device time fewer-phases / split: min_gru 9.52 / 15.66 us, mamba 18.14 / 38.18 (the
+# readers staged the partial sums in four round trips; mamba's update on 16 blocks): slower, so not
+# timed by a build (UNTIMED_TACTICS) until a GPU shows otherwise.
 STEPKERNEL_SPLIT = "stepkernel-split"
 STEPKERNEL_WIDE_SPLIT = "stepkernel-384-threads-split"
 # Named by select= (bench/microbench/split_products.py), but not among the tactics a timed build
-# tries until a GPU has run them (their kernels are checked under CPU emulation only)
+# tries: measured slower (above)
 UNTIMED_TACTICS = (STEPKERNEL_SPLIT, STEPKERNEL_WIDE_SPLIT)
 REPLICATED_DOT_MACS = 1 << 15
 FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}

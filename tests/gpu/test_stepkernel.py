@@ -1042,17 +1042,22 @@ def lower_levels(prepared, threads: int) -> int:
 
 
 @pytest.mark.parametrize("arch", ["min_gru", "mamba"])
-def test_split_products_small(arch):
-    """The sanitizers' target for split products (small, short): embed 64 (a contraction of 64,
-    4 slices), 16 blocks, edge frames from zero state against the interpreter."""
+def test_split_products_small(monkeypatch, arch):
+    """The sanitizers' target for split products (small, short): embed 64 (a contraction of 64 in
+    8 slices of 8 columns), 16 blocks of 64 threads, so the readers stage 8 x 64 partial sums 8
+    words a thread in flight (runtime.cuh's ffk_ll_stage_wide); edge frames from zero state against
+    the interpreter."""
     import torch
 
-    from framefuse.compiler import lower_program
+    from framefuse.compiler import lower_program, simplify
     from framefuse.compiler.engine import CompiledStep
     from framefuse.compiler.simplify import split_products
     from framefuse.engines.stepkernel import StepKernelPlan
 
+    monkeypatch.setattr(simplify, "SPLIT_MIN_COLUMNS", 8)
     program = lower_program(prepare_cached(arch, SMALL)["step"].fused, split=True)
     assert split_products(program) > 0, arch
-    plan = StepKernelPlan.of(CompiledStep(program, device=torch.device("cuda"), grid=16))
+    compiled = CompiledStep(program, device=torch.device("cuda"), grid=16, threads=64)
+    assert "ffk_ll_stage_wide<NT, " in compiled.kernel.source
+    plan = StepKernelPlan.of(compiled)
     assert len(list(_edge_frames_from_zero_state(plan, program, 7, f"{arch} split small"))) == 4
