@@ -246,6 +246,8 @@ inline void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long* con
     for (int k = 0; k < K; ++k)
         for (int i = threadIdx.x; i < n[k]; i += NT) dst[k][i] = ffk_ll_wait(src[k] + i, epoch);
 }
+// (the GPU's version issues UNROLL loads a thread before it waits; here each word is waited for in
+// turn, as ffk_ll_stage_n does: the same values, the GPU's load order is not emulated)
 template <int NT, int K, int UNROLL>
 inline void ffk_ll_stage_wide(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
                               unsigned epoch) {

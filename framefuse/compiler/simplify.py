@@ -24,9 +24,14 @@
   without an initial state multiply their recurrent weights by a zero state: a product per gate
   that every block computing the layer would run, for zeros.
 
+- **Products of a recurrence's output may split** (``split=True``, the stepkernel-split tactics):
+  into partial sums over slices of their contraction axis, computed where the recurrence is and
+  summed by their readers (SplitProducts; the slices' weights are float32 leaves whatever the
+  build's weight rows).
+
 Each pass keeps the program's meaning exactly (the normalization fold up to fp32 rounding: the
 products sum ``(W∘g)·x`` before subtracting ``m·Σ(W∘g)``); the tests run the reference interpreter
-on the program before and after.
+on the program before and after (a split product up to fp32 rounding too: its sum in another order).
 """
 
 from __future__ import annotations
@@ -458,7 +463,8 @@ class FoldNorms(Rebuilder):
 
 # Split each product of a recurrence's output (an out-projection: every block of the next layer
 # needs its whole result) into partial sums over slices of its contraction axis, computed where
-# the recurrence is and summed by the readers (SplitProducts). Off until timed on a GPU.
+# the recurrence is and summed by the readers (SplitProducts). Off: slower on the H100 as first
+# built (session 62; see compiler/README.md's "Split products"); the stepkernel-split tactics use it.
 SPLIT_PRODUCTS = False
 # ... into at most this many slices (each reader stages slices x N words) of at least this many
 # columns (a block's share of the recurrence and of the product)
