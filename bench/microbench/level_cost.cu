@@ -22,6 +22,14 @@
 //             the hardware's own producer / consumer path between the SMs of a cluster).
 //   unrolled  block mode with the level loop unrolled at compile time (code size x L): the
 //             instruction-cache cost of straight-line code run once per launch.
+//   splitk    a level as a split product (compiler/simplify.SplitProducts, session 62): P blocks,
+//             each holding C = 256/P columns of W, publish the partial sums of all 256 rows over
+//             their columns (256 tagged words a block); every block stages all P x 256 words, sums
+//             them and takes x = tanh(y - mean(y)) (the whole vector, as a LayerNorm needs it),
+//             then computes its partial sums from its own columns of x. What a level costs when
+//             its readers stage P x N words instead of N: `x4` stages them 4 loads a thread at a
+//             time (ffk_ll_stage_n), `wide` all at once (ffk_ll_stage_wide). A split saves a model a
+//             level a layer only if its level costs less than two of block mode's.
 //
 // Build: nvcc -O3 -arch=sm_90 -o level_cost level_cost.cu ; run: ./level_cost [iters]
 #include <cooperative_groups.h>
@@ -174,6 +182,71 @@ __global__ void __launch_bounds__(256, 1) k_warp(const float* W, const float* x0
     }
     __syncthreads();
     if (tid == 0) counters[blockIdx.x] += 1;
+}
+
+// ---- splitk mode: partial sums over a block's columns, every block staging all of them -----------------------
+template <int P, int BATCH>
+__global__ void __launch_bounds__(256, 1) k_splitk(const float* W, const float* x0, float* out,
+                                                    unsigned long long* ll, unsigned long long* counters, int L) {
+    constexpr int C = N / P;        // columns a block
+    constexpr int PER = P * N / 256;  // staged words a thread
+    static_assert(PER % BATCH == 0, "a thread's words in whole batches");
+    extern __shared__ __align__(16) float sm[];
+    __shared__ unsigned s_epoch;
+    __shared__ float s_sums[8];
+    float* w = sm;             // w[n * C + j] = W[n][p * C + j]
+    float* part = w + N * C;   // P x N staged partial sums
+    float* x = part + P * N;   // N
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, p = blockIdx.x;
+    for (int i = tid; i < N * C; i += blockDim.x) w[i] = W[(i / C) * N + p * C + i % C];
+    for (int i = tid; i < N; i += blockDim.x) x[i] = x0[i];
+    const unsigned epoch = next_epoch(counters, &s_epoch);
+    auto whole = [&](const unsigned long long* src) {  // x = tanh(y - mean(y)), y = the P slices' sum
+#pragma unroll
+        for (int b = 0; b < PER / BATCH; ++b) stage<BATCH>(part, src, tid + b * BATCH * 256, 256, epoch);
+        __syncthreads();
+        float y = 0.f;
+#pragma unroll
+        for (int q = 0; q < P; ++q) y += part[q * N + tid];
+        const float total = warp_sum(y);
+        if (lane == 0) s_sums[warp] = total;
+        __syncthreads();
+        float mean = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mean += s_sums[i];
+        mean *= 1.f / N;
+        x[tid] = tanhf(y - mean);
+        __syncthreads();
+    };
+    for (int l = 0; l < L; ++l) {
+        if (l > 0) whole(ll + (size_t)(l - 1) * P * N);
+        float acc = 0.f;  // thread n: row n over this block's columns
+#pragma unroll
+        for (int j = 0; j < C; ++j) acc += w[tid * C + ((j + tid) % C)] * x[p * C + ((j + tid) % C)];
+        ll_store(ll + (size_t)l * P * N + p * N + tid, acc, epoch);
+        __syncthreads();
+    }
+    if (blockIdx.x == 0 && L > 0) {
+        whole(ll + (size_t)(L - 1) * P * N);
+        out[tid] = x[tid];
+    }
+    if (tid == 0) counters[blockIdx.x] += 1;
+}
+
+static std::vector<float> reference_splitk(const std::vector<float>& W, const std::vector<float>& x0, int L) {
+    std::vector<float> x = x0, y(N);
+    for (int l = 0; l < L; ++l) {
+        double mean = 0;
+        for (int r = 0; r < N; ++r) {
+            double acc = 0;
+            for (int k = 0; k < N; ++k) acc += (double)W[r * N + k] * x[k];
+            y[r] = (float)acc;
+            mean += acc;
+        }
+        mean /= N;
+        for (int r = 0; r < N; ++r) x[r] = (float)std::tanh(y[r] - mean);
+    }
+    return x;
 }
 
 // ---- cluster mode: distributed shared memory and a cluster barrier ------------------------------------------
@@ -395,10 +468,11 @@ static double time_graph(Launch launch, int iters) {
     return 1000.0 * ms / iters;
 }
 
-static double check(const Bufs& d, const std::vector<float>& W, const std::vector<float>& x0, int L) {
+static double check(const Bufs& d, const std::vector<float>& W, const std::vector<float>& x0, int L,
+                    bool splitk = false) {
     std::vector<float> got(N);
     CHECK(cudaMemcpy(got.data(), d.out, N * 4, cudaMemcpyDeviceToHost));
-    auto ref = reference(W, x0, L);
+    auto ref = splitk ? reference_splitk(W, x0, L) : reference(W, x0, L);
     double worst = 0;
     for (int i = 0; i < N; ++i) worst = fmax(worst, fabs(got[i] - ref[i]));
     return worst;
@@ -417,29 +491,29 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&d.W, N * N * 4));
     CHECK(cudaMalloc(&d.x0, N * 4));
     CHECK(cudaMalloc(&d.out, N * 4));
-    CHECK(cudaMalloc(&d.ll, MAXL * N * 8));
+    CHECK(cudaMalloc(&d.ll, MAXL * 16 * N * 8));  // splitk: up to 16 slices of N words a level
     CHECK(cudaMalloc(&d.counters, 256 * 8));
     CHECK(cudaMemcpy(d.W, W.data(), N * N * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(d.x0, x0.data(), N * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemset(d.ll, 0, MAXL * N * 8));
+    CHECK(cudaMemset(d.ll, 0, MAXL * 16 * N * 8));
     CHECK(cudaMemset(d.counters, 0, 256 * 8));
     const int Ls[] = {1, 4, 16, 64};
     // epochs restart at 1 for every measurement: flags and launch counters back to 0
     auto reset = [&]() {
         CHECK(cudaMemset(d.out, 0, N * 4));
-        CHECK(cudaMemset(d.ll, 0, MAXL * N * 8));
+        CHECK(cudaMemset(d.ll, 0, MAXL * 16 * N * 8));
         CHECK(cudaMemset(d.counters, 0, 256 * 8));
         CHECK(cudaDeviceSynchronize());
     };
     printf("mode            L=1      L=4     L=16     L=64  us/level(4..64)  max|err|\n");
-    auto row = [&](const char* name, auto run) {
+    auto row = [&](const char* name, auto run, bool splitk = false) {
         double t[4];
         double err = 0;
         for (int i = 0; i < 4; ++i) {
             reset();
             t[i] = time_graph([&](cudaStream_t s) { run(s, Ls[i]); }, iters);
             CHECK(cudaDeviceSynchronize());
-            err = fmax(err, check(d, W, x0, Ls[i]));
+            err = fmax(err, check(d, W, x0, Ls[i], splitk));
         }
         printf("%-12s %8.2f %8.2f %8.2f %8.2f %12.3f %12.2e\n", name, t[0], t[1], t[2], t[3], (t[3] - t[1]) / 60.0, err);
         fflush(stdout);
@@ -473,6 +547,22 @@ int main(int argc, char** argv) {
                check(d, W, x0, 64));
     }
     row("warp 32x8", [&](cudaStream_t s, int L) { k_warp<<<32, 256, 0, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L); });
+    // split products: P blocks, all P x N partial sums staged by every block, 4 loads a thread at a
+    // time or all at once
+    auto splitk_row = [&](const char* name, void (*fn)(const float*, const float*, float*, unsigned long long*,
+                                                       unsigned long long*, int), int P) {
+        const size_t smem = (size_t)(N * (N / P) + P * N + N) * 4;
+        CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        row(
+            name,
+            [&](cudaStream_t s, int L) { fn<<<P, 256, smem, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L); },
+            true);
+    };
+    splitk_row("splitk P16 x4", k_splitk<16, 4>, 16);
+    splitk_row("splitk P16 wide", k_splitk<16, 16>, 16);
+    splitk_row("splitk P8 x4", k_splitk<8, 4>, 8);
+    splitk_row("splitk P8 wide", k_splitk<8, 8>, 8);
+    splitk_row("splitk P4 wide", k_splitk<4, 4>, 4);
     // one cluster of C blocks a launch (k_cluster's and k_mbar's rows)
     auto cluster_row = [&](const char* name, void (*fn)(const float*, const float*, float*, int), int C, size_t smem) {
         CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -3,7 +3,7 @@
 # 1.6-2.1x slower in device time, min_gru 9.52 -> 15.66 us, mamba 18.14 -> 38.18). Session 62 then
 # made the readers stage the P x N partial sums 16 words a thread in flight (runtime.cuh's
 # ffk_ll_stage_wide, codegen.stage_unroll: one L2 round trip instead of four). One call on an H100,
-# from the repository root, after the wheel install (~420 s):
+# from the repository root, after the wheel install (~500 s):
 #   bash bench/pending/2026-12-06-s62/gpu15.sh
 # 1. Traces (bench/stepkernel.py --trace: each task's enter / ready / exit, its phases' cycles) of
 #    min_gru's kernel without and with the split: where the split's time goes.
@@ -15,9 +15,14 @@
 #    code that the CPU's emulation does not run: emu.h stages word by word).
 # Keep the split tactics out of the timed build (fusion.UNTIMED_TACTICS) unless 2 shows them faster
 # launched and resident at p50 and p99 with parity, 3 passes and 4 is clean.
+# 0. level_cost.cu's splitk rows (session 62): what a level costs whose readers stage P x 256
+#    partial sums (P = 16 / 8 / 4, 4 loads a thread at a time or all at once), against block mode's
+#    level (stages 256): a split pays only below two block levels.
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g15
+(cd bench/microbench && nvcc -O3 -arch=sm_90 -o /tmp/level_cost level_cost.cu) && \
+  timeout 100 /tmp/level_cost 1000 2>&1 | tee $OUT/g15/level_cost.log
 for select in stepkernel-384-threads-fewer-phases stepkernel-384-threads-split; do
   timeout 60 python3 bench/stepkernel.py --archs , --trace min_gru --select $select --out $OUT/g15/trace-$select 2>&1 \
     | grep "trace min_gru" | tee -a $OUT/g15/traces.log
