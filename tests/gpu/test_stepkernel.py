@@ -1025,10 +1025,10 @@ def test_split_products_match_the_interpreter(arch, threads, batch):
         tactic = "stepkernel-384-threads-split" if threads == 384 else "stepkernel-split"
         frames = np.random.default_rng(8).standard_normal((100, *prepared.input_shapes()["x"])).astype(np.float32)
         session = _check(prepared, frames, select=tactic)
-        assert session.engine.metadata["selection"]["stepkernel"]["levels"] < lower_levels(prepared, threads)
+        assert session.engine.metadata["selection"]["stepkernel"]["levels"] < _unsplit_levels(prepared, threads)
 
 
-def lower_levels(prepared, threads: int) -> int:
+def _unsplit_levels(prepared, threads: int) -> int:
     """The levels of the fewer-phases tactic's schedule (no split) on this GPU's grid."""
     import torch
 
