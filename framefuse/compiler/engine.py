@@ -101,6 +101,13 @@ class StepSource:
         return int(major) * 10 + int(minor)
 
 
+def _grid_and_smem(props: Mapping, grid: int | None, grid_fraction: float) -> tuple[int, int]:
+    """The blocks of a schedule (``grid``, else ``grid_fraction`` of the SMs) and the shared memory
+    (bytes) a block's arrays may use on a GPU of ``props``."""
+    grid = int(grid or max(1, round(props["sm_count"] * grid_fraction)))
+    return grid, int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
+
+
 def prepare_step(
     program: Program,
     props: Mapping,
@@ -153,8 +160,7 @@ def prepare_step(
         "recomputed_scalars": recomputed_scalars,
         "replicated_dot_macs": replicated_dot_macs,
     }
-    grid = int(grid or max(1, round(props["sm_count"] * grid_fraction)))
-    smem_limit = int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE
+    grid, smem_limit = _grid_and_smem(props, grid, grid_fraction)
     start = time.perf_counter()
     # the same schedule for the tactics that differ only in the code (compiler.memo)
     scalars = {"recomputed_scalars": recomputed_scalars, "replicated_dot_macs": replicated_dot_macs}
@@ -240,8 +246,8 @@ def _split_saves_levels(model_or_path, program: Program, props: Mapping, lowerin
     if plain is program:
         raise CompileError("no product of a recurrence's output to split into partial sums")
     threads = int(arguments.get("threads") or THREADS)
-    grid = int(arguments.get("grid") or max(1, round(props["sm_count"] * arguments.get("grid_fraction", 1.0))))
-    smem = (int(props["max_shared_per_block_optin"]) - STATIC_SMEM_RESERVE) // 8
+    grid, smem_limit = _grid_and_smem(props, arguments.get("grid"), arguments.get("grid_fraction", 1.0))
+    smem = smem_limit // 8
     scalars = {k: arguments.get(k) for k in ("recomputed_scalars", "replicated_dot_macs")}
     before = cached_schedule(plain, grid=grid, threads=threads, smem_floats=smem, **scalars).levels()
     after = cached_schedule(program, grid=grid, threads=threads, smem_floats=smem, **scalars).levels()
