@@ -30,6 +30,12 @@ def _clock_watchdog(source: str) -> str:
     return out
 
 
+def _expect(out: str, source: str, name: str) -> str:
+    if out == source:
+        raise SystemExit(f"{name}: the generated source has nothing this variant changes")
+    return out
+
+
 SOURCE_VARIANTS = {
     "baseline": lambda s: s,
     # the helpers inlined at every call site are most of the code: call them instead
@@ -54,6 +60,47 @@ SOURCE_VARIANTS = {
     ),
     # the flag waits' watchdog as it was before 2026-11-25 (2^31 clock64 cycles, not a count of polls)
     "clock-watchdog": lambda s: _clock_watchdog(s),
+    # where a split product's readers spend their time (session 63; run with --base
+    # stepkernel-384-threads-split): the partial sums staged 4 words a thread at a time instead of
+    # all at once, and, for timing only (their outputs may differ: the row says by how much),
+    # staged without waiting for the current epoch, not staged at all, or with no task waiting
+    # for its prefetched weight rows
+    "stage-wide-8": lambda s: _expect(
+        re.sub(r"ffk_ll_stage_wide<NT, (\d+), \d+>\(", r"ffk_ll_stage_wide<NT, \1, 8>(", s), s, "stage-wide-8"
+    ),
+    "stage-wide-4": lambda s: _expect(
+        re.sub(r"ffk_ll_stage_wide<NT, (\d+), \d+>\(", r"ffk_ll_stage_wide<NT, \1, 4>(", s), s, "stage-wide-4"
+    ),
+    "stage-x4": lambda s: _expect(
+        re.sub(r"ffk_ll_stage_wide<NT, (\d+), \d+>\(", r"ffk_ll_stage_n<NT, \1>(", s), s, "stage-x4"
+    ),
+    "stage-no-wait": lambda s: _expect(
+        s.replace(
+            "if (late && ++polls > FFK_POLL_LIMIT) __trap();\n            } while (late);",
+            "if (late && ++polls > FFK_POLL_LIMIT) __trap();\n            } while (false);",
+        ),
+        s,
+        "stage-no-wait",
+    ),
+    "stage-nothing": lambda s: _expect(
+        re.sub(r"ffk_ll_stage_wide<NT, \d+, \d+>\(sd, ss, sn, epoch\);", "", s), s, "stage-nothing"
+    ),
+    # a split product's partial sums (16 slices of 256 rows) with each thread starting its 16 columns
+    # at its own one: thread e reads weight 16 e + r, so a warp's lanes hit 2 banks 16 deep
+    "skewed-partials": lambda s: _expect(
+        re.sub(
+            r"(\(16 \* \(e (?:/ 256|% 256\) \+ 4096 \* \(e / 256)\) \+ )r1\)",
+            r"\1((r1 + e) & 15))",
+            s,
+        ),
+        s,
+        "skewed-partials",
+    ),
+    "no-copy-wait": lambda s: _expect(
+        re.sub(r"ffk_prefetch_wait(_n)?[<(][^;]*;  // this task's prefetched rows and values have landed", "", s),
+        s,
+        "no-copy-wait",
+    ),
 }
 # compiler settings: (module of framefuse.compiler, constant, value), or a list of them
 # the same source compiled with these NVRTC options instead of the build's (engine.FAST_MATH)
@@ -214,6 +261,9 @@ TACTIC_VARIANTS = {
     "fewer-phases-tactic": "stepkernel-fewer-phases",
     "384-threads-fewer-phases": "stepkernel-384-threads-fewer-phases",
     "fewer-levels-tactic": "stepkernel-fewer-levels",
+    "384-threads-split": "stepkernel-384-threads-split",
+    # ... its partial sums' walks not skewed (as session 62 built it)
+    "384-threads-split-unskewed": ("stepkernel-384-threads-split", {"skewed_sums": False}),
 }
 COST_1_OPS = (
     "attention_weight", "attention_finish", "softsign", "mlstm_igate", "mlstm_denominator", "mlstm_m",
@@ -243,6 +293,12 @@ def main() -> int:
         "for tests/real_models",
     )
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="a tactic of engines.fusion.STEPKERNELS whose kernel the source and compile variants change "
+        "(default: the plain stepkernel's)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     import torch
@@ -270,7 +326,13 @@ def main() -> int:
             prepared = prepare(name, root / arch.replace("/", "-"), {"seq": int(steps or 32)})["sequence"]
         else:
             prepared = prepare(arch, root / arch)["step"]
-        compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
+        if args.base:
+            from framefuse.compiler.engine import compile_step
+            from framefuse.engines.fusion import STEPKERNELS
+
+            compiled = compile_step(prepared.fused, device=torch.device("cuda"), **STEPKERNELS[args.base])
+        else:
+            compiled = CompiledStep(lower_program(prepared.fused), device=torch.device("cuda"))
         plan = StepKernelPlan.of(compiled)
         feeds = example_feeds(plan)
         base_fn = compiled.fn
@@ -285,7 +347,10 @@ def main() -> int:
                 settings, tactic = [], {}
                 for part in parts:
                     if part in TACTIC_VARIANTS:
-                        tactic.update(STEPKERNELS[TACTIC_VARIANTS[part]])
+                        found = TACTIC_VARIANTS[part]
+                        tactic_name, overrides = (found, {}) if isinstance(found, str) else found
+                        tactic.update(STEPKERNELS[tactic_name])
+                        tactic.update(overrides)
                     else:
                         found = SCHEDULE_VARIANTS[part]
                         settings += found if isinstance(found, list) else [found]
@@ -295,9 +360,9 @@ def main() -> int:
                     saved.append((sched_module, constant, getattr(sched_module, constant)))
                     setattr(sched_module, constant, _variant_value(value))
                 try:
-                    compose = tactic.pop("compose_input", None)
+                    lowering = {k: tactic.pop(k, None) for k in ("compose_input", "split")}
                     other = CompiledStep(
-                        lower_program(prepared.fused, compose_input=compose), device=torch.device("cuda"), **tactic
+                        lower_program(prepared.fused, **lowering), device=torch.device("cuda"), **tactic
                     )
                 finally:
                     for sched_module, constant, value in reversed(saved):

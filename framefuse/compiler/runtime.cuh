@@ -142,55 +142,47 @@ FFK_DEVICE void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long*
     }
 }
 // The same with UNROLL words a thread in flight, for a block that stages many (a split product's
-// partial sums: 16 x 256 words, codegen.stage_unroll): it keeps only the words in registers and
-// finds each word's range again when it re-polls or stores it, so 16 words a thread fit beside a
-// kernel's own registers.
-// (range k's base + the index within it, by a chain of selects: no array indexed at run time)
-template <int K, typename T>
-FFK_DEVICE T* ffk_ll_at(int j, T* const (&base)[K], const int (&n)[K]) {
-    T* p = nullptr;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        if (p == nullptr && j < n[k]) p = base[k] + j;
-        j -= n[k];
-    }
-    return p;
-}
+// partial sums: 16 x 256 words, codegen.stage_unroll), range by range. Small on purpose: a step
+// runs this code once, so each of its instructions is fetched cold. The form that found each
+// word's range by a chain of selects, its loads and re-polls unrolled 16 times (2,200
+// instructions in min_gru's head), spent its time on instruction fetch and address arithmetic,
+// not on L2: Nsight Compute's samples there were mostly no_inst, none long_sb (session 63).
 template <int NT, int K, int UNROLL>
 FFK_DEVICE void ffk_ll_stage_wide(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
                                   unsigned epoch) {
-    int total = 0;
+#pragma unroll 1
+    for (int k = 0; k < K; ++k) {
+        const unsigned long long* s = src[0];
+        float* d = dst[0];
+        int m = n[0];
 #pragma unroll
-    for (int k = 0; k < K; ++k) total += n[k];
-    for (int base = 0; base < total; base += NT * UNROLL) {
-        unsigned long long w[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            int j = base + u * NT + (int)threadIdx.x;
-            w[u] = (unsigned long long)epoch << 32;  // past the end: current, never stored
-            if (j < total) {
-                const unsigned long long* p = ffk_ll_at<K>(j, src, n);
-                asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w[u]) : "l"(p) : "memory");
+        for (int q = 1; q < K; ++q) {  // range k by selects: no array indexed at run time
+            if (k == q) {
+                s = src[q];
+                d = dst[q];
+                m = n[q];
             }
         }
-        unsigned polls = 0;
-        bool late = true;
-        while (late) {
-            late = false;
+#pragma unroll 1
+        for (int j = (int)threadIdx.x; j < m; j += NT * UNROLL) {
+            unsigned long long w[UNROLL];
+            unsigned polls = 0;
+            bool late;
+            do {  // a batch late in part is loaded again whole: one copy of the loads in the code
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if ((unsigned)(w[u] >> 32) != epoch) {
-                    const unsigned long long* p = ffk_ll_at<K>(base + u * NT + (int)threadIdx.x, src, n);
-                    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w[u]) : "l"(p) : "memory");
-                    late = true;
+                for (int u = 0; u < UNROLL; ++u) {
+                    w[u] = (unsigned long long)epoch << 32;  // past the end: current, never stored
+                    if (j + u * NT < m)
+                        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w[u]) : "l"(s + j + u * NT) : "memory");
                 }
-            }
-            if (late && ++polls > FFK_POLL_LIMIT) __trap();
-        }
+                late = false;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int j = base + u * NT + (int)threadIdx.x;
-            if (j < total) *ffk_ll_at<K>(j, dst, n) = __uint_as_float((unsigned)w[u]);
+                for (int u = 0; u < UNROLL; ++u) late |= (unsigned)(w[u] >> 32) != epoch;
+                if (late && ++polls > FFK_POLL_LIMIT) __trap();
+            } while (late);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (j + u * NT < m) d[j + u * NT] = __uint_as_float((unsigned)w[u]);
         }
     }
 }

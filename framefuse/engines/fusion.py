@@ -786,6 +786,10 @@ STEPKERNEL_WIDE_SPLIT = "stepkernel-384-threads-split"
 # Named by select= (bench/microbench/split_products.py), but not among the tactics a timed build
 # tries: measured slower (above)
 UNTIMED_TACTICS = (STEPKERNEL_SPLIT, STEPKERNEL_WIDE_SPLIT)
+# ... with the partial sums' walks skewed (codegen.SKEWED_SUM_WALK): thread e of a slice reads
+# weight 16 e + r, which puts a warp's lanes on 2 banks 16 deep; starting each element at its own
+# column, min_gru's split kernel 18.81 -> 17.90 us (session 63, bench/h100/2026-12-06-s63/g16/)
+SPLIT = {"split": True, "skewed_sums": True}
 REPLICATED_DOT_MACS = 1 << 15
 FEWER_LEVELS = {**FEWER_PHASES, "replicated_dot_macs": REPLICATED_DOT_MACS}
 WIDE_THREADS = 384
@@ -815,8 +819,8 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, **FEWER_PHASES},
     STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES},
     STEPKERNEL_FEWER_LEVELS: {"copy_pieces": 0, **FEWER_LEVELS},
-    STEPKERNEL_SPLIT: {"copy_pieces": 0, **FEWER_PHASES, "split": True},
-    STEPKERNEL_WIDE_SPLIT: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES, "split": True},
+    STEPKERNEL_SPLIT: {"copy_pieces": 0, **FEWER_PHASES, **SPLIT},
+    STEPKERNEL_WIDE_SPLIT: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES, **SPLIT},
 }
 # The step compiler's program as one C++ function on the host CPU (compiler/cstep.py,
 # engines/cpustep.py): a candidate of fp32 builds, timed host to host like the others.
