@@ -30,55 +30,58 @@ def _clock_watchdog(source: str) -> str:
     return out
 
 
-# runtime.cuh's ffk_ll_stage_wide range by range (session 63's first rewrite, measured in
-# bench/h100/2026-12-06-s63/g17/): a round trip a range, 3,816 SASS instructions in min_gru's split
-# kernel against the one index space's 4,776
-STAGE_BY_RANGE = """template <int NT, int K, int UNROLL>
+# runtime.cuh's ffk_ll_stage_wide with its K ranges as one index space (session 63, not run on a
+# GPU yet: bench/pending/2026-12-06-s63/gpu18.sh): every word of a thread's batch in flight
+# together, one L2 round trip for up to UNROLL x NT words where the range-by-range form pays one a
+# range (min_gru's split head: three); 4,776 SASS instructions in min_gru's split kernel against 3,816
+STAGE_ONE_SPACE = """template <int K, typename T>
+FFK_DEVICE T* ffk_ll_at(int j, T* const (&base)[K], const int (&n)[K]) {
+    T* p = base[0] + j;  // range k's base + the index within it, by a chain of selects
+#pragma unroll
+    for (int k = 1; k < K; ++k) {
+        j -= n[k - 1];
+        if (j >= 0) p = base[k] + j;
+    }
+    return p;
+}
+template <int NT, int K, int UNROLL>
 FFK_DEVICE void ffk_ll_stage_wide(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
                                   unsigned epoch) {
-#pragma unroll 1
-    for (int k = 0; k < K; ++k) {
-        const unsigned long long* s = src[0];
-        float* d = dst[0];
-        int m = n[0];
+    int total = 0;
 #pragma unroll
-        for (int q = 1; q < K; ++q) {  // range k by selects: no array indexed at run time
-            if (k == q) {
-                s = src[q];
-                d = dst[q];
-                m = n[q];
+    for (int k = 0; k < K; ++k) total += n[k];
+#pragma unroll 1
+    for (int j = (int)threadIdx.x; j < total; j += NT * UNROLL) {
+        unsigned long long w[UNROLL];
+        unsigned polls = 0;
+        bool late;
+        do {  // a batch late in part is loaded again whole: one copy of the loads in the code
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                w[u] = (unsigned long long)epoch << 32;  // past the end: current, never stored
+                if (j + u * NT < total)
+                    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
+                                 : "=l"(w[u])
+                                 : "l"(ffk_ll_at<K>(j + u * NT, src, n))
+                                 : "memory");
             }
-        }
-#pragma unroll 1
-        for (int j = (int)threadIdx.x; j < m; j += NT * UNROLL) {
-            unsigned long long w[UNROLL];
-            unsigned polls = 0;
-            bool late;
-            do {  // a batch late in part is loaded again whole: one copy of the loads in the code
+            late = false;
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    w[u] = (unsigned long long)epoch << 32;  // past the end: current, never stored
-                    if (j + u * NT < m)
-                        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w[u]) : "l"(s + j + u * NT) : "memory");
-                }
-                late = false;
+            for (int u = 0; u < UNROLL; ++u) late |= (unsigned)(w[u] >> 32) != epoch;
+            if (late && ++polls > FFK_POLL_LIMIT) __trap();
+        } while (late);
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u) late |= (unsigned)(w[u] >> 32) != epoch;
-                if (late && ++polls > FFK_POLL_LIMIT) __trap();
-            } while (late);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (j + u * NT < m) d[j + u * NT] = __uint_as_float((unsigned)w[u]);
-        }
+        for (int u = 0; u < UNROLL; ++u)
+            if (j + u * NT < total) *ffk_ll_at<K>(j + u * NT, dst, n) = __uint_as_float((unsigned)w[u]);
     }
 }
 """
 
 
-def _stage_by_range(source: str) -> str:
+def _stage_one_space(source: str) -> str:
     start = source.index("template <int NT, int K, int UNROLL>\nFFK_DEVICE void ffk_ll_stage_wide(")
     end = source.index("FFK_DEVICE unsigned long long ffk_globaltimer()")
-    return source[:start] + STAGE_BY_RANGE + source[end:]
+    return source[:start] + STAGE_ONE_SPACE + source[end:]
 
 
 def _expect(out: str, source: str, name: str) -> str:
@@ -116,7 +119,7 @@ SOURCE_VARIANTS = {
     # all at once, and, for timing only (their outputs may differ: the row says by how much),
     # staged without waiting for the current epoch, not staged at all, or with no task waiting
     # for its prefetched weight rows
-    "stage-by-range": _stage_by_range,
+    "stage-one-space": _stage_one_space,
     "stage-wide-8": lambda s: _expect(
         re.sub(r"ffk_ll_stage_wide<NT, (\d+), \d+>\(", r"ffk_ll_stage_wide<NT, \1, 8>(", s), s, "stage-wide-8"
     ),

@@ -142,52 +142,48 @@ FFK_DEVICE void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long*
     }
 }
 // The same with UNROLL words a thread in flight, for a block that stages many (a split product's
-// partial sums: 16 x 256 words, codegen.stage_unroll): the K ranges as one index space, so the
-// words of all of them are in flight together (one L2 round trip for up to UNROLL * NT words, not
-// one a range). Small on purpose: a step runs this code once, so each instruction is fetched
-// cold. The first form, its loads and re-polls unrolled apart (6,896 SASS instructions in min_gru's
-// split kernel, 2,200 in its head), spent its time on instruction fetch, not on L2 (Nsight
-// Compute: no_inst samples, no long_sb; min_gru 18.81 us against 10.04 with one copy of the
-// loads, session 63).
-template <int K, typename T>
-FFK_DEVICE T* ffk_ll_at(int j, T* const (&base)[K], const int (&n)[K]) {
-    T* p = base[0] + j;  // range k's base + the index within it, by a chain of selects
-#pragma unroll
-    for (int k = 1; k < K; ++k) {
-        j -= n[k - 1];
-        if (j >= 0) p = base[k] + j;
-    }
-    return p;
-}
+// partial sums: 16 x 256 words, codegen.stage_unroll), range by range. Small on purpose: a step
+// runs this code once, so each of its instructions is fetched cold. The form that found each
+// word's range by a chain of selects, its loads and re-polls unrolled 16 times (2,200
+// instructions in min_gru's head), spent its time on instruction fetch and address arithmetic,
+// not on L2: Nsight Compute's samples there were mostly no_inst, none long_sb (session 63).
 template <int NT, int K, int UNROLL>
 FFK_DEVICE void ffk_ll_stage_wide(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
                                   unsigned epoch) {
-    int total = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k) total += n[k];
 #pragma unroll 1
-    for (int j = (int)threadIdx.x; j < total; j += NT * UNROLL) {
-        unsigned long long w[UNROLL];
-        unsigned polls = 0;
-        bool late;
-        do {  // a batch late in part is loaded again whole: one copy of the loads in the code
+    for (int k = 0; k < K; ++k) {
+        const unsigned long long* s = src[0];
+        float* d = dst[0];
+        int m = n[0];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                w[u] = (unsigned long long)epoch << 32;  // past the end: current, never stored
-                if (j + u * NT < total)
-                    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
-                                 : "=l"(w[u])
-                                 : "l"(ffk_ll_at<K>(j + u * NT, src, n))
-                                 : "memory");
+        for (int q = 1; q < K; ++q) {  // range k by selects: no array indexed at run time
+            if (k == q) {
+                s = src[q];
+                d = dst[q];
+                m = n[q];
             }
-            late = false;
+        }
+#pragma unroll 1
+        for (int j = (int)threadIdx.x; j < m; j += NT * UNROLL) {
+            unsigned long long w[UNROLL];
+            unsigned polls = 0;
+            bool late;
+            do {  // a batch late in part is loaded again whole: one copy of the loads in the code
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) late |= (unsigned)(w[u] >> 32) != epoch;
-            if (late && ++polls > FFK_POLL_LIMIT) __trap();
-        } while (late);
+                for (int u = 0; u < UNROLL; ++u) {
+                    w[u] = (unsigned long long)epoch << 32;  // past the end: current, never stored
+                    if (j + u * NT < m)
+                        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w[u]) : "l"(s + j + u * NT) : "memory");
+                }
+                late = false;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (j + u * NT < total) *ffk_ll_at<K>(j + u * NT, dst, n) = __uint_as_float((unsigned)w[u]);
+                for (int u = 0; u < UNROLL; ++u) late |= (unsigned)(w[u] >> 32) != epoch;
+                if (late && ++polls > FFK_POLL_LIMIT) __trap();
+            } while (late);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (j + u * NT < m) d[j + u * NT] = __uint_as_float((unsigned)w[u]);
+        }
     }
 }
 FFK_DEVICE unsigned long long ffk_globaltimer() {

@@ -777,10 +777,12 @@ STEPKERNEL_FEWER_LEVELS = "stepkernel-fewer-levels"
 # jamba 8 -> 6, mamba 10 -> 8 (attention, delta_net, liquid, xlstm, gru, lstm unchanged: declined).
 # The price: the recurrence and its slice of the product on 16 blocks instead of 128, and each
 # reader block staging P x N partial sums (16 x 256) instead of N. Built only where the split
-# schedule has fewer levels: no candidate elsewhere. H100, session 62 (bench/h100/2026-12-06-s62/g14/),
-# 384 threads, device time fewer-phases / split: min_gru 9.52 / 15.66 us, mamba 18.14 / 38.18 (the
-# readers staged the partial sums in four round trips; mamba's update on 16 blocks): slower, so not
-# timed by a build (UNTIMED_TACTICS) until a GPU shows otherwise.
+# schedule has fewer levels: no candidate elsewhere. H100, 384 threads, device time fewer-phases /
+# split: session 62 (bench/h100/2026-12-06-s62/g14/) min_gru 9.52 / 15.66 us, mamba 18.14 / 38.18;
+# session 63 (bench/h100/2026-12-06-s63/g17/, the readers' staging rewritten, the partial sums'
+# walks skewed) min_gru 9.41 / 10.10, min_lstm 9.62 / 11.30, gated_ssm 10.49 / 11.08, jamba
+# 15.78 / 16.80, mamba 17.58 / 27.17, resident p50 slower too (min_gru 10.92 / 12.06): still
+# slower, so not timed by a build (UNTIMED_TACTICS) until a GPU shows otherwise.
 STEPKERNEL_SPLIT = "stepkernel-split"
 STEPKERNEL_WIDE_SPLIT = "stepkernel-384-threads-split"
 # Named by select= (bench/microbench/split_products.py), but not among the tactics a timed build
