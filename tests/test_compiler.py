@@ -150,6 +150,20 @@ def test_split_products_keep_the_meaning(arch):
         np.testing.assert_allclose(b[name], a[name], rtol=2e-5, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("arch", ["attention", "delta_net", "xlstm"])
+def test_split_products_leave_outputs_of_a_whole_state_alone(arch, monkeypatch):
+    """A product of a value each of whose elements reads more than SPLIT_MAX_FANIN state elements
+    (attention's output over its window of keys and values, a delta-rule or mLSTM state's rows) is
+    not split: it saved no level there (engine._split_saves_levels declined all three), and
+    scheduling its partial sums took 12-134 s on a 2-core CPU. Lifting the limit splits them."""
+    from framefuse.compiler import simplify
+
+    prepared = prepare_cached(arch, FULL)["step"]
+    assert simplify.split_products(lower_program(prepared.fused, split=True)) == 0
+    monkeypatch.setattr(simplify, "SPLIT_MAX_FANIN", 1 << 40)
+    assert simplify.split_products(lower_program(prepared.fused, split=True)) > 0
+
+
 def test_lstm_gate_slices_sink_into_four_products():
     """The four ONNX gate slices of W·x + R·h + b become products of H rows each (so a block
     computes only its own elements' gate rows)."""

@@ -472,6 +472,14 @@ SPLIT_MAX_SLICES = 16
 SPLIT_MIN_COLUMNS = 16
 # ... for a contraction over at least this many columns
 SPLIT_MIN_K = 64
+# ... of a value each of whose elements reads at most this many elements of the state (the
+# product of the reductions' extents on its way from the state, _state_fanin): min_gru's,
+# min_lstm's and gated_ssm's recurrence outputs read 1, mamba's gated SSM output 64. Attention's
+# output (65,536: its window of keys and values), delta_net's (262,144) and xLSTM's (4,096) are
+# computed by tasks of their own that the partial sums do not absorb, so splitting their output
+# projections never saved a level (engine._split_saves_levels declined them all), while scheduling
+# their partial sums took 12-134 s on a 2-core CPU (session 63)
+SPLIT_MAX_FANIN = 256
 
 
 def split_columns(k: int, max_slices: int | None = None, min_columns: int | None = None) -> int | None:
@@ -504,6 +512,25 @@ def _from_state(node: Node, memo: dict) -> bool:
     return found
 
 
+def _state_fanin(node: Node, memo: dict) -> int:
+    """How many state elements an element of ``node`` reads at most, through elementwise ops, data
+    movement and reductions (the product of the reductions' extents on a path from the state); 0
+    for a value not computed from the state that way (see _from_state)."""
+    found = memo.get(node.id)
+    if found is not None:
+        return found
+    if isinstance(node, Leaf):
+        found = 1 if node.role == "state" else 0
+    elif isinstance(node, (Dot, PartialSums, ir.Recur, ir.DeltaScan, ir.BodyLoop, Scan)):
+        found = 0
+    else:
+        found = max((_state_fanin(i, memo) for i in node.inputs()), default=0)
+        if found and isinstance(node, Reduce):
+            found *= int(np.prod([node.src.shape[a] for a in node.axes]))
+    memo[node.id] = found
+    return found
+
+
 class SplitProducts(Rebuilder):
     """Dot(h, W) over K → Σ_p PartialSums(h[p-th c columns] · W[:, p-th c columns]) for h computed
     from this step's state (see _from_state). A product that every block of the next layer needs
@@ -517,10 +544,13 @@ class SplitProducts(Rebuilder):
         self.max_slices = max_slices
         self.min_columns = min_columns
         self.memo: dict = {}
+        self.fanin: dict = {}
 
     def transform(self, node, inputs):
         node = with_inputs(node, inputs)
         if not isinstance(node, Dot) or node.k < SPLIT_MIN_K or not _from_state(node.src, self.memo):
+            return node
+        if _state_fanin(node.src, self.fanin) > SPLIT_MAX_FANIN:
             return node
         source = node.src
         while isinstance(source, Map):
