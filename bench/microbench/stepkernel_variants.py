@@ -120,6 +120,13 @@ SOURCE_VARIANTS = {
     # staged without waiting for the current epoch, not staged at all, or with no task waiting
     # for its prefetched weight rows
     "stage-one-space": _stage_one_space,
+    # ... with 32 words a thread in flight (min_gru's head stages 8,448 words: one batch at 384
+    # threads, not two; 167 registers at 384 threads, no spills, 5,536 SASS instructions)
+    "stage-one-space-32": lambda s: _expect(
+        re.sub(r"ffk_ll_stage_wide<NT, (\d+), 16>\(", r"ffk_ll_stage_wide<NT, \1, 32>(", _stage_one_space(s)),
+        _stage_one_space(s),
+        "stage-one-space-32",
+    ),
     "stage-wide-8": lambda s: _expect(
         re.sub(r"ffk_ll_stage_wide<NT, (\d+), \d+>\(", r"ffk_ll_stage_wide<NT, \1, 8>(", s), s, "stage-wide-8"
     ),

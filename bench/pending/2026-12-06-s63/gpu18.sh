@@ -8,7 +8,8 @@
 # instructions in min_gru's split kernel against 3,816). Not run yet (the session's device time
 # ran out on failed starts). One call (~120 s):
 # 1. stepkernel_variants.py --base stepkernel-384-threads-split: range by range (baseline) against
-#    one index space, the partial sums read four at a time (vector-reduce), and fewer-phases;
+#    one index space (16 and 32 words a thread in flight), the partial sums read four at a time
+#    (vector-reduce), and fewer-phases;
 #    min_gru, gated_ssm, jamba, mamba.
 # 2. trace of min_gru's split kernel (range by range), for the phases the next change targets.
 # If stage-one-space is faster: make it runtime.cuh's ffk_ll_stage_wide, then run the split GPU
@@ -18,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g18
 echo "== variants $(date +%T)"
 timeout 200 python3 bench/microbench/stepkernel_variants.py --archs min_gru,gated_ssm,jamba,mamba --base stepkernel-384-threads-split \
-  --variants baseline,stage-one-space,384-threads-split+vector-reduce,baseline,384-threads-fewer-phases \
+  --variants baseline,stage-one-space,stage-one-space-32,384-threads-split+vector-reduce,baseline,384-threads-fewer-phases \
   --out $OUT/g18/variants.json 2>&1 | grep -v Warn | tee $OUT/g18/variants.log
 timeout 40 python3 bench/stepkernel.py --archs , --trace min_gru --select stepkernel-384-threads-split --out /tmp/trace-split 2>&1 \
   | grep "trace min_gru" | tee $OUT/g18/traces.log
