@@ -382,6 +382,35 @@ def test_split_products_emulated_match_the_interpreter(arch, grid, threads, resi
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
 
 
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,grid,threads,resident,races,replicated",
+    [("min_gru", 24, 96, False, False, True), ("mamba", 24, 96, True, True, False)],
+)
+def test_split_sums_kept_emulated_match_the_interpreter(
+    arch, grid, threads, resident, races, replicated, monkeypatch, tmp_path
+):
+    """schedule.SPLIT_SUMS_KEPT: the residual stream after a split output projection (a sum of
+    partial sums) stays materialized, stored by the blocks that sum the slices anyway (min_gru: a
+    side store of a replicated array, by its first block, `if (b == ...)`; mamba: by the root of
+    the task that sums them), so a later reader stages its
+    N words instead of the P x N partial sums; same levels, and the kernel computes what the split
+    program's interpreter does over three chained steps (the resident one under ThreadSanitizer)."""
+    from framefuse.compiler import schedule as schedule_module
+    from framefuse.compiler.codegen import CodeSettings
+
+    program = lower_program(prepare_cached(arch, FULL)["step"].fused, split=True)
+    plain = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
+    monkeypatch.setattr(schedule_module, "SPLIT_SUMS_KEPT", True)
+    sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
+    assert sched.levels() == plain.levels()
+    kernel = generate(sched, settings=CodeSettings.of(None, alias_views=True, one_pass=True), resident=resident)
+    assert bool(re.search(r"if \(b == \d+\) ffk_ll_store\(", kernel.source)) == replicated
+    staged = lambda k: sum(int(m) for m in re.findall(r"ffk_ll_stage_wide<NT, (\d+),", k.source))  # noqa: E731
+    assert staged(kernel) < staged(generate(plain, settings=CodeSettings.of(None, alias_views=True, one_pass=True)))
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
+
+
 def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, feeds=None):
     rng = np.random.default_rng(9)
     first = _feeds(program, rng) if feeds is None else feeds

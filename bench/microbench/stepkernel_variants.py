@@ -239,6 +239,10 @@ SCHEDULE_VARIANTS = {
     # (codegen.DOT_X_IN_REGISTERS: the replicated x_proj of fewer-levels, 48 rows of 512 a block)
     # (time it with the fewer-levels schedule as fewer-levels+x-in-registers)
     "x-in-registers": ("codegen", "DOT_X_IN_REGISTERS", True),
+    # the residual stream after a split output projection kept and side-stored by the blocks that
+    # sum the partial sums (schedule.SPLIT_SUMS_KEPT): a later reader stages N words, not P x N
+    # (time it as 384-threads-split+split-sums-kept)
+    "split-sums-kept": ("schedule", "SPLIT_SUMS_KEPT", True),
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads

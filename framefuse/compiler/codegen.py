@@ -55,6 +55,7 @@ from framefuse.compiler.schedule import (
     Task,
     Unit,
     array_partitioned,
+    array_replicated,
     body_row_stride,
     body_task_plan,
     column_scan,
@@ -66,6 +67,7 @@ from framefuse.compiler.schedule import (
     recur_plan,
     recur_smem_floats,
     recur_smem_parts,
+    replica_store_block,
     stored_flat,
 )
 
@@ -208,11 +210,17 @@ class Generator:
         # computed in them (a split product's input and the state under it: each element once,
         # schedule._computes_once), in the array's own loop instead of where a reader reads them
         self.array_side: dict[int, set[int]] = {}
+        # ... and a replicated array stored as a side store of its own (schedule.SPLIT_SUMS_KEPT:
+        # the residual stream that a split product's readers sum) by one block: uid -> that block
+        self.replica_side: dict[int, dict[int, int]] = {}
         for t, task in enumerate(sched.tasks):
             side = {s.id for s in task.side}
             for unit in task.arrays() if side else ():
                 if array_partitioned(task, unit):
                     self.array_side.setdefault(t, set()).add(unit.node.id)
+                elif unit.node.id in side and array_replicated(task, unit):
+                    self.array_side.setdefault(t, set()).add(unit.node.id)
+                    self.replica_side.setdefault(t, {})[unit.node.id] = replica_store_block(task, unit)
         self.headers: list[Path] = []
         self.input_names = list(self.program.inputs)
         self.state_names = list(self.program.states)
@@ -1244,6 +1252,8 @@ class Generator:
         code.items.append(loop)
         stores = uid in self.array_side.get(t, ())
         em = Emitter(self, t, task, loop, per_thread=True, side={s.id for s in task.side} if stores else None)
+        if uid in self.replica_side.get(t, {}):  # every block computes it whole: one stores it
+            em.store_guard = f"b == {self.replica_side[t][uid]}"
         var = ix.Var("e", max(unit.node.size, 1))
         value = em.value(unit.node, ix.unflatten(var, unit.node.shape), expand_self=True)
         em.top.insert(f"{self.arr(t, uid)}[e - lo{uid}] = {value.text};")
@@ -3252,6 +3262,7 @@ class Emitter:
         self.view = task.view
         self.stack: list[Scope] = [Scope(top)]
         self.side = side or set()
+        self.store_guard: str | None = None  # a condition on the block for the side stores
         self.names = itertools.count()
 
     @property
@@ -3283,6 +3294,7 @@ class Emitter:
         scope.memo[key] = val
         if node is not None and node.id in self.side:
             for stmt in self.gen.stores(node, ix.to_c(flat), name, self.gen.stored_c(node, flat)):
+                stmt = stmt if self.store_guard is None else f"if ({self.store_guard}) {stmt}"
                 scope.insert(self.once(stmt, level))
         return val
 

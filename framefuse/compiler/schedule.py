@@ -105,6 +105,12 @@ DOT_SMALL_MACS = 1 << 14
 # (mamba's recomputed x_proj phase 2,757-3,337 cycles against a level's ~1.3 us); see
 # engines/fusion.STEPKERNEL_FEWER_LEVELS.
 REPLICATED_DOT_MACS = 0
+# A materialized value that sums a split product's partial sums (the residual stream after a split
+# output projection) is kept, not recomputed by each of its readers, where the task that sums the
+# partial sums anyway can store it (a side store: from a replicated array, by its first block):
+# later readers then stage N words instead of P x N (min_gru's split head: 4,352 instead of 8,448).
+# Not run on a GPU yet: off, stepkernel_variants' `split-sums-kept` (session 63)
+SPLIT_SUMS_KEPT = False
 # ... (a product computed by at most this many blocks is published where it is computed)
 FEW_BLOCKS = 8
 # ... except a product of the frame itself needing at most this many a block: published, it is
@@ -1955,12 +1961,16 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
     # Materializing is only ever added while the rules settle; one that a later choice made
     # unnecessary (silu(conv) once conv itself is materialized) costs a level. Drop each
     # non-output that its readers can compute without any rule firing again.
+    # (SPLIT_SUMS_KEPT: a kept sum of partial sums and the values it adds to them stay, so that
+    # the blocks that sum the partial sums can store it without computing those values again)
+    kept_sums = _kept_sums(materialized) if SPLIT_SUMS_KEPT else set()
     for nid in sorted(materialized, reverse=True):
         node = materialized[nid]
         if (
             nid in outputs
             or nid in pinned
             or isinstance(node, PartialSums)
+            or nid in kept_sums
             or isinstance(node, (Leaf, *LOOPS))
             or frame_source(node) is not None
             or column_scan(node)
@@ -1995,7 +2005,8 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
             tasks.pop(nid, None)
             tasks.update(rebuilt)
             notes.append(f"{node.label or node} computed where it is read (its materialization became unnecessary)")
-    side_of = _absorb(tasks, materialized, outputs, grid, threads, users, layouts)
+    sums_first = {nid for nid in kept_sums if nid in materialized and _sums_partials(materialized[nid])}
+    side_of = _absorb(tasks, materialized, outputs, grid, threads, users, layouts, first=sums_first)
     for nid in side_of:
         notes.append(
             f"{materialized[nid].label or materialized[nid]} stored by the task of "
@@ -2049,6 +2060,40 @@ def _task_levels(ordered: list) -> list[int]:
         before = [level[produced_by[n]] for n in task.reads if produced_by.get(n, i) < i]
         level.append(1 + max(before, default=0))
     return level
+
+
+def _kept_sums(materialized: dict) -> set[int]:
+    """The materialized sums of partial sums (_sums_partials) and the materialized values they
+    add to the partial sums (a residual stream's previous value), by id."""
+    kept: set[int] = set()
+    for nid, node in materialized.items():
+        if not _sums_partials(node):
+            continue
+        kept.add(nid)
+        stack = list(node.inputs())
+        while stack:
+            n = stack.pop()
+            if n.id in materialized:
+                kept.add(n.id)
+            elif isinstance(n, (Ew, Map)):
+                stack.extend(n.inputs())
+    return kept
+
+
+def _sums_partials(node: Node) -> bool:
+    """Whether ``node`` sums a product's partial sums (a Reduce over a PartialSums), through
+    elementwise ops and data movement: each of its readers would stage P x N words."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if isinstance(n, Reduce) and isinstance(n.src, PartialSums):
+            return True
+        if isinstance(n, (Ew, Map)):
+            stack.extend(n.inputs())
+    return False
 
 
 def _place(
@@ -2273,10 +2318,21 @@ def _shared_products(tasks: dict, users: dict, outputs: set) -> list[Problem]:
     return problems
 
 
-def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: int, users: dict, layouts: dict) -> dict:
+def _absorb(
+    tasks: dict,
+    materialized: dict,
+    outputs: set,
+    grid: int,
+    threads: int,
+    users: dict,
+    layouts: dict,
+    first: set = frozenset(),
+) -> dict:
     """materialized value id -> id of the task that stores it as a side store (it computes every
     element exactly once anyway). A column scan's task, and a value stored in another order than
-    its own (column_layouts), take no part: the column loop stores nothing but its scan."""
+    its own (column_layouts), take no part: the column loop stores nothing but its scan. The values
+    in ``first`` are tried first (SPLIT_SUMS_KEPT's sums, before the values they add to the partial
+    sums go into their tasks)."""
     side_of: dict[int, int] = {}
     current = dict(tasks)  # host id -> its task as built with what it absorbed so far
 
@@ -2286,7 +2342,7 @@ def _absorb(tasks: dict, materialized: dict, outputs: set, grid: int, threads: i
     changed = True
     while changed:
         changed = False
-        for out_id in sorted(tasks):
+        for out_id in sorted(tasks, key=lambda i: (i not in first, i)):
             if out_id in side_of:
                 continue
             node = materialized[out_id]
@@ -2356,6 +2412,24 @@ def array_partitioned(task: Task, unit: Unit) -> bool:
     return bool(live) and all(a[1] <= b[0] for a, b in zip(live, live[1:]))
 
 
+def array_replicated(task: Task, unit: Unit) -> bool:
+    """Whether every block of ``task`` that computes the thread-per-element array ``unit`` computes
+    all of it (a value every block of the task needs whole: the residual stream that a split
+    product's readers sum), so its first such block can store it (SPLIT_SUMS_KEPT)."""
+    if unit.how != "thread" or unit.hi is None:
+        return False
+    start = unit._start()
+    live = [b for b in range(len(unit.hi)) if unit.hi[b] > start[b]]
+    size = max(unit.node.size, 1)
+    return bool(live) and all(int(start[b]) == 0 and int(unit.hi[b]) == size for b in live)
+
+
+def replica_store_block(task: Task, unit: Unit) -> int:
+    """The block that stores a replicated array's side store: the first that computes it."""
+    start = unit._start()
+    return next(b for b in range(len(unit.hi)) if unit.hi[b] > start[b])
+
+
 def _computed_elements(task: Task, unit: Unit) -> np.ndarray:
     """The elements of ``unit`` its task computes: all of a root's; a partitioned array's ranges."""
     if unit.how == "root":
@@ -2373,6 +2447,8 @@ def _computes_once(task: Task, node: Node) -> bool:
     if own is not None and own.how == "thread" and own.node is node and array_partitioned(task, own):
         # its own array (a split product's input): stored by the array's loop (codegen)
         return _computed_elements(task, own).size == node.size
+    if SPLIT_SUMS_KEPT and own is not None and own.node is node and array_replicated(task, own):
+        return _sums_partials(node)  # stored by the array's loop on one block (codegen)
     pairs = []
     for unit in task.units.values():
         for occ in unit.occurrences:

@@ -9,17 +9,19 @@
 # ran out on failed starts). One call (~120 s):
 # 1. stepkernel_variants.py --base stepkernel-384-threads-split: range by range (baseline) against
 #    one index space (16 and 32 words a thread in flight), the partial sums read four at a time
-#    (vector-reduce), and fewer-phases;
+#    (vector-reduce), the residual stream kept and side-stored by the blocks that sum the partial
+#    sums (split-sums-kept: min_gru's head stages 4,352 words, not 8,448), and fewer-phases;
 #    min_gru, gated_ssm, jamba, mamba.
 # 2. trace of min_gru's split kernel (range by range), for the phases the next change targets.
-# If stage-one-space is faster: make it runtime.cuh's ffk_ll_stage_wide, then run the split GPU
+# If stage-one-space or split-sums-kept is faster: make it the default (runtime.cuh's
+# ffk_ll_stage_wide, or SPLIT_SUMS_KEPT in the split tactics), then run the split GPU
 # tests, memcheck and racecheck of the small cases and split_products.py (as gpu17.sh did).
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g18
 echo "== variants $(date +%T)"
 timeout 200 python3 bench/microbench/stepkernel_variants.py --archs min_gru,gated_ssm,jamba,mamba --base stepkernel-384-threads-split \
-  --variants baseline,stage-one-space,stage-one-space-32,384-threads-split+vector-reduce,baseline,384-threads-fewer-phases \
+  --variants baseline,stage-one-space,stage-one-space-32,384-threads-split+split-sums-kept,384-threads-split+vector-reduce,baseline,384-threads-fewer-phases \
   --out $OUT/g18/variants.json 2>&1 | grep -v Warn | tee $OUT/g18/variants.log
 timeout 40 python3 bench/stepkernel.py --archs , --trace min_gru --select stepkernel-384-threads-split --out /tmp/trace-split 2>&1 \
   | grep "trace min_gru" | tee $OUT/g18/traces.log
