@@ -1251,8 +1251,12 @@ class Generator:
         code.items.append(_ONCE)
         code.items.append(loop)
         stores = uid in self.array_side.get(t, ())
-        em = Emitter(self, t, task, loop, per_thread=True, side={s.id for s in task.side} if stores else None)
-        if uid in self.replica_side.get(t, {}):  # every block computes it whole: one stores it
+        replica = uid in self.replica_side.get(t, {})
+        # a replicated array stores only itself here (the task's other side stores stay where
+        # they are stored once), and every block computes it whole: one block stores it
+        side = {uid} if replica else {s.id for s in task.side} if stores else None
+        em = Emitter(self, t, task, loop, per_thread=True, side=side)
+        if replica:
             em.store_guard = f"b == {self.replica_side[t][uid]}"
         var = ix.Var("e", max(unit.node.size, 1))
         value = em.value(unit.node, ix.unflatten(var, unit.node.shape), expand_self=True)
