@@ -1963,7 +1963,8 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
     # non-output that its readers can compute without any rule firing again.
     # (SPLIT_SUMS_KEPT: a kept sum of partial sums and the values it adds to them stay, so that
     # the blocks that sum the partial sums can store it without computing those values again)
-    kept_sums = _kept_sums(materialized) if SPLIT_SUMS_KEPT else set()
+    sums = {nid for nid, node in materialized.items() if _sums_partials(node)} if SPLIT_SUMS_KEPT else set()
+    kept_sums = _with_added_values(sums, materialized)
     for nid in sorted(materialized, reverse=True):
         node = materialized[nid]
         if (
@@ -2005,8 +2006,7 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
             tasks.pop(nid, None)
             tasks.update(rebuilt)
             notes.append(f"{node.label or node} computed where it is read (its materialization became unnecessary)")
-    sums_first = {nid for nid in kept_sums if nid in materialized and _sums_partials(materialized[nid])}
-    side_of = _absorb(tasks, materialized, outputs, grid, threads, users, layouts, first=sums_first)
+    side_of = _absorb(tasks, materialized, outputs, grid, threads, users, layouts, first=sums)
     for nid in side_of:
         notes.append(
             f"{materialized[nid].label or materialized[nid]} stored by the task of "
@@ -2062,15 +2062,12 @@ def _task_levels(ordered: list) -> list[int]:
     return level
 
 
-def _kept_sums(materialized: dict) -> set[int]:
-    """The materialized sums of partial sums (_sums_partials) and the materialized values they
-    add to the partial sums (a residual stream's previous value), by id."""
-    kept: set[int] = set()
-    for nid, node in materialized.items():
-        if not _sums_partials(node):
-            continue
-        kept.add(nid)
-        stack = list(node.inputs())
+def _with_added_values(sums: set[int], materialized: dict) -> set[int]:
+    """The materialized sums of partial sums ``sums`` (ids) and the materialized values they add
+    to the partial sums (a residual stream's previous value)."""
+    kept = set(sums)
+    for nid in sums:
+        stack = list(materialized[nid].inputs())
         while stack:
             n = stack.pop()
             if n.id in materialized:

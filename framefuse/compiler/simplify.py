@@ -494,28 +494,13 @@ def split_columns(k: int, max_slices: int | None = None, min_columns: int | None
     return None
 
 
-def _from_state(node: Node, memo: dict) -> bool:
-    """Whether ``node`` is computed element by element from this step's state through elementwise
-    ops, data movement and reductions (a recurrence's output, an SSM's gated output), not through a
-    product, partial sums or a loop: such a value is spread over the blocks that compute the
-    recurrence, and a product of it is a level of its own unless it is split."""
-    found = memo.get(node.id)
-    if found is not None:
-        return found
-    if isinstance(node, Leaf):
-        found = node.role == "state"
-    elif isinstance(node, (Dot, PartialSums, ir.Recur, ir.DeltaScan, ir.BodyLoop, Scan)):
-        found = False
-    else:
-        found = any(_from_state(i, memo) for i in node.inputs())
-    memo[node.id] = found
-    return found
-
-
 def _state_fanin(node: Node, memo: dict) -> int:
-    """How many state elements an element of ``node`` reads at most, through elementwise ops, data
-    movement and reductions (the product of the reductions' extents on a path from the state); 0
-    for a value not computed from the state that way (see _from_state)."""
+    """How many state elements an element of ``node`` reads at most (the product of the
+    reductions' extents on a path from the state), for a value computed element by element from
+    this step's state through elementwise ops, data movement and reductions (a recurrence's
+    output, an SSM's gated output): such a value is spread over the blocks that compute the
+    recurrence, and a product of it is a level of its own unless it is split. 0 for a value
+    computed through a product, partial sums or a loop, or not from the state."""
     found = memo.get(node.id)
     if found is not None:
         return found
@@ -533,7 +518,7 @@ def _state_fanin(node: Node, memo: dict) -> int:
 
 class SplitProducts(Rebuilder):
     """Dot(h, W) over K → Σ_p PartialSums(h[p-th c columns] · W[:, p-th c columns]) for h computed
-    from this step's state (see _from_state). A product that every block of the next layer needs
+    from this step's state (see _state_fanin). A product that every block of the next layer needs
     whole waits for all of h: published by its own task it is a dependency level (~1 us on the
     H100, level_cost.cu). Split, each block of the recurrence also computes its slice's
     partial sums of all N outputs, and the readers sum the P slices as they stage them: the
@@ -544,13 +529,12 @@ class SplitProducts(Rebuilder):
         self.max_slices = max_slices
         self.min_columns = min_columns
         self.memo: dict = {}
-        self.fanin: dict = {}
 
     def transform(self, node, inputs):
         node = with_inputs(node, inputs)
-        if not isinstance(node, Dot) or node.k < SPLIT_MIN_K or not _from_state(node.src, self.memo):
+        if not isinstance(node, Dot) or node.k < SPLIT_MIN_K:
             return node
-        if _state_fanin(node.src, self.fanin) > SPLIT_MAX_FANIN:
+        if not 0 < _state_fanin(node.src, self.memo) <= SPLIT_MAX_FANIN:
             return node
         source = node.src
         while isinstance(source, Map):
