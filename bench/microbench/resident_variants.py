@@ -34,15 +34,25 @@ VARIANTS = {
     # write outputs. A setting of the launched kernel too (the engine is built again with it), so
     # its launched step is timed beside as "launched-tagged-outputs".
     "tagged-outputs": (True, True, True, False, True),
+    # session 64: tagged outputs with the head's outputs in chunks of 16 / 32 floats a block
+    # (schedule.HOST_WRITE_CHUNK, 8): a block's words are whole 128-byte host lines (16) or the
+    # whole head on one block (32), not two blocks' words in one line
+    "tagged-outputs-16": (True, True, True, False, True),
+    "tagged-outputs-32": (True, True, True, False, True),
 }
+# schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
+# is built again (tagged outputs) may set it
+HOST_WRITE_CHUNKS = {"tagged-outputs-16": 16, "tagged-outputs-32": 32}
 
 
-def _settings(codegen, values) -> None:
+def _settings(codegen, values, host_write_chunk: int) -> None:
+    from framefuse.compiler import schedule
     from framefuse.engines import stepkernel
 
     codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY, codegen.RESIDENT_TAGGED_FRAMES = values[:3]
     stepkernel.RESIDENT_WRITE_COMBINED_FRAMES = values[3]
     codegen.TAGGED_OUTPUTS = values[4]
+    schedule.HOST_WRITE_CHUNK = host_write_chunk
 
 
 def main() -> int:
@@ -50,7 +60,7 @@ def main() -> int:
 
     from e2e import measure
 
-    from framefuse.compiler import codegen
+    from framefuse.compiler import codegen, schedule
     from framefuse.engines import cuda_graph, hostpath
     from framefuse.runtime.pipeline import prepare
     from framefuse.runtime.session import Session
@@ -68,6 +78,10 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     root = Path(tempfile.mkdtemp(prefix="framefuse-rv-"))
+    chunk = schedule.HOST_WRITE_CHUNK
+    for name in args.variants.split(","):
+        if name in HOST_WRITE_CHUNKS and not VARIANTS[name][4]:
+            raise SystemExit(f"{name}: a host write chunk needs an engine built again (tagged outputs)")
     for arch in args.archs.split(","):
         prepared = prepare(arch, root / arch)["step"]
         engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
@@ -81,7 +95,7 @@ def main() -> int:
         row = {"arch": arch, "launched": [], **{name: [] for name in variants}}
         sessions = {}
         for name in variants:
-            _settings(codegen, VARIANTS[name])
+            _settings(codegen, VARIANTS[name], HOST_WRITE_CHUNKS.get(name, chunk))
             if VARIANTS[name][4]:  # the launched kernel's setting too: an engine of its own
                 tagged_engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
                 assert tagged_engine.default_plan.compiled.kernel.tagged_outputs
@@ -103,7 +117,7 @@ def main() -> int:
             session.close()
             session.reset()
             sessions[name] = session
-        _settings(codegen, VARIANTS["default"])
+        _settings(codegen, VARIANTS["default"], chunk)
         compiled._resident_fn = None
         for sms in [int(v) for v in args.sms.split(",") if v]:
             name = f"sms-{sms}"

@@ -243,6 +243,10 @@ SCHEDULE_VARIANTS = {
     # sum the partial sums (schedule.SPLIT_SUMS_KEPT): a later reader stages N words, not P x N
     # (time it as 384-threads-split+split-sums-kept)
     "split-sums-kept": ("schedule", "SPLIT_SUMS_KEPT", True),
+    # a split product in at most 8 / 4 slices (simplify.SPLIT_MAX_SLICES, 16): each reader stages
+    # 8 / 4 x N partial sums, the recurrence on 8 / 4 blocks (time it as 384-threads-split+split-slices-8)
+    "split-slices-8": ("simplify", "SPLIT_MAX_SLICES", 8),
+    "split-slices-4": ("simplify", "SPLIT_MAX_SLICES", 4),
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads

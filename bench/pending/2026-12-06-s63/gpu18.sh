@@ -20,9 +20,12 @@ set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g18
 echo "== variants $(date +%T)"
-timeout 200 python3 bench/microbench/stepkernel_variants.py --archs min_gru,gated_ssm,jamba,mamba --base stepkernel-384-threads-split \
-  --variants baseline,stage-one-space,stage-one-space-32,384-threads-split+split-sums-kept,384-threads-split+vector-reduce,baseline,384-threads-fewer-phases \
+timeout 300 python3 bench/microbench/stepkernel_variants.py --archs min_gru,gated_ssm,jamba,mamba --base stepkernel-384-threads-split \
+  --variants baseline,stage-one-space,stage-one-space-32,384-threads-split+split-sums-kept,384-threads-split+vector-reduce,384-threads-split+split-slices-8,384-threads-split+split-slices-4,384-threads-split+split-slices-8+split-sums-kept,baseline,384-threads-fewer-phases \
   --out $OUT/g18/variants.json 2>&1 | grep -v Warn | tee $OUT/g18/variants.log
-timeout 40 python3 bench/stepkernel.py --archs , --trace min_gru --select stepkernel-384-threads-split --out /tmp/trace-split 2>&1 \
-  | grep "trace min_gru" | tee $OUT/g18/traces.log
+timeout 70 python3 bench/stepkernel.py --archs , --trace min_gru,mamba --select stepkernel-384-threads-split --out /tmp/trace-split 2>&1 \
+  | grep -E "trace (min_gru|mamba)" | tee $OUT/g18/traces.log
+echo "== split GPU tests (jamba's split program changed in session 63) $(date +%T)"
+timeout 90 python3 -m pytest -v -m gpu -k "split" tests/gpu/test_stepkernel.py -p no:cacheprovider > $OUT/g18/tests.log 2>&1
+echo "rc=$? $(date +%T)"; grep -E " (PASSED|FAILED|ERROR)" $OUT/g18/tests.log | sed "s/.*:://"; tail -2 $OUT/g18/tests.log
 echo "done $(date +%T)"
