@@ -1053,6 +1053,25 @@ def test_tagged_outputs_emulated_match_the_interpreter(monkeypatch, arch, reside
 
 
 @needs_cxx
+@pytest.mark.parametrize("chunk", [16, 32])
+def test_tagged_outputs_in_whole_host_lines_emulated(monkeypatch, chunk, tmp_path):
+    """The head's outputs written in chunks of 16 / 32 floats a block (schedule.HOST_WRITE_CHUNK,
+    resident_variants.py's tagged-outputs-16 / -32): a block's tagged words are whole 128-byte host
+    lines, or the whole head is one block's; the resident kernel's words carry each step's values
+    (min_gru at the benchmark's size, its 32 outputs)."""
+    from framefuse.compiler import schedule as schedule_module
+
+    program = lower_program(prepare_cached("min_gru", FULL)["step"].fused)
+    monkeypatch.setattr(schedule_module, "HOST_WRITE_CHUNK", chunk)
+    sched = schedule(program, grid=24, threads=96, recomputed_scalars=64)
+    (out,) = [node for name, node in program.outputs.items() if name not in program.state_of.values()]
+    head = sched.tasks[sched.producer[out.id]]
+    assert (head.blocks, head.chunk) == (32 // chunk, chunk)
+    kernel = generate(sched, resident=True, tagged_outputs=True)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path)
+
+
+@needs_cxx
 @pytest.mark.parametrize("arch", ["gru", "attention"])
 def test_resident_kernel_of_a_graph_without_state_emulated(arch, tmp_path):
     """A window without state kept resident (Session.step of a sequence-form graph): every frame's
