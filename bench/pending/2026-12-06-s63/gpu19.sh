@@ -10,7 +10,7 @@ set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g19
 echo "== resident variants $(date +%T)"
-timeout 420 python3 bench/microbench/resident_variants.py --archs mamba,min_gru,gated_ssm,min_lstm --rounds 3 \
+timeout 300 python3 bench/microbench/resident_variants.py --archs min_gru,mamba,gated_ssm,min_lstm --rounds 3 \
   --variants default,tagged-outputs,tagged-outputs-16,tagged-outputs-32 --sms 66,33 --out $OUT/g19/resident.json 2>&1 \
   | grep -v Warn | tee $OUT/g19/resident.log
 echo "done $(date +%T)"
