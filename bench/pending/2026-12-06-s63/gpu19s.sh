@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Session 64: gpu19.sh cut to what fits little device time (~150 s): tail_roundtrip.cu, then
+# resident_variants.py on min_gru and mamba only (tagged outputs in chunks of 8 / 16 / 32, 66 SMs).
+set -u
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+mkdir -p $OUT/g19
+echo "== tail_roundtrip $(date +%T)"
+nvcc -O3 -arch=sm_90 -Xcompiler -march=native -o /tmp/tail_roundtrip bench/microbench/tail_roundtrip.cu \
+  && timeout 60 /tmp/tail_roundtrip 2>&1 | tee $OUT/g19/tail_roundtrip.log
+echo "== resident variants $(date +%T)"
+timeout 150 python3 bench/microbench/resident_variants.py --archs min_gru,mamba --rounds 3 \
+  --variants default,tagged-outputs,tagged-outputs-16,tagged-outputs-32 --sms 66 --out $OUT/g19/resident.json 2>&1 \
+  | grep -v Warn | tee $OUT/g19/resident.log
+echo "done $(date +%T)"
