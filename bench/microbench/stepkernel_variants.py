@@ -183,6 +183,8 @@ FEWER_PHASES_SETTINGS = [
 SCHEDULE_VARIANTS = {
     "host-write-8": ("schedule", "HOST_WRITE_CHUNK", 8),
     "host-write-4": ("schedule", "HOST_WRITE_CHUNK", 4),
+    "host-write-2": ("schedule", "HOST_WRITE_CHUNK", 2),
+    "host-write-16": ("schedule", "HOST_WRITE_CHUNK", 16),
     "scalar-cached": ("schedule", "SCALAR_RECOMPUTE_COST", -1),
     "prefetch-by-block": ("codegen", "PREFETCH_BY_WARP", False),
     "prologue-all-groups": ("codegen", "PROLOGUE_GROUPS", 1000),
@@ -247,6 +249,9 @@ SCHEDULE_VARIANTS = {
     # 8 / 4 x N partial sums, the recurrence on 8 / 4 blocks (time it as 384-threads-split+split-slices-8)
     "split-slices-8": ("simplify", "SPLIT_MAX_SLICES", 8),
     "split-slices-4": ("simplify", "SPLIT_MAX_SLICES", 4),
+    # outputs as tagged words, no system fence or done word for the blocks that only write outputs
+    # (codegen.TAGGED_OUTPUTS)
+    "tagged-outputs": ("codegen", "TAGGED_OUTPUTS", True),
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads
@@ -351,6 +356,10 @@ def _variant_value(value):
     return value
 
 
+# the program less its last level, whose values the host would compute (compiler/tail.py: the
+# frontier values written to host memory instead; outputs compared on the states only). Joined to
+# the others with "+" (384-threads-fewer-phases+tagged-outputs+host-tail)
+HOST_TAIL = "host-tail"
 VARIANTS = {**SOURCE_VARIANTS, **COMPILE_VARIANTS, **SCHEDULE_VARIANTS}
 
 
@@ -409,6 +418,8 @@ def main() -> int:
         reference = None
         for name in args.variants.split(","):
             parts = name.split("+")
+            host_tail = HOST_TAIL in parts
+            parts = [p for p in parts if p != HOST_TAIL]
             if all(p in SCHEDULE_VARIANTS or p in TACTIC_VARIANTS for p in parts):
                 import importlib
 
@@ -431,9 +442,17 @@ def main() -> int:
                     setattr(sched_module, constant, _variant_value(value))
                 try:
                     lowering = {k: tactic.pop(k, None) for k in ("compose_input", "split")}
-                    other = CompiledStep(
-                        lower_program(prepared.fused, **lowering), device=torch.device("cuda"), **tactic
-                    )
+                    program = lower_program(prepared.fused, **lowering)
+                    if host_tail:
+                        from framefuse.compiler.tail import split_host_tail
+
+                        whole = CompiledStep(program, device=torch.device("cuda"), **tactic)
+                        cut = split_host_tail(program, whole.schedule)
+                        if isinstance(cut, str):
+                            print(f"{arch} {name}: no host tail: {cut}", flush=True)
+                            continue
+                        program = cut.device
+                    other = CompiledStep(program, device=torch.device("cuda"), **tactic)
                 finally:
                     for sched_module, constant, value in reversed(saved):
                         setattr(sched_module, constant, value)
@@ -442,7 +461,11 @@ def main() -> int:
                 outs = {k: v.clone() for k, v in other_plan.execute(feeds).items()}
                 torch.cuda.synchronize()
                 # None: no baseline ran before this variant in this process, so there is nothing to compare
-                diff = max(float((outs[k] - reference[k]).abs().max()) for k in outs) if reference else None
+                diff = (
+                    max(float((outs[k] - reference[k]).abs().max()) for k in outs if k in reference)
+                    if reference
+                    else None
+                )
                 row = {
                     "arch": arch,
                     "variant": name,
