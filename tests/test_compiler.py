@@ -1071,6 +1071,93 @@ def test_tagged_outputs_in_whole_host_lines_emulated(monkeypatch, chunk, tmp_pat
     _emulate_against_interpreter(kernel, program, 3, tmp_path)
 
 
+@pytest.mark.parametrize("arch", ["min_gru", "gated_ssm", "mamba"])
+def test_host_tail_cuts_the_last_level(arch):
+    """compiler/tail.py: the program less its last level (the head: LayerNorm + 32 products of
+    256) and that level as a program of its own over the frontier values: one level fewer on the
+    GPU; the two composed compute what the whole program does (the interpreter, and the tail as
+    cstep's C++ function)."""
+    from framefuse.compiler import cstep
+    from framefuse.compiler.tail import TAIL_PREFIX, split_host_tail
+
+    program = lower_program(prepare_cached(arch, FULL)["step"].fused)
+    sched = schedule(program, grid=132, threads=384, recomputed_scalars=64)
+    cut = split_host_tail(program, sched)
+    assert not isinstance(cut, str), cut
+    assert cut.macs == 32 * 256 and all(name.startswith(TAIL_PREFIX) for name in cut.frontier)
+    assert set(cut.tail.inputs) == set(cut.frontier)
+    assert not cut.tail.states and set(cut.device.states) == set(program.states)
+    assert schedule(cut.device, grid=132, threads=384, recomputed_scalars=64).levels() == sched.levels() - 1
+    rng = np.random.default_rng(4)
+    feeds = {
+        n: rng.standard_normal(leaf.shape).astype(np.float32)
+        for n, leaf in {**program.inputs, **program.states}.items()
+    }
+    whole = naive.run(program, feeds)
+    device = naive.run(cut.device, feeds)
+    for name in program.state_of.values():
+        assert np.array_equal(device[name], whole[name]), name
+    tail = naive.run(cut.tail, {name: device[name] for name in cut.frontier})
+    on_host = (
+        cstep.Runner(cstep.generate(cut.tail)).run({name: device[name] for name in cut.frontier})
+        if cstep.compiler()
+        else tail
+    )
+    for name, value in tail.items():
+        _close(value, whole[name], f"{name} (interpreted tail)", tol=1e-6)
+        _close(on_host[name], whole[name], f"{name} (the tail's C++ function)", tol=1e-5)
+
+
+def test_host_tail_declines_naming_the_reason():
+    """A tail past HOST_TAIL_MAX_MACS, and a program without state (a window: its whole step
+    would be the head), are declined with the reason; nothing is cut."""
+    from framefuse.compiler.tail import split_host_tail
+
+    program = lower_program(prepare_cached("min_gru", FULL)["step"].fused)
+    sched = schedule(program, grid=132, threads=384, recomputed_scalars=64)
+    assert split_host_tail(program, sched, max_macs=4096) == (
+        "the last level holds 8192 multiply-adds (more than HOST_TAIL_MAX_MACS = 4096)"
+    )
+    _, window = _sequence_program("gru", {**SMALL, "seq": 4})
+    assert split_host_tail(window, schedule(window, grid=3, threads=64)) == (
+        "a program without state: its whole step is the head"
+    )
+
+
+@needs_cxx
+def test_host_tail_device_kernel_emulated_with_the_tail_on_the_host(tmp_path):
+    """The device program's resident kernel (tagged outputs: the frontier values written to host
+    memory as words) emulated over three chained steps, each step's frontier values through the
+    tail's C++ function: the whole program's outputs (the interpreter's), min_gru at the
+    benchmark's size."""
+    from framefuse.compiler import cstep
+    from framefuse.compiler.tail import split_host_tail
+
+    if cstep.compiler() is None:
+        pytest.skip("no C++ compiler for the tail's function")
+    program = lower_program(prepare_cached("min_gru", FULL)["step"].fused)
+    cut = split_host_tail(program, schedule(program, grid=24, threads=96, recomputed_scalars=64))
+    assert not isinstance(cut, str), cut
+    kernel = generate(
+        schedule(cut.device, grid=24, threads=96, recomputed_scalars=64), resident=True, tagged_outputs=True
+    )
+    rng = np.random.default_rng(5)
+    steps = 3
+    frames = {n: rng.standard_normal((steps, *leaf.shape)).astype(np.float32) for n, leaf in program.inputs.items()}
+    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
+    outputs, final = emulate(kernel, frames, state, steps=steps, workdir=tmp_path)
+    tail = cstep.Runner(cstep.generate(cut.tail))
+    expected_state = dict(state)
+    for step in range(steps):
+        expected = naive.run(program, {**{n: frames[n][step] for n in frames}, **expected_state})
+        answer = tail.run({name: outputs[name][step] for name in cut.frontier})
+        for name in answer:
+            _close(answer[name], expected[name], f"{name} step {step}", tol=1e-5)
+        expected_state = {s: expected[program.state_of[s]] for s in program.states}
+    for name, value in expected_state.items():
+        _close(final[name], value, f"state {name}", tol=1e-5)
+
+
 @needs_cxx
 @pytest.mark.parametrize("arch", ["gru", "attention"])
 def test_resident_kernel_of_a_graph_without_state_emulated(arch, tmp_path):
