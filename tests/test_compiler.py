@@ -1071,12 +1071,14 @@ def test_tagged_outputs_in_whole_host_lines_emulated(monkeypatch, chunk, tmp_pat
     _emulate_against_interpreter(kernel, program, 3, tmp_path)
 
 
-@pytest.mark.parametrize("arch", ["min_gru", "gated_ssm", "mamba"])
+@pytest.mark.parametrize("arch", ["min_gru", "gated_ssm", "mamba", "lstm"])
 def test_host_tail_cuts_the_last_level(arch):
     """compiler/tail.py: the program less its last level (the head: LayerNorm + 32 products of
     256) and that level as a program of its own over the frontier values: one level fewer on the
-    GPU; the two composed compute what the whole program does (the interpreter, and the tail as
-    cstep's C++ function)."""
+    GPU (lstm's too: its frontier values are written by the blocks that compute them, not moved
+    onto blocks of HOST_WRITE_CHUNK floats, which would cost its residual sum the LSTM cell it
+    absorbs); the two composed compute what the whole program does (the interpreter, and the tail
+    as cstep's C++ function)."""
     from framefuse.compiler import cstep
     from framefuse.compiler.tail import TAIL_PREFIX, split_host_tail
 

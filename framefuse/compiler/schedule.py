@@ -64,6 +64,7 @@ from framefuse.compiler.ir import (
     Scan,
 )
 from framefuse.compiler.ops import EW
+from framefuse.compiler.tail import TAIL_PREFIX
 
 # An inline value read by more than one element is cached in shared memory when its inline cost
 # (elementwise ops; a reduction counts its extent) reaches this, or when it is a reduction.
@@ -1911,7 +1912,10 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
         materialized[source.id] = source
         host_chunk[source.id] = HOST_READ_CHUNK
     for nid, names in destinations.items():
-        if any(n not in program.state_of.values() for n in names):
+        # a host tail's frontier values (compiler/tail.py) are written where they are computed:
+        # chunks of HOST_WRITE_CHUNK would move the task that computes them onto fewer blocks, and
+        # gru's and lstm's cut lose their level to it (their residual sums absorb the cells)
+        if any(n not in program.state_of.values() and not n.startswith(TAIL_PREFIX) for n in names):
             host_chunk[nid] = max(host_chunk.get(nid, 1), HOST_WRITE_CHUNK)
     # a split product's partial sums are published where their input is computed, a block for
     # each slice's N sums (simplify.SplitProducts): the block computes its slice of the input once
