@@ -23,7 +23,13 @@ def _build_flags(source: Path) -> list[str]:
 
 
 def test_every_microbenchmark_is_listed():
-    assert {s.name for s in SOURCES} >= {"level_cost.cu", "recur_position.cu", "poll_latency.cu", "host_roundtrip.cu"}
+    assert {s.name for s in SOURCES} >= {
+        "level_cost.cu",
+        "recur_position.cu",
+        "poll_latency.cu",
+        "host_roundtrip.cu",
+        "tail_roundtrip.cu",
+    }
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
