@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Session 64: gpu19.sh cut to what fits little device time (~150 s): tail_roundtrip.cu, then
-# the device time of kernels less their last level (compiler/tail.py's device program: the host
-# would compute the head), then resident_variants.py on min_gru and mamba only (tagged outputs in
-# chunks of 8 / 16, 66 SMs).
+# Session 64, issue 18 (~270 s): the head on the host (compiler/tail.py), then tagged outputs.
+# 1. tail_roundtrip.cu: the transport alone, the head as a level of its own (4 or 1 head blocks)
+#    vs 124 blocks writing y's words to host memory and the host computing the head.
+# 2. host_tail.py: resident Session-style frames (hostpath.c's frame call) of the whole program's
+#    kernel vs the kernel less its last level + the tail's C++ function, both with tagged outputs,
+#    p50 / p99, outputs compared over 200 frames.
+# 3. resident_variants.py on min_gru and mamba: tagged outputs in host-write chunks of 8 / 16
+#    (mamba's p99 in session 62), the default kernel on 66 SMs.
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g19
 echo "== tail_roundtrip $(date +%T)"
 nvcc -O3 -arch=sm_90 -Xcompiler -march=native -o /tmp/tail_roundtrip bench/microbench/tail_roundtrip.cu \
   && timeout 60 /tmp/tail_roundtrip 2>&1 | tee $OUT/g19/tail_roundtrip.log
-echo "== host tail: the kernel less its last level $(date +%T)"
-timeout 100 python3 bench/microbench/stepkernel_variants.py --archs min_gru,gru,mamba --base stepkernel-384-threads-fewer-phases \
-  --variants baseline,384-threads-fewer-phases+host-tail,384-threads-fewer-phases+tagged-outputs,384-threads-fewer-phases+tagged-outputs+host-tail,baseline \
-  --out $OUT/g19/host_tail.json 2>&1 | grep -v Warn | tee $OUT/g19/host_tail.log
+echo "== host_tail.py $(date +%T)"
+timeout 120 python3 bench/microbench/host_tail.py --archs min_gru,gru,gated_ssm,mamba --out $OUT/g19/host_tail.json 2>&1 \
+  | grep -v Warn | tee $OUT/g19/host_tail.log
 echo "== resident variants $(date +%T)"
-timeout 120 python3 bench/microbench/resident_variants.py --archs min_gru,mamba --rounds 3 \
+timeout 110 python3 bench/microbench/resident_variants.py --archs min_gru,mamba --rounds 3 \
   --variants default,tagged-outputs,tagged-outputs-16 --sms 66 --out $OUT/g19/resident.json 2>&1 \
   | grep -v Warn | tee $OUT/g19/resident.log
 echo "done $(date +%T)"
