@@ -1090,6 +1090,7 @@ def test_host_tail_cuts_the_last_level(arch):
     assert set(cut.tail.inputs) == set(cut.frontier)
     assert not cut.tail.states and set(cut.device.states) == set(program.states)
     assert schedule(cut.device, grid=132, threads=384, recomputed_scalars=64).levels() == sched.levels() - 1
+    assert cut.levels == sched.levels() - 1
     rng = np.random.default_rng(4)
     feeds = {
         n: rng.standard_normal(leaf.shape).astype(np.float32)
@@ -1111,14 +1112,26 @@ def test_host_tail_cuts_the_last_level(arch):
 
 
 def test_host_tail_declines_naming_the_reason():
-    """A tail past HOST_TAIL_MAX_MACS, and a program without state (a window: its whole step
-    would be the head), are declined with the reason; nothing is cut."""
+    """A tail past HOST_TAIL_MAX_MACS, a frontier past HOST_TAIL_MAX_FLOATS (a split program's
+    head reads the partial sums), a cut that saves no level (xLSTM's device program schedules into
+    more levels than the whole) and a program without state (a window: its whole step would be the
+    head) are declined with the reason; nothing is cut."""
     from framefuse.compiler.tail import split_host_tail
 
-    program = lower_program(prepare_cached("min_gru", FULL)["step"].fused)
+    fused = prepare_cached("min_gru", FULL)["step"].fused
+    program = lower_program(fused)
     sched = schedule(program, grid=132, threads=384, recomputed_scalars=64)
     assert split_host_tail(program, sched, max_macs=4096) == (
         "the last level holds 8192 multiply-adds (more than HOST_TAIL_MAX_MACS = 4096)"
+    )
+    split = lower_program(fused, split=True)
+    assert split_host_tail(split, schedule(split, grid=132, threads=384, recomputed_scalars=64)) == (
+        "the last level reads 8448 floats of 3 value(s) (more than HOST_TAIL_MAX_FLOATS = 1024 to write to "
+        "host memory a step)"
+    )
+    xlstm = lower_program(prepare_cached("xlstm", FULL)["step"].fused)
+    assert split_host_tail(xlstm, schedule(xlstm, grid=132, threads=384, recomputed_scalars=64)) == (
+        "the program less its last level schedules into 9 levels, not fewer than 8"
     )
     _, window = _sequence_program("gru", {**SMALL, "seq": 4})
     assert split_host_tail(window, schedule(window, grid=3, threads=64)) == (

@@ -15,14 +15,18 @@ graph outputs that are not states (the head), and the materialized values they r
 frontier: y, or y's parts). The device program computes the states and the frontier values (as
 outputs of their own, named ``TAIL_PREFIX`` + k); the tail program reads the frontier values (and
 the frame, where the head reads it) as inputs and computes the graph's other outputs. Declined,
-with the reason: a head that reads a state, a graph output computed outside the last level, a
-tail of more than ``HOST_TAIL_MAX_MACS`` multiply-adds (attention's, xLSTM's and delta_net's last
-level holds their last output projection too: 139,264), a program with no such level.
+with the reason: a head that stores or reads a state itself, a graph output computed outside the
+last level, a program without state, a tail of more than ``HOST_TAIL_MAX_MACS`` multiply-adds or
+a frontier of more than ``HOST_TAIL_MAX_FLOATS`` floats (a split program's head reads partial
+sums: 8,448), and a device program that schedules into as many levels as the whole (xLSTM).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from framefuse.compiler.ir import Dot, Leaf, Node, Program
 from framefuse.compiler.simplify import with_inputs
@@ -31,6 +35,9 @@ TAIL_PREFIX = "__tail."
 # Multiply-adds a host tail may hold: a zoo head is 8,192 (32 x 256); an AVX2 core takes ~0.1-0.3 us
 # for that in vectors (tail_roundtrip.cu's "host head alone" row says on the GPU's host)
 HOST_TAIL_MAX_MACS = 16384
+# ... and frontier floats the GPU writes to host memory a step (gated_ssm's head reads 3 x 256; a
+# split program's head reads partial sums, 16 x 256 a product: declined)
+HOST_TAIL_MAX_FLOATS = 1024
 
 
 @dataclass
@@ -39,16 +46,28 @@ class HostTail:
     tail: Program  # the frontier values (and graph inputs) in, the graph's other outputs out
     frontier: dict[str, Node]  # TAIL_PREFIX + k -> the node of the whole program it stands for
     macs: int  # the tail's multiply-adds
+    levels: int  # the device program's, scheduled as the whole program was (fewer than the whole's)
 
 
 def _macs(program: Program) -> int:
     return sum(int(n.rows.size) for n in program.nodes() if isinstance(n, Dot))
 
 
-def split_host_tail(program: Program, sched, max_macs: int | None = None) -> HostTail | str:
+def split_host_tail(
+    program: Program,
+    sched,
+    max_macs: int | None = None,
+    max_floats: int | None = None,
+    reschedule: Callable[[Program], object] | None = None,
+) -> HostTail | str:
     """The program cut before its last level (see the module's docstring), or why not (a line
-    naming the node). ``sched``: a schedule.Schedule of ``program``."""
+    naming the node). ``sched``: a schedule.Schedule of ``program``; ``max_macs`` /
+    ``max_floats``: HOST_TAIL_MAX_MACS / HOST_TAIL_MAX_FLOATS where None; ``reschedule``: how the
+    device program is scheduled to count its levels (default: schedule.schedule with ``sched``'s
+    sizes and settings; an engine passes its own shared-memory budget): a cut that saves no level
+    is declined."""
     max_macs = HOST_TAIL_MAX_MACS if max_macs is None else max_macs
+    max_floats = HOST_TAIL_MAX_FLOATS if max_floats is None else max_floats
     state_outputs = set(program.state_of.values())
     graph_outputs = {name: node for name, node in program.outputs.items() if name not in state_outputs}
     if not graph_outputs:
@@ -79,6 +98,12 @@ def split_host_tail(program: Program, sched, max_macs: int | None = None) -> Hos
             if nid not in frontier_ids:
                 frontier_ids.append(nid)
     frontier = {f"{TAIL_PREFIX}{k}": sched.materialized[nid] for k, nid in enumerate(frontier_ids)}
+    floats = sum(int(np.prod(node.shape)) for node in frontier.values())
+    if floats > max_floats:
+        return (
+            f"the last level reads {floats} floats of {len(frontier)} value(s) "
+            f"(more than HOST_TAIL_MAX_FLOATS = {max_floats} to write to host memory a step)"
+        )
     leaves = {
         node.id: Leaf("input", name, node.shape, label=f"{name} ({node.label})") for name, node in frontier.items()
     }
@@ -105,4 +130,21 @@ def split_host_tail(program: Program, sched, max_macs: int | None = None) -> Hos
     device_outputs = {name: program.outputs[name] for name in state_outputs} | frontier
     device = Program(program.inputs, program.states, device_outputs, dict(program.state_of), program.source)
     device.notes = [*program.notes, f"the last level ({len(head)} task(s), {macs} multiply-adds) on the host"]
-    return HostTail(device, tail_program, frontier, macs)
+    if reschedule is None:
+        from framefuse.compiler.schedule import schedule
+
+        def reschedule(p: Program):
+            return schedule(
+                p,
+                grid=sched.grid,
+                threads=sched.threads,
+                replica_floats=sched.replica_floats,
+                recomputed_scalars=sched.recomputed_scalars,
+                replicated_dot_macs=sched.replicated_dot_macs,
+            )
+
+    levels = reschedule(device).levels()
+    if levels >= top:
+        # xLSTM at embed 256: its frontier values as host outputs schedule into 9 levels, not 7
+        return f"the program less its last level schedules into {levels} levels, not fewer than {top}"
+    return HostTail(device, tail_program, frontier, macs, levels)
