@@ -1102,7 +1102,7 @@ def test_host_tail_cuts_the_last_level(arch):
         assert np.array_equal(device[name], whole[name]), name
     tail = naive.run(cut.tail, {name: device[name] for name in cut.frontier})
     on_host = (
-        cstep.Runner(cstep.generate(cut.tail)).run({name: device[name] for name in cut.frontier})
+        cstep.Runner(cstep.generate(cut.tail, lanes=True)).run({name: device[name] for name in cut.frontier})
         if cstep.compiler()
         else tail
     )
@@ -1161,7 +1161,7 @@ def test_host_tail_device_kernel_emulated_with_the_tail_on_the_host(tmp_path):
     frames = {n: rng.standard_normal((steps, *leaf.shape)).astype(np.float32) for n, leaf in program.inputs.items()}
     state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
     outputs, final = emulate(kernel, frames, state, steps=steps, workdir=tmp_path)
-    tail = cstep.Runner(cstep.generate(cut.tail))
+    tail = cstep.Runner(cstep.generate(cut.tail, lanes=True))
     expected_state = dict(state)
     for step in range(steps):
         expected = naive.run(program, {**{n: frames[n][step] for n in frames}, **expected_state})

@@ -102,7 +102,7 @@ def main() -> int:
             print(f"{arch}: no host tail: {cut}", flush=True)
             continue
         cut_step = CompiledStep(cut.device, device=device, **tactic)
-        tail = cstep.Runner(cstep.generate(cut.tail))
+        tail = cstep.Runner(cstep.generate(cut.tail, lanes=True))
         b_whole, b_cut = _binding(whole, program), _binding(cut_step, cut.device)
         # the tail reads the frontier floats where the binding unpacks them: no copy
         tail.inputs = {name: b_cut.host_out[name] for name in tail.step.input_names}

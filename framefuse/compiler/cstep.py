@@ -169,6 +169,9 @@ class CStep:
         }
 
 
+REDUCE_LANES = 8  # generate(lanes=True): a sum's lanes
+
+
 def _aligned(n: int) -> int:
     return (n + ALIGN_FLOATS - 1) // ALIGN_FLOATS * ALIGN_FLOATS
 
@@ -196,8 +199,9 @@ class _Generator:
     products, reductions, concatenations, elementwise values with several users or read by a
     product or a reduction, and outputs that other nodes read."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, lanes: bool = False):
         self.program = program
+        self.lanes = lanes
         self.lines: list[str] = []
         self.blob: list[np.ndarray] = []
         self.blob_floats = 0
@@ -320,6 +324,26 @@ class _Generator:
         heads, pad = _loops(variables)
         if node.op in ("max", "min"):  # from the first element (NaN-propagating ffk_max / ffk_min)
             body = [f"{pad}float acc = {first};", f"{pad}for (int r = 1; r < {node.extent}; ++r) {step}"]
+        elif self.lanes and node.extent >= 2 * REDUCE_LANES:
+            # REDUCE_LANES sums (products), lane l over r = l mod REDUCE_LANES, then the lanes
+            # pairwise: a fixed order, so the same answer every call; no chain of extent dependent adds
+            start = "0.0f" if node.op == "sum" else "1.0f"
+            op = "+" if node.op == "sum" else "*"
+            whole = node.extent - node.extent % REDUCE_LANES
+            lane = [f"lane[{i}]" for i in range(REDUCE_LANES)]
+            while len(lane) > 1:
+                lane = [f"({lane[i]} {op} {lane[i + 1]})" for i in range(0, len(lane), 2)]
+            body = [
+                f"{pad}float lane[{REDUCE_LANES}];",
+                f"{pad}for (int l = 0; l < {REDUCE_LANES}; ++l) lane[l] = {start};",
+                f"{pad}for (int r0 = 0; r0 < {whole}; r0 += {REDUCE_LANES})",
+                f"{pad}    for (int l = 0; l < {REDUCE_LANES}; ++l) {{",
+                f"{pad}        const int r = r0 + l;",
+                f"{pad}        lane[l] = lane[l] {op} {read};",
+                f"{pad}    }}",
+                f"{pad}for (int r = {whole}; r < {node.extent}; ++r) lane[0] = lane[0] {op} {read};",
+                f"{pad}float acc = {lane[0]};",
+            ]
         else:
             body = [f"{pad}float acc = {'0.0f' if node.op == 'sum' else '1.0f'};"]
             body.append(f"{pad}for (int r = 0; r < {node.extent}; ++r) {step}")
@@ -364,6 +388,23 @@ class _Generator:
                 body.append(f"{inner}for (int c0 = {first}; c0 < {first + width * count}; c0 += {width}) {{")
             else:
                 body += [f"{inner}{{", f"{inner}    const int c0 = {first};"]
+            if self.lanes and vectors < 8 and k >= 32 and k % 2 == 0:
+                # fewer than 8 vectors of outputs: the k loop in two halves, each its own chains
+                # (8 in all to hide the add's latency), the halves added at the end
+                half = k // 2
+                x_hi = self.expr(node.src, outer + [ix.add(j, ix.const(half))])
+                body += [
+                    f"{inner}    ffc_v8 " + ", ".join(f"a{v} = {{}}, b{v} = {{}}" for v in range(vectors)) + ";",
+                    f"{inner}    for (int j = 0; j < {half}; ++j) {{",
+                    f"{inner}        const float x = {x}, y = {x_hi};",
+                    f"{inner}        const float* const row = rows + j * {n} + c0;",
+                    *[f"{inner}        a{v} += x * ffc_load8(row + {8 * v});" for v in range(vectors)],
+                    *[f"{inner}        b{v} += y * ffc_load8(row + {half * n + 8 * v});" for v in range(vectors)],
+                    f"{inner}    }}",
+                    *[f"{inner}    ffc_store8(o + c0 + {8 * v}, a{v} + b{v});" for v in range(vectors)],
+                    f"{inner}}}",
+                ]
+                continue
             body += [
                 f"{inner}    ffc_v8 " + ", ".join(f"a{v} = {{}}" for v in range(vectors)) + ";",
                 f"{inner}    for (int j = 0; j < {k}; ++j) {{",
@@ -450,9 +491,13 @@ class _Generator:
         )
 
 
-def generate(program: Program) -> CStep:
-    """The C++ step of ``program``; CompileError naming the node it cannot run."""
-    return _Generator(program).generate()
+def generate(program: Program, lanes: bool = False) -> CStep:
+    """The C++ step of ``program``; CompileError naming the node it cannot run. ``lanes``: sums of
+    at least 2 x REDUCE_LANES elements in REDUCE_LANES lanes and products of fewer than 64 outputs
+    over two halves of k, each its own chains (reassociated, in a fixed order: a host tail's
+    head, compiler/tail.py, whose LayerNorm sums were chains of 256 dependent adds); off: every
+    sum in index order, as the CPU step engine runs."""
+    return _Generator(program, lanes).generate()
 
 
 # -- building and running -------------------------------------------------------------------------
