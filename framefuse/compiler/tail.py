@@ -32,8 +32,9 @@ from framefuse.compiler.ir import Dot, Leaf, Node, Program
 from framefuse.compiler.simplify import with_inputs
 
 TAIL_PREFIX = "__tail."
-# Multiply-adds a host tail may hold: a zoo head is 8,192 (32 x 256); an AVX2 core takes ~0.1-0.3 us
-# for that in vectors (tail_roundtrip.cu's "host head alone" row says on the GPU's host)
+# Multiply-adds a host tail may hold: a zoo head is 8,192 (32 x 256), its function (cstep's, in
+# lanes) 0.37-0.48 us p50 on the CI machine's CPU with its LayerNorm (tail_roundtrip.cu's "host head
+# alone" row and host_tail.py's tail_ns say on the GPU's host)
 HOST_TAIL_MAX_MACS = 16384
 # ... and frontier floats the GPU writes to host memory a step (gated_ssm's head reads 3 x 256; a
 # split program's head reads partial sums, 16 x 256 a product: declined)
@@ -74,13 +75,13 @@ def split_host_tail(
         return "no graph output other than the states"
     if not program.states:
         return "a program without state: its whole step is the head"
-    levels = sched.task_levels()
-    top = max(levels, default=0)
+    task_levels = sched.task_levels()
+    top = max(task_levels, default=0)
     if top < 2:
         return "one level: nothing left on the GPU before the head"
     output_ids = {node.id for node in graph_outputs.values()}
     state_ids = {program.outputs[name].id for name in state_outputs}
-    head = [i for i, task in enumerate(sched.tasks) if levels[i] == top and task.root.id in output_ids]
+    head = [i for i, task in enumerate(sched.tasks) if task_levels[i] == top and task.root.id in output_ids]
     if not head:
         return f"the last level ({top}) computes no graph output"
     for i in head:
@@ -145,6 +146,6 @@ def split_host_tail(
 
     levels = reschedule(device).levels()
     if levels >= top:
-        # xLSTM at embed 256: its frontier values as host outputs schedule into 9 levels, not 7
+        # xLSTM at embed 256: with its frontier values as host outputs, 9 levels against the whole's 8
         return f"the program less its last level schedules into {levels} levels, not fewer than {top}"
     return HostTail(device, tail_program, frontier, macs, levels)
