@@ -388,31 +388,27 @@ class _Generator:
                 body.append(f"{inner}for (int c0 = {first}; c0 < {first + width * count}; c0 += {width}) {{")
             else:
                 body += [f"{inner}{{", f"{inner}    const int c0 = {first};"]
-            if self.lanes and vectors < 8 and k >= 32 and k % 2 == 0:
-                # fewer than 8 vectors of outputs: the k loop in two halves, each its own chains
-                # (8 in all to hide the add's latency), the halves added at the end
-                half = k // 2
-                x_hi = self.expr(node.src, outer + [ix.add(j, ix.const(half))])
-                body += [
-                    f"{inner}    ffc_v8 " + ", ".join(f"a{v} = {{}}, b{v} = {{}}" for v in range(vectors)) + ";",
-                    f"{inner}    for (int j = 0; j < {half}; ++j) {{",
-                    f"{inner}        const float x = {x}, y = {x_hi};",
-                    f"{inner}        const float* const row = rows + j * {n} + c0;",
-                    *[f"{inner}        a{v} += x * ffc_load8(row + {8 * v});" for v in range(vectors)],
-                    *[f"{inner}        b{v} += y * ffc_load8(row + {half * n + 8 * v});" for v in range(vectors)],
-                    f"{inner}    }}",
-                    *[f"{inner}    ffc_store8(o + c0 + {8 * v}, a{v} + b{v});" for v in range(vectors)],
-                    f"{inner}}}",
-                ]
-                continue
+            # in lanes, fewer than 8 vectors of outputs: the k loop in two halves, each its own
+            # chains (8 in all to hide the add's latency), the halves added at the end
+            halves = 2 if self.lanes and vectors < 8 and k >= 32 and k % 2 == 0 else 1
+            span = k // halves
+            chains = ["a", "b"][:halves]
+            xs = [x] + [self.expr(node.src, outer + [ix.add(j, ix.const(span))])] * (halves - 1)
             body += [
-                f"{inner}    ffc_v8 " + ", ".join(f"a{v} = {{}}" for v in range(vectors)) + ";",
-                f"{inner}    for (int j = 0; j < {k}; ++j) {{",
-                f"{inner}        const float x = {x};",
+                f"{inner}    ffc_v8 " + ", ".join(f"{c}{v} = {{}}" for v in range(vectors) for c in chains) + ";",
+                f"{inner}    for (int j = 0; j < {span}; ++j) {{",
+                f"{inner}        const float " + ", ".join(f"{name} = {e}" for name, e in zip("xy", xs)) + ";",
                 f"{inner}        const float* const row = rows + j * {n} + c0;",
-                *[f"{inner}        a{v} += x * ffc_load8(row + {8 * v});" for v in range(vectors)],
+                *[
+                    f"{inner}        {c}{v} += {name} * ffc_load8(row + {h * span * n + 8 * v});"
+                    for h, (c, name) in enumerate(zip(chains, "xy"))
+                    for v in range(vectors)
+                ],
                 f"{inner}    }}",
-                *[f"{inner}    ffc_store8(o + c0 + {8 * v}, a{v});" for v in range(vectors)],
+                *[
+                    f"{inner}    ffc_store8(o + c0 + {8 * v}, {' + '.join(f'{c}{v}' for c in chains)});"
+                    for v in range(vectors)
+                ],
                 f"{inner}}}",
             ]
         if n > full:
