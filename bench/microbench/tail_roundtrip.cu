@@ -33,25 +33,12 @@
 #include <vector>
 
 #include "check.cuh"
+#include "tagged_words.cuh"
 
-static const unsigned long long POLL_LIMIT = 1ull << 30;  // a lost word ends the kernel, not the machine
 // 124 workers (248 elements of y, whole vectors of 8 for the host head): with the frame block and
 // 4 head blocks, one block an SM on a 132-SM H100
 static const int FRAME = 64, WORKERS = 124, Y = 2 * WORKERS, OUTS = 32;
 
-__device__ __forceinline__ unsigned long long ld_volatile(const unsigned long long* p) {
-    unsigned long long w;
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
-    return w;
-}
-__device__ __forceinline__ void st_volatile(unsigned long long* p, unsigned long long v) {
-    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ bool poll_word(const unsigned long long* p, unsigned i, unsigned long long* w) {
-    for (unsigned long long polls = 0; polls <= POLL_LIMIT; ++polls)
-        if ((unsigned)((*w = ld_volatile(p)) >> 32) == i) return true;
-    return false;
-}
 __host__ __device__ inline float y_value(unsigned i, int e) { return (float)(i % 1024) + 0.5f * (float)e; }
 
 // heads == 0: the host mode (the workers write y to host memory); else `heads` head blocks
