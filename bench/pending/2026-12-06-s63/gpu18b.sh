@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Session 64: gpu20.sh's second half (gpu18.sh trimmed), to run right after gpu19.sh on the warm machine.
+# Session 64: session 63's gpu18.sh trimmed (its stage-one-space-32 and vector-reduce rows dropped), to run
+# right after gpu19s.sh on the warm machine.
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g18
 echo "== split variants $(date +%T)"
-timeout 200 python3 bench/microbench/stepkernel_variants.py --archs min_gru,gated_ssm,mamba --base stepkernel-384-threads-split \
+ARCHS=${ARCHS:-min_gru,gated_ssm,mamba}  # ARCHS=min_gru: ~90 s with the rest
+timeout 200 python3 bench/microbench/stepkernel_variants.py --archs $ARCHS --base stepkernel-384-threads-split \
   --variants baseline,stage-one-space,384-threads-split+split-sums-kept,384-threads-split+split-slices-8,384-threads-split+split-slices-4,384-threads-split+split-slices-8+split-sums-kept,baseline,384-threads-fewer-phases \
   --out $OUT/g18/variants.json 2>&1 | grep -v Warn | tee $OUT/g18/variants.log
 timeout 60 python3 bench/stepkernel.py --archs , --trace min_gru,mamba --select stepkernel-384-threads-split --out /tmp/trace-split 2>&1 \
