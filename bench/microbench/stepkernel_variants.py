@@ -31,7 +31,7 @@ def _clock_watchdog(source: str) -> str:
 
 
 # runtime.cuh's ffk_ll_stage_wide with its K ranges as one index space (session 63, not run on a
-# GPU yet: bench/pending/2026-12-06-s63/gpu18.sh): every word of a thread's batch in flight
+# GPU yet: bench/pending/2026-12-06-s63/gpu18b.sh): every word of a thread's batch in flight
 # together, one L2 round trip for up to UNROLL x NT words where the range-by-range form pays one a
 # range (min_gru's split head: three); 4,776 SASS instructions in min_gru's split kernel against 3,816
 STAGE_ONE_SPACE = """template <int K, typename T>
@@ -444,10 +444,11 @@ def main() -> int:
                     lowering = {k: tactic.pop(k, None) for k in ("compose_input", "split")}
                     program = lower_program(prepared.fused, **lowering)
                     if host_tail:
+                        from framefuse.compiler.engine import prepare_step
                         from framefuse.compiler.tail import split_host_tail
 
-                        whole = CompiledStep(program, device=torch.device("cuda"), **tactic)
-                        cut = split_host_tail(program, whole.schedule)
+                        # the whole program's schedule as its kernel would be built (no compile)
+                        cut = split_host_tail(program, prepare_step(program, compiled.props, **tactic).schedule)
                         if isinstance(cut, str):
                             print(f"{arch} {name}: no host tail: {cut}", flush=True)
                             continue
