@@ -400,6 +400,7 @@ def test_split_sums_kept_emulated_match_the_interpreter(
     from framefuse.compiler.codegen import CodeSettings
 
     program = lower_program(prepare_cached(arch, FULL)["step"].fused, split=True)
+    monkeypatch.setattr(schedule_module, "SPLIT_SUMS_KEPT", False)
     plain = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
     monkeypatch.setattr(schedule_module, "SPLIT_SUMS_KEPT", True)
     sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
@@ -1069,108 +1070,6 @@ def test_tagged_outputs_in_whole_host_lines_emulated(monkeypatch, chunk, tmp_pat
     assert (head.blocks, head.chunk) == (32 // chunk, chunk)
     kernel = generate(sched, resident=True, tagged_outputs=True)
     _emulate_against_interpreter(kernel, program, 3, tmp_path)
-
-
-@pytest.mark.parametrize("arch", ["min_gru", "gated_ssm", "mamba", "lstm"])
-def test_host_tail_cuts_the_last_level(arch):
-    """compiler/tail.py: the program less its last level (the head: LayerNorm + 32 products of
-    256) and that level as a program of its own over the frontier values: one level fewer on the
-    GPU (lstm's too: its frontier values are written by the blocks that compute them, not moved
-    onto blocks of HOST_WRITE_CHUNK floats, which would cost its residual sum the LSTM cell it
-    absorbs); the two composed compute what the whole program does (the interpreter, and the tail
-    as cstep's C++ function)."""
-    from framefuse.compiler import cstep
-    from framefuse.compiler.tail import TAIL_PREFIX, split_host_tail
-
-    program = lower_program(prepare_cached(arch, FULL)["step"].fused)
-    sched = schedule(program, grid=132, threads=384, recomputed_scalars=64)
-    cut = split_host_tail(program, sched)
-    assert not isinstance(cut, str), cut
-    assert cut.macs == 32 * 256 and all(name.startswith(TAIL_PREFIX) for name in cut.frontier)
-    assert set(cut.tail.inputs) == set(cut.frontier)
-    assert not cut.tail.states and set(cut.device.states) == set(program.states)
-    assert schedule(cut.device, grid=132, threads=384, recomputed_scalars=64).levels() == sched.levels() - 1
-    assert cut.levels == sched.levels() - 1
-    rng = np.random.default_rng(4)
-    feeds = {
-        n: rng.standard_normal(leaf.shape).astype(np.float32)
-        for n, leaf in {**program.inputs, **program.states}.items()
-    }
-    whole = naive.run(program, feeds)
-    device = naive.run(cut.device, feeds)
-    for name in program.state_of.values():
-        assert np.array_equal(device[name], whole[name]), name
-    tail = naive.run(cut.tail, {name: device[name] for name in cut.frontier})
-    on_host = (
-        cstep.Runner(cstep.generate(cut.tail, lanes=True)).run({name: device[name] for name in cut.frontier})
-        if cstep.compiler()
-        else tail
-    )
-    for name, value in tail.items():
-        _close(value, whole[name], f"{name} (interpreted tail)", tol=1e-6)
-        _close(on_host[name], whole[name], f"{name} (the tail's C++ function)", tol=1e-5)
-
-
-def test_host_tail_declines_naming_the_reason():
-    """A tail past HOST_TAIL_MAX_MACS, a frontier past HOST_TAIL_MAX_FLOATS (a split program's
-    head reads the partial sums), a cut that saves no level (xLSTM's device program schedules into
-    more levels than the whole) and a program without state (a window: its whole step would be the
-    head) are declined with the reason; nothing is cut."""
-    from framefuse.compiler.tail import split_host_tail
-
-    fused = prepare_cached("min_gru", FULL)["step"].fused
-    program = lower_program(fused)
-    sched = schedule(program, grid=132, threads=384, recomputed_scalars=64)
-    assert split_host_tail(program, sched, max_macs=4096) == (
-        "the last level holds 8192 multiply-adds (more than HOST_TAIL_MAX_MACS = 4096)"
-    )
-    split = lower_program(fused, split=True)
-    assert split_host_tail(split, schedule(split, grid=132, threads=384, recomputed_scalars=64)) == (
-        "the last level reads 8448 floats of 3 value(s) (more than HOST_TAIL_MAX_FLOATS = 1024 to write to "
-        "host memory a step)"
-    )
-    xlstm = lower_program(prepare_cached("xlstm", FULL)["step"].fused)
-    assert split_host_tail(xlstm, schedule(xlstm, grid=132, threads=384, recomputed_scalars=64)) == (
-        "the program less its last level schedules into 9 levels, not fewer than 8"
-    )
-    _, window = _sequence_program("gru", {**SMALL, "seq": 4})
-    assert split_host_tail(window, schedule(window, grid=3, threads=64)) == (
-        "a program without state: its whole step is the head"
-    )
-
-
-@needs_cxx
-def test_host_tail_device_kernel_emulated_with_the_tail_on_the_host(tmp_path):
-    """The device program's resident kernel (tagged outputs: the frontier values written to host
-    memory as words) emulated over three chained steps, each step's frontier values through the
-    tail's C++ function: the whole program's outputs (the interpreter's), min_gru at the
-    benchmark's size."""
-    from framefuse.compiler import cstep
-    from framefuse.compiler.tail import split_host_tail
-
-    if cstep.compiler() is None:
-        pytest.skip("no C++ compiler for the tail's function")
-    program = lower_program(prepare_cached("min_gru", FULL)["step"].fused)
-    cut = split_host_tail(program, schedule(program, grid=24, threads=96, recomputed_scalars=64))
-    assert not isinstance(cut, str), cut
-    kernel = generate(
-        schedule(cut.device, grid=24, threads=96, recomputed_scalars=64), resident=True, tagged_outputs=True
-    )
-    rng = np.random.default_rng(5)
-    steps = 3
-    frames = {n: rng.standard_normal((steps, *leaf.shape)).astype(np.float32) for n, leaf in program.inputs.items()}
-    state = {n: rng.standard_normal(leaf.shape).astype(np.float32) for n, leaf in program.states.items()}
-    outputs, final = emulate(kernel, frames, state, steps=steps, workdir=tmp_path)
-    tail = cstep.Runner(cstep.generate(cut.tail, lanes=True))
-    expected_state = dict(state)
-    for step in range(steps):
-        expected = naive.run(program, {**{n: frames[n][step] for n in frames}, **expected_state})
-        answer = tail.run({name: outputs[name][step] for name in cut.frontier})
-        for name in answer:
-            _close(answer[name], expected[name], f"{name} step {step}", tol=1e-5)
-        expected_state = {s: expected[program.state_of[s]] for s in program.states}
-    for name, value in expected_state.items():
-        _close(final[name], value, f"state {name}", tol=1e-5)
 
 
 @needs_cxx

@@ -73,9 +73,9 @@ def test_cpu_step_matches_the_interpreter_over_chained_steps(arch):
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_cpu_step_in_lanes_matches_the_interpreter(arch):
-    """generate(lanes=True) (a host tail's function, compiler/tail.py): sums in REDUCE_LANES lanes
-    and narrow products over two halves of k, reassociated in a fixed order; the same meaning over
-    chained steps, NaN and Inf frames included."""
+    """generate(lanes=True): sums in REDUCE_LANES lanes and narrow products over two halves of k,
+    reassociated in a fixed order; the same meaning over chained steps, NaN and Inf frames
+    included."""
     program = _program(arch)
     step = cstep.generate(program, lanes=True)
     plain = cstep.generate(program)

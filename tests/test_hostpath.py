@@ -255,38 +255,6 @@ def test_resident_tagged_outputs_wait_for_the_frames_epoch(lib):
     assert np.array_equal(floats[0], np.array([4.0, -1.0], dtype=np.float32))
 
 
-def test_a_host_tail_runs_once_a_frame_is_answered_over_its_taken_outputs(lib):
-    """A host tail (compiler/tail.py; the FrameState's ``tail``, cstep's function signature) runs
-    once per answered frame, after the tagged output words are taken (it sees this frame's floats),
-    in ff_frame and in the wait Python finishes with; not while the frame is unanswered; its call
-    timed in ``tail_ns``."""
-    frame_call, wait = lib
-    fake = Fake(n_done=1, raise_done=False)
-    bell = np.zeros(1, dtype=np.uint32)
-    s = fake.state
-    s.bell, s.running, s.epoch_base = bell.ctypes.data, 1, 0
-    words, floats, keep = _tagged_outputs(s, [2])
-    seen = []
-
-    def tail(io, _):
-        seen.append((io, floats[0].copy()))
-        return 0
-
-    tail_fn = LAUNCH(tail)
-    s.tail, s.tail_io = ctypes.cast(tail_fn, ctypes.c_void_p).value, 0x5000
-    fake.done[:] = 1
-    words[0][:] = [_word(1, 3.0), _word(1, -2.0)]
-    assert frame_call(ctypes.pointer(s)) == hostpath.DONE
-    assert len(seen) == 1 and seen[0][0] == 0x5000 and np.array_equal(seen[0][1], [3.0, -2.0])
-    assert s.tail_ns >= 0
-    fake.done[:] = 2
-    words[0][0] = _word(2, 4.0)  # words[0][1] still frame 1's
-    assert frame_call(ctypes.pointer(s)) == hostpath.SPINNING and len(seen) == 1
-    words[0][1] = _word(2, 5.0)
-    assert wait(ctypes.pointer(s)) == hostpath.DONE
-    assert len(seen) == 2 and np.array_equal(seen[1][1], [4.0, 5.0])
-
-
 def test_the_store_fence_is_loaded_with_the_frame_call(lib):
     fence = hostpath.store_fence()
     assert fence is not None

@@ -30,60 +30,6 @@ def _clock_watchdog(source: str) -> str:
     return out
 
 
-# runtime.cuh's ffk_ll_stage_wide with its K ranges as one index space (session 63, not run on a
-# GPU yet: bench/pending/2026-12-06-s63/gpu18b.sh): every word of a thread's batch in flight
-# together, one L2 round trip for up to UNROLL x NT words where the range-by-range form pays one a
-# range (min_gru's split head: three); 4,776 SASS instructions in min_gru's split kernel against 3,816
-STAGE_ONE_SPACE = """template <int K, typename T>
-FFK_DEVICE T* ffk_ll_at(int j, T* const (&base)[K], const int (&n)[K]) {
-    T* p = base[0] + j;  // range k's base + the index within it, by a chain of selects
-#pragma unroll
-    for (int k = 1; k < K; ++k) {
-        j -= n[k - 1];
-        if (j >= 0) p = base[k] + j;
-    }
-    return p;
-}
-template <int NT, int K, int UNROLL>
-FFK_DEVICE void ffk_ll_stage_wide(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
-                                  unsigned epoch) {
-    int total = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k) total += n[k];
-#pragma unroll 1
-    for (int j = (int)threadIdx.x; j < total; j += NT * UNROLL) {
-        unsigned long long w[UNROLL];
-        unsigned polls = 0;
-        bool late;
-        do {  // a batch late in part is loaded again whole: one copy of the loads in the code
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                w[u] = (unsigned long long)epoch << 32;  // past the end: current, never stored
-                if (j + u * NT < total)
-                    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
-                                 : "=l"(w[u])
-                                 : "l"(ffk_ll_at<K>(j + u * NT, src, n))
-                                 : "memory");
-            }
-            late = false;
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) late |= (unsigned)(w[u] >> 32) != epoch;
-            if (late && ++polls > FFK_POLL_LIMIT) __trap();
-        } while (late);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (j + u * NT < total) *ffk_ll_at<K>(j + u * NT, dst, n) = __uint_as_float((unsigned)w[u]);
-    }
-}
-"""
-
-
-def _stage_one_space(source: str) -> str:
-    start = source.index("template <int NT, int K, int UNROLL>\nFFK_DEVICE void ffk_ll_stage_wide(")
-    end = source.index("FFK_DEVICE unsigned long long ffk_globaltimer()")
-    return source[:start] + STAGE_ONE_SPACE + source[end:]
-
-
 def _expect(out: str, source: str, name: str) -> str:
     if out == source:
         raise SystemExit(f"{name}: the generated source has nothing this variant changes")
@@ -118,15 +64,10 @@ SOURCE_VARIANTS = {
     # stepkernel-384-threads-split): the partial sums staged 4 words a thread at a time instead of
     # all at once, and, for timing only (their outputs may differ: the row says by how much),
     # staged without waiting for the current epoch, not staged at all, or with no task waiting
-    # for its prefetched weight rows
-    "stage-one-space": _stage_one_space,
-    # ... with 32 words a thread in flight (min_gru's head stages 8,448 words: one batch at 384
-    # threads, not two; 167 registers at 384 threads, no spills, 5,536 SASS instructions)
-    "stage-one-space-32": lambda s: _expect(
-        re.sub(r"ffk_ll_stage_wide<NT, (\d+), 16>\(", r"ffk_ll_stage_wide<NT, \1, 32>(", _stage_one_space(s)),
-        _stage_one_space(s),
-        "stage-one-space-32",
-    ),
+    # for its prefetched weight rows. (The K ranges staged as one index space, `stage-one-space`
+    # and `stage-one-space-32`, were removed: slower on the H100, session 65, split kernels,
+    # bench/h100/2026-12-06-s65/g18/: min_gru 13.7 us against 9.89, gated_ssm 14.83 / 10.99,
+    # mamba 29.28 / 26.84)
     "stage-wide-8": lambda s: _expect(
         re.sub(r"ffk_ll_stage_wide<NT, (\d+), \d+>\(", r"ffk_ll_stage_wide<NT, \1, 8>(", s), s, "stage-wide-8"
     ),
@@ -356,10 +297,6 @@ def _variant_value(value):
     return value
 
 
-# the program less its last level, whose values the host would compute (compiler/tail.py: the
-# frontier values written to host memory instead; outputs compared on the states only). Joined to
-# the others with "+" (384-threads-fewer-phases+tagged-outputs+host-tail)
-HOST_TAIL = "host-tail"
 VARIANTS = {**SOURCE_VARIANTS, **COMPILE_VARIANTS, **SCHEDULE_VARIANTS}
 
 
@@ -418,8 +355,6 @@ def main() -> int:
         reference = None
         for name in args.variants.split(","):
             parts = name.split("+")
-            host_tail = HOST_TAIL in parts
-            parts = [p for p in parts if p != HOST_TAIL]
             if all(p in SCHEDULE_VARIANTS or p in TACTIC_VARIANTS for p in parts):
                 import importlib
 
@@ -442,18 +377,9 @@ def main() -> int:
                     setattr(sched_module, constant, _variant_value(value))
                 try:
                     lowering = {k: tactic.pop(k, None) for k in ("compose_input", "split")}
-                    program = lower_program(prepared.fused, **lowering)
-                    if host_tail:
-                        from framefuse.compiler.engine import prepare_step
-                        from framefuse.compiler.tail import split_host_tail
-
-                        # the whole program's schedule as its kernel would be built (no compile)
-                        cut = split_host_tail(program, prepare_step(program, compiled.props, **tactic).schedule)
-                        if isinstance(cut, str):
-                            print(f"{arch} {name}: no host tail: {cut}", flush=True)
-                            continue
-                        program = cut.device
-                    other = CompiledStep(program, device=torch.device("cuda"), **tactic)
+                    other = CompiledStep(
+                        lower_program(prepared.fused, **lowering), device=torch.device("cuda"), **tactic
+                    )
                 finally:
                     for sched_module, constant, value in reversed(saved):
                         setattr(sched_module, constant, value)
@@ -462,11 +388,7 @@ def main() -> int:
                 outs = {k: v.clone() for k, v in other_plan.execute(feeds).items()}
                 torch.cuda.synchronize()
                 # None: no baseline ran before this variant in this process, so there is nothing to compare
-                diff = (
-                    max(float((outs[k] - reference[k]).abs().max()) for k in outs if k in reference)
-                    if reference
-                    else None
-                )
+                diff = max(float((outs[k] - reference[k]).abs().max()) for k in outs) if reference else None
                 row = {
                     "arch": arch,
                     "variant": name,

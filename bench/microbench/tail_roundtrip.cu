@@ -7,6 +7,13 @@
 // (LayerNorm of 256 + 32 x 256 products, plain C++): a level fewer on the GPU, 256 words over
 // PCIe instead of 32 and ~8K multiply-adds on the CPU.
 //
+// Kept as the record of a measured, removed design. H100, session 65
+// (bench/h100/2026-12-06-s65/g19/tail_roundtrip.log): p50 3.42 us a trip with the head as a GPU
+// level (4 head blocks; 3.45 with 1) against 4.58 with the host computing it (the head alone 0.88
+// us on that host). The whole design (the kernel cut before its last level, the head run by
+// hostpath.c once a frame was answered) was also timed end to end there, resident p50 0.2-1.2 us
+// slower on min_gru, gru, gated_ssm and mamba, and removed from the compiler and the host path.
+//
 // Every mode: the host stores a 64-word frame (tagged words, write-back mapped memory), block 0
 // polls it and relays each word into device memory as it comes (the frame's task), 124 worker
 // blocks (248 elements of y) poll the relayed words (a level's staging), then

@@ -490,9 +490,10 @@ class _Generator:
 def generate(program: Program, lanes: bool = False) -> CStep:
     """The C++ step of ``program``; CompileError naming the node it cannot run. ``lanes``: sums of
     at least 2 x REDUCE_LANES elements in REDUCE_LANES lanes and products of fewer than 64 outputs
-    over two halves of k, each its own chains (reassociated, in a fixed order: a host tail's
-    head, compiler/tail.py, whose LayerNorm sums were chains of 256 dependent adds); off: every
-    sum in index order, as the CPU step engine runs."""
+    over two halves of k, each its own chains (reassociated, in a fixed order: shorter chains of
+    dependent adds, e.g. a LayerNorm over 256 elements; built for a head computed on the host,
+    which was measured on the H100 and removed, and kept as a general option); off: every sum in
+    index order, as the CPU step engine runs."""
     return _Generator(program, lanes).generate()
 
 

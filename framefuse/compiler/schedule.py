@@ -64,7 +64,6 @@ from framefuse.compiler.ir import (
     Scan,
 )
 from framefuse.compiler.ops import EW
-from framefuse.compiler.tail import TAIL_PREFIX
 
 # An inline value read by more than one element is cached in shared memory when its inline cost
 # (elementwise ops; a reduction counts its extent) reaches this, or when it is a reduction.
@@ -110,8 +109,12 @@ REPLICATED_DOT_MACS = 0
 # output projection) is kept, not recomputed by each of its readers, where the task that sums the
 # partial sums anyway can store it (a side store: from a replicated array, by its first block):
 # later readers then stage N words instead of P x N (min_gru's split head: 4,352 instead of 8,448).
-# Not run on a GPU yet: off, stepkernel_variants' `split-sums-kept` (session 63)
-SPLIT_SUMS_KEPT = False
+# H100, session 65 (bench/h100/2026-12-06-s65/g18/, stepkernel_variants, device us a step, split /
+# split with the sums kept): min_gru 9.89 / 9.40, gated_ssm 10.99 / 10.47, mamba 26.84 / 23.00,
+# outputs equal (mamba within 1.8e-7). It changes only programs with split products (the split
+# tactics, engines/fusion.SPLIT), which stay slower than fewer-phases for mamba (17.52) and level
+# with it for min_gru (9.47) and gated_ssm (10.44), so untimed.
+SPLIT_SUMS_KEPT = True
 # ... (a product computed by at most this many blocks is published where it is computed)
 FEW_BLOCKS = 8
 # ... except a product of the frame itself needing at most this many a block: published, it is
@@ -1912,10 +1915,7 @@ def _schedule(program: Program, *, grid: int, threads: int, smem_floats: int, re
         materialized[source.id] = source
         host_chunk[source.id] = HOST_READ_CHUNK
     for nid, names in destinations.items():
-        # a host tail's frontier values (compiler/tail.py) are written where they are computed:
-        # chunks of HOST_WRITE_CHUNK would move the task that computes them onto fewer blocks, and
-        # gru's and lstm's cut lose their level to it (their residual sums absorb the cells)
-        if any(n not in program.state_of.values() and not n.startswith(TAIL_PREFIX) for n in names):
+        if any(n not in program.state_of.values() for n in names):
             host_chunk[nid] = max(host_chunk.get(nid, 1), HOST_WRITE_CHUNK)
     # a split product's partial sums are published where their input is computed, a block for
     # each slice's N sums (simplify.SplitProducts): the block computes its slice of the input once

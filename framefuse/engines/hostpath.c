@@ -75,12 +75,6 @@ typedef struct {
     const int64_t* out_len;
     int32_t out_tensors;
     int32_t pad2;
-    // a host tail (compiler/tail.py: the step's last level on the CPU): once the frame is answered
-    // (its done words up and its tagged outputs taken), tail(tail_io, NULL), the tail's C++ step
-    // function (compiler/cstep.py's signature) over the taken floats; NULL: none
-    ff_graph_launch_fn tail;
-    void* tail_io;
-    int64_t tail_ns;  // the last frame's tail call
 } ff_frame_state;
 
 enum {
@@ -140,11 +134,6 @@ static int ff_spin(ff_frame_state* s) {
             }
             floats[i] = (uint32_t)w;
         }
-    }
-    if (s->tail) {
-        const int64_t start = ff_now_ns();
-        s->tail(s->tail_io, NULL);
-        s->tail_ns = ff_now_ns() - start;
     }
     s->unwaited = 0;
     return FF_DONE;
@@ -320,7 +309,6 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, tag_inputs), offsetof(ff_frame_state, flush_frame),
         offsetof(ff_frame_state, out_words), offsetof(ff_frame_state, out_floats), offsetof(ff_frame_state, out_len),
         offsetof(ff_frame_state, out_tensors), offsetof(ff_frame_state, pad2),
-        offsetof(ff_frame_state, tail), offsetof(ff_frame_state, tail_io), offsetof(ff_frame_state, tail_ns),
     };
     const int count = (int)(sizeof(values) / sizeof(values[0]));
     for (int i = 0; i < n && i < count; ++i) out[i] = values[i];

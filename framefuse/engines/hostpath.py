@@ -76,9 +76,6 @@ class FrameState(ctypes.Structure):
         ("out_len", ctypes.c_void_p),
         ("out_tensors", ctypes.c_int32),
         ("pad2", ctypes.c_int32),
-        ("tail", ctypes.c_void_p),
-        ("tail_io", ctypes.c_void_p),
-        ("tail_ns", ctypes.c_int64),
     ]
 
 
