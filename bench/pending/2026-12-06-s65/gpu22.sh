@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
 # Session 65 (~250 s): schedule.SPLIT_SUMS_KEPT now on (it changes the split tactics' kernels
-# only): the split GPU tests, memcheck and racecheck of split_products_small. Then where
-# attention's and xlstm's levels (1.6-1.8 us each, against ~1.0 for the others) spend their time:
-# per-task traces of the fewer-phases kernels (the builds' choice).
+# only): the split GPU tests, memcheck and racecheck of split_products_small.
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g22
-echo "== traces $(date +%T)"
-timeout 90 python3 bench/stepkernel.py --archs , --trace attention,xlstm,min_gru --select stepkernel-384-threads-fewer-phases \
-  --out /tmp/trace-fp 2>&1 | grep -E "trace (attention|xlstm|min_gru)" | tee $OUT/g22/traces.log
 echo "== split GPU tests, sums kept $(date +%T)"
 timeout 100 python3 -m pytest -q -m gpu -k split tests/gpu/test_stepkernel.py -p no:cacheprovider 2>&1 | tail -n 4 | tee $OUT/g22/split-tests.log
 for tool in memcheck racecheck; do
