@@ -607,6 +607,42 @@ def test_a_prepared_source_rescheduled_over_fewer_blocks_keeps_its_tactic(monkey
     assert fewer.rescheduled(132).kernel.identity == source.kernel.identity
 
 
+def test_a_prepared_source_with_tagged_outputs_keeps_its_schedule_and_tactic(monkeypatch, tmp_path):
+    """StepSource.with_settings, the resident binding's kernel with outputs as tagged words
+    (stepkernel.RESIDENT_TAGGED_OUTPUTS) beside a launched kernel without them: the same schedule,
+    grid, threads, math and every other code setting, the same shared memory layout and range
+    table (resident_fn refuses another), over the full grid and over fewer blocks."""
+    import numpy as np
+
+    from framefuse.compiler.codegen import CodeSettings
+    from framefuse.compiler.engine import prepare_step
+    from framefuse.compiler.memo import cached_program
+    from framefuse.engines.fusion import STEPKERNEL_WIDE_FEWER_PHASES, STEPKERNELS
+
+    monkeypatch.setenv("FRAMEFUSE_CACHE", str(tmp_path))
+    program = cached_program(_min_gru_step())
+    tactic = dict(STEPKERNELS[STEPKERNEL_WIDE_FEWER_PHASES], paced_copies=True)
+    source = prepare_step(program, H100_PROPS, fast_math=False, **tactic)
+    assert not source.kernel.tagged_outputs
+    for plain in (source, source.rescheduled(40)):
+        tagged = plain.with_settings(tagged_outputs=True)
+        assert tagged.kernel.tagged_outputs and "ffk_store_host_word" in tagged.kernel.source
+        assert (tagged.grid, tagged.threads, tagged.fast_math, tagged.prefetch) == (
+            plain.grid,
+            plain.threads,
+            plain.fast_math,
+            plain.prefetch,
+        )
+        assert tagged.kernel.settings == CodeSettings.of(plain.kernel.settings, tagged_outputs=True)
+        assert tagged.kernel.settings.one_pass and tagged.kernel.settings.paced_copies
+        assert tagged.kernel.smem_bytes == plain.kernel.smem_bytes
+        assert np.array_equal(tagged.kernel.ranges(), plain.kernel.ranges())
+        assert tagged.schedule.describe() == plain.schedule.describe()
+        # fewer done words: the blocks that only write outputs raise none
+        assert 1 <= tagged.kernel.done_words <= plain.kernel.done_words
+        assert tagged.with_settings(tagged_outputs=False).kernel.identity == plain.kernel.identity
+
+
 def test_replica_cap_tactics_put_attentions_output_projections_on_fewer_blocks(monkeypatch, tmp_path):
     """At the benchmark's size (embed 256) every block of attention's output projection copies both
     KV caches (8159 floats a layer) on up to 128 blocks; the replica-cap tactics schedule those

@@ -22,23 +22,27 @@ for path in (REPO, REPO / "bench"):
         sys.path.insert(0, str(path))
 
 # codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES),
-# the binding's (engines/stepkernel.RESIDENT_WRITE_COMBINED_FRAMES) and codegen.TAGGED_OUTPUTS
+# the binding's (engines/stepkernel.RESIDENT_WRITE_COMBINED_FRAMES), codegen.TAGGED_OUTPUTS and the
+# resident binding's engines/stepkernel.RESIDENT_TAGGED_OUTPUTS
 VARIANTS = {
-    "default": (True, True, True, False, False),
-    "untagged-frames": (True, True, False, False, False),  # the default before session 46
-    "weights-every-frame": (False, True, True, False, False),
-    "prefetch-after-go": (True, False, True, False, False),
-    "neither": (False, False, True, False, False),
-    "write-combined": (True, True, True, True, False),  # session 59: the frame words and bell write-combined
+    "default": (True, True, True, False, False, True),
+    # the resident kernel's outputs as floats, a fence and a done word a block (the default before
+    # session 65)
+    "untagged-outputs": (True, True, True, False, False, False),
+    "untagged-frames": (True, True, False, False, False, True),  # the default before session 46
+    "weights-every-frame": (False, True, True, False, False, True),
+    "prefetch-after-go": (True, False, True, False, False, True),
+    "neither": (False, False, True, False, False, True),
+    "write-combined": (True, True, True, True, False, True),  # session 59: the frame words and bell write-combined
     # session 61: outputs as tagged words, no system fence and no done word for the blocks that only
     # write outputs. A setting of the launched kernel too (the engine is built again with it), so
     # its launched step is timed beside as "launched-tagged-outputs".
-    "tagged-outputs": (True, True, True, False, True),
+    "tagged-outputs": (True, True, True, False, True, True),
     # session 64: tagged outputs with the head's outputs in chunks of 16 / 32 floats a block
     # (schedule.HOST_WRITE_CHUNK, 8): a block's words are whole 128-byte host lines (16) or the
     # whole head on one block (32), not two blocks' words in one line
-    "tagged-outputs-16": (True, True, True, False, True),
-    "tagged-outputs-32": (True, True, True, False, True),
+    "tagged-outputs-16": (True, True, True, False, True, True),
+    "tagged-outputs-32": (True, True, True, False, True, True),
 }
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
@@ -52,6 +56,7 @@ def _settings(codegen, values, host_write_chunk: int) -> None:
     codegen.RESIDENT_WEIGHTS_ONCE, codegen.RESIDENT_PREFETCH_EARLY, codegen.RESIDENT_TAGGED_FRAMES = values[:3]
     stepkernel.RESIDENT_WRITE_COMBINED_FRAMES = values[3]
     codegen.TAGGED_OUTPUTS = values[4]
+    stepkernel.RESIDENT_TAGGED_OUTPUTS = values[5]
     schedule.HOST_WRITE_CHUNK = host_write_chunk
 
 
@@ -107,6 +112,8 @@ def main() -> int:
                 session = Session(tagged_engine, budget_ms=None, resident=True)
             else:
                 compiled._resident_fn = None  # generated and compiled again with these settings
+                if getattr(compiled, "_tagged_twin", None) is not None:  # the resident binding's tagged twin
+                    compiled._tagged_twin._resident_fn = None
                 session = Session(engine, budget_ms=None, resident=True)
             if VARIANTS[name][3] and not session._host_step.write_combined:
                 raise SystemExit(
@@ -119,6 +126,8 @@ def main() -> int:
             sessions[name] = session
         _settings(codegen, VARIANTS["default"], chunk)
         compiled._resident_fn = None
+        if getattr(compiled, "_tagged_twin", None) is not None:
+            compiled._tagged_twin._resident_fn = None
         for sms in [int(v) for v in args.sms.split(",") if v]:
             name = f"sms-{sms}"
             session = Session(engine, budget_ms=None, resident=True, resident_sms=sms)

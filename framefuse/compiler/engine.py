@@ -91,6 +91,20 @@ class StepSource:
             **arguments,
         )
 
+    def with_settings(self, **fields) -> StepSource:
+        """The same schedule with code settings ``fields`` replaced (codegen.CodeSettings.of): the
+        resident kernel with tagged outputs beside a launched kernel without them."""
+        arguments = dict(self.schedule_arguments, grid=self.grid, threads=self.threads)
+        arguments.pop("hybrid_threads", None)  # the threads it chose are the source's own
+        return prepare_step(
+            self.program,
+            self.props,
+            prefetch=self.prefetch,
+            fast_math=self.fast_math,
+            settings=CodeSettings.of(self.kernel.settings, **fields),
+            **arguments,
+        )
+
     @property
     def nvrtc_options(self) -> tuple[str, ...]:
         return FAST_MATH_OPTIONS if self.fast_math else EXACT_MATH_OPTIONS

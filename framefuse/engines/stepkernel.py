@@ -648,6 +648,21 @@ _RESIDENT_CHECK_POLLS = 0x20000  # polls of a done word between looks at the clo
 # and not on mamba, within the rounds' spread. Bit for bit equal to the launched step (GPU test).
 # Only with hostpath.c built (its store fence); the Python frame path fences through it too.
 RESIDENT_WRITE_COMBINED_FRAMES = False
+# A resident binding's kernel writes its outputs as tagged words (codegen.TAGGED_OUTPUTS: each
+# output float a word (epoch << 32) | bits the host takes once it carries the frame's epoch; no
+# system fence, no done word for the blocks that only write outputs) whatever the launched
+# kernel's setting: where the plan's kernel has none, the binding compiles the same schedule with
+# them (its own CompiledStep, as resident_sms does). Outputs bit for bit the same. H100, resident
+# Session.step p50 / p99 us, best of 3 interleaved rounds (bench/h100/2026-12-06-s65/g21/), plain /
+# tagged: min_gru 11.0 / 14.1 -> 10.3 / 13.2, min_lstm 11.3 / 14.2 -> 10.5 / 12.0, gru 10.0 / 12.2
+# -> 9.3 / 10.8, lstm 10.5 / 13.0 -> 9.7 / 11.2, gated_ssm 12.0 / 14.5 -> 11.2 / 12.9, attention
+# 14.9 / 19.8 -> 14.2 / 16.2, liquid 13.9 / 16.7 -> 13.2 / 16.1, jamba 17.0 / 19.5 -> 16.3 / 18.7,
+# delta_net 16.5 / 17.2 -> 15.7 / 17.8, mamba 19.0 / 28.5 -> 18.1 / 21.0, xlstm 21.1 / 23.2 ->
+# 20.5 / 22.6; delta_net and mamba again over 6 rounds (g23/): 16.4 / 20.1 -> 15.5 / 18.9 and
+# 19.5 / 20.1 -> 18.5 / 19.4. Faster at p50 everywhere and at p99 in all but one row of one run.
+# Launched, the same setting is faster at p50 but not at p99 (g21: worse in 5 of 11, g23 in both),
+# so the launched kernel keeps codegen.TAGGED_OUTPUTS's default (off).
+RESIDENT_TAGGED_OUTPUTS = True
 
 
 class ResidentStepBinding(StepBinding):
@@ -671,7 +686,6 @@ class ResidentStepBinding(StepBinding):
     def __init__(
         self, plan: StepKernelPlan, engine, host_inputs, host_outputs, state_pairs, input_buffers=None, sms=None
     ):
-        super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
         c = plan.compiled
         _check_resident_host(c.props)
         if sms is not None:
@@ -679,19 +693,28 @@ class ResidentStepBinding(StepBinding):
             if not 1 <= sms <= c.props["sm_count"]:
                 raise EngineBuildError(f"resident_sms={sms}: {c.props['name']} has {c.props['sm_count']} SMs")
             warn_beside_resident(sms)
-            if sms != c.grid:
-                # the same program and tactic (schedule arguments, code settings, math) scheduled
-                # over fewer blocks: its own kernel and buffers (weights, flagged words, counters,
-                # range table), the session's state halves
-                c = CompiledStep(c.program, device=c.device, source=c.source.rescheduled(sms))
+        tag = RESIDENT_TAGGED_OUTPUTS and not c.kernel.tagged_outputs
+        if sms is not None and sms != c.grid:
+            # the same program and tactic (schedule arguments, code settings, math) scheduled
+            # over fewer blocks: its own kernel and buffers (weights, flagged words, counters,
+            # range table), the session's state halves
+            source = c.source.rescheduled(sms)
+            c = CompiledStep(
+                c.program, device=c.device, source=source.with_settings(tagged_outputs=True) if tag else source
+            )
+        elif tag:
+            # the same schedule with outputs as words: compiled once for the plan's compiled step,
+            # whose sessions share it as they share the plan's (weights, flagged words, counters)
+            twin = getattr(c, "_tagged_twin", None)
+            if twin is None:
+                twin = CompiledStep(c.program, device=c.device, source=c.source.with_settings(tagged_outputs=True))
+                c._tagged_twin = twin
+            c = twin
+        if c is not plan.compiled:
+            plan = StepKernelPlan(c, plan.input_specs, plan.output_specs)
+        super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
         self.compiled = c
         k = c.kernel
-        if k.done_words != plan.compiled.kernel.done_words:
-            self._done = MappedHostBuffer((max(k.done_words, 1),), dtype=np.uint32)
-            self._done_addr = self._done.array.ctypes.data
-            self._done_nbytes = self._done.array.nbytes
-            self._done_words = [ctypes.c_uint32.from_address(self._done_addr + 4 * i) for i in range(k.done_words)]
-            self._point_done_words()
         loose = [n for n in k.input_names if n not in self._mapped] + [
             n for n in k.output_names if n not in self._out_mapped
         ]
