@@ -194,6 +194,47 @@ def test_tagged_outputs_small(monkeypatch, arch):
     assert np.array_equal(got, expected, equal_nan=True), arch
 
 
+@pytest.mark.parametrize("arch,sms", [("gru", None), ("mamba", None), ("attention", None), ("min_gru", 66)])
+def test_resident_tagged_twin_equals_the_untagged_step_bit_for_bit(monkeypatch, arch, sms):
+    """stepkernel.RESIDENT_TAGGED_OUTPUTS: the resident binding compiles the engine's schedule again
+    with tagged outputs (its own CompiledStep, made once for the engine's and shared by its
+    sessions; on fewer SMs, the rescheduled one with them) beside the engine's untagged launched
+    kernel. 2,000 chained frames, a stop and a start half way, native and Python frame paths, two
+    sessions one after the other on the same twin: bit for bit the untagged kernel's outputs
+    (launched over the whole grid; resident untagged on fewer SMs, whose sums run in another
+    order than the launched kernel's)."""
+    from framefuse.engines import stepkernel
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached(arch, FULL)["step"]
+    frames = _frames(prepared, 2000)
+    engine = _engine(prepared)
+    assert not engine.default_plan.compiled.kernel.tagged_outputs
+    monkeypatch.setattr(stepkernel, "RESIDENT_TAGGED_OUTPUTS", False)
+    if sms is None:
+        plain = Session(engine, budget_ms=None)
+        expected = np.stack([plain.step(f).copy() for f in frames])
+    else:
+        with Session(engine, budget_ms=None, resident=True, resident_sms=sms) as plain:
+            assert not plain._host_step.tagged_outputs
+            expected = np.stack([plain.step(f).copy() for f in frames])
+    monkeypatch.setattr(stepkernel, "RESIDENT_TAGGED_OUTPUTS", True)
+    twins = []
+    for path in ("native", "python"):
+        with Session(engine, budget_ms=None, resident=True, resident_sms=sms) as resident:
+            binding = resident._host_step
+            assert binding.tagged_outputs and binding.resident_kernel.tagged_outputs
+            assert binding.compiled is not engine.default_plan.compiled and binding.plan is engine.default_plan
+            twins.append(binding.compiled)
+            if path == "python":
+                resident._hot = None
+            got = _stepped_with_a_restart(resident, frames)
+        diff = np.nanmax(np.abs(got - expected))
+        assert np.array_equal(got, expected, equal_nan=True), f"{arch} sms={sms}, {path} path: max diff {diff}"
+    # one twin for the engine's compiled step; a rescheduled one per session (as before)
+    assert (twins[0] is twins[1]) == (sms is None)
+
+
 @pytest.mark.parametrize("arch,seq", [("gru", 1), ("lstm", 1), ("attention", 8), ("mamba", 32), ("lstm", 32)])
 def test_resident_graph_without_state_matches_launched_and_onnxruntime(arch, seq):
     """A sequence-form window (no state: a length-1 window is what the real models are at T = 1)
@@ -433,6 +474,7 @@ def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch
     import torch
     from test_stepkernel import _close, _rollout
 
+    from framefuse.compiler.codegen import CodeSettings
     from framefuse.runtime.session import Session
 
     prepared = prepare_cached(arch, SMALL)["step"]
@@ -449,7 +491,9 @@ def test_resident_on_fewer_sms_matches_onnxruntime_and_leaves_the_rest_free(arch
         binding = session._host_step
         assert binding.compiled.grid == 16 and binding.compiled is not binding.plan.compiled
         assert binding.compiled.threads == binding.plan.compiled.threads
-        assert binding.compiled.settings == binding.plan.compiled.settings
+        # the same code settings, but for tagged outputs (stepkernel.RESIDENT_TAGGED_OUTPUTS)
+        same = CodeSettings.of(binding.compiled.settings, tagged_outputs=binding.plan.compiled.settings.tagged_outputs)
+        assert same == binding.plan.compiled.settings
         for i, frame in enumerate(frames):
             _close(session.step(frame), ref_y[i], f"y at frame {i}")
             if i == 10:  # resident now: a torch kernel on the default stream finishes beside it
