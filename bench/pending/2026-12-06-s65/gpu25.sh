@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 65 (~480 s; two calls if need be: PART=tests / PART=timing): the resident binding's own
+# Session 65 (~540 s; two calls if need be: PART=tests / PART=timing): the resident binding's own
 # tagged-outputs kernel beside the engine's untagged launched kernel
 # (engines/stepkernel.RESIDENT_TAGGED_OUTPUTS, off until this passes; written after session 65's
 # device time ran out, never run on a GPU).
 # 1. tests/gpu/test_resident.py whole with FRAMEFUSE_RESIDENT_TAGGED_OUTPUTS=1: every resident
 #    test on the twin (the 11 zoo archs bit for bit the launched step over 10,000 frames, the
 #    state calls, the watchdog, start / stop 1,000 times, fewer SMs, a killed process), and the twin
-#    test itself (it sets the flag both ways).
+#    test itself (it sets the flag both ways); then the fewer-SMs tests with the flag off.
 # 2. resident_variants.py, the 11 zoo archs, default vs resident-tagged-outputs, 3 rounds: the
 #    same gains as g21's tagged-outputs rows (session 65: p50 0.6-0.9 us lower on all 11)?
 # If 1 passes and 2 is faster at p50 and p99 on every arch: RESIDENT_TAGGED_OUTPUTS on by default.
@@ -18,6 +18,10 @@ if [ "${PART:-tests}" != timing ]; then
   FRAMEFUSE_RESIDENT_TAGGED_OUTPUTS=1 timeout 330 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
     tests/gpu/test_resident.py > $OUT/g25/tests.log 2>&1
   echo "rc=$? $(date +%T)"; grep -E "(PASSED|FAILED|ERROR) " $OUT/g25/tests.log | sed 's/.*:://' | cut -c1-150; tail -n 2 $OUT/g25/tests.log
+  # with it off: the fewer-SMs path, whose binding now builds its buffers and launched graphs on the
+  # rescheduled step (session 65; before, on the engine's, with the done words made again after)
+  echo "== fewer-SMs tests, flag off $(date +%T)"
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_resident.py -k "fewer_sms" 2>&1 | tail -n 2
 fi
 if [ "${PART:-timing}" != tests ]; then
   echo "== resident variants $(date +%T)"
