@@ -277,6 +277,10 @@ TACTIC_VARIANTS = {
     "fewer-phases-tactic": "stepkernel-fewer-phases",
     "384-threads-fewer-phases": "stepkernel-384-threads-fewer-phases",
     "fewer-levels-tactic": "stepkernel-fewer-levels",
+    # ... at 384 threads (session 65): a replicated product's elements get more lanes (mamba's
+    # x_proj, 48 products of 512: 8 lanes of 64 multiply-adds each, against 4 of 128 at 256 threads,
+    # whose phase took 2,757-3,337 cycles in session 53)
+    "384-threads-fewer-levels": ("stepkernel-fewer-levels", {"threads": 384}),
     "384-threads-split": "stepkernel-384-threads-split",
     # ... its partial sums' walks not skewed (as session 62 built it)
     "384-threads-split-unskewed": ("stepkernel-384-threads-split", {"skewed_sums": False}),
