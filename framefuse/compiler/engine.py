@@ -80,29 +80,18 @@ class StepSource:
     def rescheduled(self, grid: int) -> StepSource:
         """The same tactic (schedule arguments, code settings, math) over ``grid`` blocks: the
         resident kernel limited to fewer SMs (``resident_sms``)."""
-        arguments = dict(self.schedule_arguments, grid=int(grid), threads=self.threads)
-        arguments.pop("hybrid_threads", None)  # the threads it chose are the source's own
-        return prepare_step(
-            self.program,
-            self.props,
-            prefetch=self.prefetch,
-            fast_math=self.fast_math,
-            settings=self.kernel.settings,
-            **arguments,
-        )
+        return self._prepared_again(int(grid), self.kernel.settings)
 
     def with_settings(self, **fields) -> StepSource:
         """The same schedule with code settings ``fields`` replaced (codegen.CodeSettings.of): the
         resident kernel with tagged outputs beside a launched kernel without them."""
-        arguments = dict(self.schedule_arguments, grid=self.grid, threads=self.threads)
+        return self._prepared_again(self.grid, CodeSettings.of(self.kernel.settings, **fields))
+
+    def _prepared_again(self, grid: int, settings: CodeSettings) -> StepSource:
+        arguments = dict(self.schedule_arguments, grid=grid, threads=self.threads)
         arguments.pop("hybrid_threads", None)  # the threads it chose are the source's own
         return prepare_step(
-            self.program,
-            self.props,
-            prefetch=self.prefetch,
-            fast_math=self.fast_math,
-            settings=CodeSettings.of(self.kernel.settings, **fields),
-            **arguments,
+            self.program, self.props, prefetch=self.prefetch, fast_math=self.fast_math, settings=settings, **arguments
         )
 
     @property
