@@ -71,23 +71,6 @@ def test_cpu_step_matches_the_interpreter_over_chained_steps(arch):
     _chain(program, frames, _state(program, rng))
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_cpu_step_in_lanes_matches_the_interpreter(arch):
-    """generate(lanes=True): sums in REDUCE_LANES lanes and narrow products over two halves of k,
-    reassociated in a fixed order; the same meaning over chained steps, NaN and Inf frames
-    included."""
-    program = _program(arch)
-    step = cstep.generate(program, lanes=True)
-    plain = cstep.generate(program)
-    assert step.source != plain.source and ("float lane[" in step.source or " b0 = {}" in step.source)
-    rng = np.random.default_rng(6)
-    x = next(iter(program.inputs))
-    frames = rng.standard_normal((4, *program.inputs[x].shape)).astype(np.float32)
-    frames[2].reshape(-1)[0] = np.nan
-    frames[3].reshape(-1)[-1] = -np.inf
-    _chain(program, frames, _state(program, rng), runner=cstep.Runner(step))
-
-
 @pytest.mark.parametrize("arch", ["lstm", "attention"])
 def test_cpu_step_batch_of_three_and_odd_sizes(arch):
     rng = np.random.default_rng(1)

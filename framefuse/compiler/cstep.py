@@ -169,9 +169,6 @@ class CStep:
         }
 
 
-REDUCE_LANES = 8  # generate(lanes=True): a sum's lanes
-
-
 def _aligned(n: int) -> int:
     return (n + ALIGN_FLOATS - 1) // ALIGN_FLOATS * ALIGN_FLOATS
 
@@ -199,9 +196,8 @@ class _Generator:
     products, reductions, concatenations, elementwise values with several users or read by a
     product or a reduction, and outputs that other nodes read."""
 
-    def __init__(self, program: Program, lanes: bool = False):
+    def __init__(self, program: Program):
         self.program = program
-        self.lanes = lanes
         self.lines: list[str] = []
         self.blob: list[np.ndarray] = []
         self.blob_floats = 0
@@ -324,26 +320,6 @@ class _Generator:
         heads, pad = _loops(variables)
         if node.op in ("max", "min"):  # from the first element (NaN-propagating ffk_max / ffk_min)
             body = [f"{pad}float acc = {first};", f"{pad}for (int r = 1; r < {node.extent}; ++r) {step}"]
-        elif self.lanes and node.extent >= 2 * REDUCE_LANES:
-            # REDUCE_LANES sums (products), lane l over r = l mod REDUCE_LANES, then the lanes
-            # pairwise: a fixed order, so the same answer every call; no chain of extent dependent adds
-            start = "0.0f" if node.op == "sum" else "1.0f"
-            op = "+" if node.op == "sum" else "*"
-            whole = node.extent - node.extent % REDUCE_LANES
-            lane = [f"lane[{i}]" for i in range(REDUCE_LANES)]
-            while len(lane) > 1:
-                lane = [f"({lane[i]} {op} {lane[i + 1]})" for i in range(0, len(lane), 2)]
-            body = [
-                f"{pad}float lane[{REDUCE_LANES}];",
-                f"{pad}for (int l = 0; l < {REDUCE_LANES}; ++l) lane[l] = {start};",
-                f"{pad}for (int r0 = 0; r0 < {whole}; r0 += {REDUCE_LANES})",
-                f"{pad}    for (int l = 0; l < {REDUCE_LANES}; ++l) {{",
-                f"{pad}        const int r = r0 + l;",
-                f"{pad}        lane[l] = lane[l] {op} {read};",
-                f"{pad}    }}",
-                f"{pad}for (int r = {whole}; r < {node.extent}; ++r) lane[0] = lane[0] {op} {read};",
-                f"{pad}float acc = {lane[0]};",
-            ]
         else:
             body = [f"{pad}float acc = {'0.0f' if node.op == 'sum' else '1.0f'};"]
             body.append(f"{pad}for (int r = 0; r < {node.extent}; ++r) {step}")
@@ -388,27 +364,14 @@ class _Generator:
                 body.append(f"{inner}for (int c0 = {first}; c0 < {first + width * count}; c0 += {width}) {{")
             else:
                 body += [f"{inner}{{", f"{inner}    const int c0 = {first};"]
-            # in lanes, fewer than 8 vectors of outputs: the k loop in two halves, each its own
-            # chains (8 in all to hide the add's latency), the halves added at the end
-            halves = 2 if self.lanes and vectors < 8 and k >= 32 and k % 2 == 0 else 1
-            span = k // halves
-            chains = ["a", "b"][:halves]
-            xs = [x] + [self.expr(node.src, outer + [ix.add(j, ix.const(span))])] * (halves - 1)
             body += [
-                f"{inner}    ffc_v8 " + ", ".join(f"{c}{v} = {{}}" for v in range(vectors) for c in chains) + ";",
-                f"{inner}    for (int j = 0; j < {span}; ++j) {{",
-                f"{inner}        const float " + ", ".join(f"{name} = {e}" for name, e in zip("xy", xs)) + ";",
+                f"{inner}    ffc_v8 " + ", ".join(f"a{v} = {{}}" for v in range(vectors)) + ";",
+                f"{inner}    for (int j = 0; j < {k}; ++j) {{",
+                f"{inner}        const float x = {x};",
                 f"{inner}        const float* const row = rows + j * {n} + c0;",
-                *[
-                    f"{inner}        {c}{v} += {name} * ffc_load8(row + {h * span * n + 8 * v});"
-                    for h, (c, name) in enumerate(zip(chains, "xy"))
-                    for v in range(vectors)
-                ],
+                *[f"{inner}        a{v} += x * ffc_load8(row + {8 * v});" for v in range(vectors)],
                 f"{inner}    }}",
-                *[
-                    f"{inner}    ffc_store8(o + c0 + {8 * v}, {' + '.join(f'{c}{v}' for c in chains)});"
-                    for v in range(vectors)
-                ],
+                *[f"{inner}    ffc_store8(o + c0 + {8 * v}, a{v});" for v in range(vectors)],
                 f"{inner}}}",
             ]
         if n > full:
@@ -487,14 +450,9 @@ class _Generator:
         )
 
 
-def generate(program: Program, lanes: bool = False) -> CStep:
-    """The C++ step of ``program``; CompileError naming the node it cannot run. ``lanes``: sums of
-    at least 2 x REDUCE_LANES elements in REDUCE_LANES lanes and products of fewer than 64 outputs
-    over two halves of k, each its own chains (reassociated, in a fixed order: shorter chains of
-    dependent adds, e.g. a LayerNorm over 256 elements; built for a head computed on the host,
-    which was measured on the H100 and removed, and kept as a general option); off: every sum in
-    index order, as the CPU step engine runs."""
-    return _Generator(program, lanes).generate()
+def generate(program: Program) -> CStep:
+    """The C++ step of ``program``; CompileError naming the node it cannot run."""
+    return _Generator(program).generate()
 
 
 # -- building and running -------------------------------------------------------------------------
