@@ -111,9 +111,7 @@ def main() -> int:
                 row[f"launched-{name}"] = []
                 session = Session(tagged_engine, budget_ms=None, resident=True)
             else:
-                compiled._resident_fn = None  # generated and compiled again with these settings
-                if getattr(compiled, "_tagged_twin", None) is not None:  # the resident binding's tagged twin
-                    compiled._tagged_twin._resident_fn = None
+                compiled.forget_resident()  # generated and compiled again with these settings
                 session = Session(engine, budget_ms=None, resident=True)
             if VARIANTS[name][3] and not session._host_step.write_combined:
                 raise SystemExit(
@@ -125,9 +123,7 @@ def main() -> int:
             session.reset()
             sessions[name] = session
         _settings(codegen, VARIANTS["default"], chunk)
-        compiled._resident_fn = None
-        if getattr(compiled, "_tagged_twin", None) is not None:
-            compiled._tagged_twin._resident_fn = None
+        compiled.forget_resident()
         for sms in [int(v) for v in args.sms.split(",") if v]:
             name = f"sms-{sms}"
             session = Session(engine, budget_ms=None, resident=True, resident_sms=sms)

@@ -517,6 +517,26 @@ class CompiledStep:
         )
         return rows
 
+    def with_tagged_outputs(self) -> CompiledStep:
+        """This step with its outputs as tagged words (the same schedule, codegen.TAGGED_OUTPUTS):
+        itself where they are already, else compiled on first use and kept (its own weights,
+        flagged words and counters): a resident binding's kernel beside an untagged launched one
+        (engines/stepkernel.RESIDENT_TAGGED_OUTPUTS)."""
+        if self.kernel.tagged_outputs:
+            return self
+        if getattr(self, "_tagged", None) is None:
+            self._tagged = CompiledStep(
+                self.program, device=self.device, source=self.source.with_settings(tagged_outputs=True)
+            )
+        return self._tagged
+
+    def forget_resident(self) -> None:
+        """The resident kernels (this step's and its tagged twin's) generated and compiled again on
+        next use, with the codegen settings then in force (bench/microbench/resident_variants.py)."""
+        self._resident_fn = None
+        if getattr(self, "_tagged", None) is not None:
+            self._tagged._resident_fn = None
+
     def resident_fn(self):
         """The resident kernel of the same schedule (ffk_resident: launched once, a frame per
         bell), compiled on first use; it shares this kernel's weights, flags, counters and

@@ -708,13 +708,9 @@ class ResidentStepBinding(StepBinding):
                 c.program, device=c.device, source=source.with_settings(tagged_outputs=True) if tag else source
             )
         elif tag:
-            # the same schedule with outputs as words: compiled once for the plan's compiled step,
-            # whose sessions share it as they share the plan's (weights, flagged words, counters)
-            twin = getattr(c, "_tagged_twin", None)
-            if twin is None:
-                twin = CompiledStep(c.program, device=c.device, source=c.source.with_settings(tagged_outputs=True))
-                c._tagged_twin = twin
-            c = twin
+            # compiled once for the plan's compiled step, whose sessions share it as they share the
+            # plan's (weights, flagged words, counters)
+            c = c.with_tagged_outputs()
         if c is not plan.compiled:
             plan = StepKernelPlan(c, plan.input_specs, plan.output_specs)
         super().__init__(plan, engine, host_inputs, host_outputs, state_pairs, input_buffers)
