@@ -412,6 +412,33 @@ def test_split_sums_kept_emulated_match_the_interpreter(
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
 
 
+@needs_cxx
+@pytest.mark.parametrize(
+    "arch,grid,threads,resident,races",
+    [("min_gru", 24, 96, False, False), ("lstm", 24, 96, False, False), ("attention", 24, 96, True, True)],
+)
+def test_early_frame_words_emulated_match_the_interpreter(arch, grid, threads, resident, races, tmp_path):
+    """codegen.EARLY_FRAME_WORDS: the frame task publishes x before it computes the scalars of x,
+    and a first-layer task stages x for its products and the scalars at the end of the phase
+    before their first reader (lstm's first-layer tasks on 24 blocks: two such copies; attention's
+    resident kernel under ThreadSanitizer). The kernel computes what the interpreter does over three
+    chained steps, and without the setting its source is as before."""
+    from framefuse.compiler.codegen import CodeSettings
+
+    program = lower_program(prepare_cached(arch, FULL)["step"].fused)
+    sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
+    plain = CodeSettings.of(None, alias_views=True, one_pass=True)
+    kernel = generate(sched, settings=CodeSettings.of(plain, early_frame=True), resident=resident)
+    before = generate(sched, settings=CodeSettings.of(plain, early_frame=False), resident=resident)
+    assert kernel.source.count("published before the scalars of x are computed") == 1
+    late = kernel.source.count("its words past x (the scalars), staged for the next phase")
+    assert late == kernel.source.count("its x words alone, published before its scalars") >= 1
+    assert late == (2 if arch != "min_gru" else 1)
+    assert "its words past x" not in before.source and before.source != kernel.source
+    assert generate(sched, settings=plain, resident=resident).source == before.source  # off by default
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
+
+
 def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, feeds=None):
     rng = np.random.default_rng(9)
     first = _feeds(program, rng) if feeds is None else feeds
@@ -2120,6 +2147,8 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "mamba/sequence+tagged",
         "mamba+fewer+split",
         "gated_ssm+split",
+        "attention+fewer+early",
+        "xlstm+early",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
@@ -2133,9 +2162,11 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     by the block's threads past the cells (codegen.RECUR_INPUT_HELPERS); +xregs: a warp's rows of
     one long product with x in registers (codegen.DOT_X_IN_REGISTERS); +tagged: outputs as tagged
     words in host memory (codegen.TAGGED_OUTPUTS); +split: products of a recurrence's output as
-    partial sums (simplify.SplitProducts, at the benchmark's size)."""
+    partial sums (simplify.SplitProducts, at the benchmark's size); +early: the frame's x published
+    before its scalars (codegen.EARLY_FRAME_WORDS)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, early, _ = arch.partition("+early")
     arch, split, _ = arch.partition("+split")
     arch, tagged, _ = arch.partition("+tagged")
     arch, xregs, _ = arch.partition("+xregs")
@@ -2170,8 +2201,10 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             x_in_registers=bool(xregs),
             tagged_outputs=bool(tagged),
             split=bool(split),
+            early_frame=bool(early),
         )
         assert (kernel.describe()["split_products"] > 0) is bool(split)
+        assert ("its words past x (the scalars)" in kernel.source) is bool(early)
         # (the readers of 16 x 256 partial sums stage them 16 words a thread in flight)
         assert ("ffk_ll_stage_wide<NT, " in kernel.source) is bool(split)
         assert kernel.tagged_outputs is bool(tagged)

@@ -193,6 +193,10 @@ SCHEDULE_VARIANTS = {
     # outputs as tagged words, no system fence or done word for the blocks that only write outputs
     # (codegen.TAGGED_OUTPUTS)
     "tagged-outputs": ("codegen", "TAGGED_OUTPUTS", True),
+    # the frame's x words published before the scalars of x, the first layer's products started on
+    # them and the scalars staged for the phase that reads them (codegen.EARLY_FRAME_WORDS; time it
+    # under a tactic as fewer-phases-tactic+early-frame)
+    "early-frame": ("codegen", "EARLY_FRAME_WORDS", True),
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads

@@ -58,6 +58,7 @@ from framefuse.compiler.schedule import (
     array_replicated,
     body_row_stride,
     body_task_plan,
+    bounding_pairs,
     column_scan,
     concat_branches,
     delta_smem_parts,
@@ -233,6 +234,7 @@ class Generator:
         self._framers: list[int] = []  # tagged: the blocks that poll their frame words (see _resident_loop)
         self._t = -1
         self._followers: dict[int, Unit] = {}  # the current task's (see _row_followers)
+        self._early_x: int | None = None  # the current frame task's x size where it stored x early
         self._plan()
 
     # -- layout -------------------------------------------------------------------------------------
@@ -943,12 +945,17 @@ class Generator:
                 if u.node.id not in followed and u.node.id not in views and (u is not root or root_by is None)
             }
         )
+        early, late = self._frame_split(t, task, phases) if self.settings.early_frame else (None, {})
+        self._early_x = None
         for k, phase in enumerate(phases):
             if phase != phases[0]:
                 code.items.append("__syncthreads();")
                 if phase == phases[1]:
                     self._stamp(code, t, 1)
             self._clock(code, t, k)
+            if early is not None and phase == early[1]:
+                self._early_x = early[0]
+                self._early_frame_store(code, t, task, early[0])
             staged = [
                 u
                 for u in sorted(task.units.values(), key=lambda u: u.node.id)
@@ -957,11 +964,12 @@ class Generator:
                 and u.how == "thread"
                 and task.view.source_kind(u.node) == "materialized"
             ]
+            x_only = {u.node.id: late[u.node.id][0] for u in staged if u.node.id in late}
             # A phase's units do not read one another, so the ones that need no flagged value (an
             # LSTM's recurrent products on the prefetched state) are computed while the staged
             # values are still on their way, and the staging that waits for them comes after.
             if staged and not COMPUTE_BEFORE_STAGE:
-                self._stage(code, t, staged)
+                self._stage(code, t, staged, x_only)
             self._warp_offset = 0
             computed = [
                 unit
@@ -983,8 +991,12 @@ class Generator:
                 else:
                     self._thread(code, t, task, unit)
             if staged and COMPUTE_BEFORE_STAGE:
-                self._stage(code, t, staged)
+                self._stage(code, t, staged, x_only)
+            for uid, (x_size, at) in late.items():
+                if at == phase:
+                    self._stage_scalars(code, t, task.units[uid], x_size)
         self._phase_lanes = {}
+        self._early_x = None
         if len(phases) == 1:
             self._stamp(code, t, 1)
         self._clock(code, t, len(phases))
@@ -1223,15 +1235,25 @@ class Generator:
 
         return {id(u): of(key) for key, u in task.units.items()}
 
-    def _stage(self, code: Code, t: int, units: list) -> None:
+    def _stage(self, code: Code, t: int, units: list, x_only: dict | None = None) -> None:
         """Staged copies of flag-tagged values, one call for all of a phase's, so that every
-        thread's loads of all of them are in flight together."""
+        thread's loads of all of them are in flight together; a frame copy in ``x_only`` (its
+        id: the frame's x size) only up to its x words (its scalars come later, _stage_scalars)."""
+        x_only = x_only or {}
         k = len(units)
         names = ", ".join(_name(u.node) for u in units)
         code.items.append(f"// arrays {names}: staged from flagged words")
+        if x_only:
+            code.items.append("// (of the frame: its x words alone, published before its scalars)")
         dst = ", ".join(self.arr(t, u.node.id) for u in units)
         src = ", ".join(f"ffk_ll + {self.layout.ll[u.node.id]} + lo{u.node.id}" for u in units)
-        num = ", ".join(f"hi{u.node.id} - lo{u.node.id}" for u in units)
+
+        def count(uid: int) -> str:
+            if uid in x_only:
+                return f"max(min(hi{uid}, {x_only[uid]}) - lo{uid}, 0)"
+            return f"hi{uid} - lo{uid}"
+
+        num = ", ".join(count(u.node.id) for u in units)
         unroll = stage_unroll(units, self.threads)
         code.items += [
             "{",
@@ -1243,6 +1265,115 @@ class Generator:
             else f"    ffk_ll_stage_wide<NT, {k}, {unroll}>(sd, ss, sn, epoch);",
             "}",
         ]
+
+    def _stage_scalars(self, code: Code, t: int, unit: Unit, x_size: int) -> None:
+        """EARLY_FRAME_WORDS: a frame copy's words past its x (the scalars of x), staged at the end
+        of the phase before their first reader, by the block's last threads (a phase's first
+        warps take its first elements)."""
+        uid = unit.node.id
+        code.items += [
+            f"// array {_name(unit.node)}: its words past x (the scalars), staged for the next phase",
+            "{",
+            f"    const int from = max(lo{uid}, {x_size});",
+            f"    for (int j = NT - 1 - tid; j < hi{uid} - from; j += NT)",
+            f"        {self.arr(t, uid)}[from - lo{uid} + j] = ffk_ll_wait(ffk_ll + {self.layout.ll[uid]} + from + j, epoch);",
+            "}",
+        ]
+
+    def _early_frame_store(self, code: Code, t: int, task: Task, x_size: int) -> None:
+        """EARLY_FRAME_WORDS: the frame task's root elements that are x itself, published at the
+        start of the first phase after x's array (the root then stores only the scalars)."""
+        node = task.root
+        code.items.append(f"// root {_name(node)}: its x words, published before the scalars of x are computed")
+        code.items.append(_ONCE)
+        loop = Code(f"for (int e = lo_root + tid; e < min(hi_root, {x_size}); e += NT)")
+        code.items.append(loop)
+        em = Emitter(self, t, task, loop, per_thread=True)
+        var = ix.Var("e", x_size)
+        value = em.value(node.srcs[0], [var])
+        for stmt in self.stores(node, "e", value.text, self.stored_c(node, var)):
+            em.top.insert(em.once(stmt))
+
+    def _frame_split(self, t: int, task: Task, phases: list) -> tuple[tuple[int, int] | None, dict]:
+        """EARLY_FRAME_WORDS: (x size, phase) where the frame task stores its x words early (None
+        where this task is not the frame's, or nothing would be earlier), and {staged frame copy
+        id: (x size, phase)}: the phase at whose end the copy's scalars are staged, where the
+        copy's first readers read x alone and the first reader of a scalar comes at least two
+        phases after the copy (its x words staged in the copy's own phase)."""
+        phase_of, views = self.phases[t], self.views[t]
+        root = task.units[ROOT]
+        early = None
+        node = task.root
+        if (
+            isinstance(node, FrameConcat)
+            and frame_source(node) is not None
+            and self.root_arrays[t] is None
+            and not self._warp_root(task, root)
+            and not self._early_input(task)
+            and node.id not in self.sched.layouts
+        ):
+            chain, under = set(), node.srcs[0]
+            while True:
+                chain.add(under.id)
+                if not isinstance(under, Map):
+                    break
+                under = under.src
+            feeding = [phase_of[id(u)] for key, u in task.units.items() if key != ROOT and u.node.id in chain]
+            after = [p for p in phases if feeding and p > max(feeding)]
+            if after and after[0] < phase_of[id(root)]:
+                early = (node.srcs[0].size, after[0])
+        late: dict[int, tuple[int, int]] = {}
+        if self._followers:  # a follower's phase is its reduction's: not worked out here
+            return early, late
+        root_by = self.root_arrays[t]
+        for unit in task.units.values():
+            frame = unit.node
+            if (
+                unit is root
+                or unit.how != "thread"
+                or task.view.source_kind(frame) != "materialized"
+                or frame_source(frame) is None
+                or frame.id in self.sched.layouts
+                or frame.id in views
+            ):
+                continue
+            x_size = frame.srcs[0].size
+            # the units that read the copy's scalars: directly, or through a view read in place
+            readers, scalar_views = [], {frame.id}
+            changed = True
+            while changed:
+                changed = False
+                for other in task.units.values():
+                    if other is unit or other in readers:
+                        continue
+                    reads = False
+                    for occ in other.occurrences:
+                        if occ.node.id in scalar_views and occ.node.id != frame.id:
+                            reads = True  # a view of the copy that reads a scalar, read in place
+                        elif occ.node.id == frame.id:
+                            elements = max(other.node.size, 1)
+                            pairs = enumerate_pairs(occ, other.var, elements)
+                            pairs = pairs if pairs is not None else bounding_pairs(occ, other.var, elements)
+                            reads = reads or pairs is None or (pairs[1].size > 0 and int(pairs[1].max()) >= x_size)
+                    if reads:
+                        readers.append(other)
+                        changed = True
+                        if other.node.id in views:
+                            scalar_views.add(other.node.id)
+            computed = [u for u in readers if u.node.id not in views]
+            if not computed:
+                continue
+
+            def phase(u: Unit) -> int:
+                if u is root and root_by is not None:
+                    return phase_of[id(task.units[root_by])]
+                return phase_of[id(u)]
+
+            first = min(phase(u) for u in computed)
+            before = [p for p in phases if phase_of[id(unit)] < p < first]
+            if before:
+                late[frame.id] = (x_size, before[-1])
+        return early, late
 
     def _thread(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         uid = unit.node.id
@@ -1730,6 +1861,9 @@ class Generator:
             code.items.append(
                 f"// root {_name(node)} {list(node.shape)}, a warp per element (reductions over its lanes)"
             )
+        elif self._early_x is not None:  # its x words are stored (_early_frame_store): the scalars
+            loop = Code(f"for (int e = max(lo_root, {self._early_x}) + tid; e < hi_root; e += NT)")
+            code.items.append(f"// root {_name(node)} {list(node.shape)}: the scalars of x, a thread per element")
         else:
             loop = Code("for (int e = lo_root + tid; e < hi_root; e += NT)")
             code.items.append(f"// root {_name(node)} {list(node.shape)}, a thread per element")
@@ -2650,6 +2784,13 @@ DOT_X_MAX_K = 1024  # 8 float4s (32 registers) a lane
 SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take its rows in one pass
 SEGMENT_MIN_LANES = 4  # ... but no fewer than this
 COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run before its staging
+# The frame task publishes the frame's x words as soon as it holds them, before it computes the
+# scalars of x (the first LayerNorm's 1 / sigma, simplify.PublishFrameScalars), and a reader whose
+# products read x while only a later phase reads the scalars stages the x words first and the
+# scalars at the end of the phase before that reader (Generator._frame_split): the first layer's
+# products no longer wait for the scalars' dot, sum and root phases (min_gru's frame block, H100
+# trace: 186 / 593 / 324 / 192 cycles). Off until timed: stepkernel_variants.py's `early-frame`.
+EARLY_FRAME_WORDS = False
 STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on different warps (see _first_warp)
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs
@@ -2794,6 +2935,7 @@ class CodeSettings:
     input_helpers: bool | None = None  # RECUR_INPUT_HELPERS: ... or taken by the threads past the cells
     x_in_registers: bool | None = None  # DOT_X_IN_REGISTERS: a warp's rows of one long product share x
     tagged_outputs: bool | None = None  # TAGGED_OUTPUTS: outputs as words the host checks, no fence
+    early_frame: bool | None = None  # EARLY_FRAME_WORDS: the frame's x published before its scalars
 
     @classmethod
     def of(cls, settings: CodeSettings | None = None, **fields) -> CodeSettings:
@@ -2834,6 +2976,7 @@ class CodeSettings:
             input_helpers=pick(self.input_helpers, RECUR_INPUT_HELPERS, bool),
             x_in_registers=pick(self.x_in_registers, DOT_X_IN_REGISTERS, bool),
             tagged_outputs=pick(self.tagged_outputs, TAGGED_OUTPUTS, bool),
+            early_frame=pick(self.early_frame, EARLY_FRAME_WORDS, bool),
         )
         if code.copy_pieces < 0 or code.copy_pieces % 4:
             raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {code.copy_pieces}")

@@ -1061,3 +1061,42 @@ def test_split_products_small(monkeypatch, arch):
     assert "ffk_ll_stage_wide<NT, " in compiled.kernel.source
     plan = StepKernelPlan.of(compiled)
     assert len(list(_edge_frames_from_zero_state(plan, program, 7, f"{arch} split small"))) == 4
+
+
+@pytest.mark.parametrize(
+    "arch,size,grid,threads",
+    [
+        (a, "small", 16, 64)
+        for a in ("min_gru", "lstm", "attention", "xlstm")  # the sanitizers' targets: `-k early_frame_small`
+    ]
+    + [(a, "full", None, 256) for a in ("min_gru", "gru", "attention", "mamba", "jamba", "xlstm")],
+)
+def test_early_frame_words_match_the_interpreter_and_the_plain_kernel(arch, size, grid, threads):
+    """codegen.EARLY_FRAME_WORDS (off until timed): the frame task publishes x before the scalars
+    of x, and a first-layer task stages x for its products and the scalars for the phase that reads
+    them. From zero state a random, a random, an all-zero and a NaN frame against the float64
+    interpreter, and every step's outputs bit for bit those of the same schedule without it (the
+    same arithmetic, only the waits move). ``small`` (embed 64, 16 blocks of 64 threads): the
+    sanitizers' targets; ``full``: the benchmark's size on this GPU's grid."""
+    import torch
+
+    from framefuse.compiler import lower_program
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.engines.stepkernel import StepKernelPlan
+
+    config = SMALL if size == "small" else {"model": {"embed": 256, "layers": 2}, "seq": 4, "seed": 0}
+    program = lower_program(prepare_cached(arch, config)["step"].fused)
+    kwargs = {"grid": grid, "threads": threads, "recomputed_scalars": 64, "alias_views": True, "one_pass": True}
+    early = CompiledStep(program, device=torch.device("cuda"), early_frame=True, **kwargs)
+    plain = CompiledStep(program, device=torch.device("cuda"), early_frame=False, **kwargs)
+    assert "its words past x (the scalars)" in early.kernel.source
+    assert "its words past x" not in plain.kernel.source
+    early_plan, plain_plan = StepKernelPlan.of(early), StepKernelPlan.of(plain)
+    steps = _edge_frames_from_zero_state(early_plan, program, 11, f"{arch} early frame {size}")
+    for step, feeds, _ in steps:
+        got = early_plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        want = plain_plan.execute({n: torch.from_numpy(v).cuda() for n, v in feeds.items()})
+        torch.cuda.synchronize()
+        for name in want:
+            a, b = got[name].cpu().numpy(), want[name].cpu().numpy()
+            assert np.array_equal(a, b, equal_nan=True), f"{arch} {size} step {step} {name}: not bit for bit"
