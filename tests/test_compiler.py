@@ -414,23 +414,36 @@ def test_split_sums_kept_emulated_match_the_interpreter(
 
 @needs_cxx
 @pytest.mark.parametrize(
-    "arch,grid,threads,resident,races",
-    [("min_gru", 24, 96, False, False), ("lstm", 24, 96, False, False), ("attention", 24, 96, True, True)],
+    "arch,grid,threads,resident,races,entry",
+    [
+        ("min_gru", 24, 96, False, False, True),
+        ("min_gru", 24, 96, True, True, False),
+        ("lstm", 24, 96, False, False, True),
+        ("attention", 24, 96, True, True, True),
+    ],
 )
-def test_early_frame_words_emulated_match_the_interpreter(arch, grid, threads, resident, races, tmp_path):
-    """codegen.EARLY_FRAME_WORDS: the frame task publishes x before it computes the scalars of x,
-    and a first-layer task stages x for its products and the scalars at the end of the phase
-    before their first reader (lstm's first-layer tasks on 24 blocks: two such copies; attention's
-    resident kernel under ThreadSanitizer). The kernel computes what the interpreter does over three
-    chained steps, and without the setting its source is as before."""
+def test_early_frame_words_emulated_match_the_interpreter(
+    arch, grid, threads, resident, races, entry, monkeypatch, tmp_path
+):
+    """codegen.EARLY_FRAME_WORDS: the frame task publishes x before it computes the scalars of x
+    (at entry, from the registers its threads read the frame into; ``entry`` False: where that
+    does not apply, at the start of the phase after x's array), and a first-layer task stages x for
+    its products and the scalars at the end of the phase before their first reader (lstm's
+    first-layer tasks on 24 blocks: two such copies). The kernel computes what the interpreter does
+    over three chained steps (the resident ones under ThreadSanitizer), and without the setting its
+    source is as before."""
+    from framefuse.compiler import codegen
     from framefuse.compiler.codegen import CodeSettings
 
+    if not entry:
+        monkeypatch.setattr(codegen.Generator, "_entry_frame", lambda self, task: False)
     program = lower_program(prepare_cached(arch, FULL)["step"].fused)
     sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
     plain = CodeSettings.of(None, alias_views=True, one_pass=True)
     kernel = generate(sched, settings=CodeSettings.of(plain, early_frame=True), resident=resident)
     before = generate(sched, settings=CodeSettings.of(plain, early_frame=False), resident=resident)
-    assert kernel.source.count("published before the scalars of x are computed") == 1
+    assert kernel.source.count("frame x words, published now") == int(entry)
+    assert kernel.source.count("published before the scalars of x are computed") == int(not entry)
     late = kernel.source.count("its words past x (the scalars), staged for the next phase")
     assert late == kernel.source.count("its x words alone, published before its scalars") >= 1
     assert late == (2 if arch != "min_gru" else 1)

@@ -235,6 +235,13 @@ class Generator:
         self._t = -1
         self._followers: dict[int, Unit] = {}  # the current task's (see _row_followers)
         self._early_x: int | None = None  # the current frame task's x size where it stored x early
+        # EARLY_FRAME_WORDS: {frame task: x size} whose x words its threads store at entry, from the
+        # registers they read the frame into (see _entry_frame)
+        self.entry_frames = {
+            t: task.root.srcs[0].size
+            for t, task in enumerate(sched.tasks)
+            if self.settings.early_frame and self._entry_frame(task)
+        }
         self._plan()
 
     # -- layout -------------------------------------------------------------------------------------
@@ -813,6 +820,13 @@ class Generator:
             ]
             body.items.append("__syncthreads();")
             body.items.append("const unsigned epoch = ffk_epoch_s;")
+        for t, x_size in self.entry_frames.items():
+            task = self.sched.tasks[t]
+            body.items += [
+                f"// task {t}'s frame x words, published now: its readers' products start on them while it computes the scalars of x",
+                f"if ({_in_task(task)} && tid < {x_size})",
+                f"    ffk_ll_store(ffk_ll + {self.layout.ll[task.root.id]} + tid, ffk_host{t}, epoch);",
+            ]
         # weight and state prefetch: one commit group per task that has any, the copies from the table
         if self.groups and not (self.resident and RESIDENT_PREFETCH_EARLY):
             first = min(PROLOGUE_GROUPS, len(self.groups))
@@ -946,7 +960,9 @@ class Generator:
             }
         )
         early, late = self._frame_split(t, task, phases) if self.settings.early_frame else (None, {})
-        self._early_x = None
+        self._early_x = self.entry_frames.get(t)  # stored at entry (_prologue): the root stores the scalars
+        if self._early_x is not None:
+            early = None
         for k, phase in enumerate(phases):
             if phase != phases[0]:
                 code.items.append("__syncthreads();")
@@ -1828,6 +1844,20 @@ class Generator:
             and min(task.chunk, root.size) <= self.threads
             and not task.side
         )
+
+    def _entry_frame(self, task: Task) -> bool:
+        """EARLY_FRAME_WORDS: whether a frame task's x words can be stored at entry by the threads
+        that read them (_framed_input: thread e holds element e), its root's element e < x size
+        being x's flat element e (x a reshape of the input) in the root's own order."""
+        node = task.root
+        if not isinstance(node, FrameConcat) or self._framed_input(task) is None or node.id in self.sched.layouts:
+            return False
+        under = node.srcs[0]
+        while isinstance(under, Map):
+            if not under.what.startswith("reshape"):
+                return False
+            under = under.src
+        return under is frame_source(node) and node.srcs[0].size == under.size
 
     def _framed_input(self, task: Task) -> Leaf | None:
         """The graph input a frame task (``FrameConcat([x, scalars of x])`` on one block, see
