@@ -197,6 +197,9 @@ SCHEDULE_VARIANTS = {
     # them and the scalars staged for the phase that reads them (codegen.EARLY_FRAME_WORDS; time it
     # under a tactic as fewer-phases-tactic+early-frame)
     "early-frame": ("codegen", "EARLY_FRAME_WORDS", True),
+    # ... with every reader of the scalars staging the whole frame copy at once (only the readers of
+    # x alone start early; codegen.FRAME_SCALARS_LATE off)
+    "early-frame-whole": [("codegen", "EARLY_FRAME_WORDS", True), ("codegen", "FRAME_SCALARS_LATE", False)],
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads

@@ -820,13 +820,6 @@ class Generator:
             ]
             body.items.append("__syncthreads();")
             body.items.append("const unsigned epoch = ffk_epoch_s;")
-        for t, x_size in self.entry_frames.items():
-            task = self.sched.tasks[t]
-            body.items += [
-                f"// task {t}'s frame x words, published now: its readers' products start on them while it computes the scalars of x",
-                f"if ({_in_task(task)} && tid < {x_size})",
-                f"    ffk_ll_store(ffk_ll + {self.layout.ll[task.root.id]} + tid, ffk_host{t}, epoch);",
-            ]
         # weight and state prefetch: one commit group per task that has any, the copies from the table
         if self.groups and not (self.resident and RESIDENT_PREFETCH_EARLY):
             first = min(PROLOGUE_GROUPS, len(self.groups))
@@ -835,6 +828,16 @@ class Generator:
                 "(the others' are issued a task ahead of their use)"
             )
             self._issue(body, "0", str(first))
+        # (after the copies are issued: the store waits for the frame's host read, which the
+        # prologue's copies would otherwise wait behind; H100, session 66: stored before them, the
+        # scalars came 0.3-0.8 us later in gru, lstm, attention, mamba, xlstm)
+        for t, x_size in self.entry_frames.items():
+            task = self.sched.tasks[t]
+            body.items += [
+                f"// task {t}'s frame x words, published now: its readers' products start on them while it computes the scalars of x",
+                f"if ({_in_task(task)} && tid < {x_size})",
+                f"    ffk_ll_store(ffk_ll + {self.layout.ll[task.root.id]} + tid, ffk_host{t}, epoch);",
+            ]
         self._stamp(body, len(self.sched.tasks), 1)
 
     def _frame_read(self, at: str) -> str:
@@ -1339,7 +1342,7 @@ class Generator:
             if after and after[0] < phase_of[id(root)]:
                 early = (node.srcs[0].size, after[0])
         late: dict[int, tuple[int, int]] = {}
-        if self._followers:  # a follower's phase is its reduction's: not worked out here
+        if self._followers or not FRAME_SCALARS_LATE:  # (a follower's phase is its reduction's: not worked out here)
             return early, late
         root_by = self.root_arrays[t]
         for unit in task.units.values():
@@ -2821,6 +2824,9 @@ COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run be
 # products no longer wait for the scalars' dot, sum and root phases (min_gru's frame block, H100
 # trace: 186 / 593 / 324 / 192 cycles). Off until timed: stepkernel_variants.py's `early-frame`.
 EARLY_FRAME_WORDS = False
+# ... and its readers' scalars staged late (Generator._frame_split); off: a reader of the scalars
+# stages the whole frame copy at once as before (only the readers of x alone gain)
+FRAME_SCALARS_LATE = True
 STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on different warps (see _first_warp)
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs
