@@ -15,13 +15,13 @@ START=$(date +%s)
 DEADLINE=${DEADLINE:-575}
 left() { local l=$((DEADLINE - ($(date +%s) - START))); [ "$l" -gt "$1" ] && echo "$1" || echo "$l"; }
 echo "== test_resident.py with the twin $(date +%T)"
-FRAMEFUSE_RESIDENT_TAGGED_OUTPUTS=1 timeout $(left 240) python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
+FRAMEFUSE_RESIDENT_TAGGED_OUTPUTS=1 timeout $(left ${RTIME:-240}) python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
   --durations=15 tests/gpu/test_resident.py > $OUT/g27/resident-tests.log 2>&1
 echo "rc=$? $(date +%T)"; grep -E "(PASSED|FAILED|ERROR) " $OUT/g27/resident-tests.log | sed 's/.*:://' | cut -c1-150; tail -n 1 $OUT/g27/resident-tests.log
 echo "== fewer-SMs tests, flag off $(date +%T)"
 timeout $(left 70) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_resident.py -k "fewer_sms" 2>&1 | tail -n 2
 echo "== early-frame device time $(date +%T)"
-timeout $(left 160) python3 bench/microbench/stepkernel_variants.py --archs $ARCHS \
+timeout $(left 160) python3 bench/microbench/stepkernel_variants.py --archs ${EARCHS:-$ARCHS} \
   --variants fewer-phases-tactic,fewer-phases-tactic+early-frame,fewer-phases-tactic+early-frame-whole,fewer-phases-tactic,fewer-phases-tactic+early-frame,fewer-phases-tactic+early-frame-whole \
   --out $OUT/g27/early.json 2>&1 | grep -v Warn | tee $OUT/g27/early.log
 echo "== early-frame tests and sanitizers $(date +%T), $(left 999) s left"
