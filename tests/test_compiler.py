@@ -427,9 +427,9 @@ def test_early_frame_words_emulated_match_the_interpreter(
 ):
     """codegen.EARLY_FRAME_WORDS: the frame task publishes x before it computes the scalars of x
     (at entry, from the registers its threads read the frame into; ``entry`` False: where that
-    does not apply, at the start of the phase after x's array), and a first-layer task stages x for
-    its products and the scalars at the end of the phase before their first reader (lstm's
-    first-layer tasks on 24 blocks: two such copies). The kernel computes what the interpreter does
+    does not apply, at the start of the phase after x's array), and with FRAME_SCALARS_LATE (off:
+    measured slower) a first-layer task stages x for its products and the scalars at the end of
+    the phase before their first reader (lstm's first-layer tasks on 24 blocks: two such copies). The kernel computes what the interpreter does
     over three chained steps (the resident ones under ThreadSanitizer), and without the setting its
     source is as before."""
     from framefuse.compiler import codegen
@@ -440,6 +440,11 @@ def test_early_frame_words_emulated_match_the_interpreter(
     program = lower_program(prepare_cached(arch, FULL)["step"].fused)
     sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
     plain = CodeSettings.of(None, alias_views=True, one_pass=True)
+    # the build's tactic (stepkernel-fewer-phases-early-frame): x early, the scalars staged as before
+    tactic = generate(sched, settings=CodeSettings.of(plain, early_frame=True), resident=resident)
+    assert "its words past x" not in tactic.source
+    _emulate_against_interpreter(tactic, program, 3, tmp_path / "tactic", races=races)
+    monkeypatch.setattr(codegen, "FRAME_SCALARS_LATE", True)
     kernel = generate(sched, settings=CodeSettings.of(plain, early_frame=True), resident=resident)
     before = generate(sched, settings=CodeSettings.of(plain, early_frame=False), resident=resident)
     assert kernel.source.count("frame x words, published now") == int(entry)
@@ -449,7 +454,7 @@ def test_early_frame_words_emulated_match_the_interpreter(
     assert late == (2 if arch != "min_gru" else 1)
     assert "its words past x" not in before.source and before.source != kernel.source
     assert generate(sched, settings=plain, resident=resident).source == before.source  # off by default
-    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path / "late", races=races)
 
 
 def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, feeds=None):
@@ -2217,7 +2222,7 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             early_frame=bool(early),
         )
         assert (kernel.describe()["split_products"] > 0) is bool(split)
-        assert ("its words past x (the scalars)" in kernel.source) is bool(early)
+        assert ("frame x words, published now" in kernel.source) is bool(early)
         # (the readers of 16 x 256 partial sums stage them 16 words a thread in flight)
         assert ("ffk_ll_stage_wide<NT, " in kernel.source) is bool(split)
         assert kernel.tagged_outputs is bool(tagged)
@@ -2624,6 +2629,7 @@ def test_dynamic_input_shape_is_declined():
         "stepkernel-views",
         "stepkernel-fewer-phases",
         "stepkernel-384-threads-fewer-phases",
+        "stepkernel-fewer-phases-early-frame",
         "stepkernel-fewer-levels",
     ],
 )

@@ -193,13 +193,13 @@ SCHEDULE_VARIANTS = {
     # outputs as tagged words, no system fence or done word for the blocks that only write outputs
     # (codegen.TAGGED_OUTPUTS)
     "tagged-outputs": ("codegen", "TAGGED_OUTPUTS", True),
-    # the frame's x words published before the scalars of x, the first layer's products started on
-    # them and the scalars staged for the phase that reads them (codegen.EARLY_FRAME_WORDS; time it
-    # under a tactic as fewer-phases-tactic+early-frame)
+    # the frame's x words published before the scalars of x (codegen.EARLY_FRAME_WORDS; time it
+    # under a tactic as fewer-phases-tactic+early-frame; the build's stepkernel-fewer-phases-early-frame)
     "early-frame": ("codegen", "EARLY_FRAME_WORDS", True),
-    # ... with every reader of the scalars staging the whole frame copy at once (only the readers of
-    # x alone start early; codegen.FRAME_SCALARS_LATE off)
-    "early-frame-whole": [("codegen", "EARLY_FRAME_WORDS", True), ("codegen", "FRAME_SCALARS_LATE", False)],
+    # ... and the first layer's products started on x, the scalars staged for the phase that reads
+    # them (codegen.FRAME_SCALARS_LATE; slower, session 66: in g26 and g27 this was `early-frame`, and
+    # g27's `early-frame-whole` what `early-frame` is now)
+    "early-frame-late-scalars": [("codegen", "EARLY_FRAME_WORDS", True), ("codegen", "FRAME_SCALARS_LATE", True)],
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads

@@ -119,6 +119,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "stepkernel-views",
             "stepkernel-fewer-phases",
             "stepkernel-384-threads-fewer-phases",
+            "stepkernel-fewer-phases-early-frame",
             "stepkernel-fewer-levels",
             "stepkernel-split",
             "stepkernel-384-threads-split",

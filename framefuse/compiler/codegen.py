@@ -2818,15 +2818,19 @@ SEGMENT_ONE_PASS = True  # ... as few lanes a row as lets the block's warps take
 SEGMENT_MIN_LANES = 4  # ... but no fewer than this
 COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run before its staging
 # The frame task publishes the frame's x words as soon as it holds them, before it computes the
-# scalars of x (the first LayerNorm's 1 / sigma, simplify.PublishFrameScalars), and a reader whose
-# products read x while only a later phase reads the scalars stages the x words first and the
-# scalars at the end of the phase before that reader (Generator._frame_split): the first layer's
-# products no longer wait for the scalars' dot, sum and root phases (min_gru's frame block, H100
-# trace: 186 / 593 / 324 / 192 cycles). Off until timed: stepkernel_variants.py's `early-frame`.
+# scalars of x (the first LayerNorm's 1 / sigma, simplify.PublishFrameScalars), so the tasks that
+# read x alone (delta_net's in_proj and k_proj) no longer wait for the scalars' dot, sum and root
+# phases (min_gru's frame block, H100 trace: 186 / 593 / 324 / 192 cycles). H100, session 66
+# (bench/h100/2026-12-07-s66/g27/), device time of the fewer-phases kernel, without / with:
+# delta_net 15.68, 15.54 / 14.55, 14.62 us, liquid 13.42, 14.08 / 13.26, 13.52, but gru 9.30,
+# 9.32 / 9.75, 9.47, lstm 9.34, 9.35 / 9.41, 9.43, attention 13.72, 13.69 / 13.81, 13.78, mamba
+# 17.82, 17.78 / 17.89, 17.97: off, the build's tactic stepkernel-fewer-phases-early-frame.
 EARLY_FRAME_WORDS = False
-# ... and its readers' scalars staged late (Generator._frame_split); off: a reader of the scalars
-# stages the whole frame copy at once as before (only the readers of x alone gain)
-FRAME_SCALARS_LATE = True
+# ... and a reader whose products read x while only a later phase reads the scalars stages the x
+# words first and the scalars at the end of the phase before that reader (Generator._frame_split).
+# Slower (g27, device time with it): gru 9.44, 9.27, lstm 9.92, 9.77, attention 14.00, 14.08,
+# mamba 18.24, 18.18 us (against the figures above): off, variant `early-frame-late-scalars`.
+FRAME_SCALARS_LATE = False
 STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on different warps (see _first_warp)
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs

@@ -744,6 +744,14 @@ STEPKERNEL_VIEWS = "stepkernel-views"
 # build times per model, not the default.
 STEPKERNEL_FEWER_PHASES = "stepkernel-fewer-phases"
 STEPKERNEL_WIDE_FEWER_PHASES = "stepkernel-384-threads-fewer-phases"
+# The fewer phases below, and the frame's x words published by the frame's block before it
+# computes the scalars of x (compiler/codegen.EARLY_FRAME_WORDS): the tasks that read x alone start
+# a LayerNorm's dot, sum and root phases earlier. H100, session 66 (bench/h100/2026-12-07-s66/g27/),
+# device time fewer-phases / this: delta_net 15.68, 15.54 / 14.55, 14.62 us, liquid 13.42, 14.08 /
+# 13.26, 13.52; gru 9.30, 9.32 / 9.75, 9.47, lstm, attention, mamba 0.1 us slower: a tactic the
+# build times per model. Built only where a frame task stores x at entry (every zoo step form): no
+# candidate elsewhere.
+STEPKERNEL_FEWER_PHASES_EARLY_FRAME = "stepkernel-fewer-phases-early-frame"
 # ... and scheduled with a head's or a row's few scalars (xLSTM's and delta_net's per-head norms'
 # σ and 1 / σ) recomputed by their readers, not two phases of a few threads (schedule's
 # recomputed_scalars, RECOMPUTED_SCALARS): 364 -> 354 phases (delta_net 49 -> 43, xlstm 61 -> 57)
@@ -820,6 +828,7 @@ STEPKERNELS = {  # name -> compile_step's tactic arguments
     STEPKERNEL_VIEWS: {"copy_pieces": 0, "alias_views": True},
     STEPKERNEL_FEWER_PHASES: {"copy_pieces": 0, **FEWER_PHASES},
     STEPKERNEL_WIDE_FEWER_PHASES: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES},
+    STEPKERNEL_FEWER_PHASES_EARLY_FRAME: {"copy_pieces": 0, **FEWER_PHASES, "early_frame": True},
     STEPKERNEL_FEWER_LEVELS: {"copy_pieces": 0, **FEWER_LEVELS},
     STEPKERNEL_SPLIT: {"copy_pieces": 0, **FEWER_PHASES, **SPLIT},
     STEPKERNEL_WIDE_SPLIT: {"copy_pieces": 0, "threads": WIDE_THREADS, **FEWER_PHASES, **SPLIT},
@@ -1223,6 +1232,7 @@ __all__ = [
     "STEPKERNEL_VIEWS",
     "STEPKERNEL_FEWER_PHASES",
     "STEPKERNEL_WIDE_FEWER_PHASES",
+    "STEPKERNEL_FEWER_PHASES_EARLY_FRAME",
     "STEPKERNEL_WIDE",
     "STEPKERNEL_PACED",
     "STEPKERNEL_UNFRAMED",

@@ -1072,9 +1072,8 @@ def test_split_products_small(monkeypatch, arch):
     + [(a, "full", None, 256) for a in ("min_gru", "gru", "attention", "mamba", "jamba", "xlstm")],
 )
 def test_early_frame_words_match_the_interpreter_and_the_plain_kernel(arch, size, grid, threads):
-    """codegen.EARLY_FRAME_WORDS (off until timed): the frame task publishes x before the scalars
-    of x, and a first-layer task stages x for its products and the scalars for the phase that reads
-    them. From zero state a random, a random, an all-zero and a NaN frame against the float64
+    """codegen.EARLY_FRAME_WORDS (the tactic stepkernel-fewer-phases-early-frame): the frame task
+    publishes x at entry, before the scalars of x. From zero state a random, a random, an all-zero and a NaN frame against the float64
     interpreter, and every step's outputs bit for bit those of the same schedule without it (the
     same arithmetic, only the waits move). ``small`` (embed 64, 16 blocks of 64 threads): the
     sanitizers' targets; ``full``: the benchmark's size on this GPU's grid."""
@@ -1089,8 +1088,8 @@ def test_early_frame_words_match_the_interpreter_and_the_plain_kernel(arch, size
     kwargs = {"grid": grid, "threads": threads, "recomputed_scalars": 64, "alias_views": True, "one_pass": True}
     early = CompiledStep(program, device=torch.device("cuda"), early_frame=True, **kwargs)
     plain = CompiledStep(program, device=torch.device("cuda"), early_frame=False, **kwargs)
-    assert "its words past x (the scalars)" in early.kernel.source
-    assert "its words past x" not in plain.kernel.source
+    assert "frame x words, published now" in early.kernel.source
+    assert "frame x words, published now" not in plain.kernel.source
     early_plan, plain_plan = StepKernelPlan.of(early), StepKernelPlan.of(plain)
     steps = _edge_frames_from_zero_state(early_plan, program, 11, f"{arch} early frame {size}")
     for step, feeds, _ in steps:
