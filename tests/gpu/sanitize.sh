@@ -14,6 +14,8 @@ set -uo pipefail
 tool=$1; out=$2; shift 2
 limit=0
 if [ "${1:-}" = "-t" ]; then limit=$2; shift 2; fi
+# (a limit of 0 or less would run without one: session 66's script passed a negative one)
+if ! [ "$limit" -ge 0 ] 2>/dev/null; then echo "sanitize.sh: -t needs a positive number of seconds, got $limit" >&2; exit 2; fi
 kexpr=()
 if [ "${1:-}" = "-k" ]; then kexpr=(-k "$2"); shift 2; fi
 mkdir -p "$out"
@@ -41,6 +43,13 @@ for f in "$@"; do
     closing="cut ($why): $passed passed, $failed failed before it"
     summary="sanitizer reports so far: $reports"
   fi
+  # a -k that matches nothing still ends in the sanitizer's clean summary: say so, and fail
+  # (session 66's `-k early_frame_small` selected 0 tests: the ids are ...[arch-small-...])
+  if grep -qE 'collected [0-9]+ items / [0-9]+ deselected / 0 selected|no tests ran' "$log"; then
+    closing="NO TESTS SELECTED (check -k): nothing was sanitized"
+    status=1
+  fi
   printf '%-40s %s | %s\n' "$(basename "$f")" "$closing" "$summary"
   i=$((i + 1))
 done
+exit "${status:-0}"

@@ -1067,7 +1067,7 @@ def test_split_products_small(monkeypatch, arch):
     "arch,size,grid,threads",
     [
         (a, "small", 16, 64)
-        for a in ("min_gru", "lstm", "attention", "xlstm")  # the sanitizers' targets: `-k early_frame_small`
+        for a in ("min_gru", "lstm", "attention", "xlstm")  # the sanitizers' targets: `-k "early_frame and small"`
     ]
     + [(a, "full", None, 256) for a in ("min_gru", "gru", "attention", "mamba", "jamba", "xlstm")],
 )
