@@ -829,8 +829,8 @@ class Generator:
             )
             self._issue(body, "0", str(first))
         # (after the copies are issued: the store waits for the frame's host read, which the
-        # prologue's copies would otherwise wait behind; H100, session 66: stored before them, the
-        # scalars came 0.3-0.8 us later in gru, lstm, attention, mamba, xlstm)
+        # prologue's copies would otherwise wait behind; H100, session 66: with the store before
+        # them, g26's kernels were 0.3-0.9 us slower for gru, lstm, attention, jamba, mamba, xlstm)
         for t, x_size in self.entry_frames.items():
             task = self.sched.tasks[t]
             body.items += [
