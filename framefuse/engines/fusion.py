@@ -744,18 +744,18 @@ STEPKERNEL_VIEWS = "stepkernel-views"
 # build times per model, not the default.
 STEPKERNEL_FEWER_PHASES = "stepkernel-fewer-phases"
 STEPKERNEL_WIDE_FEWER_PHASES = "stepkernel-384-threads-fewer-phases"
-# The fewer phases below, and the frame's x words published by the frame's block before it
-# computes the scalars of x (compiler/codegen.EARLY_FRAME_WORDS): the tasks that read x alone start
-# a LayerNorm's dot, sum and root phases earlier. H100, session 66 (bench/h100/2026-12-07-s66/g27/),
-# device time fewer-phases / this: delta_net 15.68, 15.54 / 14.55, 14.62 us, liquid 13.42, 14.08 /
-# 13.26, 13.52; gru 9.30, 9.32 / 9.75, 9.47, lstm, attention, mamba 0.1 us slower: a tactic the
-# build times per model. Built only where a frame task stores x at entry (every zoo step form): no
-# candidate elsewhere.
-STEPKERNEL_FEWER_PHASES_EARLY_FRAME = "stepkernel-fewer-phases-early-frame"
 # ... and scheduled with a head's or a row's few scalars (xLSTM's and delta_net's per-head norms'
 # σ and 1 / σ) recomputed by their readers, not two phases of a few threads (schedule's
 # recomputed_scalars, RECOMPUTED_SCALARS): 364 -> 354 phases (delta_net 49 -> 43, xlstm 61 -> 57)
 FEWER_PHASES = {"alias_views": True, "one_pass": True, "recomputed_scalars": 64}
+# The fewer phases above, and the frame's x words published by the frame's block before it
+# computes the scalars of x (compiler/codegen.EARLY_FRAME_WORDS): the tasks that read x alone no
+# longer wait for the scalars' dot, sum and root phases. H100, session 66
+# (bench/h100/2026-12-07-s66/g27/), device time fewer-phases / this: delta_net 15.68, 15.54 / 14.55,
+# 14.62 us, liquid 13.42, 14.08 / 13.26, 13.52; gru 9.30, 9.32 / 9.75, 9.47, lstm, attention, mamba
+# 0.1 us slower: a tactic the build times per model. Built only where a frame task publishes x
+# early (every zoo step form): no candidate elsewhere.
+STEPKERNEL_FEWER_PHASES_EARLY_FRAME = "stepkernel-fewer-phases-early-frame"
 # The fewer phases above, and scheduled with a product that every block of its reader needs whole
 # computed by each of those blocks where a block's share is at most REPLICATED_DOT_MACS
 # multiply-adds, instead of published by a task of its own a level earlier
