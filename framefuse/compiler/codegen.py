@@ -962,10 +962,11 @@ class Generator:
                 if u.node.id not in followed and u.node.id not in views and (u is not root or root_by is None)
             }
         )
-        early, late = self._frame_split(t, task, phases) if self.settings.early_frame else (None, {})
         self._early_x = self.entry_frames.get(t)  # stored at entry (_prologue): the root stores the scalars
-        if self._early_x is not None:
-            early = None
+        early = (
+            self._phase_frame_store(t, task, phases) if self.settings.early_frame and self._early_x is None else None
+        )
+        late = self._late_frame_scalars(t, task, phases) if self.settings.early_frame and FRAME_SCALARS_LATE else {}
         for k, phase in enumerate(phases):
             if phase != phases[0]:
                 code.items.append("__syncthreads();")
@@ -1313,37 +1314,41 @@ class Generator:
         for stmt in self.stores(node, "e", value.text, self.stored_c(node, var)):
             em.top.insert(em.once(stmt))
 
-    def _frame_split(self, t: int, task: Task, phases: list) -> tuple[tuple[int, int] | None, dict]:
-        """EARLY_FRAME_WORDS: (x size, phase) where the frame task stores its x words early (None
-        where this task is not the frame's, or nothing would be earlier), and {staged frame copy
-        id: (x size, phase)}: the phase at whose end the copy's scalars are staged, where the
-        copy's first readers read x alone and the first reader of a scalar comes at least two
-        phases after the copy (its x words staged in the copy's own phase)."""
-        phase_of, views = self.phases[t], self.views[t]
-        root = task.units[ROOT]
-        early = None
-        node = task.root
+    def _phase_frame_store(self, t: int, task: Task, phases: list) -> tuple[int, int] | None:
+        """EARLY_FRAME_WORDS where the frame's x words cannot be stored at entry (_entry_frame):
+        (x size, the phase at whose start the frame task stores them), None where this task is not
+        the frame's or nothing would be earlier than its root."""
+        phase_of, root, node = self.phases[t], task.units[ROOT], task.root
         if (
-            isinstance(node, FrameConcat)
-            and frame_source(node) is not None
-            and self.root_arrays[t] is None
-            and not self._warp_root(task, root)
-            and not self._early_input(task)
-            and node.id not in self.sched.layouts
+            not isinstance(node, FrameConcat)
+            or frame_source(node) is None
+            or self.root_arrays[t] is not None
+            or self._warp_root(task, root)
+            or self._early_input(task)
+            or node.id in self.sched.layouts
         ):
-            chain, under = set(), node.srcs[0]
-            while True:
-                chain.add(under.id)
-                if not isinstance(under, Map):
-                    break
-                under = under.src
-            feeding = [phase_of[id(u)] for key, u in task.units.items() if key != ROOT and u.node.id in chain]
-            after = [p for p in phases if feeding and p > max(feeding)]
-            if after and after[0] < phase_of[id(root)]:
-                early = (node.srcs[0].size, after[0])
+            return None
+        chain, under = set(), node.srcs[0]
+        while True:
+            chain.add(under.id)
+            if not isinstance(under, Map):
+                break
+            under = under.src
+        feeding = [phase_of[id(u)] for key, u in task.units.items() if key != ROOT and u.node.id in chain]
+        after = [p for p in phases if feeding and p > max(feeding)]
+        if after and after[0] < phase_of[id(root)]:
+            return node.srcs[0].size, after[0]
+        return None
+
+    def _late_frame_scalars(self, t: int, task: Task, phases: list) -> dict[int, tuple[int, int]]:
+        """FRAME_SCALARS_LATE: {staged frame copy id: (x size, phase)}, the phase at whose end the
+        copy's scalars are staged, where the copy's first readers read x alone and the first reader
+        of a scalar comes at least two phases after the copy (its x words staged in the copy's own
+        phase)."""
         late: dict[int, tuple[int, int]] = {}
-        if self._followers or not FRAME_SCALARS_LATE:  # (a follower's phase is its reduction's: not worked out here)
-            return early, late
+        if self._followers:  # a follower's phase is its reduction's: not worked out here
+            return late
+        phase_of, views, root = self.phases[t], self.views[t], task.units[ROOT]
         root_by = self.root_arrays[t]
         for unit in task.units.values():
             frame = unit.node
@@ -1392,7 +1397,7 @@ class Generator:
             before = [p for p in phases if phase_of[id(unit)] < p < first]
             if before:
                 late[frame.id] = (x_size, before[-1])
-        return early, late
+        return late
 
     def _thread(self, code: Code, t: int, task: Task, unit: Unit) -> None:
         uid = unit.node.id
@@ -2827,7 +2832,7 @@ COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run be
 # 17.82, 17.78 / 17.89, 17.97: off, the build's tactic stepkernel-fewer-phases-early-frame.
 EARLY_FRAME_WORDS = False
 # ... and a reader whose products read x while only a later phase reads the scalars stages the x
-# words first and the scalars at the end of the phase before that reader (Generator._frame_split).
+# words first and the scalars at the end of the phase before that reader (Generator._late_frame_scalars).
 # Slower (g27, device time with it): gru 9.44, 9.27, lstm 9.92, 9.77, attention 14.00, 14.08,
 # mamba 18.24, 18.18 us (against the figures above): off, variant `early-frame-late-scalars`.
 FRAME_SCALARS_LATE = False
