@@ -20,6 +20,8 @@
 //             N values (mbarrier.try_wait, acquire at cluster scope): no cluster barrier, no tags,
 //             no polling of memory another SM writes (session 56; issue 18's per-level transport:
 //             the hardware's own producer / consumer path between the SMs of a cluster).
+//   copies    block mode with the level's words stored R times (lanes 0..R-1 of the row's warp each
+//             store one copy), block b staging copy b % R: R times fewer blocks poll each line.
 //   unrolled  block mode with the level loop unrolled at compile time (code size x L): the
 //             instruction-cache cost of straight-line code run once per launch.
 //   splitk    a level as a split product (compiler/simplify.SplitProducts, session 62): P blocks,
@@ -93,7 +95,7 @@ __device__ unsigned next_epoch(unsigned long long* counters, unsigned* s_epoch) 
 template <bool UNROLL, int LU>
 __global__ void __launch_bounds__(256, 1) k_block(const float* W, const float* x0, float* out,
                                                    unsigned long long* ll, unsigned long long* counters, int L,
-                                                   int extra) {
+                                                   int extra, int reps = 1) {
     extern __shared__ __align__(16) float sm[];
     __shared__ unsigned s_epoch;
     const int rows = N / gridDim.x;
@@ -107,8 +109,8 @@ __global__ void __launch_bounds__(256, 1) k_block(const float* W, const float* x
     const int levels = UNROLL ? LU : L;
 #pragma unroll(UNROLL ? LU : 1)
     for (int l = 0; l < levels; ++l) {
-        if (l > 0) {
-            stage<1>(x, ll + (l - 1) * N, tid, 0, epoch);
+        if (l > 0) {  // this block's replica of the level's words
+            stage<1>(x, ll + ((size_t)(l - 1) * reps + blockIdx.x % reps) * N, tid, 0, epoch);
             __syncthreads();
         }
         for (int p = 0; p < extra; ++p) {  // a phase: every thread touches shared memory, then a barrier
@@ -120,12 +122,13 @@ __global__ void __launch_bounds__(256, 1) k_block(const float* W, const float* x
 #pragma unroll
             for (int k = lane; k < N; k += 32) acc += w[r * N + k] * x[k];
             acc = warp_sum(acc);
-            if (lane == 0) ll_store(ll + l * N + blockIdx.x * rows + r, tanhf(acc), epoch);
+            const float y = tanhf(acc);
+            if (lane < reps) ll_store(ll + ((size_t)l * reps + lane) * N + blockIdx.x * rows + r, y, epoch);
         }
         __syncthreads();
     }
     if (blockIdx.x == 0) {
-        stage<1>(x, ll + (levels - 1) * N, tid, 0, epoch);
+        stage<1>(x, ll + (size_t)(levels - 1) * reps * N, tid, 0, epoch);
         out[tid] = x[tid];
     }
     if (tid == 0) counters[blockIdx.x] += 1;
@@ -527,6 +530,20 @@ int main(int argc, char** argv) {
             snprintf(name, sizeof name, "block G%d+%d", G, extra);
             row(name, [&](cudaStream_t s, int L) {
                 k_block<false, 1><<<G, 256, smem, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L, extra);
+            });
+        }
+    }
+    // the level's words stored in R copies, block b polling copy b % R: R times fewer readers a line
+    // (with one copy, all 128 blocks poll the same 16 lines; session 67)
+    for (int G : {128, 32}) {
+        for (int R : {2, 4, 8, 16}) {
+            const int rows = N / G;
+            const size_t smem = (rows * N + 2 * N) * 4;
+            CHECK(cudaFuncSetAttribute(k_block<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            char name[64];
+            snprintf(name, sizeof name, "copies G%d R%d", G, R);
+            row(name, [&](cudaStream_t s, int L) {
+                k_block<false, 1><<<G, 256, smem, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L, 0, R);
             });
         }
     }
