@@ -6,7 +6,8 @@
 # 3. codegen.EARLY_FRAME_WORDS as it is now (the build's tactic stepkernel-fewer-phases-early-frame):
 #    its GPU tests (10) and compute-sanitizer memcheck and racecheck of its 4 small cases (never
 #    run: session 66's -k selected nothing).
-# 4. codegen.LL_COPIES in the generated kernels: device time of fewer-phases with 4 / 8 / 16 copies.
+# 4. codegen.LL_COPIES in the generated kernels: its GPU tests (10, beside 3's) and device time of
+#    fewer-phases with 4 / 8 / 16 copies.
 # 5. the resident tagged twin's 8 test_resident.py cases left (gpu25.sh PART=rest).
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -20,7 +21,7 @@ bash tests/gpu/sanitize.sh memcheck $OUT/g29 -t 200 -k "early_frame and small" t
 m=$!
 bash tests/gpu/sanitize.sh racecheck $OUT/g29 -t 200 -k "early_frame and small" tests/gpu/test_stepkernel.py > $OUT/g29/racecheck.txt 2>&1 &
 r=$!
-timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider -k early_frame tests/gpu/test_stepkernel.py > $OUT/g29/early-tests.log 2>&1
+timeout 170 python3 -m pytest -q -m gpu -rA -p no:cacheprovider -k "early_frame or ll_copies" tests/gpu/test_stepkernel.py > $OUT/g29/early-tests.log 2>&1
 echo "tests rc=$? $(date +%T)"; tail -n 1 $OUT/g29/early-tests.log
 wait $m $r
 cat $OUT/g29/memcheck.txt $OUT/g29/racecheck.txt
