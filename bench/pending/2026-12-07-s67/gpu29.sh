@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 67, one call (~530 s):
+# Session 67, one call (~400 s):
 # 1. bench/microbench/l2_sides.cu: whether an L2 hit's latency depends on which SM reads which line.
 # 2. level_cost.cu with the level's words in R copies (block b polls copy b % R: R times fewer
 #    blocks poll each line).
@@ -8,7 +8,6 @@
 #    run: session 66's -k selected nothing).
 # 4. codegen.LL_COPIES in the generated kernels: its GPU tests (10, beside 3's) and device time of
 #    fewer-phases with 4 / 8 / 16 copies.
-# 5. resident Session.step, default / the resident tagged twin / 8 copies, delta_net, gru, mamba.
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g29
@@ -29,8 +28,4 @@ echo "== flagged-word copies, device time $(date +%T)"
 timeout 130 python3 bench/microbench/stepkernel_variants.py --archs min_gru,mamba,attention \
   --variants fewer-phases-tactic,fewer-phases-tactic+ll-copies-4,fewer-phases-tactic+ll-copies-8,fewer-phases-tactic+ll-copies-16,fewer-phases-tactic \
   --out $OUT/g29/copies.json 2>&1 | grep -v Warn | tee $OUT/g29/copies.log
-echo "== resident: default / twin / 8 copies, 4 rounds $(date +%T)"
-timeout 130 python3 bench/microbench/resident_variants.py --archs delta_net,gru,mamba --rounds 4 \
-  --variants default,resident-tagged-outputs,ll-copies-8 --out $OUT/g29/resident.json 2>&1 \
-  | grep -v -e Warn -e "session = Session" | tee $OUT/g29/resident.log
 echo "done $(date +%T)"
