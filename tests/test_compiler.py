@@ -472,10 +472,11 @@ def test_flagged_word_copies_emulated_match_the_interpreter(arch, grid, threads,
     sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
     plain = CodeSettings.of(None, alias_views=True, one_pass=True)
     kernel = generate(sched, settings=CodeSettings.of(plain, ll_copies=3), resident=resident)
-    words = kernel.layout.ll_words
-    assert kernel.flag_words == 3 * words and kernel.describe()["flagged_bytes"] == 24 * words
-    assert f"ffk_ll_base + (size_t)(b % 3) * {words};" in kernel.source
-    assert "ffk_ll_store(ffk_ll" not in kernel.source and kernel.source.count(f"ffk_ll_put<3, {words}>(") >= 2
+    words, stride = kernel.layout.ll_words, kernel.layout.ll_stride
+    assert stride % 16 == 0 and words <= stride < words + 16  # each copy starts on a 128-byte line
+    assert kernel.flag_words == 3 * stride and kernel.describe()["flagged_bytes"] == 24 * stride
+    assert f"ffk_ll_base + (size_t)(b % 3) * {stride};" in kernel.source
+    assert "ffk_ll_store(ffk_ll" not in kernel.source and kernel.source.count(f"ffk_ll_put<3, {stride}>(") >= 2
     one = generate(sched, settings=CodeSettings.of(plain, ll_copies=1), resident=resident)
     assert one.source == generate(sched, settings=plain, resident=resident).source and "ffk_ll_base" not in one.source
     assert one.flag_words == words

@@ -157,6 +157,13 @@ class Layout:
     narrow: dict = field(default_factory=dict)  # Dot id -> (offset in floats, 32-bit words a row): narrow rows
     ll: dict = field(default_factory=dict)  # node id -> offset
     ll_words: int = 0
+
+    @property
+    def ll_stride(self) -> int:
+        """The words between two copies of the flagged buffer (LL_COPIES): whole 128-byte lines,
+        so that a copy's words share lines as the first copy's do."""
+        return -(-max(self.ll_words, 1) // 16) * 16
+
     columns: list = field(default_factory=list)  # range-table columns: (task, unit id, "lo" | "hi" | "nlo")
     column_of: dict = field(default_factory=dict)
     table: np.ndarray | None = None  # [grid, columns] int32
@@ -703,7 +710,7 @@ class Generator:
         ]
         if self.ll_copies > 1:  # every flagged word is stored in each copy; this block reads its own (LL_COPIES)
             body.items.append(
-                f"unsigned long long* const ffk_ll = ffk_ll_base + (size_t)(b % {self.ll_copies}) * {self.layout.ll_words};"
+                f"unsigned long long* const ffk_ll = ffk_ll_base + (size_t)(b % {self.ll_copies}) * {self.layout.ll_stride};"
             )
 
     def _framer_blocks(self) -> list[int]:
@@ -2750,7 +2757,7 @@ class Generator:
         buffer where there are several (LL_COPIES)."""
         if self.ll_copies == 1:
             return f"ffk_ll_store(ffk_ll + {word}, {value}, epoch);"
-        return f"ffk_ll_put<{self.ll_copies}, {self.layout.ll_words}>(ffk_ll_base + {word}, {value}, epoch);"
+        return f"ffk_ll_put<{self.ll_copies}, {self.layout.ll_stride}>(ffk_ll_base + {word}, {value}, epoch);"
 
     def need_header(self, path: Path | None) -> None:
         if path is not None and path not in self.headers:
@@ -3848,8 +3855,11 @@ class Kernel:
 
     @property
     def flag_words(self) -> int:
-        """The words of the flagged buffer its launch needs: the layout's, in each copy (LL_COPIES)."""
-        return max(self.layout.ll_words * self.settings.ll_copies, 1)
+        """The words of the flagged buffer its launch needs: the layout's, or its copies (LL_COPIES),
+        each starting on a 128-byte line."""
+        if self.settings.ll_copies == 1:
+            return max(self.layout.ll_words, 1)
+        return self.layout.ll_stride * self.settings.ll_copies
 
     @property
     def kernel_phases(self) -> int:
@@ -3905,7 +3915,7 @@ class Kernel:
                 "source_and_ranges_sha256": self.identity,
                 "smem_bytes": self.smem_bytes,
                 "weight_bytes": 4 * self.layout.weight_floats,
-                "flagged_bytes": 8 * self.layout.ll_words * self.settings.ll_copies,
+                "flagged_bytes": 8 * self.flag_words,
                 "prefetched_products": len(self.layout.prefetch),
                 "prefetched_leaves": len(self.layout.leaf_prefetch),
                 "done_words": self.done_words,
