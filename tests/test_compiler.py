@@ -457,34 +457,6 @@ def test_early_frame_words_emulated_match_the_interpreter(
     _emulate_against_interpreter(kernel, program, 3, tmp_path / "late", races=races)
 
 
-@needs_cxx
-@pytest.mark.parametrize(
-    "arch,grid,threads,resident,races",
-    [("min_gru", 24, 96, False, False), ("lstm", 24, 96, True, True), ("attention", 20, 96, False, False)],
-)
-def test_flagged_word_copies_emulated_match_the_interpreter(arch, grid, threads, resident, races, tmp_path):
-    """codegen.LL_COPIES: every flagged store writes each of n copies of the flagged buffer and
-    block b reads copy b % n. The kernel computes what the interpreter does over three chained
-    steps (the resident one under ThreadSanitizer); with one copy the source is as before."""
-    from framefuse.compiler.codegen import CodeSettings
-
-    program = lower_program(prepare_cached(arch, FULL)["step"].fused)
-    sched = schedule(program, grid=grid, threads=threads, recomputed_scalars=64)
-    plain = CodeSettings.of(None, alias_views=True, one_pass=True)
-    kernel = generate(sched, settings=CodeSettings.of(plain, ll_copies=3), resident=resident)
-    words, stride = kernel.layout.ll_words, kernel.layout.ll_stride
-    assert stride % 16 == 0 and words <= stride < words + 16  # each copy starts on a 128-byte line
-    assert kernel.flag_words == 3 * stride and kernel.describe()["flagged_bytes"] == 24 * stride
-    assert f"ffk_ll_base + (size_t)(b % 3) * {stride};" in kernel.source
-    assert "ffk_ll_store(ffk_ll" not in kernel.source and kernel.source.count(f"ffk_ll_put<3, {stride}>(") >= 2
-    one = generate(sched, settings=CodeSettings.of(plain, ll_copies=1), resident=resident)
-    assert one.source == generate(sched, settings=plain, resident=resident).source and "ffk_ll_base" not in one.source
-    assert one.flag_words == words
-    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=races)
-    with pytest.raises(CompileError, match="copies of the flagged words"):
-        generate(sched, settings=CodeSettings.of(plain, ll_copies=0))
-
-
 def _emulate_against_interpreter(kernel, program, steps, tmp_path, races=False, feeds=None):
     rng = np.random.default_rng(9)
     first = _feeds(program, rng) if feeds is None else feeds

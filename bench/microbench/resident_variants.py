@@ -23,36 +23,36 @@ for path in (REPO, REPO / "bench"):
 
 # codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES),
 # the binding's (engines/stepkernel.RESIDENT_WRITE_COMBINED_FRAMES), codegen.TAGGED_OUTPUTS, the
-# resident binding's engines/stepkernel.RESIDENT_TAGGED_OUTPUTS, codegen.EARLY_FRAME_WORDS and
-# codegen.LL_COPIES
+# resident binding's engines/stepkernel.RESIDENT_TAGGED_OUTPUTS and codegen.EARLY_FRAME_WORDS
+# The variants after resident-untagged keep the twin off, as they were timed before session 67: compare
+# them with resident-untagged.
 VARIANTS = {
-    "default": (True, True, True, False, False, False, False, 1),
+    "default": (True, True, True, False, False, True, False),
     # session 65: the resident binding's own kernel with tagged outputs beside the engine's untagged
-    # launched kernel (stepkernel.RESIDENT_TAGGED_OUTPUTS; the launched step is the same as default's)
-    "resident-tagged-outputs": (True, True, True, False, False, True, False, 1),
-    "untagged-frames": (True, True, False, False, False, False, False, 1),  # the default before session 46
-    "weights-every-frame": (False, True, True, False, False, False, False, 1),
-    "prefetch-after-go": (True, False, True, False, False, False, False, 1),
-    "neither": (False, False, True, False, False, False, False, 1),
+    # launched kernel (stepkernel.RESIDENT_TAGGED_OUTPUTS; the launched step is the same as default's);
+    # the default since session 67, which resident-untagged is without
+    "resident-tagged-outputs": (True, True, True, False, False, True, False),
+    "resident-untagged": (True, True, True, False, False, False, False),
+    "untagged-frames": (True, True, False, False, False, False, False),  # the default before session 46
+    "weights-every-frame": (False, True, True, False, False, False, False),
+    "prefetch-after-go": (True, False, True, False, False, False, False),
+    "neither": (False, False, True, False, False, False, False),
     # session 59: the frame words and bell write-combined
-    "write-combined": (True, True, True, True, False, False, False, 1),
+    "write-combined": (True, True, True, True, False, False, False),
     # session 61: outputs as tagged words, no system fence and no done word for the blocks that only
     # write outputs. A setting of the launched kernel too (the engine is built again with it), so
     # its launched step is timed beside as "launched-tagged-outputs".
-    "tagged-outputs": (True, True, True, False, True, False, False, 1),
+    "tagged-outputs": (True, True, True, False, True, False, False),
     # session 64: tagged outputs with the head's outputs in chunks of 16 / 32 floats a block
     # (schedule.HOST_WRITE_CHUNK, 8): a block's words are whole 128-byte host lines (16) or the
     # whole head on one block (32), not two blocks' words in one line
-    "tagged-outputs-16": (True, True, True, False, True, False, False, 1),
-    "tagged-outputs-32": (True, True, True, False, True, False, False, 1),
+    "tagged-outputs-16": (True, True, True, False, True, False, False),
+    "tagged-outputs-32": (True, True, True, False, True, False, False),
     # session 66: the frame's x words published before the scalars of x, and the first layer's
     # products started on them (codegen.EARLY_FRAME_WORDS; launched too: "launched-early-frame"),
     # with and without the resident binding's tagged outputs
-    "early-frame": (True, True, True, False, False, False, True, 1),
-    "early-frame-resident-tagged": (True, True, True, False, False, True, True, 1),
-    # session 67: every flagged word in 8 copies, block b reading copy b % 8 (codegen.LL_COPIES; the
-    # launched kernel too: "launched-ll-copies-8")
-    "ll-copies-8": (True, True, True, False, False, False, False, 8),
+    "early-frame": (True, True, True, False, False, False, True),
+    "early-frame-resident-tagged": (True, True, True, False, False, True, True),
 }
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
@@ -68,7 +68,6 @@ def _settings(codegen, values, host_write_chunk: int) -> None:
     codegen.TAGGED_OUTPUTS = values[4]
     stepkernel.RESIDENT_TAGGED_OUTPUTS = values[5]
     codegen.EARLY_FRAME_WORDS = values[6]
-    codegen.LL_COPIES = values[7]
     schedule.HOST_WRITE_CHUNK = host_write_chunk
 
 
@@ -113,13 +112,10 @@ def main() -> int:
         sessions = {}
         for name in variants:
             _settings(codegen, VARIANTS[name], HOST_WRITE_CHUNKS.get(name, chunk))
-            if (
-                VARIANTS[name][4] or VARIANTS[name][6] or VARIANTS[name][7] > 1
-            ):  # the launched kernel's too: an engine of its own
+            if VARIANTS[name][4] or VARIANTS[name][6]:  # the launched kernel's setting too: an engine of its own
                 tagged_engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
                 kernel = tagged_engine.default_plan.compiled.kernel
                 assert kernel.tagged_outputs == VARIANTS[name][4] and kernel.settings.early_frame == VARIANTS[name][6]
-                assert kernel.settings.ll_copies == VARIANTS[name][7]
                 sessions[f"launched-{name}"] = Session(tagged_engine, budget_ms=None)
                 got = [sessions[f"launched-{name}"].step(pool[i % 64]).copy() for i in range(200)]
                 row[f"launched-{name}_equal"] = all(np.array_equal(a, b) for a, b in zip(got, expected))

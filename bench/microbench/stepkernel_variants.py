@@ -200,11 +200,6 @@ SCHEDULE_VARIANTS = {
     # them (codegen.FRAME_SCALARS_LATE; slower, session 66: in g26 and g27 this was `early-frame`, and
     # g27's `early-frame-whole` what `early-frame` is now)
     "early-frame-late-scalars": [("codegen", "EARLY_FRAME_WORDS", True), ("codegen", "FRAME_SCALARS_LATE", True)],
-    # every flagged word stored in n copies, block b reading copy b % n: n times fewer blocks poll
-    # each line (codegen.LL_COPIES; session 67, time it as fewer-phases-tactic+ll-copies-4)
-    "ll-copies-4": ("codegen", "LL_COPIES", 4),
-    "ll-copies-8": ("codegen", "LL_COPIES", 8),
-    "ll-copies-16": ("codegen", "LL_COPIES", 16),
     # a window's Scan inputs staged only up to each block's last position (schedule.SCAN_PREFIX_RANGES)
     "scan-prefix-ranges": ("schedule", "SCAN_PREFIX_RANGES", True),
     # a window's Scan along its own axis, each element running its prefix inside whatever task reads

@@ -157,13 +157,6 @@ class Layout:
     narrow: dict = field(default_factory=dict)  # Dot id -> (offset in floats, 32-bit words a row): narrow rows
     ll: dict = field(default_factory=dict)  # node id -> offset
     ll_words: int = 0
-
-    @property
-    def ll_stride(self) -> int:
-        """The words between two copies of the flagged buffer (LL_COPIES): whole 128-byte lines,
-        so that a copy's words share lines as the first copy's do."""
-        return -(-max(self.ll_words, 1) // 16) * 16
-
     columns: list = field(default_factory=list)  # range-table columns: (task, unit id, "lo" | "hi" | "nlo")
     column_of: dict = field(default_factory=dict)
     table: np.ndarray | None = None  # [grid, columns] int32
@@ -236,7 +229,6 @@ class Generator:
         self.host_tasks: set[int] = set()  # tasks that read a graph input or write a graph output
         self.input_tasks: set[int] = set()  # tasks that read a graph input (from host memory)
         self.tagged_outputs = self.settings.tagged_outputs
-        self.ll_copies = self.settings.ll_copies
         self.done_words = 0
         self.tagged = self.resident and RESIDENT_TAGGED_FRAMES
         self._framers: list[int] = []  # tagged: the blocks that poll their frame words (see _resident_loop)
@@ -615,7 +607,7 @@ class Generator:
                 params.append(f"float* __restrict__ sout{i} /* {self.program.state_of[name]} */")
         params += [
             "const float* __restrict__ ffk_w",
-            "unsigned long long* ffk_ll" if self.ll_copies == 1 else "unsigned long long* ffk_ll_base",
+            "unsigned long long* ffk_ll",
             "unsigned long long* __restrict__ ffk_counters",
             "const int* __restrict__ ffk_ranges",
             "unsigned* ffk_done",
@@ -708,10 +700,6 @@ class Generator:
             f"constexpr int NT = {self.threads}, NWARPS = NT / 32;",
             "(void)lane; (void)warp;",
         ]
-        if self.ll_copies > 1:  # every flagged word is stored in each copy; this block reads its own (LL_COPIES)
-            body.items.append(
-                f"unsigned long long* const ffk_ll = ffk_ll_base + (size_t)(b % {self.ll_copies}) * {self.layout.ll_stride};"
-            )
 
     def _framer_blocks(self) -> list[int]:
         """The blocks whose tasks read the frame at entry (see _prologue)."""
@@ -848,7 +836,7 @@ class Generator:
             body.items += [
                 f"// task {t}'s frame x words, published now: its readers' products start on them while it computes the scalars of x",
                 f"if ({_in_task(task)} && tid < {x_size})",
-                f"    {self._ll_store(f'{self.layout.ll[task.root.id]} + tid', f'ffk_host{t}')}",
+                f"    ffk_ll_store(ffk_ll + {self.layout.ll[task.root.id]} + tid, ffk_host{t}, epoch);",
             ]
         self._stamp(body, len(self.sched.tasks), 1)
 
@@ -2749,15 +2737,8 @@ class Generator:
                 out.append(f"sout{self.state_names.index(state)}[{flat}] = {value};")
         if node.id in self.layout.ll:
             at = flat if stored is None else stored
-            out.append(self._ll_store(f"{self.layout.ll[node.id]} + {at}", value))
+            out.append(f"ffk_ll_store(ffk_ll + {self.layout.ll[node.id]} + {at}, {value}, epoch);")
         return out
-
-    def _ll_store(self, word: str, value: str) -> str:
-        """The store of a flagged word (its offset in the flagged buffer): into every copy of the
-        buffer where there are several (LL_COPIES)."""
-        if self.ll_copies == 1:
-            return f"ffk_ll_store(ffk_ll + {word}, {value}, epoch);"
-        return f"ffk_ll_put<{self.ll_copies}, {self.layout.ll_stride}>(ffk_ll_base + {word}, {value}, epoch);"
 
     def need_header(self, path: Path | None) -> None:
         if path is not None and path not in self.headers:
@@ -2850,13 +2831,6 @@ COMPUTE_BEFORE_STAGE = True  # a phase's units that read no flagged value run be
 # 9.32 / 9.75, 9.47, lstm 9.34, 9.35 / 9.41, 9.43, attention 13.72, 13.69 / 13.81, 13.78, mamba
 # 17.82, 17.78 / 17.89, 17.97: off, the build's tactic stepkernel-fewer-phases-early-frame.
 EARLY_FRAME_WORDS = False
-# Copies of the flagged words: every flagged store goes to each copy, and block b reads copy b % n.
-# Why: a level's readers are usually every block, each staging all of the level's words, so 128
-# blocks poll the same few 128-byte lines of L2 while the producers' stores to those lines queue
-# behind the polls (bench/microbench/level_cost.cu: a level costs 0.98 us on 128 blocks against
-# 0.79 on 32). n copies put n times fewer readers on a line, for n stores of each word. 1 (off):
-# not timed in a kernel yet (level_cost.cu's `copies` rows measure it alone).
-LL_COPIES = 1
 # ... and a reader whose products read x while only a later phase reads the scalars stages the x
 # words first and the scalars at the end of the phase before that reader (Generator._late_frame_scalars).
 # Slower (g27, device time with it): gru 9.44, 9.27, lstm 9.92, 9.77, attention 14.00, 14.08,
@@ -3007,7 +2981,6 @@ class CodeSettings:
     x_in_registers: bool | None = None  # DOT_X_IN_REGISTERS: a warp's rows of one long product share x
     tagged_outputs: bool | None = None  # TAGGED_OUTPUTS: outputs as words the host checks, no fence
     early_frame: bool | None = None  # EARLY_FRAME_WORDS: the frame's x published before its scalars
-    ll_copies: int | None = None  # LL_COPIES: copies of the flagged words, a block reading copy b % n
 
     @classmethod
     def of(cls, settings: CodeSettings | None = None, **fields) -> CodeSettings:
@@ -3049,10 +3022,7 @@ class CodeSettings:
             x_in_registers=pick(self.x_in_registers, DOT_X_IN_REGISTERS, bool),
             tagged_outputs=pick(self.tagged_outputs, TAGGED_OUTPUTS, bool),
             early_frame=pick(self.early_frame, EARLY_FRAME_WORDS, bool),
-            ll_copies=pick(self.ll_copies, LL_COPIES, int),
         )
-        if not 1 <= code.ll_copies <= 32:
-            raise CompileError(f"copies of the flagged words: 1 to 32, got {code.ll_copies}")
         if code.copy_pieces < 0 or code.copy_pieces % 4:
             raise CompileError(f"copy pieces must be a non-negative multiple of 4 floats, got {code.copy_pieces}")
         if code.inputs_ahead < 1:
@@ -3854,14 +3824,6 @@ class Kernel:
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
 
     @property
-    def flag_words(self) -> int:
-        """The words of the flagged buffer its launch needs: the layout's, or its copies (LL_COPIES),
-        each starting on a 128-byte line."""
-        if self.settings.ll_copies == 1:
-            return max(self.layout.ll_words, 1)
-        return self.layout.ll_stride * self.settings.ll_copies
-
-    @property
     def kernel_phases(self) -> int:
         """The phases the source runs over all tasks."""
         return sum(self.task_phases)
@@ -3915,7 +3877,7 @@ class Kernel:
                 "source_and_ranges_sha256": self.identity,
                 "smem_bytes": self.smem_bytes,
                 "weight_bytes": 4 * self.layout.weight_floats,
-                "flagged_bytes": 8 * self.flag_words,
+                "flagged_bytes": 8 * self.layout.ll_words,
                 "prefetched_products": len(self.layout.prefetch),
                 "prefetched_leaves": len(self.layout.leaf_prefetch),
                 "done_words": self.done_words,

@@ -228,7 +228,7 @@ int main(int argc, char** argv) {{
     auto file = [&](const char* name) {{ std::snprintf(path, sizeof path, "%s/%s", dir, name); return slurp(path); }};
     std::vector<float> weights = as<float>(file("weights.bin"));
     std::vector<int> ranges = as<int>(file("ranges.bin"));
-    std::vector<unsigned long long> ll({kernel.flag_words}, 0ull);
+    std::vector<unsigned long long> ll(std::max<size_t>({max(kernel.layout.ll_words, 1)}, 1), 0ull);
     std::vector<unsigned long long> counters(grid, 0ull);
     std::vector<unsigned> done({max(kernel.done_words, 1)}, 0u);
     std::vector<std::vector<float>> in_data, out_data;

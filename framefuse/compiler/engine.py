@@ -381,7 +381,7 @@ class CompiledStep:
         self.grid, self.threads = grid, threads
         k = self.kernel
         self.weights = torch.from_numpy(k.weights()).to(self.device)
-        self.flags = torch.zeros(k.flag_words, dtype=torch.int64, device=self.device)
+        self.flags = torch.zeros(max(k.layout.ll_words, 1), dtype=torch.int64, device=self.device)
         self.counters = torch.zeros(grid, dtype=torch.int64, device=self.device)
         self.ranges = torch.from_numpy(k.ranges()).to(self.device)
         # where the done words go when nobody waits on them (device-tensor launches)

@@ -296,14 +296,6 @@ FFK_DEVICE void ffk_block_finished(unsigned long long* ctl) {
 }
 #endif  // !FFK_EMULATE
 
-// The same word into each of R copies of the flagged buffer, STRIDE words apart (codegen.LL_COPIES;
-// each block reads its own copy)
-template <int R, int STRIDE>
-FFK_DEVICE void ffk_ll_put(unsigned long long* p, float v, unsigned epoch) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) ffk_ll_store(p + (size_t)r * STRIDE, v, epoch);
-}
-
 #ifndef FFK_EMULATE
 // -- weight prefetch into shared memory (cp.async, sm_80+) ----------------------------------------------
 // Copies `n` floats from global `src` to shared `dst`, spread over the block's threads; 16-byte
