@@ -668,7 +668,7 @@ RESIDENT_WRITE_COMBINED_FRAMES = False
 # twin, resident p50 / p99 us): g26, 11 archs, p50 0.6-1.0 lower on all, p99 lower on 10 (delta_net
 # 17.4 -> 19.3); g31, 5 rounds, delta_net 16.4 / 19.7 -> 15.6 / 18.1, gru 10.0 / 10.7 -> 9.3 / 9.8.
 # On since session 67; FRAMEFUSE_RESIDENT_TAGGED_OUTPUTS=0 turns it off.
-RESIDENT_TAGGED_OUTPUTS = os.environ.get("FRAMEFUSE_RESIDENT_TAGGED_OUTPUTS", "1") == "1"
+RESIDENT_TAGGED_OUTPUTS = os.environ.get("FRAMEFUSE_RESIDENT_TAGGED_OUTPUTS", "1") != "0"
 
 
 class ResidentStepBinding(StepBinding):
