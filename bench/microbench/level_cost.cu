@@ -523,30 +523,27 @@ int main(int argc, char** argv) {
         printf("%-12s %8.2f %8.2f %8.2f %8.2f %12.3f %12.2e\n", name, t[0], t[1], t[2], t[3], (t[3] - t[1]) / 60.0, err);
         fflush(stdout);
     };
+    // block mode on G blocks, `extra` phases a level, the level's words in R copies
+    auto block_row = [&](const char* name, int G, int extra, int R) {
+        const size_t smem = ((N / G) * N + 2 * N) * 4;
+        CHECK(cudaFuncSetAttribute(k_block<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        row(name, [&](cudaStream_t s, int L) {
+            k_block<false, 1><<<G, 256, smem, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L, extra, R);
+        });
+    };
+    char name[64];
     for (int G : {128, 64, 32, 16}) {
         for (int extra : {0, 1, 4}) {
-            const int rows = N / G;
-            const size_t smem = (rows * N + 2 * N) * 4;
-            CHECK(cudaFuncSetAttribute(k_block<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            char name[64];
             snprintf(name, sizeof name, "block G%d+%d", G, extra);
-            row(name, [&](cudaStream_t s, int L) {
-                k_block<false, 1><<<G, 256, smem, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L, extra);
-            });
+            block_row(name, G, extra, 1);
         }
     }
     // the level's words stored in R copies, block b polling copy b % R: R times fewer readers a line
     // (with one copy, all 128 blocks poll the same 16 lines; session 67)
     for (int G : {128, 32}) {
         for (int R : {2, 4, 8, 16}) {
-            const int rows = N / G;
-            const size_t smem = (rows * N + 2 * N) * 4;
-            CHECK(cudaFuncSetAttribute(k_block<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            char name[64];
             snprintf(name, sizeof name, "copies G%d R%d", G, R);
-            row(name, [&](cudaStream_t s, int L) {
-                k_block<false, 1><<<G, 256, smem, s>>>(d.W, d.x0, d.out, d.ll, d.counters, L, 0, R);
-            });
+            block_row(name, G, 0, R);
         }
     }
     {
@@ -603,7 +600,6 @@ int main(int argc, char** argv) {
         });
     };
     for (int C : {8, 16}) {
-        char name[64];
         for (int tagged = 0; tagged < 2; ++tagged) {
             snprintf(name, sizeof name, "%s C%d", tagged ? "dsmem" : "cluster", C);
             cluster_row(name, tagged ? k_cluster<true> : k_cluster<false>, C, (N / C * N + 4 * N) * 4);
