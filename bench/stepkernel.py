@@ -327,6 +327,74 @@ def trace_arch(arch: str, root: Path, select: str = "stepkernel") -> list:
     return timeline
 
 
+def trace_resident(arch: str, root: Path, select: str = "stepkernel", samples: int = 20, frames: int = 50) -> dict:
+    """The per-task timeline of the resident kernel (Session(resident=True)) of tactic ``select``:
+    ``samples`` times, ``frames`` frames then a stop, the last frame's stamps read back; per task
+    the median over the samples of its blocks' median and latest entry, inputs and exit (µs after
+    the median block entered the frame, CompiledStep.timeline(resident=True)). The traced
+    session's step p50 / p99 come with it (the stamps cost a little: compare with an untraced run)."""
+    import torch
+
+    from framefuse.compiler.engine import CompiledStep
+    from framefuse.engines import cuda_graph
+    from framefuse.engines.stepkernel import StepKernelPlan
+    from framefuse.runtime.pipeline import prepare
+    from framefuse.runtime.session import Session
+
+    prepared = prepare(arch, root / f"trace-resident-{arch}")["step"]
+    engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": select})
+    chosen = engine.metadata["selection"]["chosen"]
+    if chosen != select:
+        raise RuntimeError(f"{arch}: the build chose {chosen}, not {select}")
+    shape = prepared.manifest["inputs"][0]["shape"]
+    frames_in = np.random.default_rng(0).standard_normal((frames, *shape)).astype(np.float32)
+    with Session(engine, budget_ms=None) as launched:  # the untraced launched kernel's answers
+        expected = np.stack([launched.step(frame).copy() for frame in frames_in])
+    plan = engine.default_plan
+    c = plan.compiled
+    traced = CompiledStep(c.program, device=c.device, source=c.source.traced())
+    engine.default_plan = StepKernelPlan(traced, plan.input_specs, plan.output_specs)
+    runs, times, got = [], [], []
+    with Session(engine, budget_ms=None, resident=True) as session:
+        binding = session._host_step
+        for sample in range(samples):
+            for frame in frames_in:
+                t0 = time.perf_counter_ns()
+                y = session.step(frame)
+                times.append(time.perf_counter_ns() - t0)
+                if sample == 0:
+                    got.append(y.copy())
+            binding.stop()  # the last frame's stamps stay in the trace buffer
+            runs.append(binding.compiled.timeline(resident=True))
+    torch.cuda.synchronize()
+    if not np.array_equal(np.stack(got), expected):  # the stamps change no value
+        raise RuntimeError(f"{arch}: the traced resident kernel's outputs differ from the launched kernel's")
+    rows = []
+    for i, row in enumerate(runs[0]):
+        merged = {k: row[k] for k in ("task", "value", "blocks", "phases")}
+        for key in ("enter_us", "ready_us", "exit_us"):
+            merged[key] = [round(float(np.median([r[i][key][j] for r in runs])), 2) for j in (0, 1)]
+        cycles = [r[i]["phase_cycles"] for r in runs if len(r[i]["phase_cycles"]) == len(row["phase_cycles"])]
+        merged["phase_cycles"] = [int(np.median(col)) for col in zip(*cycles)] if cycles else []
+        rows.append(merged)
+    # each sample's first frame launches the kernel again
+    steps = np.asarray(times, dtype=np.float64).reshape(samples, frames)[:, 1:].reshape(-1) / 1e3
+    p50, p99 = float(np.percentile(steps, 50)), float(np.percentile(steps, 99))
+    print(
+        f"trace-resident {arch} ({select}): {samples} samples of {frames} frames; traced step p50 {p50:.1f} us, "
+        f"p99 {p99:.1f} us; {traced.grid} blocks x {traced.threads} threads",
+        flush=True,
+    )
+    for row in rows:
+        print(
+            f"trace-resident {arch} task {row['task']:>2} ({row['blocks']:>3} blocks, {row['phases']} phases) "
+            f"enter {row['enter_us'][0]:6.2f}/{row['enter_us'][1]:6.2f} ready {row['ready_us'][0]:6.2f}/{row['ready_us'][1]:6.2f} "
+            f"exit {row['exit_us'][0]:6.2f}/{row['exit_us'][1]:6.2f}  {row['value'][:60]}; cycles a phase {row['phase_cycles']}",
+            flush=True,
+        )
+    return {"select": select, "step_p50_us": round(p50, 2), "step_p99_us": round(p99, 2), "tasks": rows}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", default=None, help="comma-separated (default: every zoo architecture)")
@@ -351,6 +419,11 @@ def main(argv=None) -> int:
         "--trace",
         default="",
         help="architectures whose per-task timeline is printed (ARCH/sequenceT: the sequence form; real:NAME/T: a tests/real_models model)",
+    )
+    parser.add_argument(
+        "--trace-resident",
+        default="",
+        help="architectures whose resident kernel's per-task timeline is printed (the last frame of each of 20 samples)",
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -389,6 +462,14 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             result["traces"][arch] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
+    result["resident_traces"] = {}
+    for arch in [a for a in args.trace_resident.split(",") if a]:
+        try:
+            result["resident_traces"][arch] = trace_resident(arch, root, args.select)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            result["resident_traces"][arch] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
     for arch in [a for a in args.sweep.split(",") if a]:
         grids = [int(g) for g in args.grids.split(",")]

@@ -1046,6 +1046,31 @@ def test_resident_kernel_emulated_has_no_data_race(arch, tmp_path):
 
 
 @needs_cxx
+@pytest.mark.parametrize("arch", ["min_gru", "mamba"])
+def test_resident_kernel_with_the_leader_last_emulated(monkeypatch, arch, tmp_path):
+    """codegen.RESIDENT_LEADER_LAST: the leader is the block that reads no frame whose first task
+    comes last (a block with none first), and the frame protocol still orders every frame under
+    ThreadSanitizer while the frame block publishes the go (RESIDENT_FRAMER_GO)."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RESIDENT_FRAMER_GO", True)
+    monkeypatch.setattr(codegen, "RESIDENT_LEADER_LAST", True)
+    program = lower_program(_prepared(arch).fused)
+    sched = schedule(program, grid=5, threads=64)
+    kernel = generate(sched, resident=True)
+    body = kernel.source.split('extern "C"')[-1]
+    leader = int(re.search(r"ffk_epoch_s = b == (\d+) \? ffk_lead_frame_go\(", body).group(1))
+    framer = re.search(r"const bool ffk_framer = (.*);", body).group(1)
+
+    def first_task(b):
+        return next((t for t, task in enumerate(sched.tasks) if task.first <= b < task.first + task.blocks), 99)
+
+    others = [b for b in range(5) if not eval(framer.replace("&&", "and").replace("||", "or"), {"b": b})]
+    assert leader in others and first_task(leader) == max(first_task(b) for b in others)
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
+@needs_cxx
 @pytest.mark.parametrize("races", [False, True], ids=["outputs", "races"])
 def test_resident_kernel_with_untagged_frames_emulated(monkeypatch, races, tmp_path):
     """The resident kernel that waits for the leader's go and then reads the frame's floats
@@ -1482,6 +1507,13 @@ def test_resident_source_reuses_weights_and_reads_state_coherently(monkeypatch):
     leader = int(re.search(r"ffk_epoch_s = b == (\d+) \? ffk_lead_frame", resident.source).group(1))
     assert "(ffk_framer ? e : ffk_wait_go(ffk_ctl, e))" in loop and "ffk_poll_frame(in0" in loop
     assert not eval(framer.replace("&&", "and").replace("||", "or"), {"b": leader})
+    # the frame block publishes the go once its words are in, and the leader takes that go or its
+    # bell (RESIDENT_FRAMER_GO); without it, only the leader's bell
+    assert codegen.RESIDENT_FRAMER_GO and "ffk_lead_frame_go(" in loop
+    assert loop.index("ffk_poll_frame(in0") < loop.index("if (tid == 0) ffk_go(ffk_ctl, ffk_epoch_s);")
+    monkeypatch.setattr(codegen, "RESIDENT_FRAMER_GO", False)
+    plain = generate_source(prepared.fused, grid=8, threads=128, resident=True).source.split('extern "C"')[-1]
+    assert "ffk_lead_frame(" in plain and "ffk_lead_frame_go(" not in plain and "ffk_go(" not in plain
 
 
 def test_enumerated_index_pairs_match_a_plain_loop_and_are_kept_only_while_scheduling():
@@ -2167,6 +2199,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "gated_ssm+split",
         "attention+fewer+early",
         "xlstm+early",
+        "mamba+fewer+trace",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
@@ -2181,9 +2214,11 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     one long product with x in registers (codegen.DOT_X_IN_REGISTERS); +tagged: outputs as tagged
     words in host memory (codegen.TAGGED_OUTPUTS); +split: products of a recurrence's output as
     partial sums (simplify.SplitProducts, at the benchmark's size); +early: the frame's x published
-    before its scalars (codegen.EARLY_FRAME_WORDS)."""
+    before its scalars (codegen.EARLY_FRAME_WORDS); +trace: the timeline trace's stamps
+    (CompiledStep.timeline; the resident kernel's since session 68)."""
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, trace, _ = arch.partition("+trace")
     arch, early, _ = arch.partition("+early")
     arch, split, _ = arch.partition("+split")
     arch, tagged, _ = arch.partition("+tagged")
@@ -2220,7 +2255,13 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
             tagged_outputs=bool(tagged),
             split=bool(split),
             early_frame=bool(early),
+            trace=bool(trace),
         )
+        assert kernel.trace is bool(trace)
+        assert ("unsigned long long* __restrict__ ffk_trace" in kernel.source) is bool(trace)
+        # every block stamps each task's entry, and the kernel's own row (entry, prologue, end)
+        stamps = kernel.source.count("ffk_trace[(b * ")
+        assert (stamps >= 3 * len(kernel.schedule.tasks) + 3) if trace else stamps == 0
         assert (kernel.describe()["split_products"] > 0) is bool(split)
         assert ("frame x words, published now" in kernel.source) is bool(early)
         # (the readers of 16 x 256 partial sums stage them 16 words a thread in flight)

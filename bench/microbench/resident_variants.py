@@ -23,36 +23,43 @@ for path in (REPO, REPO / "bench"):
 
 # codegen settings of each variant (RESIDENT_WEIGHTS_ONCE, RESIDENT_PREFETCH_EARLY, RESIDENT_TAGGED_FRAMES),
 # the binding's (engines/stepkernel.RESIDENT_WRITE_COMBINED_FRAMES), codegen.TAGGED_OUTPUTS, the
-# resident binding's engines/stepkernel.RESIDENT_TAGGED_OUTPUTS and codegen.EARLY_FRAME_WORDS
+# resident binding's engines/stepkernel.RESIDENT_TAGGED_OUTPUTS, codegen.EARLY_FRAME_WORDS,
+# codegen.RESIDENT_FRAMER_GO and codegen.RESIDENT_LEADER_LAST
 # The variants after resident-untagged keep the twin off, as they were timed before session 67: compare
 # them with resident-untagged.
 VARIANTS = {
-    "default": (True, True, True, False, False, True, False),
+    "default": (True, True, True, False, False, True, False, True, False),
     # session 65: the resident binding's own kernel with tagged outputs beside the engine's untagged
     # launched kernel (stepkernel.RESIDENT_TAGGED_OUTPUTS; the launched step is the same as default's);
     # the default since session 67, which resident-untagged is without
-    "resident-tagged-outputs": (True, True, True, False, False, True, False),
-    "resident-untagged": (True, True, True, False, False, False, False),
-    "untagged-frames": (True, True, False, False, False, False, False),  # the default before session 46
-    "weights-every-frame": (False, True, True, False, False, False, False),
-    "prefetch-after-go": (True, False, True, False, False, False, False),
-    "neither": (False, False, True, False, False, False, False),
+    "resident-tagged-outputs": (True, True, True, False, False, True, False, False, False),
+    "resident-untagged": (True, True, True, False, False, False, False, False, False),
+    "untagged-frames": (True, True, False, False, False, False, False, False, False),  # the default before session 46
+    "weights-every-frame": (False, True, True, False, False, False, False, False, False),
+    "prefetch-after-go": (True, False, True, False, False, False, False, False, False),
+    "neither": (False, False, True, False, False, False, False, False, False),
     # session 59: the frame words and bell write-combined
-    "write-combined": (True, True, True, True, False, False, False),
+    "write-combined": (True, True, True, True, False, False, False, False, False),
     # session 61: outputs as tagged words, no system fence and no done word for the blocks that only
     # write outputs. A setting of the launched kernel too (the engine is built again with it), so
     # its launched step is timed beside as "launched-tagged-outputs".
-    "tagged-outputs": (True, True, True, False, True, False, False),
+    "tagged-outputs": (True, True, True, False, True, False, False, False, False),
     # session 64: tagged outputs with the head's outputs in chunks of 16 / 32 floats a block
     # (schedule.HOST_WRITE_CHUNK, 8): a block's words are whole 128-byte host lines (16) or the
     # whole head on one block (32), not two blocks' words in one line
-    "tagged-outputs-16": (True, True, True, False, True, False, False),
-    "tagged-outputs-32": (True, True, True, False, True, False, False),
+    "tagged-outputs-16": (True, True, True, False, True, False, False, False, False),
+    "tagged-outputs-32": (True, True, True, False, True, False, False, False, False),
     # session 66: the frame's x words published before the scalars of x, and the first layer's
     # products started on them (codegen.EARLY_FRAME_WORDS; launched too: "launched-early-frame"),
     # with and without the resident binding's tagged outputs
-    "early-frame": (True, True, True, False, False, False, True),
-    "early-frame-resident-tagged": (True, True, True, False, False, True, True),
+    "early-frame": (True, True, True, False, False, False, True, False, False),
+    "early-frame-resident-tagged": (True, True, True, False, False, True, True, False, False),
+    # session 68: the default without the frame block's go (codegen.RESIDENT_FRAMER_GO): the
+    # leader's go after its poll of the bell only, as every variant above but default has it
+    "leader-go": (True, True, True, False, False, True, False, False, False),
+    # session 68: the default with the leader the block that joins the frame last
+    # (codegen.RESIDENT_LEADER_LAST), not the first block that reads no frame
+    "leader-last": (True, True, True, False, False, True, False, True, True),
 }
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
@@ -68,6 +75,8 @@ def _settings(codegen, values, host_write_chunk: int) -> None:
     codegen.TAGGED_OUTPUTS = values[4]
     stepkernel.RESIDENT_TAGGED_OUTPUTS = values[5]
     codegen.EARLY_FRAME_WORDS = values[6]
+    codegen.RESIDENT_FRAMER_GO = values[7]
+    codegen.RESIDENT_LEADER_LAST = values[8]
     schedule.HOST_WRITE_CHUNK = host_write_chunk
 
 

@@ -188,8 +188,6 @@ class Generator:
     ):
         """``settings``: how the kernel is written (None: every module setting's value)."""
         self.settings = (settings or CodeSettings()).resolved()
-        if trace and resident:
-            raise CompileError("the resident kernel has no timeline trace: trace the launched kernel")
         self.trace = trace
         self.resident = resident
         self.sched = sched
@@ -574,8 +572,9 @@ class Generator:
                 "// (a slow block may still read this frame's flagged words and state)",
                 "ffk_prefetch_wait<0>();  // no copy of this frame may land in the next one's shared memory",
                 "__syncthreads();",
-                "if (tid == 0) ffk_block_finished(ffk_ctl);",
             ]
+            self._stamp(body, len(self.sched.tasks), 2)  # the frame's stamps: the last frame's stay
+            body.items.append("if (tid == 0) ffk_block_finished(ffk_ctl);")
             outer.items.append(
                 "if (tid == 0) ffk_counters[b] = ffk_base + ffk_n;  // the next launch goes on with the epochs"
             )
@@ -711,11 +710,24 @@ class Generator:
 
     def _leader(self) -> int:
         """The block whose thread 0 leads the frames: block 0, or with tagged frames the first
-        block that does not read the frame (a leader's frame reads would wait for its bell)."""
+        block that does not read the frame (a leader's frame reads would wait for its bell); with
+        the frame block's go as well (RESIDENT_FRAMER_GO, RESIDENT_LEADER_LAST), the one of those
+        whose first task comes last (a block with none first): the leader may take the go a host
+        round trip late, when a poll of the bell is in flight as it comes."""
         if not self.tagged:
             return 0
         framers = set(self._framer_blocks())
-        return next((b for b in range(self.grid) if b not in framers), 0)
+        candidates = [b for b in range(self.grid) if b not in framers]
+        if not candidates:
+            return 0
+        if not (RESIDENT_FRAMER_GO and RESIDENT_LEADER_LAST):
+            return candidates[0]
+        tasks = self.sched.tasks
+
+        def first_task(b: int) -> int:
+            return next((t for t, task in enumerate(tasks) if task.first <= b < task.first + task.blocks), len(tasks))
+
+        return max(candidates, key=lambda b: (first_task(b), -b))
 
     def _resident_loop(self, outer: Code) -> Code:
         """The resident kernel: launched once, it runs the step body once per frame the host
@@ -759,7 +771,8 @@ class Generator:
             ]
         if early:
             self._issue(loop, "0", str(min(PROLOGUE_GROUPS, len(self.groups))))
-        lead = f"ffk_lead_frame(ffk_ctl, ffk_bell, ffk_idle, {self.grid}ull * ffk_n, (unsigned)(ffk_n + 1), e)"
+        lead_fn = "ffk_lead_frame_go" if framers and RESIDENT_FRAMER_GO else "ffk_lead_frame"
+        lead = f"{lead_fn}(ffk_ctl, ffk_bell, ffk_idle, {self.grid}ull * ffk_n, (unsigned)(ffk_n + 1), e)"
         others = "(ffk_framer ? e : ffk_wait_go(ffk_ctl, e))" if framers else "ffk_wait_go(ffk_ctl, e)"
         loop.items += [
             "if (tid == 0) {",
@@ -804,6 +817,11 @@ class Generator:
                 "if (ffk_framer) {",
                 "    __syncthreads();",
                 "    if (ffk_stop_s) break;",
+                *(
+                    ["    if (tid == 0) ffk_go(ffk_ctl, ffk_epoch_s);  // the frame has begun"]
+                    if RESIDENT_FRAMER_GO
+                    else []
+                ),
                 "}",
             ]
         if self.resident:  # the epoch came with the go (see _resident_loop)
@@ -2851,6 +2869,16 @@ RESIDENT_PREFETCH_EARLY = True
 # H200 (session 46, bench/h200/2026-12-04-s46): resident Session.step p50 lstm 11.0 -> 10.0 us, gru
 # 10.6 -> 9.4, min_gru 12.5 -> 10.5, min_lstm 12.2 -> 11.0, attention 17.0 -> 16.6; outputs equal bit for bit
 RESIDENT_TAGGED_FRAMES = True
+# ... and a frame block publishes the go itself once its words are in, while the leader takes
+# either its bell or that go: the resident trace (session 68, H100, bench/stepkernel.py
+# --trace-resident) had the frame block through its task 1.8-2.6 us before the other blocks had
+# the leader's go (mamba, xlstm, attention; jamba 0.5)
+RESIDENT_FRAMER_GO = True
+# ... and the leader is the block that joins the frame last (Generator._leader): its poll of the
+# bell may be a host round trip long when the frame block's go comes (session 68's trace of mamba
+# with the framer's go: block 0, the leader, entered the first 128-block task ~1 us after the rest).
+# Off until timed (resident_variants.py's leader-last)
+RESIDENT_LEADER_LAST = False
 # The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
 # resident kernel's frames come in: the host spins until every output word carries the step's
 # epoch, so a block that writes outputs needs neither a system fence nor a done word (the blocks

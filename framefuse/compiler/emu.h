@@ -204,6 +204,27 @@ inline unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell, un
     std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).store(epoch, std::memory_order_release);
     return epoch;
 }
+inline unsigned ffk_lead_frame_go(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
+                                  unsigned long long finished, unsigned frame, unsigned epoch) {
+    while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
+        std::this_thread::yield();
+    std::atomic_ref<unsigned>(*idle).store(frame - 1, std::memory_order_release);
+    for (;;) {
+        const unsigned v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(bell)).load(std::memory_order_acquire);
+        if (v == FFK_BELL_STOP) {
+            std::atomic_ref<unsigned long long>(ctl[FFK_CTL_STOP]).store(1ull, std::memory_order_release);
+            return 0u;
+        }
+        if (v == frame) break;
+        if (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).load(std::memory_order_acquire) == epoch) return epoch;
+        std::this_thread::yield();
+    }
+    std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).store(epoch, std::memory_order_release);
+    return epoch;
+}
+inline void ffk_go(unsigned long long* ctl, unsigned epoch) {
+    std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).store(epoch, std::memory_order_release);
+}
 inline void ffk_wait_finished(unsigned long long* ctl, unsigned long long finished) {
     while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
         std::this_thread::yield();

@@ -87,11 +87,22 @@ class StepSource:
         resident kernel with tagged outputs beside a launched kernel without them."""
         return self._prepared_again(self.grid, CodeSettings.of(self.kernel.settings, **fields))
 
-    def _prepared_again(self, grid: int, settings: CodeSettings) -> StepSource:
+    def traced(self) -> StepSource:
+        """The same source with the timeline trace (CompiledStep.timeline): each block stamps its
+        tasks' entry, inputs and exit, launched or resident."""
+        return self._prepared_again(self.grid, self.kernel.settings, trace=True)
+
+    def _prepared_again(self, grid: int, settings: CodeSettings, trace: bool | None = None) -> StepSource:
         arguments = dict(self.schedule_arguments, grid=grid, threads=self.threads)
         arguments.pop("hybrid_threads", None)  # the threads it chose are the source's own
         return prepare_step(
-            self.program, self.props, prefetch=self.prefetch, fast_math=self.fast_math, settings=settings, **arguments
+            self.program,
+            self.props,
+            prefetch=self.prefetch,
+            fast_math=self.fast_math,
+            settings=settings,
+            trace=self.kernel.trace if trace is None else trace,
+            **arguments,
         )
 
     @property
@@ -472,17 +483,20 @@ class CompiledStep:
             + ([ptr(self.trace.data_ptr())] if self.trace is not None else [])
         )
 
-    def timeline(self) -> list[dict]:
+    def timeline(self, resident: bool = False) -> list[dict]:
         """Per task, from the last traced launch (trace=True): when the blocks entered it, had
         their inputs, and left it (µs after the first block entered the kernel; median and latest
         over the task's blocks); the last row is the kernel's own: entry, prologue done (the
-        prefetch copies issued), end."""
+        prefetch copies issued), end. ``resident``: the last frame of the resident kernel (read
+        once it has stopped), in µs after the median block entered the frame: the blocks that
+        wait for the go enter together, while a frame block enters before it polls its words."""
         if self.trace is None:
             raise CompileError("compile with trace=True for a timeline")
         stamps = self.trace.cpu().numpy().astype(np.float64)
         n = len(self.schedule.tasks)
         entries = stamps[:, n, 0]
-        start = entries[entries > 0].min() if (entries > 0).any() else 0.0
+        entered = entries[entries > 0]
+        start = (float(np.median(entered)) if resident else entered.min()) if len(entered) else 0.0
         rows = []
         for t, task in enumerate(self.schedule.tasks):
             blocks = stamps[task.first : task.first + task.blocks, t, :3]
@@ -550,6 +564,7 @@ class CompiledStep:
                 prefetch=self.kernel_prefetch,
                 resident=True,
                 settings=self.settings,
+                trace=self.kernel.trace,
             )
             if kernel.smem_bytes != self.kernel.smem_bytes or not np.array_equal(kernel.ranges(), self.kernel.ranges()):
                 raise CompileError("the resident kernel's layout differs from the launched kernel's (a compiler bug)")

@@ -241,6 +241,30 @@ FFK_DEVICE unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell
     ffk_st_release_u64(ctl + FFK_CTL_GO, epoch);
     return epoch;
 }
+// The same, where a frame block publishes the go itself once its words are in
+// (codegen.RESIDENT_FRAMER_GO): the leader also takes that go, so a bell seen late keeps no block
+// waiting. Both publish the same epoch for a frame.
+FFK_DEVICE unsigned ffk_lead_frame_go(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
+                                  unsigned long long finished, unsigned frame, unsigned epoch) {
+    while (ffk_ld_acquire_u64(ctl + FFK_CTL_FINISHED) < finished) {
+    }
+    __threadfence_system();
+    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(idle), "r"(frame - 1) : "memory");
+    for (;;) {
+        unsigned v;
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(bell) : "memory");
+        if (v == FFK_BELL_STOP) {
+            ffk_st_release_u64(ctl + FFK_CTL_STOP, 1ull);
+            return 0u;
+        }
+        if (v == frame) break;
+        if (ffk_ld_acquire_u64(ctl + FFK_CTL_GO) == epoch) return epoch;
+    }
+    ffk_st_release_u64(ctl + FFK_CTL_GO, epoch);
+    return epoch;
+}
+// A frame block's go: its words carry this frame's epoch, so the frame has begun
+FFK_DEVICE void ffk_go(unsigned long long* ctl, unsigned epoch) { ffk_st_release_u64(ctl + FFK_CTL_GO, epoch); }
 // Tagged frames (codegen.RESIDENT_TAGGED_FRAMES): the host writes each frame float as one 64-bit
 // word, (epoch << 32) | its bits, before the bell. A frame block polls its own words instead of
 // waiting for the go: returns the value once the word carries `epoch`, or 0 with *stop set once

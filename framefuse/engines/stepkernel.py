@@ -841,6 +841,7 @@ class ResidentStepBinding(StepBinding):
                 ptr(self._idle.device_ptr),
                 ptr(self._ctl.data_ptr()),
             ]
+            + ([ptr(c.trace.data_ptr())] if self.resident_kernel.trace else [])
         )
         self.fn.launch(
             c.grid,
