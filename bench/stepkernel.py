@@ -376,6 +376,7 @@ def trace_resident(arch: str, root: Path, select: str = "stepkernel", samples: i
             merged[key] = [round(float(np.median([r[i][key][j] for r in runs])), 2) for j in (0, 1)]
         cycles = [r[i]["phase_cycles"] for r in runs if len(r[i]["phase_cycles"]) == len(row["phase_cycles"])]
         merged["phase_cycles"] = [int(np.median(col)) for col in zip(*cycles)] if cycles else []
+        merged["block_us_last_sample"] = runs[-1][i].get("block_us", [])
         rows.append(merged)
     # each sample's first frame launches the kernel again
     steps = np.asarray(times, dtype=np.float64).reshape(samples, frames)[:, 1:].reshape(-1) / 1e3

@@ -2037,6 +2037,25 @@ def test_long_root_reductions_run_a_warp_per_element():
     assert "for (int e = lo_root + warp; e < hi_root; e += NWARPS)" in source
 
 
+@needs_cxx
+def test_the_ssm_root_over_16_states_runs_a_warp_per_channel_emulated(tmp_path):
+    """Mamba's SSM update reduces over its 16 states (codegen.WARP_SPLIT_MIN, 16 since session
+    68): with a few channels a block each channel takes a warp, a lane a state (the state stored by
+    its lane), and the emulated kernel computes the interpreter's values."""
+    from framefuse.compiler import codegen
+
+    assert codegen.WARP_SPLIT_MIN == 16
+    program = lower_program(_prepared("mamba").fused)
+    kernel = generate(schedule(program, grid=32, threads=128))
+    roots = [
+        t
+        for t, task in enumerate(kernel.schedule.tasks)
+        if "a warp per element (reductions over its lanes)" in _task_source(kernel.source, t)
+    ]
+    assert roots and all("ssm_state(" in _task_source(kernel.source, t) for t in roots)
+    _emulate_against_interpreter(kernel, program, 2, tmp_path)
+
+
 def _task_source(source: str, t: int) -> str:
     start = source.index(f"    // task {t}: ")
     end = source.find(f"    // task {t + 1}: ", start)

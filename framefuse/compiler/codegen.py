@@ -723,11 +723,16 @@ class Generator:
         if not (RESIDENT_FRAMER_GO and RESIDENT_LEADER_LAST):
             return candidates[0]
         tasks = self.sched.tasks
+        levels = self.sched.task_levels()
 
-        def first_task(b: int) -> int:
-            return next((t for t, task in enumerate(tasks) if task.first <= b < task.first + task.blocks), len(tasks))
+        def joins(b: int) -> tuple[int, int]:  # (its first task's level, that task), a block with none last
+            t = next((t for t, task in enumerate(tasks) if task.first <= b < task.first + task.blocks), None)
+            return (len(tasks) + 1, len(tasks)) if t is None else (levels[t], t)
 
-        return max(candidates, key=lambda b: (first_task(b), -b))
+        last = max(candidates, key=lambda b: (*joins(b), -b))
+        # a block joining at the same level as the first one is no later (xlstm: every block's first
+        # task is at level 1 or 2; session 68 timed such a choice 0.2 us slower there)
+        return last if joins(last)[0] > joins(candidates[0])[0] else candidates[0]
 
     def _resident_loop(self, outer: Code) -> Code:
         """The resident kernel: launched once, it runs the step body once per frame the host
@@ -2767,7 +2772,11 @@ class Generator:
 # and the code is fetched again on every launch (H100: ~0.04 us per KB of straight-line code).
 _ONCE = "#pragma unroll 1"
 BODY_STAGE_RUNS = 4  # a body loop's whole window staged with batched loads when it is at most this many runs
-WARP_SPLIT_MIN = 32  # a root reduction at least this long is split over a warp's lanes
+# a root reduction at least this long is split over a warp's lanes: 16 since session 68 (mamba's
+# and jamba's SSM roots, 16 states, were a thread per channel; H100 resident p50 / p99 us, g37:
+# mamba 16.9 / 18.0 against 17.3 / 19.3, jamba 15.3 / 16.1 against 15.4 / 16.3; no other zoo
+# source changes)
+WARP_SPLIT_MIN = 16
 WARP_LANES = 32
 SEGMENTED_REDUCE = True  # reduction arrays with more elements than a block's warps share the warps out
 # A segmented reduction walks its extent in pairs of halves (see Generator._segmented_reduce):
@@ -2877,8 +2886,11 @@ RESIDENT_FRAMER_GO = True
 # ... and the leader is the block that joins the frame last (Generator._leader): its poll of the
 # bell may be a host round trip long when the frame block's go comes (session 68's trace of mamba
 # with the framer's go: block 0, the leader, entered the first 128-block task ~1 us after the rest).
-# Off until timed (resident_variants.py's leader-last)
-RESIDENT_LEADER_LAST = False
+# H100 (session 68, g37, resident p50 / p99 us, against the first frame-free block): min_gru 9.1 / 10.5
+# against 9.7 / 10.3, lstm 8.3 / 9.2 against 8.8 / 9.5, attention 13.1 / 13.9 against 13.6 / 14.1,
+# mamba 16.9 / 19.3 against 17.3 / 19.3: p50 0.2-0.6 lower on 10 of 11; xlstm 19.7 / 24.4 against
+# 19.5 / 20.1, where every block joins at level 1 or 2 and the rule now keeps the first block
+RESIDENT_LEADER_LAST = True
 # The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
 # resident kernel's frames come in: the host spins until every output word carries the step's
 # epoch, so a block that writes outputs needs neither a system fence nor a done word (the blocks

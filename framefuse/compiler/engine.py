@@ -486,8 +486,8 @@ class CompiledStep:
     def timeline(self, resident: bool = False) -> list[dict]:
         """Per task, from the last traced launch (trace=True): when the blocks entered it, had
         their inputs, and left it (µs after the first block entered the kernel; median and latest
-        over the task's blocks); the last row is the kernel's own: entry, prologue done (the
-        prefetch copies issued), end. ``resident``: the last frame of the resident kernel (read
+        over the task's blocks, and each block's in ``block_us``); the last row is the kernel's own:
+        entry, prologue done (the prefetch copies issued), end. ``resident``: the last frame of the resident kernel (read
         once it has stopped), in µs after the median block entered the frame: the blocks that
         wait for the go enter together, while a frame block enters before it polls its words."""
         if self.trace is None:
@@ -514,6 +514,8 @@ class CompiledStep:
                     "ready_us": [round(float(np.median(rel[:, 1])), 2), round(float(rel[:, 1].max()), 2)],
                     "exit_us": [round(float(np.median(rel[:, 2])), 2), round(float(rel[:, 2].max()), 2)],
                     "phase_cycles": [int(np.median(c)) for c in cycles.T] if len(cycles) else [],
+                    # each of its blocks (task.first on): entry, inputs, exit
+                    "block_us": np.round(rel, 2).tolist(),
                 }
             )
         rel = (stamps[:, n, :3] - start) / 1e3
