@@ -61,6 +61,11 @@ VARIANTS = {
     # that joins the frame last (codegen.RESIDENT_LEADER_LAST, on since session 68; g37 timed it as
     # "leader-last" against this as "default")
     "leader-first": (True, True, True, False, False, True, False, True, False),
+    # session 68: the default with the frame's x words published before the scalars of x
+    # (codegen.EARLY_FRAME_WORDS; launched too, as "launched-early-frame-go"): timed resident in
+    # session 66 before the frame block's go, when the other blocks took the go 0.5-2.6 us after
+    # the frame block had its words, so nothing could start on them early
+    "early-frame-go": (True, True, True, False, False, True, True, True, True),
 }
 # codegen module settings of a variant besides the tuple's, restored after it (the resident kernel
 # only: its sums may then come in another order than the launched kernel's, so such a variant is
