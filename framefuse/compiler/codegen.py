@@ -712,8 +712,9 @@ class Generator:
         """The block whose thread 0 leads the frames: block 0, or with tagged frames the first
         block that does not read the frame (a leader's frame reads would wait for its bell); with
         the frame block's go as well (RESIDENT_FRAMER_GO, RESIDENT_LEADER_LAST), the one of those
-        whose first task comes last (a block with none first): the leader may take the go a host
-        round trip late, when a poll of the bell is in flight as it comes."""
+        whose first task comes last (a block with none first), where that task's dependency level
+        is later than the first one's: the leader may take the go a host round trip late, when a
+        poll of the bell is in flight as it comes."""
         if not self.tagged:
             return 0
         framers = set(self._framer_blocks())

@@ -487,9 +487,10 @@ class CompiledStep:
         """Per task, from the last traced launch (trace=True): when the blocks entered it, had
         their inputs, and left it (µs after the first block entered the kernel; median and latest
         over the task's blocks, and each block's in ``block_us``); the last row is the kernel's own:
-        entry, prologue done (the prefetch copies issued), end. ``resident``: the last frame of the resident kernel (read
-        once it has stopped), in µs after the median block entered the frame: the blocks that
-        wait for the go enter together, while a frame block enters before it polls its words."""
+        entry, prologue done (the prefetch copies issued), end. ``resident``: the last frame of
+        the resident kernel (read once it has stopped), in µs after the median block entered the
+        frame: the blocks that wait for the go enter together, while a frame block enters before
+        it polls its words."""
         if self.trace is None:
             raise CompileError("compile with trace=True for a timeline")
         stamps = self.trace.cpu().numpy().astype(np.float64)
