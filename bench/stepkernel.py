@@ -456,22 +456,18 @@ def main(argv=None) -> int:
             traceback.print_exc()
             result["rows"].append({"arch": arch, "error": f"{type(exc).__name__}: {str(exc)[:1000]}"})
         (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
-    result["traces"] = {}
-    for arch in [a for a in args.trace.split(",") if a]:
-        try:
-            result["traces"][arch] = trace_arch(arch, root, args.select)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            result["traces"][arch] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-        (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
-    result["resident_traces"] = {}
-    for arch in [a for a in args.trace_resident.split(",") if a]:
-        try:
-            result["resident_traces"][arch] = trace_resident(arch, root, args.select)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            result["resident_traces"][arch] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-        (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
+    for key, archs, trace in (
+        ("traces", args.trace, trace_arch),
+        ("resident_traces", args.trace_resident, trace_resident),
+    ):
+        result[key] = {}
+        for arch in [a for a in archs.split(",") if a]:
+            try:
+                result[key][arch] = trace(arch, root, args.select)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                result[key][arch] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            (out / "stepkernel.json").write_text(json.dumps(result, indent=2))
     for arch in [a for a in args.sweep.split(",") if a]:
         grids = [int(g) for g in args.grids.split(",")]
         threads = [int(t) for t in args.threads.split(",")]
