@@ -19,5 +19,5 @@ timeout 450 python3 bench/microbench/resident_variants.py \
   | grep -v -e Warn -e "session = Session" | tee $OUT/g39/resident.log
 echo "== resident traces $(date +%T)"
 timeout 90 python3 bench/stepkernel.py --archs , --trace-resident mamba,xlstm --select stepkernel-fewer-phases \
-  --out $OUT/g39/traces 2>&1 | grep -e "^trace-resident" -e Error | tee $OUT/g39/traces.log
+  --out $OUT/g39/traces 2>&1 | grep -e "trace-resident" -e Error | tee $OUT/g39/traces.log
 echo "done $(date +%T)"
