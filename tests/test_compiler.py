@@ -4069,3 +4069,38 @@ def test_skewed_sums_leave_a_step_form_kernel_unchanged(arch):
     program = lower_program(_prepared(arch, FULL).fused)
     sched = schedule(program, grid=132)
     assert generate(sched, skewed_sums=True).identity == generate(sched).identity
+
+
+def test_the_same_window_concatenated_in_two_shapes_is_summed_once():
+    """Mamba's second convolution: the window [state, x] is concatenated once as [1, 8, 4] and once
+    as [1, 1, 8, 4] (the same elements in the same order), each multiplied by the same kernel and
+    summed over the window. MergeCommon keys a Concat by where its elements come from in its
+    inputs' reshape-free bases, so the two Concats, their products and their sums are one each,
+    and the interpreter's values are unchanged."""
+    from framefuse.compiler.ir import Leaf, Program, concat, constant, ew, reduce, reshape
+    from framefuse.compiler.simplify import MergeCommon
+
+    rng = np.random.default_rng(3)
+    state = Leaf("state", "conv", (1, 8, 3))
+    x = Leaf("input", "x", (1, 8))
+    kernel = constant(rng.standard_normal((1, 8, 4)).astype(np.float32))
+    window = concat([state, reshape(x, (1, 8, 1))], axis=2)
+    window4 = concat([reshape(state, (1, 1, 8, 3)), reshape(x, (1, 1, 8, 1))], axis=3)
+    first = reduce("sum", ew("mul", window, kernel), [2], keepdims=False)
+    second = reduce("sum", ew("mul", window4, reshape(kernel, (1, 1, 8, 4))), [3], keepdims=False)
+    program = Program({"x": x}, {"conv": state}, {"a": first, "b": second}, {})
+    assert program.counts()["concat"] == 2 and program.counts()["reduce"] == 2
+    merged = MergeCommon(program).run()
+    assert merged.counts()["concat"] == 1 and merged.counts()["reduce"] == 1
+    feeds = {
+        "x": rng.standard_normal((1, 8)).astype(np.float32),
+        "conv": rng.standard_normal((1, 8, 3)).astype(np.float32),
+    }
+    expected, actual = naive.run(program, feeds), naive.run(merged, feeds)
+    for name in ("a", "b"):
+        assert np.array_equal(actual[name], expected[name]), name
+    # a window of other elements (x before the state) stays a Concat of its own
+    swapped = concat([reshape(x, (1, 1, 8, 1)), reshape(state, (1, 1, 8, 3))], axis=3)
+    third = reduce("sum", ew("mul", swapped, reshape(kernel, (1, 1, 8, 4))), [3], keepdims=False)
+    program = Program({"x": x}, {"conv": state}, {"a": first, "c": third}, {})
+    assert MergeCommon(program).run().counts()["concat"] == 2

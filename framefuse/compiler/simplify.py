@@ -305,7 +305,7 @@ class MergeCommon(Rebuilder):
             return ("map", self.base(node.src).id, node.src.size, hashlib.sha1(flat.tobytes()).hexdigest())
         ids = tuple(self.arg_key(c) for c in node.inputs())
         if isinstance(node, Concat):
-            return (type(node).__name__, node.axis, node.shape, tuple(c.id for c in node.inputs()))
+            return self.concat_key(node)
         if isinstance(node, Ew):
             return ("ew", node.op, node.params, node.size, ids)
         if isinstance(node, Reduce):
@@ -319,6 +319,21 @@ class MergeCommon(Rebuilder):
         if isinstance(node, Dot):
             return ("dot", ids, node.size, self.digest(node.rows))
         return None
+
+    def concat_key(self, node: Concat):
+        # Keyed by where each element comes from in its inputs' reshape-free bases, as a Map is: the
+        # same window concatenated once as [1, 512, 4] and once as [1, 1, 512, 4] is one Concat, so
+        # the products and sums over it merge too (mamba's second convolution sum was computed twice).
+        bases = tuple(self.base(c).id for c in node.inputs())
+        if node.size > MAP_EVAL_LIMIT:
+            return (type(node).__name__, node.axis, node.shape, bases)
+        which = np.concatenate(
+            [np.full(c.shape, k, np.int64) for k, c in enumerate(node.inputs())], axis=node.axis
+        ).ravel()
+        flat = np.concatenate(
+            [np.arange(c.size, dtype=np.int64).reshape(c.shape) for c in node.inputs()], axis=node.axis
+        ).ravel()
+        return (type(node).__name__, bases, node.size, hashlib.sha1(which.tobytes() + flat.tobytes()).hexdigest())
 
     def transform(self, node, inputs):
         node = with_inputs(node, inputs)
