@@ -1060,7 +1060,7 @@ def test_resident_kernel_with_the_leader_last_emulated(monkeypatch, arch, tmp_pa
     sched = schedule(program, grid=5, threads=64)
     kernel = generate(sched, resident=True)
     body = kernel.source.split('extern "C"')[-1]
-    leader = int(re.search(r"ffk_epoch_s = b == (\d+) \? ffk_lead_frame_go\(", body).group(1))
+    leader = int(re.search(r"ffk_epoch_s = b == (\d+) \? ffk_lead_frame<true>\(", body).group(1))
     framer = re.search(r"const bool ffk_framer = (.*);", body).group(1)
 
     levels = sched.task_levels()
@@ -1086,7 +1086,7 @@ def test_the_leader_at_the_benchmark_size():
     for arch, expected in (("mamba", 129), ("xlstm", 0)):
         kernel = generate_source(_prepared(arch, FULL).fused, grid=132, threads=256, resident=True, **FEWER_PHASES)
         body = kernel.source.split('extern "C"')[-1]
-        assert int(re.search(r"ffk_epoch_s = b == (\d+) \? ffk_lead_frame_go\(", body).group(1)) == expected, arch
+        assert int(re.search(r"ffk_epoch_s = b == (\d+) \? ffk_lead_frame<true>\(", body).group(1)) == expected, arch
 
 
 @needs_cxx
@@ -1528,11 +1528,11 @@ def test_resident_source_reuses_weights_and_reads_state_coherently(monkeypatch):
     assert not eval(framer.replace("&&", "and").replace("||", "or"), {"b": leader})
     # the frame block publishes the go once its words are in, and the leader takes that go or its
     # bell (RESIDENT_FRAMER_GO); without it, only the leader's bell
-    assert codegen.RESIDENT_FRAMER_GO and "ffk_lead_frame_go(" in loop
+    assert codegen.RESIDENT_FRAMER_GO and "ffk_lead_frame<true>(" in loop
     assert loop.index("ffk_poll_frame(in0") < loop.index("if (tid == 0) ffk_go(ffk_ctl, ffk_epoch_s);")
     monkeypatch.setattr(codegen, "RESIDENT_FRAMER_GO", False)
     plain = generate_source(prepared.fused, grid=8, threads=128, resident=True).source.split('extern "C"')[-1]
-    assert "ffk_lead_frame(" in plain and "ffk_lead_frame_go(" not in plain and "ffk_go(" not in plain
+    assert "ffk_lead_frame<false>(" in plain and "ffk_lead_frame<true>(" not in plain and "ffk_go(" not in plain
 
 
 def test_enumerated_index_pairs_match_a_plain_loop_and_are_kept_only_while_scheduling():

@@ -777,7 +777,7 @@ class Generator:
             ]
         if early:
             self._issue(loop, "0", str(min(PROLOGUE_GROUPS, len(self.groups))))
-        lead_fn = "ffk_lead_frame_go" if framers and RESIDENT_FRAMER_GO else "ffk_lead_frame"
+        lead_fn = "ffk_lead_frame<true>" if framers and RESIDENT_FRAMER_GO else "ffk_lead_frame<false>"
         lead = f"{lead_fn}(ffk_ctl, ffk_bell, ffk_idle, {self.grid}ull * ffk_n, (unsigned)(ffk_n + 1), e)"
         others = "(ffk_framer ? e : ffk_wait_go(ffk_ctl, e))" if framers else "ffk_wait_go(ffk_ctl, e)"
         loop.items += [

@@ -188,24 +188,9 @@ inline void ffk_store_done(unsigned* p, unsigned epoch) {
 #define FFK_CTL_FINISHED 2
 #define FFK_BELL_STOP 0xffffffffu
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <bool TAKE_GO>
 inline unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
                                unsigned long long finished, unsigned frame, unsigned epoch) {
-    while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
-        std::this_thread::yield();
-    std::atomic_ref<unsigned>(*idle).store(frame - 1, std::memory_order_release);
-    unsigned v;
-    while ((v = std::atomic_ref<unsigned>(*const_cast<unsigned*>(bell)).load(std::memory_order_acquire)) != frame &&
-           v != FFK_BELL_STOP)
-        std::this_thread::yield();
-    if (v == FFK_BELL_STOP) {
-        std::atomic_ref<unsigned long long>(ctl[FFK_CTL_STOP]).store(1ull, std::memory_order_release);
-        return 0u;
-    }
-    std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).store(epoch, std::memory_order_release);
-    return epoch;
-}
-inline unsigned ffk_lead_frame_go(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
-                                  unsigned long long finished, unsigned frame, unsigned epoch) {
     while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
         std::this_thread::yield();
     std::atomic_ref<unsigned>(*idle).store(frame - 1, std::memory_order_release);
@@ -216,7 +201,8 @@ inline unsigned ffk_lead_frame_go(unsigned long long* ctl, const unsigned* bell,
             return 0u;
         }
         if (v == frame) break;
-        if (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).load(std::memory_order_acquire) == epoch) return epoch;
+        if (TAKE_GO && std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).load(std::memory_order_acquire) == epoch)
+            return epoch;
         std::this_thread::yield();
     }
     std::atomic_ref<unsigned long long>(ctl[FFK_CTL_GO]).store(epoch, std::memory_order_release);

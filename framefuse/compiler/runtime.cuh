@@ -221,32 +221,16 @@ FFK_DEVICE unsigned long long ffk_ld_acquire_u64(const unsigned long long* p) {
 FFK_DEVICE void ffk_st_release_u64(unsigned long long* p, unsigned long long v) {
     asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-// Block 0's thread 0 before frame `frame`: every block through the previous one (its state stores
-// visible), the host told so, then the host's bell, then the go (or the stop) for every block;
-// returns `epoch`, or 0 for the stop. The waits are unbounded: a resident kernel idles here
-// between frames; the host's watchdog and stop word end it.
+// The leader's thread 0 before frame `frame` (block 0, or codegen.RESIDENT_LEADER_LAST's): every
+// block through the previous one (its state stores visible), the host told so, then the host's
+// bell, then the go (or the stop) for every block; returns `epoch`, or 0 for the stop. With TAKE_GO
+// a frame block publishes the go itself once its words are in (codegen.RESIDENT_FRAMER_GO) and the
+// leader also takes that go, so a bell seen late keeps no block waiting; both publish the same
+// epoch for a frame. The waits are unbounded: a resident kernel idles here between frames; the
+// host's watchdog and stop word end it.
+template <bool TAKE_GO>
 FFK_DEVICE unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
-                               unsigned long long finished, unsigned frame, unsigned epoch) {
-    while (ffk_ld_acquire_u64(ctl + FFK_CTL_FINISHED) < finished) {
-    }
-    __threadfence_system();
-    asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(idle), "r"(frame - 1) : "memory");
-    unsigned v;
-    do {
-        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(bell) : "memory");
-    } while (v != frame && v != FFK_BELL_STOP);
-    if (v == FFK_BELL_STOP) {
-        ffk_st_release_u64(ctl + FFK_CTL_STOP, 1ull);
-        return 0u;
-    }
-    ffk_st_release_u64(ctl + FFK_CTL_GO, epoch);
-    return epoch;
-}
-// The same, where a frame block publishes the go itself once its words are in
-// (codegen.RESIDENT_FRAMER_GO): the leader also takes that go, so a bell seen late keeps no block
-// waiting. Both publish the same epoch for a frame.
-FFK_DEVICE unsigned ffk_lead_frame_go(unsigned long long* ctl, const unsigned* bell, unsigned* idle,
-                                  unsigned long long finished, unsigned frame, unsigned epoch) {
+                                   unsigned long long finished, unsigned frame, unsigned epoch) {
     while (ffk_ld_acquire_u64(ctl + FFK_CTL_FINISHED) < finished) {
     }
     __threadfence_system();
@@ -259,7 +243,7 @@ FFK_DEVICE unsigned ffk_lead_frame_go(unsigned long long* ctl, const unsigned* b
             return 0u;
         }
         if (v == frame) break;
-        if (ffk_ld_acquire_u64(ctl + FFK_CTL_GO) == epoch) return epoch;
+        if (TAKE_GO && ffk_ld_acquire_u64(ctl + FFK_CTL_GO) == epoch) return epoch;
     }
     ffk_st_release_u64(ctl + FFK_CTL_GO, epoch);
     return epoch;
