@@ -4112,9 +4112,9 @@ def test_a_phase_staging_more_than_four_words_a_thread_stages_them_in_one_pass(
 ):
     """xlstm's output projections (the benchmark's size, fewer-phases) stage 1,029 and 1,028 flagged
     words a block: at 256 threads, 4 loads a thread in flight leave 5 and 4 words for a second L2
-    round trip, so those two phases issue 8 a thread (codegen.STAGE_UNROLL_MAX); at 384 threads, or
-    with the setting at 4, every phase keeps 4. With nvcc here, the resident kernel compiles for
-    sm_90 without spilling."""
+    round trip, so with codegen.STAGE_UNROLL_MAX 8 those two phases issue 8 a thread; at 384
+    threads, or with the setting at 4 (the default until 8 is timed), every phase keeps 4. With nvcc
+    here, the resident kernel compiles for sm_90 without spilling."""
     from framefuse.compiler import codegen
 
     monkeypatch.setattr(codegen, "STAGE_UNROLL_MAX", unroll_max)
