@@ -4133,3 +4133,38 @@ def test_a_phase_staging_more_than_four_words_a_thread_stages_them_in_one_pass(
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert re.findall(r"(\d+) bytes spill stores", out.stderr) == ["0"], out.stderr
+
+
+@pytest.mark.parametrize("warp_split_min,skews", [(16, 0), (32, 2)])
+def test_mambas_short_window_readouts_are_warp_sums_not_skewed_walks(monkeypatch, warp_split_min, skews):
+    """Mamba's sequence window at T = 7, batch 2 (embed 64): the skewed-sums tactic skewed its two
+    readouts over the 16 states while a sum over 16 was a thread's loop; with codegen.WARP_SPLIT_MIN
+    16 (session 68) each is a warp's sum, so nothing is left to skew (the GPU's tactic test expects
+    no skew there)."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "WARP_SPLIT_MIN", warp_split_min)
+    config = {"model": {"embed": 64, "layers": 2}, "seq": 7, "batch": 2, "seed": 5}
+    prepared = prepare_cached("mamba", config)["sequence"]
+    kernel = generate_source(prepared.fused, grid=132, threads=256, skewed_sums=True)
+    assert kernel.source.count("see SKEWED_SUM_WALK") == skews
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["min_gru", "mamba", "xlstm"])
+def test_resident_kernel_with_every_copy_issued_at_frame_start_emulated(monkeypatch, arch, tmp_path):
+    """codegen.RESIDENT_COPIES_AT_START: the resident kernel issues every commit group's copies
+    while the frame is awaited and none between its tasks; each task still waits for its own
+    group (the emulated cp.async lands a copy only at the wait that covers it), and three chained
+    frames under ThreadSanitizer equal the interpreter. The launched kernel is unchanged."""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared(arch).fused)
+    sched = schedule(program, grid=5, threads=64)
+    launched = generate(sched).source
+    assert "copies, in flight while the tasks before it run" in generate(sched, resident=True).source
+    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START", True)
+    kernel = generate(sched, resident=True)
+    assert "copies, in flight while the tasks before it run" not in kernel.source
+    assert generate(sched).source == launched
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)

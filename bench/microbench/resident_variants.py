@@ -79,9 +79,13 @@ CODEGEN_EXTRA = {
     # (codegen.STAGE_UNROLL_MAX 8, the default 4): xlstm's output projections stage 1,029 words,
     # the only zoo phases over 1,024 at 256 threads, so only xlstm's source changes
     "stage-unroll-8": {"STAGE_UNROLL_MAX": 8},
+    # session 69: every commit group's copies issued while the frame is awaited, none between
+    # tasks (codegen.RESIDENT_COPIES_AT_START; the same arithmetic, so bit for bit)
+    "copies-at-start": {"RESIDENT_COPIES_AT_START": True},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["stage-unroll-8"] = VARIANTS["default"]
+VARIANTS["copies-at-start"] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
 HOST_WRITE_CHUNKS = {"tagged-outputs-16": 16, "tagged-outputs-32": 32}

@@ -379,10 +379,10 @@ class Generator:
         last = n_groups - 1
         points = [0] * len(own)
         for k in reversed(range(len(own))):
-            if k < PROLOGUE_GROUPS:
+            if k < self.prologue_groups:
                 want = k
             else:
-                want = PROLOGUE_GROUPS - 1 + own[k - PROLOGUE_GROUPS + 1]
+                want = self.prologue_groups - 1 + own[k - self.prologue_groups + 1]
             cap = last if k == len(own) - 1 else points[k + 1] - 1
             points[k] = min(want, cap)
         return points
@@ -414,12 +414,12 @@ class Generator:
         after = [i for i, t in enumerate(self.groups) if t > last]
         if keep >= len(own) or not after:
             return points
-        first_point = PROLOGUE_GROUPS - 1 + after[0]  # issued just before that task, after `last`
+        first_point = self.prologue_groups - 1 + after[0]  # issued just before that task, after `last`
         moved = list(points[: len(own)])
         previous = moved[keep - 1] if keep else -1
         for k in range(keep, len(own)):
             p = max(moved[k], first_point, previous + 1)
-            if p > min(own[k] + PROLOGUE_GROUPS - 1, len(self.groups) - 1):
+            if p > min(own[k] + self.prologue_groups - 1, len(self.groups) - 1):
                 return points  # it would land after its own task: keep the block as it was
             moved[k] = previous = p
         return moved  # (the groups of tasks the block does not run copy nothing: no point)
@@ -506,6 +506,14 @@ class Generator:
         out += [np.zeros(grid, dtype=np.int64)] * (n_columns - len(columns) - len(out))
         return out
 
+    @property
+    def prologue_groups(self) -> int:
+        """Commit groups issued in the prologue: PROLOGUE_GROUPS, or in the resident kernel with
+        RESIDENT_COPIES_AT_START every group (min() with the group count caps it)."""
+        if self.resident and RESIDENT_COPIES_AT_START:
+            return 1 << 30
+        return PROLOGUE_GROUPS
+
     def _runs(self, t: int, b: int) -> bool:
         task = self.sched.tasks[t]
         return task.first <= b < task.first + task.blocks
@@ -560,7 +568,7 @@ class Generator:
         self._prologue(body)
         for t, task in enumerate(self.sched.tasks):
             if t in self.groups and self.groups.index(t) >= 1:
-                ahead = self.groups.index(t) + PROLOGUE_GROUPS - 1
+                ahead = self.groups.index(t) + self.prologue_groups - 1
                 if ahead < len(self.groups):  # every block, in or out of the task: one commit each
                     body.items.append(f"// task {self.groups[ahead]}'s copies, in flight while the tasks before it run")
                     self._issue(body, str(ahead), str(ahead + 1))
@@ -776,7 +784,7 @@ class Generator:
                 "__syncthreads();",
             ]
         if early:
-            self._issue(loop, "0", str(min(PROLOGUE_GROUPS, len(self.groups))))
+            self._issue(loop, "0", str(min(self.prologue_groups, len(self.groups))))
         lead_fn = "ffk_lead_frame<true>" if framers and RESIDENT_FRAMER_GO else "ffk_lead_frame<false>"
         lead = f"{lead_fn}(ffk_ctl, ffk_bell, ffk_idle, {self.grid}ull * ffk_n, (unsigned)(ffk_n + 1), e)"
         others = "(ffk_framer ? e : ffk_wait_go(ffk_ctl, e))" if framers else "ffk_wait_go(ffk_ctl, e)"
@@ -846,7 +854,7 @@ class Generator:
             body.items.append("const unsigned epoch = ffk_epoch_s;")
         # weight and state prefetch: one commit group per task that has any, the copies from the table
         if self.groups and not (self.resident and RESIDENT_PREFETCH_EARLY):
-            first = min(PROLOGUE_GROUPS, len(self.groups))
+            first = min(self.prologue_groups, len(self.groups))
             body.items.append(
                 f"// prefetch: the weight rows, state and weight ranges of the first {first} of {len(self.groups)} tasks "
                 "(the others' are issued a task ahead of their use)"
@@ -904,7 +912,7 @@ class Generator:
         """Commit groups every thread has committed when it reaches task t's wait: the prologue's
         PROLOGUE_GROUPS, then one issued before each later group's task (see source())."""
         j = self.groups.index(t)
-        return min(len(self.groups), PROLOGUE_GROUPS + j)
+        return min(len(self.groups), self.prologue_groups + j)
 
     # -- tasks -------------------------------------------------------------------------------------------
     def _stamp(self, code: Code, t: int, slot: int) -> None:
@@ -2870,6 +2878,14 @@ STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on differen
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs
 PROLOGUE_GROUPS = 2
+# the resident kernel: every group's copies issued while the frame is awaited, none between its
+# tasks. Each copy has a shared-memory region of its own and a frame reads the state the last one
+# wrote (the other half), so the copies may land any time before their task. Why: session 69's
+# resident trace of mamba had each block enter its next task ~0.25 us later for every commit point
+# it passed after its last one (blocks 0-15 at +0.26 us, 16-31 +0.5, 32-47 +0.8-1.0 after Slice_2,
+# though their copies then are a few state floats or weight rows the resident kernel skips).
+# Not timed yet: resident_variants.py's "copies-at-start".
+RESIDENT_COPIES_AT_START = False
 # the resident kernel: weight rows copied into shared memory on the first frame only; the first
 # groups' copies issued while the frame is awaited, not after it rang
 RESIDENT_WEIGHTS_ONCE = True

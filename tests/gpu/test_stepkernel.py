@@ -596,13 +596,16 @@ def test_stepkernel_of_a_sequence_window_matches_onnxruntime(arch, seq, batch):
 def test_skewed_sum_tactics_of_a_sequence_window_match_onnxruntime(arch, seq, batch, tactic):
     """The tactics whose sums over positions start each element at its own position
     (codegen.SKEWED_SUM_WALK: attention's window scores, Mamba's and xLSTM's readouts), with the
-    skew in the source, over the window test's windows (random, zeros, NaN)."""
+    skew in the source, over the window test's windows (random, zeros, NaN). Mamba's at T = 7,
+    batch 2 has none: its skewed sums were the readouts over 16 states, a warp per element since
+    codegen.WARP_SPLIT_MIN is 16 (session 68; tests/test_compiler.py pins it)."""
     from framefuse.engines.fusion import STEPKERNELS
 
     engine = _check_window(arch, seq, batch, tactic)
     assert engine.metadata["selection"]["stepkernel"]["skewed_sums"] is True
     assert engine.metadata["selection"]["stepkernel"]["threads"] == STEPKERNELS[tactic].get("threads", 256)
-    assert "see SKEWED_SUM_WALK" in engine.default_plan.compiled.kernel.source
+    skewed = "see SKEWED_SUM_WALK" in engine.default_plan.compiled.kernel.source
+    assert skewed is not (arch == "mamba" and (seq, batch) == (7, 2))
 
 
 def _check_window(arch, seq, batch, select):
