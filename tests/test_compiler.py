@@ -4106,35 +4106,6 @@ def test_the_same_window_concatenated_in_two_shapes_is_summed_once():
     assert MergeCommon(program).run().counts()["concat"] == 2
 
 
-@pytest.mark.parametrize("unroll_max,threads,expected", [(8, 256, ["6, 8", "5, 8"]), (4, 256, []), (8, 384, [])])
-def test_a_phase_staging_more_than_four_words_a_thread_stages_them_in_one_pass(
-    monkeypatch, unroll_max, threads, expected, tmp_path
-):
-    """xlstm's output projections (the benchmark's size, fewer-phases) stage 1,029 and 1,028 flagged
-    words a block: at 256 threads, 4 loads a thread in flight leave 5 and 4 words for a second L2
-    round trip, so with codegen.STAGE_UNROLL_MAX 8 those two phases issue 8 a thread; at 384
-    threads, or with the setting at 4 (the default until 8 is timed), every phase keeps 4. With nvcc
-    here, the resident kernel compiles for sm_90 without spilling."""
-    from framefuse.compiler import codegen
-
-    monkeypatch.setattr(codegen, "STAGE_UNROLL_MAX", unroll_max)
-    prepared = prepare_cached("xlstm", FULL)["step"]
-    kernel = generate_source(
-        prepared.fused, grid=132, threads=threads, resident=True, alias_views=True, one_pass=True, recomputed_scalars=64
-    )
-    assert re.findall(r"ffk_ll_stage_n<NT, (\d+, \d+)>", kernel.source) == expected
-    if expected and shutil.which("nvcc"):
-        (tmp_path / "k.cu").write_text(kernel.source)
-        out = subprocess.run(
-            ["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), "k.cu"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert re.findall(r"(\d+) bytes spill stores", out.stderr) == ["0"], out.stderr
-
-
 @pytest.mark.parametrize("warp_split_min,skews", [(16, 0), (32, 2)])
 def test_mambas_short_window_readouts_are_warp_sums_not_skewed_walks(monkeypatch, warp_split_min, skews):
     """Mamba's sequence window at T = 7, batch 2 (embed 64): the skewed-sums tactic skewed its two

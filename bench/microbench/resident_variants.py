@@ -75,16 +75,11 @@ CODEGEN_EXTRA = {
     # over them, not a warp per element (codegen.WARP_SPLIT_MIN 32, 16 since session 68; g37 timed
     # 16 as "warp-roots-16" against 32 as "default")
     "warp-roots-32": {"WARP_SPLIT_MIN": 32},
-    # session 69: a phase staging more than 4 x threads words with 8 loads a thread in flight
-    # (codegen.STAGE_UNROLL_MAX 8, the default 4): xlstm's output projections stage 1,029 words,
-    # the only zoo phases over 1,024 at 256 threads, so only xlstm's source changes
-    "stage-unroll-8": {"STAGE_UNROLL_MAX": 8},
     # session 69: every commit group's copies issued while the frame is awaited, none between
     # tasks (codegen.RESIDENT_COPIES_AT_START; the same arithmetic, so bit for bit)
     "copies-at-start": {"RESIDENT_COPIES_AT_START": True},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
-VARIANTS["stage-unroll-8"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it

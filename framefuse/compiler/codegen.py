@@ -1306,17 +1306,15 @@ class Generator:
             return f"hi{uid} - lo{uid}"
 
         num = ", ".join(count(u.node.id) for u in units)
-        unroll, wide = stage_unroll(units, self.threads)
-        if wide:
-            call = f"ffk_ll_stage_wide<NT, {k}, {unroll}>"
-        else:
-            call = f"ffk_ll_stage_n<NT, {k}>" if unroll == STAGE_UNROLL else f"ffk_ll_stage_n<NT, {k}, {unroll}>"
+        unroll = stage_unroll(units, self.threads)
         code.items += [
             "{",
             f"    float* const sd[{k}] = {{{dst}}};",
             f"    const unsigned long long* const ss[{k}] = {{{src}}};",
             f"    const int sn[{k}] = {{{num}}};",
-            f"    {call}(sd, ss, sn, epoch);",
+            f"    ffk_ll_stage_n<NT, {k}>(sd, ss, sn, epoch);"
+            if unroll == STAGE_UNROLL
+            else f"    ffk_ll_stage_wide<NT, {k}, {unroll}>(sd, ss, sn, epoch);",
             "}",
         ]
 
@@ -3113,26 +3111,20 @@ STAGE_UNROLL_PARTIALS = 16
 # ... where the phase stages at most this many values (ffk_ll_stage_wide finds a word's value by a
 # chain of selects over them at each use: mamba's seven at 384 threads spilled 72-176 bytes)
 STAGE_WIDE_RANGES = 3
-# ... and at most this many in ffk_ll_stage_n (any other phase with more than STAGE_UNROLL * threads
-# words: xlstm's output projections stage 1,029 words a block at 256 threads, so the last 5 cost a
-# second round trip on the critical path). 4: every phase at STAGE_UNROLL. 8 is not timed yet
-# (session 69 had no GPU for it): bench/microbench/resident_variants.py's "stage-unroll-8".
-STAGE_UNROLL_MAX = 4
 
 
-def stage_unroll(units: list, threads: int) -> tuple[int, bool]:
-    """The loads in flight a thread for one phase's staged ``units`` and whether they go through
-    ffk_ll_stage_wide: enough for the phase's words in one pass, a power of two from STAGE_UNROLL up
-    to STAGE_UNROLL_PARTIALS where one is a split product's partial sums and there are at most
-    STAGE_WIDE_RANGES (the wide form), else up to STAGE_UNROLL_MAX (ffk_ll_stage_n)."""
+def stage_unroll(units: list, threads: int) -> int:
+    """The loads in flight a thread for one phase's staged ``units``: STAGE_UNROLL, or, where one is
+    a split product's partial sums and there are at most STAGE_WIDE_RANGES, enough for the phase's
+    words in one pass (a power of two up to STAGE_UNROLL_PARTIALS)."""
+    if not any(isinstance(u.node, PartialSums) for u in units) or len(units) > STAGE_WIDE_RANGES:
+        return STAGE_UNROLL
     per_block = sum(np.maximum(u.hi - u.lo, 0) for u in units if u.hi is not None)
     words = int(np.max(per_block)) if np.size(per_block) else 0
-    wide = any(isinstance(u.node, PartialSums) for u in units) and len(units) <= STAGE_WIDE_RANGES
-    cap = STAGE_UNROLL_PARTIALS if wide else STAGE_UNROLL_MAX
     unroll = STAGE_UNROLL
-    while unroll < cap and unroll * threads < words:
+    while unroll < STAGE_UNROLL_PARTIALS and unroll * threads < words:
         unroll *= 2
-    return unroll, wide and unroll != STAGE_UNROLL
+    return unroll
 
 
 class _InputRing:

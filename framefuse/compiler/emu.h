@@ -247,7 +247,7 @@ inline void ffk_block_finished(unsigned long long* ctl) {
 inline unsigned long long ffk_globaltimer() {
     return (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count();
 }
-template <int NT, int K, int UNROLL = 4>
+template <int NT, int K>
 inline void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
                            unsigned epoch) {
     for (int k = 0; k < K; ++k)

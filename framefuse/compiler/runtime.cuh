@@ -91,11 +91,10 @@ FFK_DEVICE float ffk_ll_value(unsigned long long word) { return __uint_as_float(
 // are one index space, every thread issues UNROLL loads before it checks any, and re-polls all of
 // its words that are not current yet together, so a block pays about one round trip per UNROLL *
 // NT words (waiting on one word at a time costs a round trip for each word that was late).
-// UNROLL above 4 where a phase stages more than 4 * NT words (codegen.stage_unroll: xlstm's output
-// projections stage 1,029 words, one round trip more for the last 5).
-template <int NT, int K, int UNROLL = 4>
+template <int NT, int K>
 FFK_DEVICE void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long* const (&src)[K], const int (&n)[K],
                                unsigned epoch) {
+    constexpr int UNROLL = 4;
     int total = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) total += n[k];

@@ -6,7 +6,7 @@
 set -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p $OUT/g42
-timeout 200 python3 bench/microbench/resident_variants.py --archs mamba,xlstm,attention,min_gru --rounds 2 \
-  --variants default,copies-at-start --out $OUT/g42/resident.json 2>&1 \
-  | grep -v -e Warn -e "session = Session" | tee $OUT/g42/resident.log
+timeout 200 python3 bench/microbench/resident_variants.py --archs ${ARCHS:-mamba,xlstm,attention,min_gru} --rounds 2 \
+  --variants default,copies-at-start --out $OUT/g42/resident${TAG:-}.json 2>&1 \
+  | grep -v -e Warn -e "session = Session" | tee $OUT/g42/resident${TAG:-}.log
 echo "done $(date +%T)"

@@ -16,7 +16,7 @@ resident)
   timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_resident.py 2>&1 \
     | tee $OUT/g40-$part/tests.log | tail -15 ;;
 stepkernel)
-  timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_stepkernel.py -k \
+  timeout 290 python3 -m pytest -m gpu -v -p no:cacheprovider tests/gpu/test_stepkernel.py -k \
     "chained_steps or (mamba and (tactics_match or sequence_window or odd_sizes or batch_of_three or nan_and_inf or transposed_window))" \
     2>&1 | tee $OUT/g40-$part/tests.log | tail -15 ;;
 sanitize)
