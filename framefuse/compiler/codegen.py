@@ -2882,7 +2882,9 @@ PROLOGUE_GROUPS = 2
 # resident trace of mamba had each block enter its next task ~0.25 us later for every commit point
 # it passed after its last one (blocks 0-15 at +0.26 us, 16-31 +0.5, 32-47 +0.8-1.0 after Slice_2,
 # though their copies then are a few state floats or weight rows the resident kernel skips).
-# Not timed yet: resident_variants.py's "copies-at-start".
+# H100, session 69 (bench/h100/2026-12-07-s69/g42/, resident_variants.py "copies-at-start", p50 us):
+# mamba 17.5 -> 16.4, xlstm 19.9 -> 18.0, attention 13.0 -> 12.7, jamba 14.9 -> 14.4, but min_gru
+# 9.2 -> 9.8, delta_net 14.5 -> 14.9, liquid 12.1 -> 13.0: off until a rule is timed.
 RESIDENT_COPIES_AT_START = False
 # the resident kernel: weight rows copied into shared memory on the first frame only; the first
 # groups' copies issued while the frame is awaited, not after it rang
