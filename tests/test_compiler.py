@@ -4139,3 +4139,21 @@ def test_resident_kernel_with_every_copy_issued_at_frame_start_emulated(monkeypa
     assert "copies, in flight while the tasks before it run" not in kernel.source
     assert generate(sched).source == launched
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch,resident", [("min_gru", True), ("mamba", True), ("mamba", False)])
+def test_commit_points_calling_one_issue_function_emulated(monkeypatch, arch, resident, tmp_path):
+    """codegen.ISSUE_CALL: every commit point (the prologue's and those between tasks) calls one
+    function, ffk_issue_groups, defined once before the kernel, instead of its own inlined loop of
+    the range table; the kernel over three chained frames (the resident one under ThreadSanitizer)
+    equals the interpreter."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "ISSUE_CALL", True)
+    program = lower_program(_prepared(arch).fused)
+    kernel = generate(schedule(program, grid=5, threads=64), resident=resident)
+    assert kernel.source.count("FFK_NOINLINE void ffk_issue_groups(") == 1
+    body = kernel.source.split('extern "C"')[-1]
+    assert body.count("ffk_issue_groups(") >= 2 and "ffk_prefetch_lanes(" not in body
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=resident)

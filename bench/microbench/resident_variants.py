@@ -78,9 +78,15 @@ CODEGEN_EXTRA = {
     # session 69: every commit group's copies issued while the frame is awaited, none between
     # tasks (codegen.RESIDENT_COPIES_AT_START; the same arithmetic, so bit for bit)
     "copies-at-start": {"RESIDENT_COPIES_AT_START": True},
+    # session 69: every commit point a call of one function (codegen.ISSUE_CALL), its code in one
+    # place; with copies-at-start too
+    "issue-call": {"ISSUE_CALL": True},
+    "issue-call-at-start": {"ISSUE_CALL": True, "RESIDENT_COPIES_AT_START": True},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
+VARIANTS["issue-call"] = VARIANTS["default"]
+VARIANTS["issue-call-at-start"] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
 HOST_WRITE_CHUNKS = {"tagged-outputs-16": 16, "tagged-outputs-32": 32}

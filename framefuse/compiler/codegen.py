@@ -633,6 +633,8 @@ class Generator:
             includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
         if self.tagged_outputs:
             includes.append(TAGGED_OUTPUT_STORE)
+        if ISSUE_CALL and self.groups:
+            includes.append(self._issue_function())
         name = RESIDENT_KERNEL_NAME if self.resident else KERNEL_NAME
         signature = f'extern "C" __global__ void __launch_bounds__({self.threads}, 1) {name}(\n    '
         signature += ",\n    ".join(params) + ") {"
@@ -882,16 +884,41 @@ class Generator:
     def _issue(self, body: Code, g0: str, g1: str) -> None:
         """cp.async copies of commit groups [g0, g1) from the range table, one commit each. A
         warp per copy: every thread walking every copy was a serial loop of ~35 table rows (H100:
-        min_gru 15.65 -> 13.0 us, mamba 30.2 -> 23.1 with the copies shared out over the warps)."""
+        min_gru 15.65 -> 13.0 us, mamba 30.2 -> 23.1 with the copies shared out over the warps).
+        With ISSUE_CALL, a call of the one function _issue_function defines."""
+        weights = "ffk_n == 0" if self.resident and RESIDENT_WEIGHTS_ONCE else "true"
+        if ISSUE_CALL:
+            states = "".join(f", sin{i}" for i in range(len(self.state_names)))
+            body.items.append(f"ffk_issue_groups({g0}, {g1}, ffk_r, ffk_smem, ffk_w{states}, {weights}, warp, lane);")
+            return
+        body.items.append("#pragma unroll 1")
+        body.items.append(self._issue_loop(g0, g1, weights))
+
+    def _issue_function(self) -> str:
+        """ISSUE_CALL: the commit points' copies as one function that every point calls, so its code
+        is in one place (the resident kernel runs ~0.25 us late for each point a block passes
+        between two of its tasks, whatever the point copies: session 69, perhaps fetching the code)."""
+        states = "".join(f", const float* sin{i}" for i in range(len(self.state_names)))
+        fn = Code(
+            f"FFK_NOINLINE void ffk_issue_groups(int g0, int g1, const int* ffk_r, float* ffk_smem, "
+            f"const float* ffk_w{states}, bool weights, int warp, int lane)"
+        )
+        fn.items.append(f"constexpr int NWARPS = {self.threads // 32};")
+        fn.items.append(self._issue_loop("g0", "g1", "weights"))
+        lines: list[str] = ["// the copies of commit groups [g0, g1), one commit each (codegen.ISSUE_CALL)"]
+        fn.render(0, lines)
+        return "\n".join(lines)
+
+    def _issue_loop(self, g0: str, g1: str, weights: str) -> Code:
         sources = "ffk_w"
         for i in reversed(range(len(self.state_names))):
             sources = f"(src == {i + 1} ? sin{i} : {sources})"
         loop = Code(f"for (int g = {g0}; g < {g1}; ++g)")
         cond = "seg[3] > 0"
-        if self.resident and RESIDENT_WEIGHTS_ONCE:
+        if weights != "true":
             # the weight rows stay in their shared-memory region from the first frame on (no
             # other copy or array uses it); the state ranges change every frame
-            cond = "seg[3] > 0 && (src != 0 || ffk_n == 0)"
+            cond = f"seg[3] > 0 && (src != 0 || {weights})"
         if PREFETCH_BY_WARP:
             first, step, call, extra = "warp", "NWARPS", "ffk_prefetch_lanes", ", lane"
         else:
@@ -905,8 +932,7 @@ class Generator:
             "}",
             "ffk_prefetch_commit();",
         ]
-        body.items.append("#pragma unroll 1")
-        body.items.append(loop)
+        return loop
 
     def _committed_by(self, t: int) -> int:
         """Commit groups every thread has committed when it reaches task t's wait: the prologue's
@@ -2876,6 +2902,11 @@ STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on differen
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs
 PROLOGUE_GROUPS = 2
+# every commit point a call of one function instead of its own inlined loop (Generator._issue_function):
+# session 69's resident trace had a block ~0.25 us late for each point it passed, though a point's
+# loop is ~50 instructions, which fetching its code might explain. Not timed yet:
+# resident_variants.py's "issue-call".
+ISSUE_CALL = False
 # the resident kernel: every group's copies issued while the frame is awaited, none between its
 # tasks. Each copy has a shared-memory region of its own and a frame reads the state the last one
 # wrote (the other half), so the copies may land any time before their task. Why: session 69's
