@@ -2238,9 +2238,10 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "attention+fewer+early",
         "xlstm+early",
         "mamba+fewer+trace",
+        "mamba+fewer+issuecall",
     ],
 )
-def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
+def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
     """Both kernels of a model: ffk_step (a launch a frame) and ffk_resident (launched once); after
     a colon, the products' weight format (codegen.WEIGHT_FORMATS); +views: the stepkernel-views
     tactic's kernel (codegen.ALIAS_VIEWS); +fewer: the stepkernel-fewer-phases tactic's (views,
@@ -2253,9 +2254,13 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path):
     words in host memory (codegen.TAGGED_OUTPUTS); +split: products of a recurrence's output as
     partial sums (simplify.SplitProducts, at the benchmark's size); +early: the frame's x published
     before its scalars (codegen.EARLY_FRAME_WORDS); +trace: the timeline trace's stamps
-    (CompiledStep.timeline; the resident kernel's since session 68)."""
+    (CompiledStep.timeline; the resident kernel's since session 68); +issuecall: every commit
+    point a call of one function (codegen.ISSUE_CALL)."""
+    from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, issuecall, _ = arch.partition("+issuecall")
+    monkeypatch.setattr(codegen, "ISSUE_CALL", bool(issuecall))
     arch, trace, _ = arch.partition("+trace")
     arch, early, _ = arch.partition("+early")
     arch, split, _ = arch.partition("+split")
@@ -4142,18 +4147,24 @@ def test_resident_kernel_with_every_copy_issued_at_frame_start_emulated(monkeypa
 
 
 @needs_cxx
-@pytest.mark.parametrize("arch,resident", [("min_gru", True), ("mamba", True), ("mamba", False)])
-def test_commit_points_calling_one_issue_function_emulated(monkeypatch, arch, resident, tmp_path):
+@pytest.mark.parametrize(
+    "arch,resident,at_start",
+    [("min_gru", True, False), ("mamba", True, False), ("mamba", False, False), ("mamba", True, True)],
+)
+def test_commit_points_calling_one_issue_function_emulated(monkeypatch, arch, resident, at_start, tmp_path):
     """codegen.ISSUE_CALL: every commit point (the prologue's and those between tasks) calls one
     function, ffk_issue_groups, defined once before the kernel, instead of its own inlined loop of
     the range table; the kernel over three chained frames (the resident one under ThreadSanitizer)
-    equals the interpreter."""
+    equals the interpreter. With RESIDENT_COPIES_AT_START too (resident_variants.py's
+    issue-call-at-start) the one call is the frame's prologue."""
     from framefuse.compiler import codegen
 
     monkeypatch.setattr(codegen, "ISSUE_CALL", True)
+    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START", at_start)
     program = lower_program(_prepared(arch).fused)
     kernel = generate(schedule(program, grid=5, threads=64), resident=resident)
     assert kernel.source.count("FFK_NOINLINE void ffk_issue_groups(") == 1
     body = kernel.source.split('extern "C"')[-1]
-    assert body.count("ffk_issue_groups(") >= 2 and "ffk_prefetch_lanes(" not in body
+    assert body.count("ffk_issue_groups(") == 1 if at_start else body.count("ffk_issue_groups(") >= 2
+    assert "ffk_prefetch_lanes(" not in body
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=resident)
