@@ -509,9 +509,9 @@ class Generator:
     @property
     def prologue_groups(self) -> int:
         """Commit groups issued in the prologue: PROLOGUE_GROUPS, or in the resident kernel with
-        RESIDENT_COPIES_AT_START every group (min() with the group count caps it)."""
+        RESIDENT_COPIES_AT_START every group."""
         if self.resident and RESIDENT_COPIES_AT_START:
-            return 1 << 30
+            return len(self.groups)
         return PROLOGUE_GROUPS
 
     def _runs(self, t: int, b: int) -> bool:
@@ -886,10 +886,12 @@ class Generator:
         warp per copy: every thread walking every copy was a serial loop of ~35 table rows (H100:
         min_gru 15.65 -> 13.0 us, mamba 30.2 -> 23.1 with the copies shared out over the warps).
         With ISSUE_CALL, a call of the one function _issue_function defines."""
-        weights = "ffk_n == 0" if self.resident and RESIDENT_WEIGHTS_ONCE else "true"
+        weights = "ffk_n == 0" if self.resident and RESIDENT_WEIGHTS_ONCE else None
         if ISSUE_CALL:
             states = "".join(f", sin{i}" for i in range(len(self.state_names)))
-            body.items.append(f"ffk_issue_groups({g0}, {g1}, ffk_r, ffk_smem, ffk_w{states}, {weights}, warp, lane);")
+            body.items.append(
+                f"ffk_issue_groups({g0}, {g1}, ffk_r, ffk_smem, ffk_w{states}, {weights or 'true'}, warp, lane);"
+            )
             return
         body.items.append("#pragma unroll 1")
         body.items.append(self._issue_loop(g0, g1, weights))
@@ -909,13 +911,15 @@ class Generator:
         fn.render(0, lines)
         return "\n".join(lines)
 
-    def _issue_loop(self, g0: str, g1: str, weights: str) -> Code:
+    def _issue_loop(self, g0: str, g1: str, weights: str | None) -> Code:
+        """The loop over groups [g0, g1); ``weights``: the C condition under which weight rows are
+        copied too (None: always)."""
         sources = "ffk_w"
         for i in reversed(range(len(self.state_names))):
             sources = f"(src == {i + 1} ? sin{i} : {sources})"
         loop = Code(f"for (int g = {g0}; g < {g1}; ++g)")
         cond = "seg[3] > 0"
-        if weights != "true":
+        if weights is not None:
             # the weight rows stay in their shared-memory region from the first frame on (no
             # other copy or array uses it); the state ranges change every frame
             cond = f"seg[3] > 0 && (src != 0 || {weights})"
