@@ -2238,7 +2238,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "attention+fewer+early",
         "xlstm+early",
         "mamba+fewer+trace",
-        "mamba+fewer+issuecall",
+        "mamba+fewer+dispatch",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
@@ -2254,13 +2254,13 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
     words in host memory (codegen.TAGGED_OUTPUTS); +split: products of a recurrence's output as
     partial sums (simplify.SplitProducts, at the benchmark's size); +early: the frame's x published
     before its scalars (codegen.EARLY_FRAME_WORDS); +trace: the timeline trace's stamps
-    (CompiledStep.timeline; the resident kernel's since session 68); +issuecall: every commit
-    point a call of one function (codegen.ISSUE_CALL)."""
+    (CompiledStep.timeline; the resident kernel's since session 68); +dispatch: the resident
+    kernel's tasks reached through a switch (codegen.RESIDENT_DISPATCH)."""
     from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
-    arch, issuecall, _ = arch.partition("+issuecall")
-    monkeypatch.setattr(codegen, "ISSUE_CALL", bool(issuecall))
+    arch, dispatch, _ = arch.partition("+dispatch")
+    monkeypatch.setattr(codegen, "RESIDENT_DISPATCH", bool(dispatch))
     arch, trace, _ = arch.partition("+trace")
     arch, early, _ = arch.partition("+early")
     arch, split, _ = arch.partition("+split")
@@ -2301,6 +2301,7 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
             trace=bool(trace),
         )
         assert kernel.trace is bool(trace)
+        assert ("switch (__ffsll(" in kernel.source) is bool(dispatch and resident)
         assert ("unsigned long long* __restrict__ ffk_trace" in kernel.source) is bool(trace)
         # every block stamps each task's entry, and the kernel's own row (entry, prologue, end)
         stamps = kernel.source.count("ffk_trace[(b * ")
@@ -4129,42 +4130,61 @@ def test_mambas_short_window_readouts_are_warp_sums_not_skewed_walks(monkeypatch
 @needs_cxx
 @pytest.mark.parametrize("arch", ["min_gru", "mamba", "xlstm"])
 def test_resident_kernel_with_every_copy_issued_at_frame_start_emulated(monkeypatch, arch, tmp_path):
-    """codegen.RESIDENT_COPIES_AT_START: the resident kernel issues every commit group's copies
-    while the frame is awaited and none between its tasks; each task still waits for its own
-    group (the emulated cp.async lands a copy only at the wait that covers it), and three chained
-    frames under ThreadSanitizer equal the interpreter. The launched kernel is unchanged."""
+    """codegen.RESIDENT_COPIES_AT_START_GROUPS 0: the resident kernel issues every commit group's
+    copies while the frame is awaited and none between its tasks; each task still waits for its
+    own group (the emulated cp.async lands a copy only at the wait that covers it), and three
+    chained frames under ThreadSanitizer equal the interpreter. The launched kernel is unchanged."""
     from framefuse.compiler import codegen
 
     program = lower_program(_prepared(arch).fused)
     sched = schedule(program, grid=5, threads=64)
+    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", None)
     launched = generate(sched).source
     assert "copies, in flight while the tasks before it run" in generate(sched, resident=True).source
-    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START", True)
+    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", 0)
     kernel = generate(sched, resident=True)
     assert "copies, in flight while the tasks before it run" not in kernel.source
     assert generate(sched).source == launched
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
 
 
-@needs_cxx
-@pytest.mark.parametrize(
-    "arch,resident,at_start",
-    [("min_gru", True, False), ("mamba", True, False), ("mamba", False, False), ("mamba", True, True)],
-)
-def test_commit_points_calling_one_issue_function_emulated(monkeypatch, arch, resident, at_start, tmp_path):
-    """codegen.ISSUE_CALL: every commit point (the prologue's and those between tasks) calls one
-    function, ffk_issue_groups, defined once before the kernel, instead of its own inlined loop of
-    the range table; the kernel over three chained frames (the resident one under ThreadSanitizer)
-    equals the interpreter. With RESIDENT_COPIES_AT_START too (resident_variants.py's
-    issue-call-at-start) the one call is the frame's prologue."""
+def test_resident_copies_at_start_by_commit_groups(monkeypatch):
+    """codegen.RESIDENT_COPIES_AT_START_GROUPS (10): at the benchmark's size the resident kernels
+    with 10 or more commit groups (xlstm, attention, jamba, mamba) issue every copy while the
+    frame is awaited; those with fewer (min_gru's 4) keep their commit points between tasks, as
+    does every launched kernel."""
     from framefuse.compiler import codegen
 
-    monkeypatch.setattr(codegen, "ISSUE_CALL", True)
-    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START", at_start)
+    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", 10)
+    point = "copies, in flight while the tasks before it run"
+    for arch, at_start in (("min_gru", False), ("mamba", True)):
+        program = lower_program(_prepared(arch, FULL).fused)
+        sched = schedule(program, grid=132)
+        resident = generate(sched, resident=True)
+        assert (len(resident.source.split(point)) == 1) is at_start, arch
+        assert point in generate(sched).source
+        monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", None)
+        assert point in generate(sched, resident=True).source
+        monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", 10)
+
+
+@needs_cxx
+@pytest.mark.parametrize("arch", ["min_gru", "mamba", "xlstm"])
+def test_resident_kernel_dispatching_its_tasks_emulated(monkeypatch, arch, tmp_path):
+    """codegen.RESIDENT_DISPATCH: the resident kernel walks the set bits of its block's task mask
+    and switches on the task, one case a task, every copy issued at frame start; three chained
+    frames under ThreadSanitizer equal the interpreter, and the launched kernel is unchanged."""
+    from framefuse.compiler import codegen
+
     program = lower_program(_prepared(arch).fused)
-    kernel = generate(schedule(program, grid=5, threads=64), resident=resident)
-    assert kernel.source.count("FFK_NOINLINE void ffk_issue_groups(") == 1
+    sched = schedule(program, grid=5, threads=64)
+    launched = generate(sched).source
+    monkeypatch.setattr(codegen, "RESIDENT_DISPATCH", True)
+    kernel = generate(sched, resident=True)
     body = kernel.source.split('extern "C"')[-1]
-    assert body.count("ffk_issue_groups(") == 1 if at_start else body.count("ffk_issue_groups(") >= 2
-    assert "ffk_prefetch_lanes(" not in body
-    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=resident)
+    assert "switch (__ffsll((long long)ffk_left) - 1)" in body
+    assert body.count("ffk_mine |= 1ull << ") == len(sched.tasks)
+    assert all(f"case {t}: {{" in body for t in range(len(sched.tasks)))
+    assert "copies, in flight while the tasks before it run" not in body
+    assert generate(sched).source == launched
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)

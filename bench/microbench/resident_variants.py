@@ -76,17 +76,20 @@ CODEGEN_EXTRA = {
     # 16 as "warp-roots-16" against 32 as "default")
     "warp-roots-32": {"WARP_SPLIT_MIN": 32},
     # session 69: every commit group's copies issued while the frame is awaited, none between
-    # tasks (codegen.RESIDENT_COPIES_AT_START; the same arithmetic, so bit for bit)
-    "copies-at-start": {"RESIDENT_COPIES_AT_START": True},
-    # session 69: every commit point a call of one function (codegen.ISSUE_CALL), its code in one
-    # place; with copies-at-start too
-    "issue-call": {"ISSUE_CALL": True},
-    "issue-call-at-start": {"ISSUE_CALL": True, "RESIDENT_COPIES_AT_START": True},
+    # tasks, in every kernel / in none (codegen.RESIDENT_COPIES_AT_START_GROUPS 0 / None; since
+    # session 70 the default issues them so in kernels of 10 or more groups; the same arithmetic,
+    # so bit for bit). Session 69's issue-call variants (every commit point a call of one
+    # function) were slower on 10 of 11 archs in session 70's g43: the setting is removed.
+    "copies-at-start": {"RESIDENT_COPIES_AT_START_GROUPS": 0},
+    "copies-between": {"RESIDENT_COPIES_AT_START_GROUPS": None},
+    # session 70: each of a block's tasks reached with one jump from a switch (codegen.RESIDENT_DISPATCH,
+    # every copy at frame start)
+    "dispatch": {"RESIDENT_DISPATCH": True},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
-VARIANTS["issue-call"] = VARIANTS["default"]
-VARIANTS["issue-call-at-start"] = VARIANTS["default"]
+VARIANTS["copies-between"] = VARIANTS["default"]
+VARIANTS["dispatch"] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
 HOST_WRITE_CHUNKS = {"tagged-outputs-16": 16, "tagged-outputs-32": 32}

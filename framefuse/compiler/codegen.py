@@ -509,10 +509,25 @@ class Generator:
     @property
     def prologue_groups(self) -> int:
         """Commit groups issued in the prologue: PROLOGUE_GROUPS, or in the resident kernel with
-        RESIDENT_COPIES_AT_START every group."""
-        if self.resident and RESIDENT_COPIES_AT_START:
+        RESIDENT_COPIES_AT_START_GROUPS or RESIDENT_DISPATCH every group."""
+        if self.copies_at_start:
             return len(self.groups)
         return PROLOGUE_GROUPS
+
+    @property
+    def copies_at_start(self) -> bool:
+        """The resident kernel issues every commit group while the frame is awaited."""
+        if not self.resident:
+            return False
+        if self.dispatch:
+            return True
+        least = RESIDENT_COPIES_AT_START_GROUPS
+        return least is not None and len(self.groups) >= least
+
+    @property
+    def dispatch(self) -> bool:
+        """RESIDENT_DISPATCH: the resident kernel's tasks reached through a switch (see source())."""
+        return self.resident and RESIDENT_DISPATCH and len(self.sched.tasks) <= 64
 
     def _runs(self, t: int, b: int) -> bool:
         task = self.sched.tasks[t]
@@ -566,7 +581,21 @@ class Generator:
         if self.resident:
             body = self._resident_loop(outer)
         self._prologue(body)
+        if self.dispatch:
+            body.items.append("// the block's tasks in order, each reached with one jump (codegen.RESIDENT_DISPATCH)")
+            loop = Code(
+                "#pragma unroll 1\nfor (unsigned long long ffk_left = ffk_mine; ffk_left != 0ull; ffk_left &= ffk_left - 1ull)"
+            )
+            switch = Code("switch (__ffsll((long long)ffk_left) - 1)")
+            loop.items.append(switch)
+            body.items.append(loop)
+            for t, task in enumerate(self.sched.tasks):
+                case = Code(f"case {t}:")
+                self._task(case, t, task)  # (its guard stays: one compare)
+                switch.items += [case, "break;"]
         for t, task in enumerate(self.sched.tasks):
+            if self.dispatch:
+                break
             if t in self.groups and self.groups.index(t) >= 1:
                 ahead = self.groups.index(t) + self.prologue_groups - 1
                 if ahead < len(self.groups):  # every block, in or out of the task: one commit each
@@ -633,8 +662,6 @@ class Generator:
             includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
         if self.tagged_outputs:
             includes.append(TAGGED_OUTPUT_STORE)
-        if ISSUE_CALL and self.groups:
-            includes.append(self._issue_function())
         name = RESIDENT_KERNEL_NAME if self.resident else KERNEL_NAME
         signature = f'extern "C" __global__ void __launch_bounds__({self.threads}, 1) {name}(\n    '
         signature += ",\n    ".join(params) + ") {"
@@ -766,6 +793,9 @@ class Generator:
             f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
             "unsigned long long ffk_n = 0;",
         ]
+        if self.dispatch:
+            outer.items.append("unsigned long long ffk_mine = 0ull;  // the tasks this block runs, a bit each")
+            outer.items += [f"if ({_in_task(task)}) ffk_mine |= 1ull << {t};" for t, task in enumerate(self.sched.tasks)]
         if framers:
             outer.items += ["FFK_RESIDENT_SHARED_DECL", "if (tid == 0) ffk_stop_s = 0u;"]
             outer.items.append(f"const bool ffk_framer = {_block_set(framers)};  // reads the frame at entry")
@@ -885,31 +915,11 @@ class Generator:
         """cp.async copies of commit groups [g0, g1) from the range table, one commit each. A
         warp per copy: every thread walking every copy was a serial loop of ~35 table rows (H100:
         min_gru 15.65 -> 13.0 us, mamba 30.2 -> 23.1 with the copies shared out over the warps).
-        With ISSUE_CALL, a call of the one function _issue_function defines."""
+        (Every point a call of one __noinline__ function instead, session 69's ISSUE_CALL, was
+        slower resident on 10 of 11 zoo archs, p50 +0.2-1.4 us: session 70, g43.)"""
         weights = "ffk_n == 0" if self.resident and RESIDENT_WEIGHTS_ONCE else None
-        if ISSUE_CALL:
-            states = "".join(f", sin{i}" for i in range(len(self.state_names)))
-            body.items.append(
-                f"ffk_issue_groups({g0}, {g1}, ffk_r, ffk_smem, ffk_w{states}, {weights or 'true'}, warp, lane);"
-            )
-            return
         body.items.append("#pragma unroll 1")
         body.items.append(self._issue_loop(g0, g1, weights))
-
-    def _issue_function(self) -> str:
-        """ISSUE_CALL: the commit points' copies as one function that every point calls, so its code
-        is in one place (the resident kernel runs ~0.25 us late for each point a block passes
-        between two of its tasks, whatever the point copies: session 69, perhaps fetching the code)."""
-        states = "".join(f", const float* sin{i}" for i in range(len(self.state_names)))
-        fn = Code(
-            f"FFK_NOINLINE void ffk_issue_groups(int g0, int g1, const int* ffk_r, float* ffk_smem, "
-            f"const float* ffk_w{states}, bool weights, int warp, int lane)"
-        )
-        fn.items.append(f"constexpr int NWARPS = {self.threads // 32};")
-        fn.items.append(self._issue_loop("g0", "g1", "weights"))
-        lines: list[str] = ["// the copies of commit groups [g0, g1), one commit each (codegen.ISSUE_CALL)"]
-        fn.render(0, lines)
-        return "\n".join(lines)
 
     def _issue_loop(self, g0: str, g1: str, weights: str | None) -> Code:
         """The loop over groups [g0, g1); ``weights``: the C condition under which weight rows are
@@ -2906,21 +2916,30 @@ STAGGER_WARPS = True  # the warp-per-element arrays of a phase start on differen
 # commit groups issued in the prologue; each later one is issued before the task a group ahead of
 # its own, so its copies are in flight while that task waits for its inputs
 PROLOGUE_GROUPS = 2
-# every commit point a call of one function instead of its own inlined loop (Generator._issue_function):
-# session 69's resident trace had a block ~0.25 us late for each point it passed, though a point's
-# loop is ~50 instructions, which fetching its code might explain. Not timed yet:
-# resident_variants.py's "issue-call".
-ISSUE_CALL = False
 # the resident kernel: every group's copies issued while the frame is awaited, none between its
-# tasks. Each copy has a shared-memory region of its own and a frame reads the state the last one
-# wrote (the other half), so the copies may land any time before their task. Why: session 69's
-# resident trace of mamba had each block enter its next task ~0.25 us later for every commit point
-# it passed after its last one (blocks 0-15 at +0.26 us, 16-31 +0.5, 32-47 +0.8-1.0 after Slice_2,
-# though their copies then are a few state floats or weight rows the resident kernel skips).
-# H100, session 69 (bench/h100/2026-12-07-s69/g42/, resident_variants.py "copies-at-start", p50 us):
-# mamba 17.5 -> 16.4, xlstm 19.9 -> 18.0, attention 13.0 -> 12.7, jamba 14.9 -> 14.4, but min_gru
-# 9.2 -> 9.8, delta_net 14.5 -> 14.9, liquid 12.1 -> 13.0: off until a rule is timed.
-RESIDENT_COPIES_AT_START = False
+# tasks, in a kernel with at least this many commit groups (None: never, 0: always). Each copy has
+# a shared-memory region of its own and a frame reads the state the last one wrote (the other
+# half), so the copies may land any time before their task. Why: session 69's resident trace of
+# mamba had each block enter its next task ~0.25 us later for every commit point it passed after
+# its last one (blocks 0-15 at +0.26 us, 16-31 +0.5, 32-47 +0.8-1.0 after Slice_2, though their
+# copies then are a few state floats or weight rows the resident kernel skips).
+# H100, p50 us with copies between tasks / all at start, 2 rounds each, two processes (session 69,
+# bench/h100/2026-12-07-s69/g42/; session 70, bench/h100/2026-12-07-s70/g43/):
+#   xlstm (15 groups) 19.9 -> 18.0, 19.2 -> 17.7; attention (13) 13.0 -> 12.7, 13.2 -> 12.8;
+#   jamba (13) 14.9 -> 14.4, 15.0 -> 14.7; mamba (12) 17.5 -> 16.4, 17.6 -> 16.6;
+#   but delta_net (9) 14.5 -> 14.9, 14.6 -> 14.9; gated_ssm (7) 9.8 -> 10.2; liquid (6) 12.1 -> 13.0,
+#   12.0 -> 12.9; min_gru (4) 9.2 -> 9.8, 10.1 -> 11.0; min_lstm (4) 10.1 -> 11.4; gru and lstm (2)
+#   mixed (7.8 -> 7.7, 9.0 -> 8.7; 9.4 -> 8.4). Every kernel with 10 or more groups gained twice,
+#   every one with 4-9 lost twice.
+RESIDENT_COPIES_AT_START_GROUPS: int | None = 10
+# the resident kernel reaches each of a block's tasks with one jump: a loop over the set bits of
+# the block's task mask and a switch on the task, instead of a guard per task that every block
+# passes (with every copy issued at frame start, as the loop has no commit points between tasks).
+# Why: a block that skips tasks jumps over their code to the next guard, code it last ran a frame
+# ago; if the instruction caches do not keep it, each jump waits for a fetch (a guess at the
+# ~0.25 us a point that removing the points did not take away for every kernel). Not timed yet:
+# resident_variants.py's "dispatch". Kernels of more than 64 tasks keep the guards.
+RESIDENT_DISPATCH = False
 # the resident kernel: weight rows copied into shared memory on the first frame only; the first
 # groups' copies issued while the frame is awaited, not after it rang
 RESIDENT_WEIGHTS_ONCE = True

@@ -13,10 +13,8 @@
 
 #ifndef FFK_EMULATE
 #define FFK_DEVICE __device__ __forceinline__
-#define FFK_NOINLINE __device__ __noinline__
 #else
 #define FFK_DEVICE inline
-#define FFK_NOINLINE inline
 #endif
 
 FFK_DEVICE float ffk_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
