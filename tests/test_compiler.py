@@ -2238,7 +2238,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "attention+fewer+early",
         "xlstm+early",
         "mamba+fewer+trace",
-        "mamba+fewer+dispatch",
+        "mamba+fewer+trace+copiesbetween",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
@@ -2254,13 +2254,15 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
     words in host memory (codegen.TAGGED_OUTPUTS); +split: products of a recurrence's output as
     partial sums (simplify.SplitProducts, at the benchmark's size); +early: the frame's x published
     before its scalars (codegen.EARLY_FRAME_WORDS); +trace: the timeline trace's stamps
-    (CompiledStep.timeline; the resident kernel's since session 68); +dispatch: the resident
-    kernel's tasks reached through a switch (codegen.RESIDENT_DISPATCH)."""
+    (CompiledStep.timeline; the resident kernel's since session 68); +copiesbetween: the
+    resident kernel's copies issued between its tasks (codegen.RESIDENT_COPIES_AT_START_GROUPS None;
+    at the small size mamba has 10 or more commit groups, so the default issues them at start)."""
     from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
-    arch, dispatch, _ = arch.partition("+dispatch")
-    monkeypatch.setattr(codegen, "RESIDENT_DISPATCH", bool(dispatch))
+    arch, between, _ = arch.partition("+copiesbetween")
+    if between:
+        monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", None)
     arch, trace, _ = arch.partition("+trace")
     arch, early, _ = arch.partition("+early")
     arch, split, _ = arch.partition("+split")
@@ -2301,7 +2303,9 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
             trace=bool(trace),
         )
         assert kernel.trace is bool(trace)
-        assert ("switch (__ffsll(" in kernel.source) is bool(dispatch and resident)
+        # (the launched kernel has its commit points between tasks always)
+        points = "copies, in flight while the tasks before it run" in kernel.source
+        assert points is (not resident or bool(between)) if arch == "mamba" else True
         assert ("unsigned long long* __restrict__ ffk_trace" in kernel.source) is bool(trace)
         # every block stamps each task's entry, and the kernel's own row (entry, prologue, end)
         stamps = kernel.source.count("ffk_trace[(b * ")
@@ -4166,25 +4170,3 @@ def test_resident_copies_at_start_by_commit_groups(monkeypatch):
         monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", None)
         assert point in generate(sched, resident=True).source
         monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", 10)
-
-
-@needs_cxx
-@pytest.mark.parametrize("arch", ["min_gru", "mamba", "xlstm"])
-def test_resident_kernel_dispatching_its_tasks_emulated(monkeypatch, arch, tmp_path):
-    """codegen.RESIDENT_DISPATCH: the resident kernel walks the set bits of its block's task mask
-    and switches on the task, one case a task, every copy issued at frame start; three chained
-    frames under ThreadSanitizer equal the interpreter, and the launched kernel is unchanged."""
-    from framefuse.compiler import codegen
-
-    program = lower_program(_prepared(arch).fused)
-    sched = schedule(program, grid=5, threads=64)
-    launched = generate(sched).source
-    monkeypatch.setattr(codegen, "RESIDENT_DISPATCH", True)
-    kernel = generate(sched, resident=True)
-    body = kernel.source.split('extern "C"')[-1]
-    assert "switch (__ffsll((long long)ffk_left) - 1)" in body
-    assert body.count("ffk_mine |= 1ull << ") == len(sched.tasks)
-    assert all(f"case {t}: {{" in body for t in range(len(sched.tasks)))
-    assert "copies, in flight while the tasks before it run" not in body
-    assert generate(sched).source == launched
-    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)

@@ -79,17 +79,14 @@ CODEGEN_EXTRA = {
     # tasks, in every kernel / in none (codegen.RESIDENT_COPIES_AT_START_GROUPS 0 / None; since
     # session 70 the default issues them so in kernels of 10 or more groups; the same arithmetic,
     # so bit for bit). Session 69's issue-call variants (every commit point a call of one
-    # function) were slower on 10 of 11 archs in session 70's g43: the setting is removed.
+    # function) were slower on 10 of 11 archs in session 70's g43, and session 70's dispatch (a
+    # block's tasks reached from a switch on its task mask) slower on 8 of 11 in g44: both removed.
     "copies-at-start": {"RESIDENT_COPIES_AT_START_GROUPS": 0},
     "copies-between": {"RESIDENT_COPIES_AT_START_GROUPS": None},
-    # session 70: each of a block's tasks reached with one jump from a switch (codegen.RESIDENT_DISPATCH,
-    # every copy at frame start)
-    "dispatch": {"RESIDENT_DISPATCH": True},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
 VARIANTS["copies-between"] = VARIANTS["default"]
-VARIANTS["dispatch"] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
 HOST_WRITE_CHUNKS = {"tagged-outputs-16": 16, "tagged-outputs-32": 32}

@@ -509,7 +509,7 @@ class Generator:
     @property
     def prologue_groups(self) -> int:
         """Commit groups issued in the prologue: PROLOGUE_GROUPS, or in the resident kernel with
-        RESIDENT_COPIES_AT_START_GROUPS or RESIDENT_DISPATCH every group."""
+        RESIDENT_COPIES_AT_START_GROUPS every group."""
         if self.copies_at_start:
             return len(self.groups)
         return PROLOGUE_GROUPS
@@ -517,17 +517,8 @@ class Generator:
     @property
     def copies_at_start(self) -> bool:
         """The resident kernel issues every commit group while the frame is awaited."""
-        if not self.resident:
-            return False
-        if self.dispatch:
-            return True
         least = RESIDENT_COPIES_AT_START_GROUPS
-        return least is not None and len(self.groups) >= least
-
-    @property
-    def dispatch(self) -> bool:
-        """RESIDENT_DISPATCH: the resident kernel's tasks reached through a switch (see source())."""
-        return self.resident and RESIDENT_DISPATCH and len(self.sched.tasks) <= 64
+        return self.resident and least is not None and len(self.groups) >= least
 
     def _runs(self, t: int, b: int) -> bool:
         task = self.sched.tasks[t]
@@ -581,21 +572,7 @@ class Generator:
         if self.resident:
             body = self._resident_loop(outer)
         self._prologue(body)
-        if self.dispatch:
-            body.items.append("// the block's tasks in order, each reached with one jump (codegen.RESIDENT_DISPATCH)")
-            loop = Code(
-                "#pragma unroll 1\nfor (unsigned long long ffk_left = ffk_mine; ffk_left != 0ull; ffk_left &= ffk_left - 1ull)"
-            )
-            switch = Code("switch (__ffsll((long long)ffk_left) - 1)")
-            loop.items.append(switch)
-            body.items.append(loop)
-            for t, task in enumerate(self.sched.tasks):
-                case = Code(f"case {t}:")
-                self._task(case, t, task)  # (its guard stays: one compare)
-                switch.items += [case, "break;"]
         for t, task in enumerate(self.sched.tasks):
-            if self.dispatch:
-                break
             if t in self.groups and self.groups.index(t) >= 1:
                 ahead = self.groups.index(t) + self.prologue_groups - 1
                 if ahead < len(self.groups):  # every block, in or out of the task: one commit each
@@ -793,9 +770,6 @@ class Generator:
             f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
             "unsigned long long ffk_n = 0;",
         ]
-        if self.dispatch:
-            outer.items.append("unsigned long long ffk_mine = 0ull;  // the tasks this block runs, a bit each")
-            outer.items += [f"if ({_in_task(task)}) ffk_mine |= 1ull << {t};" for t, task in enumerate(self.sched.tasks)]
         if framers:
             outer.items += ["FFK_RESIDENT_SHARED_DECL", "if (tid == 0) ffk_stop_s = 0u;"]
             outer.items.append(f"const bool ffk_framer = {_block_set(framers)};  // reads the frame at entry")
@@ -2932,14 +2906,6 @@ PROLOGUE_GROUPS = 2
 #   mixed (7.8 -> 7.7, 9.0 -> 8.7; 9.4 -> 8.4). Every kernel with 10 or more groups gained twice,
 #   every one with 4-9 lost twice.
 RESIDENT_COPIES_AT_START_GROUPS: int | None = 10
-# the resident kernel reaches each of a block's tasks with one jump: a loop over the set bits of
-# the block's task mask and a switch on the task, instead of a guard per task that every block
-# passes (with every copy issued at frame start, as the loop has no commit points between tasks).
-# Why: a block that skips tasks jumps over their code to the next guard, code it last ran a frame
-# ago; if the instruction caches do not keep it, each jump waits for a fetch (a guess at the
-# ~0.25 us a point that removing the points did not take away for every kernel). Not timed yet:
-# resident_variants.py's "dispatch". Kernels of more than 64 tasks keep the guards.
-RESIDENT_DISPATCH = False
 # the resident kernel: weight rows copied into shared memory on the first frame only; the first
 # groups' copies issued while the frame is awaited, not after it rang
 RESIDENT_WEIGHTS_ONCE = True

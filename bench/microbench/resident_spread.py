@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+"""Where the resident step's p50 spread comes from: the same resident kernel timed in several
+sessions (fresh control word, state halves and mapped buffers each) and relaunched several times
+in each, with the SM clock read (nvidia-smi, while the kernel still runs) and the host CPU of the
+timing thread after every measurement. resident_variants.py saw one kernel's p50 differ by ~1 us
+between two sessions of one process (gated_ssm 9.9 / 11.1, session 70's g44).
+
+    python bench/microbench/resident_spread.py --archs gated_ssm,min_gru --sessions 4 --launches 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+for path in (REPO, REPO / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+
+def sm_clock_mhz() -> int | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return int(out.stdout.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def main() -> int:
+    import tempfile
+
+    from e2e import measure
+
+    from framefuse.engines import cuda_graph
+    from framefuse.runtime.pipeline import prepare
+    from framefuse.runtime.session import Session
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--archs", default="gated_ssm,min_gru")
+    parser.add_argument("--sessions", type=int, default=4)
+    parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    libc = ctypes.CDLL(None)
+    root = Path(tempfile.mkdtemp(prefix="framefuse-spread-"))
+    rows = []
+    for arch in args.archs.split(","):
+        prepared = prepare(arch, root / arch)["step"]
+        engine = cuda_graph.build(prepared.fused, device="cuda", options={"select": "stepkernel"})
+        shape = prepared.manifest["inputs"][0]["shape"]
+        pool = np.random.default_rng(0).standard_normal((64, *shape)).astype(np.float32)
+        for s in range(args.sessions):
+            session = Session(engine, budget_ms=None, resident=True)
+            for launch in range(args.launches):
+                stats = measure(
+                    lambda i, p=pool, step=session.step: step(p[i % 64]), iters=args.iters, warmup=args.warmup
+                )
+                row = {
+                    "arch": arch,
+                    "session": s,
+                    "launch": launch,
+                    "p50_us": round(stats["p50_us"], 2),
+                    "p99_us": round(stats["p99_us"], 2),
+                    "sm_mhz": sm_clock_mhz(),
+                    "cpu": libc.sched_getcpu(),
+                    "ctl": hex(session._host_step._ctl.data_ptr()),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                session.close()
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
