@@ -4152,6 +4152,23 @@ def test_resident_kernel_with_every_copy_issued_at_frame_start_emulated(monkeypa
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
 
 
+@needs_cxx
+def test_wide_stage_backoff_emulated(monkeypatch, tmp_path):
+    """codegen.STAGE_BACKOFF_NS: the kernel defines FFK_STAGE_BACKOFF_NS and ffk_ll_stage_n pauses
+    before each re-poll of a stage wider than 2 x threads words, and xlstm's resident kernel with
+    it (grid 5, 64 threads) over three chained frames under ThreadSanitizer equals the interpreter.
+    (Whether a stage there is that wide and late is the emulation's timing: the pause itself is
+    exercised by the GPU's resident_variants.py "backoff-*", xlstm's 1,029-word stages at 256
+    threads.)"""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "STAGE_BACKOFF_NS", 64)
+    program = lower_program(_prepared("xlstm").fused)
+    kernel = generate(schedule(program, grid=5, threads=64), resident=True)
+    assert "#define FFK_STAGE_BACKOFF_NS 64" in kernel.source
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
 def test_resident_copies_at_start_by_commit_groups(monkeypatch):
     """codegen.RESIDENT_COPIES_AT_START_GROUPS (10): at the benchmark's size the resident kernels
     with 10 or more commit groups (xlstm, attention, jamba, mamba) issue every copy while the

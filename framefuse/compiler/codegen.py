@@ -635,6 +635,8 @@ class Generator:
             params.append("unsigned long long* __restrict__ ffk_trace")
         header = self._header_comment()
         includes = [EXP_INTRINSIC]
+        if STAGE_BACKOFF_NS:
+            includes.append(f"#define FFK_STAGE_BACKOFF_NS {int(STAGE_BACKOFF_NS)}")
         for path in [RUNTIME] + self.headers:
             includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
         if self.tagged_outputs:
@@ -2955,6 +2957,12 @@ __device__ __forceinline__ void ffk_store_host_word(unsigned long long* p, float
 # engine.FAST_MATH_OPTIONS: H100, 0.1-1.2 us a step (bench/h100/2026-11-26-session/). Not
 # --use_fast_math: it also makes powf NaN for a negative base (GPT-2's tanh GELU cubes x) and
 # sinf/cosf inaccurate far from 0.
+# a pause of this many ns before each re-poll of a phase staging more than 2 x threads flagged words
+# (runtime.cuh's ffk_ll_stage_n; 0: none). Why: xlstm's output projections stage 1,029 words in
+# each of 128 blocks, all from the same ~64 L2 lines, re-polled from ~1.5 us before their last
+# producer is through (session 69's g41 trace: the blocks ready 5.1-6.4 us, the producer done at
+# 4.35): the polls may slow the producers' stores. Not timed yet: resident_variants.py's "backoff-*".
+STAGE_BACKOFF_NS = 0
 EXP_INTRINSIC = """#ifndef FFK_EXACT_MATH
 #define expf(x) __expf(x)
 #endif"""

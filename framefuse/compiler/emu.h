@@ -98,6 +98,7 @@ inline FfkEmuBlock& ffk_emu_block() { return (*ffk_emu_blocks)[blockIdx.x]; }
 #define FFK_RESIDENT_SHARED_DECL unsigned& ffk_stop_s = ffk_emu_block().stop;
 
 inline void __syncthreads() { ffk_emu_block().bar->arrive_and_wait(); }
+inline void __nanosleep(unsigned) { std::this_thread::yield(); }
 
 // the warp's lanes meet; their shared-memory writes before it are seen after it
 inline void __syncwarp() { ffk_emu_block().warp_bars[threadIdx.x / 32]->arrive_and_wait(); }

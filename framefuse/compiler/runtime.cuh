@@ -125,6 +125,11 @@ FFK_DEVICE void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long*
         if (late) {
             unsigned polls = 0;
             do {
+#ifdef FFK_STAGE_BACKOFF_NS
+                // a wide stage's re-polls paced (codegen.STAGE_BACKOFF_NS): 128 blocks re-reading
+                // the same lines may slow the producers' stores to them
+                if (total > 2 * NT) __nanosleep(FFK_STAGE_BACKOFF_NS);
+#endif
                 late = false;
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) {
