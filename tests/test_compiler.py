@@ -4169,6 +4169,53 @@ def test_wide_stage_backoff_emulated(monkeypatch, tmp_path):
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
 
 
+@pytest.mark.parametrize(
+    "arch,grid,setting",
+    [
+        ("xlstm", 16, "paced"),
+        ("mamba", 16, "paced"),
+        ("attention", 5, "paced"),
+        ("jamba", 132, "paced"),
+        ("attention", 16, "COPIES_AFTER_LEVEL"),
+        ("delta_net", 16, "FRAME_BLOCK_COPIES_LATE"),
+    ],
+)
+def test_resident_copies_at_start_keep_the_launched_range_table(monkeypatch, arch, grid, setting):
+    """A resident kernel that issues every commit group at frame start runs on its launched
+    kernel's range table (CompiledStep.resident_fn refuses a resident kernel whose table differs):
+    the paced and deferred commit points stay the launched kernel's (PROLOGUE_GROUPS). Session 70:
+    xlstm's paced tactic on 16 SMs had a resident table of its own and test_resident's fewer-SMs
+    case failed on the GPU."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", 0)
+    fields = {}
+    if setting == "paced":
+        fields = {"paced_copies": True, "copy_pieces": 0}
+    else:
+        monkeypatch.setattr(codegen, setting, 1 if setting == "COPIES_AFTER_LEVEL" else True)
+    sched = schedule(lower_program(_prepared(arch).fused), grid=grid)
+    launched = generate(sched, **fields)
+    resident = generate(sched, resident=True, **fields)
+    assert "copies, in flight while the tasks before it run" not in resident.source
+    assert np.array_equal(resident.ranges(), launched.ranges())
+
+
+@needs_cxx
+def test_resident_paced_copies_at_start_emulated(monkeypatch, tmp_path):
+    """The paced tactic's resident kernel with every copy at frame start: its tasks wait for the
+    groups the launched kernel's table gives them; xlstm on 5 blocks over three chained frames
+    under ThreadSanitizer equals the interpreter."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", 0)
+    program = lower_program(_prepared("xlstm").fused)
+    sched = schedule(program, grid=5, threads=64)
+    kernel = generate(sched, resident=True, paced_copies=True, copy_pieces=0)
+    assert np.array_equal(kernel.ranges(), generate(sched, paced_copies=True, copy_pieces=0).ranges())
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
 def test_resident_copies_at_start_by_commit_groups(monkeypatch):
     """codegen.RESIDENT_COPIES_AT_START_GROUPS (10): at the benchmark's size the resident kernels
     with 10 or more commit groups (xlstm, attention, jamba, mamba) issue every copy while the

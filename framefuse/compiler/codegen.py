@@ -375,14 +375,17 @@ class Generator:
         self.groups, in its task order): the last point before the block's own task
         PROLOGUE_GROUPS - 1 ahead of the group's, not the kernel's, so a block that skips tasks
         does not issue a later task's copies right after its first one. Points only move later
-        than the unpaced k (own task k-P+1 is at least kernel group k-P+1) and stay distinct."""
+        than the unpaced k (own task k-P+1 is at least kernel group k-P+1) and stay distinct.
+        The launched kernel's PROLOGUE_GROUPS, also for a resident kernel that issues every group
+        at frame start: the range table is the launched kernel's (CompiledStep.resident_fn), and
+        with all groups issued in order a task's wait counts its group by the table's slot."""
         last = n_groups - 1
         points = [0] * len(own)
         for k in reversed(range(len(own))):
-            if k < self.prologue_groups:
+            if k < PROLOGUE_GROUPS:
                 want = k
             else:
-                want = self.prologue_groups - 1 + own[k - self.prologue_groups + 1]
+                want = PROLOGUE_GROUPS - 1 + own[k - PROLOGUE_GROUPS + 1]
             cap = last if k == len(own) - 1 else points[k + 1] - 1
             points[k] = min(want, cap)
         return points
@@ -414,12 +417,12 @@ class Generator:
         after = [i for i, t in enumerate(self.groups) if t > last]
         if keep >= len(own) or not after:
             return points
-        first_point = self.prologue_groups - 1 + after[0]  # issued just before that task, after `last`
+        first_point = PROLOGUE_GROUPS - 1 + after[0]  # issued just before that task, after `last`
         moved = list(points[: len(own)])
         previous = moved[keep - 1] if keep else -1
         for k in range(keep, len(own)):
             p = max(moved[k], first_point, previous + 1)
-            if p > min(own[k] + self.prologue_groups - 1, len(self.groups) - 1):
+            if p > min(own[k] + PROLOGUE_GROUPS - 1, len(self.groups) - 1):
                 return points  # it would land after its own task: keep the block as it was
             moved[k] = previous = p
         return moved  # (the groups of tasks the block does not run copy nothing: no point)
