@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Where the resident step's p50 spread comes from: the same resident kernel timed in several
 sessions (fresh control word, state halves and mapped buffers each) and relaunched several times
-in each, with the SM clock read (nvidia-smi, while the kernel still runs) and the host CPU of the
-timing thread after every measurement. resident_variants.py saw one kernel's p50 differ by ~1 us
+in each, with the SM clock read (nvidia-smi, while the kernel still runs), the host CPU of the
+timing thread and the SM each block ran on (ResidentStepBinding.block_sms) after every measurement. resident_variants.py saw one kernel's p50 differ by ~1 us
 between two sessions of one process (gated_ssm 9.9 / 11.1, session 70's g44).
 
     python bench/microbench/resident_spread.py --archs gated_ssm,min_gru --sessions 4 --launches 3
@@ -79,9 +79,11 @@ def main() -> int:
                     "cpu": libc.sched_getcpu(),
                     "ctl": hex(session._host_step._ctl.data_ptr()),
                 }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
                 session.close()
+                # where the launch put each block (the kernel writes %smid at launch)
+                row["block_sms"] = session._host_step.block_sms()
+                rows.append(row)
+                print(json.dumps({**row, "block_sms": row["block_sms"][:8] + ["..."]}), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0

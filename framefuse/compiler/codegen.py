@@ -632,7 +632,7 @@ class Generator:
             params += [
                 "const unsigned* ffk_bell /* mapped host memory: the host's frame number, or FFK_BELL_STOP */",
                 "unsigned* ffk_idle /* mapped host memory: the last frame every block is through */",
-                "unsigned long long* ffk_ctl /* device memory, zero at launch: go epoch, stop, finished blocks */",
+                "unsigned long long* ffk_ctl /* device memory, zero at launch: go epoch, stop, finished blocks, each block's SM */",
             ]
         if self.trace:
             params.append("unsigned long long* __restrict__ ffk_trace")
@@ -774,6 +774,7 @@ class Generator:
             f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
             f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
             "unsigned long long ffk_n = 0;",
+            "if (tid == 0) ffk_ctl[FFK_CTL_SMS + b] = ffk_smid();  // where this launch placed the block (diagnostics)",
         ]
         if framers:
             outer.items += ["FFK_RESIDENT_SHARED_DECL", "if (tid == 0) ffk_stop_s = 0u;"]

@@ -187,6 +187,8 @@ inline void ffk_store_done(unsigned* p, unsigned epoch) {
 #define FFK_CTL_GO 0
 #define FFK_CTL_STOP 1
 #define FFK_CTL_FINISHED 2
+#define FFK_CTL_SMS 3
+inline unsigned ffk_smid() { return blockIdx.x; }  // an emulated block is its own "SM"
 #define FFK_BELL_STOP 0xffffffffu
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 template <bool TAKE_GO>

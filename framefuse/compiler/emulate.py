@@ -159,7 +159,8 @@ def _resident_frames(kernel: Kernel) -> str:
     for (int i = 0; i < {n_out}; ++i) out_buf.emplace_back(out_sizes[i], std::nanf(""));
     for (int i = 0; i < {n_out}; ++i) out_words.emplace_back({"out_sizes[i]" if kernel.tagged_outputs else "0"}, 0ull);
     unsigned bell = 0, idle = 0;
-    unsigned long long ctl[3] = {{0ull, 0ull, 0ull}};
+    std::vector<unsigned long long> ctl_words(3 + grid, 0ull);  // go, stop, finished, then each block's SM
+    unsigned long long* ctl = ctl_words.data();
     int failed = 0;
     auto wait_for = [&](unsigned* word, unsigned value, const char* what, int step) {{
         const auto start = std::chrono::steady_clock::now();

@@ -215,7 +215,15 @@ FFK_DEVICE void ffk_store_done(unsigned* p, unsigned epoch) {
 #define FFK_CTL_GO 0
 #define FFK_CTL_STOP 1
 #define FFK_CTL_FINISHED 2
+// from this word on, one a block: the SM the block runs on (%smid), written at launch (diagnostics:
+// the same kernel's p50 differs by ~1 us between launches, session 70)
+#define FFK_CTL_SMS 3
 #define FFK_BELL_STOP 0xffffffffu
+FFK_DEVICE unsigned ffk_smid() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
 
 FFK_DEVICE unsigned long long ffk_ld_acquire_u64(const unsigned long long* p) {
     unsigned long long v;

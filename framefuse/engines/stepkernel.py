@@ -778,7 +778,8 @@ class ResidentStepBinding(StepBinding):
         self._idle_word = ctypes.c_uint32.from_address(self._idle.array.ctypes.data)
         self._hs.bell = self._bell.array.ctypes.data
         self._hs.spin_limit = _RESIDENT_CHECK_POLLS  # then wait_host looks at the clock and the kernel
-        self._ctl = torch.zeros(3, dtype=torch.int64, device=self.device)
+        # go epoch, stop, finished blocks, then the SM each block runs on (block_sms)
+        self._ctl = torch.zeros(3 + c.grid, dtype=torch.int64, device=self.device)
         cuda = _cuda()
         driver = cuda._driver()
         self._rstream = cuda._check(
@@ -939,6 +940,15 @@ class ResidentStepBinding(StepBinding):
 
     def sync(self) -> None:
         self.stop()
+
+    def block_sms(self) -> list[int]:
+        """The SM each block of the last launch ran on (%smid, which every block writes at launch;
+        for diagnostics: bench/microbench/resident_spread.py), read once the kernel has stopped."""
+        if self.running:
+            raise EngineRunError("stepkernel: block_sms() reads the resident kernel's words once it has stopped")
+        if not self.starts:
+            raise EngineRunError("stepkernel: block_sms(): the resident kernel has not been launched")
+        return [int(v) for v in self._ctl[3:].cpu().tolist()]
 
     def wait_idle(self) -> None:
         self.stop()

@@ -452,6 +452,26 @@ def test_gpu_work_beside_a_resident_kernel_on_fewer_sms_finishes(case):
     assert result.returncode == 0
 
 
+def test_resident_blocks_report_the_sm_each_ran_on():
+    """Every block writes %smid into the control words at launch (ResidentStepBinding.block_sms,
+    read once the kernel has stopped): one block a distinct SM (the ids need not be contiguous,
+    PTX's %nsmid may exceed the SM count), and block_sms() refuses while the kernel runs."""
+    from framefuse.engines.base import EngineRunError
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    frames = _frames(prepared, 4)
+    with Session(_engine(prepared), budget_ms=None, resident=True) as session:
+        session.step(frames[0])
+        binding = session._host_step
+        with pytest.raises(EngineRunError, match="once it has stopped"):
+            binding.block_sms()
+        session.close()
+        sms = binding.block_sms()
+    grid = binding.compiled.grid
+    assert len(sms) == grid and len(set(sms)) == grid and min(sms) >= 0
+
+
 def test_resident_needs_the_step_kernel():
     from framefuse.engines import cuda_graph
     from framefuse.engines.base import EngineBuildError
