@@ -896,7 +896,7 @@ class Generator:
         warp per copy: every thread walking every copy was a serial loop of ~35 table rows (H100:
         min_gru 15.65 -> 13.0 us, mamba 30.2 -> 23.1 with the copies shared out over the warps).
         (Every point a call of one __noinline__ function instead, session 69's ISSUE_CALL, was
-        slower resident on 10 of 11 zoo archs, p50 +0.2-1.4 us: session 70, g43.)"""
+        slower resident on all 11 zoo archs, p50 +0.2-1.4 us: session 70, g43.)"""
         weights = "ffk_n == 0" if self.resident and RESIDENT_WEIGHTS_ONCE else None
         body.items.append("#pragma unroll 1")
         body.items.append(self._issue_loop(g0, g1, weights))
