@@ -80,7 +80,7 @@ CODEGEN_EXTRA = {
     # session 70 the default issues them so in kernels of 10 or more groups; the same arithmetic,
     # so bit for bit). Session 69's issue-call variants (every commit point a call of one
     # function) were slower on all 11 archs in session 70's g43, and session 70's dispatch (a
-    # block's tasks reached from a switch on its task mask) slower on 8 of 11 in g44: both removed.
+    # block's tasks reached from a switch on its task mask) slower on 9 of 11 in g44: both removed.
     "copies-at-start": {"RESIDENT_COPIES_AT_START_GROUPS": 0},
     "copies-between": {"RESIDENT_COPIES_AT_START_GROUPS": None},
     # session 70: a pause before each re-poll of a wide stage (codegen.STAGE_BACKOFF_NS; xlstm's
