@@ -2909,8 +2909,9 @@ PROLOGUE_GROUPS = 2
 #   jamba (13) 14.9 -> 14.4, 15.0 -> 14.7; mamba (12) 17.5 -> 16.4, 17.6 -> 16.6;
 #   but delta_net (9) 14.5 -> 14.9, 14.6 -> 14.9; gated_ssm (7) 9.8 -> 10.2; liquid (6) 12.1 -> 13.0,
 #   12.0 -> 12.9; min_gru (4) 9.2 -> 9.8, 10.1 -> 11.0; min_lstm (4) 10.1 -> 11.4; gru and lstm (2)
-#   mixed (7.8 -> 7.7, 9.0 -> 8.7; 9.4 -> 8.4). Every kernel with 10 or more groups gained twice,
-#   every one with 4-9 lost twice.
+#   mixed (7.8 -> 7.7, 9.0 -> 8.7; 9.4 -> 8.4). Every kernel with 10 or more groups gained in both
+#   runs (and in g44's third, bench/h100/2026-12-07-s70/g44/), min_gru, liquid and delta_net (4-9)
+#   lost in both, gated_ssm and min_lstm in the one run that had them.
 RESIDENT_COPIES_AT_START_GROUPS: int | None = 10
 # the resident kernel: weight rows copied into shared memory on the first frame only; the first
 # groups' copies issued while the frame is awaited, not after it rang
