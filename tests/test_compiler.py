@@ -2239,6 +2239,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "xlstm+early",
         "mamba+fewer+trace",
         "mamba+fewer+trace+copiesbetween",
+        "min_gru+pollahead",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
@@ -2256,10 +2257,15 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
     before its scalars (codegen.EARLY_FRAME_WORDS); +trace: the timeline trace's stamps
     (CompiledStep.timeline; the resident kernel's since session 68); +copiesbetween: the
     resident kernel's copies issued between its tasks (codegen.RESIDENT_COPIES_AT_START_GROUPS None;
-    at the small size mamba has 10 or more commit groups, so the default issues them at start)."""
+    at the small size mamba has 10 or more commit groups, so the default issues them at start);
+    +pollahead: the resident kernel's frame and go polls issued ahead of the stop check
+    (codegen.RESIDENT_POLL_AHEAD)."""
     from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, poll_ahead, _ = arch.partition("+pollahead")
+    if poll_ahead:
+        monkeypatch.setattr(codegen, "RESIDENT_POLL_AHEAD", True)
     arch, between, _ = arch.partition("+copiesbetween")
     if between:
         monkeypatch.setattr(codegen, "RESIDENT_COPIES_AT_START_GROUPS", None)
@@ -4152,21 +4158,22 @@ def test_resident_kernel_with_every_copy_issued_at_frame_start_emulated(monkeypa
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
 
 
-@needs_cxx
-def test_wide_stage_backoff_emulated(monkeypatch, tmp_path):
-    """codegen.STAGE_BACKOFF_NS: the kernel defines FFK_STAGE_BACKOFF_NS and ffk_ll_stage_n pauses
-    before each re-poll of a stage wider than 2 x threads words, and xlstm's resident kernel with
-    it (grid 5, 64 threads) over three chained frames under ThreadSanitizer equals the interpreter.
-    (Whether a stage there is that wide and late is the emulation's timing: the pause itself is
-    exercised by the GPU's resident_variants.py "backoff-*", xlstm's 1,029-word stages at 256
-    threads.)"""
+def test_resident_poll_ahead_defines_its_macro_in_the_resident_kernel_only(monkeypatch):
+    """codegen.RESIDENT_POLL_AHEAD: the resident kernel defines FFK_POLL_AHEAD (runtime.cuh's
+    ffk_poll_frame and ffk_wait_go then issue their next poll beside a relaxed read of the stop
+    word), the launched kernel, which polls nothing, does not; off, neither does. (The emulator's
+    polls are the reference semantics, unchanged by the macro: the GPU's resident tests and
+    resident_variants.py's "poll-ahead", bit for bit the launched kernel, run the PTX.)"""
     from framefuse.compiler import codegen
 
-    monkeypatch.setattr(codegen, "STAGE_BACKOFF_NS", 64)
-    program = lower_program(_prepared("xlstm").fused)
-    kernel = generate(schedule(program, grid=5, threads=64), resident=True)
-    assert "#define FFK_STAGE_BACKOFF_NS 64" in kernel.source
-    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+    sched = schedule(lower_program(_prepared("min_gru").fused), grid=16)
+    assert "#define FFK_POLL_AHEAD" not in generate(sched, resident=True).source
+    monkeypatch.setattr(codegen, "RESIDENT_POLL_AHEAD", True)
+    resident = generate(sched, resident=True).source
+    assert "#define FFK_POLL_AHEAD 1" in resident
+    assert resident.index("#define FFK_POLL_AHEAD 1") < resident.index("FFK_DEVICE float ffk_poll_frame(")
+    assert "ffk_poll_frame(" in resident and "ffk_wait_go(" in resident
+    assert "#define FFK_POLL_AHEAD" not in generate(sched).source
 
 
 @pytest.mark.parametrize(

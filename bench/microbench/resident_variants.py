@@ -83,16 +83,15 @@ CODEGEN_EXTRA = {
     # block's tasks reached from a switch on its task mask) slower on 9 of 11 in g44: both removed.
     "copies-at-start": {"RESIDENT_COPIES_AT_START_GROUPS": 0},
     "copies-between": {"RESIDENT_COPIES_AT_START_GROUPS": None},
-    # session 70: a pause before each re-poll of a wide stage (codegen.STAGE_BACKOFF_NS; xlstm's
-    # output projections)
-    "backoff-64": {"STAGE_BACKOFF_NS": 64},
-    "backoff-256": {"STAGE_BACKOFF_NS": 256},
+    # session 71: the next frame poll issued beside a relaxed read of the stop word
+    # (codegen.RESIDENT_POLL_AHEAD; session 70's paced re-polls of wide stages, "backoff-*", were
+    # slower on all three kernels they change in g47/g48 and are removed)
+    "poll-ahead": {"RESIDENT_POLL_AHEAD": True},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
 VARIANTS["copies-between"] = VARIANTS["default"]
-VARIANTS["backoff-64"] = VARIANTS["default"]
-VARIANTS["backoff-256"] = VARIANTS["default"]
+VARIANTS["poll-ahead"] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
 HOST_WRITE_CHUNKS = {"tagged-outputs-16": 16, "tagged-outputs-32": 32}
@@ -169,14 +168,14 @@ def main() -> int:
                 if key == name:  # a variant's later sessions run the kernel its first one compiled
                     compiled.forget_resident()  # generated and compiled again with these settings
                 extra = CODEGEN_EXTRA.get(name, {})
-                saved = {key: getattr(codegen, key) for key in extra}
-                for key, value in extra.items():
-                    setattr(codegen, key, value)
+                saved = {setting: getattr(codegen, setting) for setting in extra}
+                for setting, value in extra.items():
+                    setattr(codegen, setting, value)
                 try:
                     session = Session(engine, budget_ms=None, resident=True)
                 finally:
-                    for key, value in saved.items():
-                        setattr(codegen, key, value)
+                    for setting, value in saved.items():
+                        setattr(codegen, setting, value)
             if VARIANTS[name][3] and not session._host_step.write_combined:
                 raise SystemExit(
                     f"{name}: the binding is not write-combined (hostpath.c not built: {hostpath.status()})"

@@ -638,8 +638,8 @@ class Generator:
             params.append("unsigned long long* __restrict__ ffk_trace")
         header = self._header_comment()
         includes = [EXP_INTRINSIC]
-        if STAGE_BACKOFF_NS:
-            includes.append(f"#define FFK_STAGE_BACKOFF_NS {int(STAGE_BACKOFF_NS)}")
+        if self.resident and RESIDENT_POLL_AHEAD:
+            includes.append("#define FFK_POLL_AHEAD 1")
         for path in [RUNTIME] + self.headers:
             includes.append(f"// ---- {path.parent.name}/{path.name}\n" + path.read_text())
         if self.tagged_outputs:
@@ -2937,6 +2937,17 @@ RESIDENT_FRAMER_GO = True
 # mamba 16.9 / 19.3 against 17.3 / 19.3: p50 0.2-0.6 lower on 10 of 11; xlstm 19.7 / 24.4 against
 # 19.5 / 20.1, where every block joins at level 1 or 2 and the rule now keeps the first block
 RESIDENT_LEADER_LAST = True
+# A resident kernel's two waits for a frame issue their next poll before they look at the stop
+# word (runtime.cuh's ffk_poll_frame, ffk_wait_go under FFK_POLL_AHEAD): a frame block's poll of
+# its word in host memory was a read across PCIe (~2,465 cycles on the H100) and then an acquire
+# of the stop word in L2, one after the other, so it sampled the host's word every ~3,000 cycles;
+# every other block's wait for the go was two L2 acquires in turn. With the stop word read
+# relaxed and in flight beside the next poll, a frame is seen up to an L2 round trip sooner. Why:
+# the same resident kernel's p50 moves ~1.1 us between launches with every block on the same SM
+# (session 71, g48); a frame landing just after a poll waits a whole poll period, and the host's
+# loop and the kernel's settle into one phase per launch. Off until timed (resident_variants.py
+# "poll-ahead").
+RESIDENT_POLL_AHEAD = False
 # The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
 # resident kernel's frames come in: the host spins until every output word carries the step's
 # epoch, so a block that writes outputs needs neither a system fence nor a done word (the blocks
@@ -2962,12 +2973,6 @@ __device__ __forceinline__ void ffk_store_host_word(unsigned long long* p, float
 # engine.FAST_MATH_OPTIONS: H100, 0.1-1.2 us a step (bench/h100/2026-11-26-session/). Not
 # --use_fast_math: it also makes powf NaN for a negative base (GPT-2's tanh GELU cubes x) and
 # sinf/cosf inaccurate far from 0.
-# a pause of this many ns before each re-poll of a phase staging more than 2 x threads flagged words
-# (runtime.cuh's ffk_ll_stage_n; 0: none). Why: xlstm's output projections stage 1,029 words in
-# each of 128 blocks, all from the same ~64 L2 lines, re-polled from ~1.5 us before their last
-# producer is through (session 69's g41 trace: the blocks ready 5.1-6.4 us, the producer done at
-# 4.35): the polls may slow the producers' stores. Not timed yet: resident_variants.py's "backoff-*".
-STAGE_BACKOFF_NS = 0
 EXP_INTRINSIC = """#ifndef FFK_EXACT_MATH
 #define expf(x) __expf(x)
 #endif"""

@@ -125,11 +125,6 @@ FFK_DEVICE void ffk_ll_stage_n(float* const (&dst)[K], const unsigned long long*
         if (late) {
             unsigned polls = 0;
             do {
-#ifdef FFK_STAGE_BACKOFF_NS
-                // a wide stage's re-polls paced (codegen.STAGE_BACKOFF_NS): 128 blocks re-reading
-                // the same lines may slow the producers' stores to them
-                if (total > 2 * NT) __nanosleep(FFK_STAGE_BACKOFF_NS);
-#endif
                 late = false;
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) {
@@ -269,6 +264,23 @@ FFK_DEVICE void ffk_go(unsigned long long* ctl, unsigned epoch) { ffk_st_release
 // has begun arriving always arrives whole). Unbounded, like the leader's poll of the bell.
 FFK_DEVICE float ffk_poll_frame(const unsigned long long* p, unsigned epoch, unsigned long long* ctl,
                                 unsigned* stop) {
+#ifdef FFK_POLL_AHEAD
+    // (codegen.RESIDENT_POLL_AHEAD) the next read of the word is issued beside the stop word's,
+    // before either is looked at: the word is sampled every host round trip, not every host round
+    // trip plus an L2 one. A stop seen leaves one read in flight; nothing waits for it.
+    unsigned long long w;
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+    for (;;) {
+        if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
+        unsigned long long s;
+        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(s) : "l"(ctl + FFK_CTL_STOP) : "memory");
+        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+        if (s) {
+            atomicOr(stop, 1u);  // (every polling thread of the block may write it)
+            return 0.0f;
+        }
+    }
+#endif
     for (;;) {
         unsigned long long w;
         asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
@@ -304,6 +316,16 @@ FFK_DEVICE float ffk_ld_cg(const float* p) {
 }
 // Every block's thread 0: the go for `epoch` (returned), or 0 for the stop.
 FFK_DEVICE unsigned ffk_wait_go(unsigned long long* ctl, unsigned epoch) {
+#ifdef FFK_POLL_AHEAD
+    // (codegen.RESIDENT_POLL_AHEAD) the stop word read relaxed before the go's acquire, both in
+    // flight at once: one L2 round trip a poll, not two. The go is looked at first, as below.
+    for (;;) {
+        unsigned long long s;
+        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(s) : "l"(ctl + FFK_CTL_STOP) : "memory");
+        if (ffk_ld_acquire_u64(ctl + FFK_CTL_GO) == epoch) return epoch;
+        if (s) return 0u;
+    }
+#endif
     for (;;) {
         if (ffk_ld_acquire_u64(ctl + FFK_CTL_GO) == epoch) return epoch;
         if (ffk_ld_acquire_u64(ctl + FFK_CTL_STOP)) return 0u;
