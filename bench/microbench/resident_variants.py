@@ -223,8 +223,8 @@ def main() -> int:
         )
         rows.append(row)
         launched = engine = None
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+        if args.out:  # after every arch: a call cut by its time limit keeps the archs it finished
+            Path(args.out).write_text(json.dumps(rows, indent=2))
     return 0
 
 
