@@ -2240,6 +2240,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "mamba+fewer+trace",
         "mamba+fewer+trace+copiesbetween",
         "min_gru+pollahead",
+        "mamba+pollahead+pollcounts",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
@@ -2259,10 +2260,14 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
     resident kernel's copies issued between its tasks (codegen.RESIDENT_COPIES_AT_START_GROUPS None;
     at the small size mamba has 10 or more commit groups, so the default issues them at start);
     +pollahead: the resident kernel's frame and go polls issued ahead of the stop check
-    (codegen.RESIDENT_POLL_AHEAD)."""
+    (codegen.RESIDENT_POLL_AHEAD); +pollcounts: the frame blocks' histogram of reads
+    (codegen.RESIDENT_POLL_COUNTS)."""
     from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
+    arch, poll_counts, _ = arch.partition("+pollcounts")
+    if poll_counts:
+        monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", True)
     arch, poll_ahead, _ = arch.partition("+pollahead")
     if poll_ahead:
         monkeypatch.setattr(codegen, "RESIDENT_POLL_AHEAD", True)
@@ -4156,6 +4161,28 @@ def test_resident_kernel_with_every_copy_issued_at_frame_start_emulated(monkeypa
     assert "copies, in flight while the tasks before it run" not in kernel.source
     assert generate(sched).source == launched
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+
+
+@needs_cxx
+def test_resident_poll_counts_emulated(monkeypatch, tmp_path):
+    """codegen.RESIDENT_POLL_COUNTS: the frame block's thread 0 passes a counter to its poll and adds
+    each frame to one bin of the control words' histogram (ResidentStepBinding.frame_reads); the
+    launched kernel counts nothing. min_gru's resident kernel with it, 5 blocks of 64 threads, three
+    chained frames under ThreadSanitizer: equal to the interpreter, and the harness checks that the
+    histogram counted every frame (a positive multiple of the frames: one count per frame block)."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", True)
+    program = lower_program(_prepared("min_gru").fused)
+    sched = schedule(program, grid=5, threads=64)
+    kernel = generate(sched, resident=True)
+    assert kernel.frame_reads and "ffk_count_reads(ffk_ctl + FFK_CTL_SMS + 5, ffk_reads)" in kernel.source
+    assert "&ffk_stop_s, &ffk_reads)" in kernel.source
+    launched = generate(sched)
+    assert not launched.frame_reads and "ffk_reads" not in launched.source.split('extern "C"')[-1]
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+    monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", False)
+    assert not generate(sched, resident=True).frame_reads
 
 
 def test_resident_poll_ahead_defines_its_macro_in_the_resident_kernel_only(monkeypatch):

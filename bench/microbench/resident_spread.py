@@ -6,6 +6,10 @@ timing thread and the SM each block ran on (ResidentStepBinding.block_sms) after
 between two sessions of one process (gated_ssm 9.9 / 11.1, session 70's g44).
 
     python bench/microbench/resident_spread.py --archs gated_ssm,min_gru --sessions 4 --launches 3
+
+Session 71 (bench/h100/2026-12-07-s71/g48): every launch put every block on the same SM, fast and
+slow launches alike. --reads counts each frame's reads of host memory by the frame block (is a
+slow launch's frame one read later?); --poll-ahead times codegen.RESIDENT_POLL_AHEAD's kernel.
 """
 
 from __future__ import annotations
@@ -53,8 +57,19 @@ def main() -> int:
     parser.add_argument("--launches", type=int, default=3)
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument(
+        "--reads",
+        action="store_true",
+        help="count each frame's reads of host memory (codegen.RESIDENT_POLL_COUNTS): a row's frame_reads",
+    )
+    parser.add_argument("--poll-ahead", action="store_true", help="codegen.RESIDENT_POLL_AHEAD on")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    from framefuse.compiler import codegen
+
+    # (set before any engine is built: every resident kernel here is generated with them)
+    codegen.RESIDENT_POLL_COUNTS = args.reads
+    codegen.RESIDENT_POLL_AHEAD = args.poll_ahead
     libc = ctypes.CDLL(None)
     root = Path(tempfile.mkdtemp(prefix="framefuse-spread-"))
     rows = []
@@ -82,6 +97,8 @@ def main() -> int:
                 session.close()
                 # where the launch put each block (the kernel writes %smid at launch)
                 row["block_sms"] = session._host_step.block_sms()
+                if args.reads:  # frames by the reads of host memory they took (1, 2, ..., 8 or more)
+                    row["frame_reads"] = session._host_step.frame_reads()
                 rows.append(row)
                 print(json.dumps({**row, "block_sms": row["block_sms"][:8] + ["..."]}), flush=True)
     if args.out:

@@ -819,6 +819,10 @@ class Generator:
         if not self.resident:
             self._entry(body)
         self._stamp(body, len(self.sched.tasks), 0)
+        if self._counts_reads():
+            body.items.append(
+                "unsigned ffk_reads = 0;  // this thread's reads of its frame word (RESIDENT_POLL_COUNTS)"
+            )
         for t, task in enumerate(self.sched.tasks):
             leaf = self._framed_input(task)
             if leaf is not None:
@@ -843,6 +847,11 @@ class Generator:
                 "if (ffk_framer) {",
                 "    __syncthreads();",
                 "    if (ffk_stop_s) break;",
+                *(
+                    [f"    if (tid == 0 && ffk_reads) ffk_count_reads(ffk_ctl + FFK_CTL_SMS + {self.grid}, ffk_reads);"]
+                    if self._counts_reads()
+                    else []
+                ),
                 *(
                     ["    if (tid == 0) ffk_go(ffk_ctl, ffk_epoch_s);  // the frame has begun"]
                     if RESIDENT_FRAMER_GO
@@ -888,8 +897,14 @@ class Generator:
         """A frame element read at entry: once from host memory, or with tagged frames a poll of
         its word until it carries this frame's epoch (or the leader publishes the stop)."""
         if self.tagged:
-            return f"ffk_poll_frame({at}, ffk_epoch_s, ffk_ctl, &ffk_stop_s)"
+            reads = ", &ffk_reads" if self._counts_reads() else ""
+            return f"ffk_poll_frame({at}, ffk_epoch_s, ffk_ctl, &ffk_stop_s{reads})"
         return f"ffk_load_host({at})"
+
+    def _counts_reads(self) -> bool:
+        """RESIDENT_POLL_COUNTS: the frame blocks' thread 0 count their frames by the reads of host
+        memory each took (a resident kernel with tagged frames read by frame blocks)."""
+        return bool(RESIDENT_POLL_COUNTS and self.resident and self.tagged and self._framers)
 
     def _issue(self, body: Code, g0: str, g1: str) -> None:
         """cp.async copies of commit groups [g0, g1) from the range table, one commit each. A
@@ -2948,6 +2963,13 @@ RESIDENT_LEADER_LAST = True
 # loop and the kernel's settle into one phase per launch. Off until timed (resident_variants.py
 # "poll-ahead").
 RESIDENT_POLL_AHEAD = False
+# Diagnostics: each frame block's thread 0 counts, per frame, the reads of host memory its poll took
+# before its word carried the frame's epoch, into FFK_POLL_BINS histogram words after the blocks'
+# SM words (ResidentStepBinding.frame_reads(), bench/microbench/resident_spread.py --reads). Why:
+# if a launch's ~1.1 us slower p50 (session 70-71) is the phase of the frame block's polls against
+# the host's writes, a slow launch's frames take one read more than a fast one's. Off: it changes
+# the timed code (one increment a read, one atomic a frame).
+RESIDENT_POLL_COUNTS = False
 # The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
 # resident kernel's frames come in: the host spins until every output word carries the step's
 # epoch, so a block that writes outputs needs neither a system fence nor a done word (the blocks
@@ -3916,6 +3938,7 @@ class Kernel:
     resident: bool = False  # ffk_resident: launched once, a frame per bell (see Generator._resident_loop)
     trace: bool = False  # each block stamps its tasks' timeline (the launch's last argument, TRACE_SLOTS)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
+    frame_reads: bool = False  # resident: the frame blocks count their reads of host memory (RESIDENT_POLL_COUNTS)
     tagged_outputs: bool = False  # each output float a word (epoch << 32) | bits (TAGGED_OUTPUTS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
@@ -4025,6 +4048,7 @@ def generate(
         resident=resident,
         trace=trace,
         tagged_frames=gen.tagged,
+        frame_reads=gen._counts_reads() if resident else False,
         tagged_outputs=gen.tagged_outputs,
         task_phases=gen.task_phases(),
         copied_floats=gen.copied_floats,

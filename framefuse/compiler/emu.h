@@ -188,6 +188,7 @@ inline void ffk_store_done(unsigned* p, unsigned epoch) {
 #define FFK_CTL_STOP 1
 #define FFK_CTL_FINISHED 2
 #define FFK_CTL_SMS 3
+#define FFK_POLL_BINS 8
 inline unsigned ffk_smid() { return blockIdx.x; }  // an emulated block is its own "SM"
 #define FFK_BELL_STOP 0xffffffffu
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -218,9 +219,14 @@ inline void ffk_wait_finished(unsigned long long* ctl, unsigned long long finish
     while (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_FINISHED]).load(std::memory_order_acquire) < finished)
         std::this_thread::yield();
 }
-inline float ffk_poll_frame(const unsigned long long* p, unsigned epoch, unsigned long long* ctl, unsigned* stop) {
+inline void ffk_count_reads(unsigned long long* bins, unsigned reads) {
+    std::atomic_ref<unsigned long long>(bins[(reads < FFK_POLL_BINS ? reads : FFK_POLL_BINS) - 1]).fetch_add(1ull, std::memory_order_relaxed);
+}
+inline float ffk_poll_frame(const unsigned long long* p, unsigned epoch, unsigned long long* ctl, unsigned* stop,
+                            unsigned* reads = nullptr) {
     for (;;) {
         const unsigned long long w = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_acquire);
+        if (reads != nullptr) ++*reads;
         if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
         if (std::atomic_ref<unsigned long long>(ctl[FFK_CTL_STOP]).load(std::memory_order_acquire)) {
             std::atomic_ref<unsigned>(*stop).fetch_or(1u, std::memory_order_relaxed);

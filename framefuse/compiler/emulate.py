@@ -159,7 +159,7 @@ def _resident_frames(kernel: Kernel) -> str:
     for (int i = 0; i < {n_out}; ++i) out_buf.emplace_back(out_sizes[i], std::nanf(""));
     for (int i = 0; i < {n_out}; ++i) out_words.emplace_back({"out_sizes[i]" if kernel.tagged_outputs else "0"}, 0ull);
     unsigned bell = 0, idle = 0;
-    std::vector<unsigned long long> ctl_words(3 + grid, 0ull);  // go, stop, finished, then each block's SM
+    std::vector<unsigned long long> ctl_words(3 + grid + FFK_POLL_BINS, 0ull);  // go, stop, finished, each block's SM, the poll bins
     unsigned long long* ctl = ctl_words.data();
     int failed = 0;
     auto wait_for = [&](unsigned* word, unsigned value, const char* what, int step) {{
@@ -195,8 +195,24 @@ def _resident_frames(kernel: Kernel) -> str:
         if (counters[b] != (unsigned long long)steps) {{
             std::fprintf(stderr, "block %d's counter is %llu after %d frames\\n", b, counters[b], steps);
             return 6;
-        }}
+        }}{_reads_check(kernel)}
     if (failed) return failed;"""
+
+
+def _reads_check(kernel: Kernel) -> str:
+    """RESIDENT_POLL_COUNTS: every frame is counted once by each frame block's thread 0 (the
+    histogram's total a positive multiple of the frames)."""
+    if not kernel.frame_reads:
+        return ""
+    return """
+    {
+        unsigned long long counted = 0;
+        for (int k = 0; k < FFK_POLL_BINS; ++k) counted += ctl_words[3 + grid + k];
+        if (counted == 0 || counted % (unsigned long long)steps != 0) {
+            std::fprintf(stderr, "the frame blocks counted %llu frames of %d\\n", counted, steps);
+            return 7;
+        }
+    }"""
 
 
 def _harness(kernel: Kernel) -> str:

@@ -213,6 +213,10 @@ FFK_DEVICE void ffk_store_done(unsigned* p, unsigned epoch) {
 // from this word on, one a block: the SM the block runs on (%smid), written at launch (diagnostics:
 // the same kernel's p50 differs by ~1 us between launches, session 70)
 #define FFK_CTL_SMS 3
+// after the grid's SM words, FFK_POLL_BINS words (codegen.RESIDENT_POLL_COUNTS, diagnostics): how
+// many frames a frame block's thread 0 saw its word in 1, 2, ... reads of host memory (the last
+// bin: that many or more)
+#define FFK_POLL_BINS 8
 #define FFK_BELL_STOP 0xffffffffu
 FFK_DEVICE unsigned ffk_smid() {
     unsigned r;
@@ -255,6 +259,10 @@ FFK_DEVICE unsigned ffk_lead_frame(unsigned long long* ctl, const unsigned* bell
     ffk_st_release_u64(ctl + FFK_CTL_GO, epoch);
     return epoch;
 }
+// codegen.RESIDENT_POLL_COUNTS: one frame that took `reads` reads of host memory, into its bin
+FFK_DEVICE void ffk_count_reads(unsigned long long* bins, unsigned reads) {
+    atomicAdd(bins + (reads < FFK_POLL_BINS ? reads : FFK_POLL_BINS) - 1, 1ull);
+}
 // A frame block's go: its words carry this frame's epoch, so the frame has begun
 FFK_DEVICE void ffk_go(unsigned long long* ctl, unsigned epoch) { ffk_st_release_u64(ctl + FFK_CTL_GO, epoch); }
 // Tagged frames (codegen.RESIDENT_TAGGED_FRAMES): the host writes each frame float as one 64-bit
@@ -263,7 +271,7 @@ FFK_DEVICE void ffk_go(unsigned long long* ctl, unsigned epoch) { ffk_st_release
 // the leader has published the stop (the host rings the stop only between frames, so a frame that
 // has begun arriving always arrives whole). Unbounded, like the leader's poll of the bell.
 FFK_DEVICE float ffk_poll_frame(const unsigned long long* p, unsigned epoch, unsigned long long* ctl,
-                                unsigned* stop) {
+                                unsigned* stop, unsigned* reads = nullptr) {
 #ifdef FFK_POLL_AHEAD
     // (codegen.RESIDENT_POLL_AHEAD) the next read of the word is issued beside the stop word's,
     // before either is looked at: the word is sampled every host round trip, not every host round
@@ -271,6 +279,7 @@ FFK_DEVICE float ffk_poll_frame(const unsigned long long* p, unsigned epoch, uns
     unsigned long long w;
     asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
     for (;;) {
+        if (reads != nullptr) ++*reads;
         if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
         unsigned long long s;
         asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(s) : "l"(ctl + FFK_CTL_STOP) : "memory");
@@ -284,6 +293,7 @@ FFK_DEVICE float ffk_poll_frame(const unsigned long long* p, unsigned epoch, uns
     for (;;) {
         unsigned long long w;
         asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+        if (reads != nullptr) ++*reads;
         if ((unsigned)(w >> 32) == epoch) return __uint_as_float((unsigned)w);
         if (ffk_ld_acquire_u64(ctl + FFK_CTL_STOP)) {
             atomicOr(stop, 1u);  // (every polling thread of the block may write it)

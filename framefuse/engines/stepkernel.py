@@ -634,6 +634,7 @@ class StepBinding(NativeFrameBinding, BindingBase):
 RESIDENT_TIMEOUT_S = float(os.environ.get("FRAMEFUSE_RESIDENT_TIMEOUT_S", "2.0"))
 _BELL_STOP = 0xFFFFFFFF
 _RESIDENT_CHECK_POLLS = 0x20000  # polls of a done word between looks at the clock and the kernel
+_POLL_BINS = 8  # runtime.cuh's FFK_POLL_BINS: the control words' histogram of frame reads (frame_reads)
 # A resident kernel's tagged frame words and bell in write-combined memory (MappedHostBuffer's
 # write_combined), fenced after the words and after the bell (hostpath.c's flush_frame), instead of
 # write-back memory. Why it may be faster: the GPU polls those words across PCIe while the host
@@ -778,8 +779,9 @@ class ResidentStepBinding(StepBinding):
         self._idle_word = ctypes.c_uint32.from_address(self._idle.array.ctypes.data)
         self._hs.bell = self._bell.array.ctypes.data
         self._hs.spin_limit = _RESIDENT_CHECK_POLLS  # then wait_host looks at the clock and the kernel
-        # go epoch, stop, finished blocks, then the SM each block runs on (block_sms)
-        self._ctl = torch.zeros(3 + c.grid, dtype=torch.int64, device=self.device)
+        # go epoch, stop, finished blocks, the SM each block runs on (block_sms), then the frame
+        # blocks' reads a frame (frame_reads, codegen.RESIDENT_POLL_COUNTS: FFK_POLL_BINS words)
+        self._ctl = torch.zeros(3 + c.grid + _POLL_BINS, dtype=torch.int64, device=self.device)
         cuda = _cuda()
         driver = cuda._driver()
         self._rstream = cuda._check(
@@ -948,7 +950,23 @@ class ResidentStepBinding(StepBinding):
             raise EngineRunError("stepkernel: block_sms() reads the resident kernel's words once it has stopped")
         if not self.starts:
             raise EngineRunError("stepkernel: block_sms(): the resident kernel has not been launched")
-        return [int(v) for v in self._ctl[3:].cpu().tolist()]
+        return [int(v) for v in self._ctl[3 : 3 + self.compiled.grid].cpu().tolist()]
+
+    def frame_reads(self) -> list[int]:
+        """Frames of the last launch by the reads of host memory a frame block's thread 0 took
+        before its word carried the frame's epoch: element i counts the frames that took i + 1
+        reads, the last those that took that many or more (summed over the frame blocks). Only a
+        kernel generated with codegen.RESIDENT_POLL_COUNTS counts; read once it has stopped."""
+        if not self.resident_kernel.frame_reads:
+            raise EngineRunError(
+                "stepkernel: frame_reads(): this resident kernel was generated without codegen.RESIDENT_POLL_COUNTS"
+            )
+        if self.running:
+            raise EngineRunError("stepkernel: frame_reads() reads the resident kernel's words once it has stopped")
+        if not self.starts:
+            raise EngineRunError("stepkernel: frame_reads(): the resident kernel has not been launched")
+        base = 3 + self.compiled.grid
+        return [int(v) for v in self._ctl[base : base + _POLL_BINS].cpu().tolist()]
 
     def wait_idle(self) -> None:
         self.stop()

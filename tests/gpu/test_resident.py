@@ -472,6 +472,39 @@ def test_resident_blocks_report_the_sm_each_ran_on():
     assert len(sms) == grid and len(set(sms)) == grid and min(sms) >= 0
 
 
+def test_resident_frame_reads_count_every_frame(monkeypatch):
+    """codegen.RESIDENT_POLL_COUNTS: the frame blocks' thread 0 count each frame into one bin of the
+    control words by the reads of host memory it took (ResidentStepBinding.frame_reads, after the
+    stop): 50 frames, every one counted (a positive multiple of 50: one count a frame block), at
+    least one read each; a kernel generated without the setting refuses to report."""
+    from framefuse.compiler import codegen
+    from framefuse.engines.base import EngineRunError
+    from framefuse.runtime.session import Session
+
+    prepared = prepare_cached("min_gru", SMALL)["step"]
+    frames = _frames(prepared, 50)
+    monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", True)
+    engine = _engine(prepared)
+    # (a compiled step may be shared through the build's cache: its resident kernel generated anew)
+    engine.default_plan.compiled.forget_resident()
+    with Session(engine, budget_ms=None, resident=True) as session:
+        for frame in frames:
+            session.step(frame)
+        binding = session._host_step
+        with pytest.raises(EngineRunError, match="once it has stopped"):
+            binding.frame_reads()
+        session.close()
+        reads = binding.frame_reads()
+    assert len(reads) == 8 and sum(reads) > 0 and sum(reads) % len(frames) == 0, reads
+    monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", False)
+    engine.default_plan.compiled.forget_resident()
+    with Session(engine, budget_ms=None, resident=True) as session:
+        session.step(frames[0])
+        session.close()
+        with pytest.raises(EngineRunError, match="without codegen.RESIDENT_POLL_COUNTS"):
+            session._host_step.frame_reads()
+
+
 def test_resident_needs_the_step_kernel():
     from framefuse.engines import cuda_graph
     from framefuse.engines.base import EngineBuildError
