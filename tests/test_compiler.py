@@ -2241,6 +2241,8 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "mamba+fewer+trace+copiesbetween",
         "min_gru+pollahead",
         "mamba+pollahead+pollcounts",
+        "min_gru+replicas",
+        "mamba+replicas+pollcounts",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
@@ -2261,13 +2263,17 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
     at the small size mamba has 10 or more commit groups, so the default issues them at start);
     +pollahead: the resident kernel's frame and go polls issued ahead of the stop check
     (codegen.RESIDENT_POLL_AHEAD); +pollcounts: the frame blocks' histogram of reads
-    (codegen.RESIDENT_POLL_COUNTS)."""
+    (codegen.RESIDENT_POLL_COUNTS); +replicas: the resident kernel's frame block replicated on a
+    free block (codegen.RESIDENT_FRAMER_REPLICAS: the launched kernel is unchanged)."""
     from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
     arch, poll_counts, _ = arch.partition("+pollcounts")
     if poll_counts:
         monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", True)
+    arch, replicas, _ = arch.partition("+replicas")
+    if replicas:
+        monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", True)
     arch, poll_ahead, _ = arch.partition("+pollahead")
     if poll_ahead:
         monkeypatch.setattr(codegen, "RESIDENT_POLL_AHEAD", True)
@@ -2314,6 +2320,7 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
             trace=bool(trace),
         )
         assert kernel.trace is bool(trace)
+        assert kernel.frame_copies == (2 if replicas and resident else 1)
         if arch == "mamba" and trace:  # 10 or more commit groups: the resident kernel's at frame start
             points = "copies, in flight while the tasks before it run" in kernel.source
             assert points is (not resident or bool(between))
@@ -4183,6 +4190,41 @@ def test_resident_poll_counts_emulated(monkeypatch, tmp_path):
     _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
     monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", False)
     assert not generate(sched, resident=True).frame_reads
+
+
+@needs_cxx
+@pytest.mark.parametrize("races", [False, True])
+def test_resident_framer_replicas_emulated(monkeypatch, races, tmp_path):
+    """codegen.RESIDENT_FRAMER_REPLICAS: min_gru on 14 blocks of 64 threads leaves blocks 12 and 13
+    without a task; 12 leads, 13 runs the frame block's tasks as that block (b), polls the second
+    copy of the words a delay behind it, and keeps its own counter and SM word. The kernel reads
+    each input as 2 copies x 2 frames (Kernel.frame_copies, the emulated host writes both copies
+    into the frame's half). Four chained frames equal the interpreter; under ThreadSanitizer three.
+    With the setting off the resident source is what it was, and the launched kernel never
+    changes. (Here the frame block stores flagged words only, each an atomic store in the
+    emulator, so its replica's second store of each is no race; a frame block that stores state or
+    outputs has its replica store the same floats unordered with its own: the same bits on the GPU,
+    a report under ThreadSanitizer.)"""
+    from framefuse.compiler import codegen
+
+    program = lower_program(_prepared("min_gru").fused)
+    sched = schedule(program, grid=14, threads=64)
+    before, launched = generate(sched, resident=True).source, generate(sched).source
+    monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", True)
+    kernel = generate(sched, resident=True)
+    framer = int(re.search(r"const bool ffk_framer = b == (\d+);", kernel.source).group(1))
+    assert kernel.frame_copies == 2
+    assert f"b = blockIdx.x == 13 ? {framer} : blockIdx.x;" in kernel.source
+    assert "ffk_epoch_s = b == 12 ?" in kernel.source  # the leader: the first free block
+    assert "const int ffk_copy = blockIdx.x == 13 ? 1 : 0;" in kernel.source
+    assert f"ffk_spin_cycles({codegen.RESIDENT_REPLICA_DELAY})" in kernel.source
+    assert "ffk_counters[blockIdx.x] = ffk_base + ffk_n;" in kernel.source
+    assert generate(sched).source == launched
+    _emulate_against_interpreter(kernel, program, 3 if races else 4, tmp_path, races=races)
+    # no free block for the frame block: no replica
+    assert generate(schedule(program, grid=5, threads=64), resident=True).frame_copies == 1
+    monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", False)
+    assert generate(sched, resident=True).source == before
 
 
 def test_resident_poll_ahead_defines_its_macro_in_the_resident_kernel_only(monkeypatch):

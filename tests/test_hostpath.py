@@ -187,6 +187,41 @@ def test_resident_tags_each_input_float_with_the_frames_epoch_before_the_bell(li
             assert np.array_equal((w & np.uint64(0xFFFFFFFF)).astype(np.uint32), x.view(np.uint32))
 
 
+def test_resident_tag_flip_writes_even_and_odd_frames_to_their_own_halves(lib):
+    """Frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): with tag_flip each entry's buffer
+    holds two frames' words, the kernel's even frames (the host's frames 1, 3, ...) in its first
+    tag_len words and the odd ones after them; two entries (two copies of one input) get the same
+    words, and a frame leaves the other half as the frame before wrote it."""
+    frame_call, _ = lib
+    fake = Fake(raise_done=False)
+    bell = np.zeros(1, dtype=np.uint32)
+    s = fake.state
+    s.bell, s.running, s.epoch_base, s.tag_flip = bell.ctypes.data, 1, 0, 1
+    x = np.array([0.5, -1.0, 2.0], dtype=np.float32)
+    words = np.zeros(4 * x.size, dtype=np.uint64)  # [copy 0 even | copy 0 odd | copy 1 even | copy 1 odd]
+    src = (ctypes.c_void_p * 2)(x.ctypes.data, x.ctypes.data)
+    dst = (ctypes.c_void_p * 2)(words.ctypes.data, words.ctypes.data + 8 * 2 * x.size)
+    lengths = (ctypes.c_int64 * 2)(x.size, x.size)
+    s.tag_src, s.tag_dst, s.tag_len, s.tag_inputs = (
+        ctypes.addressof(src),
+        ctypes.addressof(dst),
+        ctypes.addressof(lengths),
+        2,
+    )
+    halves = words.reshape(2, 2, x.size)  # copy, parity
+    for epoch in (1, 2, 3):
+        fake.done[:] = epoch
+        x += 1
+        assert frame_call(ctypes.pointer(s)) == hostpath.DONE and s.expected == epoch
+        parity = (epoch - 1) % 2
+        for copy in range(2):
+            written = halves[copy, parity]
+            assert np.array_equal(written >> np.uint64(32), np.full(x.size, epoch, dtype=np.uint64))
+            assert np.array_equal((written & np.uint64(0xFFFFFFFF)).astype(np.uint32), x.view(np.uint32))
+            other = halves[copy, 1 - parity] >> np.uint64(32)
+            assert np.array_equal(other, np.full(x.size, epoch - 1, dtype=np.uint64))  # the frame before's (0: none)
+
+
 def _tagged_outputs(state, sizes):
     """Output words and the float arrays they go to, pointed at by ``state`` (kept alive by the caller)."""
     words = [np.zeros(n, dtype=np.uint64) for n in sizes]

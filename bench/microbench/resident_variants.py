@@ -87,11 +87,19 @@ CODEGEN_EXTRA = {
     # (codegen.RESIDENT_POLL_AHEAD; session 70's paced re-polls of wide stages, "backoff-*", were
     # slower on all three kernels they change in g47/g48 and are removed)
     "poll-ahead": {"RESIDENT_POLL_AHEAD": True},
+    # session 72: each frame block replicated on a free block that polls a second copy of the frame
+    # words RESIDENT_REPLICA_DELAY cycles behind it (codegen.RESIDENT_FRAMER_REPLICAS; the same
+    # arithmetic, so bit for bit), at the default delay (1,100 cycles) and two others
+    "replicas": {"RESIDENT_FRAMER_REPLICAS": True},
+    "replicas-600": {"RESIDENT_FRAMER_REPLICAS": True, "RESIDENT_REPLICA_DELAY": 600},
+    "replicas-1600": {"RESIDENT_FRAMER_REPLICAS": True, "RESIDENT_REPLICA_DELAY": 1600},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
 VARIANTS["copies-between"] = VARIANTS["default"]
 VARIANTS["poll-ahead"] = VARIANTS["default"]
+for _name in ("replicas", "replicas-600", "replicas-1600"):
+    VARIANTS[_name] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it
 HOST_WRITE_CHUNKS = {"tagged-outputs-16": 16, "tagged-outputs-32": 32}
@@ -182,6 +190,9 @@ def main() -> int:
                 )
             got = [session.step(pool[i % 64]).copy() for i in range(200)]
             row[f"{key}_equal"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
+            copies = session._host_step.resident_kernel.frame_copies
+            if copies != 1:  # (codegen.RESIDENT_FRAMER_REPLICAS: only where the grid has free blocks)
+                row[f"{key}_frame_copies"] = copies
             if name in CODEGEN_EXTRA:
                 row[f"{key}_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(got, expected))
             session.close()
@@ -215,7 +226,7 @@ def main() -> int:
             f"{name} {min(r['p50_us'] for r in row[name]):.1f}/{min(r['p99_us'] for r in row[name]):.1f}"
             for name in ["launched", *sessions]
         )
-        diffs = {k: v for k, v in row.items() if k.endswith("_max_diff")}
+        diffs = {k: v for k, v in row.items() if k.endswith(("_max_diff", "_frame_copies"))}
         print(
             f"{arch}: p50/p99 us (best round) {line}; equal { ({k[:-6]: v for k, v in row.items() if k.endswith('_equal')}) }; "
             f"{diffs}",

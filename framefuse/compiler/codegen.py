@@ -230,6 +230,7 @@ class Generator:
         self.done_words = 0
         self.tagged = self.resident and RESIDENT_TAGGED_FRAMES
         self._framers: list[int] = []  # tagged: the blocks that poll their frame words (see _resident_loop)
+        self._replicas: list[tuple[int, int]] = []  # (replica, frame block) pairs: RESIDENT_FRAMER_REPLICAS
         self._t = -1
         self._followers: dict[int, Unit] = {}  # the current task's (see _row_followers)
         self._early_x: int | None = None  # the current frame task's x size where it stored x early
@@ -593,7 +594,7 @@ class Generator:
             self._stamp(body, len(self.sched.tasks), 2)  # the frame's stamps: the last frame's stay
             body.items.append("if (tid == 0) ffk_block_finished(ffk_ctl);")
             outer.items.append(
-                "if (tid == 0) ffk_counters[b] = ffk_base + ffk_n;  // the next launch goes on with the epochs"
+                f"if (tid == 0) ffk_counters[{self._own_block()}] = ffk_base + ffk_n;  // the next launch goes on with the epochs"
             )
         else:
             self._stamp(body, len(self.sched.tasks), 2)
@@ -602,7 +603,12 @@ class Generator:
         outer.render(1, lines)
         params = []
         for i, name in enumerate(self.input_names):
-            if self.tagged:
+            if self.tagged and self._replicas:
+                params.append(
+                    f"const unsigned long long* __restrict__ ffk_in{i} /* {name}: (epoch << 32) | float bits, "
+                    "2 copies x 2 frames */"
+                )
+            elif self.tagged:
                 params.append(f"const unsigned long long* __restrict__ in{i} /* {name}: (epoch << 32) | float bits */")
             else:
                 params.append(f"const float* __restrict__ in{i} /* {name} */")
@@ -711,9 +717,11 @@ class Generator:
         return "\n".join(lines)
 
     def _entry(self, body: Code) -> None:
+        # a frame block's replica (RESIDENT_FRAMER_REPLICAS) runs that block's tasks as that block
+        block = "".join(f"blockIdx.x == {r} ? {f} : " for r, f in self._replicas) + "blockIdx.x"
         body.items += [
             "FFK_SHARED_DECL",
-            "const int tid = threadIdx.x, b = blockIdx.x;",
+            f"const int tid = threadIdx.x, b = {block};",
             "const int lane = tid & 31, warp = tid >> 5;",
             f"constexpr int NT = {self.threads}, NWARPS = NT / 32;",
             "(void)lane; (void)warp;",
@@ -754,6 +762,26 @@ class Generator:
         # task is at level 1 or 2; session 68 timed such a choice 0.2 us slower there)
         return last if joins(last)[0] > joins(candidates[0])[0] else candidates[0]
 
+    def _own_block(self) -> str:
+        """The block's own index in the launch (its counter, its SM word): blockIdx.x where a
+        replica runs another block's tasks as ``b``, else ``b`` (the same source as before)."""
+        return "blockIdx.x" if self._replicas else "b"
+
+    def _replica_pairs(self, leader: int, framers: list[int]) -> list[tuple[int, int]]:
+        """RESIDENT_FRAMER_REPLICAS: (replica, frame block) pairs, a block with no task for each
+        frame block, the last such blocks of the grid (never the leader); none where there are
+        fewer such blocks than frame blocks, and none in a traced kernel (a replica's stamps would
+        land in its frame block's rows)."""
+        if not (RESIDENT_FRAMER_REPLICAS and self.resident and self.tagged and framers) or self.trace:
+            return []
+        used = set()
+        for task in self.sched.tasks:
+            used.update(range(task.first, task.first + task.blocks))
+        free = [b for b in reversed(range(self.grid)) if b not in used and b != leader]
+        if len(free) < len(framers):
+            return []
+        return list(zip(free, framers))
+
     def _resident_loop(self, outer: Code) -> Code:
         """The resident kernel: launched once, it runs the step body once per frame the host
         rings in. The leader (a block's thread 0, see _leader) waits until every block is through
@@ -766,22 +794,33 @@ class Generator:
         launched kernel's, with the epoch from a loop counter instead of a launch counter; the
         state halves alternate as the launched graphs alternate them."""
         ncol = self.layout.table.shape[1]
-        self._entry(outer)
         leader = self._leader()
         framers = self._framers = self._framer_blocks() if self.tagged else []
+        self._replicas = self._replica_pairs(leader, framers)
+        self._entry(outer)
+        own = self._own_block()
         outer.items += [
-            "const unsigned long long ffk_base = ffk_counters[b];  // launches and frames before this launch",
+            f"const unsigned long long ffk_base = ffk_counters[{own}];  // launches and frames before this launch",
             f"int* ffk_r = reinterpret_cast<int*>(ffk_smem + {self.range_offset});",
             f"for (int i = tid; i < {ncol}; i += NT) ffk_r[i] = ffk_ranges[b * {ncol} + i];",
             "unsigned long long ffk_n = 0;",
-            "if (tid == 0) ffk_ctl[FFK_CTL_SMS + b] = ffk_smid();  // where this launch placed the block (diagnostics)",
+            f"if (tid == 0) ffk_ctl[FFK_CTL_SMS + {own}] = ffk_smid();  // where this launch placed the block (diagnostics)",
         ]
+        if self._replicas:
+            copies = " : ".join(f"blockIdx.x == {r} ? 1" for r, _ in self._replicas)
+            outer.items.append(f"const int ffk_copy = {copies} : 0;  // the copy of the frame words this block polls")
         if framers:
             outer.items += ["FFK_RESIDENT_SHARED_DECL", "if (tid == 0) ffk_stop_s = 0u;"]
             outer.items.append(f"const bool ffk_framer = {_block_set(framers)};  // reads the frame at entry")
         loop = Code("#pragma unroll 1\nfor (;; ++ffk_n)")
         outer.items.append(loop)
         loop.items.append("const unsigned long long ffk_count = ffk_base + ffk_n;")
+        if self._replicas:
+            # each input: [copy 0 | copy 1] x [even frame | odd frame] (Kernel.frame_copies)
+            for i, name in enumerate(self.input_names):
+                loop.items.append(
+                    f"const unsigned long long* __restrict__ in{i} = ffk_in{i} + (2 * ffk_copy + (int)(ffk_n & 1)) * {self.program.inputs[name].size};"
+                )
         for i in range(len(self.state_names)):
             loop.items.append(
                 f"const float* sin{i} = (ffk_n & 1) ? ffk_sb{i} : ffk_sa{i}; float* sout{i} = (ffk_n & 1) ? ffk_sa{i} : ffk_sb{i};"
@@ -822,6 +861,11 @@ class Generator:
         if self._counts_reads():
             body.items.append(
                 "unsigned ffk_reads = 0;  // this thread's reads of its frame word (RESIDENT_POLL_COUNTS)"
+            )
+        if self._replicas:
+            body.items.append(
+                f"if (ffk_copy) ffk_spin_cycles({RESIDENT_REPLICA_DELAY});  "
+                "// a replica's polls sample the host's words between its frame block's"
             )
         for t, task in enumerate(self.sched.tasks):
             leaf = self._framed_input(task)
@@ -2970,6 +3014,21 @@ RESIDENT_POLL_AHEAD = False
 # the host's writes, a slow launch's frames take one read more than a fast one's. Off: it changes
 # the timed code (one increment a read, one atomic a frame).
 RESIDENT_POLL_COUNTS = False
+# Each frame block has a replica: a block with no task of its own runs the frame block's tasks as
+# that block (its index, ranges and copies), polling a second copy of the frame's words that the
+# host writes beside the first, RESIDENT_REPLICA_DELAY cycles behind the frame block's first poll.
+# Both write the same values (flagged words, state, outputs, the go), so whichever sees the frame
+# first is the frame block; the later one's stores change nothing. The words are double-buffered
+# by frame (Kernel.frame_copies: [copy 0 | copy 1] x [even | odd frame] an input), so the host's next
+# frame never overwrites words a late copy has yet to read: it writes frame k + 2's only after frame
+# k + 1 answered, which began after every block was through frame k. Why: a frame block samples its
+# words once a poll period (a read across PCIe, then the stop word in L2); the host's write lands at
+# one phase of it for a whole launch, and min_gru's launches whose frames took a second read ran
+# 10.24-10.34 us p50 against 9.15-9.20 for those that took one (session 72, H100,
+# bench/h100/2026-12-07-s72/g52). A second poller half a period behind halves the wait. Off until
+# timed (resident_variants.py "replicas"): only kernels with more free blocks than frame blocks.
+RESIDENT_FRAMER_REPLICAS = False
+RESIDENT_REPLICA_DELAY = 1100  # cycles: about half the default poll period (H100)
 # The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
 # resident kernel's frames come in: the host spins until every output word carries the step's
 # epoch, so a block that writes outputs needs neither a system fence nor a done word (the blocks
@@ -3939,6 +3998,7 @@ class Kernel:
     trace: bool = False  # each block stamps its tasks' timeline (the launch's last argument, TRACE_SLOTS)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
     frame_reads: bool = False  # resident: the frame blocks count their reads of host memory (RESIDENT_POLL_COUNTS)
+    frame_copies: int = 1  # resident: 2 with frame-block replicas (each input [copy 0 | copy 1] x [even | odd frame])
     tagged_outputs: bool = False  # each output float a word (epoch << 32) | bits (TAGGED_OUTPUTS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
@@ -4049,6 +4109,7 @@ def generate(
         trace=trace,
         tagged_frames=gen.tagged,
         frame_reads=gen._counts_reads() if resident else False,
+        frame_copies=2 if gen._replicas else 1,
         tagged_outputs=gen.tagged_outputs,
         task_phases=gen.task_phases(),
         copied_floats=gen.copied_floats,

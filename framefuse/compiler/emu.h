@@ -235,6 +235,10 @@ inline float ffk_poll_frame(const unsigned long long* p, unsigned epoch, unsigne
         std::this_thread::yield();
     }
 }
+// a replica's stagger (codegen.RESIDENT_FRAMER_REPLICAS): no clock here, a few turns given away
+inline void ffk_spin_cycles(long long cycles) {
+    for (long long i = 0; i < cycles; i += 256) std::this_thread::yield();
+}
 inline float ffk_load_host_tagged(const unsigned long long* p, unsigned epoch) {
     for (;;) {
         const unsigned long long w = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_acquire);

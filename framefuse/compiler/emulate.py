@@ -141,11 +141,17 @@ def _resident_frames(kernel: Kernel) -> str:
             f"            for (int i = 0; i < {n_out}; ++i) "
             "std::memcpy(outs[i] + step * out_sizes[i], out_buf[i].data(), 4 * out_sizes[i]);"
         )
+    # frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): each input [copy 0 | copy 1] x [even |
+    # odd frame], both copies of the frame's half written
+    copies = kernel.frame_copies
+    words = "in_sizes[i]" if copies == 1 else "4 * in_sizes[i]"
     if kernel.tagged_frames:  # each float a word (epoch << 32) | bits, stored whole, in order
         word = "unsigned long long"
+        at = "j" if copies == 1 else "(2 * c + (step & 1)) * in_sizes[i] + j"
         write = (
+            f"for (int c = 0; c < {copies}; ++c) "
             "for (size_t j = 0; j < in_sizes[i]; ++j) { unsigned bits; std::memcpy(&bits, ins[i] + step * in_sizes[i] + j, 4); "
-            "std::atomic_ref<unsigned long long>(in_buf[i][j]).store(((unsigned long long)(step + 1) << 32) | bits, "
+            f"std::atomic_ref<unsigned long long>(in_buf[i][{at}]).store(((unsigned long long)(step + 1) << 32) | bits, "
             "std::memory_order_release); }"
         )
     else:
@@ -155,7 +161,7 @@ def _resident_frames(kernel: Kernel) -> str:
     std::vector<std::vector<{word}>> in_buf;
     std::vector<std::vector<float>> out_buf;
     std::vector<std::vector<unsigned long long>> out_words;  // tagged outputs: the kernel's, 0 at the start
-    for (int i = 0; i < {n_in}; ++i) in_buf.emplace_back(in_sizes[i], 0);
+    for (int i = 0; i < {n_in}; ++i) in_buf.emplace_back({words}, 0);
     for (int i = 0; i < {n_out}; ++i) out_buf.emplace_back(out_sizes[i], std::nanf(""));
     for (int i = 0; i < {n_out}; ++i) out_words.emplace_back({"out_sizes[i]" if kernel.tagged_outputs else "0"}, 0ull);
     unsigned bell = 0, idle = 0;

@@ -301,6 +301,13 @@ FFK_DEVICE float ffk_poll_frame(const unsigned long long* p, unsigned epoch, uns
         }
     }
 }
+// A frame block's replica (codegen.RESIDENT_FRAMER_REPLICAS) before its first poll of a frame: its
+// polls then sample the host's words between its frame block's (clock64 counts this SM's cycles)
+FFK_DEVICE void ffk_spin_cycles(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
 // A tagged frame element read where it is used, by a block that has the go or its own frame
 // words: the host writes the frame's words in order, not atomically as a whole, so this word may
 // still be on its way. Bounded (FFK_POLL_LIMIT) like a flagged word's wait.

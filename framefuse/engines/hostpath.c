@@ -74,7 +74,10 @@ typedef struct {
     float* const* out_floats;
     const int64_t* out_len;
     int32_t out_tensors;
-    int32_t pad2;
+    // resident mode with frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): 1 when each of
+    // tag_dst[k]'s buffers holds two frames' words, the even frames' then the odd frames' (tag_len[k]
+    // words on), so the next frame never overwrites words a replica has yet to read
+    int32_t tag_flip;
 } ff_frame_state;
 
 enum {
@@ -167,9 +170,11 @@ int ff_frame(ff_frame_state* s) {
         const uint64_t count = (uint64_t)(s->epoch_base + s->frames - 1);
         s->expected = (uint32_t)(count % 0xffffffffull) + 1u;
         const uint64_t tag = (uint64_t)s->expected << 32;
+        // (frames counts from 1 and the kernel's frames from 0: frame 2 is the kernel's odd frame 1)
+        const int64_t odd = s->tag_flip && !(s->frames & 1);
         for (int32_t k = 0; k < s->tag_inputs; ++k) {
             const uint32_t* src = s->tag_src[k];
-            volatile uint64_t* dst = s->tag_dst[k];
+            volatile uint64_t* dst = s->tag_dst[k] + odd * s->tag_len[k];
             for (int64_t i = 0; i < s->tag_len[k]; ++i) dst[i] = tag | src[i];
         }
         // the bell after the frame (its floats written before this call, its words above): x86
@@ -308,7 +313,7 @@ int ff_layout(int64_t* out, int n) {
         offsetof(ff_frame_state, tag_src), offsetof(ff_frame_state, tag_dst), offsetof(ff_frame_state, tag_len),
         offsetof(ff_frame_state, tag_inputs), offsetof(ff_frame_state, flush_frame),
         offsetof(ff_frame_state, out_words), offsetof(ff_frame_state, out_floats), offsetof(ff_frame_state, out_len),
-        offsetof(ff_frame_state, out_tensors), offsetof(ff_frame_state, pad2),
+        offsetof(ff_frame_state, out_tensors), offsetof(ff_frame_state, tag_flip),
     };
     const int count = (int)(sizeof(values) / sizeof(values[0]));
     for (int i = 0; i < n && i < count; ++i) out[i] = values[i];

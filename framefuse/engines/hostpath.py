@@ -75,7 +75,7 @@ class FrameState(ctypes.Structure):
         ("out_floats", ctypes.c_void_p),
         ("out_len", ctypes.c_void_p),
         ("out_tensors", ctypes.c_int32),
-        ("pad2", ctypes.c_int32),
+        ("tag_flip", ctypes.c_int32),
     ]
 
 

@@ -751,27 +751,43 @@ class ResidentStepBinding(StepBinding):
         self._fence = fence if fence is not None else _no_fence
         self._hs.flush_frame = int(self.write_combined)
         self._tagged: dict[str, MappedHostBuffer] = {}
-        self._tag_words = []  # the Python frame path's: (the floats' bits, a 64-bit scratch, the words)
+        # the Python frame path's: (the floats' bits, a 64-bit scratch, the words of an even frame,
+        # those of an odd one), one entry an input and copy
+        self._tag_words = []
+        # frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): each input's words twice, and
+        # each copy in two frames' halves, [copy 0 even | copy 0 odd | copy 1 even | copy 1 odd]
+        copies = self.resident_kernel.frame_copies
+        flips = 2 if copies > 1 else 1
         if self.tagged:
+            entries = []  # (floats, their words' first address) an input and copy
             for n in k.input_names:
+                size = self._mapped[n].array.size
                 self._tagged[n] = MappedHostBuffer(
-                    self._mapped[n].shape, dtype=np.uint64, write_combined=self.write_combined
+                    (copies * flips * size,) if copies > 1 else self._mapped[n].shape,
+                    dtype=np.uint64,
+                    write_combined=self.write_combined,
                 )
-                self._tag_words.append(
-                    (
-                        self._mapped[n].array.reshape(-1).view(np.uint32),
-                        np.zeros(self._mapped[n].array.size, dtype=np.uint64),
-                        self._tagged[n].array.reshape(-1),
+                words = self._tagged[n].array.reshape(-1)
+                for copy in range(copies):
+                    first = copy * flips * size
+                    self._tag_words.append(
+                        (
+                            self._mapped[n].array.reshape(-1).view(np.uint32),
+                            np.zeros(size, dtype=np.uint64),
+                            words[first : first + size],
+                            words[first + (flips - 1) * size : first + flips * size],
+                        )
                     )
-                )
-            count = len(k.input_names)
-            self._tag_src = (ctypes.c_void_p * count)(*[self._mapped[n].array.ctypes.data for n in k.input_names])
-            self._tag_dst = (ctypes.c_void_p * count)(*[self._tagged[n].array.ctypes.data for n in k.input_names])
-            self._tag_len = (ctypes.c_int64 * count)(*[self._mapped[n].array.size for n in k.input_names])
+                    entries.append((n, self._tagged[n].array.ctypes.data + 8 * first))
+            count = len(entries)
+            self._tag_src = (ctypes.c_void_p * count)(*[self._mapped[n].array.ctypes.data for n, _ in entries])
+            self._tag_dst = (ctypes.c_void_p * count)(*[address for _, address in entries])
+            self._tag_len = (ctypes.c_int64 * count)(*[self._mapped[n].array.size for n, _ in entries])
             self._hs.tag_src = ctypes.addressof(self._tag_src)
             self._hs.tag_dst = ctypes.addressof(self._tag_dst)
             self._hs.tag_len = ctypes.addressof(self._tag_len)
             self._hs.tag_inputs = count
+            self._hs.tag_flip = int(flips == 2)
         self.timeout_s = RESIDENT_TIMEOUT_S
         self._bell = MappedHostBuffer((1,), dtype=np.uint32, write_combined=self.write_combined)
         self._idle = MappedHostBuffer((1,), dtype=np.uint32)
@@ -865,8 +881,9 @@ class ResidentStepBinding(StepBinding):
         self.frames += 1
         count = self._epoch_base + self.frames - 1
         self._expected = expected = count % 0xFFFFFFFF + 1
-        for bits, scratch, words in self._tag_words:  # one 64-bit store a word: never a new epoch on an old value
-            tag_words(bits, scratch, words, expected)
+        odd = (self.frames - 1) & 1  # the kernel's frame parity (its frames count from 0 each launch)
+        for bits, scratch, *words in self._tag_words:  # one 64-bit store a word: never a new epoch on an old value
+            tag_words(bits, scratch, words[odd], expected)
         self._fence()  # write-combined: the words sent before the bell (write-back: x86 keeps them in order)
         self._ring(self.frames)
         self._unwaited = True

@@ -505,6 +505,45 @@ def test_resident_frame_reads_count_every_frame(monkeypatch):
             session._host_step.frame_reads()
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+@pytest.mark.parametrize("arch,size", [("min_gru", "full"), ("gru", "full"), ("mamba", "full"), ("min_gru", "small")])
+def test_framer_replicas_equal_the_launched_step_bit_for_bit(monkeypatch, arch, size, path):
+    """codegen.RESIDENT_FRAMER_REPLICAS: the frame block and its replica on a free block, each
+    polling its own copy of the frame's words, the words double-buffered by frame (the native frame
+    call's tag_flip, the Python path's tag_words into the frame's half): chained frames bit for bit
+    the launched kernel's, with a stop and a start after an odd number of frames (the host's and the
+    kernel's frame parity both start again at 0), and the state after them. Small: 43 frames, the
+    sanitizers' case; full: 1,999 at the benchmark's size."""
+    from framefuse.compiler import codegen
+    from framefuse.runtime.session import Session
+
+    monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", True)
+    prepared = prepare_cached(arch, FULL if size == "full" else SMALL)["step"]
+    engine = _engine(prepared)
+    compiled = engine.default_plan.compiled
+    frames = _frames(prepared, 1999 if size == "full" else 43)
+    launched = Session(engine, budget_ms=None)
+    expected = np.stack([launched.step(f).copy() for f in frames])
+    expected_state = launched.get_state()
+    # (a compiled step may be shared through the build's cache: its resident kernel generated anew,
+    # and again after the test so that no other test gets this one)
+    compiled.forget_resident()
+    try:
+        with Session(engine, budget_ms=None, resident=True) as resident:
+            binding = resident._host_step
+            assert binding.resident_kernel.frame_copies == 2 and binding._hs.tag_flip == 1
+            if path == "python":
+                resident._hot = None
+            got = _stepped_with_a_restart(resident, frames)
+            assert binding.starts == 2
+            state = resident.get_state()
+    finally:
+        compiled.forget_resident()
+    assert np.array_equal(got, expected, equal_nan=True), f"{arch}: max diff {np.nanmax(np.abs(got - expected))}"
+    for name, value in expected_state.items():
+        assert np.array_equal(state[name], value, equal_nan=True), name
+
+
 def test_resident_needs_the_step_kernel():
     from framefuse.engines import cuda_graph
     from framefuse.engines.base import EngineBuildError

@@ -16,8 +16,8 @@ timeout 230 python3 bench/microbench/resident_variants.py \
 sed -i 's/^RESIDENT_POLL_AHEAD = False$/RESIDENT_POLL_AHEAD = True/' framefuse/compiler/codegen.py
 grep -n "^RESIDENT_POLL_AHEAD" framefuse/compiler/codegen.py
 k="resident_matches_onnxruntime_over_chained_frames and (min_gru or gru or mamba or attention or xlstm)"
-bash tests/gpu/sanitize.sh memcheck $OUT/g50/sanitize -t 80 -k "$k" tests/gpu/test_resident.py &
-bash tests/gpu/sanitize.sh racecheck $OUT/g50/sanitize -t 80 -k "$k" tests/gpu/test_resident.py &
+bash tests/gpu/sanitize.sh memcheck $OUT/g50/sanitize -t 110 -k "$k" tests/gpu/test_resident.py &
+bash tests/gpu/sanitize.sh racecheck $OUT/g50/sanitize -t 110 -k "$k" tests/gpu/test_resident.py &
 wait
 timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_resident.py \
   -k "matches_onnxruntime_over or bit_for_bit_over_10000" \
