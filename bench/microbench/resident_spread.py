@@ -10,6 +10,9 @@ between two sessions of one process (gated_ssm 9.9 / 11.1, session 70's g44).
 Session 71 (bench/h100/2026-12-07-s71/g48): every launch put every block on the same SM, fast and
 slow launches alike. --reads counts each frame's reads of host memory by the frame block (is a
 slow launch's frame one read later?); --poll-ahead times codegen.RESIDENT_POLL_AHEAD's kernel.
+Session 72 (g52): yes, min_gru's launches at 9.15-9.20 us p50 saw most frames in one read, those at
+10.24-10.34 in two. --replicas CYCLES times codegen.RESIDENT_FRAMER_REPLICAS at that delay (with
+--reads a frame is counted by the frame block and by its replica).
 """
 
 from __future__ import annotations
@@ -63,6 +66,14 @@ def main() -> int:
         help="count each frame's reads of host memory (codegen.RESIDENT_POLL_COUNTS): a row's frame_reads",
     )
     parser.add_argument("--poll-ahead", action="store_true", help="codegen.RESIDENT_POLL_AHEAD on")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="CYCLES",
+        help="codegen.RESIDENT_FRAMER_REPLICAS on, the replica this many cycles behind (RESIDENT_REPLICA_DELAY); "
+        "0: off (default: the module's settings)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from framefuse.compiler import codegen
@@ -70,6 +81,10 @@ def main() -> int:
     # (set before any engine is built: every resident kernel here is generated with them)
     codegen.RESIDENT_POLL_COUNTS = args.reads
     codegen.RESIDENT_POLL_AHEAD = args.poll_ahead
+    if args.replicas == 0:
+        codegen.RESIDENT_FRAMER_REPLICAS = False
+    elif args.replicas is not None:
+        codegen.RESIDENT_FRAMER_REPLICAS, codegen.RESIDENT_REPLICA_DELAY = True, args.replicas
     libc = ctypes.CDLL(None)
     root = Path(tempfile.mkdtemp(prefix="framefuse-spread-"))
     rows = []
@@ -93,6 +108,7 @@ def main() -> int:
                     "sm_mhz": sm_clock_mhz(),
                     "cpu": libc.sched_getcpu(),
                     "ctl": hex(session._host_step._ctl.data_ptr()),
+                    "frame_copies": session._host_step.resident_kernel.frame_copies,
                 }
                 session.close()
                 # where the launch put each block (the kernel writes %smid at launch)

@@ -91,6 +91,7 @@ CODEGEN_EXTRA = {
     # words RESIDENT_REPLICA_DELAY cycles behind it (codegen.RESIDENT_FRAMER_REPLICAS; the same
     # arithmetic, so bit for bit), at the default delay (1,100 cycles) and two others
     "replicas": {"RESIDENT_FRAMER_REPLICAS": True},
+    "no-replicas": {"RESIDENT_FRAMER_REPLICAS": False},  # (the default since session 72 has them)
     "replicas-600": {"RESIDENT_FRAMER_REPLICAS": True, "RESIDENT_REPLICA_DELAY": 600},
     "replicas-1600": {"RESIDENT_FRAMER_REPLICAS": True, "RESIDENT_REPLICA_DELAY": 1600},
 }
@@ -98,7 +99,7 @@ VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
 VARIANTS["copies-between"] = VARIANTS["default"]
 VARIANTS["poll-ahead"] = VARIANTS["default"]
-for _name in ("replicas", "replicas-600", "replicas-1600"):
+for _name in ("replicas", "no-replicas", "replicas-600", "replicas-1600"):
     VARIANTS[_name] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it

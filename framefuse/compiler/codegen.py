@@ -3025,9 +3025,13 @@ RESIDENT_POLL_COUNTS = False
 # words once a poll period (a read across PCIe, then the stop word in L2); the host's write lands at
 # one phase of it for a whole launch, and min_gru's launches whose frames took a second read ran
 # 10.24-10.34 us p50 against 9.15-9.20 for those that took one (session 72, H100,
-# bench/h100/2026-12-07-s72/g52). A second poller half a period behind halves the wait. Off until
-# timed (resident_variants.py "replicas"): only kernels with more free blocks than frame blocks.
-RESIDENT_FRAMER_REPLICAS = False
+# bench/h100/2026-12-07-s72/g52). A second poller half a period behind halves that wait: H100,
+# session 72, g54, 24 launches each (4 sessions x 3 launches, twice, alternating with the default),
+# median / largest launch p50 us min_gru 10.26 / 10.38 -> 9.76 / 9.84, gru 8.93 / 9.26 -> 8.30 / 8.43,
+# lstm 9.38 / 9.57 -> 8.78 / 8.97 (the fast launches' 9.2, 8.0, 8.3 unchanged), median p99 14.6 ->
+# 13.9, 13.1 -> 13.0, 15.0 -> 12.9. Only kernels with as many free blocks (no task, not the leader)
+# as frame blocks: min_gru, min_lstm, gru, lstm, liquid and mamba at the zoo's size on 132 SMs.
+RESIDENT_FRAMER_REPLICAS = True
 RESIDENT_REPLICA_DELAY = 1100  # cycles: about half the default poll period (H100)
 # The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
 # resident kernel's frames come in: the host spins until every output word carries the step's

@@ -506,9 +506,11 @@ def test_resident_frame_reads_count_every_frame(monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
-@pytest.mark.parametrize("arch,size", [("min_gru", "full"), ("gru", "full"), ("mamba", "full"), ("min_gru", "small")])
+@pytest.mark.parametrize(
+    "arch,size", [("min_gru", "full"), ("gru", "full"), ("mamba", "full"), ("min_gru", "small"), ("mamba", "small")]
+)
 def test_framer_replicas_equal_the_launched_step_bit_for_bit(monkeypatch, arch, size, path):
-    """codegen.RESIDENT_FRAMER_REPLICAS: the frame block and its replica on a free block, each
+    """codegen.RESIDENT_FRAMER_REPLICAS (on since session 72): the frame block and its replica on a free block, each
     polling its own copy of the frame's words, the words double-buffered by frame (the native frame
     call's tag_flip, the Python path's tag_words into the frame's half): chained frames bit for bit
     the launched kernel's, with a stop and a start after an odd number of frames (the host's and the
