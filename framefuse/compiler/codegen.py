@@ -3004,8 +3004,9 @@ RESIDENT_LEADER_LAST = True
 # relaxed and in flight beside the next poll, a frame is seen up to an L2 round trip sooner. Why:
 # the same resident kernel's p50 moves ~1.1 us between launches with every block on the same SM
 # (session 71, g48); a frame landing just after a poll waits a whole poll period, and the host's
-# loop and the kernel's settle into one phase per launch. Off until timed (resident_variants.py
-# "poll-ahead").
+# loop and the kernel's settle into one phase per launch. Off: timed in session 72 (H100, g50, 6
+# launches each), median p50 within 0.15 us of the default on all 11 archs, median p99 worse on five
+# (xlstm 19.2 -> 21.5, liquid 15.9 -> 17.1). RESIDENT_FRAMER_REPLICAS is what took the phase on.
 RESIDENT_POLL_AHEAD = False
 # Diagnostics: each frame block's thread 0 counts, per frame, the reads of host memory its poll took
 # before its word carried the frame's epoch, into FFK_POLL_BINS histogram words after the blocks'
