@@ -2243,6 +2243,7 @@ def test_generated_source_is_the_same_for_the_same_graph():
         "mamba+pollahead+pollcounts",
         "min_gru+replicas",
         "mamba+replicas+pollcounts",
+        "gru+tworeplicas",
     ],
 )
 def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, monkeypatch):
@@ -2264,14 +2265,19 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
     +pollahead: the resident kernel's frame and go polls issued ahead of the stop check
     (codegen.RESIDENT_POLL_AHEAD); +pollcounts: the frame blocks' histogram of reads
     (codegen.RESIDENT_POLL_COUNTS); +replicas: the resident kernel's frame block replicated on a
-    free block (codegen.RESIDENT_FRAMER_REPLICAS: the launched kernel is unchanged)."""
+    free block (codegen.RESIDENT_FRAMER_REPLICAS: the launched kernel is unchanged); +tworeplicas:
+    on two (codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK 2)."""
     from framefuse.compiler import codegen
     from framefuse.compiler.engine import FAST_MATH_OPTIONS
 
     arch, poll_counts, _ = arch.partition("+pollcounts")
     if poll_counts:
         monkeypatch.setattr(codegen, "RESIDENT_POLL_COUNTS", True)
+    arch, two, _ = arch.partition("+tworeplicas")
+    if two:
+        monkeypatch.setattr(codegen, "RESIDENT_REPLICAS_PER_FRAME_BLOCK", 2)
     arch, replicas, _ = arch.partition("+replicas")
+    replicas = replicas or two
     if replicas:
         monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", True)
     arch, poll_ahead, _ = arch.partition("+pollahead")
@@ -2321,7 +2327,7 @@ def test_generated_source_compiles_with_nvcc_for_sm80_sm89_sm90(arch, tmp_path, 
         )
         assert kernel.trace is bool(trace)
         if replicas:  # (on by default since session 72: only asked for here)
-            assert kernel.frame_copies == (2 if resident else 1)
+            assert kernel.frame_copies == ((3 if two else 2) if resident else 1)
         if arch == "mamba" and trace:  # 10 or more commit groups: the resident kernel's at frame start
             points = "copies, in flight while the tasks before it run" in kernel.source
             assert points is (not resident or bool(between))
@@ -4228,6 +4234,29 @@ def test_resident_framer_replicas_emulated(monkeypatch, races, tmp_path):
     assert generate(schedule(program, grid=5, threads=64), resident=True).frame_copies == 1
     monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", False)
     assert generate(sched, resident=True).source == before
+
+
+@needs_cxx
+def test_resident_two_replicas_of_the_frame_block_emulated(monkeypatch, tmp_path):
+    """codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK 2: min_gru on 15 blocks of 64 threads leaves 12, 13
+    and 14 free; 12 leads, 14 and 13 poll copies 1 and 2 of the frame words (Kernel.frame_copies 3),
+    a third and two thirds of a poll period behind the frame block; three chained frames under
+    ThreadSanitizer equal the interpreter. Too few free blocks for two (14 blocks): none."""
+    from framefuse.compiler import codegen
+
+    monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", True)
+    monkeypatch.setattr(codegen, "RESIDENT_REPLICAS_PER_FRAME_BLOCK", 2)
+    program = lower_program(_prepared("min_gru").fused)
+    kernel = generate(schedule(program, grid=15, threads=64), resident=True)
+    framer = int(re.search(r"const bool ffk_framer = b == (\d+);", kernel.source).group(1))
+    assert kernel.frame_copies == 3
+    assert f"b = blockIdx.x == 14 ? {framer} : blockIdx.x == 13 ? {framer} : blockIdx.x;" in kernel.source
+    assert "const int ffk_copy = blockIdx.x == 14 ? 1 : blockIdx.x == 13 ? 2 : 0;" in kernel.source
+    step = round(2 * codegen.RESIDENT_REPLICA_DELAY / 3)
+    assert f"ffk_spin_cycles(ffk_copy * {step})" in kernel.source
+    assert "ffk_epoch_s = b == 12 ?" in kernel.source
+    _emulate_against_interpreter(kernel, program, 3, tmp_path, races=True)
+    assert generate(schedule(program, grid=14, threads=64), resident=True).frame_copies == 1
 
 
 def test_resident_poll_ahead_defines_its_macro_in_the_resident_kernel_only(monkeypatch):

@@ -74,6 +74,12 @@ def main() -> int:
         help="codegen.RESIDENT_FRAMER_REPLICAS on, the replica this many cycles behind (RESIDENT_REPLICA_DELAY); "
         "0: off (default: the module's settings)",
     )
+    parser.add_argument(
+        "--replicas-each",
+        type=int,
+        default=None,
+        help="replicas of each frame block (codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK; default: the module's)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from framefuse.compiler import codegen
@@ -81,6 +87,8 @@ def main() -> int:
     # (set before any engine is built: every resident kernel here is generated with them)
     codegen.RESIDENT_POLL_COUNTS = args.reads
     codegen.RESIDENT_POLL_AHEAD = args.poll_ahead
+    if args.replicas_each is not None:
+        codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK = args.replicas_each
     if args.replicas == 0:
         codegen.RESIDENT_FRAMER_REPLICAS = False
     elif args.replicas is not None:

@@ -94,12 +94,15 @@ CODEGEN_EXTRA = {
     "no-replicas": {"RESIDENT_FRAMER_REPLICAS": False},  # (the default since session 72 has them)
     "replicas-600": {"RESIDENT_FRAMER_REPLICAS": True, "RESIDENT_REPLICA_DELAY": 600},
     "replicas-1600": {"RESIDENT_FRAMER_REPLICAS": True, "RESIDENT_REPLICA_DELAY": 1600},
+    # session 72: two replicas a frame block, a third and two thirds of a poll period behind it
+    # (codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK 2; untimed)
+    "two-replicas": {"RESIDENT_FRAMER_REPLICAS": True, "RESIDENT_REPLICAS_PER_FRAME_BLOCK": 2},
 }
 VARIANTS["warp-roots-32"] = VARIANTS["default"]
 VARIANTS["copies-at-start"] = VARIANTS["default"]
 VARIANTS["copies-between"] = VARIANTS["default"]
 VARIANTS["poll-ahead"] = VARIANTS["default"]
-for _name in ("replicas", "no-replicas", "replicas-600", "replicas-1600"):
+for _name in ("replicas", "no-replicas", "replicas-600", "replicas-1600", "two-replicas"):
     VARIANTS[_name] = VARIANTS["default"]
 # schedule.HOST_WRITE_CHUNK of a variant (the others: the module's own); only variants whose engine
 # is built again (tagged outputs) may set it

@@ -230,7 +230,8 @@ class Generator:
         self.done_words = 0
         self.tagged = self.resident and RESIDENT_TAGGED_FRAMES
         self._framers: list[int] = []  # tagged: the blocks that poll their frame words (see _resident_loop)
-        self._replicas: list[tuple[int, int]] = []  # (replica, frame block) pairs: RESIDENT_FRAMER_REPLICAS
+        # (replica, frame block, copy of the frame words) triples: RESIDENT_FRAMER_REPLICAS
+        self._replicas: list[tuple[int, int, int]] = []
         self._t = -1
         self._followers: dict[int, Unit] = {}  # the current task's (see _row_followers)
         self._early_x: int | None = None  # the current frame task's x size where it stored x early
@@ -718,7 +719,7 @@ class Generator:
 
     def _entry(self, body: Code) -> None:
         # a frame block's replica (RESIDENT_FRAMER_REPLICAS) runs that block's tasks as that block
-        block = "".join(f"blockIdx.x == {r} ? {f} : " for r, f in self._replicas) + "blockIdx.x"
+        block = "".join(f"blockIdx.x == {r} ? {f} : " for r, f, _ in self._replicas) + "blockIdx.x"
         body.items += [
             "FFK_SHARED_DECL",
             f"const int tid = threadIdx.x, b = {block};",
@@ -767,20 +768,22 @@ class Generator:
         replica runs another block's tasks as ``b``, else ``b`` (the same source as before)."""
         return "blockIdx.x" if self._replicas else "b"
 
-    def _replica_pairs(self, leader: int, framers: list[int]) -> list[tuple[int, int]]:
-        """RESIDENT_FRAMER_REPLICAS: (replica, frame block) pairs, a block with no task for each
-        frame block, the last such blocks of the grid (never the leader); none where there are
-        fewer such blocks than frame blocks, and none in a traced kernel (a replica's stamps would
-        land in its frame block's rows)."""
+    def _replica_pairs(self, leader: int, framers: list[int]) -> list[tuple[int, int, int]]:
+        """RESIDENT_FRAMER_REPLICAS: (replica, frame block, copy) triples, RESIDENT_REPLICAS_PER_FRAME_BLOCK
+        blocks with no task for each frame block, polling copies 1, 2, ... of the frame words, the
+        last such blocks of the grid (never the leader); none where there are too few such blocks,
+        and none in a traced kernel (a replica's stamps would land in its frame block's rows)."""
         if not (RESIDENT_FRAMER_REPLICAS and self.resident and self.tagged and framers) or self.trace:
             return []
         used = set()
         for task in self.sched.tasks:
             used.update(range(task.first, task.first + task.blocks))
         free = [b for b in reversed(range(self.grid)) if b not in used and b != leader]
-        if len(free) < len(framers):
+        each = RESIDENT_REPLICAS_PER_FRAME_BLOCK
+        if each < 1 or len(free) < each * len(framers):
             return []
-        return list(zip(free, framers))
+        roles = [(framer, copy) for copy in range(1, each + 1) for framer in framers]
+        return [(block, framer, copy) for block, (framer, copy) in zip(free, roles)]
 
     def _resident_loop(self, outer: Code) -> Code:
         """The resident kernel: launched once, it runs the step body once per frame the host
@@ -807,7 +810,7 @@ class Generator:
             f"if (tid == 0) ffk_ctl[FFK_CTL_SMS + {own}] = ffk_smid();  // where this launch placed the block (diagnostics)",
         ]
         if self._replicas:
-            copies = " : ".join(f"blockIdx.x == {r} ? 1" for r, _ in self._replicas)
+            copies = " : ".join(f"blockIdx.x == {r} ? {c}" for r, _, c in self._replicas)
             outer.items.append(f"const int ffk_copy = {copies} : 0;  // the copy of the frame words this block polls")
         if framers:
             outer.items += ["FFK_RESIDENT_SHARED_DECL", "if (tid == 0) ffk_stop_s = 0u;"]
@@ -863,8 +866,15 @@ class Generator:
                 "unsigned ffk_reads = 0;  // this thread's reads of its frame word (RESIDENT_POLL_COUNTS)"
             )
         if self._replicas:
+            # copy c of k + 1 starts c / (k + 1) of a poll period (2 x RESIDENT_REPLICA_DELAY) late
+            each = RESIDENT_REPLICAS_PER_FRAME_BLOCK
+            delay = (
+                str(RESIDENT_REPLICA_DELAY)
+                if each == 1
+                else f"ffk_copy * {round(2 * RESIDENT_REPLICA_DELAY / (each + 1))}"
+            )
             body.items.append(
-                f"if (ffk_copy) ffk_spin_cycles({RESIDENT_REPLICA_DELAY});  "
+                f"if (ffk_copy) ffk_spin_cycles({delay});  "
                 "// a replica's polls sample the host's words between its frame block's"
             )
         for t, task in enumerate(self.sched.tasks):
@@ -3034,6 +3044,9 @@ RESIDENT_POLL_COUNTS = False
 # as frame blocks: min_gru, min_lstm, gru, lstm, liquid and mamba at the zoo's size on 132 SMs.
 RESIDENT_FRAMER_REPLICAS = True
 RESIDENT_REPLICA_DELAY = 1100  # cycles: about half the default poll period (H100)
+# replicas of each frame block (the copies of the frame words are one more), their first polls
+# spread evenly over a poll period; 2 untimed (PCIe carries one more poller's reads)
+RESIDENT_REPLICAS_PER_FRAME_BLOCK = 1
 # The kernel's graph outputs as words (epoch << 32) | float bits in mapped host memory, the way the
 # resident kernel's frames come in: the host spins until every output word carries the step's
 # epoch, so a block that writes outputs needs neither a system fence nor a done word (the blocks
@@ -4003,7 +4016,9 @@ class Kernel:
     trace: bool = False  # each block stamps its tasks' timeline (the launch's last argument, TRACE_SLOTS)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
     frame_reads: bool = False  # resident: the frame blocks count their reads of host memory (RESIDENT_POLL_COUNTS)
-    frame_copies: int = 1  # resident: 2 with frame-block replicas (each input [copy 0 | copy 1] x [even | odd frame])
+    frame_copies: int = (
+        1  # resident: 1 + replicas a frame block (each input [copy 0 | copy 1 | ...] x [even | odd frame])
+    )
     tagged_outputs: bool = False  # each output float a word (epoch << 32) | bits (TAGGED_OUTPUTS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)
@@ -4114,7 +4129,7 @@ def generate(
         trace=trace,
         tagged_frames=gen.tagged,
         frame_reads=gen._counts_reads() if resident else False,
-        frame_copies=2 if gen._replicas else 1,
+        frame_copies=1 + max((c for _, _, c in gen._replicas), default=0),
         tagged_outputs=gen.tagged_outputs,
         task_phases=gen.task_phases(),
         copied_floats=gen.copied_floats,

@@ -141,10 +141,10 @@ def _resident_frames(kernel: Kernel) -> str:
             f"            for (int i = 0; i < {n_out}; ++i) "
             "std::memcpy(outs[i] + step * out_sizes[i], out_buf[i].data(), 4 * out_sizes[i]);"
         )
-    # frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): each input [copy 0 | copy 1] x [even |
-    # odd frame], both copies of the frame's half written
+    # frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): each input [copy 0 | copy 1 | ...] x
+    # [even | odd frame], every copy of the frame's half written
     copies = kernel.frame_copies
-    words = "in_sizes[i]" if copies == 1 else "4 * in_sizes[i]"
+    words = "in_sizes[i]" if copies == 1 else f"{2 * copies} * in_sizes[i]"
     if kernel.tagged_frames:  # each float a word (epoch << 32) | bits, stored whole, in order
         word = "unsigned long long"
         at = "j" if copies == 1 else "(2 * c + (step & 1)) * in_sizes[i] + j"

@@ -507,19 +507,30 @@ def test_resident_frame_reads_count_every_frame(monkeypatch):
 
 @pytest.mark.parametrize("path", ["native", "python"])
 @pytest.mark.parametrize(
-    "arch,size", [("min_gru", "full"), ("gru", "full"), ("mamba", "full"), ("min_gru", "small"), ("mamba", "small")]
+    "arch,size,each",
+    [
+        ("min_gru", "full", 1),
+        ("gru", "full", 1),
+        ("mamba", "full", 1),
+        ("min_gru", "small", 1),
+        ("mamba", "small", 1),
+        ("min_gru", "full", 2),
+        ("min_gru", "small", 2),
+    ],
 )
-def test_framer_replicas_equal_the_launched_step_bit_for_bit(monkeypatch, arch, size, path):
+def test_framer_replicas_equal_the_launched_step_bit_for_bit(monkeypatch, arch, size, each, path):
     """codegen.RESIDENT_FRAMER_REPLICAS (on since session 72): the frame block and its replica on a free block, each
     polling its own copy of the frame's words, the words double-buffered by frame (the native frame
     call's tag_flip, the Python path's tag_words into the frame's half): chained frames bit for bit
     the launched kernel's, with a stop and a start after an odd number of frames (the host's and the
     kernel's frame parity both start again at 0), and the state after them. Small: 43 frames, the
-    sanitizers' case; full: 1,999 at the benchmark's size."""
+    sanitizers' case; full: 1,999 at the benchmark's size. ``each``: replicas a frame block
+    (codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK; 2: three copies of the words)."""
     from framefuse.compiler import codegen
     from framefuse.runtime.session import Session
 
     monkeypatch.setattr(codegen, "RESIDENT_FRAMER_REPLICAS", True)
+    monkeypatch.setattr(codegen, "RESIDENT_REPLICAS_PER_FRAME_BLOCK", each)
     prepared = prepare_cached(arch, FULL if size == "full" else SMALL)["step"]
     engine = _engine(prepared)
     compiled = engine.default_plan.compiled
@@ -533,7 +544,8 @@ def test_framer_replicas_equal_the_launched_step_bit_for_bit(monkeypatch, arch, 
     try:
         with Session(engine, budget_ms=None, resident=True) as resident:
             binding = resident._host_step
-            assert binding.resident_kernel.frame_copies == 2 and binding._hs.tag_flip == 1
+            assert binding.resident_kernel.frame_copies == 1 + each and binding._hs.tag_flip == 1
+            assert binding._hs.tag_inputs == (1 + each) * len(binding.resident_kernel.input_names)
             if path == "python":
                 resident._hot = None
             got = _stepped_with_a_restart(resident, frames)
