@@ -605,9 +605,10 @@ class Generator:
         params = []
         for i, name in enumerate(self.input_names):
             if self.tagged and self._replicas:
+                copies = 1 + max(c for _, _, c in self._replicas)
                 params.append(
                     f"const unsigned long long* __restrict__ ffk_in{i} /* {name}: (epoch << 32) | float bits, "
-                    "2 copies x 2 frames */"
+                    f"{copies} copies x 2 frames */"
                 )
             elif self.tagged:
                 params.append(f"const unsigned long long* __restrict__ in{i} /* {name}: (epoch << 32) | float bits */")
@@ -819,7 +820,7 @@ class Generator:
         outer.items.append(loop)
         loop.items.append("const unsigned long long ffk_count = ffk_base + ffk_n;")
         if self._replicas:
-            # each input: [copy 0 | copy 1] x [even frame | odd frame] (Kernel.frame_copies)
+            # each input: [copy 0 | copy 1 | ...] x [even frame | odd frame] (Kernel.frame_copies)
             for i, name in enumerate(self.input_names):
                 loop.items.append(
                     f"const unsigned long long* __restrict__ in{i} = ffk_in{i} + (2 * ffk_copy + (int)(ffk_n & 1)) * {self.program.inputs[name].size};"
@@ -4016,9 +4017,7 @@ class Kernel:
     trace: bool = False  # each block stamps its tasks' timeline (the launch's last argument, TRACE_SLOTS)
     tagged_frames: bool = False  # resident: each input float a word (epoch << 32) | bits (RESIDENT_TAGGED_FRAMES)
     frame_reads: bool = False  # resident: the frame blocks count their reads of host memory (RESIDENT_POLL_COUNTS)
-    frame_copies: int = (
-        1  # resident: 1 + replicas a frame block (each input [copy 0 | copy 1 | ...] x [even | odd frame])
-    )
+    frame_copies: int = 1  # resident: 1 + a frame block's replicas (RESIDENT_FRAMER_REPLICAS)
     tagged_outputs: bool = False  # each output float a word (epoch << 32) | bits (TAGGED_OUTPUTS)
     task_phases: tuple = ()  # the phases each task's code runs (Generator.task_phases)
     copied_floats: int = 0  # the prefetch copies of all blocks in one launch (the resident kernel: once)

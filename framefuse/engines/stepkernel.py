@@ -754,8 +754,9 @@ class ResidentStepBinding(StepBinding):
         # the Python frame path's: (the floats' bits, a 64-bit scratch, the words of an even frame,
         # those of an odd one), one entry an input and copy
         self._tag_words = []
-        # frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): each input's words twice, and
-        # each copy in two frames' halves, [copy 0 even | copy 0 odd | copy 1 even | copy 1 odd]
+        # frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): each input's words once for the
+        # frame block and once for each replica, each copy in two frames' halves, [copy 0 even |
+        # copy 0 odd | copy 1 even | copy 1 odd | ...]
         copies = self.resident_kernel.frame_copies
         flips = 2 if copies > 1 else 1
         if self.tagged:
