@@ -11,8 +11,9 @@ Session 71 (bench/h100/2026-12-07-s71/g48): every launch put every block on the 
 slow launches alike. --reads counts each frame's reads of host memory by the frame block (is a
 slow launch's frame one read later?); --poll-ahead times codegen.RESIDENT_POLL_AHEAD's kernel.
 Session 72 (g52): yes, min_gru's launches at 9.15-9.20 us p50 saw most frames in one read, those at
-10.24-10.34 in two. --replicas CYCLES times codegen.RESIDENT_FRAMER_REPLICAS at that delay (with
---reads a frame is counted by the frame block and by its replica).
+10.24-10.34 in two. --replicas CYCLES times codegen.RESIDENT_FRAMER_REPLICAS at that delay (0: off;
+with --reads a frame is counted by the frame block and by each replica), --replicas-each K with K
+replicas a frame block (codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK).
 """
 
 from __future__ import annotations
