@@ -44,13 +44,17 @@ def test_a_microbenchmark_compiles_with_its_own_flags(source, tmp_path):
     assert (tmp_path / source.stem).stat().st_size > 0
 
 
-def _host_jitter():
+def _script(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("host_jitter", MICROBENCH / "host_jitter.py")
+    spec = importlib.util.spec_from_file_location(name, MICROBENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _host_jitter():
+    return _script("host_jitter")
 
 
 def test_host_jitter_splits_a_tail_of_the_gpus_side_from_one_of_the_hosts():
@@ -75,3 +79,30 @@ def test_host_jitter_refuses_frames_that_do_not_line_up():
         jitter.split(np.ones(3), np.ones(2))
     with pytest.raises(ValueError, match="longer than its call"):
         jitter.split(np.array([5, 5]), np.array([6, 1]))
+
+
+def test_resident_spread_pools_launches_by_label(tmp_path):
+    """resident_spread.py --summarize: the launches of several runs of a variant pooled by label, a
+    row an arch and label with the median, smallest and largest launch p50 and the median p99 (g54's
+    way of comparing variants whose launches sit ~1 us apart); a group without LABEL= is refused."""
+    import json
+
+    resident_spread = _script("resident_spread")
+
+    def run(path, p50s, copies):
+        rows = [{"arch": "gru", "p50_us": v, "p99_us": v + 2, "frame_copies": copies} for v in p50s]
+        rows.append({"arch": "lstm", "p50_us": 8.0, "p99_us": 9.0, "frame_copies": copies})
+        path.write_text(json.dumps(rows))
+        return str(path)
+
+    a = run(tmp_path / "a.json", [9.0, 10.0, 10.2], 1)
+    b = run(tmp_path / "b.json", [8.0], 1)
+    c = run(tmp_path / "c.json", [8.3, 8.4], 2)
+    rows = resident_spread.summarize([f"off={a},{b}", f"on={c}"])
+    assert [(r["arch"], r["label"]) for r in rows] == [("gru", "off"), ("gru", "on"), ("lstm", "off"), ("lstm", "on")]
+    off = rows[0]
+    assert off["launches"] == 4 and off["frame_copies"] == [1]
+    assert (off["p50_median"], off["p50_min"], off["p50_max"], off["p99_median"]) == (9.5, 8.0, 10.2, 11.5)
+    assert rows[1]["p50_median"] == 8.35 and rows[1]["frame_copies"] == [2] and rows[3]["launches"] == 1
+    with pytest.raises(SystemExit, match="LABEL=FILE"):
+        resident_spread.summarize([a])

@@ -13,7 +13,8 @@ slow launch's frame one read later?); --poll-ahead times codegen.RESIDENT_POLL_A
 Session 72 (g52): yes, min_gru's launches at 9.15-9.20 us p50 saw most frames in one read, those at
 10.24-10.34 in two. --replicas CYCLES times codegen.RESIDENT_FRAMER_REPLICAS at that delay (0: off;
 with --reads a frame is counted by the frame block and by each replica), --replicas-each K with K
-replicas a frame block (codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK).
+replicas a frame block (codegen.RESIDENT_REPLICAS_PER_FRAME_BLOCK). --summarize pools earlier
+runs' JSON by label (LABEL=FILE[,FILE...]) into each arch's median launch, without a GPU.
 """
 
 from __future__ import annotations
@@ -46,8 +47,50 @@ def sm_clock_mhz() -> int | None:
         return None
 
 
+def summarize(groups: list[str]) -> list[dict]:
+    """Launches written by --out, pooled by label: each of ``groups`` is LABEL=FILE[,FILE...] (the
+    JSON of several processes of one variant, e.g. two passes alternating with another). A row an
+    arch and label: how many launches, the median, smallest and largest launch p50 and the median
+    p99 (one launch's p50 may sit ~1 us off another's: the median launch is the figure to compare)."""
+    import statistics
+
+    rows = []
+    for group in groups:
+        label, sep, files = group.partition("=")
+        if not sep or not files:
+            raise SystemExit(f"--summarize: {group!r} is not LABEL=FILE[,FILE...]")
+        launches = [r for f in files.split(",") for r in json.loads(Path(f).read_text())]
+        for arch in dict.fromkeys(r["arch"] for r in launches):
+            mine = [r for r in launches if r["arch"] == arch]
+            p50 = [r["p50_us"] for r in mine]
+            rows.append(
+                {
+                    "arch": arch,
+                    "label": label,
+                    "launches": len(mine),
+                    "frame_copies": sorted({r.get("frame_copies", 1) for r in mine}),
+                    "p50_median": round(statistics.median(p50), 2),
+                    "p50_min": min(p50),
+                    "p50_max": max(p50),
+                    "p99_median": round(statistics.median(r["p99_us"] for r in mine), 2),
+                }
+            )
+    return sorted(rows, key=lambda r: r["arch"])
+
+
 def main() -> int:
     import tempfile
+
+    if "--summarize" in sys.argv:  # no GPU: the JSON of earlier runs
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--summarize", nargs="+", metavar="LABEL=FILE[,FILE...]", required=True)
+        for row in summarize(parser.parse_args().summarize):
+            print(
+                f"{row['arch']:10s} {row['label']:12s} {row['launches']:3d} launches, copies {row['frame_copies']}: "
+                f"p50 median {row['p50_median']:.2f} [{row['p50_min']:.2f}-{row['p50_max']:.2f}], "
+                f"p99 median {row['p99_median']:.2f}"
+            )
+        return 0
 
     from e2e import measure
 

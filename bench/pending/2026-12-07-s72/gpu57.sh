@@ -20,22 +20,10 @@ for pass in 1 2; do
   for each in 1 2; do
     timeout 45 python3 bench/microbench/resident_spread.py --archs min_gru,gru,lstm --sessions 4 --launches 3 \
       --replicas-each $each --out $OUT/g57/spread-$each-$pass.json 2>&1 | grep -v -e Warn -e "session = Session" \
-      | python3 -c "import sys,json
-for l in sys.stdin:
-    try: r=json.loads(l); print('$each', r['arch'], r['session'], r['launch'], r['p50_us'], r['p99_us'], r['frame_copies'])
-    except Exception: print(l.rstrip()[:200])" >> $OUT/g57/spread.log
+      | cut -c1-160 >> $OUT/g57/spread.log
   done
 done
-python3 - "$OUT/g57" <<'PY'
-import json, statistics as st, sys
-from pathlib import Path
-for arch in ["min_gru", "gru", "lstm"]:
-    for each in (1, 2):
-        rows = [r for p in (1, 2) for f in [Path(sys.argv[1]) / f"spread-{each}-{p}.json"] if f.exists()
-                for r in json.loads(f.read_text()) if r["arch"] == arch]
-        if rows:
-            p50 = [r["p50_us"] for r in rows]; p99 = [r["p99_us"] for r in rows]
-            print(f"{arch} replicas {each}: n={len(rows)} copies={rows[0]['frame_copies']} p50 median {st.median(p50):.2f} "
-                  f"min {min(p50):.2f} max {max(p50):.2f}; p99 median {st.median(p99):.2f}")
-PY
+d=$OUT/g57
+python3 bench/microbench/resident_spread.py --summarize one=$d/spread-1-1.json,$d/spread-1-2.json \
+  two=$d/spread-2-1.json,$d/spread-2-2.json | tee $d/summary.log
 echo "done $(date +%T)"
