@@ -605,10 +605,9 @@ class Generator:
         params = []
         for i, name in enumerate(self.input_names):
             if self.tagged and self._replicas:
-                copies = 1 + max(c for _, _, c in self._replicas)
                 params.append(
                     f"const unsigned long long* __restrict__ ffk_in{i} /* {name}: (epoch << 32) | float bits, "
-                    f"{copies} copies x 2 frames */"
+                    f"{self.frame_copies()} copies x 2 frames */"
                 )
             elif self.tagged:
                 params.append(f"const unsigned long long* __restrict__ in{i} /* {name}: (epoch << 32) | float bits */")
@@ -763,6 +762,11 @@ class Generator:
         # a block joining at the same level as the first one is no later (xlstm: every block's first
         # task is at level 1 or 2; session 68 timed such a choice 0.2 us slower there)
         return last if joins(last)[0] > joins(candidates[0])[0] else candidates[0]
+
+    def frame_copies(self) -> int:
+        """Copies of the frame words the host writes: one, and one more for each replica of a frame
+        block (RESIDENT_FRAMER_REPLICAS; known once the resident loop is written)."""
+        return 1 + max((c for _, _, c in self._replicas), default=0)
 
     def _own_block(self) -> str:
         """The block's own index in the launch (its counter, its SM word): blockIdx.x where a
@@ -4128,7 +4132,7 @@ def generate(
         trace=trace,
         tagged_frames=gen.tagged,
         frame_reads=gen._counts_reads() if resident else False,
-        frame_copies=1 + max((c for _, _, c in gen._replicas), default=0),
+        frame_copies=gen.frame_copies(),
         tagged_outputs=gen.tagged_outputs,
         task_phases=gen.task_phases(),
         copied_floats=gen.copied_floats,

@@ -751,8 +751,8 @@ class ResidentStepBinding(StepBinding):
         self._fence = fence if fence is not None else _no_fence
         self._hs.flush_frame = int(self.write_combined)
         self._tagged: dict[str, MappedHostBuffer] = {}
-        # the Python frame path's: (the floats' bits, a 64-bit scratch, the words of an even frame,
-        # those of an odd one), one entry an input and copy
+        # the Python frame path's: (the floats' bits, a 64-bit scratch, (the words of an even frame,
+        # those of an odd one)), one entry an input and copy
         self._tag_words = []
         # frame-block replicas (codegen.RESIDENT_FRAMER_REPLICAS): each input's words once for the
         # frame block and once for each replica, each copy in two frames' halves, [copy 0 even |
@@ -775,8 +775,7 @@ class ResidentStepBinding(StepBinding):
                         (
                             self._mapped[n].array.reshape(-1).view(np.uint32),
                             np.zeros(size, dtype=np.uint64),
-                            words[first : first + size],
-                            words[first + (flips - 1) * size : first + flips * size],
+                            (words[first : first + size], words[first + (flips - 1) * size : first + flips * size]),
                         )
                     )
                     entries.append((n, self._tagged[n].array.ctypes.data + 8 * first))
@@ -883,8 +882,8 @@ class ResidentStepBinding(StepBinding):
         count = self._epoch_base + self.frames - 1
         self._expected = expected = count % 0xFFFFFFFF + 1
         odd = (self.frames - 1) & 1  # the kernel's frame parity (its frames count from 0 each launch)
-        for bits, scratch, *words in self._tag_words:  # one 64-bit store a word: never a new epoch on an old value
-            tag_words(bits, scratch, words[odd], expected)
+        for bits, scratch, halves in self._tag_words:  # one 64-bit store a word: never a new epoch on an old value
+            tag_words(bits, scratch, halves[odd], expected)
         self._fence()  # write-combined: the words sent before the bell (write-back: x86 keeps them in order)
         self._ring(self.frames)
         self._unwaited = True
